@@ -1,0 +1,43 @@
+// dsaserve: one binary, one subcommand per tool (inspect, score, tokenize, serve, plan, ...).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <exception>
+#include <map>
+
+#include "cli/command.h"
+#include "core/error.h"
+
+namespace dsaserve::cli {
+std::vector<Command>& commands() {
+  static std::vector<Command> all;
+  return all;
+}
+}  // namespace dsaserve::cli
+
+int main(int argc, char** argv) {
+  using namespace dsaserve::cli;
+  CLI::App app{"dsaserve: a native inference server for MLA + DSA + MoE models (GLM-5.x, DeepSeek-V3.2)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "dsaserve 0.1.0");
+  auto& cmds = commands();
+  std::sort(cmds.begin(), cmds.end(), [](const Command& a, const Command& b) { return a.name < b.name; });
+  std::map<CLI::App*, CommandRun> runs;
+  std::vector<std::pair<CLI::App*, const Command*>> subs;
+  for (const Command& c : cmds) subs.emplace_back(app.add_subcommand(c.name, c.help), &c);
+  for (auto& [sub, c] : subs) runs[sub] = c->setup(*sub);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& [sub, run] : runs) {
+      if (sub->parsed()) return run();
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+  return 2;
+}
