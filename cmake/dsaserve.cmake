@@ -22,7 +22,5 @@ function(dsaserve_test name)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 900)
   endif()
-  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST
-    PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}"
-    ENVIRONMENT "DSASERVE_REPO=${PROJECT_SOURCE_DIR};DSASERVE_BIN=$<TARGET_FILE_DIR:dsaserve>")
+  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES TIMEOUT ${T_TIMEOUT})
 endfunction()

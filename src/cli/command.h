@@ -3,7 +3,6 @@
 // CommandRegistration; setup adds its options to the CLI11 subcommand and returns the function that
 // runs it after parsing (its return value is the exit status).
 #include <CLI/CLI.hpp>
-
 #include <functional>
 #include <string>
 #include <vector>

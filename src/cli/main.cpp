@@ -17,6 +17,7 @@ std::vector<Command>& commands() {
 
 int main(int argc, char** argv) {
   using namespace dsaserve::cli;
+  spdlog::set_pattern("%^%l%$: %v");  // errors print as one line: "error: <what, naming file/tensor/field>"
   CLI::App app{"dsaserve: a native inference server for MLA + DSA + MoE models (GLM-5.x, DeepSeek-V3.2)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "dsaserve 0.1.0");

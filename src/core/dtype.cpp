@@ -56,8 +56,7 @@ std::optional<DType> dtype_from_safetensors(std::string_view name) {
 }
 
 bool dtype_is_float(DType t) {
-  return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f8e4m3fn ||
-         t == DType::f8e5m2;
+  return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f8e4m3fn || t == DType::f8e5m2;
 }
 
 namespace {
@@ -195,9 +194,7 @@ void convert(const void* src, DType from, void* dst, DType to, size_t n) {
       case DType::f32: static_cast<float*>(dst)[i] = load_float(src, from, i); break;
       case DType::f16: static_cast<uint16_t*>(dst)[i] = f32_to_f16(load_float(src, from, i)); break;
       case DType::bf16: static_cast<uint16_t*>(dst)[i] = f32_to_bf16(load_float(src, from, i)); break;
-      case DType::f8e4m3fn:
-        static_cast<uint8_t*>(dst)[i] = f32_to_f8e4m3fn(load_float(src, from, i));
-        break;
+      case DType::f8e4m3fn: static_cast<uint8_t*>(dst)[i] = f32_to_f8e4m3fn(load_float(src, from, i)); break;
       case DType::f8e5m2: static_cast<uint8_t*>(dst)[i] = f32_to_f8e5m2(load_float(src, from, i)); break;
       case DType::i32: static_cast<int32_t*>(dst)[i] = int32_t(load_int(src, from, i)); break;
       case DType::i64: static_cast<int64_t*>(dst)[i] = load_int(src, from, i); break;

@@ -19,10 +19,11 @@ template <typename... Args>
 
 }  // namespace dsaserve
 
-// DSA_CHECK(cond, "format {}", args...): throws dsaserve::Error with the formatted message when cond is false.
-#define DSA_CHECK(cond, ...)          \
-  do {                                \
-    if (!(cond)) {                    \
-      ::dsaserve::fail(__VA_ARGS__);  \
-    }                                 \
+// DSA_CHECK(cond, "format {}", args...): throws dsaserve::Error with the formatted message when cond is
+// false.
+#define DSA_CHECK(cond, ...)         \
+  do {                               \
+    if (!(cond)) {                   \
+      ::dsaserve::fail(__VA_ARGS__); \
+    }                                \
   } while (0)

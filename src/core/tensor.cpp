@@ -99,8 +99,8 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, std::share
 }
 
 Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape) {
-  DSA_CHECK(int64_t(values.size()) == shape_numel(shape), "{} values do not fill shape {}",
-            values.size(), shape_str(shape));
+  DSA_CHECK(int64_t(values.size()) == shape_numel(shape), "{} values do not fill shape {}", values.size(),
+            shape_str(shape));
   Tensor t = empty(shape, DType::f32);
   std::memcpy(t.data_, values.data(), values.size() * sizeof(float));
   return t;
@@ -144,8 +144,8 @@ Tensor Tensor::view(const Shape& shape) const {
 Tensor Tensor::slice(int64_t d, int64_t begin, int64_t end) const {
   d = wrap_dim(d);
   const int64_t n = shape_[size_t(d)];
-  DSA_CHECK(0 <= begin && begin <= end && end <= n, "slice [{}, {}) out of range of dim {} of {}", begin,
-            end, d, describe());
+  DSA_CHECK(0 <= begin && begin <= end && end <= n, "slice [{}, {}) out of range of dim {} of {}", begin, end,
+            d, describe());
   Tensor t = *this;
   t.data_ = static_cast<char*>(data_) + begin * strides_[size_t(d)] * int64_t(element_size());
   t.shape_[size_t(d)] = end - begin;
@@ -154,8 +154,8 @@ Tensor Tensor::slice(int64_t d, int64_t begin, int64_t end) const {
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
   d = wrap_dim(d);
-  DSA_CHECK(0 <= index && index < shape_[size_t(d)], "select index {} out of range of dim {} of {}", index,
-            d, describe());
+  DSA_CHECK(0 <= index && index < shape_[size_t(d)], "select index {} out of range of dim {} of {}", index, d,
+            describe());
   Tensor t = slice(d, index, index + 1);
   t.shape_.erase(t.shape_.begin() + d);
   t.strides_.erase(t.strides_.begin() + d);
@@ -216,12 +216,13 @@ void Tensor::copy_from(const Tensor& src) {
     const size_t es = element_size();
     const char* s = static_cast<const char*>(src.data_);
     char* dst = static_cast<char*>(data_);
-    for_each_offset(src.shape_, src.strides_,
-                    [&](int64_t off, int64_t i) { std::memcpy(dst + i * int64_t(es), s + off * int64_t(es), es); });
+    for_each_offset(src.shape_, src.strides_, [&](int64_t off, int64_t i) {
+      std::memcpy(dst + i * int64_t(es), s + off * int64_t(es), es);
+    });
     return;
   }
-  DSA_CHECK(src.is_contiguous() && is_contiguous(), "copy between devices needs contiguous tensors ({} -> {})",
-            src.describe(), describe());
+  DSA_CHECK(src.is_contiguous() && is_contiguous(),
+            "copy between devices needs contiguous tensors ({} -> {})", src.describe(), describe());
   DeviceAllocator* a = device_allocator(Device::cuda);
   DSA_CHECK(a != nullptr, "no CUDA allocator installed");
   a->copy(data_, device_, src.data_, src.device_, nbytes());

@@ -33,10 +33,22 @@ DeviceAllocator* device_allocator(Device d);  // null when none is installed
 
 template <typename T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::u8;
+}
 
 class Tensor {
  public:
@@ -85,8 +97,8 @@ class Tensor {
   // Copies.
   Tensor contiguous() const;
   Tensor clone() const;
-  Tensor to(DType dtype) const;    // CPU only; conversions of core/dtype.h
-  Tensor to(Device device) const;  // through the installed DeviceAllocator
+  Tensor to(DType dtype) const;       // CPU only; conversions of core/dtype.h
+  Tensor to(Device device) const;     // through the installed DeviceAllocator
   void copy_from(const Tensor& src);  // same shape and dtype; any devices
 
   // Element as f32, by flat row-major index over the logical shape (CPU; slow, for tests and tools).

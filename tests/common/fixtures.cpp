@@ -1,15 +1,16 @@
 #include "common/fixtures.h"
 
+#include <sys/wait.h>
+
 #include <array>
 #include <cstdio>
 #include <cstdlib>
-#include <sys/wait.h>
 
 namespace dsaserve::testing {
 
 std::filesystem::path repo_dir() {
   if (const char* e = std::getenv("DSASERVE_REPO")) return e;
-  return std::filesystem::current_path();
+  return DSASERVE_REPO_DIR;
 }
 
 std::filesystem::path fixtures_dir() {
@@ -19,7 +20,7 @@ std::filesystem::path fixtures_dir() {
 
 std::filesystem::path dsaserve_binary() {
   if (const char* e = std::getenv("DSASERVE_BIN")) return std::filesystem::path(e) / "dsaserve";
-  return repo_dir() / "build" / "src" / "cli" / "dsaserve";
+  return std::filesystem::path(DSASERVE_BIN_DIR) / "dsaserve";
 }
 
 int run_command(const std::string& cmd, std::string* output) {

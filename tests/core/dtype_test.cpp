@@ -17,11 +17,11 @@ namespace {
 
 struct Format {
   const char* name;
-  int bits;                                  // 8 or 16
-  std::function<float(uint32_t)> decode;     // code -> f32
-  std::function<uint32_t(float)> encode;     // f32 -> code (torch cast)
-  float overflow_at;                         // |x| >= this (and inf) -> overflow code
-  uint32_t overflow_code;                    // positive overflow code (inf or NaN)
+  int bits;                               // 8 or 16
+  std::function<float(uint32_t)> decode;  // code -> f32
+  std::function<uint32_t(float)> encode;  // f32 -> code (torch cast)
+  float overflow_at;                      // |x| >= this (and inf) -> overflow code
+  uint32_t overflow_code;                 // positive overflow code (inf or NaN)
 };
 
 // Reference decode computed from first principles (IEEE-style layout with the type's specials).
@@ -138,8 +138,8 @@ TEST(DType, TorchSpecialValues) {
   EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()), 0x7fc0);
   EXPECT_EQ(f32_to_f16(std::numeric_limits<float>::quiet_NaN()), 0x7e00);
   EXPECT_EQ(f32_to_f8e4m3fn(448.0f), 0x7e);
-  EXPECT_EQ(f32_to_f8e4m3fn(464.0f), 0x7e);   // tie between 448 (even) and 480 -> 448
-  EXPECT_EQ(f32_to_f8e4m3fn(470.0f), 0x7f);   // nearer 480, which e4m3fn spends on NaN
+  EXPECT_EQ(f32_to_f8e4m3fn(464.0f), 0x7e);  // tie between 448 (even) and 480 -> 448
+  EXPECT_EQ(f32_to_f8e4m3fn(470.0f), 0x7f);  // nearer 480, which e4m3fn spends on NaN
   EXPECT_EQ(f32_to_f8e4m3fn(-1000.0f), 0xff);
   EXPECT_EQ(f32_to_f8e4m3fn_sat(1000.0f), 0x7e);
   EXPECT_EQ(f32_to_f8e4m3fn_sat(-1e30f), 0xfe);

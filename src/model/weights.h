@@ -1,0 +1,85 @@
+#pragma once
+// Binding a checkpoint to the model's parameter slots. Tensors stay as stored (bf16 views of the mmap,
+// FP8 E4M3 with their block scales); the kernels read them directly.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+
+namespace dsaserve::model {
+
+// A Linear weight [out, in]. FP8 weights carry scale_inv F32 [ceil(out/128), ceil(in/128)]; real value
+// = weight[r][c] * scale_inv[r/128][c/128]. scale_inv is undefined for bf16/f32 weights.
+struct Linear {
+  Tensor weight;     // [out, in]
+  Tensor scale_inv;  // [ceil(out/bn), ceil(in/bk)] F32, or undefined
+  int64_t out_features() const { return weight.size(0); }
+  int64_t in_features() const { return weight.size(1); }
+  bool is_fp8() const { return scale_inv.defined(); }
+};
+
+struct MlpWeights {  // down(silu(gate(x)) * up(x))
+  Linear gate, up, down;
+};
+
+struct IndexerWeights {
+  Linear wq_b;           // [ih * id, q_lora]
+  Linear wk;             // [id, H]
+  Tensor k_norm_weight;  // [id]  LayerNorm weight
+  Tensor k_norm_bias;    // [id]  LayerNorm bias
+  Linear weights_proj;   // [ih, H]
+};
+
+struct AttentionWeights {
+  Linear q_a_proj;                        // [q_lora, H]
+  Tensor q_a_layernorm;                   // [q_lora]
+  Linear q_b_proj;                        // [nh * (nope + rope), q_lora]
+  Linear kv_a_proj;                       // [kv_lora + rope, H]  (kv_a_proj_with_mqa)
+  Tensor kv_a_layernorm;                  // [kv_lora]
+  Linear kv_b_proj;                       // [nh * (nope + v), kv_lora]
+  Linear o_proj;                          // [H, nh * v]
+  std::optional<IndexerWeights> indexer;  // full layers only
+};
+
+struct MoeWeights {
+  Tensor gate;                      // [n_experts, H] router weight
+  Tensor e_score_correction_bias;   // [n_experts] F32
+  std::vector<MlpWeights> experts;  // [n_experts]
+  std::optional<MlpWeights> shared_experts;
+};
+
+struct LayerWeights {
+  Tensor input_layernorm;           // [H]
+  Tensor post_attention_layernorm;  // [H]
+  AttentionWeights attn;
+  MlpType mlp_type = MlpType::dense;
+  std::optional<MlpWeights> mlp;  // dense layers
+  std::optional<MoeWeights> moe;  // MoE layers
+};
+
+struct MtpWeights {
+  Tensor enorm;             // [H]
+  Tensor hnorm;             // [H]
+  Linear eh_proj;           // [H, 2H]
+  LayerWeights layer;       // one decoder layer (its own indexer: always "full")
+  Tensor shared_head_norm;  // [H]
+  Tensor embed_tokens;      // [vocab, H] copy of the target's (may be absent -> the target's is used)
+  std::optional<Linear> shared_head;  // [vocab, H] copy of lm_head (absent -> lm_head)
+};
+
+struct ModelWeights {
+  Tensor embed_tokens;  // [vocab, H]
+  std::vector<LayerWeights> layers;
+  Tensor norm;                  // [H]
+  Linear lm_head;               // [vocab, H]
+  std::vector<MtpWeights> mtp;  // num_nextn_predict_layers (stored as layers L, L+1, ...)
+
+  // Binds every checkpoint tensor to a slot. Throws dsaserve::Error listing missing and unexpected
+  // tensors (by name) and shape or dtype mismatches. `with_mtp` false ignores the MTP layers' tensors.
+  static ModelWeights bind(const ModelConfig& cfg, const io::Checkpoint& ckpt, bool with_mtp = true);
+};
+
+}  // namespace dsaserve::model
