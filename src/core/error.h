@@ -1,4 +1,5 @@
 #pragma once
+// (Host C++ only: nvcc cannot compile fmt, so .cu files keep to plain params and return cudaError_t.)
 // Errors: dsaserve::Error carries a one-line message that names what is at fault (file, tensor, field).
 #include <fmt/format.h>
 
