@@ -1,0 +1,53 @@
+#pragma once
+// Internal to the planner: builds the op chain and collectives of one layer kind, the embedding and the
+// head of one pass, from the token counts of that pass.
+#include <string>
+
+#include "model/config.h"
+#include "plan/plan.h"
+
+namespace dsaserve::plan::detail {
+
+// Token counts of one pass on one rank. Sums are over prefill chunks (`occurrences` of the pass);
+// `*_shape` are the sizes of one occurrence, for the shape strings and the expert-touch estimate.
+struct PassTokens {
+  bool prefill = false;
+  double occurrences = 1;        // prefill chunks (weights are read once per chunk); 1 for decode passes
+  double tokens = 0;             // T: tokens this rank attends for
+  double requests = 0;           // R: requests on this rank's attention group
+  double tokens_global = 0;      // Tg: tokens of the whole deployment (decode: batch x tokens per request)
+  double logit_tokens = 0;       // tokens that reach the LM head
+  double attn_keys = 0;          // sum over queries of the keys the main attention reads
+  double attn_kv_tokens = 0;     // latent cache rows the main attention reads from HBM
+  double indexer_keys = 0;       // sum over queries of the keys the indexer scores
+  double indexer_kv_tokens = 0;  // indexer cache rows read from HBM
+  double expand_tokens = 0;      // MHA form (no indexer, prefill): latent rows expanded by kv_b_proj
+  int64_t tokens_shape = 0, tokens_global_shape = 0, context_shape = 0;
+};
+
+class Builder {
+ public:
+  Builder(const model::ModelConfig& c, const Deployment& d, const Hardware& hw) : c_(c), d_(d), hw_(hw) {}
+
+  // One decoder layer of the given kind (mtp: the MTP layer with its eh_proj and a full indexer).
+  LayerKindPlan layer(const std::string& name, bool dense, bool full_indexer, bool mtp,
+                      const PassTokens& p) const;
+  // Embedding (+ its all-reduce) and final norm / LM head / sampling (+ the logits gather).
+  void head(Pass& pass, const PassTokens& p) const;
+  void tail(Pass& pass, const PassTokens& p) const;
+
+ private:
+  Op op(std::string name, OpKind kind, Precision prec, std::string shape, double flops, double weight,
+        double act_read, double act_write, double kv_read = 0, double kv_write = 0) const;
+  Collective coll(std::string name, CollKind kind, std::string group, int64_t group_size, std::string after,
+                  double count, double bytes, double scale_bytes = 0) const;
+  void attention(LayerKindPlan& lp, bool full_indexer, const PassTokens& p) const;
+  void dense_mlp(LayerKindPlan& lp, const PassTokens& p) const;
+  void moe(LayerKindPlan& lp, const PassTokens& p) const;
+
+  const model::ModelConfig& c_;
+  const Deployment& d_;
+  const Hardware& hw_;
+};
+
+}  // namespace dsaserve::plan::detail
