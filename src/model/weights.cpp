@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <functional>
+#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -176,6 +178,84 @@ ModelWeights ModelWeights::bind(const ModelConfig& cfg, const io::Checkpoint& ck
   }
   b.finish(with_mtp);
   return w;
+}
+
+namespace {
+
+// Calls fn on every tensor slot of the weights (defined or not).
+void for_each_tensor(ModelWeights& w, const std::function<void(Tensor&)>& fn) {
+  auto lin = [&](Linear& l) {
+    fn(l.weight);
+    fn(l.scale_inv);
+  };
+  auto mlp = [&](MlpWeights& m) {
+    lin(m.gate);
+    lin(m.up);
+    lin(m.down);
+  };
+  auto layer = [&](LayerWeights& l) {
+    fn(l.input_layernorm);
+    fn(l.post_attention_layernorm);
+    AttentionWeights& a = l.attn;
+    for (Linear* x : {&a.q_a_proj, &a.q_b_proj, &a.kv_a_proj, &a.kv_b_proj, &a.o_proj}) lin(*x);
+    fn(a.q_a_layernorm);
+    fn(a.kv_a_layernorm);
+    if (a.indexer) {
+      lin(a.indexer->wq_b);
+      lin(a.indexer->wk);
+      lin(a.indexer->weights_proj);
+      fn(a.indexer->k_norm_weight);
+      fn(a.indexer->k_norm_bias);
+    }
+    if (l.mlp) mlp(*l.mlp);
+    if (l.moe) {
+      fn(l.moe->gate);
+      fn(l.moe->e_score_correction_bias);
+      for (auto& e : l.moe->experts) mlp(e);
+      if (l.moe->shared_experts) mlp(*l.moe->shared_experts);
+    }
+  };
+  fn(w.embed_tokens);
+  fn(w.norm);
+  lin(w.lm_head);
+  for (auto& l : w.layers) layer(l);
+  for (auto& m : w.mtp) {
+    fn(m.enorm);
+    fn(m.hnorm);
+    lin(m.eh_proj);
+    layer(m.layer);
+    fn(m.shared_head_norm);
+    fn(m.embed_tokens);
+    if (m.shared_head) lin(*m.shared_head);
+  }
+}
+
+}  // namespace
+
+ModelWeights ModelWeights::to(Device device) const {
+  ModelWeights out = *this;
+  std::map<const void*, Tensor> moved;  // source data pointer -> device copy
+  for_each_tensor(out, [&](Tensor& t) {
+    if (!t.defined() || t.device() == device) return;
+    auto it = moved.find(t.raw_data());
+    if (it != moved.end() && it->second.shape() == t.shape() && it->second.dtype() == t.dtype()) {
+      t = it->second;
+      return;
+    }
+    Tensor d = t.to(device);
+    moved[t.raw_data()] = d;
+    t = d;
+  });
+  return out;
+}
+
+int64_t ModelWeights::bytes() const {
+  std::set<const void*> seen;
+  int64_t total = 0;
+  for_each_tensor(const_cast<ModelWeights&>(*this), [&](Tensor& t) {
+    if (t.defined() && seen.insert(t.raw_data()).second) total += int64_t(t.nbytes());
+  });
+  return total;
 }
 
 }  // namespace dsaserve::model

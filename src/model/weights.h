@@ -80,6 +80,12 @@ struct ModelWeights {
   // Binds every checkpoint tensor to a slot. Throws dsaserve::Error listing missing and unexpected
   // tensors (by name) and shape or dtype mismatches. `with_mtp` false ignores the MTP layers' tensors.
   static ModelWeights bind(const ModelConfig& cfg, const io::Checkpoint& ckpt, bool with_mtp = true);
+
+  // A copy with every tensor on `device`, dtypes kept as stored (bf16, FP8 + F32 scales). Tensors that
+  // are views of one another (a tied lm_head, the MTP layer's copies) are uploaded once.
+  ModelWeights to(Device device) const;
+  // Bytes of every distinct tensor.
+  int64_t bytes() const;
 };
 
 }  // namespace dsaserve::model

@@ -111,6 +111,11 @@ TEST(ModelWeights, AllFixtureModelsBindCompletely) {
       EXPECT_EQ(L.moe.has_value(), c.mlp_layer_types[size_t(l)] == MlpType::moe) << name << l;
     }
     EXPECT_TRUE(w.mtp[0].layer.attn.indexer.has_value());
+    // to(cpu) keeps every tensor; bytes() counts each distinct tensor once (checkpoint bytes).
+    int64_t ckpt_bytes = 0;
+    for (const auto& n : ckpt.names()) ckpt_bytes += int64_t(ckpt.info(n).data_end - ckpt.info(n).data_begin);
+    EXPECT_EQ(w.bytes(), ckpt_bytes) << name;
+    EXPECT_EQ(w.to(Device::cpu).bytes(), ckpt_bytes) << name;
     EXPECT_EQ(w.layers[1].attn.kv_b_proj.is_fp8(), std::string(name) == "realdims_fp8");
     // Binding without the MTP layer ignores its tensors.
     EXPECT_TRUE(ModelWeights::bind(c, ckpt, false).mtp.empty());
