@@ -1,0 +1,494 @@
+// The plan against the reference article's figures (glm-5.3, TP8 + EP8 + DP-attention 8), other layouts,
+// DeepSeek-V3.2, a small config checked by hand, and flag validation.
+#include "plan/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "common/fixtures.h"
+#include "core/error.h"
+#include "model/config.h"
+#include "model/param_count.h"
+
+namespace dsaserve::plan {
+namespace {
+
+using model::ModelConfig;
+
+const Pass& pass_named(const StepPlan& s, const std::string& name) {
+  for (const Pass& p : s.passes) {
+    if (p.name == name) return p;
+  }
+  throw std::runtime_error("no pass " + name);
+}
+
+const LayerKindPlan& kind_named(const Pass& p, const std::string& name) {
+  for (const LayerKindPlan& k : p.layer_kinds) {
+    if (k.name == name) return k;
+  }
+  throw std::runtime_error("no layer kind " + name);
+}
+
+const Op& op_named(const std::vector<Op>& ops, const std::string& name) {
+  for (const Op& o : ops) {
+    if (o.name == name) return o;
+  }
+  throw std::runtime_error("no op " + name);
+}
+
+const Collective* coll_named(const std::vector<Collective>& cs, const std::string& name) {
+  for (const Collective& c : cs) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> coll_names(const LayerKindPlan& k) {
+  std::vector<std::string> v;
+  for (const Collective& c : k.collectives) v.push_back(c.name);
+  return v;
+}
+
+Deployment article_layout() {
+  Deployment d;
+  d.tp = 8;
+  d.ep_size = 8;
+  d.attn_dp_size = 8;
+  d.moe_a2a_backend = A2aBackend::deepep;
+  d.kv_cache_dtype = KvDtype::fp8_e4m3;
+  d.batch = 32;
+  d.context = 131072;
+  return d;
+}
+
+class Glm53 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto path = testing::fixtures_dir() / "configs/glm-5.3.json";
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << "fixture " << path << " missing";
+    cfg = ModelConfig::from_file(path);
+  }
+  ModelConfig cfg;
+};
+
+TEST_F(Glm53, ArticleKvAndIndexerLayers) {
+  const Plan p = build_plan(cfg, article_layout(), Hardware::named("h200"));
+  EXPECT_EQ(p.memory.kv_values_per_token, 576 * 78);
+  EXPECT_EQ(p.memory.kv_values_per_token, 44928);
+  // The article's 1M-context KV: 44,928 B/token (one byte per value) x 1,048,576 = 47.1 GB.
+  EXPECT_NEAR(double(p.memory.kv_values_per_token) * 1048576 / 1e9, 47.1, 0.05);
+  // The plan stores FlashMLA's FP8 layout: 512 FP8 + 4 float scales + 64 bf16 rope = 656 B per layer.
+  EXPECT_EQ(p.memory.kv_bytes_per_token_layer, 656);
+  EXPECT_EQ(p.memory.kv_bytes_per_token, 656.0 * 78);
+  // 21 full indexer layers, 128 B key + 4 B scale each.
+  const Pass& dec = pass_named(p.decode, "decode");
+  size_t full = 0;
+  for (const LayerKindPlan& k : dec.layer_kinds) {
+    const bool has_indexer =
+        std::any_of(k.ops.begin(), k.ops.end(), [](const Op& o) { return o.name == "indexer_logits"; });
+    EXPECT_EQ(has_indexer, k.name.ends_with(".full")) << k.name;
+    if (has_indexer) full += k.layers.size();
+  }
+  EXPECT_EQ(full, 21u);
+  EXPECT_EQ(kind_named(dec, "dense.full").layers, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(kind_named(dec, "moe.full").layers.size(), 18u);
+  EXPECT_EQ(kind_named(dec, "moe.shared").layers.size(), 57u);
+  EXPECT_EQ(p.memory.indexer_bytes_per_token, 21 * 132);
+}
+
+TEST_F(Glm53, ArticleCollectivesPerDecodeLayer) {
+  const Plan p = build_plan(cfg, article_layout(), Hardware::named("h200"));
+  const Pass& dec = pass_named(p.decode, "decode");
+  EXPECT_EQ(dec.tokens_local, 4);  // 32 requests over 8 DP ranks
+  EXPECT_EQ(dec.tokens_global, 32);
+  // Every one of the 78 layers: DP all-gather of 32 x 6144 x 2 B = 393,216 B, and the reduce-scatter back.
+  size_t layers_with_gather = 0;
+  for (const LayerKindPlan& k : dec.layer_kinds) {
+    const Collective* g = coll_named(k.collectives, "dp_all_gather");
+    const Collective* rs = coll_named(k.collectives, "dp_reduce_scatter");
+    ASSERT_NE(g, nullptr) << k.name;
+    ASSERT_NE(rs, nullptr) << k.name;
+    EXPECT_EQ(g->bytes, 32.0 * 6144 * 2);
+    EXPECT_EQ(g->bytes, 393216.0);
+    EXPECT_EQ(g->group_size, 8);
+    EXPECT_EQ(rs->bytes, 393216.0);
+    EXPECT_EQ(coll_named(k.collectives, "attn_tp_all_reduce"), nullptr) << "attention TP is 1";
+    layers_with_gather += k.layers.size();
+  }
+  EXPECT_EQ(layers_with_gather, 78u);
+  // MoE layers: DeepEP dispatch 8 x 6144 B = 48 KB per token in FP8, combine twice that in bf16.
+  const LayerKindPlan& moe = kind_named(dec, "moe.shared");
+  EXPECT_EQ(coll_names(moe),
+            (std::vector<std::string>{"dp_all_gather", "ep_dispatch", "ep_combine", "dp_reduce_scatter"}));
+  const Collective* disp = coll_named(moe.collectives, "ep_dispatch");
+  const Collective* comb = coll_named(moe.collectives, "ep_combine");
+  const double tokens_per_rank = 32.0 / 8;
+  EXPECT_EQ(disp->bytes / tokens_per_rank, 8.0 * 6144);
+  EXPECT_EQ(disp->bytes / tokens_per_rank, 49152.0);
+  EXPECT_EQ(comb->bytes, 2 * disp->bytes);
+  EXPECT_EQ(disp->scale_bytes, tokens_per_rank * 8 * (6144 / 128) * 4);
+  EXPECT_EQ(disp->wire_bytes, (disp->bytes + disp->scale_bytes) * 7 / 8);
+  // Dense layers have no EP traffic.
+  EXPECT_EQ(coll_names(kind_named(dec, "dense.full")),
+            (std::vector<std::string>{"dp_all_gather", "dp_reduce_scatter"}));
+  // The article's decode bill: 61 MB of DP gather/scatter + 339 (Mi)B of dispatch/combine -> ~12.5 MB per
+  // token; exactly 393,216 x 156 / 32 + 147,456 x 75 = 12,976,128 B.
+  EXPECT_DOUBLE_EQ(p.decode.totals.article_bytes_per_output_token, 393216.0 * 156 / 32 + 147456.0 * 75);
+  EXPECT_NEAR(p.decode.totals.article_bytes_per_output_token / 1e6, 12.98, 0.01);
+  // One decode step on one rank: 2 collectives per layer + 2 more per MoE layer.
+  EXPECT_EQ(p.decode.totals.collectives, 78 * 2 + 75 * 2);
+  // DP attention: no embedding all-reduce and no LM-head gather (full vocabulary per rank).
+  EXPECT_TRUE(dec.head_collectives.empty());
+  EXPECT_TRUE(dec.tail_collectives.empty());
+}
+
+TEST_F(Glm53, ArticleExpertWeightsAndReadFloor) {
+  const Plan p = build_plan(cfg, article_layout(), Hardware::named("h200"));
+  // 75 MoE layers x 32 local experts x 3 FP8 matrices of 6144 x 2048 (+ one float per 128 x 128 block).
+  const double expert = 3.0 * (6144.0 * 2048 + 48 * 16 * 4);
+  EXPECT_DOUBLE_EQ(p.memory.routed_expert_bytes, 75 * 32 * expert);
+  EXPECT_NEAR(p.memory.routed_expert_bytes / 1e9, 91, 0.5);  // "~91 GB per GPU under EP8"
+  // The floor: read every local expert once per step. The article divides by 4.8 TB/s (19 ms); the plan
+  // uses the measured 4.3 TB/s.
+  EXPECT_DOUBLE_EQ(p.memory.expert_read_floor_s, p.memory.routed_expert_bytes / 4.3e12);
+  EXPECT_NEAR(p.memory.expert_read_floor_s * 1e3, 21.07, 0.01);
+  EXPECT_NEAR(p.memory.routed_expert_bytes / 4.8e12 * 1e3, 19, 0.2);
+  // With batch 32 only part of the experts are hit: 32 x (1 - (1 - 8/256)^32) = 20.4 expected.
+  const LayerKindPlan& moe = kind_named(pass_named(p.decode, "decode"), "moe.shared");
+  const double hit = 32 * (1 - std::pow(1 - 8.0 / 256, 32));
+  EXPECT_NEAR(op_named(moe.ops, "experts_gate_up").weight_bytes, hit * 2 * (6144.0 * 2048 + 16 * 48 * 4), 1);
+  EXPECT_NEAR(op_named(moe.ops, "experts_down").weight_bytes, hit * (6144.0 * 2048 + 48 * 16 * 4), 1);
+  // Replicated: attention, indexer, shared experts, router, embeddings in bf16 (~20 GB, the article's ~18 GB
+  // counts the embeddings in FP8); sharded: the experts and the dense MLPs (TP over 8).
+  EXPECT_NEAR(p.memory.weights_replicated_bytes / 1e9, 20.0, 0.1);
+  EXPECT_NEAR(p.memory.weights_bytes / 1e9, 110.7, 0.1);
+  // The batch does not fit: 120 GB budget at 0.8 leaves ~9.4 GB of KV per GPU, one 128K request per rank.
+  EXPECT_EQ(p.memory.kv_tokens_fit % 64, 0);
+  EXPECT_EQ(p.memory.kv_tokens_fit, int64_t(std::floor((150109880320.0 * 0.8 - p.memory.weights_bytes) /
+                                                       (656.0 * 78 + 132 * 21) / 64)) *
+                                        64);
+  EXPECT_EQ(p.memory.max_requests_per_dp_group, 1);
+  EXPECT_EQ(p.memory.max_requests, 8);
+  EXPECT_FALSE(p.memory.batch_fits);
+  ASSERT_FALSE(p.notes.empty());
+  EXPECT_NE(p.notes[0].find("does not fit"), std::string::npos);
+}
+
+// Matmul FLOPs of one moe.full decode layer on one rank, counted here from the config alone.
+TEST_F(Glm53, DecodeLayerFlopsMatchAnIndependentCount) {
+  const Plan p = build_plan(cfg, article_layout(), Hardware::named("h200"));
+  const LayerKindPlan& k = kind_named(pass_named(p.decode, "decode"), "moe.full");
+  double plan_flops = 0;
+  for (const Op& o : k.ops) {
+    if (o.kind == OpKind::gemm || o.kind == OpKind::bmm || o.kind == OpKind::attention ||
+        o.kind == OpKind::indexer)
+      plan_flops += o.flops;
+  }
+  const double T = 4, S = 131072, H = 6144;
+  double f = 0;
+  f += 2 * T * H * (2048 + 512 + 64);                      // q_a + kv_a
+  f += 2 * T * 2048 * (32 * 128);                          // indexer wq_b
+  f += 2 * T * H * (128 + 32);                             // indexer wk + weights_proj
+  f += T * S * 32 * (2 * 128 + 3);                         // indexer scores: dot, relu, weight, sum
+  f += 2 * T * 2048 * (64 * 256);                          // q_b
+  f += 2 * T * 64 * 192 * 512;                             // q_nope -> latent
+  f += 2 * T * 64 * 2048 * 576 + 2 * T * 64 * 2048 * 512;  // scores over 2048 keys + weighted sum
+  f += 2 * T * 64 * 512 * 256;                             // latent -> v
+  f += 2 * T * 64 * 256 * H;                               // o_proj
+  const double routed = 32;                  // tokens this rank routes after the gather: 32 / 8 = 4 ...
+  f += 2 * (routed / 8) * H * 256;           // router on its 4 tokens
+  f += 2 * (routed * 8 / 8) * 3 * H * 2048;  // 32 token-expert pairs land on each rank
+  f += 2 * (routed / 8) * 3 * H * 2048;      // shared expert on its 4 tokens
+  EXPECT_NEAR(plan_flops / f, 1.0, 1e-12);
+}
+
+// The article's decode table, row by row, on one GPU (b tokens, all heads, all experts on the rank).
+TEST_F(Glm53, ArticleDecodeTableRows) {
+  Deployment d;
+  d.batch = 16;
+  d.context = 131072;
+  d.mem_fraction_static = 1.0;
+  d.kv_cache_dtype = KvDtype::fp8_e4m3;
+  const Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  const LayerKindPlan& k = kind_named(pass_named(p.decode, "decode"), "moe.shared");
+  const double b = 16;
+  EXPECT_NEAR(op_named(k.ops, "qkv_a_proj").flops / (2 * b), 16.12e6, 0.01e6);
+  EXPECT_NEAR(op_named(k.ops, "q_b_proj").flops / (2 * b), 33.55e6, 0.01e6);
+  EXPECT_NEAR(op_named(k.ops, "q_nope_absorb").flops / (2 * b), 6.29e6, 0.01e6);
+  EXPECT_NEAR(op_named(k.ops, "v_up_absorb").flops / (2 * b), 8.39e6, 0.01e6);
+  EXPECT_NEAR(op_named(k.ops, "o_proj").flops / (2 * b), 100.66e6, 0.01e6);
+  const double experts = op_named(k.ops, "experts_gate_up").flops + op_named(k.ops, "experts_down").flops;
+  EXPECT_NEAR(experts / (2 * b), 302e6, 0.1e6);
+  // The article's 67.1M counts the 512-dim score product only; the plan adds the rope part and the
+  // weighted sum of the latent values: 64 x 2048 x (576 + 512).
+  EXPECT_DOUBLE_EQ(op_named(k.ops, "sparse_mla").flops / (2 * b), 64.0 * 2048 * (576 + 512));
+  EXPECT_NEAR(64.0 * 512 * 2048 / 1e6, 67.1, 0.05);
+  // KV read per token per layer: 2048 selected rows of 656 B (the article: 576 B -> 1.2 MB).
+  EXPECT_DOUBLE_EQ(op_named(k.ops, "sparse_mla").kv_read_bytes / b, 2048.0 * 656);
+  // Indexer: every token reads the whole indexer cache of its request once per full layer (132 B/token).
+  const LayerKindPlan& full = kind_named(pass_named(p.decode, "decode"), "moe.full");
+  EXPECT_DOUBLE_EQ(op_named(full.ops, "indexer_logits").kv_read_bytes / b, 131072.0 * 132);
+  // No communication on one GPU.
+  EXPECT_EQ(p.decode.totals.collectives, 0);
+}
+
+TEST_F(Glm53, PureTpLayout) {
+  Deployment d;
+  d.tp = 8;
+  d.batch = 32;
+  d.context = 8192;
+  d.prefill_tokens = 8192;
+  d.chunked_prefill_size = -1;
+  d.speculative_num_draft_tokens = 6;
+  const Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  // Prefill of 8192 tokens: two all-reduces per layer of 8192 x 6144 x 2 B = 96 MiB, 156 in all (+ the
+  // embedding's), ~15.7 GB.
+  const Pass& pre = pass_named(p.prefill, "prefill");
+  for (const LayerKindPlan& k : pre.layer_kinds) {
+    EXPECT_EQ(coll_names(k), (std::vector<std::string>{"attn_tp_all_reduce", "tp_all_reduce"})) << k.name;
+    for (const Collective& c : k.collectives) EXPECT_EQ(c.bytes, 8192.0 * 6144 * 2);
+  }
+  ASSERT_EQ(pre.head_collectives.size(), 1u);
+  EXPECT_EQ(pre.head_collectives[0].name, "embed_all_reduce");
+  double layer_ar = 0;
+  for (const LayerKindPlan& k : pre.layer_kinds)
+    for (const Collective& c : k.collectives) layer_ar += c.bytes * double(k.layers.size());
+  EXPECT_NEAR(layer_ar / 1e9, 15.7, 0.05);
+  // Ring all-reduce sends 2 x 7/8 of the message per rank.
+  EXPECT_DOUBLE_EQ(pre.layer_kinds[0].collectives[0].wire_bytes, 2.0 * 7 / 8 * 8192 * 6144 * 2);
+  // Verify with 6 draft tokens: the LM-head gather of 6 x 32 x 154880 x 2 B = 59.5 MB.
+  const Pass& ver = pass_named(p.decode, "verify");
+  ASSERT_EQ(ver.tail_collectives.size(), 1u);
+  EXPECT_EQ(ver.tail_collectives[0].name, "lm_head_all_gather");
+  EXPECT_EQ(ver.tail_collectives[0].bytes, 6.0 * 32 * 154880 * 2);
+  // MTP: 5 draft passes, then verify and draft_extend.
+  EXPECT_EQ(pass_named(p.decode, "draft").repeat, 5);
+  EXPECT_TRUE(pass_named(p.decode, "draft_extend").mtp);
+  EXPECT_EQ(pass_named(p.decode, "draft").layer_kinds[0].name, "mtp");
+  EXPECT_GT(op_named(pass_named(p.decode, "draft").layer_kinds[0].ops, "mtp_eh_proj").flops, 0);
+  // Experts are split by intermediate size: every rank holds all 256 with 2048 / 8 columns.
+  const LayerKindPlan& moe = kind_named(ver, "moe.shared");
+  EXPECT_NE(op_named(moe.ops, "experts_gate_up").shape.find("256 experts"), std::string::npos);
+  EXPECT_NE(op_named(moe.ops, "experts_gate_up").shape.find("[512, 6144]"), std::string::npos);
+  // The MTP layer's weights and KV are resident.
+  EXPECT_EQ(p.memory.mtp_bytes_per_token, 2 * 576 + 132);
+  const model::ParamCount pc = model::count_params(cfg);
+  int64_t params = 0;
+  for (const WeightGroup& g : p.memory.weights) params += g.params;
+  EXPECT_EQ(params, pc.total + pc.mtp_total);
+  // Attention weights sharded over 8 ranks, the A projection replicated.
+  for (const WeightGroup& g : p.memory.weights) {
+    if (g.name == "attention.qkv_a_proj") {
+      EXPECT_EQ(g.shards, 1);
+    }
+    if (g.name == "attention.o_proj") {
+      EXPECT_EQ(g.shards, 8);
+    }
+  }
+}
+
+TEST_F(Glm53, TpAttentionWithEp) {
+  Deployment d;
+  d.tp = 8;
+  d.ep_size = 8;
+  d.moe_a2a_backend = A2aBackend::deepep;
+  d.batch = 32;
+  d.context = 4096;
+  Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  const Pass& dec = pass_named(p.decode, "decode");
+  EXPECT_EQ(dec.tokens_local, 32);  // attention TP: every rank sees the whole batch, 8 heads each
+  const LayerKindPlan& moe = kind_named(dec, "moe.shared");
+  // The article's "o_proj AllReduce + dispatch/combine", as reduce-scatter, dispatch of this rank's slice,
+  // combine, all-gather.
+  EXPECT_EQ(coll_names(moe), (std::vector<std::string>{"attn_tp_reduce_scatter", "ep_dispatch", "ep_combine",
+                                                       "attn_tp_all_gather"}));
+  EXPECT_EQ(coll_named(moe.collectives, "ep_dispatch")->bytes, 4.0 * 8 * 6144);
+  EXPECT_EQ(coll_named(moe.collectives, "attn_tp_reduce_scatter")->bytes, 32.0 * 6144 * 2);
+  EXPECT_EQ(coll_names(kind_named(dec, "dense.full")),
+            (std::vector<std::string>{"attn_tp_all_reduce", "tp_all_reduce"}));
+  EXPECT_NE(op_named(moe.ops, "q_b_proj").shape.find("[2048, 2048]"), std::string::npos);  // 8 heads x 256
+  // The latent KV is not split by heads: every rank of the attention TP group holds all of it.
+  EXPECT_EQ(p.memory.kv_bytes_per_token, 1152.0 * 78);
+  // Without DeepEP: each rank runs its 32 experts on all 32 tokens, then one all-reduce.
+  d.moe_a2a_backend = A2aBackend::none;
+  p = build_plan(cfg, d, Hardware::named("h200"));
+  const LayerKindPlan& moe2 = kind_named(pass_named(p.decode, "decode"), "moe.shared");
+  EXPECT_EQ(coll_names(moe2), (std::vector<std::string>{"attn_tp_all_reduce", "tp_all_reduce"}));
+  EXPECT_DOUBLE_EQ(op_named(moe2.ops, "experts_down").flops, 2.0 * 32 * 8 / 8 * 2048 * 6144);
+}
+
+TEST_F(Glm53, MtpVerifyMultipliesTheArticleDecodeTraffic) {
+  Deployment d = article_layout();
+  d.speculative_num_draft_tokens = 6;
+  d.mem_fraction_static = 0.9;
+  const Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  const Pass& ver = pass_named(p.decode, "verify");
+  const LayerKindPlan& moe = kind_named(ver, "moe.shared");
+  // DP gather ~2.4 MB per layer; dispatch + combine ~2 GB per step for the deployment.
+  EXPECT_EQ(coll_named(moe.collectives, "dp_all_gather")->bytes, 6.0 * 32 * 6144 * 2);
+  const double a2a =
+      (coll_named(moe.collectives, "ep_dispatch")->bytes + coll_named(moe.collectives, "ep_combine")->bytes) *
+      8 * 75;
+  EXPECT_NEAR(a2a / (1 << 30), 1.98, 0.01);
+  EXPECT_EQ(pass_named(p.decode, "draft").tokens_local, 4);
+  EXPECT_EQ(ver.tokens_local, 24);
+  // The MTP layer adds its own KV and indexer rows per token.
+  EXPECT_EQ(p.memory.mtp_bytes_per_token, 656 + 132);
+}
+
+TEST(PlanDeepSeekV32, ArticleLayout) {
+  DSA_FIXTURE_PATH(path, "configs/deepseek-v3.2.json");
+  const ModelConfig cfg = ModelConfig::from_file(path);
+  Deployment d = article_layout();
+  d.context = 32768;
+  const Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  EXPECT_EQ(p.memory.kv_values_per_token, 576 * 61);
+  EXPECT_EQ(p.memory.indexer_bytes_per_token, 61 * 132);  // every layer has an indexer
+  const Pass& dec = pass_named(p.decode, "decode");
+  EXPECT_EQ(kind_named(dec, "dense.full").layers.size(), 3u);
+  EXPECT_EQ(kind_named(dec, "moe.full").layers.size(), 58u);
+  // 58 MoE layers x 32 experts x 3 x 7168 x 2048 FP8 (+ scales) = 81.7 GB per GPU.
+  EXPECT_DOUBLE_EQ(p.memory.routed_expert_bytes, 58 * 32 * 3 * (7168.0 * 2048 + 56 * 16 * 4));
+  const LayerKindPlan& moe = kind_named(dec, "moe.full");
+  EXPECT_EQ(coll_named(moe.collectives, "ep_dispatch")->bytes, 4.0 * 8 * 7168);
+  EXPECT_EQ(coll_named(moe.collectives, "dp_all_gather")->bytes, 32.0 * 7168 * 2);
+  // 128 heads, q_lora 1536, heads of 128 + 64.
+  EXPECT_DOUBLE_EQ(op_named(moe.ops, "q_b_proj").flops, 2.0 * 4 * 1536 * 128 * 192);
+  EXPECT_DOUBLE_EQ(op_named(moe.ops, "sparse_mla").flops, 2.0 * 128 * 4 * 2048 * (576 + 512));
+  EXPECT_TRUE(p.memory.batch_fits);
+  EXPECT_GT(p.decode.totals.time_s, p.memory.expert_read_floor_s * 0.5);
+}
+
+// A small config whose numbers are checked by hand: bf16 weights, 2 layers (dense, MoE), one GPU.
+ModelConfig small_config() {
+  return ModelConfig::from_json(nlohmann::json::parse(R"({
+    "model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"],
+    "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "q_lora_rank": 64, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": true, "first_k_dense_replace": 1,
+    "index_topk": 4, "index_n_heads": 2, "index_head_dim": 16, "indexer_types": ["full", "shared"],
+    "max_position_embeddings": 4096, "num_nextn_predict_layers": 1, "tie_word_embeddings": false,
+    "rms_norm_eps": 1e-5, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}})"));
+}
+
+TEST(PlanSmall, HandComputedValues) {
+  const ModelConfig cfg = small_config();
+  Deployment d;
+  d.batch = 3;
+  d.context = 10;
+  d.prefill_tokens = 10;
+  d.chunked_prefill_size = 4;
+  const Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  // Weights: all bf16 (2 B per parameter), the router's correction bias in fp32 (8 floats).
+  EXPECT_DOUBLE_EQ(p.memory.weights_bytes, 2.0 * double(model::count_params(cfg).total) + 2 * 8);
+  EXPECT_EQ(p.memory.kv_bytes_per_token, 2 * (32 + 8) * 2);
+  EXPECT_EQ(p.memory.indexer_bytes_per_token, 16 + 4);
+  const Pass& dec = pass_named(p.decode, "decode");
+  const LayerKindPlan& dense = kind_named(dec, "dense.full");
+  const Op& a = op_named(dense.ops, "qkv_a_proj");
+  EXPECT_EQ(a.flops, 2.0 * 3 * 256 * (64 + 32 + 8));
+  EXPECT_EQ(a.weight_bytes, 2.0 * 256 * 104);
+  EXPECT_EQ(a.act_read_bytes, 3.0 * 256 * 2);
+  EXPECT_EQ(a.shape, "[3, 256] x [104, 256]^T");
+  // Decode: 3 queries x min(4, 10) keys, 4 heads, 40-value scores + 32-value sums.
+  EXPECT_EQ(op_named(dense.ops, "sparse_mla").flops, 2.0 * 4 * 12 * 40 + 2.0 * 4 * 12 * 32);
+  EXPECT_EQ(op_named(dense.ops, "sparse_mla").kv_read_bytes, 12.0 * 80);
+  EXPECT_EQ(op_named(dense.ops, "indexer_logits").kv_read_bytes, 3.0 * 10 * 20);
+  EXPECT_EQ(op_named(dense.ops, "mlp_gate_up").flops, 2.0 * 3 * 256 * 1024);
+  const LayerKindPlan& moe = kind_named(dec, "moe.shared");
+  EXPECT_EQ(op_named(moe.ops, "experts_down").flops, 2.0 * 3 * 2 * 128 * 256);
+  // 3 tokens x 2 picks over 8 experts: expected 8 x (1 - (6/8)^3) experts read.
+  EXPECT_NEAR(op_named(moe.ops, "experts_down").weight_bytes, 8 * (1 - std::pow(0.75, 3)) * 256 * 128 * 2,
+              1e-6);
+  // Roofline: each op is the max of its floors.
+  EXPECT_DOUBLE_EQ(a.time_s(), std::max(a.flops / 797e12, a.bytes() / 4.3e12));
+  // Prefill of 10 tokens in chunks of 4, 4, 2: causal top-4 keys 1+2+3+4x7 = 34; the indexer reads
+  // 4 + 8 + 10 cache rows and scores 55 query-key pairs; weights are read once per chunk.
+  const Pass& pre = pass_named(p.prefill, "prefill");
+  EXPECT_EQ(pre.chunks, 3);
+  const LayerKindPlan& pd = kind_named(pre, "dense.full");
+  EXPECT_EQ(op_named(pd.ops, "sparse_mla").flops, 2.0 * 4 * 34 * 40 + 2.0 * 4 * 34 * 32);
+  EXPECT_EQ(op_named(pd.ops, "indexer_logits").kv_read_bytes, 22.0 * 20);
+  EXPECT_EQ(op_named(pd.ops, "indexer_logits").flops, 55.0 * 2 * (2 * 16 + 3));
+  EXPECT_EQ(op_named(pd.ops, "qkv_a_proj").weight_bytes, 3 * 2.0 * 256 * 104);
+  EXPECT_EQ(op_named(pre.tail_ops, "lm_head").flops, 2.0 * 256 * 1000);  // the last token only
+  // Totals add up: the step time is the ops plus the (empty) communication.
+  EXPECT_EQ(p.decode.totals.comm_s, 0);
+  EXPECT_DOUBLE_EQ(p.decode.totals.time_s, p.decode.totals.op_time_s);
+}
+
+TEST(PlanFlags, BadLayoutsAreClearErrors) {
+  const ModelConfig cfg = small_config();
+  auto err = [&](auto mutate) -> std::string {
+    Deployment d;
+    mutate(d);
+    try {
+      build_plan(cfg, d, Hardware::named("h200"));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(err([](Deployment& d) {
+              d.tp = 8;
+              d.ep_size = 3;
+            }).find("not divisible by --ep-size 3"),
+            std::string::npos);
+  EXPECT_NE(err([](Deployment& d) {
+              d.tp = 4;
+              d.attn_dp_size = 3;
+            }).find("not divisible by --attn-dp-size"),
+            std::string::npos);
+  EXPECT_NE(err([](Deployment& d) { d.tp = 8; }).find("num_attention_heads 4"), std::string::npos);
+  EXPECT_NE(err([](Deployment& d) {
+              d.tp = 16;
+              d.attn_dp_size = 16;
+              d.ep_size = 16;
+            }).find("n_routed_experts 8"),
+            std::string::npos);
+  EXPECT_NE(err([](Deployment& d) {
+              d.tp = 2;
+              d.moe_a2a_backend = A2aBackend::deepep;
+            }).find("deepep"),
+            std::string::npos);
+  EXPECT_NE(
+      err([](Deployment& d) { d.speculative_num_draft_tokens = 1; }).find("--speculative-num-draft-tokens"),
+      std::string::npos);
+  EXPECT_NE(err([](Deployment& d) { d.batch = 0; }).find("--batch"), std::string::npos);
+  EXPECT_NE(err([](Deployment& d) { d.context = 5000; }).find("max_position_embeddings"), std::string::npos);
+  EXPECT_NE(err([](Deployment& d) { d.mem_fraction_static = 1.5; }).find("--mem-fraction-static"),
+            std::string::npos);
+  EXPECT_NE(err([](Deployment& d) { d.chunked_prefill_size = 0; }).find("--chunked-prefill-size"),
+            std::string::npos);
+  EXPECT_NE(err([](Deployment& d) {
+              d.tp = 2;
+              d.moe_dense_tp_size = 4;
+            }).find("--moe-dense-tp-size"),
+            std::string::npos);
+  EXPECT_NE(err([](Deployment& d) { d.accept_length = 2; }).find("--accept-length"), std::string::npos);
+  EXPECT_THROW(Hardware::named("a100"), Error);
+}
+
+TEST(PlanFlags, Fp8BlockConstrainsTheMoeSplit) {
+  // 2048 / 32 = 64 columns per rank is not a multiple of the 128-wide weight block.
+  DSA_FIXTURE_PATH(path, "configs/glm-5.3.json");
+  const ModelConfig glm = ModelConfig::from_file(path);
+  Deployment d;
+  d.tp = 32;
+  d.attn_dp_size = 32;
+  d.moe_dense_tp_size = 1;
+  try {
+    build_plan(glm, d, Hardware::named("h200"));
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FP8 weight block 128"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dsaserve::plan
