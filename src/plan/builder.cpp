@@ -246,7 +246,7 @@ void Builder::dense_mlp(LayerKindPlan& lp, const PassTokens& p) const {
                       H * kAct * occ, 2 * T * H * kAct, 2 * T * H * kAct));
   if (gathered) {
     lp.collectives.push_back(coll("dp_all_gather", CollKind::all_gather, "tp", tp, "post_attention_layernorm",
-                                  occ, Tg / occ * H * kAct));
+                                  occ, p.gather_tokens / occ * H * kAct));
   }
   const double Tm = gathered ? Tg : T;
   const int64_t tm = gathered ? p.tokens_global_shape : p.tokens_shape;
@@ -263,8 +263,8 @@ void Builder::dense_mlp(LayerKindPlan& lp, const PassTokens& p) const {
                       2 * Tm * double(Il) * H, linear_bytes(c_, c_.hidden_size, Il) * occ,
                       Tm * double(Il) * kAct, Tm * H * kAct));
   if (gathered) {
-    lp.collectives.push_back(
-        coll("dp_reduce_scatter", CollKind::reduce_scatter, "tp", tp, "mlp_down", occ, Tg / occ * H * kAct));
+    lp.collectives.push_back(coll("dp_reduce_scatter", CollKind::reduce_scatter, "tp", tp, "mlp_down", occ,
+                                  p.gather_tokens / occ * H * kAct));
   } else if (dtp > 1) {
     lp.collectives.push_back(
         coll("tp_all_reduce", CollKind::all_reduce, "tp", tp, "mlp_down", occ, T / occ * H * kAct));
@@ -293,7 +293,7 @@ void Builder::moe(LayerKindPlan& lp, const PassTokens& p) const {
                       H * kAct * occ, 2 * Tn * H * kAct, 2 * Tn * H * kAct));
   if (gathered) {
     lp.collectives.push_back(coll("dp_all_gather", CollKind::all_gather, "tp", tp, "post_attention_layernorm",
-                                  occ, Tg / occ * H * kAct));
+                                  occ, p.gather_tokens / occ * H * kAct));
   }
   const double Tall = gathered ? Tg : T;  // tokens the MoE group sees
   const double Town =
@@ -358,8 +358,8 @@ void Builder::moe(LayerKindPlan& lp, const PassTokens& p) const {
                       fmt::format("[{}, {}]", town, c_.hidden_size), 2 * (deepep ? Town : pairs) * H, 0,
                       rows_in * H * kAct, Town * H * kAct));
   if (gathered) {
-    lp.collectives.push_back(
-        coll("dp_reduce_scatter", CollKind::reduce_scatter, "tp", tp, "moe_sum", occ, Tg / occ * H * kAct));
+    lp.collectives.push_back(coll("dp_reduce_scatter", CollKind::reduce_scatter, "tp", tp, "moe_sum", occ,
+                                  p.gather_tokens / occ * H * kAct));
   } else if (split_reduce) {
     lp.collectives.push_back(
         coll("attn_tp_all_gather", CollKind::all_gather, "attn_tp", atp, "moe_sum", occ, T / occ * H * kAct));

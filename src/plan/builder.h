@@ -16,6 +16,7 @@ struct PassTokens {
   double tokens = 0;             // T: tokens this rank attends for
   double requests = 0;           // R: requests on this rank's attention group
   double tokens_global = 0;      // Tg: tokens of the whole deployment (decode: batch x tokens per request)
+  double gather_tokens = 0;      // rows of a DP all-gather: decode pads every rank to the largest (R x dp)
   double logit_tokens = 0;       // tokens that reach the LM head
   double attn_keys = 0;          // sum over queries of the keys the main attention reads
   double attn_kv_tokens = 0;     // latent cache rows the main attention reads from HBM

@@ -29,6 +29,7 @@ PassTokens decode_tokens(const ModelConfig& c, const Deployment& d, int64_t per_
   t.requests = R;
   t.tokens = R * q;
   t.tokens_global = double(d.batch) * q;
+  t.gather_tokens = t.tokens * double(d.attn_dp_size);  // all_gather_into_tensor pads to equal rows
   t.logit_tokens = extend ? R : t.tokens;
   if (c.has_indexer()) {
     t.attn_keys = t.tokens * std::min(double(c.index_topk), S);
@@ -53,6 +54,7 @@ PassTokens prefill_tokens(const ModelConfig& c, const Deployment& d) {
   t.requests = 1;
   t.tokens = double(P);
   t.tokens_global = double(P);  // one request, on one attention group
+  t.gather_tokens = double(P);  // variable-length gather: only the owning rank contributes rows
   t.logit_tokens = 1;
   double ends = 0;  // sum over chunks of (prefix + chunk): rows each chunk reads from the caches
   for (int64_t j = 0; j < chunks; ++j) ends += double(std::min((j + 1) * C, P));

@@ -11,8 +11,9 @@ using nlohmann::json;
 
 namespace {
 
-json op_json(const Op& o) {
-  return {{"name", o.name},
+json op_json(const Op& o, const std::string& prefix) {
+  return {{"key", prefix + "/" + o.name},
+          {"name", o.name},
           {"kind", to_string(o.kind)},
           {"precision", to_string(o.precision)},
           {"shape", o.shape},
@@ -28,8 +29,9 @@ json op_json(const Op& o) {
           {"bound", o.compute_s >= o.memory_s ? "compute" : "memory"}};
 }
 
-json coll_json(const Collective& c) {
-  return {{"name", c.name},
+json coll_json(const Collective& c, const std::string& prefix) {
+  return {{"key", prefix + "/" + c.name},
+          {"name", c.name},
           {"kind", to_string(c.kind)},
           {"group", c.group},
           {"group_size", c.group_size},
@@ -41,15 +43,16 @@ json coll_json(const Collective& c) {
           {"time_s", c.time_s}};
 }
 
-json ops_json(const std::vector<Op>& ops) {
+// `key` = step/pass/layer kind/name: unique, and what a trace's op span is matched against.
+json ops_json(const std::vector<Op>& ops, const std::string& prefix) {
   json a = json::array();
-  for (const Op& o : ops) a.push_back(op_json(o));
+  for (const Op& o : ops) a.push_back(op_json(o, prefix));
   return a;
 }
 
-json colls_json(const std::vector<Collective>& cs) {
+json colls_json(const std::vector<Collective>& cs, const std::string& prefix) {
   json a = json::array();
-  for (const Collective& c : cs) a.push_back(coll_json(c));
+  for (const Collective& c : cs) a.push_back(coll_json(c, prefix));
   return a;
 }
 
@@ -57,23 +60,27 @@ json step_json(const StepPlan& s) {
   json passes = json::array();
   for (const Pass& p : s.passes) {
     json kinds = json::array();
+    const std::string pp = s.name + "/" + p.name + "/";
     for (const LayerKindPlan& lp : p.layer_kinds) {
       kinds.push_back({{"name", lp.name},
                        {"layers", lp.layers},
-                       {"ops", ops_json(lp.ops)},
-                       {"collectives", colls_json(lp.collectives)}});
+                       {"ops", ops_json(lp.ops, pp + lp.name)},
+                       {"collectives", colls_json(lp.collectives, pp + lp.name)}});
     }
-    passes.push_back(
-        {{"name", p.name},
-         {"repeat", p.repeat},
-         {"mtp", p.mtp},
-         {"requests_local", p.requests_local},
-         {"tokens_local", p.tokens_local},
-         {"tokens_global", p.tokens_global},
-         {"chunks", p.chunks},
-         {"head", {{"ops", ops_json(p.head_ops)}, {"collectives", colls_json(p.head_collectives)}}},
-         {"layer_kinds", kinds},
-         {"tail", {{"ops", ops_json(p.tail_ops)}, {"collectives", colls_json(p.tail_collectives)}}}});
+    passes.push_back({{"name", p.name},
+                      {"repeat", p.repeat},
+                      {"mtp", p.mtp},
+                      {"requests_local", p.requests_local},
+                      {"tokens_local", p.tokens_local},
+                      {"tokens_global", p.tokens_global},
+                      {"chunks", p.chunks},
+                      {"head",
+                       {{"ops", ops_json(p.head_ops, pp + "head")},
+                        {"collectives", colls_json(p.head_collectives, pp + "head")}}},
+                      {"layer_kinds", kinds},
+                      {"tail",
+                       {{"ops", ops_json(p.tail_ops, pp + "tail")},
+                        {"collectives", colls_json(p.tail_collectives, pp + "tail")}}}});
   }
   const StepTotals& t = s.totals;
   return {{"name", s.name},

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/fixtures.h"
 
@@ -51,6 +52,44 @@ TEST(PlanCli, ArticleLayoutJson) {
   EXPECT_GT(t, j["memory"]["expert_read_floor_s"].get<double>() * 0.5);
   EXPECT_LT(t, 0.1);
   EXPECT_NEAR(dec["totals"]["article_bytes_per_output_token"].get<double>(), 12976128.0, 1);
+}
+
+TEST(PlanCli, KeysAreUniqueAndModelDirWorks) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  std::string out;
+  ASSERT_EQ(
+      run_command(fmt::format("{} plan --model {} --tp 2 --ep-size 2 --attn-dp-size 2 --batch 4 --context 64 "
+                              "--speculative-num-draft-tokens 3 --json",
+                              dsaserve_binary().string(), tiny.string()),
+                  &out),
+      0)
+      << out;
+  const auto j = nlohmann::json::parse(out);
+  std::set<std::string> keys;
+  size_t n = 0;
+  for (const char* step : {"prefill", "decode"}) {
+    for (const auto& pass : j["steps"][step]["passes"]) {
+      auto add = [&](const nlohmann::json& arr) {
+        for (const auto& r : arr) {
+          keys.insert(r["key"].get<std::string>());
+          ++n;
+        }
+      };
+      add(pass["head"]["ops"]);
+      add(pass["head"]["collectives"]);
+      add(pass["tail"]["ops"]);
+      add(pass["tail"]["collectives"]);
+      for (const auto& k : pass["layer_kinds"]) {
+        add(k["ops"]);
+        add(k["collectives"]);
+      }
+    }
+  }
+  EXPECT_EQ(keys.size(), n);
+  EXPECT_TRUE(keys.count("decode/verify/moe.full/sparse_mla"));
+  EXPECT_TRUE(keys.count("decode/draft/mtp/mtp_eh_proj"));
+  EXPECT_TRUE(keys.count("decode/verify/moe.full/ep_dispatch"));
+  EXPECT_TRUE(keys.count("prefill/prefill/dense.full/dp_all_gather"));
 }
 
 TEST(PlanCli, TextReportAndInterconnect) {

@@ -2,6 +2,7 @@
 // DeepSeek-V3.2, a small config checked by hand, and flag validation.
 #include "plan/plan.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -337,6 +338,63 @@ TEST_F(Glm53, MtpVerifyMultipliesTheArticleDecodeTraffic) {
   EXPECT_EQ(ver.tokens_local, 24);
   // The MTP layer adds its own KV and indexer rows per token.
   EXPECT_EQ(p.memory.mtp_bytes_per_token, 656 + 132);
+}
+
+TEST_F(Glm53, ArticlePrefillDispatchCombine) {
+  // One 8192-token prompt under DP attention + EP8: dispatch ~0.4 GB and combine ~0.8 GB per layer for the
+  // deployment, ~90 GB over the 75 MoE layers.
+  Deployment d = article_layout();
+  d.prefill_tokens = 8192;
+  d.chunked_prefill_size = -1;
+  const Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  const Pass& pre = pass_named(p.prefill, "prefill");
+  EXPECT_EQ(pre.chunks, 1);
+  const LayerKindPlan& moe = kind_named(pre, "moe.shared");
+  const double disp = coll_named(moe.collectives, "ep_dispatch")->bytes * 8;
+  const double comb = coll_named(moe.collectives, "ep_combine")->bytes * 8;
+  EXPECT_DOUBLE_EQ(disp, 8192.0 * 8 * 6144);
+  EXPECT_NEAR((disp + comb) / 1e9, 1.21, 0.01);
+  EXPECT_NEAR((disp + comb) * 75 / 1e9, 90.6, 0.1);
+  // The prompt lives on one DP rank: the gather carries its 8192 rows (variable-length), not 8 x 8192.
+  EXPECT_DOUBLE_EQ(coll_named(moe.collectives, "dp_all_gather")->bytes, 8192.0 * 6144 * 2);
+  // The MHA-form kv_b_proj figure of the article (2 x 32768 x 512 x 28672 = 0.96 TFLOP) does not apply:
+  // DSA prefill runs the absorbed form (FlashMLA sparse), so there is no kv_b_proj op.
+  for (const Op& o : moe.ops) EXPECT_NE(o.name, "kv_b_proj");
+}
+
+TEST_F(Glm53, SmallDecodeBatchPadsTheDpGather) {
+  Deployment d = article_layout();
+  d.batch = 3;  // 3 requests over 8 DP ranks: every rank contributes 1 row (padded)
+  const Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  const LayerKindPlan& moe = kind_named(pass_named(p.decode, "decode"), "moe.shared");
+  EXPECT_DOUBLE_EQ(coll_named(moe.collectives, "dp_all_gather")->bytes, 8.0 * 6144 * 2);
+  // ... but only the 3 real tokens are routed: 3 x 8 picks over 256 experts.
+  const double hit = 32 * (1 - std::pow(1 - 8.0 / 256, 3));
+  EXPECT_NE(op_named(moe.ops, "experts_gate_up").shape.find(fmt::format("({:.1f} hit)", hit)),
+            std::string::npos)
+      << op_named(moe.ops, "experts_gate_up").shape;
+}
+
+TEST_F(Glm53, TopkBroadcastOnlyUnderAttentionTp) {
+  Deployment d;
+  d.tp = 8;
+  d.batch = 16;
+  d.context = 65536;
+  d.dsa_topk_broadcast = true;
+  Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  const Pass& dec = pass_named(p.decode, "decode");
+  const Collective* b = coll_named(kind_named(dec, "moe.full").collectives, "indexer_topk_broadcast");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->after, "indexer_topk");
+  EXPECT_EQ(b->bytes, 16.0 * 2048 * 4);
+  EXPECT_EQ(coll_named(kind_named(dec, "moe.shared").collectives, "indexer_topk_broadcast"), nullptr);
+  // Under DP attention the attention TP group has one rank: nothing to broadcast.
+  d = article_layout();
+  d.dsa_topk_broadcast = true;
+  p = build_plan(cfg, d, Hardware::named("h200"));
+  EXPECT_EQ(coll_named(kind_named(pass_named(p.decode, "decode"), "moe.full").collectives,
+                       "indexer_topk_broadcast"),
+            nullptr);
 }
 
 TEST(PlanDeepSeekV32, ArticleLayout) {
