@@ -82,6 +82,12 @@ TEST(PlanCli, KeysAreUniqueAndModelDirWorks) {
       for (const auto& k : pass["layer_kinds"]) {
         add(k["ops"]);
         add(k["collectives"]);
+        // Each collective follows an op of its layer kind, so a trace can order them.
+        for (const auto& c : k["collectives"]) {
+          bool found = false;
+          for (const auto& o : k["ops"]) found = found || o["name"] == c["after"];
+          EXPECT_TRUE(found) << c["key"];
+        }
       }
     }
   }

@@ -480,6 +480,35 @@ TEST(PlanSmall, HandComputedValues) {
   EXPECT_DOUBLE_EQ(p.decode.totals.time_s, p.decode.totals.op_time_s);
 }
 
+TEST(PlanSmall, WithoutIndexerPrefillUsesTheMhaForm) {
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "model_type": "deepseek_v3", "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
+    "moe_intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "q_lora_rank": 64,
+    "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8,
+    "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5,
+    "norm_topk_prob": true, "first_k_dense_replace": 1, "max_position_embeddings": 4096,
+    "num_nextn_predict_layers": 0, "tie_word_embeddings": false, "rms_norm_eps": 1e-6})");
+  const ModelConfig cfg = ModelConfig::from_json(j);
+  Deployment d;
+  d.batch = 2;
+  d.context = 100;
+  d.prefill_tokens = 10;
+  d.chunked_prefill_size = 4;
+  const Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  EXPECT_EQ(p.memory.indexer_bytes_per_token, 0);
+  const LayerKindPlan& pre = kind_named(pass_named(p.prefill, "prefill"), "dense.none");
+  // Each chunk expands the latent of its prefix and itself: 4 + 8 + 10 = 22 rows, 4 heads x (16 + 16).
+  EXPECT_EQ(op_named(pre.ops, "kv_b_proj").flops, 2.0 * 22 * 32 * 4 * 32);
+  EXPECT_EQ(op_named(pre.ops, "kv_b_proj").kv_read_bytes, 22.0 * 80);
+  // Causal attention over 55 query-key pairs: scores of 24 values, sums of 16.
+  EXPECT_EQ(op_named(pre.ops, "mha").flops, 2.0 * 4 * 55 * 24 + 2.0 * 4 * 55 * 16);
+  for (const Op& o : pre.ops) EXPECT_NE(o.name.rfind("indexer", 0), 0u) << o.name;
+  // Decode: dense MLA over the whole context, each request's cache read once.
+  const LayerKindPlan& dec = kind_named(pass_named(p.decode, "decode"), "moe.none");
+  EXPECT_EQ(op_named(dec.ops, "mla").flops, 2.0 * 4 * 2 * 100 * 40 + 2.0 * 4 * 2 * 100 * 32);
+  EXPECT_EQ(op_named(dec.ops, "mla").kv_read_bytes, 2.0 * 100 * 80);
+}
+
 TEST(PlanFlags, BadLayoutsAreClearErrors) {
   const ModelConfig cfg = small_config();
   auto err = [&](auto mutate) -> std::string {
