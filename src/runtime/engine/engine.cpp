@@ -1,0 +1,201 @@
+#include "runtime/engine/engine.h"
+
+#include <random>
+
+#include "core/error.h"
+
+namespace dsaserve::runtime {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
+    : model_(std::move(model)), cfg_(std::move(cfg)) {
+  DSA_CHECK(model_ != nullptr, "engine: no model");
+  DSA_CHECK(cfg_.kv_pages > 0, "--kv-pages must be positive, got {}", cfg_.kv_pages);
+  DSA_CHECK(cfg_.page_size > 0, "--page-size must be positive, got {}", cfg_.page_size);
+  pool_ = std::make_unique<KvPool>(model_->make_cache(cfg_.kv_pages, cfg_.page_size));
+  cache_ = std::make_unique<RadixCache>(*pool_, cfg_.enable_prefix_cache);
+  if (cfg_.scheduler.max_context <= 0) cfg_.scheduler.max_context = model_->config().max_position_embeddings;
+  scheduler_ = std::make_unique<Scheduler>(cfg_.scheduler, *pool_, *cache_);
+  cfg_.forward.all_logits = false;
+  stats_.kv_pages_total = pool_->num_pages();
+  stats_.kv_pages_free = pool_->free_pages();
+  seed_counter_ = std::random_device{}();
+}
+
+Engine::~Engine() { stop(); }
+
+void Engine::start() {
+  DSA_CHECK(!thread_.joinable(), "engine: already started");
+  stop_ = false;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    stop_ = true;
+  }
+  in_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::submit(GenerateRequest req) {
+  {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    in_submit_.push_back(std::move(req));
+  }
+  in_cv_.notify_one();
+}
+
+void Engine::abort(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    in_abort_.push_back(id);
+  }
+  in_cv_.notify_one();
+}
+
+bool Engine::wait_outputs(std::vector<StepOutput>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(out_mu_);
+  if (out_.empty() && !out_cv_.wait_for(lk, timeout, [&] { return !out_.empty(); })) return false;
+  for (auto& o : out_) out.push_back(std::move(o));
+  out_.clear();
+  return true;
+}
+
+void Engine::publish(std::vector<StepOutput>& out) {
+  if (out.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(out_mu_);
+    for (auto& o : out) out_.push_back(std::move(o));
+  }
+  out.clear();
+  out_cv_.notify_all();
+}
+
+void Engine::drain_inputs(std::vector<StepOutput>& out) {
+  std::vector<GenerateRequest> submits;
+  std::vector<uint64_t> aborts;
+  {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    submits.swap(in_submit_);
+    aborts.swap(in_abort_);
+  }
+  const int64_t vocab = model_->config().vocab_size;
+  for (GenerateRequest& g : submits) {
+    auto r = std::make_unique<Request>();
+    r->id = g.id;
+    r->tokens = std::move(g.prompt);
+    r->params = std::move(g.params);
+    std::string bad;
+    for (int32_t t : r->tokens) {
+      if (t < 0 || t >= vocab) {
+        bad = fmt::format("prompt token id {} is outside the vocabulary [0, {})", t, vocab);
+        break;
+      }
+    }
+    if (bad.empty()) {
+      try {
+        r->params.validate(vocab);
+      } catch (const std::exception& e) {
+        bad = e.what();
+      }
+    }
+    if (!bad.empty()) {
+      StepOutput o;
+      o.id = g.id;
+      o.finish = FinishReason::error;
+      o.error = bad;
+      out.push_back(std::move(o));
+      continue;
+    }
+    r->sampler = SamplerState(r->params.seed ? *r->params.seed : seed_counter_++, r->tokens);
+    if (scheduler_->find(r->id) != nullptr) {
+      StepOutput o;
+      o.id = g.id;
+      o.finish = FinishReason::error;
+      o.error = fmt::format("request id {} is already running", g.id);
+      out.push_back(std::move(o));
+      continue;
+    }
+    scheduler_->add(std::move(r), out);
+  }
+  for (uint64_t id : aborts) scheduler_->abort(id, out);
+}
+
+bool Engine::step() {
+  std::vector<StepOutput> out;
+  drain_inputs(out);
+  if (scheduler_->idle()) {
+    publish(out);
+    return false;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  ScheduleBatch batch = scheduler_->schedule(out);
+  double sched_s = seconds_since(t0);
+  int64_t generated = 0;
+  if (!batch.empty()) {
+    const auto t1 = std::chrono::steady_clock::now();
+    const model::ForwardBatch fb = scheduler_->build_forward(batch);
+    sched_s += seconds_since(t1);
+    try {
+      const model::ForwardOutput fo = model_->forward(fb, pool_->cache(), cfg_.forward);
+      const Tensor logits = fo.logits.contiguous();
+      const int64_t vocab = logits.size(1);
+      const auto t2 = std::chrono::steady_clock::now();
+      const size_t before = out.size();
+      scheduler_->process(batch, std::span<const float>(logits.data<float>(), size_t(logits.numel())), vocab,
+                          out);
+      for (size_t i = before; i < out.size(); ++i) generated += out[i].token >= 0 ? 1 : 0;
+      sched_s += seconds_since(t2);
+    } catch (const std::exception& e) {
+      // A failed step fails the requests in it; the engine keeps serving the others.
+      const size_t first = out.size();
+      for (const ScheduledRequest& s : batch.items) scheduler_->abort(s.req->id, out);
+      for (size_t i = first; i < out.size(); ++i) {
+        out[i].finish = FinishReason::error;
+        out[i].error = fmt::format("model step failed: {}", e.what());
+      }
+    }
+  }
+  if (cfg_.check_integrity) scheduler_->check_integrity();
+  {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_.num_waiting = scheduler_->num_waiting();
+    stats_.num_running = scheduler_->num_running();
+    stats_.kv_pages_free = pool_->free_pages();
+    stats_.prefix_cache_pages = cache_->cached_pages();
+    stats_.steps += batch.empty() ? 0 : 1;
+    stats_.prompt_tokens = scheduler_->num_admitted_prompt_tokens();
+    stats_.prefix_hit_tokens = scheduler_->num_prefix_hit_tokens();
+    stats_.prefill_tokens += batch.num_prefill_tokens;
+    stats_.generated_tokens += generated;
+    stats_.retractions = scheduler_->num_retractions();
+    stats_.last_batch_size = int64_t(batch.items.size());
+    stats_.busy_seconds += seconds_since(t0);
+    stats_.schedule_seconds += sched_s;
+  }
+  publish(out);
+  return true;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lk(stats_mu_);
+  return stats_;
+}
+
+void Engine::loop() {
+  while (!stop_) {
+    if (step()) continue;
+    std::unique_lock<std::mutex> lk(in_mu_);
+    in_cv_.wait_for(lk, std::chrono::milliseconds(100),
+                    [&] { return stop_ || !in_submit_.empty() || !in_abort_.empty(); });
+  }
+}
+
+}  // namespace dsaserve::runtime

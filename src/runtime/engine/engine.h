@@ -1,0 +1,114 @@
+#pragma once
+// Engine: the one thread that owns the model's state (KV pool, prefix cache, scheduler) and runs the
+// loop schedule -> forward -> sample/postprocess. Other threads talk to it only through two queues of
+// plain structs: submit()/abort() in, wait_outputs() out (one StepOutput per generated token or finish,
+// in order per request). step() runs one iteration on the caller's thread (tests drive it directly).
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "model/model.h"
+#include "runtime/kv/kv_pool.h"
+#include "runtime/radix/radix_cache.h"
+#include "runtime/scheduler/scheduler.h"
+
+namespace dsaserve::runtime {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;
+  int64_t kv_pages = 1024;  // pages of page_size tokens in the pool
+  int64_t page_size = 64;
+  bool enable_prefix_cache = true;
+  bool check_integrity = false;  // Scheduler::check_integrity() after every step (tests, debug)
+  model::ForwardOptions forward;
+};
+
+struct GenerateRequest {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+};
+
+// Counters and gauges for /metrics; a consistent copy is taken after each step.
+struct EngineStats {
+  int64_t num_waiting = 0;
+  int64_t num_running = 0;
+  int64_t kv_pages_total = 0;
+  int64_t kv_pages_free = 0;
+  int64_t prefix_cache_pages = 0;
+  int64_t steps = 0;
+  int64_t prompt_tokens = 0;      // prompt tokens of admitted requests
+  int64_t prefix_hit_tokens = 0;  // of which served from the prefix cache
+  int64_t prefill_tokens = 0;     // tokens prefilled (computed), recomputation included
+  int64_t generated_tokens = 0;
+  int64_t retractions = 0;
+  int64_t last_batch_size = 0;
+  double busy_seconds = 0;      // time in steps
+  double schedule_seconds = 0;  // of which the scheduler's own CPU time (schedule + build + process)
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Starts / stops the engine thread (stop() finishes the current step, then aborts nothing: queued
+  // requests stay unanswered; callers drain first).
+  void start();
+  void stop();
+
+  // Thread-safe. Ids are the caller's and must be unique among live requests.
+  void submit(GenerateRequest req);
+  void abort(uint64_t id);
+  // Moves available outputs into `out`; waits up to `timeout` when there are none. False on timeout.
+  bool wait_outputs(std::vector<StepOutput>& out, std::chrono::milliseconds timeout);
+
+  // One loop iteration on the calling thread (only when the thread is not started): applies queued
+  // submits/aborts, runs one step if there is work. Returns false when idle.
+  bool step();
+
+  EngineStats stats() const;
+  const model::Model& model() const { return *model_; }
+  const EngineConfig& config() const { return cfg_; }
+  // For tests (engine thread not running): the scheduler and memory.
+  const Scheduler& scheduler() const { return *scheduler_; }
+  const KvPool& pool() const { return *pool_; }
+  const RadixCache& cache() const { return *cache_; }
+
+ private:
+  void loop();
+  void drain_inputs(std::vector<StepOutput>& out);
+  void publish(std::vector<StepOutput>& out);
+
+  std::shared_ptr<const model::Model> model_;
+  EngineConfig cfg_;
+  std::unique_ptr<KvPool> pool_;
+  std::unique_ptr<RadixCache> cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+
+  std::mutex in_mu_;
+  std::condition_variable in_cv_;
+  std::vector<GenerateRequest> in_submit_;
+  std::vector<uint64_t> in_abort_;
+
+  std::mutex out_mu_;
+  std::condition_variable out_cv_;
+  std::deque<StepOutput> out_;
+
+  mutable std::mutex stats_mu_;
+  EngineStats stats_;
+
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  uint64_t seed_counter_ = 0;
+};
+
+}  // namespace dsaserve::runtime

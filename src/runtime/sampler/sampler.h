@@ -1,0 +1,57 @@
+#pragma once
+// Sampler: one token from one row of logits under a request's SamplingParams. Order of operations:
+// logit_bias, repetition penalty (prompt + output tokens), presence / frequency penalties (output
+// tokens), then greedy argmax (temperature 0) or temperature -> softmax -> top_k -> top_p -> min_p ->
+// a draw from the request's own seeded generator. Log-probabilities are reported from the model's raw
+// distribution (log_softmax of the unprocessed logits), like vLLM's default.
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/sampler/sampling_params.h"
+
+namespace dsaserve::runtime {
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0.0f;           // filled when params.logprobs
+  std::vector<TokenLogprob> top;  // params.top_logprobs entries, most likely first
+};
+
+// Per-request sampler state: the random generator (xoshiro256**, seeded by splitmix64 from the seed) and
+// the token counts the penalties need. Plain data: it moves with the request (also through retraction).
+class SamplerState {
+ public:
+  SamplerState() = default;
+  // `prompt` feeds the repetition penalty's set; `seed` the generator.
+  SamplerState(uint64_t seed, std::span<const int32_t> prompt);
+  // Records a token the request produced (for the penalties).
+  void record(int32_t token);
+  // Uniform in [0, 1).
+  double uniform();
+
+  const std::unordered_map<int32_t, int32_t>& output_counts() const { return output_counts_; }
+  const std::unordered_map<int32_t, int32_t>& seen() const { return seen_; }
+
+ private:
+  uint64_t s_[4] = {1, 2, 3, 4};
+  std::unordered_map<int32_t, int32_t> output_counts_;  // token -> times generated
+  std::unordered_map<int32_t, int32_t> seen_;           // prompt + output tokens (repetition penalty)
+};
+
+// Samples from `logits` [vocab]. `scratch` is reused between calls to avoid allocations.
+SampleResult sample(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
+                    std::vector<float>& scratch);
+
+// The softmax probabilities the sampler draws from (after penalties, temperature, top_k/top_p/min_p;
+// zero for dropped tokens). For tests: the distribution that sample() realises.
+std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,
+                                          const SamplerState& state);
+
+}  // namespace dsaserve::runtime

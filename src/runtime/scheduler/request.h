@@ -1,0 +1,48 @@
+#pragma once
+// Request: one generation as the scheduler sees it. Its tokens are the prompt followed by what it
+// generated so far; kv_len of them have their KV in the cache. Each step feeds tokens[kv_len ..
+// kv_len + n): a whole prefill, a chunk of one, or (kv_len == tokens.size() - 1) one decode token.
+// The page table is the locked cached prefix (prefix_pages pages owned by the RadixCache) followed by
+// pages the request owns.
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/radix/radix_cache.h"
+#include "runtime/sampler/sampler.h"
+
+namespace dsaserve::runtime {
+
+enum class FinishReason : uint8_t { none, stop, length, abort, error };
+const char* finish_reason_name(FinishReason r);
+
+struct Request {
+  using Clock = std::chrono::steady_clock;
+
+  uint64_t id = 0;
+  std::vector<int32_t> tokens;  // prompt + output
+  int64_t prompt_len = 0;
+  SamplingParams params;
+  SamplerState sampler;
+
+  // Memory.
+  std::vector<int32_t> page_table;
+  RadixCache::NodeId prefix_node = RadixCache::kRoot;  // locked while the request holds it
+  int64_t prefix_pages = 0;                            // leading page_table entries owned by the cache
+  int64_t kv_len = 0;                                  // tokens whose KV is in the cache
+
+  // Bookkeeping.
+  int64_t cached_tokens = 0;  // prefix-cache hit at first admission (usage.cached_tokens)
+  bool admitted_once = false;
+  int32_t num_retractions = 0;
+  FinishReason finish = FinishReason::none;
+  std::string error;
+  Clock::time_point arrival = Clock::now();
+
+  int64_t num_output() const { return int64_t(tokens.size()) - prompt_len; }
+  int64_t remaining_input() const { return int64_t(tokens.size()) - kv_len; }
+  bool finished() const { return finish != FinishReason::none; }
+};
+
+}  // namespace dsaserve::runtime

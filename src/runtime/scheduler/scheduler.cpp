@@ -1,0 +1,296 @@
+#include "runtime/scheduler/scheduler.h"
+
+#include <algorithm>
+#include <limits>
+#include <unordered_set>
+
+#include "core/error.h"
+
+namespace dsaserve::runtime {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::none: return "none";
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::abort: return "abort";
+    case FinishReason::error: return "error";
+  }
+  return "none";
+}
+
+Scheduler::Scheduler(SchedulerConfig cfg, KvPool& pool, RadixCache& cache)
+    : cfg_(std::move(cfg)), pool_(pool), cache_(cache) {
+  DSA_CHECK(cfg_.max_running_requests > 0, "max_running_requests must be positive, got {}",
+            cfg_.max_running_requests);
+  DSA_CHECK(cfg_.max_prefill_tokens > 0, "max_prefill_tokens must be positive, got {}",
+            cfg_.max_prefill_tokens);
+}
+
+Scheduler::~Scheduler() = default;
+
+int64_t Scheduler::chunk_cap() const {
+  return cfg_.chunked_prefill_size > 0 ? cfg_.chunked_prefill_size : std::numeric_limits<int64_t>::max();
+}
+
+const Request* Scheduler::find(uint64_t id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+void Scheduler::add(std::unique_ptr<Request> req, std::vector<StepOutput>& out) {
+  DSA_CHECK(req != nullptr, "scheduler: null request");
+  DSA_CHECK(!requests_.count(req->id), "scheduler: request id {} is already queued", req->id);
+  Request& r = *req;
+  r.prompt_len = int64_t(r.tokens.size());
+  requests_.emplace(r.id, std::move(req));
+  if (r.tokens.empty()) return finish(r, FinishReason::error, "the prompt is empty", out);
+  if (cfg_.max_context > 0 && r.prompt_len >= cfg_.max_context) {
+    return finish(
+        r, FinishReason::error,
+        fmt::format("the prompt has {} tokens, the context length is {}", r.prompt_len, cfg_.max_context),
+        out);
+  }
+  if (r.params.max_new_tokens == 0) return finish(r, FinishReason::length, "", out);
+  waiting_.push_back(&r);
+}
+
+bool Scheduler::abort(uint64_t id, std::vector<StepOutput>& out) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  finish(*it->second, FinishReason::abort, "", out);
+  return true;
+}
+
+bool Scheduler::make_room(int64_t pages) {
+  if (pages <= 0) return true;
+  if (pool_.free_pages() < pages) cache_.evict(pages - pool_.free_pages());
+  return pool_.can_allocate(pages);
+}
+
+void Scheduler::release(Request& r) {
+  if (!r.page_table.empty() || r.prefix_node != RadixCache::kRoot) {
+    const int64_t ps = pool_.page_size();
+    const int64_t full = std::min<int64_t>(r.kv_len / ps, int64_t(r.page_table.size()));
+    const std::span<const int32_t> pt(r.page_table);
+    cache_.insert(std::span<const int32_t>(r.tokens).first(size_t(full * ps)), pt.first(size_t(full)));
+    pool_.free(pt.subspan(size_t(full)));
+    cache_.unlock(r.prefix_node);
+  }
+  r.page_table.clear();
+  r.prefix_node = RadixCache::kRoot;
+  r.prefix_pages = 0;
+  r.kv_len = 0;
+}
+
+void Scheduler::erase_running(Request* r) {
+  running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
+}
+
+void Scheduler::retract(Request& r) {
+  release(r);
+  erase_running(&r);
+  waiting_.push_front(&r);
+  ++r.num_retractions;
+  ++num_retractions_;
+}
+
+void Scheduler::finish(Request& r, FinishReason why, std::string error, std::vector<StepOutput>& out) {
+  release(r);
+  erase_running(&r);
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), &r), waiting_.end());
+  StepOutput o;
+  o.id = r.id;
+  o.finish = why;
+  o.error = std::move(error);
+  o.prompt_tokens = r.prompt_len;
+  o.cached_tokens = r.cached_tokens;
+  o.completion_tokens = r.num_output();
+  out.push_back(std::move(o));
+  requests_.erase(r.id);  // destroys r
+}
+
+bool Scheduler::admit(Request& r, int64_t budget, ScheduleBatch& b, std::vector<StepOutput>& out) {
+  const int64_t ps = pool_.page_size();
+  RadixCache::Match m = cache_.match_prefix(r.tokens, int64_t(r.tokens.size()) - 1);
+  cache_.lock(m.node);
+  // Admit only when the whole remaining input and the first output token fit (with what eviction can
+  // free), so that a new request does not immediately push a running one out.
+  const int64_t need_all = pool_.pages_for(int64_t(r.tokens.size()) + 1) - int64_t(m.pages.size());
+  const int64_t n = std::min({int64_t(r.tokens.size()) - m.num_tokens, chunk_cap(), budget});
+  const int64_t need_now = pool_.pages_for(m.num_tokens + n) - int64_t(m.pages.size());
+  if (pool_.free_pages() + cache_.evictable_pages() < need_all || !make_room(need_now)) {
+    cache_.unlock(m.node);
+    if (running_.empty() && b.empty()) {
+      // Nothing else holds memory: this request can never fit.
+      finish(r, FinishReason::error,
+             fmt::format("the request needs {} KV pages of {} tokens, the pool has {}",
+                         pool_.pages_for(int64_t(r.tokens.size()) + 1), ps, pool_.num_pages()),
+             out);
+      return true;  // the queue moved on
+    }
+    return false;
+  }
+  waiting_.pop_front();
+  r.page_table = std::move(m.pages);
+  r.prefix_node = m.node;
+  r.prefix_pages = int64_t(r.page_table.size());
+  r.kv_len = m.num_tokens;
+  if (!r.admitted_once) {
+    r.cached_tokens = m.num_tokens;
+    r.admitted_once = true;
+    admitted_prompt_tokens_ += r.prompt_len;
+    prefix_hit_tokens_ += m.num_tokens;
+  }
+  pool_.reserve(r.page_table, r.kv_len + n);
+  running_.push_back(&r);
+  const bool sample = n == r.remaining_input();
+  b.items.push_back({&r, n, sample});
+  b.num_prefill_tokens += n;
+  return true;
+}
+
+ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
+  ScheduleBatch b;
+  const int64_t ps = pool_.page_size();
+  int64_t budget = cfg_.max_prefill_tokens;
+  // Running requests, oldest first.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Request* r = running_[i];
+    const bool decode = r->remaining_input() == 1;
+    int64_t n = decode ? 1 : std::min({r->remaining_input(), chunk_cap(), budget});
+    if (n <= 0) continue;
+    bool retracted_self = false;
+    for (;;) {
+      const int64_t need = pool_.pages_for(r->kv_len + n) - int64_t(r->page_table.size());
+      if (make_room(need)) break;
+      if (!decode) {  // shrink the chunk to the pages that can be had
+        const int64_t have = (int64_t(r->page_table.size()) + pool_.free_pages()) * ps - r->kv_len;
+        if (have >= 1 && have < n) {
+          n = have;
+          continue;
+        }
+      }
+      Request* victim = running_.back();
+      if (victim == r && running_.size() == 1) {
+        finish(*r, FinishReason::error,
+               fmt::format("the request needs more than the {} KV pages of the pool", pool_.num_pages()),
+               out);
+        retracted_self = true;
+        break;
+      }
+      retract(*victim);
+      if (victim == r) {
+        retracted_self = true;
+        break;
+      }
+    }
+    if (retracted_self) break;  // r was the youngest: nothing after it
+    pool_.reserve(r->page_table, r->kv_len + n);
+    b.items.push_back({r, n, n == r->remaining_input()});
+    if (decode) {
+      ++b.num_decode;
+    } else {
+      b.num_prefill_tokens += n;
+      budget -= n;
+    }
+  }
+  // The prefill adder: waiting requests, FCFS.
+  while (!waiting_.empty() && int64_t(running_.size()) < cfg_.max_running_requests && budget > 0) {
+    Request& r = *waiting_.front();
+    const int64_t before = b.num_prefill_tokens;
+    if (!admit(r, budget, b, out)) break;
+    budget -= b.num_prefill_tokens - before;
+  }
+  return b;
+}
+
+model::ForwardBatch Scheduler::build_forward(const ScheduleBatch& batch) const {
+  model::ForwardBatch fb;
+  fb.page_size = pool_.page_size();
+  for (const ScheduledRequest& s : batch.items) {
+    const Request& r = *s.req;
+    fb.add_request(std::span<const int32_t>(r.tokens).subspan(size_t(r.kv_len), size_t(s.num_new)), r.kv_len,
+                   r.page_table);
+  }
+  return fb;
+}
+
+void Scheduler::process(const ScheduleBatch& batch, std::span<const float> logits, int64_t vocab,
+                        std::vector<StepOutput>& out) {
+  DSA_CHECK(int64_t(logits.size()) == int64_t(batch.items.size()) * vocab,
+            "scheduler: {} logits for {} requests of vocab {}", logits.size(), batch.items.size(), vocab);
+  for (size_t k = 0; k < batch.items.size(); ++k) {
+    const ScheduledRequest& s = batch.items[k];
+    Request& r = *s.req;
+    r.kv_len += s.num_new;
+    if (!s.sample) continue;
+    const SampleResult res =
+        sample(logits.subspan(k * size_t(vocab), size_t(vocab)), r.params, r.sampler, scratch_);
+    r.tokens.push_back(res.token);
+    r.sampler.record(res.token);
+    FinishReason why = FinishReason::none;
+    const auto& eos = cfg_.eos_token_ids;
+    const auto& stop = r.params.stop_token_ids;
+    if ((!r.params.ignore_eos && std::find(eos.begin(), eos.end(), res.token) != eos.end()) ||
+        std::find(stop.begin(), stop.end(), res.token) != stop.end()) {
+      why = FinishReason::stop;
+    } else if (r.num_output() >= r.params.max_new_tokens ||
+               (cfg_.max_context > 0 && int64_t(r.tokens.size()) >= cfg_.max_context)) {
+      why = FinishReason::length;
+    }
+    StepOutput o;
+    o.id = r.id;
+    o.token = res.token;
+    o.logprob = res.logprob;
+    o.top_logprobs = res.top;
+    o.prompt_tokens = r.prompt_len;
+    o.cached_tokens = r.cached_tokens;
+    o.completion_tokens = r.num_output();
+    o.finish = why;
+    out.push_back(std::move(o));
+    if (why != FinishReason::none) {
+      release(r);
+      erase_running(&r);
+      requests_.erase(r.id);
+    }
+  }
+}
+
+void Scheduler::check_integrity() const {
+  pool_.check_integrity();
+  cache_.check_integrity();
+  DSA_CHECK(int64_t(running_.size()) <= cfg_.max_running_requests, "scheduler: {} running > max {}",
+            running_.size(), cfg_.max_running_requests);
+  DSA_CHECK(running_.size() + waiting_.size() == requests_.size(),
+            "scheduler: {} running + {} waiting != {} known", running_.size(), waiting_.size(),
+            requests_.size());
+  std::unordered_set<int32_t> own;
+  for (const Request* r : waiting_) {
+    DSA_CHECK(r->page_table.empty() && r->prefix_node == RadixCache::kRoot && r->kv_len == 0,
+              "scheduler: waiting request {} holds KV pages", r->id);
+  }
+  for (const Request* r : running_) {
+    DSA_CHECK(r->kv_len < int64_t(r->tokens.size()), "scheduler: request {} has KV for all its tokens",
+              r->id);
+    DSA_CHECK(int64_t(r->page_table.size()) >= pool_.pages_for(r->kv_len),
+              "scheduler: request {} has {} pages for {} cached tokens", r->id, r->page_table.size(),
+              r->kv_len);
+    for (size_t i = 0; i < r->page_table.size(); ++i) {
+      const int32_t p = r->page_table[i];
+      if (int64_t(i) < r->prefix_pages) {
+        DSA_CHECK(cache_.holds_page(p), "scheduler: prefix page {} of request {} is not in the cache", p,
+                  r->id);
+      } else {
+        DSA_CHECK(!cache_.holds_page(p), "scheduler: page {} of request {} is also in the cache", p, r->id);
+        DSA_CHECK(own.insert(p).second, "scheduler: page {} is held by two requests", p);
+      }
+    }
+  }
+  const int64_t used = pool_.num_pages() - pool_.free_pages();
+  DSA_CHECK(used == cache_.cached_pages() + int64_t(own.size()),
+            "scheduler: {} pages used, but the cache holds {} and requests {} (leak)", used,
+            cache_.cached_pages(), own.size());
+}
+
+}  // namespace dsaserve::runtime

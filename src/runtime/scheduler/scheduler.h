@@ -1,0 +1,117 @@
+#pragma once
+// Scheduler: decides what each model step computes and owns the requests' KV pages (nano-vllm's
+// schedule -> run -> postprocess loop; the engine thread calls it, nothing else touches it).
+//
+// schedule(): running requests first (oldest first): decodes get their next page, unfinished
+// prefills their next chunk; when pages run out even after evicting the prefix cache, the youngest
+// running request is retracted (its pages go to the prefix cache, its tokens, generated ones included,
+// go back to the front of the waiting queue to be recomputed). Then the prefill adder admits waiting
+// requests FCFS while the token budget (max_prefill_tokens), chunked_prefill_size and
+// max_running_requests allow, matching each against the prefix cache first. Decodes and prefill chunks
+// share one step (a mixed batch). A request that cannot fit the whole pool fails with an error; the
+// loop never deadlocks.
+// process(): samples the requests whose input is complete, applies the stop rules and releases
+// finished requests' pages into the prefix cache.
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/forward_batch.h"
+#include "runtime/kv/kv_pool.h"
+#include "runtime/radix/radix_cache.h"
+#include "runtime/scheduler/request.h"
+
+namespace dsaserve::runtime {
+
+struct SchedulerConfig {
+  int64_t max_running_requests = 64;
+  int64_t max_prefill_tokens = 16384;   // new prefill tokens per step (decodes not counted)
+  int64_t chunked_prefill_size = 4096;  // most tokens of one request per step; <= 0: no chunking
+  int64_t max_context = 0;              // prompt + output tokens per request; 0: unlimited
+  std::vector<int32_t> eos_token_ids;
+};
+
+// One request's part of a step: its next num_new input tokens; sample when they complete its input.
+struct ScheduledRequest {
+  Request* req = nullptr;
+  int64_t num_new = 0;
+  bool sample = false;
+};
+
+struct ScheduleBatch {
+  std::vector<ScheduledRequest> items;
+  int64_t num_prefill_tokens = 0;  // tokens of items that are not single decodes
+  int64_t num_decode = 0;
+  bool empty() const { return items.empty(); }
+};
+
+// What a step produced for one request (plain data for the output queue).
+struct StepOutput {
+  uint64_t id = 0;
+  int32_t token = -1;  // -1: none (a finish without a new token: abort, error)
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top_logprobs;
+  FinishReason finish = FinishReason::none;
+  std::string error;
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerConfig cfg, KvPool& pool, RadixCache& cache);
+  ~Scheduler();
+
+  const SchedulerConfig& config() const { return cfg_; }
+  // Queues a request (FCFS). Requests with max_new_tokens 0 or an empty prompt finish at once.
+  void add(std::unique_ptr<Request> req, std::vector<StepOutput>& out);
+  // Aborts a waiting or running request (its pages are released now); false when unknown.
+  bool abort(uint64_t id, std::vector<StepOutput>& out);
+
+  ScheduleBatch schedule(std::vector<StepOutput>& out);
+  model::ForwardBatch build_forward(const ScheduleBatch& batch) const;
+  // `logits` [batch.items.size(), vocab]: each item's last-token logits.
+  void process(const ScheduleBatch& batch, std::span<const float> logits, int64_t vocab,
+               std::vector<StepOutput>& out);
+
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  int64_t num_waiting() const { return int64_t(waiting_.size()); }
+  int64_t num_running() const { return int64_t(running_.size()); }
+  int64_t num_retractions() const { return num_retractions_; }
+  // Prompt tokens of requests admitted so far, and how many of them the prefix cache served.
+  int64_t num_admitted_prompt_tokens() const { return admitted_prompt_tokens_; }
+  int64_t num_prefix_hit_tokens() const { return prefix_hit_tokens_; }
+  const Request* find(uint64_t id) const;
+
+  // Throws dsaserve::Error when pages are lost, shared or double-counted, or a queue invariant fails.
+  void check_integrity() const;
+
+ private:
+  int64_t chunk_cap() const;
+  // Frees pool pages by evicting the prefix cache until `pages` are free; false when it cannot.
+  bool make_room(int64_t pages);
+  // Gives a request's pages to the prefix cache (full computed pages) and the pool (the rest).
+  void release(Request& r);
+  void retract(Request& r);
+  void finish(Request& r, FinishReason why, std::string error, std::vector<StepOutput>& out);
+  void erase_running(Request* r);
+  bool admit(Request& r, int64_t budget, ScheduleBatch& b, std::vector<StepOutput>& out);
+
+  SchedulerConfig cfg_;
+  KvPool& pool_;
+  RadixCache& cache_;
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
+  std::deque<Request*> waiting_;
+  std::vector<Request*> running_;  // admission order: the youngest last
+  std::vector<float> scratch_;
+  int64_t num_retractions_ = 0;
+  int64_t admitted_prompt_tokens_ = 0;
+  int64_t prefix_hit_tokens_ = 0;
+};
+
+}  // namespace dsaserve::runtime

@@ -1,0 +1,164 @@
+// Sampler: greedy, seeded reproducibility, the realised distribution under temperature / top_k /
+// top_p / min_p, penalties, logit_bias and logprobs.
+#include "runtime/sampler/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+
+namespace dsaserve::runtime {
+namespace {
+
+std::vector<float> test_logits() { return {1.0f, 2.0f, 0.5f, 3.0f, -1.0f, 2.5f, 0.0f, 1.5f}; }
+
+TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
+  SamplingParams p;
+  p.temperature = 0;
+  SamplerState st(1, {});
+  std::vector<float> scratch;
+  EXPECT_EQ(sample(test_logits(), p, st, scratch).token, 3);
+  const std::vector<float> tie = {0.f, 5.f, 5.f, 1.f};
+  EXPECT_EQ(sample(tie, p, st, scratch).token, 1);
+}
+
+TEST(Sampler, SameSeedSameTokensOtherSeedDiffers) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  std::vector<float> scratch;
+  auto run = [&](uint64_t seed) {
+    SamplerState st(seed, {});
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) out.push_back(sample(test_logits(), p, st, scratch).token);
+    return out;
+  };
+  EXPECT_EQ(run(42), run(42));
+  EXPECT_NE(run(42), run(43));
+}
+
+// Empirical frequencies over many draws match sampling_distribution, which matches the closed form.
+void check_distribution(const SamplingParams& p, const std::vector<double>& expected) {
+  const std::vector<float> logits = test_logits();
+  SamplerState ref(0, {});
+  const std::vector<double> dist = sampling_distribution(logits, p, ref);
+  ASSERT_EQ(dist.size(), expected.size());
+  for (size_t i = 0; i < dist.size(); ++i) EXPECT_NEAR(dist[i], expected[i], 1e-6) << "token " << i;
+  SamplerState st(7, {});
+  std::vector<float> scratch;
+  std::vector<int> counts(logits.size(), 0);
+  const int n = 40000;
+  for (int i = 0; i < n; ++i) ++counts[size_t(sample(logits, p, st, scratch).token)];
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const double f = double(counts[i]) / n;
+    const double sd = std::sqrt(expected[i] * (1 - expected[i]) / n);
+    EXPECT_NEAR(f, expected[i], 5 * sd + 1e-12) << "token " << i;
+  }
+}
+
+std::vector<double> softmax_of(const std::vector<float>& x, double t, const std::vector<bool>& keep) {
+  std::vector<double> p(x.size(), 0.0);
+  double s = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (keep[i]) s += (p[i] = std::exp(double(x[i]) / t));
+  }
+  for (double& v : p) v /= s;
+  return p;
+}
+
+TEST(Sampler, TemperatureDistribution) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  check_distribution(p, softmax_of(test_logits(), 0.7, std::vector<bool>(8, true)));
+}
+
+TEST(Sampler, TopKDistribution) {
+  SamplingParams p;
+  p.top_k = 3;  // tokens 3 (3.0), 5 (2.5), 1 (2.0)
+  check_distribution(p,
+                     softmax_of(test_logits(), 1.0, {false, true, false, true, false, true, false, false}));
+}
+
+TEST(Sampler, TopPDistribution) {
+  SamplingParams p;
+  // Full softmax sorted: 3 (0.385), 5 (0.233), 1 (0.142), 7 (0.086) ... top_p 0.7 keeps 3, 5, 1.
+  p.top_p = 0.7f;
+  check_distribution(p,
+                     softmax_of(test_logits(), 1.0, {false, true, false, true, false, true, false, false}));
+}
+
+TEST(Sampler, MinPDistribution) {
+  SamplingParams p;
+  p.min_p = 0.3f;  // p/p_max >= 0.3: exp(l - 3) >= 0.3 -> l >= 1.796: tokens 1, 3, 5
+  check_distribution(p,
+                     softmax_of(test_logits(), 1.0, {false, true, false, true, false, true, false, false}));
+}
+
+TEST(Sampler, LogitBiasAndPenalties) {
+  std::vector<float> scratch;
+  SamplingParams p;
+  p.temperature = 0;
+  p.logit_bias = {{4, 10.0f}};
+  SamplerState st(1, {});
+  EXPECT_EQ(sample(test_logits(), p, st, scratch).token, 4);
+
+  SamplingParams f;
+  f.temperature = 0;
+  f.frequency_penalty = 0.4f;  // token 3 seen twice: 3.0 - 0.8 = 2.2 < 2.5 (token 5)
+  SamplerState fs(1, {});
+  fs.record(3);
+  EXPECT_EQ(sample(test_logits(), f, fs, scratch).token, 3);  // 3.0 - 0.4 = 2.6 still wins
+  fs.record(3);
+  EXPECT_EQ(sample(test_logits(), f, fs, scratch).token, 5);
+
+  SamplingParams pr;
+  pr.temperature = 0;
+  pr.presence_penalty = 0.6f;  // once seen: 3.0 - 0.6 = 2.4 < 2.5
+  SamplerState ps(1, {});
+  ps.record(3);
+  EXPECT_EQ(sample(test_logits(), pr, ps, scratch).token, 5);
+
+  SamplingParams rp;
+  rp.temperature = 0;
+  rp.repetition_penalty = 1.5f;  // prompt holds 3: 3.0 / 1.5 = 2.0 < 2.5
+  const std::vector<int32_t> prompt = {3};
+  SamplerState rs(1, prompt);
+  EXPECT_EQ(sample(test_logits(), rp, rs, scratch).token, 5);
+}
+
+TEST(Sampler, LogprobsAreRawLogSoftmax) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = true;
+  p.top_logprobs = 3;
+  SamplerState st(1, {});
+  std::vector<float> scratch;
+  const std::vector<float> x = test_logits();
+  const SampleResult r = sample(x, p, st, scratch);
+  double s = 0;
+  for (float v : x) s += std::exp(double(v));
+  EXPECT_NEAR(r.logprob, 3.0 - std::log(s), 1e-5);
+  ASSERT_EQ(r.top.size(), 3u);
+  EXPECT_EQ(r.top[0].token, 3);
+  EXPECT_EQ(r.top[1].token, 5);
+  EXPECT_EQ(r.top[2].token, 1);
+  EXPECT_NEAR(r.top[1].logprob, 2.5 - std::log(s), 1e-5);
+}
+
+TEST(Sampler, ValidateNamesTheField) {
+  SamplingParams p;
+  p.top_p = 0;
+  try {
+    p.validate(8);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("top_p"), std::string::npos);
+  }
+  SamplingParams b;
+  b.logit_bias = {{9, 1.0f}};
+  EXPECT_THROW(b.validate(8), Error);
+}
+
+}  // namespace
+}  // namespace dsaserve::runtime

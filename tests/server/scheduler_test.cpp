@@ -1,0 +1,281 @@
+// Scheduler without a model: a fake forward that stores each fed token in an emulated KV cache (slot ->
+// token) and checks that every earlier position of the request reads back its own token through the page
+// table, so page tables, prefix sharing, chunking and retraction are verified, not only counted. The
+// "model" predicts a hash of the request's whole sequence, so outputs are checkable against a plain loop.
+#include "runtime/scheduler/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "core/error.h"
+
+namespace dsaserve::runtime {
+namespace {
+
+constexpr int64_t kVocab = 97;
+
+int32_t next_token(std::span<const int32_t> seq) {
+  uint64_t h = 1469598103934665603ULL;
+  for (int32_t t : seq) h = (h ^ uint64_t(t)) * 1099511628211ULL;
+  return int32_t(h % uint64_t(kVocab - 2)) + 2;  // never 0/1 (eos is 1)
+}
+
+struct Harness {
+  KvPool pool;
+  RadixCache cache;
+  Scheduler sched;
+  std::vector<int32_t> kv;  // slot -> token
+  std::map<uint64_t, std::vector<int32_t>> outputs;
+  std::map<uint64_t, StepOutput> finished;
+  int64_t steps = 0;
+  std::map<uint64_t, std::pair<int64_t, int64_t>> last_batch;  // id -> (kv_len, num_new) of the last step
+
+  Harness(int64_t pages, int64_t page_size, SchedulerConfig cfg, bool prefix_cache = true)
+      : pool(make(pages, page_size)),
+        cache(pool, prefix_cache),
+        sched(cfg, pool, cache),
+        kv(size_t(pages * page_size), -1) {}
+  static model::KvCache make(int64_t pages, int64_t page_size) {
+    model::KvCache c;
+    c.num_pages = pages;
+    c.page_size = page_size;
+    return c;
+  }
+
+  void add(uint64_t id, std::vector<int32_t> prompt, int64_t max_new) {
+    auto r = std::make_unique<Request>();
+    r->id = id;
+    r->tokens = std::move(prompt);
+    r->params.temperature = 0;
+    r->params.max_new_tokens = max_new;
+    r->params.ignore_eos = true;
+    std::vector<StepOutput> out;
+    sched.add(std::move(r), out);
+    collect(out);
+  }
+
+  void collect(std::vector<StepOutput>& out) {
+    for (StepOutput& o : out) {
+      if (o.token >= 0) outputs[o.id].push_back(o.token);
+      if (o.finish != FinishReason::none) finished[o.id] = o;
+    }
+    out.clear();
+  }
+
+  // One step; returns false when there was nothing to do.
+  bool step() {
+    std::vector<StepOutput> out;
+    ScheduleBatch b = sched.schedule(out);
+    collect(out);
+    if (b.empty()) return !sched.idle();
+    last_batch.clear();
+    for (const ScheduledRequest& s : b.items) last_batch[s.req->id] = {s.req->kv_len, s.num_new};
+    model::ForwardBatch fb = sched.build_forward(b);
+    fb.validate(kVocab, pool.num_pages());
+    std::vector<float> logits(b.items.size() * size_t(kVocab), 0.0f);
+    for (size_t k = 0; k < b.items.size(); ++k) {
+      const Request& r = *b.items[k].req;
+      const int64_t end = r.kv_len + b.items[k].num_new;
+      for (int64_t t = fb.token_begin[k]; t < fb.token_begin[k + 1]; ++t) {
+        kv[size_t(fb.out_cache_loc[size_t(t)])] = fb.input_ids[size_t(t)];
+      }
+      for (int64_t p = 0; p < end; ++p) {
+        const int64_t slot =
+            int64_t(r.page_table[size_t(p / pool.page_size())]) * pool.page_size() + p % pool.page_size();
+        EXPECT_EQ(kv[size_t(slot)], r.tokens[size_t(p)]) << "request " << r.id << " position " << p;
+      }
+      logits[k * size_t(kVocab) + size_t(next_token(std::span<const int32_t>(r.tokens).first(size_t(end))))] =
+          1.0f;
+    }
+    sched.process(b, logits, kVocab, out);
+    collect(out);
+    sched.check_integrity();
+    ++steps;
+    return true;
+  }
+
+  void run(int64_t max_steps = 100000) {
+    while (!sched.idle()) {
+      ASSERT_LT(steps, max_steps) << "scheduler does not make progress";
+      step();
+    }
+  }
+};
+
+std::vector<int32_t> expected_output(std::vector<int32_t> seq, int64_t n) {
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < n; ++i) {
+    out.push_back(next_token(seq));
+    seq.push_back(out.back());
+  }
+  return out;
+}
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t len) {
+  std::vector<int32_t> p;
+  for (int64_t i = 0; i < len; ++i) p.push_back(int32_t(rng() % uint32_t(kVocab)));
+  return p;
+}
+
+TEST(Scheduler, ChunkedPrefillAndDecodeProduceTheReferenceTokens) {
+  SchedulerConfig cfg;
+  cfg.chunked_prefill_size = 5;
+  cfg.max_prefill_tokens = 8;
+  Harness h(64, 4, cfg);
+  std::mt19937 rng(1);
+  std::map<uint64_t, std::vector<int32_t>> prompts;
+  for (uint64_t id = 1; id <= 6; ++id) {
+    prompts[id] = random_prompt(rng, 3 + int64_t(id) * 4);
+    h.add(id, prompts[id], 9);
+  }
+  h.run();
+  for (auto& [id, p] : prompts) {
+    EXPECT_EQ(h.outputs[id], expected_output(p, 9)) << id;
+    EXPECT_EQ(h.finished[id].finish, FinishReason::length);
+    EXPECT_EQ(h.finished[id].completion_tokens, 9);
+  }
+  EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
+}
+
+TEST(Scheduler, PrefixCacheHitReportsCachedTokensAndSkipsThem) {
+  SchedulerConfig cfg;
+  Harness h(64, 4, cfg);
+  std::mt19937 rng(2);
+  const std::vector<int32_t> shared = random_prompt(rng, 21);
+  h.add(1, shared, 3);
+  h.run();
+  std::vector<int32_t> second = shared;
+  second.push_back(5);
+  second.push_back(6);
+  h.add(2, second, 3);
+  h.step();
+  ASSERT_EQ(h.last_batch.size(), 1u);
+  EXPECT_EQ(h.last_batch[2].first, 20);  // 5 whole pages of the first request's prompt
+  EXPECT_EQ(h.last_batch[2].second, 3);
+  h.run();
+  EXPECT_EQ(h.outputs[2], expected_output(second, 3));
+  EXPECT_EQ(h.finished[2].cached_tokens, 20);
+  EXPECT_EQ(h.finished[1].cached_tokens, 0);
+}
+
+TEST(Scheduler, RetractsWhenPagesRunOutAndStillProducesTheReference) {
+  SchedulerConfig cfg;
+  cfg.chunked_prefill_size = 8;
+  cfg.max_running_requests = 16;
+  Harness h(24, 4, cfg);  // 96 tokens of KV for 8 requests of up to ~40 tokens each
+  std::mt19937 rng(3);
+  std::map<uint64_t, std::vector<int32_t>> prompts;
+  std::map<uint64_t, int64_t> lens;
+  for (uint64_t id = 1; id <= 8; ++id) {
+    prompts[id] = random_prompt(rng, 4 + int64_t(rng() % 12));
+    lens[id] = 10 + int64_t(rng() % 20);
+    h.add(id, prompts[id], lens[id]);
+  }
+  h.run();
+  EXPECT_GT(h.sched.num_retractions(), 0);
+  for (auto& [id, p] : prompts) EXPECT_EQ(h.outputs[id], expected_output(p, lens[id])) << id;
+  EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
+}
+
+TEST(Scheduler, RequestLargerThanThePoolFailsWithoutBlockingOthers) {
+  SchedulerConfig cfg;
+  Harness h(4, 4, cfg);
+  std::mt19937 rng(4);
+  h.add(1, random_prompt(rng, 30), 2);  // 31 tokens > 16 slots
+  h.add(2, random_prompt(rng, 5), 2);
+  h.run(1000);
+  EXPECT_EQ(h.finished[1].finish, FinishReason::error);
+  EXPECT_NE(h.finished[1].error.find("KV pages"), std::string::npos);
+  EXPECT_EQ(h.finished[2].finish, FinishReason::length);
+  // A request that grows past the pool while decoding fails too, never loops.
+  h.add(3, random_prompt(rng, 10), 50);
+  h.run(1000);
+  EXPECT_EQ(h.finished[3].finish, FinishReason::error);
+}
+
+TEST(Scheduler, AbortFreesPagesAtOnceAndLimitsHold) {
+  SchedulerConfig cfg;
+  cfg.max_running_requests = 3;
+  cfg.max_prefill_tokens = 64;
+  Harness h(64, 4, cfg);
+  std::mt19937 rng(5);
+  for (uint64_t id = 1; id <= 6; ++id) h.add(id, random_prompt(rng, 9), 20);
+  h.step();
+  EXPECT_EQ(h.sched.num_running(), 3);
+  EXPECT_EQ(h.sched.num_waiting(), 3);
+  std::vector<StepOutput> out;
+  EXPECT_TRUE(h.sched.abort(2, out));  // running
+  EXPECT_TRUE(h.sched.abort(5, out));  // waiting
+  EXPECT_FALSE(h.sched.abort(99, out));
+  h.collect(out);
+  h.sched.check_integrity();
+  EXPECT_EQ(h.finished[2].finish, FinishReason::abort);
+  EXPECT_EQ(h.finished[5].finish, FinishReason::abort);
+  h.run();
+  EXPECT_EQ(h.finished.size(), 6u);
+  EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
+}
+
+TEST(Scheduler, StopTokensEosAndMaxContext) {
+  SchedulerConfig cfg;
+  cfg.eos_token_ids = {1};
+  cfg.max_context = 12;
+  Harness h(32, 4, cfg);
+  const std::vector<int32_t> prompt = {3, 4, 5};
+  const std::vector<int32_t> ref = expected_output(prompt, 20);
+  auto r = std::make_unique<Request>();
+  r->id = 1;
+  r->tokens = prompt;
+  r->params.temperature = 0;
+  r->params.max_new_tokens = 20;
+  r->params.stop_token_ids = {ref[2]};
+  std::vector<StepOutput> out;
+  h.sched.add(std::move(r), out);
+  h.add(2, prompt, 20);  // ends at max_context
+  h.run();
+  EXPECT_EQ(h.finished[1].finish, FinishReason::stop);
+  EXPECT_EQ(h.outputs[1].size(), 3u);
+  EXPECT_EQ(h.finished[2].finish, FinishReason::length);
+  EXPECT_EQ(h.outputs[2].size(), 9u);
+}
+
+TEST(Scheduler, RandomWorkloadKeepsInvariants) {
+  SchedulerConfig cfg;
+  cfg.chunked_prefill_size = 16;
+  cfg.max_prefill_tokens = 24;
+  cfg.max_running_requests = 6;
+  Harness h(40, 8, cfg);
+  std::mt19937 rng(6);
+  std::vector<int32_t> common = random_prompt(rng, 24);
+  std::map<uint64_t, std::pair<std::vector<int32_t>, int64_t>> reqs;
+  uint64_t next = 1;
+  for (int round = 0; round < 200; ++round) {
+    if (rng() % 3 == 0 && next < 60) {
+      std::vector<int32_t> p = rng() % 2 ? common : std::vector<int32_t>{};
+      const std::vector<int32_t> tail = random_prompt(rng, 1 + int64_t(rng() % 40));
+      p.insert(p.end(), tail.begin(), tail.end());
+      const int64_t n = 1 + int64_t(rng() % 30);
+      reqs[next] = {p, n};
+      h.add(next++, p, n);
+    }
+    if (rng() % 17 == 0 && next > 1) {
+      std::vector<StepOutput> out;
+      h.sched.abort(1 + rng() % (next - 1), out);
+      h.collect(out);
+    }
+    h.step();
+  }
+  h.run();
+  for (auto& [id, pn] : reqs) {
+    const StepOutput& f = h.finished.at(id);
+    if (f.finish == FinishReason::abort) continue;
+    EXPECT_EQ(f.finish, FinishReason::length) << id << " " << f.error;
+    EXPECT_EQ(h.outputs[id], expected_output(pn.first, pn.second)) << id;
+  }
+  EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
+}
+
+}  // namespace
+}  // namespace dsaserve::runtime
