@@ -1,0 +1,126 @@
+// dsaserve score --model DIR (--ids 1,2,3 | --ids-file F) --out logits.safetensors [--chunk N]
+//                [--decode-from K] [--mtp] [--page-size P] [--attention auto|mha|absorbed]
+// Runs a token sequence through the model the way the engine serves it (a prefill in chunks of N, then
+// one token per step from position K on) and writes the logits of every position: "logits" F32
+// [n, vocab], "input_ids" I32 [n] and, with --mtp, the MTP head's "mtp_logits" F32 [n - 1, vocab].
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "io/safetensors.h"
+#include "model/score.h"
+
+namespace dsaserve::cli {
+namespace {
+
+// Integers separated by commas, whitespace or JSON brackets.
+std::vector<int32_t> parse_ids(const std::string& text, const std::string& origin) {
+  std::vector<int32_t> ids;
+  std::string cleaned = text;
+  for (char& ch : cleaned) {
+    if (ch == ',' || ch == '[' || ch == ']' || ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
+  }
+  std::istringstream in(cleaned);
+  std::string tok;
+  while (in >> tok) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DSA_CHECK(used == tok.size() && v >= INT32_MIN && v <= INT32_MAX, "{}: '{}' is not a token id", origin,
+              tok);
+    ids.push_back(int32_t(v));
+  }
+  return ids;
+}
+
+CommandRun setup(CLI::App& sub) {
+  struct Opts {
+    std::string model, ids, ids_file, out, attention = "auto";
+    int64_t chunk = 0, decode_from = -1, page_size = 64;
+    int threads = 0;
+    bool mtp = false;
+  };
+  auto o = std::make_shared<Opts>();
+  sub.add_option("--model", o->model, "model directory (config.json + safetensors)")->required();
+  auto* ids_opt = sub.add_option("--ids", o->ids, "token ids, comma-separated");
+  auto* file =
+      sub.add_option("--ids-file", o->ids_file, "file of token ids (comma/space separated or a JSON array)");
+  ids_opt->excludes(file);
+  sub.add_option("--out", o->out, "output .safetensors (logits F32 [n, vocab])")->required();
+  sub.add_option("--chunk", o->chunk, "prefill chunk size (0: the whole prefill in one step)")
+      ->check(CLI::NonNegativeNumber);
+  sub.add_option("--decode-from", o->decode_from, "decode one token per step from this position on");
+  sub.add_flag("--mtp", o->mtp, "also write the MTP layer's logits (mtp_logits F32 [n - 1, vocab])");
+  sub.add_option("--page-size", o->page_size, "KV cache page size in tokens")->check(CLI::PositiveNumber);
+  sub.add_option("--attention", o->attention, "MLA form: auto | mha | absorbed")
+      ->check(CLI::IsMember({"auto", "mha", "absorbed"}));
+  sub.add_option("--threads", o->threads, "CPU threads (default: DSASERVE_THREADS or all cores)");
+  return [o]() -> int {
+    DSA_CHECK(!o->ids.empty() || !o->ids_file.empty(), "score: give the tokens with --ids or --ids-file");
+    std::vector<int32_t> ids;
+    if (!o->ids_file.empty()) {
+      std::ifstream f(o->ids_file);
+      DSA_CHECK(f.good(), "--ids-file: cannot read '{}'", o->ids_file);
+      std::stringstream ss;
+      ss << f.rdbuf();
+      ids = parse_ids(ss.str(), o->ids_file);
+    } else {
+      ids = parse_ids(o->ids, "--ids");
+    }
+    DSA_CHECK(!ids.empty(), "score: the token sequence is empty");
+    if (o->threads > 0) set_num_threads(o->threads);
+
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto model = model::Model::load(o->model, o->mtp);
+    const int64_t V = model->config().vocab_size;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      DSA_CHECK(ids[i] >= 0 && ids[i] < V, "token id {} at index {} is out of range [0, {})", ids[i], i, V);
+    }
+    DSA_CHECK(!o->mtp || model->num_mtp_layers() > 0, "--mtp: {} has no MTP layer", o->model);
+    model::ScoreOptions so;
+    so.chunk = o->chunk;
+    so.decode_from = o->decode_from;
+    so.mtp = o->mtp;
+    so.page_size = o->page_size;
+    so.attention = o->attention == "mha"        ? model::AttentionForm::mha
+                   : o->attention == "absorbed" ? model::AttentionForm::absorbed
+                                                : model::AttentionForm::automatic;
+    const auto t1 = std::chrono::steady_clock::now();
+    const model::ScoreResult r = model::score_sequence(*model, ids, so);
+    const auto t2 = std::chrono::steady_clock::now();
+
+    Tensor id_t = Tensor::empty({int64_t(ids.size())}, DType::i32);
+    std::memcpy(id_t.raw_data(), ids.data(), ids.size() * sizeof(int32_t));
+    std::vector<std::pair<std::string, Tensor>> out{{"input_ids", id_t}, {"logits", r.logits}};
+    if (o->mtp && r.mtp_logits.defined()) out.emplace_back("mtp_logits", r.mtp_logits);
+    io::write_safetensors(o->out, out,
+                          {{"model", o->model},
+                           {"chunk", std::to_string(o->chunk)},
+                           {"decode_from", std::to_string(o->decode_from)}});
+    const double load_s = std::chrono::duration<double>(t1 - t0).count();
+    const double run_s = std::chrono::duration<double>(t2 - t1).count();
+    fmt::print(
+        "scored {} tokens in {} steps: load {:.3f} s, forward {:.3f} s ({:.1f} tokens/s, {} threads) -> {}\n",
+        ids.size(), r.steps, load_s, run_s, double(ids.size()) / std::max(run_s, 1e-9), num_threads(),
+        o->out);
+    return 0;
+  };
+}
+
+const CommandRegistration reg("score",
+                              "logits of every position of a token sequence (prefill chunks, decode, MTP)",
+                              setup);
+
+}  // namespace
+}  // namespace dsaserve::cli

@@ -1,0 +1,164 @@
+#include "kernels/ops.h"
+
+#include <atomic>
+#include <cmath>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace dsaserve::kernels {
+
+namespace {
+
+// The CPU backend: forwards to kernels/cpu.
+class CpuBackend final : public Backend {
+ public:
+  Tensor embedding(const Tensor& table, const Tensor& ids) override { return cpu::embedding(table, ids); }
+  Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) override { return cpu::rms_norm(x, w, eps); }
+  Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) override {
+    return cpu::add_rms_norm(residual, x, w, eps);
+  }
+  Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) override {
+    return cpu::layer_norm(x, w, b, eps);
+  }
+  Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
+    return cpu::linear(x, w, r0, r1, std::move(out));
+  }
+  Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
+    return cpu::linear_t(x, w, r0, r1, std::move(out));
+  }
+  void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) override {
+    cpu::rope_inplace(x, positions, p);
+  }
+  Tensor silu_mul(const Tensor& gate, const Tensor& up) override { return cpu::silu_mul(gate, up); }
+  Tensor argmax(const Tensor& x) override { return cpu::argmax(x); }
+  void add_inplace(Tensor& a, const Tensor& b) override { cpu::add_inplace(a, b); }
+  void copy_rows(Tensor& dst, const Tensor& src) override { cpu::copy_rows(dst, src); }
+  Tensor gather_rows(const Tensor& x, const Tensor& idx) override { return cpu::gather_rows(x, idx); }
+  void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) override {
+    cpu::paged_store(cache, slots, src);
+  }
+  Tensor paged_gather(const PagedSeq& seq, int64_t n) override { return cpu::paged_gather(seq, n); }
+  Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
+                      double scale, double weight_scale) override {
+    return cpu::indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale);
+  }
+  Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
+                                int64_t start_pos, const Tensor& sel, double scale) override {
+    return cpu::mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale);
+  }
+  Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                       int64_t start_pos, const Tensor& sel, double scale) override {
+    return cpu::attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
+  }
+  Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) override {
+    return cpu::moe_route(logits, bias, p);
+  }
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
+    return cpu::moe_experts(x, routing, experts);
+  }
+};
+
+CpuBackend g_cpu;
+std::atomic<Backend*> g_cuda{nullptr};
+
+}  // namespace
+
+Backend& backend(Device d) {
+  if (d == Device::cpu) return g_cpu;
+  Backend* b = g_cuda.load();
+  DSA_CHECK(b != nullptr, "no {} backend is registered (a build without CUDA?)", device_name(d));
+  return *b;
+}
+
+void register_backend(Device d, Backend* b) {
+  DSA_CHECK(d != Device::cpu, "the CPU backend is built in and cannot be replaced");
+  g_cuda.store(b);
+}
+
+std::vector<float> rope_inv_freq(const RopeParams& p) {
+  DSA_CHECK(p.dim > 0 && p.dim % 2 == 0, "rope dim {} must be positive and even", p.dim);
+  const int64_t half = p.dim / 2;
+  std::vector<float> inv(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    // torch: 1.0 / (base ** (arange(0, dim, 2).float() / dim)) in fp32.
+    const float expo = float(2 * i) / float(p.dim);
+    const float pw = float(std::pow(double(float(p.theta)), double(expo)));
+    inv[size_t(i)] = 1.0f / pw;
+  }
+  if (!p.yarn) return inv;
+  // yarn: pos_freqs = base ** (arange(0, dim, 2) / dim); blend 1/pos_freqs and 1/(factor*pos_freqs).
+  DSA_CHECK(p.factor > 0 && p.original_max_position_embeddings > 0, "yarn needs factor and original max pos");
+  auto correction_dim = [&](double rotations) {
+    return (double(p.dim) * std::log(double(p.original_max_position_embeddings) / (rotations * 2 * M_PI))) /
+           (2 * std::log(p.theta));
+  };
+  double low = std::floor(correction_dim(p.beta_fast));
+  double high = std::ceil(correction_dim(p.beta_slow));
+  low = std::max(low, 0.0);
+  high = std::min(high, double(p.dim - 1));
+  if (low == high) high += 0.001;
+  for (int64_t i = 0; i < half; ++i) {
+    const float expo = float(2 * i) / float(p.dim);
+    const float pos_freq = float(std::pow(double(float(p.theta)), double(expo)));
+    const float extrap = 1.0f / pos_freq;
+    const float interp = 1.0f / (float(p.factor) * pos_freq);
+    double ramp = (double(i) - low) / (high - low);
+    ramp = std::min(1.0, std::max(0.0, ramp));
+    const float extrap_factor = float(1.0 - ramp);
+    inv[size_t(i)] = interp * (1.0f - extrap_factor) + extrap * extrap_factor;
+  }
+  return inv;
+}
+
+Tensor embedding(const Tensor& table, const Tensor& ids) {
+  return backend(table.device()).embedding(table, ids);
+}
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  return backend(x.device()).rms_norm(x, w, eps);
+}
+Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) {
+  return backend(x.device()).add_rms_norm(residual, x, w, eps);
+}
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  return backend(x.device()).layer_norm(x, w, b, eps);
+}
+Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+  return backend(x.device()).linear(x, w, r0, r1, std::move(out));
+}
+Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+  return backend(x.device()).linear_t(x, w, r0, r1, std::move(out));
+}
+void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) {
+  backend(x.device()).rope_inplace(x, positions, p);
+}
+Tensor silu_mul(const Tensor& gate, const Tensor& up) { return backend(gate.device()).silu_mul(gate, up); }
+Tensor argmax(const Tensor& x) { return backend(x.device()).argmax(x); }
+void add_inplace(Tensor& a, const Tensor& b) { backend(a.device()).add_inplace(a, b); }
+void copy_rows(Tensor& dst, const Tensor& src) { backend(dst.device()).copy_rows(dst, src); }
+Tensor gather_rows(const Tensor& x, const Tensor& idx) { return backend(x.device()).gather_rows(x, idx); }
+void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) {
+  backend(cache.device()).paged_store(cache, slots, src);
+}
+Tensor paged_gather(const PagedSeq& seq, int64_t n) {
+  return backend(seq.cache.device()).paged_gather(seq, n);
+}
+Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
+                    double scale, double weight_scale) {
+  return backend(q.device()).indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale);
+}
+Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
+                              int64_t start_pos, const Tensor& sel, double scale) {
+  return backend(q_lat.device()).mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale);
+}
+Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                     int64_t start_pos, const Tensor& sel, double scale) {
+  return backend(q.device()).attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
+}
+Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) {
+  return backend(logits.device()).moe_route(logits, bias, p);
+}
+Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) {
+  return backend(x.device()).moe_experts(x, routing, experts);
+}
+
+}  // namespace dsaserve::kernels

@@ -1,0 +1,175 @@
+#pragma once
+// The operators the model calls. Each free function dispatches on the device of its first tensor to the
+// Backend registered for that device (kernels/cpu is built in; kernels/cuda registers its own). The model
+// never branches on the device: it calls these.
+//
+// Conventions
+// - Activations are f32. A "row" tensor is 2-D [rows, cols] (or 3-D [rows, heads, dim]) whose last
+//   dimension is contiguous; the leading strides may be anything (views into wider tensors are fine).
+// - Weights are stored as in the checkpoint: bf16, f32, or FP8 E4M3 with 128x128 block scales
+//   (WeightRef). Kernels read them directly and accumulate in fp32.
+// - Paged caches are 2-D [num_slots, dim] with slot = page * page_size + offset; a request's page table
+//   (i32 [n_pages]) maps its position p to page_table[p / page_size].
+// - Top-k ties (indexer selection, expert routing, group choice, argmax) break toward the lower index.
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace dsaserve::kernels {
+
+// A Linear weight W [out, in]: y = x @ W^T. FP8 weights carry scale_inv F32 [ceil(out/block_n),
+// ceil(in/block_k)] and the real value is W[r][c] * scale_inv[r / block_n][c / block_k].
+struct WeightRef {
+  Tensor weight;     // [out, in] bf16 | f32 | f8e4m3fn
+  Tensor scale_inv;  // [ceil(out/block_n), ceil(in/block_k)] f32; undefined unless weight is fp8
+  int64_t block_n = 128;
+  int64_t block_k = 128;
+  int64_t rows() const { return weight.size(0); }
+  int64_t cols() const { return weight.size(1); }
+};
+
+// A SwiGLU MLP: down(silu(gate(x)) * up(x)).
+struct MlpRef {
+  WeightRef gate, up, down;
+};
+
+// Rotary position embedding of `dim` channels. Angles follow Hugging Face exactly: inv_freq and
+// position * inv_freq are rounded to fp32, then cos/sin of that fp32 angle (times attention_factor).
+// interleaved: pairs (x0,x1),(x2,x3)... rotate; the result is written de-interleaved (all rotated
+// evens, then all rotated odds), which keeps every dot product of q and k the same.
+// Not interleaved (NeoX): pairs (x_i, x_{i+dim/2}).
+struct RopeParams {
+  int64_t dim = 0;
+  double theta = 10000.0;
+  bool interleaved = true;
+  // yarn (DeepSeek configs): inv_freq blends interpolation and extrapolation over the ramp.
+  bool yarn = false;
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double attention_factor = 1.0;  // multiplies cos and sin
+};
+
+// The inverse frequencies [dim / 2] rounded to fp32, as the reference computes them.
+std::vector<float> rope_inv_freq(const RopeParams& p);
+
+// One request's view of a paged cache.
+struct PagedSeq {
+  Tensor cache;       // [num_slots, dim] f32
+  Tensor page_table;  // i32 [n_pages]
+  int64_t page_size = 64;
+};
+
+// Expert routing result: per token the chosen experts and their weights.
+struct Routing {
+  Tensor ids;      // i32 [T, top_k]
+  Tensor weights;  // f32 [T, top_k]
+};
+
+struct MoeRouteParams {
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  int64_t top_k = 1;
+  bool norm_topk_prob = true;
+  double routed_scaling_factor = 1.0;
+};
+
+// ---- operators ----
+
+// table [V, H] (bf16 | f32), ids i32 [T] -> f32 [T, H]. Ids out of range throw.
+Tensor embedding(const Tensor& table, const Tensor& ids);
+// x [T, D] -> x * rsqrt(mean(x^2) + eps) * w (computed in fp32).
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
+// residual [T, D] += x (in place), returns rms_norm(residual).
+Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps);
+// x [T, D] -> (x - mean) / sqrt(var + eps) * w + b (biased variance, like torch).
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
+
+// y = x @ W[r0:r1]^T: x [T, in] -> [T, r1 - r0]. r1 < 0 means all rows. When `out` is given
+// ([T, r1 - r0] view, last dim contiguous) the result is written there and `out` is returned.
+Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0 = 0, int64_t r1 = -1, Tensor out = {});
+// y = x @ W[r0:r1]: x [T, r1 - r0] -> [T, in] (the transposed product; MLA's absorbed W_UK).
+Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out = {});
+
+// In place on x [T, n, p.dim] (a view, e.g. the rope part of q) at positions i32 [T].
+void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p);
+
+// silu(gate) * up: [T, I] each -> [T, I].
+Tensor silu_mul(const Tensor& gate, const Tensor& up);
+// x [T, V] -> i32 [T] (the first maximum).
+Tensor argmax(const Tensor& x);
+// a += b, both [T, D].
+void add_inplace(Tensor& a, const Tensor& b);
+// dst = src, both [T, D] row views (dst may be a column slice of a wider tensor).
+void copy_rows(Tensor& dst, const Tensor& src);
+// Rows idx (i32 [m]) of x [T, D] -> [m, D].
+Tensor gather_rows(const Tensor& x, const Tensor& idx);
+
+// cache[slot[i], :] = src[i, :]: cache [num_slots, D] (a view may select columns), slots i32 [T].
+void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src);
+// The first n rows of one request's cache: [n, D].
+Tensor paged_gather(const PagedSeq& seq, int64_t n);
+
+// DSA indexer for one request with `T` new tokens at positions start_pos..start_pos+T-1, whose index
+// keys are already in `keys`. score[t, s] = sum_h w[t, h] * weight_scale * relu(q[t, h] . k[s] * scale)
+// for s <= start_pos + t. Returns i32 [T, min(topk, start_pos + T)]: row t holds the top-k key positions
+// (ascending), or all positions 0..start_pos+t when there are at most topk, padded with -1.
+Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
+                    double scale, double weight_scale);
+
+// MLA attention, absorbed (MQA) form, one request: q_lat [T, nh, kv_lora], q_rope [T, nh, rope] against
+// the latent cache [slots, kv_lora + rope] (kv then rotated k_rope). Keys of row t: sel[t] (i32 [T, k],
+// -1 = none) or, when sel is undefined, every position <= start_pos + t. Returns out_lat [T, nh, kv_lora].
+Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
+                              int64_t start_pos, const Tensor& sel, double scale);
+// Ordinary attention, MHA form, one request: q [T, nh, nope + rope] (nope first), keys [k_nope | k_rope]
+// with k_nope [S, nh, nope], the shared k_rope [S, rope], values v [S, nh, dv]. Key selection as in
+// mla_attention_absorbed. Returns [T, nh, dv].
+Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                     int64_t start_pos, const Tensor& sel, double scale);
+
+// Router: logits f32 [T, E]; s = sigmoid(logits); choice = s + bias; grouped top-k; weights = s of the
+// chosen, normalised (+1e-20) when asked, times routed_scaling_factor.
+Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
+// sum_k routing.weights[t, k] * experts[routing.ids[t, k]](x[t]) -> f32 [T, H].
+Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts);
+
+// ---- backends ----
+
+// One implementation of every operator for a device. The CPU backend is built in; the CUDA module
+// registers its own with register_backend(Device::cuda, ...).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Tensor embedding(const Tensor& table, const Tensor& ids) = 0;
+  virtual Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) = 0;
+  virtual Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) = 0;
+  virtual Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) = 0;
+  virtual Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) = 0;
+  virtual Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) = 0;
+  virtual void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) = 0;
+  virtual Tensor silu_mul(const Tensor& gate, const Tensor& up) = 0;
+  virtual Tensor argmax(const Tensor& x) = 0;
+  virtual void add_inplace(Tensor& a, const Tensor& b) = 0;
+  virtual void copy_rows(Tensor& dst, const Tensor& src) = 0;
+  virtual Tensor gather_rows(const Tensor& x, const Tensor& idx) = 0;
+  virtual void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) = 0;
+  virtual Tensor paged_gather(const PagedSeq& seq, int64_t n) = 0;
+  virtual Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos,
+                              int64_t topk, double scale, double weight_scale) = 0;
+  virtual Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
+                                        int64_t start_pos, const Tensor& sel, double scale) = 0;
+  virtual Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                               int64_t start_pos, const Tensor& sel, double scale) = 0;
+  virtual Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) = 0;
+  virtual Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) = 0;
+};
+
+// The backend of a device; throws when none is registered (e.g. CUDA in a CPU-only build).
+Backend& backend(Device d);
+// Installs (or, with null, removes) the backend of a non-CPU device. The pointer must outlive its use.
+void register_backend(Device d, Backend* b);
+
+}  // namespace dsaserve::kernels

@@ -1,0 +1,281 @@
+// The decoder layer and the model forward (MODEL.md steps 1-11), against kernels/ops.h only.
+#include <cmath>
+#include <cstring>
+
+#include "model/model.h"
+
+namespace dsaserve::model {
+
+namespace ops = kernels;
+
+namespace {
+
+Tensor i32_tensor(const int32_t* v, int64_t n, Device d) {
+  Tensor t = Tensor::empty({n}, DType::i32);
+  if (n > 0) std::memcpy(t.raw_data(), v, size_t(n) * sizeof(int32_t));
+  return d == Device::cpu ? t : t.to(d);
+}
+
+double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
+kernels::RopeParams rope_params(const ModelConfig& c, bool interleaved) {
+  kernels::RopeParams p;
+  p.dim = c.qk_rope_head_dim;
+  p.theta = c.rope.theta;
+  p.interleaved = interleaved;
+  if (c.rope.type == "yarn") {
+    p.yarn = true;
+    p.factor = c.rope.factor;
+    p.original_max_position_embeddings = c.rope.original_max_position_embeddings > 0
+                                             ? c.rope.original_max_position_embeddings
+                                             : c.max_position_embeddings;
+    p.beta_fast = c.rope.beta_fast;
+    p.beta_slow = c.rope.beta_slow;
+    // Hugging Face's yarn attention factor on cos/sin (1 for DeepSeek configs, where mscale ==
+    // mscale_all_dim); the softmax scale carries mscale_all_dim (ModelConfig::attention_scale).
+    p.attention_factor =
+        (c.rope.mscale != 0.0 && c.rope.mscale_all_dim != 0.0)
+            ? yarn_mscale(p.factor, c.rope.mscale) / yarn_mscale(p.factor, c.rope.mscale_all_dim)
+            : yarn_mscale(p.factor, 1.0);
+  }
+  return p;
+}
+
+}  // namespace
+
+// Per-forward state: the batch as device tensors, and the DSA selection carried from layer to layer.
+struct Model::Step {
+  const ForwardBatch* batch = nullptr;
+  const ForwardOptions* opt = nullptr;
+  Tensor positions;                 // i32 [T]
+  Tensor slots;                     // i32 [T]
+  std::vector<Tensor> page_tables;  // per request, i32 [n_pages]
+  std::vector<Tensor> sel;          // per request, i32 [T_r, k] or undefined (= every visible key)
+  bool have_sel = false;
+};
+
+kernels::WeightRef Model::ref(const Linear& l) const {
+  return kernels::WeightRef{l.weight, l.scale_inv, cfg_.fp8.block_n, cfg_.fp8.block_k};
+}
+
+Model::Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights)
+    : cfg_(std::move(cfg)), ckpt_(std::move(ckpt)), w_(std::move(weights)) {}
+
+std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, bool with_mtp) {
+  ModelConfig cfg = ModelConfig::from_file(dir / "config.json");
+  io::Checkpoint ckpt = io::Checkpoint::open(dir);
+  ModelWeights w = ModelWeights::bind(cfg, ckpt, with_mtp);
+  return std::make_shared<Model>(std::move(cfg), std::move(ckpt), std::move(w));
+}
+
+KvCache Model::make_cache(int64_t num_pages, int64_t page_size) const {
+  return KvCache::create(cfg_, num_pages, page_size, !w_.mtp.empty(), w_.embed_tokens.device());
+}
+
+Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_indexer, const Tensor& h, Step& st,
+                        KvCache& cache) const {
+  const ModelConfig& c = cfg_;
+  const AttentionWeights& aw = lw.attn;
+  const ForwardBatch& b = *st.batch;
+  const int64_t T = h.size(0), nh = c.num_attention_heads, nope = c.qk_nope_head_dim,
+                rope = c.qk_rope_head_dim;
+  const int64_t dq = nope + rope, dv = c.v_head_dim, L = c.kv_lora_rank;
+  constexpr double kLoraEps = 1e-6;  // q_a_layernorm / kv_a_layernorm use the RMSNorm default eps
+
+  // Query: q_resid = RMSNorm(h @ q_a^T); q = q_resid @ q_b^T -> [T, nh, nope + rope], RoPE on the rope part.
+  const Tensor q_resid =
+      ops::rms_norm(ops::linear(h, ref(aw.q_a_proj)), aw.q_a_layernorm, kLoraEps);  // [T, q_lora]
+  const Tensor q = ops::linear(q_resid, ref(aw.q_b_proj)).view({T, nh, dq});
+  Tensor q_pe = q.slice(2, nope, dq);  // [T, nh, rope]
+  ops::rope_inplace(q_pe, st.positions, rope_params(c, true));
+
+  // KV latent: c = h @ kv_a^T = [kv | k_rope]; kv normalised, k_rope rotated; both into the cache.
+  const Tensor ckv = ops::linear(h, ref(aw.kv_a_proj));                              // [T, L + rope]
+  const Tensor kv = ops::rms_norm(ckv.slice(1, 0, L), aw.kv_a_layernorm, kLoraEps);  // [T, L]
+  Tensor k_pe = ckv.slice(1, L, L + rope).contiguous().view({T, 1, rope});
+  ops::rope_inplace(k_pe, st.positions, rope_params(c, true));
+  Tensor kv_store = cache.kv[size_t(kv_layer)].slice(1, 0, L);
+  ops::paged_store(kv_store, st.slots, kv);
+  Tensor pe_store = cache.kv[size_t(kv_layer)].slice(1, L, L + rope);
+  ops::paged_store(pe_store, st.slots, k_pe.view({T, rope}));
+
+  // DSA indexer (full layers): top-k key positions per query; shared layers reuse the last selection.
+  if (c.has_indexer() && own_indexer) {
+    const IndexerWeights& iw = *aw.indexer;
+    const int64_t ih = c.index_n_heads, id = c.index_head_dim;
+    const Tensor qi = ops::linear(q_resid, ref(iw.wq_b)).view({T, ih, id});  // rope first, then the rest
+    Tensor qi_pe = qi.slice(2, 0, rope);
+    ops::rope_inplace(qi_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
+    const Tensor ki = ops::layer_norm(ops::linear(h, ref(iw.wk)), iw.k_norm_weight, iw.k_norm_bias,
+                                      c.indexer_norm_eps);  // [T, id]
+    Tensor ki_pe = ki.view({T, 1, id}).slice(2, 0, rope);
+    ops::rope_inplace(ki_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
+    ops::paged_store(cache.index_k[size_t(kv_layer)], st.slots, ki);
+    const Tensor wts = ops::linear(h, ref(iw.weights_proj));  // [T, ih]
+    for (int64_t r = 0; r < b.num_requests(); ++r) {
+      const int64_t a0 = b.token_begin[size_t(r)], a1 = b.token_begin[size_t(r) + 1],
+                    s0 = b.start_pos[size_t(r)];
+      if (s0 + (a1 - a0) <= c.index_topk) {
+        st.sel[size_t(r)] = Tensor();  // every row sees at most index_topk keys: attend to all of them
+        continue;
+      }
+      const kernels::PagedSeq keys{cache.index_k[size_t(kv_layer)], st.page_tables[size_t(r)],
+                                   cache.page_size};
+      st.sel[size_t(r)] = ops::indexer_topk(qi.slice(0, a0, a1), wts.slice(0, a0, a1), keys, s0, c.index_topk,
+                                            std::pow(double(id), -0.5), std::pow(double(ih), -0.5));
+    }
+    st.have_sel = true;
+  }
+  DSA_CHECK(!c.has_indexer() || st.have_sel,
+            "layer with a shared indexer has no earlier full layer to reuse");
+
+  // Attention per request, MHA or absorbed form.
+  const double scale = c.attention_scale();
+  const kernels::WeightRef kv_b = ref(aw.kv_b_proj);  // [nh * (nope + dv), L]
+  Tensor attn = Tensor::empty({T, nh, dv}, DType::f32, h.device());
+  for (int64_t r = 0; r < b.num_requests(); ++r) {
+    const int64_t a0 = b.token_begin[size_t(r)], a1 = b.token_begin[size_t(r) + 1],
+                  s0 = b.start_pos[size_t(r)];
+    const int64_t Tr = a1 - a0, S = s0 + Tr;
+    const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.page_tables[size_t(r)], cache.page_size};
+    const Tensor& sel = c.has_indexer() ? st.sel[size_t(r)] : Tensor();
+    const Tensor qr = q.slice(0, a0, a1);  // [Tr, nh, dq]
+    const bool use_mha = st.opt->attention == AttentionForm::mha ||
+                         (st.opt->attention == AttentionForm::automatic && Tr >= st.opt->mha_min_tokens);
+    if (use_mha) {
+      // [k_nope | v] = kv @ kv_b^T per head for every cached position.
+      const Tensor lat = ops::paged_gather(seq, S);  // [S, L + rope]
+      const Tensor kvx =
+          ops::linear(lat.slice(1, 0, L), kv_b).view({S, nh, nope + dv});  // [S, nh, nope + dv]
+      const Tensor o = ops::attention_mha(qr, kvx.slice(2, 0, nope), lat.slice(1, L, L + rope),
+                                          kvx.slice(2, nope, nope + dv), s0, sel, scale);  // [Tr, nh, dv]
+      Tensor dst = attn.slice(0, a0, a1).view({Tr * nh, dv});
+      ops::copy_rows(dst, o.view({Tr * nh, dv}));
+    } else {
+      // q_lat[h] = q_nope[h] @ W_UK[h]; attend over the latents; o[h] = out_lat[h] @ W_UV[h]^T.
+      Tensor q_lat = Tensor::empty({Tr, nh, L}, DType::f32, h.device());
+      for (int64_t hd = 0; hd < nh; ++hd) {
+        const int64_t base = hd * (nope + dv);
+        ops::linear_t(qr.select(1, hd).slice(1, 0, nope), kv_b, base, base + nope, q_lat.select(1, hd));
+      }
+      const Tensor out_lat = ops::mla_attention_absorbed(q_lat, qr.slice(2, nope, dq), seq, s0, sel, scale);
+      Tensor dst = attn.slice(0, a0, a1);
+      for (int64_t hd = 0; hd < nh; ++hd) {
+        const int64_t base = hd * (nope + dv) + nope;
+        ops::linear(out_lat.select(1, hd), kv_b, base, base + dv, dst.select(1, hd));
+      }
+    }
+  }
+  return ops::linear(attn.view({T, nh * dv}), ref(aw.o_proj));  // [T, H]
+}
+
+Tensor Model::mlp(const LayerWeights& lw, const Tensor& h) const {
+  auto dense = [&](const MlpWeights& m) {
+    return ops::linear(ops::silu_mul(ops::linear(h, ref(m.gate)), ops::linear(h, ref(m.up))), ref(m.down));
+  };
+  if (lw.mlp_type == MlpType::dense) return dense(*lw.mlp);
+  const MoeWeights& moe = *lw.moe;
+  const Tensor logits = ops::linear(h, kernels::WeightRef{moe.gate, {}, 128, 128});  // [T, E] fp32
+  kernels::MoeRouteParams p;
+  p.n_group = cfg_.n_group;
+  p.topk_group = cfg_.topk_group;
+  p.top_k = cfg_.num_experts_per_tok;
+  p.norm_topk_prob = cfg_.norm_topk_prob;
+  p.routed_scaling_factor = cfg_.routed_scaling_factor;
+  const kernels::Routing routing = ops::moe_route(logits, moe.e_score_correction_bias, p);
+  std::vector<kernels::MlpRef> experts;
+  experts.reserve(moe.experts.size());
+  for (const MlpWeights& e : moe.experts) experts.push_back({ref(e.gate), ref(e.up), ref(e.down)});
+  Tensor out = ops::moe_experts(h, routing, experts);
+  if (moe.shared_experts) ops::add_inplace(out, dense(*moe.shared_experts));
+  return out;
+}
+
+ForwardOutput Model::finish(const Tensor& hidden, const kernels::WeightRef& head, const ForwardBatch& b,
+                            const ForwardOptions& opt) const {
+  ForwardOutput out;
+  if (opt.all_logits) {
+    out.logits = ops::linear(hidden, head);
+  } else {
+    std::vector<int32_t> last;
+    for (int64_t r = 0; r < b.num_requests(); ++r) last.push_back(int32_t(b.token_begin[size_t(r) + 1] - 1));
+    out.logits = ops::linear(
+        ops::gather_rows(hidden, i32_tensor(last.data(), int64_t(last.size()), hidden.device())), head);
+  }
+  if (opt.keep_hidden) out.hidden = hidden;
+  return out;
+}
+
+namespace {
+struct LayerRun {
+  Tensor residual;  // the running x
+  Tensor pending;   // the last MLP output, added before the next norm (undefined at the start)
+};
+}  // namespace
+
+ForwardOutput Model::forward(const ForwardBatch& batch, KvCache& cache, const ForwardOptions& opt) const {
+  return forward_mtp(batch, Tensor(), cache, opt, -1);
+}
+
+ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden, KvCache& cache,
+                                 const ForwardOptions& opt, int64_t k) const {
+  const ModelConfig& c = cfg_;
+  const bool mtp = k >= 0;
+  DSA_CHECK(!mtp || k < num_mtp_layers(), "MTP layer {} requested, the model has {} loaded", k,
+            num_mtp_layers());
+  DSA_CHECK(batch.page_size == cache.page_size, "batch page size {} differs from the cache's {}",
+            batch.page_size, cache.page_size);
+  batch.validate(c.vocab_size, cache.num_pages);
+  const int64_t L = c.num_hidden_layers, T = batch.num_tokens();
+  DSA_CHECK(int64_t(cache.kv.size()) >= (mtp ? L + k + 1 : L), "the KV cache has {} layers, too few for {}",
+            cache.kv.size(), mtp ? "the MTP layer" : "the model");
+  const Device dev = w_.embed_tokens.device();
+
+  Step st;
+  st.batch = &batch;
+  st.opt = &opt;
+  st.positions = i32_tensor(batch.positions.data(), T, dev);
+  st.slots = i32_tensor(batch.out_cache_loc.data(), T, dev);
+  for (int64_t r = 0; r < batch.num_requests(); ++r) {
+    const auto pt = batch.pages(r);
+    st.page_tables.push_back(i32_tensor(pt.data(), int64_t(pt.size()), dev));
+  }
+  st.sel.resize(size_t(batch.num_requests()));
+  const Tensor ids = i32_tensor(batch.input_ids.data(), T, dev);
+
+  auto run_layer = [&](const LayerWeights& lw, int64_t kv_layer, bool own_indexer, LayerRun& run) {
+    const Tensor h = run.pending.defined()
+                         ? ops::add_rms_norm(run.residual, run.pending, lw.input_layernorm, c.rms_norm_eps)
+                         : ops::rms_norm(run.residual, lw.input_layernorm, c.rms_norm_eps);
+    const Tensor a = attention(lw, kv_layer, own_indexer, h, st, cache);
+    const Tensor h2 = ops::add_rms_norm(run.residual, a, lw.post_attention_layernorm, c.rms_norm_eps);
+    run.pending = mlp(lw, h2);
+  };
+
+  LayerRun run;
+  if (!mtp) {
+    run.residual = ops::embedding(w_.embed_tokens, ids);  // [T, H]
+    for (int64_t l = 0; l < L; ++l) {
+      run_layer(w_.layers[size_t(l)], l, c.has_indexer() && c.indexer_types[size_t(l)] == IndexerType::full,
+                run);
+    }
+    const Tensor normed = ops::add_rms_norm(run.residual, run.pending, w_.norm, c.rms_norm_eps);
+    return finish(normed, ref(w_.lm_head), batch, opt);
+  }
+
+  // MTP: u = eh_proj([RMSNorm(embed(t_{p+1})) * enorm ; RMSNorm(h_p) * hnorm]), one decoder layer, head.
+  const MtpWeights& m = w_.mtp[size_t(k)];
+  DSA_CHECK(hidden.defined() && hidden.dim() == 2 && hidden.size(0) == T && hidden.size(1) == c.hidden_size,
+            "MTP needs the target hidden states [{}, {}]", T, c.hidden_size);
+  const Tensor emb = ops::embedding(m.embed_tokens.defined() ? m.embed_tokens : w_.embed_tokens, ids);
+  Tensor cat = Tensor::empty({T, 2 * c.hidden_size}, DType::f32, dev);
+  Tensor cat_e = cat.slice(1, 0, c.hidden_size), cat_h = cat.slice(1, c.hidden_size, 2 * c.hidden_size);
+  ops::copy_rows(cat_e, ops::rms_norm(emb, m.enorm, c.rms_norm_eps));
+  ops::copy_rows(cat_h, ops::rms_norm(hidden, m.hnorm, c.rms_norm_eps));
+  run.residual = ops::linear(cat, ref(m.eh_proj));  // [T, H]
+  run_layer(m.layer, L + k, c.has_indexer(), run);
+  const Tensor normed = ops::add_rms_norm(run.residual, run.pending, m.shared_head_norm, c.rms_norm_eps);
+  return finish(normed, m.shared_head ? ref(*m.shared_head) : ref(w_.lm_head), batch, opt);
+}
+
+}  // namespace dsaserve::model

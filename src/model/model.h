@@ -1,0 +1,74 @@
+#pragma once
+// Model: the glm_moe_dsa / deepseek_v32 forward pass (../shared/docs/MODEL.md) over a ForwardBatch and a
+// paged KvCache, written once against kernels/ops.h (it never branches on the device).
+//
+// One forward serves any mix of prefills, prefill chunks and single-token decodes. Each step writes the
+// new tokens' latent KV (and indexer keys) into the cache at out_cache_loc, then attends over every
+// cached position of the request (or its DSA selection). MTP layers run through forward_mtp with their
+// own KV layers (indices L, L+1, ...) in the same cache and the same page tables.
+#include <filesystem>
+#include <memory>
+
+#include "core/tensor.h"
+#include "io/safetensors.h"
+#include "kernels/ops.h"
+#include "model/config.h"
+#include "model/forward_batch.h"
+#include "model/kv_cache.h"
+#include "model/weights.h"
+
+namespace dsaserve::model {
+
+// How MLA attends: the MHA form expands the cached latents through kv_b_proj (cheap for long prefills),
+// the absorbed form folds kv_b_proj into the query and the output (cheap for decode). Both give the same
+// numbers; `automatic` uses MHA for requests with at least mha_min_tokens new tokens.
+enum class AttentionForm { automatic, mha, absorbed };
+
+struct ForwardOptions {
+  AttentionForm attention = AttentionForm::automatic;
+  int64_t mha_min_tokens = 256;
+  bool all_logits = true;    // logits of every token; false: only each request's last token
+  bool keep_hidden = false;  // also return the final normed hidden states (the MTP layer's input)
+};
+
+struct ForwardOutput {
+  Tensor logits;  // f32 [T, vocab] (all_logits) or [R, vocab]
+  Tensor hidden;  // f32 [T, H] final normed hidden (lm_head input), when keep_hidden
+};
+
+class Model {
+ public:
+  // Reads config.json and the checkpoint under `dir` and binds every weight (MTP layers when asked).
+  static std::shared_ptr<Model> load(const std::filesystem::path& dir, bool with_mtp = true);
+  Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights);
+
+  const ModelConfig& config() const { return cfg_; }
+  const ModelWeights& weights() const { return w_; }
+  int64_t num_mtp_layers() const { return int64_t(w_.mtp.size()); }
+
+  // A KV cache for this model (with the MTP layers' KV when they are loaded).
+  KvCache make_cache(int64_t num_pages, int64_t page_size = 64) const;
+
+  ForwardOutput forward(const ForwardBatch& batch, KvCache& cache, const ForwardOptions& opt = {}) const;
+
+  // MTP layer `k`: token p of the batch is t_{p+1} at position p, `hidden` [T, H] the target model's final
+  // normed hidden state at p. Returns the MTP logits (predicting t_{p+2}).
+  ForwardOutput forward_mtp(const ForwardBatch& batch, const Tensor& hidden, KvCache& cache,
+                            const ForwardOptions& opt = {}, int64_t k = 0) const;
+
+ private:
+  struct Step;  // per-forward state (forward.cpp)
+  Tensor attention(const LayerWeights& lw, int64_t kv_layer, bool own_indexer, const Tensor& h, Step& st,
+                   KvCache& cache) const;
+  Tensor mlp(const LayerWeights& lw, const Tensor& h) const;
+  Tensor decoder_layers(Tensor x, Step& st, KvCache& cache, bool mtp, int64_t k) const;
+  ForwardOutput finish(const Tensor& hidden, const kernels::WeightRef& head, const ForwardBatch& batch,
+                       const ForwardOptions& opt) const;
+  kernels::WeightRef ref(const Linear& l) const;
+
+  ModelConfig cfg_;
+  io::Checkpoint ckpt_;  // keeps the mapped weights alive
+  ModelWeights w_;
+};
+
+}  // namespace dsaserve::model

@@ -1,0 +1,101 @@
+#include "model/score.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "kernels/ops.h"
+
+namespace dsaserve::model {
+
+std::vector<std::pair<int64_t, int64_t>> score_schedule(int64_t n, const ScoreOptions& opt) {
+  DSA_CHECK(n > 0, "cannot score an empty sequence");
+  DSA_CHECK(opt.chunk >= 0, "chunk size must be >= 0, got {}", opt.chunk);
+  const int64_t prefill_end = opt.decode_from >= 0 ? std::clamp<int64_t>(opt.decode_from, 1, n) : n;
+  std::vector<std::pair<int64_t, int64_t>> steps;
+  const int64_t chunk = opt.chunk > 0 ? opt.chunk : prefill_end;
+  for (int64_t b = 0; b < prefill_end; b += chunk) steps.emplace_back(b, std::min(prefill_end, b + chunk));
+  for (int64_t p = prefill_end; p < n; ++p) steps.emplace_back(p, p + 1);
+  return steps;
+}
+
+namespace {
+
+void copy_rows_into(Tensor& dst, int64_t row0, const Tensor& src) {
+  const Tensor s = src.device() == Device::cpu ? src : src.to(Device::cpu);
+  DSA_CHECK(s.is_contiguous() && s.dtype() == DType::f32, "score: unexpected logits {}", s.describe());
+  std::memcpy(static_cast<float*>(dst.raw_data()) + row0 * dst.size(1), s.raw_data(), s.nbytes());
+}
+
+}  // namespace
+
+ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, const ScoreOptions& opt) {
+  const int64_t n = int64_t(ids.size());
+  DSA_CHECK(n > 0, "cannot score an empty sequence");
+  DSA_CHECK(!opt.mtp || model.num_mtp_layers() > 0, "--mtp: the model was loaded without MTP layers");
+  const ModelConfig& c = model.config();
+  const int64_t pages = (n + opt.page_size - 1) / opt.page_size;
+  KvCache cache = model.make_cache(pages, opt.page_size);
+  // Pages in reverse order so that paging is exercised (position 0 is not slot 0).
+  std::vector<int32_t> table(static_cast<size_t>(pages));
+  std::iota(table.rbegin(), table.rend(), 0);
+
+  ScoreResult res;
+  res.logits = Tensor::empty({n, c.vocab_size}, DType::f32);
+  Tensor hidden = opt.mtp ? Tensor::empty({n, c.hidden_size}, DType::f32) : Tensor();
+  ForwardOptions fo;
+  fo.attention = opt.attention;
+  fo.keep_hidden = opt.mtp;
+  const auto steps = score_schedule(n, opt);
+  for (const auto& [b, e] : steps) {
+    ForwardBatch batch;
+    batch.page_size = opt.page_size;
+    batch.add_request(ids.subspan(size_t(b), size_t(e - b)), b, table);
+    const ForwardOutput out = model.forward(batch, cache, fo);
+    copy_rows_into(res.logits, b, out.logits);
+    if (opt.mtp) copy_rows_into(hidden, b, out.hidden);
+    ++res.steps;
+  }
+  if (opt.mtp && n >= 2) {
+    // MTP at position p consumes (token p+1, hidden p); same schedule over positions 0..n-2.
+    res.mtp_logits = Tensor::empty({n - 1, c.vocab_size}, DType::f32);
+    for (const auto& [b, e0] : steps) {
+      const int64_t e = std::min(e0, n - 1);
+      if (b >= e) continue;
+      ForwardBatch batch;
+      batch.page_size = opt.page_size;
+      batch.add_request(ids.subspan(size_t(b + 1), size_t(e - b)), b, table);
+      const ForwardOutput out = model.forward_mtp(batch, hidden.slice(0, b, e), cache, fo, 0);
+      copy_rows_into(res.mtp_logits, b, out.logits);
+    }
+  }
+  return res;
+}
+
+std::vector<int32_t> greedy_generate(const Model& model, std::span<const int32_t> prompt, int64_t max_new,
+                                     int64_t page_size) {
+  DSA_CHECK(!prompt.empty(), "cannot generate from an empty prompt");
+  DSA_CHECK(max_new >= 0, "max new tokens must be >= 0, got {}", max_new);
+  const int64_t total = int64_t(prompt.size()) + max_new;
+  KvCache cache = model.make_cache((total + page_size - 1) / page_size, page_size);
+  std::vector<int32_t> table(static_cast<size_t>(cache.num_pages));
+  std::iota(table.begin(), table.end(), 0);
+  ForwardOptions fo;
+  fo.all_logits = false;
+  std::vector<int32_t> out;
+  std::vector<int32_t> step(prompt.begin(), prompt.end());
+  int64_t pos = 0;
+  while (int64_t(out.size()) < max_new) {
+    ForwardBatch batch;
+    batch.page_size = page_size;
+    batch.add_request(step, pos, table);
+    const ForwardOutput o = model.forward(batch, cache, fo);
+    const Tensor next = kernels::argmax(o.logits).to(Device::cpu);
+    pos += int64_t(step.size());
+    step.assign(1, next.data<int32_t>()[0]);
+    out.push_back(step[0]);
+  }
+  return out;
+}
+
+}  // namespace dsaserve::model

@@ -1,0 +1,36 @@
+#pragma once
+// Scoring a whole sequence: the logits at every position (and the MTP head's), computed the way a serving
+// engine would: a prefill in chunks, then optionally one token at a time. Used by `dsaserve score`,
+// the golden tests and the benchmark.
+#include <cstdint>
+#include <span>
+
+#include "model/model.h"
+
+namespace dsaserve::model {
+
+struct ScoreOptions {
+  int64_t chunk = 0;         // prefill chunk size; 0 = the whole prefill in one step
+  int64_t decode_from = -1;  // >= 0: positions from here on are decoded one token per step
+  bool mtp = false;          // also compute the MTP layer's logits (positions 0..n-2)
+  int64_t page_size = 64;
+  AttentionForm attention = AttentionForm::automatic;
+};
+
+struct ScoreResult {
+  Tensor logits;      // f32 [n, vocab]
+  Tensor mtp_logits;  // f32 [n - 1, vocab] when asked (undefined for n == 1)
+  int64_t steps = 0;  // forward calls of the target model
+};
+
+// The schedule of steps: [begin, end) token ranges covering [0, n).
+std::vector<std::pair<int64_t, int64_t>> score_schedule(int64_t n, const ScoreOptions& opt);
+
+ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, const ScoreOptions& opt = {});
+
+// Greedy continuation: one prefill of the prompt, then `max_new` single-token decode steps, each taking
+// the argmax (ties: the lowest id) of the last logits. Returns the new tokens.
+std::vector<int32_t> greedy_generate(const Model& model, std::span<const int32_t> prompt, int64_t max_new,
+                                     int64_t page_size = 64);
+
+}  // namespace dsaserve::model
