@@ -98,6 +98,7 @@ void AddedVocab::load(const nlohmann::json& added_tokens, const BpeModel& model,
     by_id_[id] = tok;
     if (!special_set_.count(tok.content)) normal_list.push_back(tok);
   }
+  for (const std::string& content : special_set_) special_table_.insert(content, 1);
   for (const auto& [content, id] : content_ids) {
     by_content_.insert(content, id);
     id_end_ = std::max(id_end_, id + 1);

@@ -73,7 +73,8 @@ class AddedVocab {
   StringTable by_content_;
   std::unordered_map<uint32_t, AddedToken> by_id_;
   std::unordered_set<std::string> special_set_;
-  Trie tries_[2];  // [0]: normalized=false tokens, matched on raw text; [1]: normalized=true
+  StringTable special_table_;  // the same set, for lookups by string_view
+  Trie tries_[2];              // [0]: normalized=false tokens, matched on raw text; [1]: normalized=true
   uint32_t id_end_ = 0;
   std::unique_ptr<Regex> word_char_, space_char_;
 };

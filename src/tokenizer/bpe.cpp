@@ -32,7 +32,7 @@ bool optional_bool(const nlohmann::json& m, const char* key) {
 
 }  // namespace
 
-void BpeModel::load(const nlohmann::json& model) {
+void BpeModel::load(const nlohmann::json& model, BpeLists lists) {
   if (!model.is_object()) fail("model: expected an object");
   auto type = model.find("type");
   if (type != model.end() && (!type->is_string() || type->get_ref<const std::string&>() != "BPE")) {
@@ -53,39 +53,43 @@ void BpeModel::load(const nlohmann::json& model) {
   ignore_merges_ = optional_bool(model, "ignore_merges");
 
   // Vocab.
-  auto vocab_it = model.find("vocab");
-  if (vocab_it == model.end()) fail("model.vocab: missing");
-  if (!vocab_it->is_object()) fail("model.vocab: expected an object of token -> id");
-  const auto& vocab = *vocab_it;
-  vocab_.reserve(vocab.size());
+  if (!lists.has_vocab) {
+    auto vocab_it = model.find("vocab");
+    if (vocab_it == model.end()) fail("model.vocab: missing");
+    if (!vocab_it->is_object()) fail("model.vocab: expected an object of token -> id");
+    for (auto it = vocab_it->begin(); it != vocab_it->end(); ++it)
+      lists.vocab.emplace_back(it.key(), it.value());
+  }
+  vocab_.reserve(lists.vocab.size());
   uint32_t max_id = 0;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const auto& v = it.value();
+  for (const auto& [tok, v] : lists.vocab) {
     if (!v.is_number_unsigned())
-      fail("model.vocab[\"{}\"]: expected a non-negative integer id, got {}", it.key(), v.dump());
+      fail("model.vocab[\"{}\"]: expected a non-negative integer id, got {}", tok, v.dump());
     const uint64_t id = v.get<uint64_t>();
-    if (id >= kMaxId) fail("model.vocab[\"{}\"]: id {} is too large", it.key(), id);
+    if (id >= kMaxId) fail("model.vocab[\"{}\"]: id {} is too large", tok, id);
     max_id = std::max<uint32_t>(max_id, static_cast<uint32_t>(id));
   }
-  token_off_.assign(vocab.empty() ? 0 : max_id + 1, kNoToken);
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const std::string& tok = it.key();
-    const auto id = it.value().get<uint32_t>();
+  token_off_.assign(lists.vocab.empty() ? 0 : max_id + 1, kNoToken);
+  for (const auto& [tok, v] : lists.vocab) {
+    const auto id = v.get<uint32_t>();
     vocab_.insert(tok, id);
     token_off_[id] = (uint64_t{token_text_.size()} << 24) | tok.size();
     token_text_ += tok;
   }
 
   // Merges: "a b" strings or ["a", "b"] pairs; a later duplicate overwrites the earlier rank.
-  auto merges_it = model.find("merges");
-  if (merges_it == model.end()) fail("model.merges: missing");
-  if (!merges_it->is_array()) fail("model.merges: expected an array");
-  merges_.reserve(merges_it->size());
+  if (!lists.has_merges) {
+    auto merges_it = model.find("merges");
+    if (merges_it == model.end()) fail("model.merges: missing");
+    if (!merges_it->is_array()) fail("model.merges: expected an array");
+    lists.merges.assign(merges_it->begin(), merges_it->end());
+  }
+  merges_.reserve(lists.merges.size());
   const size_t prefix_len = continuing_subword_prefix_.size();
   uint32_t rank = 0;
   std::string merged;
-  for (size_t i = 0; i < merges_it->size(); ++i) {
-    const auto& m = (*merges_it)[i];
+  for (size_t i = 0; i < lists.merges.size(); ++i) {
+    const auto& m = lists.merges[i];
     std::string_view a, b;
     if (m.is_string()) {
       const std::string& line = m.get_ref<const std::string&>();

@@ -3,7 +3,7 @@
 // Words arrive either as text (each character an initial symbol) or, for byte-level tokenizers, as raw
 // bytes (each byte an initial symbol spelled in the byte-level alphabet) so nothing is re-encoded.
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -22,10 +22,19 @@ struct BpeScratch {
   std::string text;
 };
 
+// model.vocab and model.merges taken out of the JSON while it is parsed (see Tokenizer::from_json),
+// which is much cheaper than building them as JSON values. Entries are in file order.
+struct BpeLists {
+  bool has_vocab = false, has_merges = false;
+  std::vector<std::pair<std::string, nlohmann::json>> vocab;  // token -> id value
+  std::vector<nlohmann::json> merges;                         // "a b" or ["a", "b"]
+};
+
 class BpeModel {
  public:
   // Reads tokenizer.json's "model" object (type BPE); errors name the field ("model.merges[3]").
-  void load(const nlohmann::json& model);
+  // `lists` holds vocab / merges when they were taken out of `model` while parsing.
+  void load(const nlohmann::json& model, BpeLists lists = {});
 
   // Appends the ids of `word` to `out`. With raw_bytes, `word` holds raw bytes to be spelled in the
   // byte-level alphabet (the ByteLevel pre-tokenizer's output, not materialised).

@@ -46,8 +46,8 @@ out.write("// tables that Oniguruma (HF tokenizers, Unicode 16.0) puts in a gene
 out.write("// bodies appended to \\p{X} so both engines split text the same way.\n")
 out.write("#include <string_view>\n\nnamespace dsaserve::tokenizer {\n\n")
 out.write("struct UnicodeDelta {\n  std::string_view category;\n  std::string_view ranges;\n};\n\n")
-out.write("inline constexpr UnicodeDelta kUnicodeDelta[] = {\n")
+out.write("// clang-format off\ninline constexpr UnicodeDelta kUnicodeDelta[] = {\n")
 for cat in CATEGORIES:
     body = "".join(("\\\\x{%X}" % a) if a == b else ("\\\\x{%X}-\\\\x{%X}" % (a, b)) for a, b in ranges(matched(cat)))
     out.write('    {"%s",\n     "%s"},\n' % (cat, body))
-out.write("};\n\n}  // namespace dsaserve::tokenizer\n")
+out.write("};\n// clang-format on\n\n}  // namespace dsaserve::tokenizer\n")

@@ -102,9 +102,32 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, std::string_view orig
   auto impl = std::make_unique<Impl>();
   impl->uid = next_uid.fetch_add(1);
   try {
+    // model.vocab and model.merges (the bulk of the file) go straight into lists instead of JSON values.
+    BpeLists lists;
+    std::string keys[4];
+    bool is_object[4] = {false, false, false, false};
+    auto capture = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      using E = nlohmann::json::parse_event_t;
+      if (depth < 4 && (event == E::object_start || event == E::array_start))
+        is_object[depth] = event == E::object_start;
+      if (event == E::key && depth < 4) keys[depth] = parsed.get<std::string>();
+      if (depth != 3 || keys[1] != "model" || !is_object[1]) return true;
+      if (keys[2] == "vocab" && is_object[2] && event == E::key) return false;  // keeps it out of the map
+      if (keys[2] == "vocab" && is_object[2] && event == E::value) {
+        lists.has_vocab = true;
+        lists.vocab.emplace_back(std::move(keys[3]), std::move(parsed));
+        return false;
+      }
+      if (keys[2] == "merges" && !is_object[2] && (event == E::value || event == E::array_end)) {
+        lists.has_merges = true;
+        lists.merges.push_back(std::move(parsed));
+        return false;
+      }
+      return true;
+    };
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(json_text);
+      j = nlohmann::json::parse(json_text, capture);
     } catch (const nlohmann::json::parse_error& e) {
       fail("not valid JSON: {}", e.what());
     }
@@ -115,7 +138,10 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, std::string_view orig
       return it == j.end() ? null_json : *it;
     };
     if (!j.contains("model")) fail("model: missing");
-    impl->model.load(j["model"]);
+    // An empty vocab object or merges array leaves no events: fall back to the JSON value then.
+    lists.has_vocab = lists.has_vocab && j["model"].contains("vocab");
+    lists.has_merges = lists.has_merges && j["model"].contains("merges");
+    impl->model.load(j["model"], std::move(lists));
     impl->normalizer.load(section("normalizer"), "normalizer");
     impl->pre_tokenizer.load(section("pre_tokenizer"), "pre_tokenizer");
     impl->decoder.load(section("decoder"), "decoder");
