@@ -1,0 +1,519 @@
+#include "chat/template.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <unordered_map>
+
+#include "chat/builtins.h"
+#include "chat/lexer.h"
+#include "chat/parser.h"
+
+namespace dsaserve::chat {
+namespace {
+
+using Frame = std::unordered_map<std::string, Value>;
+using Scopes = std::vector<std::shared_ptr<Frame>>;
+
+enum class Flow { kNormal, kBreak, kContinue };
+
+int64_t as_index(const Value& v) { return v.is_bool() ? (v.as_bool() ? 1 : 0) : v.as_int(); }
+bool is_integral(const Value& v) { return v.is_int() || v.is_bool(); }
+
+// Python floor division and modulo.
+int64_t floor_div(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+
+Value binary_arith(const std::string& op, const Value& a, const Value& b) {
+  require_defined(a);
+  require_defined(b);
+  auto type_error = [&]() -> Value {
+    throw_value_error(ErrorKind::kRuntime, fmt::format("unsupported operand type(s) for {}: '{}' and '{}'",
+                                                       op, a.type_name(), b.type_name()));
+  };
+  if (op == "+") {
+    if (a.is_number() && b.is_number()) {
+      if (is_integral(a) && is_integral(b)) return Value(as_index(a) + as_index(b));
+      return Value(a.to_double() + b.to_double());
+    }
+    if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
+    if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
+      std::vector<Value> items = a.items();
+      items.insert(items.end(), b.items().begin(), b.items().end());
+      return Value::list(std::move(items), a.is_tuple());
+    }
+    return type_error();
+  }
+  if (op == "*") {
+    if (a.is_number() && b.is_number()) {
+      if (is_integral(a) && is_integral(b)) return Value(as_index(a) * as_index(b));
+      return Value(a.to_double() * b.to_double());
+    }
+    const Value* seq = is_integral(b) ? &a : is_integral(a) ? &b : nullptr;
+    const Value* count = seq == &a ? &b : &a;
+    if (seq && (seq->is_string() || seq->is_list())) {
+      const int64_t n = std::max<int64_t>(0, as_index(*count));
+      if (seq->is_string()) {
+        std::string out;
+        for (int64_t i = 0; i < n; ++i) out += seq->as_string();
+        return Value(std::move(out));
+      }
+      std::vector<Value> items;
+      for (int64_t i = 0; i < n; ++i) items.insert(items.end(), seq->items().begin(), seq->items().end());
+      return Value::list(std::move(items), seq->is_tuple());
+    }
+    return type_error();
+  }
+  if (!a.is_number() || !b.is_number()) return type_error();
+  if (op == "-") {
+    if (is_integral(a) && is_integral(b)) return Value(as_index(a) - as_index(b));
+    return Value(a.to_double() - b.to_double());
+  }
+  if (op == "/") {
+    if (b.to_double() == 0.0) throw_value_error(ErrorKind::kRuntime, "division by zero");
+    return Value(a.to_double() / b.to_double());
+  }
+  if (op == "//" || op == "%") {
+    if (b.to_double() == 0.0) throw_value_error(ErrorKind::kRuntime, "integer division or modulo by zero");
+    if (is_integral(a) && is_integral(b)) {
+      const int64_t x = as_index(a), y = as_index(b);
+      const int64_t q = floor_div(x, y);
+      return op == "//" ? Value(q) : Value(x - q * y);
+    }
+    const double x = a.to_double(), y = b.to_double();
+    if (op == "//") return Value(std::floor(x / y));
+    double m = std::fmod(x, y);
+    if (m != 0.0 && ((m < 0) != (y < 0))) m += y;
+    return Value(m);
+  }
+  if (op == "**") {
+    if (is_integral(a) && is_integral(b) && as_index(b) >= 0) {
+      int64_t r = 1, base = as_index(a);
+      for (int64_t e = as_index(b); e > 0; --e) r *= base;
+      return Value(r);
+    }
+    if (a.to_double() == 0.0 && b.to_double() < 0) {
+      throw_value_error(ErrorKind::kRuntime, "0.0 cannot be raised to a negative power");
+    }
+    return Value(std::pow(a.to_double(), b.to_double()));
+  }
+  return type_error();
+}
+
+bool compare(const std::string& op, const Value& a, const Value& b) {
+  if (op == "==") return values_equal(a, b);
+  if (op == "!=") return !values_equal(a, b);
+  if (op == "in") return contains(b, a);
+  if (op == "notin") return !contains(b, a);
+  if (a.is_undefined() || b.is_undefined()) require_defined(a.is_undefined() ? a : b);
+  if (op == "<") return values_less(a, b);
+  if (op == ">") return values_less(b, a);
+  if (op == "<=") return values_less(a, b) || values_equal(a, b);
+  if (op == ">=") return values_less(b, a) || values_equal(a, b);
+  throw_value_error(ErrorKind::kRuntime, "unknown comparison " + op);
+}
+
+class Renderer {
+ public:
+  Renderer(const TemplateOptions& o, const Value& context) : o_(o) {
+    auto globals = std::make_shared<Frame>();
+    Value g = Value::dict();
+    add_globals(g.dict_data(), o_);
+    for (auto& [k, v] : g.dict_data().items) (*globals)[k.as_string()] = v;
+    if (context.is_dict()) {
+      for (const auto& [k, v] : context.dict_data().items) (*globals)[k.str()] = v;
+    } else if (!context.is_undefined() && !context.is_none()) {
+      throw_value_error(ErrorKind::kRuntime, "template context must be a dict");
+    }
+    scopes_.push_back(std::move(globals));
+    scopes_.push_back(std::make_shared<Frame>());
+  }
+
+  std::string run(const Body& body) {
+    std::string out;
+    exec_body(body, out);
+    return out;
+  }
+
+ private:
+  [[noreturn]] static void fail(ErrorKind k, SrcPos p, const std::string& msg) {
+    throw TemplateError(k, p.line, p.column, msg);
+  }
+
+  Value lookup(const std::string& name) const {
+    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
+      auto f = (*it)->find(name);
+      if (f != (*it)->end()) return f->second;
+    }
+    return Value::undefined(fmt::format("'{}' is undefined", name));
+  }
+
+  // ---- statements ----
+
+  Flow exec_body(const Body& body, std::string& out) {
+    for (const StmtPtr& s : body) {
+      const Flow f = exec(*s, out);
+      if (f != Flow::kNormal) return f;
+    }
+    return Flow::kNormal;
+  }
+
+  Flow exec(const Stmt& s, std::string& out) {
+    switch (s.kind) {
+      case StmtKind::kText: out += s.text; return Flow::kNormal;
+      case StmtKind::kOutput: {
+        const Value v = eval(*s.expr);
+        out += v.str();
+        return Flow::kNormal;
+      }
+      case StmtKind::kIf:
+        for (size_t i = 0; i < s.conds.size(); ++i) {
+          if (eval(*s.conds[i]).truthy()) return exec_body(s.bodies[i], out);
+        }
+        return exec_body(s.else_body, out);
+      case StmtKind::kFor: return exec_for(s, out);
+      case StmtKind::kSet: assign(*s.target, eval(*s.expr), s.pos); return Flow::kNormal;
+      case StmtKind::kSetBlock: {
+        std::string captured;
+        exec_body(s.body, captured);
+        Value v(std::move(captured));
+        if (s.filter) v = eval_filter_chain(*s.filter, v);
+        assign(*s.target, v, s.pos);
+        return Flow::kNormal;
+      }
+      case StmtKind::kMacro:
+        scopes_.back()->insert_or_assign(s.name, make_macro(s, s.name));
+        return Flow::kNormal;
+      case StmtKind::kCallBlock: {
+        Value caller = make_macro(s, "caller");
+        out += call_expr(*s.expr, &caller).str();
+        return Flow::kNormal;
+      }
+      case StmtKind::kFilterBlock: {
+        std::string captured;
+        const Flow f = exec_body(s.body, captured);
+        Value v(std::move(captured));
+        out += eval_filter_chain(*s.filter, v).str();
+        return f;
+      }
+      case StmtKind::kWith: {
+        auto frame = std::make_shared<Frame>();
+        std::vector<Value> values;
+        for (const auto& e : s.values) values.push_back(eval(*e));
+        scopes_.push_back(frame);
+        for (size_t i = 0; i < s.targets.size(); ++i) assign(*s.targets[i], values[i], s.pos);
+        const Flow f = exec_body(s.body, out);
+        scopes_.pop_back();
+        return f;
+      }
+      case StmtKind::kBreak: return Flow::kBreak;
+      case StmtKind::kContinue: return Flow::kContinue;
+      case StmtKind::kScope: return exec_body(s.body, out);
+    }
+    return Flow::kNormal;
+  }
+
+  void assign(const Expr& target, const Value& v, SrcPos pos) {
+    if (target.kind == ExprKind::kName) {
+      scopes_.back()->insert_or_assign(target.name, v);
+      return;
+    }
+    if (target.kind == ExprKind::kGetattr) {
+      const Value ns = lookup(target.children[0]->name);
+      if (!ns.is_namespace())
+        fail(ErrorKind::kRuntime, pos, "cannot assign attribute on non-namespace object");
+      ns.dict_data().set(Value(target.name), v);
+      return;
+    }
+    // tuple unpacking
+    std::vector<Value> items;
+    try {
+      items = iterate(v);
+    } catch (const ValueError& e) {
+      fail(e.kind, pos, e.message);
+    }
+    const size_t n = target.children.size();
+    if (items.size() != n) {
+      fail(ErrorKind::kRuntime, pos,
+           items.size() > n
+               ? fmt::format("too many values to unpack (expected {})", n)
+               : fmt::format("not enough values to unpack (expected {}, got {})", n, items.size()));
+    }
+    for (size_t i = 0; i < n; ++i) assign(*target.children[i], items[i], pos);
+  }
+
+  Flow exec_for(const Stmt& s, std::string& out) {
+    const Value iterable = eval(*s.expr);
+    std::vector<Value> items;
+    try {
+      items = iterate(iterable);
+    } catch (const ValueError& e) {
+      fail(e.kind, s.expr->pos, e.message);
+    }
+    if (s.filter) {
+      std::vector<Value> kept;
+      for (const Value& item : items) {
+        scopes_.push_back(std::make_shared<Frame>());
+        assign(*s.target, item, s.pos);
+        const bool keep = eval(*s.filter).truthy();
+        scopes_.pop_back();
+        if (keep) kept.push_back(item);
+      }
+      items = std::move(kept);
+    }
+    if (items.empty()) return exec_body(s.else_body, out);
+    const auto n = static_cast<int64_t>(items.size());
+    auto last_changed = std::make_shared<std::optional<Value>>();
+    for (int64_t i = 0; i < n; ++i) {
+      auto frame = std::make_shared<Frame>();
+      Value loop = Value::dict();
+      auto& d = loop.dict_data();
+      d.set("index", Value(i + 1));
+      d.set("index0", Value(i));
+      d.set("revindex", Value(n - i));
+      d.set("revindex0", Value(n - i - 1));
+      d.set("first", Value(i == 0));
+      d.set("last", Value(i == n - 1));
+      d.set("length", Value(n));
+      d.set("depth", Value(1));
+      d.set("depth0", Value(0));
+      d.set("previtem",
+            i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("there is no previous item"));
+      d.set("nextitem",
+            i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined("there is no next item"));
+      d.set("cycle", Value::function("cycle", [i](CallArgs& a) -> Value {
+              if (a.args.empty()) throw_value_error(ErrorKind::kRuntime, "no items for cycling given");
+              return a.args[static_cast<size_t>(i) % a.args.size()];
+            }));
+      d.set("changed", Value::function("changed", [last_changed](CallArgs& a) -> Value {
+              Value cur = Value::list(a.args);
+              if (*last_changed && values_equal(**last_changed, cur)) return Value(false);
+              *last_changed = cur;
+              return Value(true);
+            }));
+      frame->insert_or_assign("loop", loop);
+      scopes_.push_back(frame);
+      assign(*s.target, items[static_cast<size_t>(i)], s.pos);
+      const Flow f = exec_body(s.body, out);
+      scopes_.pop_back();
+      if (f == Flow::kBreak) break;
+    }
+    return Flow::kNormal;
+  }
+
+  // A macro (or the caller of a call block) as a callable value; it sees the scopes where it was defined.
+  Value make_macro(const Stmt& s, const std::string& name) {
+    Scopes closure = scopes_;
+    const Stmt* def = &s;
+    Renderer* self = this;
+    return Value::function(name, [self, closure, def, name](CallArgs& a) -> Value {
+      auto frame = std::make_shared<Frame>();
+      Scopes saved = std::move(self->scopes_);
+      self->scopes_ = closure;
+      self->scopes_.push_back(frame);
+      struct Restore {
+        Renderer* r;
+        Scopes* s;
+        ~Restore() { r->scopes_ = std::move(*s); }
+      } restore{self, &saved};
+      const size_t np = def->params.size();
+      std::vector<Value> varargs;
+      for (size_t i = 0; i < a.args.size(); ++i) {
+        if (i < np) {
+          frame->insert_or_assign(def->params[i], a.args[i]);
+        } else {
+          varargs.push_back(a.args[i]);
+        }
+      }
+      Value kwargs = Value::dict();
+      for (auto& [k, v] : a.kwargs) {
+        if (k == "caller") {
+          frame->insert_or_assign("caller", v);
+          continue;
+        }
+        auto it = std::find(def->params.begin(), def->params.end(), k);
+        if (it == def->params.end()) {
+          kwargs.dict_data().set(Value(k), v);
+        } else if (static_cast<size_t>(it - def->params.begin()) < a.args.size()) {
+          throw_value_error(ErrorKind::kRuntime,
+                            fmt::format("macro '{}' got multiple values for argument '{}'", name, k));
+        } else {
+          frame->insert_or_assign(k, v);
+        }
+      }
+      for (size_t i = 0; i < np; ++i) {
+        if (frame->count(def->params[i])) continue;
+        if (def->defaults[i]) {
+          frame->insert_or_assign(def->params[i], self->eval(*def->defaults[i]));
+        } else {
+          frame->insert_or_assign(def->params[i], Value::undefined(fmt::format(
+                                                      "parameter '{}' was not provided", def->params[i])));
+        }
+      }
+      frame->insert_or_assign("varargs", Value::list(std::move(varargs), true));
+      frame->insert_or_assign("kwargs", kwargs);
+      std::string out;
+      self->exec_body(def->body, out);
+      return Value(std::move(out));
+    });
+  }
+
+  // ---- expressions ----
+
+  Value eval(const Expr& e) {
+    try {
+      return eval_inner(e);
+    } catch (const ValueError& err) {
+      fail(err.kind, e.pos, err.message);
+    }
+  }
+
+  CallArgs eval_args(const Expr& e, size_t first) {
+    CallArgs a;
+    for (size_t i = first; i < e.children.size(); ++i) a.args.push_back(eval(*e.children[i]));
+    for (const auto& [k, v] : e.kwargs) a.kwargs.emplace_back(k, eval(*v));
+    return a;
+  }
+
+  Value eval_filter(const Expr& e, const Value* operand) {
+    const Value v = operand ? *operand : eval(*e.children[0]);
+    CallArgs a = eval_args(e, 1);
+    try {
+      return apply_filter(e.name, v, a, o_);
+    } catch (const ValueError& err) {
+      fail(err.kind, e.pos, err.message);
+    }
+  }
+
+  // A filter expression whose innermost operand is null (the {% filter %} / set-block form).
+  Value eval_filter_chain(const Expr& e, const Value& operand) {
+    if (!e.children[0]) return eval_filter(e, &operand);
+    Value inner = eval_filter_chain(*e.children[0], operand);
+    return eval_filter(e, &inner);
+  }
+
+  Value call_expr(const Expr& e, const Value* caller) {
+    const Value fn = eval(*e.children[0]);
+    CallArgs a = eval_args(e, 1);
+    if (caller) a.kwargs.emplace_back("caller", *caller);
+    require_defined(fn);
+    if (!fn.is_function())
+      throw_value_error(ErrorKind::kRuntime, fmt::format("'{}' object is not callable", fn.type_name()));
+    return fn.function_data().fn(a);
+  }
+
+  Value eval_inner(const Expr& e) {
+    switch (e.kind) {
+      case ExprKind::kLiteral: return e.literal;
+      case ExprKind::kName: return lookup(e.name);
+      case ExprKind::kList:
+      case ExprKind::kTuple: {
+        std::vector<Value> items;
+        items.reserve(e.children.size());
+        for (const auto& c : e.children) items.push_back(eval(*c));
+        return Value::list(std::move(items), e.kind == ExprKind::kTuple);
+      }
+      case ExprKind::kDict: {
+        Value d = Value::dict();
+        for (size_t i = 0; i + 1 < e.children.size(); i += 2) {
+          d.dict_data().set(eval(*e.children[i]), eval(*e.children[i + 1]));
+        }
+        return d;
+      }
+      case ExprKind::kGetattr: {
+        const Value obj = eval(*e.children[0]);
+        return get_attribute(obj, e.name, o_);
+      }
+      case ExprKind::kGetitem: {
+        const Value obj = eval(*e.children[0]);
+        return get_item(obj, eval(*e.children[1]), o_);
+      }
+      case ExprKind::kSlice: {
+        const Value obj = eval(*e.children[0]);
+        auto part = [&](size_t i) { return e.children[i] ? eval(*e.children[i]) : Value::none(); };
+        return get_slice(obj, part(1), part(2), part(3));
+      }
+      case ExprKind::kCall: return call_expr(e, nullptr);
+      case ExprKind::kFilter: return eval_filter(e, nullptr);
+      case ExprKind::kTest: {
+        const Value v = eval(*e.children[0]);
+        CallArgs a = eval_args(e, 1);
+        return Value(apply_test(e.name, v, a));
+      }
+      case ExprKind::kNot: return Value(!eval(*e.children[0]).truthy());
+      case ExprKind::kNeg:
+      case ExprKind::kPos: {
+        const Value v = eval(*e.children[0]);
+        require_defined(v);
+        if (!v.is_number()) {
+          throw_value_error(ErrorKind::kRuntime,
+                            fmt::format("bad operand type for unary {}: '{}'",
+                                        e.kind == ExprKind::kNeg ? '-' : '+', v.type_name()));
+        }
+        if (e.kind == ExprKind::kPos) return v.is_bool() ? Value(as_index(v)) : v;
+        return is_integral(v) ? Value(-as_index(v)) : Value(-v.as_float());
+      }
+      case ExprKind::kBinary: {
+        if (e.name == "and") {
+          Value l = eval(*e.children[0]);
+          return l.truthy() ? eval(*e.children[1]) : l;
+        }
+        if (e.name == "or") {
+          Value l = eval(*e.children[0]);
+          return l.truthy() ? l : eval(*e.children[1]);
+        }
+        const Value l = eval(*e.children[0]);
+        const Value r = eval(*e.children[1]);
+        if (e.name == "~") return Value(l.str() + r.str());
+        return binary_arith(e.name, l, r);
+      }
+      case ExprKind::kCompare: {
+        Value left = eval(*e.children[0]);
+        for (size_t i = 0; i < e.ops.size(); ++i) {
+          Value right = eval(*e.children[i + 1]);
+          if (!compare(e.ops[i], left, right)) return Value(false);
+          left = std::move(right);
+        }
+        return Value(true);
+      }
+      case ExprKind::kCondExpr: {
+        if (eval(*e.children[0]).truthy()) return eval(*e.children[1]);
+        if (e.children[2]) return eval(*e.children[2]);
+        return Value::undefined(
+            "the inline if-expression evaluated to false and no else section was defined");
+      }
+    }
+    return Value();
+  }
+
+  const TemplateOptions& o_;
+  Scopes scopes_;
+};
+
+}  // namespace
+
+Template::Template(const std::string& source, TemplateOptions options) : options_(std::move(options)) {
+  LexerOptions lo;
+  lo.trim_blocks = options_.trim_blocks;
+  lo.lstrip_blocks = options_.lstrip_blocks;
+  lo.keep_trailing_newline = options_.keep_trailing_newline;
+  body_ = std::make_shared<const Body>(parse_template(tokenize(source, lo)));
+}
+
+std::string Template::render(const Value& context) const {
+  try {
+    Renderer r(options_, context);
+    return r.run(*body_);
+  } catch (const ValueError& e) {
+    throw TemplateError(e.kind, 0, 0, e.message);
+  }
+}
+
+std::string Template::render(const nlohmann::ordered_json& context) const {
+  return render(Value::from_json(context));
+}
+
+}  // namespace dsaserve::chat
