@@ -1,0 +1,207 @@
+// Unit tests of the template language. Expected outputs were produced by Python jinja2 3.1.6 set up
+// like transformers (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, its tojson); context:
+// n=7, l=[3,1,2], s="Hello", d={"b":1,"a":2}, users=[{name:ann,age:31},{name:Bob,age:25}].
+#include "chat/template.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+namespace dsaserve::chat {
+namespace {
+
+struct Case {
+  const char* source;
+  const char* expected;
+};
+
+const Case kPrecedence[] = {
+    {"{{ 1 + 2 * 3 }}", "7"},
+    {"{{ 2 ** 3 ** 2 }}", "64"},
+    {"{{ -2 ** 2 }}", "4"},
+    {"{{ 'a' ~ (1 + 2) }}{{ 1 ~ 2 * 3 }}", "a316"},
+    {"{{ not 1 == 2 }}", "True"},
+    {"{{ 1 < 2 < 3 }}", "True"},
+    {"{{ 3 > 2 > 2 }}", "False"},
+    {"{{ true or false and false }}", "True"},
+    {"{{ not true or true }}", "True"},
+    {"{{ 1 if false else 2 if true else 3 }}", "2"},
+    {"{{ -7 // 2 }},{{ -7 % 3 }},{{ 7 / 2 }}", "-4,2,3.5"},
+    {"{{ 2 in l and 5 not in l }}", "True"},
+    {"{{ -n|abs }}", "7"},
+    {"{{ n is odd and n is not even }}", "True"},
+    {"{{ 1 + 1 is even }}", "1"},
+    {"{{ 'x' if 0 }}|", "|"},
+    {"{{ (1, 2) }}{{ (1,) }}", "(1, 2)(1,)"},
+    {"{{ [1, 2][-1] }}{{ 'abc'[::-1] }}{{ l[1:] }}", "2cba[1, 2]"},
+};
+const Case kWhitespace[] = {
+    {"a  {%- if true %}  b  {% endif -%}  c", "a  b  c"},
+    {"a\n  {% if true %}\n  b\n  {% endif %}\n c\n", "a\n  b\n c"},
+    {"x\n    {% for i in l %}\n    {{ i }}\n    {% endfor %}\ny", "x\n    3\n    1\n    2\ny"},
+    {"a {{- s -}} b", "aHellob"},
+    {"  {{ s }}  \n  {# c #}  \nz", "  Hello  \n  \nz"},
+    {"a\n\t {%+ if true %}b{% endif +%}\nc", "a\n\t b\nc"},
+    {"a\n{% if true -%}\n\n  b\n{%- endif %}\n\nc", "a\nb\nc"},
+    {"{% if true %}\r\nwin\r\n{% endif %}\r\n", "win\n"},
+    {"  {% raw %}  {{ x }}  {% endraw %}\n  y", "  {{ x }}    y"},
+    {"text\n", "text"},
+    {"text\n\n", "text\n"},
+    {"{% if true %}   {% endif %}|", "   |"},
+};
+const Case kLoops[] = {
+    {"{% for x in l %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first "
+     "}}{{ loop.last }}{{ loop.length }};{% endfor %}",
+     "1032TrueFalse3;2121FalseFalse3;3210FalseTrue3;"},
+    {"{% for x in l if x > 1 %}{{ loop.index }}/{{ loop.length }}{% else %}none{% endfor %}", "1/22/2"},
+    {"{% for x in [] %}a{% else %}empty{% endfor %}", "empty"},
+    {"{% for a, b in d.items() %}{{ a }}={{ b }};{% endfor %}", "b=1;a=2;"},
+    {"{% for x in l %}{% if x == 1 %}{% continue %}{% endif %}{% if x == 2 %}{% break %}{% endif %}{{ x }}{% "
+     "endfor %}",
+     "3"},
+    {"{% for x in l %}{{ loop.cycle('a', 'b') }}{{ loop.previtem }}{{ loop.nextitem }},{% endfor %}",
+     "a1,b32,a1,"},
+    {"{% set x = 0 %}{% for i in l %}{% set x = i %}{% endfor %}{{ x }}", "0"},
+    {"{% set ns = namespace(t=0) %}{% for i in l %}{% set ns.t = ns.t + i %}{% endfor %}{{ ns.t }}", "6"},
+    {"{% macro m(a, b='B') %}{{ a }}{{ b }}{% endmacro %}{{ m(1) }}{{ m(1, 2) }}{{ m(b=3, a=4) }}", "1B1243"},
+    {"{% macro w() %}[{{ caller() }}]{% endmacro %}{% call w() %}in{% endcall %}", "[in]"},
+};
+const Case kFilters[] = {
+    {"{{ d|tojson }}", "{\"b\": 1, \"a\": 2}"},
+    {"{{ '\xc3"
+     "\xa9"
+     "'|tojson }}{{ '\xc3"
+     "\xa9"
+     "'|tojson(ensure_ascii=true) }}",
+     "\"\xc3"
+     "\xa9"
+     "\"\"\\u00e9\""},
+    {"{{ d|tojson(indent=2, sort_keys=true) }}", "{\n  \"a\": 2,\n  \"b\": 1\n}"},
+    {"{{ users|map(attribute='name')|join(',') }}", "ann,Bob"},
+    {"{{ users|selectattr('age', 'gt', 30)|map(attribute='name')|list }}", "['ann']"},
+    {"{{ l|sort|list }}{{ l|sort(reverse=true) }}", "[1, 2, 3][3, 2, 1]"},
+    {"{{ ['b', 'A', 'a']|unique|list }}", "['b', 'A']"},
+    {"{{ l|select('odd')|list }}{{ l|reject('odd')|list }}", "[3, 1][2]"},
+    {"{{ '42'|int + 1 }}{{ 'x'|int }}{{ '2.5'|float }}{{ 2.5|round }}{{ 2.567|round(2) }}", "4302.52.02.57"},
+    {"{{ 'a\nb'|indent(2, true) }}", "  a\n  b"},
+    {"{{ '<&>'|e }}{{ ' x '|trim }}{{ 'ab cd'|title }}{{ 'aB'|capitalize }}{{ 'one two'|wordcount }}",
+     "&lt;&amp;&gt;xAb CdAb2"},
+    {"{{ none|default('d') }}{{ undef|default('u') }}{{ ''|default('e', true) }}", "Noneue"},
+    {"{{ l|first }}{{ l|last }}{{ l|length }}{{ d|items|list }}", "323[('b', 1), ('a', 2)]"},
+    {"{{ s.split('l') }}{{ s.startswith('He') }}{{ s.replace('l', 'L') }}{{ ' x '.strip() }}",
+     "['He', '', 'o']TrueHeLLox"},
+};
+
+nlohmann::ordered_json context() {
+  return nlohmann::ordered_json::parse(
+      R"({"n": 7, "l": [3, 1, 2], "s": "Hello", "d": {"b": 1, "a": 2},
+          "users": [{"name": "ann", "age": 31}, {"name": "Bob", "age": 25}]})");
+}
+
+template <size_t N>
+void check_all(const Case (&cases)[N]) {
+  const auto ctx = context();
+  for (const Case& c : cases) {
+    try {
+      EXPECT_EQ(Template(c.source).render(ctx), c.expected) << "template: " << c.source;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "template: " << c.source << " threw " << e.what();
+    }
+  }
+}
+
+TEST(Template, Precedence) { check_all(kPrecedence); }
+TEST(Template, WhitespaceControl) { check_all(kWhitespace); }
+TEST(Template, LoopsMacrosNamespaces) { check_all(kLoops); }
+TEST(Template, FiltersAndMethods) { check_all(kFilters); }
+
+// The error's kind, line and column for a template that fails to parse or render.
+void expect_error(const std::string& source, ErrorKind kind, int line, int column) {
+  try {
+    Template(source).render(context());
+    ADD_FAILURE() << "no error for: " << source;
+  } catch (const TemplateError& e) {
+    EXPECT_EQ(e.kind(), kind) << source << ": " << e.what();
+    EXPECT_EQ(e.line(), line) << source << ": " << e.what();
+    EXPECT_EQ(e.column(), column) << source << ": " << e.what();
+    EXPECT_NE(
+        std::string(e.what()).find("line " + std::to_string(line) + " column " + std::to_string(column)),
+        std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Template, ErrorsNameLineAndColumn) {
+  expect_error("{% if n %}\nunclosed", ErrorKind::kSyntax, 2, 9);
+  expect_error("ab\n  {{ 1 + }}", ErrorKind::kSyntax, 2, 10);
+  expect_error("{{ x | nofilter }}", ErrorKind::kSyntax, 1, 8);
+  expect_error("{{ x is nosuchtest }}", ErrorKind::kSyntax, 1, 9);
+  expect_error("{% foo %}", ErrorKind::kSyntax, 1, 4);
+  expect_error("{{ 'unterminated }}", ErrorKind::kSyntax, 1, 4);
+  expect_error("{{ (1, 2 }}", ErrorKind::kSyntax, 1, 10);
+  expect_error("{% break %}", ErrorKind::kSyntax, 1, 4);
+  expect_error("line\n{# open comment", ErrorKind::kSyntax, 2, 1);
+  expect_error("x\ny\n   {{ missing.attr }}", ErrorKind::kUndefined, 3, 14);
+  expect_error("{{ missing + 1 }}", ErrorKind::kUndefined, 1, 12);
+  expect_error("{{ 1 + 's' }}", ErrorKind::kRuntime, 1, 6);
+  expect_error("{{ 1 / 0 }}", ErrorKind::kRuntime, 1, 6);
+  expect_error("{% for x in n %}{% endfor %}", ErrorKind::kRuntime, 1, 13);
+  expect_error("\n{{ raise_exception('bad role') }}", ErrorKind::kRaised, 2, 19);
+  expect_error("{% set x = l.append(1) %}", ErrorKind::kSecurity, 1, 20);
+}
+
+TEST(Template, RaiseExceptionMessage) {
+  try {
+    Template("{{ raise_exception('Conversation roles must alternate') }}").render(context());
+    FAIL();
+  } catch (const TemplateError& e) {
+    EXPECT_EQ(e.bare_message(), "Conversation roles must alternate");
+  }
+}
+
+TEST(Template, MutationOnlyWhenAllowed) {
+  TemplateOptions o;
+  o.allow_mutation = true;
+  EXPECT_EQ(Template("{% set x = l.append(4) %}{{ l }}", o).render(context()), "[3, 1, 2, 4]");
+  EXPECT_EQ(Template("{% set x = d.update({'c': 3}) %}{{ d|tojson }}", o).render(context()),
+            R"({"b": 1, "a": 2, "c": 3})");
+}
+
+TEST(Template, StrftimeNowUsesClock) {
+  TemplateOptions o;
+  o.clock = [] { return int64_t{86400 * 365}; };  // 1971-01-01 (UTC), 1970-12-31 west of UTC
+  const std::string year = Template("{{ strftime_now('%Y') }}", o).render(context());
+  EXPECT_TRUE(year == "1971" || year == "1970") << year;
+}
+
+TEST(Template, GenerationTagRendersBody) {
+  EXPECT_EQ(Template("{% generation %}a{{ n }}{% endgeneration %}").render(context()), "a7");
+}
+
+TEST(Template, ParseOnceRenderConcurrently) {
+  const Template t("{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}{% endfor %}");
+  std::vector<std::thread> threads;
+  std::vector<std::string> out(8);
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      nlohmann::ordered_json ctx = {
+          {"messages", {{{"role", "user"}, {"content", " hi " + std::to_string(i)}}}}};
+      for (int k = 0; k < 200; ++k) out[static_cast<size_t>(i)] = t.render(ctx);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], "<user>hi " + std::to_string(i));
+}
+
+TEST(Value, PythonReprOfFloats) {
+  EXPECT_EQ(python_float_repr(1.0), "1.0");
+  EXPECT_EQ(python_float_repr(0.1 + 0.2), "0.30000000000000004");
+  EXPECT_EQ(python_float_repr(1e16), "1e+16");
+  EXPECT_EQ(python_float_repr(1234567890123456.0), "1234567890123456.0");
+  EXPECT_EQ(python_float_repr(1e-5), "1e-05");
+  EXPECT_EQ(python_float_repr(0.0001), "0.0001");
+  EXPECT_EQ(python_float_repr(-2.5e-7), "-2.5e-07");
+}
+
+}  // namespace
+}  // namespace dsaserve::chat
