@@ -4,30 +4,10 @@
 
 #include <mutex>
 
+#include "kernels/cuda/allocator.h"
 #include "kernels/cuda/check.h"
 
 namespace dsaserve::kernels::cuda {
-
-namespace {
-
-// Plain cudaMalloc-backed allocator; the caching allocator of the CUDA model runner replaces it.
-class CudaAllocator final : public DeviceAllocator {
- public:
-  std::shared_ptr<void> allocate(size_t bytes) override {
-    void* p = nullptr;
-    DSA_CUDA_CHECK(cudaMalloc(&p, bytes));
-    return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
-  }
-  void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) override {
-    const cudaMemcpyKind kind =
-        src_dev == Device::cpu ? (dst_dev == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
-                               : (dst_dev == Device::cpu ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
-    DSA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
-  }
-  void memset_zero(void* dst, size_t bytes) override { DSA_CUDA_CHECK(cudaMemset(dst, 0, bytes)); }
-};
-
-}  // namespace
 
 int device_count() {
   int n = 0;
@@ -49,10 +29,7 @@ std::string device_summary() {
 void install() {
   static std::once_flag once;
   DSA_CHECK(device_count() > 0, "no CUDA device present");
-  std::call_once(once, [] {
-    static CudaAllocator alloc;
-    set_device_allocator(Device::cuda, &alloc);
-  });
+  std::call_once(once, [] { set_device_allocator(Device::cuda, &caching_allocator()); });
 }
 
 }  // namespace dsaserve::kernels::cuda

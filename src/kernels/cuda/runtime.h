@@ -12,7 +12,8 @@ namespace dsaserve::kernels::cuda {
 int device_count();
 // "NVIDIA H200, sm_90, 139.8 GiB" or the reason there is none.
 std::string device_summary();
-// Installs the CUDA allocator for Device::cuda tensors (idempotent). Throws when no device is present.
+// Installs the caching CUDA allocator (allocator.h) for Device::cuda tensors (idempotent). Throws when no
+// device is present. The operator backend is installed separately (backend.h).
 void install();
 
 }  // namespace dsaserve::kernels::cuda

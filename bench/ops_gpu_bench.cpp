@@ -1,0 +1,222 @@
+// GPU operator benchmark: for each main operator at T in {1, 32, 256, 4096} tokens (GLM-5.3 layer shapes),
+// the median time over 20 runs after 3 warm-ups (CUDA events around each call, so host work inside an
+// operator shows), the bytes it must move and the FLOPs it must do, the floor from the measured ceilings
+// of docs/GPU.md (4.3 TB/s; 797 TFLOP/s bf16, 1434 TFLOP/s FP8, 67 TFLOP/s fp32 for non-tensor work) and
+// floor / time. Weights are filled on the GPU with a constant pattern (values do not change GEMM speed).
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/backend.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/ops.h"
+
+namespace ops = dsaserve::kernels;
+using dsaserve::Device;
+using dsaserve::DType;
+using dsaserve::Tensor;
+
+namespace {
+
+constexpr double kHbm = 4.3e12, kBf16 = 797e12, kFp8 = 1434e12, kF32 = 67e12;
+constexpr int64_t kH = 6144, kQLora = 2048, kKvLora = 512, kRope = 64, kNope = 192, kV = 256, kHeads = 64;
+
+Tensor rand_gpu(const dsaserve::Shape& s, uint32_t seed, float scale = 1.0f) {
+  Tensor t = Tensor::empty(s, DType::f32);
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    z ^= z << 13;
+    z ^= z >> 7;
+    z ^= z << 17;
+    p[i] = (float(z >> 40) * (1.0f / 8388608.0f) - 1.0f) * scale;
+  }
+  return t.to(Device::cuda);
+}
+
+Tensor filled(const dsaserve::Shape& s, DType dt, int byte) {
+  Tensor t = Tensor::empty(s, dt, Device::cuda);
+  cudaMemset(t.raw_data(), byte, t.nbytes());
+  return t;
+}
+
+Tensor i32_gpu(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({int64_t(v.size())}, DType::i32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t.to(Device::cuda);
+}
+
+ops::WeightRef weight(int64_t n, int64_t k, DType dt) {
+  if (dt == DType::bf16) return {filled({n, k}, DType::bf16, 0x3c), {}, 128, 128};
+  Tensor sc = Tensor::empty({(n + 127) / 128, (k + 127) / 128}, DType::f32);
+  for (int64_t i = 0; i < sc.numel(); ++i) sc.data<float>()[i] = 1e-3f;
+  return {filled({n, k}, DType::f8e4m3fn, 0x38), sc.to(Device::cuda), 128, 128};
+}
+
+// Median microseconds of fn() over `iters` runs.
+double time_us(const std::function<void()>& fn, int warm = 3, int iters = 20) {
+  for (int i = 0; i < warm; ++i) fn();
+  cudaDeviceSynchronize();
+  std::vector<cudaEvent_t> ev(size_t(2 * iters));
+  for (auto& e : ev) cudaEventCreate(&e);
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(ev[size_t(2 * i)]);
+    fn();
+    cudaEventRecord(ev[size_t(2 * i + 1)]);
+  }
+  cudaEventSynchronize(ev.back());
+  std::vector<double> us;
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
+    us.push_back(ms * 1e3);
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+void row(const std::string& op, int64_t T, const std::string& shape, double us, double bytes, double flops,
+         double peak) {
+  const double floor_us = std::max(bytes / kHbm, flops / peak) * 1e6;
+  fmt::print("| {:<24} | {:>5} | {:<22} | {:>10.1f} | {:>8.1f} | {:>8.1f} | {:>9.2f} | {:>5.2f} |\n", op, T,
+             shape, us, bytes / (us * 1e-6) / 1e9, flops / (us * 1e-6) / 1e12, floor_us, floor_us / us);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main() {
+  if (dsaserve::kernels::cuda::device_count() == 0) {
+    fmt::print("ops_gpu_bench: no CUDA device, nothing to measure\n");
+    return 0;
+  }
+  ops::cuda::install_backend();
+  fmt::print("ops_gpu_bench on {}\n", dsaserve::kernels::cuda::device_summary());
+  fmt::print("| {:<24} | {:>5} | {:<22} | {:>10} | {:>8} | {:>8} | {:>9} | {:>5} |\n", "op", "T",
+             "shape [T,K,N]", "time us", "GB/s", "TFLOP/s", "floor us", "ratio");
+  fmt::print("|{:-<26}|{:->7}|{:-<24}|{:->12}|{:->10}|{:->10}|{:->11}|{:->7}|\n", "", "", "", "", "", "", "",
+             "");
+  const int64_t kTs[] = {1, 32, 256, 4096};
+  struct G {
+    const char* name;
+    int64_t n, k;
+  };
+  const G gemms[] = {{"q_a_proj", kQLora, kH},           {"q_b_proj", kHeads * (kNope + kRope), kQLora},
+                     {"kv_a_proj", kKvLora + kRope, kH}, {"o_proj", kH, kHeads * kV},
+                     {"expert_gate", 2048, kH},          {"expert_down", kH, 2048}};
+  for (DType dt : {DType::f8e4m3fn, DType::bf16}) {
+    for (const G& g : gemms) {
+      const ops::WeightRef w = weight(g.n, g.k, dt);
+      for (int64_t T : kTs) {
+        const Tensor x = rand_gpu({T, g.k}, 1);
+        Tensor out = Tensor::empty({T, g.n}, DType::f32, Device::cuda);
+        const double us = time_us([&] { ops::linear(x, w, 0, -1, out); });
+        const double wb = double(g.n * g.k) * (dt == DType::bf16 ? 2 : 1);
+        row(fmt::format("linear {} {}", dt == DType::bf16 ? "bf16" : "fp8", g.name), T,
+            fmt::format("[{},{},{}]", T, g.k, g.n), us, wb + 4.0 * double(T * (g.k + g.n)),
+            2.0 * double(T * g.n * g.k), dt == DType::bf16 ? kBf16 : kFp8);
+      }
+    }
+  }
+  const Tensor wn = filled({kH}, DType::bf16, 0x3f);
+  for (int64_t T : kTs) {
+    const Tensor x = rand_gpu({T, kH}, 2);
+    Tensor res = rand_gpu({T, kH}, 3);
+    const double b = 4.0 * double(T * kH);
+    row("rms_norm", T, fmt::format("[{},{}]", T, kH), time_us([&] { ops::rms_norm(x, wn, 1e-5); }), 2 * b, 0,
+        kF32);
+    row("add_rms_norm", T, fmt::format("[{},{}]", T, kH),
+        time_us([&] { ops::add_rms_norm(res, x, wn, 1e-5); }), 4 * b, 0, kF32);
+    const Tensor g = rand_gpu({T, 2048}, 4), u = rand_gpu({T, 2048}, 5);
+    row("silu_mul", T, fmt::format("[{},2048]", T), time_us([&] { ops::silu_mul(g, u); }),
+        12.0 * double(T * 2048), 0, kF32);
+    Tensor q = rand_gpu({T, kHeads, kNope + kRope}, 6);
+    Tensor qpe = q.slice(2, kNope, kNope + kRope);
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    std::iota(pos.begin(), pos.end(), 1000);
+    const Tensor pos_d = i32_gpu(pos);
+    ops::RopeParams rp;
+    rp.dim = kRope;
+    rp.theta = 1e6;
+    row("rope q_pe", T, fmt::format("[{},{},{}]", T, kHeads, kRope),
+        time_us([&] { ops::rope_inplace(qpe, pos_d, rp); }), 8.0 * double(T * kHeads * kRope), 0, kF32);
+    Tensor acc = rand_gpu({T, kH}, 7);
+    row("add_inplace", T, fmt::format("[{},{}]", T, kH), time_us([&] { ops::add_inplace(acc, x); }), 3 * b, 0,
+        kF32);
+    const Tensor logits = rand_gpu({T, 256}, 8, 4.0f), bias = rand_gpu({256}, 9, 0.1f);
+    const ops::MoeRouteParams mp{1, 1, 8, true, 2.5};
+    row("moe_route 256 top-8", T, fmt::format("[{},256]", T),
+        time_us([&] { ops::moe_route(logits, bias, mp); }), 4.0 * double(T * (256 + 16)), 0, kF32);
+  }
+  {
+    const Tensor table = filled({154880, kH}, DType::bf16, 0x3c);
+    for (int64_t T : kTs) {
+      std::vector<int32_t> ids(static_cast<size_t>(T));
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 7919) % 154880);
+      const Tensor ids_d = i32_gpu(ids);
+      row("embedding", T, fmt::format("[{},{}]", T, kH), time_us([&] { ops::embedding(table, ids_d); }),
+          6.0 * double(T * kH), 0, kF32);
+      const Tensor lg = filled({T, 154880}, DType::f32, 0x3c);
+      row("argmax (lm head out)", T, fmt::format("[{},154880]", T), time_us([&] { ops::argmax(lg); }),
+          4.0 * double(T * 154880), 0, kF32);
+    }
+  }
+  {
+    // Routed experts: 256 FP8 experts (2048 x 6144), top-8 of a random routing.
+    constexpr int64_t kE = 256, kI = 2048, kTopK = 8;
+    std::vector<ops::MlpRef> experts;
+    for (int64_t e = 0; e < kE; ++e)
+      experts.push_back({weight(kI, kH, DType::f8e4m3fn), weight(kI, kH, DType::f8e4m3fn),
+                         weight(kH, kI, DType::f8e4m3fn)});
+    std::mt19937 r(11);
+    for (int64_t T : kTs) {
+      Tensor ids = Tensor::empty({T, kTopK}, DType::i32);
+      std::vector<bool> used(kE, false);
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<int32_t> all(kE);
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), r);
+        for (int64_t k = 0; k < kTopK; ++k) {
+          ids.data<int32_t>()[t * kTopK + k] = all[size_t(k)];
+          used[size_t(all[size_t(k)])] = true;
+        }
+      }
+      const int64_t active = std::count(used.begin(), used.end(), true);
+      const ops::Routing routing{ids.to(Device::cuda), rand_gpu({T, kTopK}, 12)};
+      const Tensor x = rand_gpu({T, kH}, 13);
+      row("moe_experts fp8 256x8", T, fmt::format("[{},{},{}]x8", T, kH, kI),
+          time_us([&] { ops::moe_experts(x, routing, experts); }, 2, 10),
+          double(active * 3 * kI * kH) + 4.0 * double(T * kH * 2), 2.0 * double(T * kTopK * 3 * kI * kH),
+          kFp8);
+    }
+  }
+  {
+    // Absorbed MLA over a DSA selection of 2048 keys (the plain kernel; the fast one is CUDA path part 2).
+    const int64_t start = 8192, ps = 64;
+    for (int64_t T : kTs) {
+      const int64_t S = start + T, pages = (S + ps - 1) / ps;
+      const Tensor cache = rand_gpu({pages * ps, kKvLora + kRope}, 14);
+      std::vector<int32_t> table(static_cast<size_t>(pages));
+      std::iota(table.begin(), table.end(), 0);
+      const ops::PagedSeq seq{cache, i32_gpu(table), ps};
+      const Tensor ql = rand_gpu({T, kHeads, kKvLora}, 15, 0.1f), qr = rand_gpu({T, kHeads, kRope}, 16, 0.1f);
+      Tensor sel = Tensor::empty({T, 2048}, DType::i32);
+      for (int64_t i = 0; i < sel.numel(); ++i)
+        sel.data<int32_t>()[i] = int32_t((i * 2654435761u) % uint64_t(start));
+      const Tensor sel_d = sel.to(Device::cuda);
+      row("mla_absorbed sel 2048", T, fmt::format("[{},{},2048]", T, kHeads),
+          time_us([&] { ops::mla_attention_absorbed(ql, qr, seq, start, sel_d, 0.0625); }, 1, 5),
+          4.0 * double(T * 2048 * (kKvLora + kRope)), 4.0 * double(T * kHeads * 2048 * (2 * kKvLora + kRope)),
+          kF32);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,34 @@
+#pragma once
+// The caching device allocator behind Tensor::empty(..., Device::cuda).
+//
+// Blocks are rounded up to a size class (four classes per power of two from 512 B, 2 MiB steps above
+// 64 MiB) and kept on a free list of their class when the last tensor lets go, so that a steady-state
+// step loop reuses memory and never calls cudaMalloc. Every kernel of the backend runs on the legacy
+// default stream, so a freed block handed out again is only touched by work queued after the work that
+// used it before: reuse needs no events. When cudaMalloc fails the free lists are released and the
+// allocation retried once.
+#include <cstddef>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace dsaserve::kernels::cuda {
+
+struct AllocatorStats {
+  int64_t device_mallocs = 0;  // cudaMalloc calls so far
+  int64_t bytes_in_use = 0;    // size-class bytes held by live tensors
+  int64_t bytes_cached = 0;    // bytes on the free lists
+  int64_t peak_in_use = 0;
+  int64_t hits = 0;  // allocations served from a free list
+};
+
+// The size class of a request of `bytes` (what is actually reserved).
+size_t allocation_size_class(size_t bytes);
+
+// The process-wide caching allocator (never destroyed, so tensors released at exit stay valid).
+DeviceAllocator& caching_allocator();
+AllocatorStats allocator_stats();
+// cudaFree's every cached block (live blocks are untouched).
+void release_cached_memory();
+
+}  // namespace dsaserve::kernels::cuda

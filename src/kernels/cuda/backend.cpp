@@ -1,0 +1,97 @@
+#include "kernels/cuda/backend.h"
+
+#include <mutex>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/views.h"
+
+namespace dsaserve::kernels::cuda {
+
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  Tensor embedding(const Tensor& table, const Tensor& ids) override { return cuda::embedding(table, ids); }
+  Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) override { return cuda::rms_norm(x, w, eps); }
+  Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) override {
+    return cuda::add_rms_norm(residual, x, w, eps);
+  }
+  Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) override {
+    return cuda::layer_norm(x, w, b, eps);
+  }
+  Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
+    return cuda::linear(x, w, r0, r1, std::move(out));
+  }
+  Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
+    return cuda::linear_t(x, w, r0, r1, std::move(out));
+  }
+  void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) override {
+    cuda::rope_inplace(x, positions, p);
+  }
+  Tensor silu_mul(const Tensor& gate, const Tensor& up) override { return cuda::silu_mul(gate, up); }
+  Tensor argmax(const Tensor& x) override { return cuda::argmax(x); }
+  void add_inplace(Tensor& a, const Tensor& b) override { cuda::add_inplace(a, b); }
+  void copy_rows(Tensor& dst, const Tensor& src) override { cuda::copy_rows(dst, src); }
+  Tensor gather_rows(const Tensor& x, const Tensor& idx) override { return cuda::gather_rows(x, idx); }
+  void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) override {
+    cuda::paged_store(cache, slots, src);
+  }
+  Tensor paged_gather(const PagedSeq& seq, int64_t n) override { return cuda::paged_gather(seq, n); }
+  Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
+                      double scale, double weight_scale) override {
+    return cuda::indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale);
+  }
+  Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
+                                int64_t start_pos, const Tensor& sel, double scale) override {
+    return cuda::mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale);
+  }
+  Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                       int64_t start_pos, const Tensor& sel, double scale) override {
+    return cuda::attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
+  }
+  Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) override {
+    return cuda::moe_route(logits, bias, p);
+  }
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
+    return cuda::moe_experts(x, routing, experts);
+  }
+};
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+  DSA_CHECK(w.weight.defined() && w.weight.dim() == 2, "linear: weight must be 2-D");
+  if (r1 < 0) r1 = w.rows();
+  DSA_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.rows(), "linear: rows [{}, {}) outside weight {}", r0, r1,
+            w.weight.describe());
+  DSA_CHECK(x.defined() && x.dim() == 2, "linear: input must be 2-D, got {}",
+            x.defined() ? x.describe() : "undefined");
+  out = out_or_new(std::move(out), x.size(0), r1 - r0, "linear output");
+  gemm_linear(x, w, r0, r1, out);
+  return out;
+}
+
+Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+  DSA_CHECK(w.weight.defined() && w.weight.dim() == 2, "linear_t: weight must be 2-D");
+  DSA_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.rows(), "linear_t: rows [{}, {}) outside weight {}", r0, r1,
+            w.weight.describe());
+  DSA_CHECK(x.defined() && x.dim() == 2, "linear_t: input must be 2-D");
+  out = out_or_new(std::move(out), x.size(0), w.cols(), "linear_t output");
+  gemm_linear_t(x, w, r0, r1, out);
+  return out;
+}
+
+Backend& cuda_backend() {
+  static CudaBackend* b = new CudaBackend();
+  return *b;
+}
+
+void install_backend() {
+  install();
+  static std::once_flag once;
+  std::call_once(once, [] { register_backend(Device::cuda, &cuda_backend()); });
+}
+
+}  // namespace dsaserve::kernels::cuda

@@ -1,0 +1,126 @@
+#pragma once
+// Plain parameters of the row-wise kernels (norm.cu, elementwise.cu, rope.cu, quant.cu). Every launcher
+// queues its kernel on `stream` and returns the launch status; the host wrappers (ops_*.cpp) validate
+// shapes first. "Row views" are [rows, cols] with a contiguous last dimension and a row stride in elements.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsaserve::kernels::cuda {
+
+// out = rms_norm(residual += x) or rms_norm(x): statistics in fp64 like the CPU reference.
+struct RmsNormParams {
+  const float* x;      // [rows, cols] stride x_stride; not null
+  float* residual;     // [rows, cols] stride res_stride; null: plain rms_norm of x
+  const void* weight;  // [cols] bf16 (weight_bf16) or f32
+  float* out;          // [rows, cols] contiguous
+  int64_t rows, cols, x_stride, res_stride;
+  bool weight_bf16;
+  double eps;
+};
+cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
+
+// out = (x - mean) / sqrt(var + eps) * w + b (biased variance, fp64 statistics).
+struct LayerNormParams {
+  const float* x;  // [rows, cols] stride x_stride
+  const void* w;   // [cols] bf16 | f32 (w_bf16)
+  const void* b;   // [cols] bf16 | f32 (b_bf16)
+  float* out;      // [rows, cols] contiguous
+  int64_t rows, cols, x_stride;
+  bool w_bf16, b_bf16;
+  double eps;
+};
+cudaError_t launch_layer_norm(const LayerNormParams& p, cudaStream_t stream);
+
+// out[t] = table[ids[t]] as f32.
+struct EmbeddingParams {
+  const void* table;   // [vocab, cols] bf16 | f32 (table_bf16), contiguous
+  const int32_t* ids;  // [rows], each in [0, vocab) (checked by the host)
+  float* out;          // [rows, cols] contiguous
+  int64_t rows, cols;
+  bool table_bf16;
+};
+cudaError_t launch_embedding(const EmbeddingParams& p, cudaStream_t stream);
+
+// out = silu(gate) * up.
+struct SiluMulParams {
+  const float* gate;  // [rows, cols] stride gate_stride
+  const float* up;    // [rows, cols] stride up_stride
+  float* out;         // [rows, cols] stride out_stride
+  int64_t rows, cols, gate_stride, up_stride, out_stride;
+};
+cudaError_t launch_silu_mul(const SiluMulParams& p, cudaStream_t stream);
+
+// dst = src (op copy), dst += src (op add), with dtype casts between f32 and bf16 (cast rows).
+enum class RowOp : int { copy, add };
+struct RowsParams {
+  const void* src;  // [rows, cols] stride src_stride, f32 or bf16 (src_bf16)
+  void* dst;        // [rows, cols] stride dst_stride, f32 or bf16 (dst_bf16); add needs f32 both
+  int64_t rows, cols, src_stride, dst_stride;
+  bool src_bf16, dst_bf16;
+  RowOp op;
+  // Optional row indirection: src row i = src_rows[i] (gather) and/or dst row i = dst_rows[i] (scatter).
+  const int32_t* src_rows;  // [rows] or null
+  const int32_t* dst_rows;  // [rows] or null
+  // Optional paged source: src row i = page_table[i / page_size] * page_size + i % page_size.
+  const int32_t* page_table;  // [ceil(rows / page_size)] or null
+  int64_t page_size;
+};
+cudaError_t launch_rows(const RowsParams& p, cudaStream_t stream);
+
+// out[r] = index of the first maximum of x[r].
+struct ArgmaxParams {
+  const float* x;  // [rows, cols] stride x_stride
+  int32_t* out;    // [rows]
+  int64_t rows, cols, x_stride;
+};
+cudaError_t launch_argmax(const ArgmaxParams& p, cudaStream_t stream);
+
+// Rotary embedding in place on x [tokens, heads, dim] (strides s0, s1; the last dimension contiguous).
+struct RopeKernelParams {
+  float* x;
+  const int32_t* positions;  // [tokens]
+  const float* inv_freq;     // [dim / 2] f32 (kernels::rope_inv_freq)
+  int64_t tokens, heads, dim, s0, s1;
+  bool interleaved;
+  double attention_factor;
+};
+cudaError_t launch_rope(const RopeKernelParams& p, cudaStream_t stream);
+
+// FP8 activation quantisation per token per 128-group: scale = amax / 448, q = e4m3(x / scale) saturated.
+// Rows rows..rows_pad-1 are padding (q = 0, scale = 1).
+struct QuantFp8Params {
+  const float* x;  // [rows, cols] stride x_stride; cols % 128 == 0
+  uint8_t* q;      // [rows_pad, cols] e4m3 codes, contiguous
+  float* scales;   // [cols / 128, rows_pad] (token index fastest: cuBLASLt VEC128_32F)
+  int64_t rows, rows_pad, cols, x_stride;
+};
+cudaError_t launch_quant_fp8(const QuantFp8Params& p, cudaStream_t stream);
+
+// W (fp8 e4m3 with block scales) -> bf16: out[r][c] = bf16(code(w[r][c]) * scale_inv[r / bn][c / bk]).
+struct DequantFp8Params {
+  const uint8_t* w;        // [rows, cols] contiguous
+  const float* scale_inv;  // [ceil(rows / bn), ceil(cols / bk)]
+  uint16_t* out;           // [rows, cols] bf16 bits
+  int64_t rows, cols, bn, bk;
+};
+cudaError_t launch_dequant_fp8(const DequantFp8Params& p, cudaStream_t stream);
+
+// Pads fp8 block scales for cuBLASLt BLK128x128_32F: out [nb][ld] from in [nb][kb], ld = round_up(kb, 4).
+struct PadScalesParams {
+  const float* in;  // [nb, kb]
+  float* out;       // [nb, ld] (padding = 1)
+  int64_t nb, kb, ld;
+};
+cudaError_t launch_pad_scales(const PadScalesParams& p, cudaStream_t stream);
+
+// Two-term bf16 split of f32 activations: hi = bf16(x), lo = bf16(x - hi) (x ~ hi + lo to ~2^-17).
+struct SplitBf16Params {
+  const float* x;  // [rows, cols] stride x_stride
+  uint16_t* hi;    // [rows, cols] bf16 bits, contiguous
+  uint16_t* lo;    // [rows, cols] bf16 bits, contiguous
+  int64_t rows, cols, x_stride;
+};
+cudaError_t launch_split_bf16(const SplitBf16Params& p, cudaStream_t stream);
+
+}  // namespace dsaserve::kernels::cuda

@@ -1,0 +1,332 @@
+#include "kernels/cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <array>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/elementwise_params.h"
+#include "kernels/cuda/views.h"
+
+namespace dsaserve::kernels::cuda {
+
+namespace {
+
+#define DSA_LT_CHECK(expr)                                                                        \
+  do {                                                                                            \
+    cublasStatus_t _s = (expr);                                                                   \
+    if (_s != CUBLAS_STATUS_SUCCESS) ::dsaserve::fail("cuBLASLt error {} in {}", int(_s), #expr); \
+  } while (0)
+
+constexpr size_t kWorkspace = size_t(32) << 20;
+
+// Column-major view of the row-major product: D[M, N] (M = output features, N = tokens, ld = row stride
+// of Y) = op(A)[M, K] B[K, N].
+enum class Kind : int64_t { bf16_tn, bf16_nn, f32_tn, f32_nn, fp8_tn };
+using PlanKey = std::array<int64_t, 10>;  // kind, M, N, K, lda, ldb, ldd, align a, b, d
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool ok = false;
+};
+
+struct WeightCache {
+  Tensor keep;  // holds the source alive so its address cannot be reused while cached
+  Tensor data;
+  int64_t ld = 0;
+};
+
+struct Lt {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::mutex mu;
+  std::map<PlanKey, Plan> plans;
+  std::unordered_map<const void*, WeightCache> fp8_scales;  // key: scale_inv data
+  std::unordered_map<const void*, WeightCache> dequant;     // key: fp8 weight data
+  GemmStats stats;
+};
+
+Lt& lt() {
+  static Lt* s = [] {
+    auto* l = new Lt();  // leaked: lives as long as the process, like the weights it caches
+    DSA_LT_CHECK(cublasLtCreate(&l->handle));
+    DSA_CUDA_CHECK(cudaMalloc(&l->workspace, kWorkspace));
+    return l;
+  }();
+  return *s;
+}
+
+int64_t alignment(const void* p, int64_t ld_bytes) {
+  int64_t a = 256;
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  while (a > 1 && (u % uint64_t(a) != 0 || ld_bytes % a != 0)) a /= 2;
+  return a;
+}
+
+const Plan& plan_for(const PlanKey& key) {
+  Lt& l = lt();
+  std::lock_guard<std::mutex> lock(l.mu);
+  auto it = l.plans.find(key);
+  if (it != l.plans.end()) return it->second;
+  const Kind kind = Kind(key[0]);
+  const int64_t M = key[1], N = key[2], K = key[3], lda = key[4], ldb = key[5], ldd = key[6];
+  const bool trans_a = kind == Kind::bf16_tn || kind == Kind::f32_tn || kind == Kind::fp8_tn;
+  cudaDataType_t in_type = CUDA_R_16BF, d_type = CUDA_R_32F;
+  if (kind == Kind::f32_tn || kind == Kind::f32_nn) in_type = CUDA_R_32F;
+  if (kind == Kind::fp8_tn) {
+    in_type = CUDA_R_8F_E4M3;
+    d_type = CUDA_R_16BF;
+  }
+  Plan p;
+  DSA_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  if (kind == Kind::fp8_tn) {
+    const cublasLtMatmulMatrixScale_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                                      bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
+    DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+  }
+  DSA_LT_CHECK(
+      cublasLtMatrixLayoutCreate(&p.a, in_type, uint64_t(trans_a ? K : M), uint64_t(trans_a ? M : K), lda));
+  DSA_LT_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, uint64_t(K), uint64_t(N), ldb));
+  DSA_LT_CHECK(cublasLtMatrixLayoutCreate(&p.d, d_type, uint64_t(M), uint64_t(N), ldd));
+  cublasLtMatmulPreference_t pref = nullptr;
+  DSA_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = kWorkspace;
+  DSA_LT_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  const uint32_t aa = uint32_t(key[7]), ab = uint32_t(key[8]), ad = uint32_t(key[9]);
+  DSA_LT_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
+  DSA_LT_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
+  DSA_LT_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad));
+  DSA_LT_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad));
+  cublasLtMatmulHeuristicResult_t h{};
+  int got = 0;
+  const cublasStatus_t s =
+      cublasLtMatmulAlgoGetHeuristic(l.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &h, &got);
+  cublasLtMatmulPreferenceDestroy(pref);
+  p.ok = s == CUBLAS_STATUS_SUCCESS && got > 0;
+  if (p.ok) p.algo = h.algo;
+  ++l.stats.plans;
+  return l.plans.emplace(key, p).first->second;
+}
+
+// D = alpha op(A) B + beta D.
+void run(const Plan& p, const void* A, const void* B, void* D, float beta, const float* a_scale = nullptr,
+         const float* b_scale = nullptr) {
+  Lt& l = lt();
+  if (a_scale) {
+    DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
+                                                sizeof a_scale));
+    DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
+                                                sizeof b_scale));
+  }
+  const float alpha = 1.0f;
+  DSA_LT_CHECK(cublasLtMatmul(l.handle, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
+                              l.workspace, kWorkspace, op_stream()));
+}
+
+void count(int64_t GemmStats::*field) {
+  Lt& l = lt();
+  std::lock_guard<std::mutex> lock(l.mu);
+  ++(l.stats.*field);
+}
+
+void check_weight(const WeightRef& w, const char* what) {
+  DSA_CHECK(w.weight.defined() && w.weight.device() == Device::cuda && w.weight.dim() == 2 &&
+                w.weight.is_contiguous(),
+            "{}: weight must be a contiguous 2-D CUDA tensor, got {}", what,
+            w.weight.defined() ? w.weight.describe() : "undefined");
+  const DType dt = w.weight.dtype();
+  if (dt == DType::f8e4m3fn) {
+    DSA_CHECK(w.block_n > 0 && w.block_k > 0, "{}: bad fp8 block size", what);
+    const int64_t sn = (w.rows() + w.block_n - 1) / w.block_n, sk = (w.cols() + w.block_k - 1) / w.block_k;
+    DSA_CHECK(w.scale_inv.defined() && w.scale_inv.device() == Device::cuda &&
+                  w.scale_inv.dtype() == DType::f32 && w.scale_inv.is_contiguous() &&
+                  w.scale_inv.dim() == 2 && w.scale_inv.size(0) == sn && w.scale_inv.size(1) == sk,
+              "{}: fp8 weight {} needs a CUDA f32 scale_inv [{}, {}]", what, w.weight.describe(), sn, sk);
+  } else {
+    DSA_CHECK(dt == DType::bf16 || dt == DType::f32, "{}: unsupported weight dtype {}", what, dtype_name(dt));
+  }
+}
+
+// The fp8 weight dequantised to bf16 (cached).
+Tensor dequantised(const WeightRef& w) {
+  Lt& l = lt();
+  {
+    std::lock_guard<std::mutex> lock(l.mu);
+    auto it = l.dequant.find(w.weight.raw_data());
+    if (it != l.dequant.end()) return it->second.data;
+  }
+  Tensor out = Tensor::empty({w.rows(), w.cols()}, DType::bf16, Device::cuda);
+  check_launch(launch_dequant_fp8({static_cast<const uint8_t*>(w.weight.raw_data()),
+                                   static_cast<const float*>(w.scale_inv.raw_data()), out.data_u16(),
+                                   w.rows(), w.cols(), w.block_n, w.block_k},
+                                  op_stream()),
+               "dequantise fp8 weight");
+  std::lock_guard<std::mutex> lock(l.mu);
+  ++l.stats.dequantised;
+  l.dequant[w.weight.raw_data()] = WeightCache{w.weight, out, w.cols()};
+  return out;
+}
+
+// The weight's block scales padded to rows of a multiple of 4 (cached).
+const WeightCache& padded_scales(const WeightRef& w) {
+  Lt& l = lt();
+  {
+    std::lock_guard<std::mutex> lock(l.mu);
+    auto it = l.fp8_scales.find(w.scale_inv.raw_data());
+    if (it != l.fp8_scales.end()) return it->second;
+  }
+  const int64_t nb = w.scale_inv.size(0), kb = w.scale_inv.size(1), ld = (kb + 3) / 4 * 4;
+  Tensor out = Tensor::empty({nb, ld}, DType::f32, Device::cuda);
+  check_launch(
+      launch_pad_scales({static_cast<const float*>(w.scale_inv.raw_data()), out.data<float>(), nb, kb, ld},
+                        op_stream()),
+      "pad fp8 scales");
+  std::lock_guard<std::mutex> lock(l.mu);
+  return l.fp8_scales[w.scale_inv.raw_data()] = WeightCache{w.scale_inv, out, ld};
+}
+
+void cast_rows(const void* src, bool src_bf16, int64_t src_stride, void* dst, bool dst_bf16,
+               int64_t dst_stride, int64_t rows, int64_t cols, const char* what) {
+  RowsParams p{};
+  p.src = src;
+  p.dst = dst;
+  p.rows = rows;
+  p.cols = cols;
+  p.src_stride = src_stride;
+  p.dst_stride = dst_stride;
+  p.src_bf16 = src_bf16;
+  p.dst_bf16 = dst_bf16;
+  p.op = RowOp::copy;
+  check_launch(launch_rows(p, op_stream()), what);
+}
+
+// out [T, M] (+)= x [T, K] . A where A is bf16 or f32 at `a_ptr` (TN: rows of K, NN: rows of M) with
+// leading dimension lda. Handles the activation conversion, the split, and an unaligned output.
+void gemm_dense(const RowView& x, const void* a_ptr, bool a_f32, bool trans_a, int64_t lda, int64_t M,
+                const RowView& o, bool split, const char* what) {
+  const int64_t T = x.rows, K = x.cols;
+  Tensor hi, lo;
+  const void* b_ptr = nullptr;
+  int64_t ldb = K;
+  if (a_f32) {
+    b_ptr = x.p;
+    ldb = x.stride;
+  } else {
+    hi = Tensor::empty({T, K}, DType::bf16, Device::cuda);
+    if (split) {
+      lo = Tensor::empty({T, K}, DType::bf16, Device::cuda);
+      check_launch(launch_split_bf16({x.p, hi.data_u16(), lo.data_u16(), T, K, x.stride}, op_stream()), what);
+    } else {
+      cast_rows(x.p, false, x.stride, hi.raw_data(), true, K, T, K, what);
+    }
+    b_ptr = hi.raw_data();
+  }
+  const Kind kind =
+      a_f32 ? (trans_a ? Kind::f32_tn : Kind::f32_nn) : (trans_a ? Kind::bf16_tn : Kind::bf16_nn);
+  const int64_t es = a_f32 ? 4 : 2;
+  auto key_for = [&](const void* d, int64_t ldd) {
+    return PlanKey{
+        int64_t(kind),        M, T, K, lda, ldb, ldd, alignment(a_ptr, lda * es), alignment(b_ptr, ldb * es),
+        alignment(d, ldd * 4)};
+  };
+  const Plan* p = &plan_for(key_for(o.p, o.stride));
+  Tensor tmp;
+  float* d = o.p;
+  if (!p->ok) {  // e.g. an output view whose stride cuBLASLt cannot take: write a packed tensor, copy
+    tmp = Tensor::empty({T, M}, DType::f32, Device::cuda);
+    d = tmp.data<float>();
+    p = &plan_for(key_for(d, M));
+    DSA_CHECK(p->ok, "{}: cuBLASLt has no algorithm for [{}, {}] x [{}, {}]", what, T, K, K, M);
+  }
+  run(*p, a_ptr, b_ptr, d, 0.0f);
+  if (split) run(*p, a_ptr, lo.raw_data(), d, 1.0f);
+  if (tmp.defined()) cast_rows(d, false, M, o.p, false, o.stride, T, M, what);
+  count(a_f32 ? &GemmStats::f32_calls : &GemmStats::bf16_calls);
+}
+
+// The FP8 recipe; false when the shape is outside it (the caller falls back).
+bool gemm_fp8(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
+  const int64_t T = x.rows, K = x.cols, N = r1 - r0;
+  if (w.block_n != 128 || w.block_k != 128 || K % 128 != 0 || r0 % 128 != 0 || N % 8 != 0) return false;
+  const int64_t Tp = (T + 3) / 4 * 4;
+  const WeightCache& sc = padded_scales(w);
+  const uint8_t* a_ptr = static_cast<const uint8_t*>(w.weight.raw_data()) + r0 * K;
+  Tensor xq = Tensor::empty({Tp, K}, DType::u8, Device::cuda);
+  Tensor xs = Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda);
+  Tensor d = Tensor::empty({Tp, N}, DType::bf16, Device::cuda);
+  const Plan& p = plan_for(PlanKey{int64_t(Kind::fp8_tn), N, Tp, K, K, K, N, alignment(a_ptr, K),
+                                   alignment(xq.raw_data(), K), alignment(d.raw_data(), N * 2)});
+  if (!p.ok) return false;
+  check_launch(launch_quant_fp8({x.p, xq.data_u8(), xs.data<float>(), T, Tp, K, x.stride}, op_stream()),
+               "linear: fp8 activation quantisation");
+  const float* a_scale = sc.data.data<float>() + (r0 / 128) * sc.ld;
+  run(p, a_ptr, xq.raw_data(), d.raw_data(), 0.0f, a_scale, xs.data<float>());
+  cast_rows(d.raw_data(), true, N, o.p, false, o.stride, T, N, "linear: fp8 output");
+  count(&GemmStats::fp8_calls);
+  return true;
+}
+
+}  // namespace
+
+void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out) {
+  check_weight(w, "linear");
+  const RowView xv = rows_f32(x, "linear input");
+  const RowView ov = rows_f32(out, "linear output");
+  const int64_t K = w.cols(), N = r1 - r0, T = xv.rows;
+  DSA_CHECK(xv.cols == K, "linear: input {} does not match weight {}", x.describe(), w.weight.describe());
+  DSA_CHECK(ov.rows == T && ov.cols == N, "linear: output {} should be [{}, {}]", out.describe(), T, N);
+  if (T == 0 || N == 0) return;
+  DSA_CHECK(K > 0, "linear: empty input features");
+  const DType dt = w.weight.dtype();
+  if (dt == DType::f8e4m3fn && gemm_fp8(xv, w, r0, r1, ov)) return;
+  const bool f32 = dt == DType::f32;
+  const Tensor a = dt == DType::f8e4m3fn ? dequantised(w) : w.weight;
+  const void* a_ptr = static_cast<const char*>(a.raw_data()) + r0 * K * (f32 ? 4 : 2);
+  gemm_dense(xv, a_ptr, f32, true, K, N, ov, !f32 && N <= kSplitMaxRows, "linear");
+}
+
+void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out) {
+  check_weight(w, "linear_t");
+  const RowView xv = rows_f32(x, "linear_t input");
+  const RowView ov = rows_f32(out, "linear_t output");
+  const int64_t R = r1 - r0, C = w.cols(), T = xv.rows;
+  DSA_CHECK(xv.cols == R, "linear_t: input {} should have {} columns", x.describe(), R);
+  DSA_CHECK(ov.rows == T && ov.cols == C, "linear_t: output {} should be [{}, {}]", out.describe(), T, C);
+  if (T == 0 || C == 0) return;
+  DSA_CHECK(R > 0, "linear_t: empty row range");
+  const DType dt = w.weight.dtype();
+  const bool f32 = dt == DType::f32;
+  const Tensor a = dt == DType::f8e4m3fn ? dequantised(w) : w.weight;
+  const void* a_ptr = static_cast<const char*>(a.raw_data()) + r0 * C * (f32 ? 4 : 2);
+  gemm_dense(xv, a_ptr, f32, false, C, C, ov, false, "linear_t");
+}
+
+GemmStats gemm_stats() {
+  Lt& l = lt();
+  std::lock_guard<std::mutex> lock(l.mu);
+  return l.stats;
+}
+
+void clear_gemm_caches() {
+  Lt& l = lt();
+  cudaDeviceSynchronize();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.fp8_scales.clear();
+  l.dequant.clear();
+}
+
+}  // namespace dsaserve::kernels::cuda

@@ -1,0 +1,39 @@
+#pragma once
+// Linear layers on the GPU through cuBLASLt, fp32 accumulation, f32 outputs.
+//
+// - bf16 weights: the f32 activations are rounded to bf16 and multiplied in one bf16 GEMM. Narrow outputs
+//   (<= kSplitMaxRows features: routers, indexer heads, whose results feed top-k choices) use a two-term
+//   bf16 split of the activations (x ~ hi + lo, two GEMMs accumulating in f32), ~16 mantissa bits.
+// - FP8 weights with 128x128 block scales: the activations are quantised per token per 128-group
+//   (e4m3, scale = amax / 448) and multiplied with cuBLASLt's block-scaled FP8 GEMM (docs/GPU.md recipe:
+//   A = W with BLK128x128 scales padded to rows of a multiple of 4, B = X with VEC128 scales [K/128][T],
+//   D bf16), then widened to f32. Shapes outside the recipe (K % 128, row slices not on a 128 boundary,
+//   other block sizes) and linear_t use the weight dequantised once to bf16 (cached per weight).
+// - f32 weights: an f32 GEMM (no TF32).
+// Heuristics are looked up once per (kind, shape, leading dimensions, alignment) and cached.
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace dsaserve::kernels::cuda {
+
+inline constexpr int64_t kSplitMaxRows = 512;
+
+// out [T, r1 - r0] = x [T, K] @ W[r0:r1]^T. `out` is an f32 CUDA row view.
+void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
+// out [T, C] = x [T, r1 - r0] @ W[r0:r1] (W [rows, C]).
+void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
+
+struct GemmStats {
+  int64_t plans = 0;        // cached cuBLASLt heuristics
+  int64_t fp8_calls = 0;    // block-scaled FP8 GEMMs
+  int64_t bf16_calls = 0;   // bf16 GEMMs (split ones count once)
+  int64_t f32_calls = 0;    // f32 GEMMs
+  int64_t dequantised = 0;  // FP8 weights held dequantised to bf16 (fallback path)
+};
+GemmStats gemm_stats();
+// Drops the per-weight caches (padded FP8 scales, dequantised weights) and the references they hold.
+void clear_gemm_caches();
+
+}  // namespace dsaserve::kernels::cuda

@@ -1,0 +1,138 @@
+// Host wrappers of the attention operators: the DSA indexer top-k, absorbed MLA and MHA attention.
+#include <algorithm>
+
+#include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/views.h"
+
+namespace dsaserve::kernels::cuda {
+
+namespace {
+
+KeySelection selection(const Tensor& sel, int64_t T, int64_t start_pos, const char* what) {
+  KeySelection k{nullptr, 0, 0, start_pos};
+  if (!sel.defined()) return k;
+  DSA_CHECK(sel.device() == Device::cuda && sel.dtype() == DType::i32 && sel.dim() == 2 && sel.size(0) == T &&
+                (sel.stride(1) == 1 || sel.size(1) <= 1),
+            "{}: selection must be CUDA i32 [{}, k], got {}", what, T, sel.describe());
+  // Entries outside -1..start_pos+t are skipped by the kernels (never read out of bounds).
+  k.sel = static_cast<const int32_t*>(sel.raw_data());
+  k.sel_k = sel.size(1);
+  k.sel_stride = sel.stride(0);
+  return k;
+}
+
+}  // namespace
+
+Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
+                    double scale, double weight_scale) {
+  const Rows3View qv = rows3_f32(q, "indexer q");
+  const RowView wv = rows_f32(w, "indexer weights");
+  const int64_t T = qv.n0, ih = qv.n1, id = qv.n2;
+  DSA_CHECK(wv.rows == T && wv.cols == ih, "indexer: weights {} should be [{}, {}]", w.describe(), T, ih);
+  DSA_CHECK(topk > 0 && start_pos >= 0, "indexer: topk {} and start position {} must be positive", topk,
+            start_pos);
+  const RowView c = rows_f32(keys.cache, "indexer key cache");
+  DSA_CHECK(c.cols == id, "indexer: key cache rows of {} values, queries of {}", c.cols, id);
+  const int64_t S = start_pos + T;
+  check_pages(keys, S, c.rows, "indexer keys");
+  const int64_t kout = std::min(topk, S);
+  Tensor out = Tensor::empty({T, kout}, DType::i32, Device::cuda);
+  if (T == 0) return out;
+  Tensor score = Tensor::empty({T, S}, DType::f32, Device::cuda);
+  IndexerScoreParams sp{qv.p,
+                        wv.p,
+                        c.p,
+                        i32_vec(keys.page_table, "indexer page table"),
+                        score.data<float>(),
+                        T,
+                        ih,
+                        id,
+                        qv.s0,
+                        qv.s1,
+                        wv.stride,
+                        c.stride,
+                        keys.page_size,
+                        c.rows,
+                        start_pos,
+                        float(scale),
+                        float(weight_scale)};
+  check_launch(launch_indexer_scores(sp, op_stream()), "indexer scores");
+  check_launch(launch_indexer_topk({score.data<float>(), out.data<int32_t>(), T, S, topk, kout, start_pos},
+                                   op_stream()),
+               "indexer top-k");
+  return out;
+}
+
+Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
+                              int64_t start_pos, const Tensor& sel, double scale) {
+  const Rows3View ql = rows3_f32(q_lat, "mla q_lat");
+  const Rows3View qr = rows3_f32(q_rope, "mla q_rope");
+  const int64_t T = ql.n0, nh = ql.n1, L = ql.n2, R = qr.n2;
+  DSA_CHECK(qr.n0 == T && qr.n1 == nh, "mla: q_lat {} and q_rope {} differ", q_lat.describe(),
+            q_rope.describe());
+  const RowView c = rows_f32(kv.cache, "mla kv cache");
+  DSA_CHECK(c.cols == L + R, "mla: cache rows of {} values, expected kv_lora {} + rope {}", c.cols, L, R);
+  check_pages(kv, start_pos + T, c.rows, "mla kv cache");
+  MlaParams p{};
+  p.q_lat = ql.p;
+  p.q_rope = qr.p;
+  p.cache = c.p;
+  p.page_table = i32_vec(kv.page_table, "mla page table");
+  Tensor out = Tensor::empty({T, nh, L}, DType::f32, Device::cuda);
+  p.out = out.data<float>();
+  p.tokens = T;
+  p.heads = nh;
+  p.L = L;
+  p.R = R;
+  p.ql_s0 = ql.s0;
+  p.ql_s1 = ql.s1;
+  p.qr_s0 = qr.s0;
+  p.qr_s1 = qr.s1;
+  p.cache_stride = c.stride;
+  p.page_size = kv.page_size;
+  p.num_slots = c.rows;
+  p.keys = selection(sel, T, start_pos, "mla");
+  p.scale = float(scale);
+  check_launch(launch_mla_absorbed(p, op_stream()), "mla_attention_absorbed");
+  return out;
+}
+
+Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                     int64_t start_pos, const Tensor& sel, double scale) {
+  const Rows3View qv = rows3_f32(q, "mha q");
+  const Rows3View kn = rows3_f32(k_nope, "mha k_nope");
+  const RowView kr = rows_f32(k_rope, "mha k_rope");
+  const Rows3View vv = rows3_f32(v, "mha v");
+  const int64_t T = qv.n0, nh = qv.n1, nope = kn.n2, R = kr.cols, S = kn.n0, dv = vv.n2;
+  DSA_CHECK(qv.n2 == nope + R, "mha: q {} should have nope {} + rope {} per head", q.describe(), nope, R);
+  DSA_CHECK(kn.n1 == nh && vv.n1 == nh && vv.n0 == S && kr.rows == S,
+            "mha: k_nope {}, k_rope {}, v {} disagree", k_nope.describe(), k_rope.describe(), v.describe());
+  DSA_CHECK(start_pos + T <= S, "mha: {} keys cannot serve positions up to {}", S, start_pos + T - 1);
+  MhaParams p{};
+  p.q = qv.p;
+  p.k_nope = kn.p;
+  p.k_rope = kr.p;
+  p.v = vv.p;
+  Tensor out = Tensor::empty({T, nh, dv}, DType::f32, Device::cuda);
+  p.out = out.data<float>();
+  p.tokens = T;
+  p.heads = nh;
+  p.nope = nope;
+  p.R = R;
+  p.dv = dv;
+  p.S = S;
+  p.q_s0 = qv.s0;
+  p.q_s1 = qv.s1;
+  p.kn_s0 = kn.s0;
+  p.kn_s1 = kn.s1;
+  p.kr_s0 = kr.stride;
+  p.v_s0 = vv.s0;
+  p.v_s1 = vv.s1;
+  p.keys = selection(sel, T, start_pos, "mha");
+  p.scale = float(scale);
+  check_launch(launch_mha(p, op_stream()), "attention_mha");
+  return out;
+}
+
+}  // namespace dsaserve::kernels::cuda

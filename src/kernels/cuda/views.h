@@ -1,0 +1,43 @@
+#pragma once
+// Host-side validation shared by the CUDA wrappers (.cpp only): typed row views of CUDA tensors, index
+// tensors, launch-status checks. Every check throws dsaserve::Error naming the operator.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace dsaserve::kernels::cuda {
+
+// A 2-D f32 view [rows, cols] (last dimension contiguous, rows `stride` floats apart).
+struct RowView {
+  float* p = nullptr;
+  int64_t rows = 0, cols = 0, stride = 0;
+};
+RowView rows_f32(const Tensor& t, const char* what);
+
+// A 3-D f32 view [n0, n1, n2] (last dimension contiguous).
+struct Rows3View {
+  float* p = nullptr;
+  int64_t n0 = 0, n1 = 0, n2 = 0, s0 = 0, s1 = 0;
+};
+Rows3View rows3_f32(const Tensor& t, const char* what);
+
+// A contiguous CUDA i32 vector.
+const int32_t* i32_vec(const Tensor& t, const char* what);
+// Copies a (small) CUDA or CPU i32 tensor to the host.
+std::vector<int32_t> i32_to_host(const Tensor& t);
+// A 1-D CUDA vector of n values, bf16 or f32; returns whether it is bf16.
+bool vec_bf16(const Tensor& w, int64_t n, const char* what);
+
+// `out` when given (checked [rows, cols] f32 row view on CUDA), else a new contiguous CUDA tensor.
+Tensor out_or_new(Tensor out, int64_t rows, int64_t cols, const char* what);
+
+// Throws when a launch (or an earlier asynchronous error) failed.
+void check_launch(cudaError_t e, const char* what);
+
+// The stream every operator runs on (the legacy default stream: ordered with cudaMemcpy and the allocator).
+inline cudaStream_t op_stream() { return nullptr; }
+
+}  // namespace dsaserve::kernels::cuda
