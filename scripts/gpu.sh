@@ -16,7 +16,7 @@ export LD_LIBRARY_PATH="$ARCHLIB:${LD_LIBRARY_PATH:-}"
 export PATH="/usr/local/cuda/bin:$PATH"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 start=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSASERVE_BENCH=OFF \
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSASERVE_BENCH=ON \
   -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
   -DGTest_DIR="$ARCHLIB/cmake/GTest" -Dfmt_DIR="$ARCHLIB/cmake/fmt" -Dspdlog_DIR="$ARCHLIB/cmake/spdlog" \
   -DPCRE2_INCLUDE_DIR="$PREFIX/usr/include" -DPCRE2_LIBRARY="$ARCHLIB/libpcre2-8.so" \

@@ -92,12 +92,12 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   // KV latent: c = h @ kv_a^T = [kv | k_rope]; kv normalised, k_rope rotated; both into the cache.
   const Tensor ckv = ops::linear(h, ref(aw.kv_a_proj));                              // [T, L + rope]
   const Tensor kv = ops::rms_norm(ckv.slice(1, 0, L), aw.kv_a_layernorm, kLoraEps);  // [T, L]
-  Tensor k_pe = ckv.slice(1, L, L + rope).contiguous().view({T, 1, rope});
+  Tensor k_pe = ckv.view({T, 1, L + rope}).slice(2, L, L + rope);  // [T, 1, rope] view, rotated in place
   ops::rope_inplace(k_pe, st.positions, rope_params(c, true));
   Tensor kv_store = cache.kv[size_t(kv_layer)].slice(1, 0, L);
   ops::paged_store(kv_store, st.slots, kv);
   Tensor pe_store = cache.kv[size_t(kv_layer)].slice(1, L, L + rope);
-  ops::paged_store(pe_store, st.slots, k_pe.view({T, rope}));
+  ops::paged_store(pe_store, st.slots, ckv.slice(1, L, L + rope));
 
   // DSA indexer (full layers): top-k key positions per query; shared layers reuse the last selection.
   if (c.has_indexer() && own_indexer) {
