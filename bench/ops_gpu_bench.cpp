@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cuda/backend.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/ops.h"
 
@@ -218,5 +219,9 @@ int main() {
           kF32);
     }
   }
+  const auto st = dsaserve::kernels::cuda::gemm_stats();
+  fmt::print(
+      "GEMM paths: {} FP8 block-scaled calls, {} bf16, {} f32, {} FP8 weights dequantised (fallback)\n",
+      st.fp8_calls, st.bf16_calls, st.f32_calls, st.dequantised);
   return 0;
 }

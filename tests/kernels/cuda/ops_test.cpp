@@ -189,6 +189,12 @@ TEST_F(CudaOps, Linear) {
       clear_gemm_caches();
     }
   }
+  const GemmStats st = gemm_stats();
+  fmt::print(
+      "RESULT op=gemm_paths fp8_block_scaled_calls={} bf16_calls={} f32_calls={} "
+      "fp8_weights_dequantised={}\n",
+      st.fp8_calls, st.bf16_calls, st.f32_calls, st.dequantised);
+  EXPECT_GT(st.fp8_calls, 0) << "the FP8 block-scaled cuBLASLt path never ran";
   // f32 weights (exact-ish f32 GEMM): a router in f32.
   const WeightRef wf = rand_weight(256, kH, DType::f32, 77), wf_d = to_cuda(wf);
   for (int64_t T : kTokens) {
