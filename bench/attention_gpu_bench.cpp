@@ -1,0 +1,260 @@
+// attention_gpu_bench: the sm_90a attention-side kernels at GLM-5.3 shapes (576/512 latent, top-2048,
+// 32 indexer heads of 128) and per-rank head counts, timed with CUDA events (median of 20 runs, the L2
+// flushed before each), with bytes, FLOPs, the floor (bytes / 4.3 TB/s, FLOPs / 797 TFLOP/s) and the
+// ratio floor / measured. Prints one Markdown table per kernel.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/indexer_topk_params.h"
+#include "kernels/cuda/mla_decode_params.h"
+
+namespace {
+
+using namespace dsaserve::kernels::cuda;
+
+constexpr double kHbm = 4.3e12;   // device-to-device copy, bytes/s (docs/GPU.md)
+constexpr double kBf16 = 797e12;  // dense bf16 GEMM, FLOP/s
+constexpr int64_t kPage = 64;
+constexpr size_t kFlushBytes = size_t(256) << 20;
+
+#define CK(x)                                                                                             \
+  do {                                                                                                    \
+    cudaError_t e_ = (x);                                                                                 \
+    if (e_ != cudaSuccess) {                                                                              \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, #x); \
+      std::exit(1);                                                                                       \
+    }                                                                                                     \
+  } while (0)
+
+template <class T>
+T* dev_alloc(size_t n) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, n * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+template <class T>
+T* upload(const std::vector<T>& v) {
+  T* p = dev_alloc<T>(v.size());
+  CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+// Median time in microseconds of fn() over `reps` runs, each after an L2 flush.
+template <class F>
+double time_us(F&& fn, void* flush, int reps = 20) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaMemsetAsync(flush, i & 0xff, kFlushBytes));
+    CK(cudaEventRecord(a));
+    fn();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return double(ms[ms.size() / 2]) * 1000.0;
+}
+
+void row(const char* name, double us, double bytes, double flops) {
+  const double floor_us = std::max(bytes / kHbm, flops / kBf16) * 1e6;
+  const char* bound = bytes / kHbm >= flops / kBf16 ? "HBM" : "bf16 MMA";
+  std::printf("| %s | %.1f | %.3g | %.0f | %.1f | %.1f | %s | %.2f |\n", name, us, bytes / 1e6,
+              bytes / (us * 1e-6) / 1e9, flops / (us * 1e-6) / 1e12, floor_us, bound, floor_us / us);
+}
+
+void header(const char* title) {
+  std::printf("\n%s\n\n| case | us (median) | MB | GB/s | TFLOP/s | floor us | floor from | ratio |\n",
+              title);
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+}
+
+void bench_mla(int num_sms, void* flush) {
+  header("### sparse / dense MLA decode (absorbed, 576/512), one query token per request");
+  const int64_t pool_slots = int64_t(4) << 20;  // 4M token slots shared by all requests
+  void* cache_bf16 = dev_alloc<unsigned char>(size_t(pool_slots) * kMlaBf16RowBytes);
+  void* cache_fp8 = dev_alloc<unsigned char>(size_t(pool_slots) * kMlaFp8RowBytes);
+  CK(cudaMemset(cache_bf16, 0x3c,
+                size_t(pool_slots) * kMlaBf16RowBytes));  // bf16 0.0115; fp8 1.5, scale 0.0115
+  CK(cudaMemset(cache_fp8, 0x3c, size_t(pool_slots) * kMlaFp8RowBytes));
+  std::mt19937_64 rng(1);
+  const int64_t topk = 2048;
+  struct Case {
+    int64_t heads, batch, ctx;
+    bool sparse;
+  };
+  std::vector<Case> cases;
+  for (int64_t h : {64, 16, 8})
+    for (int64_t b : {1, 32, 128})
+      for (int64_t c : {4096, 32768, 131072}) cases.push_back({h, b, c, true});
+  for (int64_t h : {64, 8})
+    for (int64_t b : {1, 32, 128}) cases.push_back({h, b, 2048, false});
+  for (MlaKvFormat f : {MlaKvFormat::bf16, MlaKvFormat::fp8_e4m3}) {
+    for (const Case& cs : cases) {
+      const int64_t B = cs.batch, nh = cs.heads, pages = (cs.ctx + kPage - 1) / kPage;
+      std::vector<int32_t> pt(size_t(B * pages)), len(size_t(B), int32_t(cs.ctx)), sel(size_t(B * topk));
+      for (auto& x : pt) x = int32_t(rng() % uint64_t(pool_slots / kPage));
+      for (int64_t b = 0; b < B; ++b) {  // topk distinct sorted positions
+        std::vector<int32_t> s(static_cast<size_t>(topk));
+        for (int64_t j = 0; j < topk; ++j)
+          s[size_t(j)] =
+              int32_t(j * cs.ctx / topk + int64_t(rng() % uint64_t(std::max<int64_t>(1, cs.ctx / topk))));
+        std::copy(s.begin(), s.end(), sel.begin() + b * topk);
+      }
+      std::vector<float> q(size_t(B * nh * kMlaDim));
+      for (auto& x : q) x = float(int64_t(rng() % 2001) - 1000) * 1e-3f;
+      float* dq = upload(q);
+      int32_t *dpt = upload(pt), *dlen = upload(len), *dsel = upload(sel);
+      MlaDecodeParams p{};
+      p.q_lat = dq;
+      p.q_rope = dq + kMlaLatent;
+      p.ql_s0 = p.qr_s0 = nh * kMlaDim;
+      p.ql_s1 = p.qr_s1 = kMlaDim;
+      p.cache = f == MlaKvFormat::bf16 ? cache_bf16 : cache_fp8;
+      p.page_table = dpt;
+      p.row_len = dlen;
+      p.sel = cs.sparse ? dsel : nullptr;
+      p.sel_k = topk;
+      p.sel_stride = topk;
+      p.rows = B;
+      p.heads = nh;
+      p.num_seqs = B;
+      p.pt_cols = pages;
+      p.pt_stride = pages;
+      p.page_size = kPage;
+      p.num_slots = pool_slots;
+      p.max_keys = cs.sparse ? topk : cs.ctx;
+      p.splits = mla_decode_splits(B, nh, p.max_keys, num_sms);
+      p.scale = 0.0625f;
+      p.format = f;
+      p.out = dev_alloc<float>(size_t(B * nh * kMlaLatent));
+      p.partial_out = dev_alloc<float>(size_t(B * p.splits * nh * kMlaLatent));
+      p.partial_lse = dev_alloc<float>(size_t(B * p.splits * nh));
+      const double us = time_us([&] { CK(launch_mla_decode(p, nullptr)); }, flush);
+      const double keys = double(B) * double(p.max_keys);
+      const double row_bytes = f == MlaKvFormat::bf16 ? kMlaBf16RowBytes : kMlaFp8RowBytes;
+      const double bytes =
+          keys * (row_bytes + (cs.sparse ? 4 : 0)) + double(B * nh) * (kMlaDim + kMlaLatent) * 4;
+      const double flops = keys * double(nh) * 2.0 * (kMlaDim + kMlaLatent);
+      char name[160];
+      std::snprintf(name, sizeof name, "%s kv=%s heads=%lld batch=%lld ctx=%lld splits=%d",
+                    cs.sparse ? "sparse top-2048" : "dense", f == MlaKvFormat::bf16 ? "bf16" : "fp8",
+                    (long long)nh, (long long)B, (long long)cs.ctx, p.splits);
+      row(name, us, bytes, flops);
+      CK(cudaFree(dq));
+      CK(cudaFree(dpt));
+      CK(cudaFree(dlen));
+      CK(cudaFree(dsel));
+      CK(cudaFree(p.out));
+      CK(cudaFree(p.partial_out));
+      CK(cudaFree(p.partial_lse));
+    }
+  }
+  CK(cudaFree(cache_bf16));
+  CK(cudaFree(cache_fp8));
+}
+
+void bench_indexer(void* flush) {
+  header("### lightning indexer + top-2048 (32 heads x 128, bf16 K cache), one query row per request");
+  std::mt19937_64 rng(2);
+  const int64_t ih = 32, topk = 2048;
+  for (int64_t B : {1, 32, 128}) {
+    for (int64_t ctx : {4096, 32768, 131072}) {
+      const int64_t pages = ctx / kPage, slots = B * ctx;
+      void* cache = dev_alloc<unsigned char>(size_t(slots) * kIndexerDim * 2);
+      // Random bf16 keys in [-1, 1): fill one page on the host and copy it around the cache in chunks.
+      std::vector<uint16_t> chunk(size_t(kPage * 1024) * kIndexerDim);
+      for (auto& x : chunk) {
+        const float v = float(int64_t(rng() % 2001) - 1000) * 1e-3f;
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        x = uint16_t(u >> 16);
+      }
+      for (int64_t s = 0; s < slots; s += kPage * 1024) {
+        const int64_t n = std::min<int64_t>(kPage * 1024, slots - s);
+        CK(cudaMemcpy(static_cast<char*>(cache) + s * kIndexerDim * 2, chunk.data(),
+                      size_t(n) * kIndexerDim * 2, cudaMemcpyHostToDevice));
+      }
+      std::vector<int32_t> perm(static_cast<size_t>(B * pages)), len(static_cast<size_t>(B), int32_t(ctx));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::vector<float> q(size_t(B * ih * kIndexerDim)), w(size_t(B * ih));
+      for (auto& x : q) x = float(int64_t(rng() % 2001) - 1000) * 1e-3f;
+      for (auto& x : w) x = float(int64_t(rng() % 2001) - 1000) * 1e-3f;
+      IndexerTopkParams p{};
+      p.q = upload(q);
+      p.w = upload(w);
+      p.cache = cache;
+      p.page_table = upload(perm);
+      p.row_len = upload(len);
+      p.scores = dev_alloc<float>(size_t(B * ctx));
+      p.hist = dev_alloc<uint32_t>(size_t(B * kIndexerHistBins));
+      p.out = dev_alloc<int32_t>(size_t(B * topk));
+      p.rows = B;
+      p.heads = ih;
+      p.q_s0 = ih * kIndexerDim;
+      p.q_s1 = kIndexerDim;
+      p.w_s0 = ih;
+      p.num_seqs = B;
+      p.pt_cols = pages;
+      p.pt_stride = pages;
+      p.page_size = kPage;
+      p.num_slots = slots;
+      p.score_stride = ctx;
+      p.out_stride = topk;
+      p.out_k = topk;
+      p.topk = topk;
+      p.max_len = ctx;
+      p.scale = 0.088f;
+      p.weight_scale = 0.177f;
+      const double us = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
+      const double bytes = double(slots) * kIndexerDim * 2;  // the floor: reading the indexer cache once
+      const double flops = double(slots) * double(ih) * kIndexerDim * 2;
+      char name[128];
+      std::snprintf(name, sizeof name, "indexer+top-k batch=%lld ctx=%lld", (long long)B, (long long)ctx);
+      row(name, us, bytes, flops);
+      CK(cudaFree(cache));
+      CK(cudaFree(const_cast<float*>(p.q)));
+      CK(cudaFree(const_cast<float*>(p.w)));
+      CK(cudaFree(const_cast<int32_t*>(p.page_table)));
+      CK(cudaFree(const_cast<int32_t*>(p.row_len)));
+      CK(cudaFree(p.scores));
+      CK(cudaFree(p.hist));
+      CK(cudaFree(p.out));
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("attention_gpu_bench: no CUDA device, nothing to measure\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("## attention_gpu_bench on %s (%d SMs); floor = max(bytes / 4.3 TB/s, FLOPs / 797 TFLOP/s)\n",
+              prop.name, prop.multiProcessorCount);
+  void* flush = dev_alloc<unsigned char>(kFlushBytes);
+  bench_indexer(flush);
+  bench_mla(prop.multiProcessorCount, flush);
+  CK(cudaFree(flush));
+  return 0;
+}

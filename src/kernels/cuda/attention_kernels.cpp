@@ -1,0 +1,235 @@
+#include "kernels/cuda/attention_kernels.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/indexer_topk_params.h"
+
+namespace dsaserve::kernels::cuda {
+
+namespace {
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    DSA_CUDA_CHECK(cudaGetDevice(&dev));
+    DSA_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+void check_gpu(const Tensor& t, DType dt, int64_t dims, const char* what) {
+  DSA_CHECK(t.defined() && t.device() == Device::cuda && t.dtype() == dt && t.dim() == dims,
+            "{}: expected a {}-D {} CUDA tensor, got {}", what, dims, dtype_name(dt),
+            t.defined() ? t.describe() : std::string("nothing"));
+  DSA_CHECK(t.numel() == 0 || t.stride(dims - 1) == 1 || t.size(dims - 1) <= 1,
+            "{}: the last dimension must be contiguous, got {}", what, t.describe());
+}
+
+// Shared validation of the row description (page table, row_seq, row_len).
+struct RowDesc {
+  const int32_t* row_seq = nullptr;
+  int64_t num_seqs = 0, pt_cols = 0, pt_stride = 0;
+};
+
+RowDesc check_rows(const Tensor& page_table, int64_t page_size, const Tensor& row_seq, const Tensor& row_len,
+                   int64_t rows, int64_t max_len, const char* what) {
+  check_gpu(page_table, DType::i32, 2, what);
+  check_gpu(row_len, DType::i32, 1, what);
+  DSA_CHECK(row_len.size(0) == rows, "{}: row_len {} should have {} rows", what, row_len.describe(), rows);
+  DSA_CHECK(page_size > 0 && max_len >= 0, "{}: page size {} and max length {} must be positive", what,
+            page_size, max_len);
+  DSA_CHECK(max_len <= page_table.size(1) * page_size,
+            "{}: {} positions need {} pages, the page table has {} per sequence", what, max_len,
+            (max_len + page_size - 1) / page_size, page_table.size(1));
+  RowDesc d;
+  if (row_seq.defined()) {
+    check_gpu(row_seq, DType::i32, 1, what);
+    DSA_CHECK(row_seq.size(0) == rows, "{}: row_seq {} should have {} rows", what, row_seq.describe(), rows);
+    d.row_seq = row_seq.data<int32_t>();
+  } else {
+    DSA_CHECK(page_table.size(0) >= rows, "{}: {} rows but {} page-table rows", what, rows,
+              page_table.size(0));
+  }
+  d.num_seqs = page_table.size(0);
+  d.pt_cols = page_table.size(1);
+  d.pt_stride = page_table.stride(0);
+  return d;
+}
+
+// i32 [n] on the GPU from host values.
+Tensor gpu_i32(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({int64_t(v.size())}, DType::i32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t.to(Device::cuda);
+}
+
+}  // namespace
+
+Tensor mla_kv_cache_empty(int64_t num_slots, MlaKvFormat format) {
+  DSA_CHECK(num_slots > 0, "mla cache: {} slots", num_slots);
+  return format == MlaKvFormat::bf16 ? Tensor::empty({num_slots, kMlaDim}, DType::bf16, Device::cuda)
+                                     : Tensor::empty({num_slots, kMlaFp8RowBytes}, DType::u8, Device::cuda);
+}
+
+MlaKvFormat mla_kv_format(const Tensor& cache) {
+  DSA_CHECK(cache.defined() && cache.device() == Device::cuda && cache.dim() == 2 && cache.is_contiguous(),
+            "mla cache: expected a contiguous 2-D CUDA tensor, got {}",
+            cache.defined() ? cache.describe() : std::string("nothing"));
+  if (cache.dtype() == DType::bf16 && cache.size(1) == kMlaDim) return MlaKvFormat::bf16;
+  if (cache.dtype() == DType::u8 && cache.size(1) == kMlaFp8RowBytes) return MlaKvFormat::fp8_e4m3;
+  fail("mla cache: expected bf16 [slots, {}] or u8 [slots, {}] (fp8), got {}", kMlaDim, kMlaFp8RowBytes,
+       cache.describe());
+}
+
+void mla_kv_cache_store(Tensor& cache, const Tensor& slots, const Tensor& src, cudaStream_t stream) {
+  const MlaKvFormat f = mla_kv_format(cache);
+  check_gpu(src, DType::f32, 2, "mla cache store source");
+  check_gpu(slots, DType::i32, 1, "mla cache store slots");
+  DSA_CHECK(src.size(1) == kMlaDim && slots.size(0) == src.size(0),
+            "mla cache store: source {} should be [{}, {}] for slots {}", src.describe(), slots.size(0),
+            kMlaDim, slots.describe());
+  MlaCacheStoreParams p{};
+  p.src = src.data<float>();
+  p.slots = slots.data<int32_t>();
+  p.cache = cache.raw_data();
+  p.n = src.size(0);
+  p.src_stride = src.stride(0);
+  p.num_slots = cache.size(0);
+  p.format = f;
+  DSA_CUDA_CHECK(launch_mla_cache_store(p, stream));
+}
+
+Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache, const Tensor& page_table,
+                  int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
+                  const Tensor& sel, double scale, cudaStream_t stream) {
+  const MlaKvFormat f = mla_kv_format(cache);
+  check_gpu(q_lat, DType::f32, 3, "mla decode q_lat");
+  check_gpu(q_rope, DType::f32, 3, "mla decode q_rope");
+  const int64_t R = q_lat.size(0), nh = q_lat.size(1);
+  DSA_CHECK(q_lat.size(2) == kMlaLatent && q_rope.size(0) == R && q_rope.size(1) == nh &&
+                q_rope.size(2) == kMlaRope,
+            "mla decode: q_lat {} / q_rope {} should be [R, heads, {}] / [R, heads, {}]", q_lat.describe(),
+            q_rope.describe(), kMlaLatent, kMlaRope);
+  const RowDesc d = check_rows(page_table, page_size, row_seq, row_len, R, max_len, "mla decode");
+  MlaDecodeParams p{};
+  if (sel.defined()) {
+    check_gpu(sel, DType::i32, 2, "mla decode selection");
+    DSA_CHECK(sel.size(0) == R, "mla decode: selection {} should have {} rows", sel.describe(), R);
+    p.sel = sel.data<int32_t>();
+    p.sel_k = sel.size(1);
+    p.sel_stride = sel.stride(0);
+  }
+  Tensor out = Tensor::empty({R, nh, kMlaLatent}, DType::f32, Device::cuda);
+  if (R == 0 || nh == 0) return out;
+  p.q_lat = q_lat.data<float>();
+  p.q_rope = q_rope.data<float>();
+  p.cache = cache.raw_data();
+  p.page_table = page_table.data<int32_t>();
+  p.row_seq = d.row_seq;
+  p.row_len = row_len.data<int32_t>();
+  p.out = out.data<float>();
+  p.rows = R;
+  p.heads = nh;
+  p.ql_s0 = q_lat.stride(0);
+  p.ql_s1 = q_lat.stride(1);
+  p.qr_s0 = q_rope.stride(0);
+  p.qr_s1 = q_rope.stride(1);
+  p.num_seqs = d.num_seqs;
+  p.pt_cols = d.pt_cols;
+  p.pt_stride = d.pt_stride;
+  p.page_size = page_size;
+  p.num_slots = cache.size(0);
+  p.max_keys = sel.defined() ? p.sel_k : max_len;
+  p.splits = mla_decode_splits(R, nh, p.max_keys, sm_count());
+  p.scale = float(scale);
+  p.format = f;
+  Tensor part_out, part_lse;
+  if (p.splits > 1) {
+    part_out = Tensor::empty({R, p.splits, nh, kMlaLatent}, DType::f32, Device::cuda);
+    part_lse = Tensor::empty({R, p.splits, nh}, DType::f32, Device::cuda);
+    p.partial_out = part_out.data<float>();
+    p.partial_lse = part_lse.data<float>();
+  }
+  DSA_CUDA_CHECK(launch_mla_decode(p, stream));
+  return out;
+}
+
+Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
+                                   int64_t start_pos, const Tensor& sel, double scale) {
+  const int64_t T = q_lat.size(0);
+  DSA_CHECK(start_pos >= 0, "mla: start position {}", start_pos);
+  check_gpu(kv.page_table, DType::i32, 1, "mla page table");
+  std::vector<int32_t> len(static_cast<size_t>(T)), seq(static_cast<size_t>(T), 0);
+  for (int64_t t = 0; t < T; ++t) len[size_t(t)] = int32_t(start_pos + t + 1);
+  const Tensor pt = kv.page_table.view({1, kv.page_table.size(0)});
+  return mla_decode(q_lat, q_rope, kv.cache, pt, kv.page_size, gpu_i32(seq), gpu_i32(len), start_pos + T, sel,
+                    scale);
+}
+
+Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
+                         int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
+                         int64_t topk, double scale, double weight_scale, cudaStream_t stream) {
+  check_gpu(q, DType::f32, 3, "indexer q");
+  check_gpu(w, DType::f32, 2, "indexer weights");
+  check_gpu(cache, DType::bf16, 2, "indexer key cache");
+  const int64_t R = q.size(0), ih = q.size(1);
+  DSA_CHECK(q.size(2) == kIndexerDim && (ih == 32 || ih == 64), "indexer: q {} should be [R, 32 or 64, {}]",
+            q.describe(), kIndexerDim);
+  DSA_CHECK(w.size(0) == R && w.size(1) == ih, "indexer: weights {} should be [{}, {}]", w.describe(), R, ih);
+  DSA_CHECK(cache.size(1) == kIndexerDim && cache.is_contiguous(),
+            "indexer: key cache {} should be [slots, {}]", cache.describe(), kIndexerDim);
+  DSA_CHECK(topk > 0, "indexer: topk {} must be positive", topk);
+  const RowDesc d = check_rows(page_table, page_size, row_seq, row_len, R, max_len, "indexer");
+  const int64_t out_k = std::min(topk, max_len);
+  Tensor out = Tensor::empty({R, out_k}, DType::i32, Device::cuda);
+  if (R == 0 || out_k == 0) return out;
+  const int64_t score_stride = std::max<int64_t>(4, (max_len + 3) / 4 * 4);
+  Tensor scores = Tensor::empty({R, score_stride}, DType::f32, Device::cuda);
+  Tensor hist = Tensor::empty({R, kIndexerHistBins}, DType::i32, Device::cuda);
+  IndexerTopkParams p{};
+  p.q = q.data<float>();
+  p.w = w.data<float>();
+  p.cache = cache.raw_data();
+  p.page_table = page_table.data<int32_t>();
+  p.row_seq = d.row_seq;
+  p.row_len = row_len.data<int32_t>();
+  p.scores = scores.data<float>();
+  p.hist = reinterpret_cast<uint32_t*>(hist.data<int32_t>());
+  p.out = out.data<int32_t>();
+  p.rows = R;
+  p.heads = ih;
+  p.q_s0 = q.stride(0);
+  p.q_s1 = q.stride(1);
+  p.w_s0 = w.stride(0);
+  p.num_seqs = d.num_seqs;
+  p.pt_cols = d.pt_cols;
+  p.pt_stride = d.pt_stride;
+  p.page_size = page_size;
+  p.num_slots = cache.size(0);
+  p.score_stride = score_stride;
+  p.out_stride = out_k;
+  p.out_k = out_k;
+  p.topk = topk;
+  p.max_len = max_len;
+  p.scale = float(scale);
+  p.weight_scale = float(weight_scale);
+  DSA_CUDA_CHECK(launch_indexer_topk_fused(p, stream));
+  return out;
+}
+
+Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos,
+                         int64_t topk, double scale, double weight_scale) {
+  const int64_t T = q.size(0);
+  DSA_CHECK(start_pos >= 0, "indexer: start position {}", start_pos);
+  check_gpu(keys.page_table, DType::i32, 1, "indexer page table");
+  std::vector<int32_t> len(static_cast<size_t>(T)), seq(static_cast<size_t>(T), 0);
+  for (int64_t t = 0; t < T; ++t) len[size_t(t)] = int32_t(start_pos + t + 1);
+  const Tensor pt = keys.page_table.view({1, keys.page_table.size(0)});
+  return indexer_topk_rows(q, w, keys.cache, pt, keys.page_size, gpu_i32(seq), gpu_i32(len), start_pos + T,
+                           topk, scale, weight_scale);
+}
+
+}  // namespace dsaserve::kernels::cuda

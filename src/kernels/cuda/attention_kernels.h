@@ -1,0 +1,52 @@
+#pragma once
+// Host wrappers of the sm_90a attention-side kernels: the MLA latent cache in kernel formats (bf16 or
+// FP8 e4m3 with per-128 scales), sparse/dense MLA decode in the absorbed form, and the lightning indexer
+// fused with its top-k. They validate tensors (throwing dsaserve::Error), allocate workspaces and launch
+// on `stream` (default: the legacy default stream); results are ready in stream order.
+//
+// Query rows: a batch of R rows, each naming its page-table row (row_seq, or row r -> r) and its
+// visible length row_len (positions 0..row_len-1 exist in the cache). A decode batch has one row per
+// request; a prefill chunk of one request may pass one row per token with row_len = start_pos + t + 1.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/cuda/indexer_topk_params.h"
+#include "kernels/cuda/mla_decode_params.h"
+#include "kernels/ops.h"
+
+namespace dsaserve::kernels::cuda {
+
+// An empty latent cache of num_slots rows on the GPU: bf16 [slots, 576] or u8 [slots, 656] (fp8).
+Tensor mla_kv_cache_empty(int64_t num_slots, MlaKvFormat format);
+// The format of a latent cache tensor (bf16 [*, 576] or u8 [*, 656]); throws for anything else.
+MlaKvFormat mla_kv_format(const Tensor& cache);
+// cache[slots[i]] = src[i]: src f32 [n, 576] (last dim contiguous), slots i32 [n], all on the GPU.
+void mla_kv_cache_store(Tensor& cache, const Tensor& slots, const Tensor& src, cudaStream_t stream = nullptr);
+
+// Absorbed MLA attention for R query rows. q_lat f32 [R, nh, 512], q_rope f32 [R, nh, 64] (last dims
+// contiguous); cache from mla_kv_cache_empty; page_table i32 [num_seqs, max_pages] (rows contiguous);
+// row_seq i32 [R] or undefined; row_len i32 [R]; max_len >= every row_len (host bound); sel i32 [R, k]
+// selected positions (-1 or invalid entries skipped) or undefined for all positions. -> f32 [R, nh, 512].
+Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache, const Tensor& page_table,
+                  int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
+                  const Tensor& sel, double scale, cudaStream_t stream = nullptr);
+
+// The ops.h contract of mla_attention_absorbed for one request (rows t = 0..T-1 at start_pos + t) over a
+// latent cache in a kernel format (kv.cache from mla_kv_cache_empty, kv.page_table i32 on the GPU).
+Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
+                                   int64_t start_pos, const Tensor& sel, double scale);
+
+// Lightning indexer + top-k for R query rows: q f32 [R, ih, 128] (ih 32 or 64), w f32 [R, ih], cache
+// bf16 [slots, 128], page table / row_seq / row_len / max_len as for mla_decode.
+// -> i32 [R, min(topk, max_len)]: ascending positions, or 0..n-1 padded with -1 when n <= topk.
+Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
+                         int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
+                         int64_t topk, double scale, double weight_scale, cudaStream_t stream = nullptr);
+
+// The ops.h contract of indexer_topk for one request (keys.cache bf16 [slots, 128] on the GPU).
+Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos,
+                         int64_t topk, double scale, double weight_scale);
+
+}  // namespace dsaserve::kernels::cuda

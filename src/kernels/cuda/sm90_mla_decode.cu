@@ -1,0 +1,118 @@
+// Sparse MLA decode: the latent-cache writer, the split chooser, the split combine kernel and the
+// dispatch to the decode instantiations (sm90_mla_decode.cuh).
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "kernels/cuda/mla_decode_params.h"
+#include "kernels/cuda/sm90_mla_decode.cuh"
+
+namespace dsaserve::kernels::cuda {
+
+namespace {
+
+// One warp per row: bf16 rows are plain conversions; FP8 rows get one scale per 128 latent values.
+__global__ void sm90_mla_cache_store_kernel(const MlaCacheStoreParams p) {
+  const int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (i >= p.n) return;
+  const int64_t slot = p.slots[i];
+  if (slot < 0 || slot >= p.num_slots) return;
+  const float* src = p.src + i * p.src_stride;
+  if (p.format == MlaKvFormat::bf16) {
+    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.cache) + slot * kMlaDim;
+    for (int c = lane; c < kMlaDim; c += 32) dst[c] = __float2bfloat16_rn(src[c]);
+    return;
+  }
+  unsigned char* dst = static_cast<unsigned char*>(p.cache) + slot * kMlaFp8RowBytes;
+  for (int b = 0; b < kMlaLatent / 128; ++b) {
+    float v[4], amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[j] = src[b * 128 + lane * 4 + j];
+      amax = fmaxf(amax, fabsf(v[j]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = amax / 448.f;
+    const float inv = amax > 0.f ? 448.f / amax : 0.f;
+    uint32_t word = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      word |= uint32_t(__nv_cvt_float_to_fp8(v[j] * inv, __NV_SATFINITE, __NV_E4M3)) << (8 * j);
+    }
+    *reinterpret_cast<uint32_t*>(dst + b * 128 + lane * 4) = word;
+    if (lane == 0) *reinterpret_cast<float*>(dst + kMlaLatent + b * 4) = scale;
+  }
+  __nv_bfloat16* rope = reinterpret_cast<__nv_bfloat16*>(dst + kMlaLatent + 16);
+  for (int c = lane; c < kMlaRope; c += 32) rope[c] = __float2bfloat16_rn(src[kMlaLatent + c]);
+}
+
+// out[r, h] = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max) over the splits of (r, h).
+__global__ void __launch_bounds__(128) sm90_mla_combine_kernel(const MlaDecodeParams p) {
+  const int64_t r = blockIdx.x, h = blockIdx.y;
+  const int c = threadIdx.x * 4;
+  float mx = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.partial_lse[(r * p.splits + s) * p.heads + h]);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float den = 0.f;
+  if (mx != -INFINITY) {
+    for (int s = 0; s < p.splits; ++s) {
+      const float lse = p.partial_lse[(r * p.splits + s) * p.heads + h];
+      if (lse == -INFINITY) continue;
+      const float w = exp2f(lse - mx);
+      const float4 v = *reinterpret_cast<const float4*>(p.partial_out +
+                                                        ((r * p.splits + s) * p.heads + h) * kMlaLatent + c);
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+      den += w;
+    }
+  }
+  const float inv = den > 0.f ? 1.f / den : 0.f;
+  *reinterpret_cast<float4*>(p.out + (r * p.heads + h) * kMlaLatent + c) =
+      make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+}
+
+}  // namespace
+
+cudaError_t launch_mla_cache_store(const MlaCacheStoreParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  const int warps = 8;
+  sm90_mla_cache_store_kernel<<<unsigned((p.n + warps - 1) / warps), warps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms) {
+  const int64_t rows_per_block = heads <= 16 ? 16 : 64;
+  const int64_t tile = heads <= 16 ? 64 : 32;
+  const int64_t base = rows * ((heads + rows_per_block - 1) / rows_per_block);
+  // At least two tiles per split; at most 64 splits.
+  int64_t max_split = max_keys / (2 * tile);
+  if (max_split > 64) max_split = 64;
+  if (max_split < 1 || base <= 0) return 1;
+  // Minimise waves per unit of work plus a small cost per split (the partial rows and the combine).
+  double best = 1e30;
+  int best_s = 1;
+  for (int64_t s = 1; s <= max_split; ++s) {
+    const double waves = double((base * s + num_sms - 1) / num_sms);
+    const double cost = waves / double(s) + 0.01 * double(s);
+    if (cost < best - 1e-9) {
+      best = cost;
+      best_s = int(s);
+    }
+  }
+  return best_s;
+}
+
+cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.heads == 0) return cudaSuccess;
+  if (p.splits < 1 || (p.splits > 1 && (!p.partial_out || !p.partial_lse))) return cudaErrorInvalidValue;
+  const cudaError_t e = p.format == MlaKvFormat::bf16 ? mla_detail::launch_decode_bf16(p, stream)
+                                                      : mla_detail::launch_decode_fp8(p, stream);
+  if (e != cudaSuccess || p.splits == 1) return e;
+  sm90_mla_combine_kernel<<<dim3(unsigned(p.rows), unsigned(p.heads)), 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace dsaserve::kernels::cuda

@@ -1,0 +1,330 @@
+#pragma once
+// The sparse MLA decode kernel template (absorbed form). Instantiated in sm90_mla_decode_{bf16,fp8}.cu.
+//
+// Block = (query row, head group, key split); 256 threads = 8 warps. A head group is kRows = 16 * RG
+// heads (RG = 1 for <= 16 heads, RG = 4 for 64). Warp w owns head rows rg*16.., output columns
+// cs*256.. (cs = w % 2) and, when RG = 1, a quarter of each key tile (ks). Per tile of kBn keys:
+//   1. the block gathers kBn latent rows through the page table into shared memory (cp.async, kStages
+//      deep); FP8 rows are then dequantised once into a bf16 tile;
+//   2. S = Q K^T on the tensor cores: the two warps of a pair each take half of the 576-long dot
+//      products and swap partial sums through shared memory (so no head row is computed twice);
+//   3. online softmax in fp32 (log2 domain), then O += P V with V = the tile's first 512 columns.
+// The key sub-groups (RG = 1) are merged through shared memory at the end; the block writes either the
+// final rows or, with several splits, a partial row and its log-sum-exp for the combine kernel.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "kernels/cuda/mla_decode_params.h"
+#include "kernels/cuda/sm90_mma.cuh"
+
+namespace dsaserve::kernels::cuda::mla_detail {
+
+constexpr int kThreads = 256;
+constexpr int kLd = kMlaDim + 8;  // bf16 elements per shared row: 1168 bytes, ldmatrix conflict-free
+
+template <int RG, bool kFp8>
+struct Cfg {
+  static constexpr int kRows = RG * 16;          // head rows of a block
+  static constexpr int kKs = 4 / RG;             // key sub-groups per tile
+  static constexpr int kKg = RG == 4 ? 32 : 16;  // keys per sub-group per tile
+  static constexpr int kBn = kKs * kKg;          // keys per tile
+  static constexpr int kStages = kBn == 32 ? 3 : 2;
+  static constexpr int kNtS = kKg / 8;  // score n-tiles per warp
+  static constexpr int kRawBytes = kFp8 ? kMlaFp8RowBytes : kLd * 2;
+  static constexpr int kSrcBytes = kFp8 ? kMlaFp8RowBytes : kMlaBf16RowBytes;
+  static constexpr size_t kQBytes = size_t(kRows) * kLd * 2;
+  static constexpr size_t kRawOff = kQBytes;
+  static constexpr size_t kKvOff = kRawOff + size_t(kStages) * kBn * kRawBytes;
+  static constexpr size_t kMainEnd = kKvOff + (kFp8 ? size_t(kBn) * kLd * 2 : 0);
+  static constexpr size_t kCombineBytes = size_t(kKs) * kRows * kMlaLatent * 4;
+  static constexpr size_t kXOff = kMainEnd > kCombineBytes ? kMainEnd : kCombineBytes;
+  static constexpr size_t kValidOff = kXOff + size_t(8) * kNtS * 4 * 32 * 4;
+  static constexpr size_t kStatOff = kValidOff + size_t(kStages) * kBn * 4;
+  static constexpr size_t kSmem = kStatOff + size_t(kKs) * kRows * 2 * 4;
+};
+
+template <int RG, bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaDecodeParams p) {
+  using C = Cfg<RG, kFp8>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);
+  unsigned char* sRaw = smem + C::kRawOff;
+  __nv_bfloat16* sKv = reinterpret_cast<__nv_bfloat16*>(smem + C::kKvOff);
+  float* sX = reinterpret_cast<float*>(smem + C::kXOff);
+  int* sValid = reinterpret_cast<int*>(smem + C::kValidOff);
+  float* sStat = reinterpret_cast<float*>(smem + C::kStatOff);
+
+  const int row = blockIdx.x, split = blockIdx.z;
+  const int64_t h0 = int64_t(blockIdx.y) * C::kRows;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int ks = warp / (RG * 2), rg = (warp % (RG * 2)) / 2, cs = warp & 1;
+  const int g = lane >> 2, c4 = lane & 3;
+
+  const int64_t seq = p.row_seq ? p.row_seq[row] : row;
+  const bool seq_ok = seq >= 0 && seq < p.num_seqs;
+  const int64_t n_vis = seq_ok ? p.row_len[row] : 0;
+  const int64_t n_list = p.sel ? p.sel_k : (n_vis > 0 ? n_vis : 0);
+  const int64_t per_split = (n_list + p.splits - 1) / p.splits;
+  const int64_t chunk = (per_split + C::kBn - 1) / C::kBn * C::kBn;
+  const int64_t k_begin = int64_t(split) * chunk;
+  const int64_t k_end = k_begin + chunk < n_list ? k_begin + chunk : n_list;
+  const int n_tiles = k_end > k_begin ? int((k_end - k_begin + C::kBn - 1) / C::kBn) : 0;
+  const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
+
+  // Gathers tile t's latent rows into stage st (invalid keys: zero rows, marked invalid).
+  auto issue = [&](int t, int st) {
+    constexpr int kTpr = kThreads / C::kBn;  // threads per row
+    const int r = tid / kTpr, sub = tid % kTpr;
+    const int64_t li = k_begin + int64_t(t) * C::kBn + r;
+    int64_t pos = -1;
+    if (li < k_end) pos = p.sel ? p.sel[int64_t(row) * p.sel_stride + li] : li;
+    bool ok = pos >= 0 && pos < n_vis && pos / p.page_size < p.pt_cols;
+    int64_t slot = 0;
+    if (ok) {
+      const int32_t pg = p.page_table[seq * p.pt_stride + pos / p.page_size];
+      slot = int64_t(pg) * p.page_size + pos % p.page_size;
+      ok = pg >= 0 && slot < p.num_slots;
+    }
+    const unsigned char* src = ok ? cache + slot * C::kSrcBytes : cache;
+    unsigned char* dst = sRaw + (size_t(st) * C::kBn + r) * C::kRawBytes;
+    for (int c = sub; c < C::kSrcBytes / 16; c += kTpr)
+      mma::cp_async16(dst + c * 16, src + c * 16, ok ? 16 : 0);
+    if (sub == 0) sValid[st * C::kBn + r] = ok ? 1 : 0;
+  };
+
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < n_tiles) issue(s, s);
+    mma::cp_async_commit();
+  }
+
+  // Q rows of this head group as bf16 (rows past the last head are zero).
+  for (int i = tid; i < C::kRows * (kMlaDim / 4); i += kThreads) {
+    const int r = i / (kMlaDim / 4), c = (i % (kMlaDim / 4)) * 4;
+    const int64_t h = h0 + r;
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (h < p.heads) {
+      const float* src = c < kMlaLatent ? p.q_lat + row * p.ql_s0 + h * p.ql_s1 + c
+                                        : p.q_rope + row * p.qr_s0 + h * p.qr_s1 + (c - kMlaLatent);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = src[j];
+    }
+    uint2 packed;
+    packed.x = mma::pack_bf16(v[0], v[1]);
+    packed.y = mma::pack_bf16(v[2], v[3]);
+    *reinterpret_cast<uint2*>(sQ + r * kLd + c) = packed;
+  }
+
+  float oacc[32][4];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const float sl2 = p.scale * 1.4426950408889634f;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    mma::cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+    if (t + C::kStages - 1 < n_tiles) issue(t + C::kStages - 1, (t + C::kStages - 1) % C::kStages);
+    mma::cp_async_commit();
+    const int st = t % C::kStages;
+    const __nv_bfloat16* kv;
+    if constexpr (kFp8) {
+      const unsigned char* raw = sRaw + size_t(st) * C::kBn * C::kRawBytes;
+      for (int i = tid; i < C::kBn * 72; i += kThreads) {
+        const int r = i / 72, c = i % 72;
+        const unsigned char* rr = raw + r * C::kRawBytes;
+        if (c < 64) {
+          const uint2 codes = *reinterpret_cast<const uint2*>(rr + c * 8);
+          const float sc = *reinterpret_cast<const float*>(rr + kMlaLatent + (c / 16) * 4);
+          const uint32_t w[2] = {codes.x, codes.y};
+          uint32_t o[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((w[j / 2] >> ((j % 2) * 16)) & 0xffff);
+            const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+            o[j] = mma::pack_bf16(f.x * sc, f.y * sc);
+          }
+          *reinterpret_cast<uint4*>(sKv + r * kLd + c * 8) = make_uint4(o[0], o[1], o[2], o[3]);
+        } else {
+          *reinterpret_cast<uint4*>(sKv + r * kLd + kMlaLatent + (c - 64) * 8) =
+              *reinterpret_cast<const uint4*>(rr + kMlaLatent + 16 + (c - 64) * 16);
+        }
+      }
+      __syncthreads();
+      kv = sKv;
+    } else {
+      kv = reinterpret_cast<const __nv_bfloat16*>(sRaw + size_t(st) * C::kBn * C::kRawBytes);
+    }
+
+    // Partial scores over this warp's half of the 576 dimensions.
+    float sacc[C::kNtS][4];
+#pragma unroll
+    for (int i = 0; i < C::kNtS; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.f;
+    const __nv_bfloat16* qa = sQ + (rg * 16 + (lane & 15)) * kLd + (lane >> 4) * 8;
+    const __nv_bfloat16* kb =
+        kv + (ks * C::kKg + (lane & 7) + ((lane >> 4) << 3)) * kLd + ((lane >> 3) & 1) * 8;
+#pragma unroll 6
+    for (int kk = 0; kk < kMlaDim / 32; ++kk) {
+      const int k0 = cs * (kMlaDim / 2) + kk * 16;
+      uint32_t a[4];
+      mma::ldsm_x4(a, qa + k0);
+#pragma unroll
+      for (int np = 0; np < C::kNtS / 2; ++np) {
+        uint32_t b[4];
+        mma::ldsm_x4(b, kb + np * 16 * kLd + k0);
+        mma::mma_bf16(sacc[2 * np], a, b[0], b[1]);
+        mma::mma_bf16(sacc[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    float* xw = sX + warp * (C::kNtS * 4 * 32);
+#pragma unroll
+    for (int i = 0; i < C::kNtS; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) xw[(i * 4 + e) * 32 + lane] = sacc[i][e];
+    __syncthreads();
+    const float* xp = sX + (warp ^ 1) * (C::kNtS * 4 * 32);
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < C::kNtS; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = ks * C::kKg + i * 8 + 2 * c4 + (e & 1);
+        const float s = (sacc[i][e] + xp[(i * 4 + e) * 32 + lane]) * sl2;
+        sacc[i][e] = sValid[st * C::kBn + key] ? s : -INFINITY;
+      }
+      mx0 = fmaxf(mx0, fmaxf(sacc[i][0], sacc[i][1]));
+      mx1 = fmaxf(mx1, fmaxf(sacc[i][2], sacc[i][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+    m0 = mn0;
+    m1 = mn1;
+    float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < C::kNtS; ++i) {
+      sacc[i][0] = exp2f(sacc[i][0] - mu0);
+      sacc[i][1] = exp2f(sacc[i][1] - mu0);
+      sacc[i][2] = exp2f(sacc[i][2] - mu1);
+      sacc[i][3] = exp2f(sacc[i][3] - mu1);
+      rs0 += sacc[i][0] + sacc[i][1];
+      rs1 += sacc[i][2] + sacc[i][3];
+    }
+    l0 = l0 * al0 + rs0;
+    l1 = l1 * al1 + rs1;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      oacc[i][0] *= al0;
+      oacc[i][1] *= al0;
+      oacc[i][2] *= al1;
+      oacc[i][3] *= al1;
+    }
+    // O += P V over this warp's keys and its 256 output columns.
+    const __nv_bfloat16* vb =
+        kv + (ks * C::kKg + (lane & 7) + ((lane >> 3) & 1) * 8) * kLd + cs * 256 + (lane >> 4) * 8;
+#pragma unroll
+    for (int j = 0; j < C::kKg / 16; ++j) {
+      uint32_t a[4];
+      a[0] = mma::pack_bf16(sacc[2 * j][0], sacc[2 * j][1]);
+      a[1] = mma::pack_bf16(sacc[2 * j][2], sacc[2 * j][3]);
+      a[2] = mma::pack_bf16(sacc[2 * j + 1][0], sacc[2 * j + 1][1]);
+      a[3] = mma::pack_bf16(sacc[2 * j + 1][2], sacc[2 * j + 1][3]);
+#pragma unroll
+      for (int np = 0; np < 16; ++np) {
+        uint32_t b[4];
+        mma::ldsm_x4_trans(b, vb + j * 16 * kLd + np * 16);
+        mma::mma_bf16(oacc[2 * np], a, b[0], b[1]);
+        mma::mma_bf16(oacc[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // Merge the key sub-groups and normalise.
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  mma::cp_async_wait<0>();
+  __syncthreads();
+  const int r0 = rg * 16 + g, r1 = r0 + 8;
+  if (cs == 0 && c4 == 0) {
+    sStat[(ks * C::kRows + r0) * 2] = m0;
+    sStat[(ks * C::kRows + r0) * 2 + 1] = l0;
+    sStat[(ks * C::kRows + r1) * 2] = m1;
+    sStat[(ks * C::kRows + r1) * 2 + 1] = l1;
+  }
+  __syncthreads();
+  auto merged = [&](int r, float& M, float& L) {
+    M = -INFINITY;
+    L = 0.f;
+#pragma unroll
+    for (int k = 0; k < C::kKs; ++k) M = fmaxf(M, sStat[(k * C::kRows + r) * 2]);
+    if (M == -INFINITY) return;
+#pragma unroll
+    for (int k = 0; k < C::kKs; ++k) {
+      const float mk = sStat[(k * C::kRows + r) * 2];
+      if (mk != -INFINITY) L += sStat[(k * C::kRows + r) * 2 + 1] * exp2f(mk - M);
+    }
+  };
+  float M0, L0, M1, L1;
+  merged(r0, M0, L0);
+  merged(r1, M1, L1);
+  const float f0 = m0 == -INFINITY ? 0.f : exp2f(m0 - M0) / L0;
+  const float f1 = m1 == -INFINITY ? 0.f : exp2f(m1 - M1) / L1;
+  float* sO = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int col = cs * 256 + i * 8 + 2 * c4;
+    *reinterpret_cast<float2*>(sO + (size_t(ks) * C::kRows + r0) * kMlaLatent + col) =
+        make_float2(oacc[i][0] * f0, oacc[i][1] * f0);
+    *reinterpret_cast<float2*>(sO + (size_t(ks) * C::kRows + r1) * kMlaLatent + col) =
+        make_float2(oacc[i][2] * f1, oacc[i][3] * f1);
+  }
+  __syncthreads();
+  const bool direct = p.splits == 1;
+  for (int i = tid; i < C::kRows * (kMlaLatent / 4); i += kThreads) {
+    const int r = i / (kMlaLatent / 4), c = (i % (kMlaLatent / 4)) * 4;
+    const int64_t h = h0 + r;
+    if (h >= p.heads) continue;
+    float4 acc = *reinterpret_cast<const float4*>(sO + size_t(r) * kMlaLatent + c);
+#pragma unroll
+    for (int k = 1; k < C::kKs; ++k) {
+      const float4 v = *reinterpret_cast<const float4*>(sO + (size_t(k) * C::kRows + r) * kMlaLatent + c);
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    float* dst = direct ? p.out + (int64_t(row) * p.heads + h) * kMlaLatent
+                        : p.partial_out + ((int64_t(row) * p.splits + split) * p.heads + h) * kMlaLatent;
+    *reinterpret_cast<float4*>(dst + c) = acc;
+  }
+  if (!direct && tid < C::kRows && h0 + tid < p.heads) {
+    float M, L;
+    merged(tid, M, L);
+    p.partial_lse[(int64_t(row) * p.splits + split) * p.heads + h0 + tid] =
+        L > 0.f ? M + log2f(L) : -INFINITY;
+  }
+}
+
+// Launches one instantiation (defined in sm90_mla_decode_{bf16,fp8}.cu).
+template <int RG, bool kFp8>
+cudaError_t launch_decode_kernel(const MlaDecodeParams& p, cudaStream_t stream) {
+  using C = Cfg<RG, kFp8>;
+  static_assert(C::kSmem <= 227 * 1024, "shared memory");
+  static const cudaError_t e = cudaFuncSetAttribute(
+      sm90_mla_decode_kernel<RG, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(unsigned(p.rows), unsigned((p.heads + C::kRows - 1) / C::kRows), unsigned(p.splits));
+  sm90_mla_decode_kernel<RG, kFp8><<<grid, kThreads, C::kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_decode_bf16(const MlaDecodeParams& p, cudaStream_t stream);
+cudaError_t launch_decode_fp8(const MlaDecodeParams& p, cudaStream_t stream);
+
+}  // namespace dsaserve::kernels::cuda::mla_detail

@@ -1,0 +1,433 @@
+// The sm_90a attention-side kernels (kernels/cuda/attention_kernels.h) against the CPU operators
+// (kernels::backend(Device::cpu)): sparse and dense MLA decode over bf16 and FP8 latent caches, ragged
+// batches across page boundaries, and the lightning indexer + top-k up to 131072 keys. Every case prints
+// a "RESULT " line (op, shape, error, tolerance). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/ops.h"
+
+namespace dsaserve::kernels::cuda {
+namespace {
+
+constexpr int64_t kPage = 64;
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 7) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return float(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [-1, 1)
+  int64_t below(int64_t n) { return int64_t(next() % uint64_t(n)); }
+};
+
+float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// f32 CPU tensor of U(-amp, amp) values rounded to bf16 (so the kernels' bf16 inputs are exact).
+Tensor rand_bf16_values(const Shape& shape, Rng& r, float amp) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = round_bf16(r.uniform() * amp);
+  return t;
+}
+
+// Pages of a ragged batch scattered over a shuffled pool; page_table [B, max_pages] (unused: 0).
+struct Paging {
+  std::vector<int64_t> lens;
+  int64_t max_pages = 1, num_pages = 0;
+  std::vector<int32_t> pt;
+  int64_t slot(size_t b, int64_t pos) const {
+    return int64_t(pt[b * size_t(max_pages) + size_t(pos / kPage)]) * kPage + pos % kPage;
+  }
+  Tensor table_gpu() const {
+    Tensor t = Tensor::empty({int64_t(lens.size()), max_pages}, DType::i32);
+    std::copy(pt.begin(), pt.end(), t.data<int32_t>());
+    return t.to(Device::cuda);
+  }
+  Tensor row_cpu(size_t b) const {
+    Tensor t = Tensor::empty({max_pages}, DType::i32);
+    std::copy_n(pt.begin() + ptrdiff_t(b * size_t(max_pages)), max_pages, t.data<int32_t>());
+    return t;
+  }
+};
+
+Paging make_paging(const std::vector<int64_t>& lens, Rng& r) {
+  Paging pg;
+  pg.lens = lens;
+  int64_t used = 0;
+  for (int64_t n : lens) {
+    pg.max_pages = std::max(pg.max_pages, (n + kPage - 1) / kPage);
+    used += (n + kPage - 1) / kPage;
+  }
+  pg.num_pages = used + 3;
+  std::vector<int32_t> perm(size_t(pg.num_pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[size_t(r.below(int64_t(i)))]);
+  pg.pt.assign(lens.size() * size_t(pg.max_pages), 0);
+  size_t next = 0;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    for (int64_t j = 0; j < (lens[b] + kPage - 1) / kPage; ++j)
+      pg.pt[b * size_t(pg.max_pages) + size_t(j)] = perm[next++];
+  }
+  return pg;
+}
+
+Tensor gpu_i32(const std::vector<int32_t>& v, const Shape& shape) {
+  Tensor t = Tensor::empty(shape, DType::i32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t.to(Device::cuda);
+}
+
+struct Err {
+  double max_abs = 0, ref_max = 0;
+  double rel() const { return ref_max > 0 ? max_abs / ref_max : max_abs; }
+};
+Err compare(const float* got, const float* want, int64_t n) {
+  Err e;
+  for (int64_t i = 0; i < n; ++i) {
+    e.max_abs = std::max(e.max_abs, double(std::fabs(got[i] - want[i])));
+    e.ref_max = std::max(e.ref_max, double(std::fabs(want[i])));
+  }
+  return e;
+}
+
+class CudaMlaDecode : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (device_count() == 0)
+      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
+    install();
+  }
+};
+
+// The latent cache: random f32 rows written through the kernel's store, read back and decoded on the
+// host as the CPU reference's f32 cache (and the f32 source itself, for the FP8 error vs full precision).
+struct LatentCache {
+  Tensor gpu;      // kernel format
+  Tensor decoded;  // f32 [slots, 576] CPU: exactly what the kernel reads
+  Tensor source;   // f32 [slots, 576] CPU: what was stored
+};
+
+LatentCache make_latent(int64_t slots, MlaKvFormat f, Rng& r) {
+  LatentCache c;
+  c.source = Tensor::empty({slots, kMlaDim}, DType::f32);
+  float* s = c.source.data<float>();
+  for (int64_t i = 0; i < slots * kMlaDim; ++i) s[i] = r.uniform() * (i % kMlaDim < kMlaLatent ? 1.0f : 2.0f);
+  c.gpu = mla_kv_cache_empty(slots, f);
+  std::vector<int32_t> ids(static_cast<size_t>(slots));
+  std::iota(ids.begin(), ids.end(), 0);
+  mla_kv_cache_store(c.gpu, gpu_i32(ids, {slots}), c.source.to(Device::cuda));
+  const Tensor raw = c.gpu.to(Device::cpu);
+  c.decoded = Tensor::empty({slots, kMlaDim}, DType::f32);
+  float* d = c.decoded.data<float>();
+  for (int64_t i = 0; i < slots; ++i) {
+    if (f == MlaKvFormat::bf16) {
+      for (int j = 0; j < kMlaDim; ++j) d[i * kMlaDim + j] = bf16_to_f32(raw.data_u16()[i * kMlaDim + j]);
+    } else {
+      const uint8_t* row = raw.data_u8() + i * kMlaFp8RowBytes;
+      float sc[4];
+      std::memcpy(sc, row + kMlaLatent, 16);
+      for (int j = 0; j < kMlaLatent; ++j) d[i * kMlaDim + j] = f8e4m3fn_to_f32(row[j]) * sc[j / 128];
+      for (int j = 0; j < kMlaRope; ++j) {
+        uint16_t h;
+        std::memcpy(&h, row + kMlaLatent + 16 + 2 * j, 2);
+        d[i * kMlaDim + kMlaLatent + j] = bf16_to_f32(h);
+      }
+    }
+  }
+  return c;
+}
+
+const char* fmt_name(MlaKvFormat f) { return f == MlaKvFormat::bf16 ? "bf16" : "fp8"; }
+
+// One ragged decode batch (one row per request): GPU vs the CPU op per row.
+void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat f, int64_t topk,
+                      uint64_t seed) {
+  Rng r(seed);
+  const Paging pg = make_paging(lens, r);
+  const LatentCache cache = make_latent(pg.num_pages * kPage, f, r);
+  const int64_t B = int64_t(lens.size());
+  const Tensor q_lat = rand_bf16_values({B, nh, kMlaLatent}, r, 2.0f);
+  const Tensor q_rope = rand_bf16_values({B, nh, kMlaRope}, r, 2.0f);
+  const double scale = 1.0 / std::sqrt(256.0);
+  Tensor sel;
+  if (topk > 0) {  // random distinct positions, ascending, -1 padded
+    sel = Tensor::empty({B, topk}, DType::i32);
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<int32_t> pos(static_cast<size_t>(lens[size_t(b)]));
+      std::iota(pos.begin(), pos.end(), 0);
+      for (size_t i = 0; i < pos.size() && int64_t(i) < topk; ++i)
+        std::swap(pos[i], pos[i + size_t(r.below(int64_t(pos.size() - i)))]);
+      const int64_t k = std::min<int64_t>(topk, int64_t(pos.size()));
+      std::sort(pos.begin(), pos.begin() + k);
+      for (int64_t j = 0; j < topk; ++j) sel.data<int32_t>()[b * topk + j] = j < k ? pos[size_t(j)] : -1;
+    }
+  }
+  std::vector<int32_t> len32(lens.begin(), lens.end());
+  const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  const Tensor got =
+      mla_decode(q_lat.to(Device::cuda), q_rope.to(Device::cuda), cache.gpu, pg.table_gpu(), kPage, {},
+                 gpu_i32(len32, {B}), max_len, sel.defined() ? sel.to(Device::cuda) : Tensor(), scale)
+          .to(Device::cpu);
+  const double tol = 1e-2, tol_src = 8e-2;
+  for (int64_t b = 0; b < B; ++b) {
+    const Tensor sel_b = sel.defined() ? sel.slice(0, b, b + 1) : Tensor();
+    const int64_t start = lens[size_t(b)] - 1;
+    const Tensor ref = kernels::backend(Device::cpu)
+                           .mla_attention_absorbed(q_lat.slice(0, b, b + 1), q_rope.slice(0, b, b + 1),
+                                                   PagedSeq{cache.decoded, pg.row_cpu(size_t(b)), kPage},
+                                                   start, sel_b, scale);
+    const Err e = compare(got.data<float>() + b * nh * kMlaLatent, ref.data<float>(), nh * kMlaLatent);
+    std::string extra;
+    bool src_ok = true;
+    if (f == MlaKvFormat::fp8_e4m3) {
+      const Tensor ref_src = kernels::backend(Device::cpu)
+                                 .mla_attention_absorbed(q_lat.slice(0, b, b + 1), q_rope.slice(0, b, b + 1),
+                                                         PagedSeq{cache.source, pg.row_cpu(size_t(b)), kPage},
+                                                         start, sel_b, scale);
+      const Err es = compare(got.data<float>() + b * nh * kMlaLatent, ref_src.data<float>(), nh * kMlaLatent);
+      extra = " vs_f32_source_rel=" + std::to_string(es.rel()) + " (tol " + std::to_string(tol_src) + ")";
+      src_ok = es.rel() <= tol_src;
+    }
+    std::printf(
+        "RESULT mla_decode kv=%s %s heads=%lld ctx=%lld batch=%lld max_abs=%.3g rel=%.3g tol=%.0e%s %s\n",
+        fmt_name(f), topk > 0 ? ("sparse_top" + std::to_string(topk)).c_str() : "dense", (long long)nh,
+        (long long)lens[size_t(b)], (long long)B, e.max_abs, e.rel(), tol, extra.c_str(),
+        e.rel() <= tol && src_ok ? "ok" : "FAIL");
+    EXPECT_LE(e.rel(), tol) << "row " << b << " ctx " << lens[size_t(b)];
+    EXPECT_TRUE(src_ok) << "row " << b << extra;
+  }
+}
+
+const std::vector<int64_t> kContexts = {1, 63, 64, 65, 2048, 2049, 8191, 32768};
+
+TEST_F(CudaMlaDecode, SparseBf16RaggedBatch) {
+  for (int64_t nh : {64, 16, 8}) run_decode_batch(kContexts, nh, MlaKvFormat::bf16, 2048, 11 + uint64_t(nh));
+}
+TEST_F(CudaMlaDecode, DenseBf16RaggedBatch) {
+  for (int64_t nh : {64, 8}) run_decode_batch(kContexts, nh, MlaKvFormat::bf16, 0, 21 + uint64_t(nh));
+}
+TEST_F(CudaMlaDecode, SparseFp8RaggedBatch) {
+  for (int64_t nh : {64, 16, 8})
+    run_decode_batch(kContexts, nh, MlaKvFormat::fp8_e4m3, 2048, 31 + uint64_t(nh));
+}
+TEST_F(CudaMlaDecode, DenseFp8RaggedBatch) { run_decode_batch(kContexts, 64, MlaKvFormat::fp8_e4m3, 0, 41); }
+TEST_F(CudaMlaDecode, SingleRequestManySplits) {  // batch 1: the split-K path with its combine kernel
+  run_decode_batch({32768}, 64, MlaKvFormat::bf16, 2048, 51);
+  run_decode_batch({131072}, 16, MlaKvFormat::bf16, 2048, 52);
+  run_decode_batch({8191}, 8, MlaKvFormat::bf16, 0, 53);
+  run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 54);  // two head groups of 64
+}
+
+// The ops.h contract (T rows of one request at start_pos + t, causal, with a selection holding -1).
+TEST_F(CudaMlaDecode, OpsContractPrefillRows) {
+  Rng r(61);
+  const int64_t T = 5, start = 3000, nh = 16, n = start + T;
+  const Paging pg = make_paging({n}, r);
+  const LatentCache cache = make_latent(pg.num_pages * kPage, MlaKvFormat::bf16, r);
+  const Tensor q_lat = rand_bf16_values({T, nh, kMlaLatent}, r, 2.0f);
+  const Tensor q_rope = rand_bf16_values({T, nh, kMlaRope}, r, 2.0f);
+  Tensor sel = Tensor::empty({T, 300}, DType::i32);
+  for (int64_t t = 0; t < T; ++t) {
+    std::set<int32_t> s;
+    while (int64_t(s.size()) < 250) s.insert(int32_t(r.below(start + t + 1)));
+    std::vector<int32_t> v(s.begin(), s.end());
+    v.resize(300, -1);
+    std::copy(v.begin(), v.end(), sel.data<int32_t>() + t * 300);
+  }
+  for (bool sparse : {true, false}) {
+    const Tensor s = sparse ? sel : Tensor();
+    const Tensor got = mla_attention_absorbed_sm90(q_lat.to(Device::cuda), q_rope.to(Device::cuda),
+                                                   PagedSeq{cache.gpu, pg.row_cpu(0).to(Device::cuda), kPage},
+                                                   start, sparse ? s.to(Device::cuda) : Tensor(), 0.0625)
+                           .to(Device::cpu);
+    const Tensor ref =
+        kernels::backend(Device::cpu)
+            .mla_attention_absorbed(q_lat, q_rope, PagedSeq{cache.decoded, pg.row_cpu(0), kPage}, start, s,
+                                    0.0625);
+    const Err e = compare(got.data<float>(), ref.data<float>(), T * nh * kMlaLatent);
+    std::printf(
+        "RESULT mla_attention_absorbed_sm90 rows=%lld start=%lld heads=%lld %s max_abs=%.3g rel=%.3g "
+        "tol=1e-02 %s\n",
+        (long long)T, (long long)start, (long long)nh, sparse ? "sparse" : "dense", e.max_abs, e.rel(),
+        e.rel() <= 1e-2 ? "ok" : "FAIL");
+    EXPECT_LE(e.rel(), 1e-2);
+  }
+}
+
+TEST_F(CudaMlaDecode, RejectsBadInput) {
+  const Tensor q = Tensor::zeros({1, 8, kMlaLatent}, DType::f32, Device::cuda);
+  const Tensor qr = Tensor::zeros({1, 8, kMlaRope}, DType::f32, Device::cuda);
+  const Tensor bad_cache = Tensor::zeros({64, 512}, DType::bf16, Device::cuda);
+  const Tensor pt = gpu_i32({0}, {1, 1});
+  const Tensor len = gpu_i32({1}, {1});
+  EXPECT_THROW(mla_decode(q, qr, bad_cache, pt, kPage, {}, len, 1, {}, 1.0), Error);
+  const Tensor cache = mla_kv_cache_empty(64, MlaKvFormat::bf16);
+  EXPECT_THROW(mla_decode(q, qr, cache, pt, kPage, {}, len, 65, {}, 1.0), Error);  // pages too few
+  EXPECT_THROW(mla_decode(q.slice(2, 0, 256), qr, cache, pt, kPage, {}, len, 1, {}, 1.0), Error);
+}
+
+class CudaIndexerTopk : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (device_count() == 0)
+      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
+    install();
+  }
+};
+
+// Exact score in double of key position s for query row t (for judging near-ties).
+double exact_score(const Tensor& q, const Tensor& w, int64_t t, const float* key, double scale, double ws) {
+  const int64_t ih = q.size(1);
+  double acc = 0;
+  for (int64_t h = 0; h < ih; ++h) {
+    const float* qh = q.data<float>() + (t * ih + h) * kIndexerDim;
+    double d = 0;
+    for (int j = 0; j < kIndexerDim; ++j) d += double(qh[j]) * double(key[j]);
+    d *= scale;
+    if (d > 0) acc += d * double(w.data<float>()[t * ih + h]) * ws;
+  }
+  return acc;
+}
+
+// GPU selection row vs the CPU op's row: identical, or differing only where the exact scores tie within
+// float rounding. Returns the number of differing positions (-1 when invalid).
+int64_t check_selection(const int32_t* got, const int32_t* want, int64_t k, int64_t n, const Tensor& q,
+                        const Tensor& w, int64_t t, const std::function<const float*(int64_t)>& key,
+                        double scale, double ws, double* worst_gap) {
+  std::vector<int32_t> g(got, got + k), c(want, want + k);
+  for (int64_t j = 0; j < k; ++j) {
+    if (j > 0 && g[size_t(j)] >= 0 && g[size_t(j)] <= g[size_t(j - 1)]) return -1;  // ascending, distinct
+    if (g[size_t(j)] >= n || (g[size_t(j)] < 0 && j < std::min(k, n))) return -1;
+  }
+  std::vector<int32_t> only_g, only_c;
+  std::sort(g.begin(), g.end());
+  std::sort(c.begin(), c.end());
+  std::set_difference(g.begin(), g.end(), c.begin(), c.end(), std::back_inserter(only_g));
+  std::set_difference(c.begin(), c.end(), g.begin(), g.end(), std::back_inserter(only_c));
+  *worst_gap = 0;
+  for (int32_t x : only_g) {
+    for (int32_t y : only_c) {
+      const double sx = exact_score(q, w, t, key(x), scale, ws), sy = exact_score(q, w, t, key(y), scale, ws);
+      // Equal scores must go to the lower position; otherwise only float rounding may separate them.
+      if (sx == sy && x > y) *worst_gap = INFINITY;
+      *worst_gap = std::max(*worst_gap, (sy - sx) / std::max(1e-30, std::fabs(sy)));
+    }
+  }
+  return int64_t(only_g.size());
+}
+
+void run_indexer_batch(const std::vector<int64_t>& lens, int64_t ih, uint64_t seed, bool ties) {
+  Rng r(seed);
+  const Paging pg = make_paging(lens, r);
+  const int64_t slots = pg.num_pages * kPage, B = int64_t(lens.size()), topk = 2048;
+  // Keys bf16; with `ties`, only 97 distinct key rows (many exactly equal scores).
+  Tensor keys = rand_bf16_values({slots, kIndexerDim}, r, 1.0f);
+  if (ties) {
+    for (size_t b = 0; b < lens.size(); ++b)
+      for (int64_t s = 0; s < lens[b]; ++s)
+        std::copy_n(keys.data<float>() + (s % 97) * kIndexerDim, kIndexerDim,
+                    keys.data<float>() + pg.slot(b, s) * kIndexerDim);
+  }
+  Tensor keys_bf16 = Tensor::empty({slots, kIndexerDim}, DType::bf16);
+  for (int64_t i = 0; i < slots * kIndexerDim; ++i)
+    keys_bf16.data_u16()[i] = f32_to_bf16(keys.data<float>()[i]);
+  const Tensor q = rand_bf16_values({B, ih, kIndexerDim}, r, 1.0f);
+  Tensor w = rand_bf16_values({B, ih}, r, 1.0f);
+  const double scale = 1.0 / std::sqrt(128.0), ws = 1.0 / std::sqrt(double(ih));
+  std::vector<int32_t> len32(lens.begin(), lens.end());
+  const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  const Tensor got =
+      indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda), keys_bf16.to(Device::cuda), pg.table_gpu(),
+                        kPage, {}, gpu_i32(len32, {B}), max_len, topk, scale, ws)
+          .to(Device::cpu);
+  const int64_t out_k = std::min(topk, max_len);
+  ASSERT_EQ(got.size(1), out_k);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = lens[size_t(b)];
+    const Tensor ref =
+        kernels::backend(Device::cpu)
+            .indexer_topk(q.slice(0, b, b + 1), w.slice(0, b, b + 1),
+                          PagedSeq{keys, pg.row_cpu(size_t(b)), kPage}, n - 1, topk, scale, ws);
+    std::vector<int32_t> want(static_cast<size_t>(out_k), -1);
+    std::copy_n(ref.data<int32_t>(), ref.size(1), want.begin());
+    double gap = 0;
+    auto key = [&](int64_t s) { return keys.data<float>() + pg.slot(size_t(b), s) * kIndexerDim; };
+    const int64_t diff = check_selection(got.data<int32_t>() + b * out_k, want.data(), out_k, n,
+                                         q.slice(0, b, b + 1).contiguous(), w.slice(0, b, b + 1).contiguous(),
+                                         0, key, scale, ws, &gap);
+    const bool ok = diff == 0 || (diff > 0 && gap <= 1e-5);
+    std::printf(
+        "RESULT indexer_topk heads=%lld ctx=%lld batch=%lld top=%lld%s differing=%lld worst_rel_gap=%.2g "
+        "tol=1e-05 %s\n",
+        (long long)ih, (long long)n, (long long)B, (long long)topk, ties ? " ties" : "", (long long)diff, gap,
+        ok ? "ok" : "FAIL");
+    EXPECT_TRUE(ok) << "row " << b << " ctx " << n << " differing " << diff << " gap " << gap;
+  }
+}
+
+TEST_F(CudaIndexerTopk, RaggedDecodeBatchTo131072) {
+  run_indexer_batch({1, 63, 64, 65, 2048, 2049, 8191, 32768, 131072}, 32, 71, false);
+}
+TEST_F(CudaIndexerTopk, SixtyFourHeads) { run_indexer_batch({2049, 8191, 32768}, 64, 72, false); }
+TEST_F(CudaIndexerTopk, ExactTiesBreakTowardLowerPositions) {
+  run_indexer_batch({4000, 20000}, 32, 73, true);
+}
+
+TEST_F(CudaIndexerTopk, OpsContractPrefillRows) {
+  Rng r(81);
+  const int64_t T = 4, start = 3000, n = start + T, ih = 32;
+  const Paging pg = make_paging({n}, r);
+  const Tensor keys = rand_bf16_values({pg.num_pages * kPage, kIndexerDim}, r, 1.0f);
+  Tensor keys_bf16 = Tensor::empty(keys.shape(), DType::bf16);
+  for (int64_t i = 0; i < keys.numel(); ++i) keys_bf16.data_u16()[i] = f32_to_bf16(keys.data<float>()[i]);
+  const Tensor q = rand_bf16_values({T, ih, kIndexerDim}, r, 1.0f);
+  const Tensor w = rand_bf16_values({T, ih}, r, 1.0f);
+  const Tensor got =
+      indexer_topk_sm90(q.to(Device::cuda), w.to(Device::cuda),
+                        PagedSeq{keys_bf16.to(Device::cuda), pg.row_cpu(0).to(Device::cuda), kPage}, start,
+                        2048, 0.088, 0.17)
+          .to(Device::cpu);
+  const Tensor ref = kernels::backend(Device::cpu)
+                         .indexer_topk(q, w, PagedSeq{keys, pg.row_cpu(0), kPage}, start, 2048, 0.088, 0.17);
+  ASSERT_EQ(got.shape(), ref.shape());
+  for (int64_t t = 0; t < T; ++t) {
+    double gap = 0;
+    auto key = [&](int64_t s) { return keys.data<float>() + pg.slot(0, s) * kIndexerDim; };
+    const int64_t diff = check_selection(got.data<int32_t>() + t * 2048, ref.data<int32_t>() + t * 2048, 2048,
+                                         start + t + 1, q, w, t, key, 0.088, 0.17, &gap);
+    std::printf("RESULT indexer_topk_sm90 row=%lld ctx=%lld differing=%lld worst_rel_gap=%.2g %s\n",
+                (long long)t, (long long)(start + t + 1), (long long)diff, gap,
+                diff == 0 || (diff > 0 && gap <= 1e-5) ? "ok" : "FAIL");
+    EXPECT_TRUE(diff == 0 || (diff > 0 && gap <= 1e-5));
+  }
+}
+
+TEST_F(CudaIndexerTopk, RejectsBadInput) {
+  const Tensor q = Tensor::zeros({1, 16, kIndexerDim}, DType::f32, Device::cuda);  // 16 heads: unsupported
+  const Tensor w = Tensor::zeros({1, 16}, DType::f32, Device::cuda);
+  const Tensor cache = Tensor::zeros({64, kIndexerDim}, DType::bf16, Device::cuda);
+  EXPECT_THROW(
+      indexer_topk_rows(q, w, cache, gpu_i32({0}, {1, 1}), kPage, {}, gpu_i32({5}, {1}), 5, 2048, 1, 1),
+      Error);
+}
+
+}  // namespace
+}  // namespace dsaserve::kernels::cuda
