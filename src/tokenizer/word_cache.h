@@ -59,7 +59,7 @@ class WordCache {
   }
 
  private:
-  static constexpr size_t kSlots = size_t{1} << 17;
+  static constexpr size_t kSlots = size_t{1} << 15;  // 768 KiB of slots per thread and tokenizer
   static constexpr size_t kMask = kSlots - 1;
   static constexpr size_t kMaxEntries = kSlots / 2;
   static constexpr uint16_t kEmpty = 0xFFFF;

@@ -1,0 +1,57 @@
+// End to end: the real `dsaserve tokenize` / `detokenize` commands on JSON lines.
+#include <gtest/gtest.h>
+
+#include "common/fixtures.h"
+
+namespace dsaserve::tokenizer {
+namespace {
+
+using dsaserve::testing::dsaserve_binary;
+using dsaserve::testing::run_command;
+
+TEST(Cli, TokenizeAndDetokenize) {
+  DSA_FIXTURE_PATH(dir, "tokenizers/deepseek_v3");
+  const std::string bin = dsaserve_binary().string();
+  std::string out;
+  ASSERT_EQ(run_command("printf '{\"text\": \"hello world\"}\\n\\n{\"text\": \"<｜end▁of▁sentence｜>\", "
+                        "\"parse_special\": false}\\n{\"text\": \"<｜end▁of▁sentence｜>\"}\\n' | " +
+                            bin + " tokenize --tokenizer " + dir.string(),
+                        &out),
+            0)
+      << out;
+  EXPECT_EQ(out.substr(0, out.find('\n')), "{\"ids\": [33310, 2058]}");
+  EXPECT_NE(out.find("\n{\"ids\": [1]}\n"), std::string::npos) << out;
+  ASSERT_EQ(run_command("printf '{\"ids\": [0, 33310, 2058]}\\n{\"ids\": [0, 33310], "
+                        "\"skip_special_tokens\": true}\\n' | " +
+                            bin + " detokenize --stream --tokenizer " + dir.string(),
+                        &out),
+            0)
+      << out;
+  EXPECT_EQ(out,
+            "{\"chunks\":[\"<｜begin▁of▁sentence｜>\",\"hello\",\" "
+            "world\",\"\"],\"text\":\"<｜begin▁of▁sentence｜>hello "
+            "world\"}\n{\"chunks\":[\"\",\"hello\",\"\"],\"text\":\"hello\"}\n");
+}
+
+TEST(Cli, BadInputNamesTheLine) {
+  DSA_FIXTURE_PATH(dir, "tokenizers/deepseek_v3");
+  const std::string bin = dsaserve_binary().string();
+  std::string out;
+  EXPECT_EQ(run_command("printf '{\"text\": \"ok\"}\\n{\"text\": 3}\\n' | " + bin + " tokenize --tokenizer " +
+                            dir.string(),
+                        &out),
+            1);
+  EXPECT_NE(out.find("stdin line 2: expected {\"text\": string}"), std::string::npos) << out;
+  EXPECT_EQ(
+      run_command("printf '{\"ids\": [-1]}\\n' | " + bin + " detokenize --tokenizer " + dir.string(), &out),
+      1);
+  EXPECT_NE(out.find("stdin line 1: ids must be non-negative 32-bit integers"), std::string::npos) << out;
+  EXPECT_EQ(run_command("printf 'not json\\n' | " + bin + " detokenize --tokenizer " + dir.string(), &out),
+            1);
+  EXPECT_NE(out.find("stdin line 1: not valid JSON"), std::string::npos) << out;
+  EXPECT_EQ(run_command(bin + " tokenize --tokenizer /nonexistent/tok < /dev/null", &out), 1);
+  EXPECT_NE(out.find("/nonexistent/tok: cannot open tokenizer file"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace dsaserve::tokenizer
