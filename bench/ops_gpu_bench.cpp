@@ -221,7 +221,9 @@ int main() {
   }
   const auto st = dsaserve::kernels::cuda::gemm_stats();
   fmt::print(
-      "GEMM paths: {} FP8 block-scaled calls, {} bf16, {} f32, {} FP8 weights dequantised (fallback)\n",
-      st.fp8_calls, st.bf16_calls, st.f32_calls, st.dequantised);
+      "GEMM paths: {} FP8 block-scaled calls, {} bf16, {} f32, {} FP8 weights dequantised (fallback), {} "
+      "shapes "
+      "without an algorithm {}\n",
+      st.fp8_calls, st.bf16_calls, st.f32_calls, st.dequantised, st.failed_plans, st.last_failure);
   return 0;
 }

@@ -1,6 +1,7 @@
 #include "kernels/cuda/gemm.h"
 
 #include <cublasLt.h>
+#include <fmt/format.h>
 
 #include <array>
 #include <map>
@@ -92,6 +93,12 @@ const Plan& plan_for(const PlanKey& key) {
                                       bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
     DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+    // The heuristic wants scale pointers set (as in the verified probe); each call sets the real ones.
+    const void* placeholder = l.workspace;
+    DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder,
+                                                sizeof placeholder));
+    DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder,
+                                                sizeof placeholder));
   }
   DSA_LT_CHECK(
       cublasLtMatrixLayoutCreate(&p.a, in_type, uint64_t(trans_a ? K : M), uint64_t(trans_a ? M : K), lda));
@@ -103,21 +110,30 @@ const Plan& plan_for(const PlanKey& key) {
   DSA_LT_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   const uint32_t aa = uint32_t(key[7]), ab = uint32_t(key[8]), ad = uint32_t(key[9]);
-  DSA_LT_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
-  DSA_LT_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
-  DSA_LT_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad));
-  DSA_LT_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad));
+  if (kind != Kind::fp8_tn) {  // FP8 operands are fresh 256-byte aligned buffers: the probe's defaults
+    DSA_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa,
+                                                      sizeof aa));
+    DSA_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab,
+                                                      sizeof ab));
+    DSA_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad,
+                                                      sizeof ad));
+    DSA_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad,
+                                                      sizeof ad));
+  }
   cublasLtMatmulHeuristicResult_t h{};
   int got = 0;
   const cublasStatus_t s =
       cublasLtMatmulAlgoGetHeuristic(l.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &h, &got);
   cublasLtMatmulPreferenceDestroy(pref);
   p.ok = s == CUBLAS_STATUS_SUCCESS && got > 0;
-  if (p.ok) p.algo = h.algo;
+  if (p.ok) {
+    p.algo = h.algo;
+  } else {
+    ++l.stats.failed_plans;
+    l.stats.last_failure =
+        fmt::format("kind {} M {} N {} K {} ld {}/{}/{} align {}/{}/{}: status {}, {} algorithms", key[0], M,
+                    N, K, lda, ldb, ldd, key[7], key[8], key[9], int(s), got);
+  }
   ++l.stats.plans;
   return l.plans.emplace(key, p).first->second;
 }

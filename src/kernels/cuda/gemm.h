@@ -12,6 +12,7 @@
 // - f32 weights: an f32 GEMM (no TF32).
 // Heuristics are looked up once per (kind, shape, leading dimensions, alignment) and cached.
 #include <cstdint>
+#include <string>
 
 #include "core/tensor.h"
 #include "kernels/ops.h"
@@ -26,11 +27,13 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
 void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
 
 struct GemmStats {
-  int64_t plans = 0;        // cached cuBLASLt heuristics
-  int64_t fp8_calls = 0;    // block-scaled FP8 GEMMs
-  int64_t bf16_calls = 0;   // bf16 GEMMs (split ones count once)
-  int64_t f32_calls = 0;    // f32 GEMMs
-  int64_t dequantised = 0;  // FP8 weights held dequantised to bf16 (fallback path)
+  int64_t plans = 0;         // cached cuBLASLt heuristics
+  int64_t fp8_calls = 0;     // block-scaled FP8 GEMMs
+  int64_t bf16_calls = 0;    // bf16 GEMMs (split ones count once)
+  int64_t f32_calls = 0;     // f32 GEMMs
+  int64_t dequantised = 0;   // FP8 weights held dequantised to bf16 (fallback path)
+  int64_t failed_plans = 0;  // shapes cuBLASLt had no algorithm for (fallback path)
+  std::string last_failure;  // the last of them, described
 };
 GemmStats gemm_stats();
 // Drops the per-weight caches (padded FP8 scales, dequantised weights) and the references they hold.
