@@ -99,9 +99,31 @@ def metaspace_split():
     return tok
 
 
+def misc_splits():
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.CharDelimiterSplit("x"),
+                                                 pre_tokenizers.BertPreTokenizer(), pre_tokenizers.Whitespace()])
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False, special_tokens=["<unk>"])
+    tok.train_from_iterator(CORPUS, trainer)
+    add_tokens(tok)
+    return tok
+
+
+def byte_normalizer():
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.ByteLevel()
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("Ġ"), behavior="merged_with_next")
+    tok.decoder = decoders.ByteLevel()
+    train(tok, 500, pre_tokenizers.ByteLevel.alphabet())
+    add_tokens(tok)
+    return tok
+
+
 def main():
     builders = {"byte_level_pairs": byte_level_pairs, "split_behaviors": split_behaviors,
-                "metaspace_fallback": metaspace_fallback, "wordpiece_style": metaspace_split}
+                "metaspace_fallback": metaspace_fallback, "wordpiece_style": metaspace_split,
+                "misc_splits": misc_splits, "byte_normalizer": byte_normalizer}
     os.makedirs(os.path.join(HERE, "data"), exist_ok=True)
     with open(os.path.join(HERE, "data", "synthetic_cases.jsonl"), "w") as f:
         for name, build in builders.items():

@@ -39,8 +39,8 @@ TEST(SyntheticCases, MatchHuggingFace) {
         << name << ": " << text;
     ++n;
   }
-  EXPECT_EQ(n, 232u);
-  EXPECT_EQ(tokenizers.size(), 4u);
+  EXPECT_EQ(n, 348u);
+  EXPECT_EQ(tokenizers.size(), 6u);
 }
 
 TEST(SyntheticCases, StreamingMatchesDecodeForByteLevel) {
