@@ -1,0 +1,71 @@
+// dsaserve serve: the OpenAI-compatible server (flags named like SGLang's where the concept is the same).
+#include <fmt/format.h>
+
+#include "command.h"
+#include "core/error.h"
+#ifdef DSASERVE_HAVE_SERVER
+#include "server/server.h"
+#endif
+
+namespace dsaserve::cli {
+namespace {
+
+#ifdef DSASERVE_HAVE_SERVER
+CommandRun setup(CLI::App& sub) {
+  auto cfg = std::make_shared<server::ServerConfig>();
+  cfg->engine.kv_pages = 512;
+  sub.add_option("--model-path,--model", cfg->model_path,
+                 "model folder (config.json + safetensors), or builtin")
+      ->required();
+  sub.add_option("--tokenizer-path,--tokenizer", cfg->tokenizer_path,
+                 "tokenizer folder or tokenizer.json, or builtin:bytes (default: the model folder's)");
+  sub.add_option("--chat-template", cfg->chat_template_path,
+                 "Jinja file overriding the tokenizer's chat template");
+  sub.add_option("--served-model-name", cfg->served_model_name,
+                 "model name in the API (default: folder name)");
+  sub.add_option("--host", cfg->host, "address to listen on")->capture_default_str();
+  sub.add_option("--port", cfg->port, "port (0: any free one, printed at start)")->capture_default_str();
+  sub.add_option("--api-key", cfg->api_key, "require Authorization: Bearer <key> on /v1/*");
+  sub.add_option("--context-length", cfg->context_length,
+                 "max prompt + output tokens (default: the model's)");
+  sub.add_option("--max-running-requests", cfg->engine.scheduler.max_running_requests,
+                 "requests in the running batch")
+      ->capture_default_str();
+  sub.add_option("--max-prefill-tokens", cfg->engine.scheduler.max_prefill_tokens,
+                 "new prefill tokens per step")
+      ->capture_default_str();
+  sub.add_option("--chunked-prefill-size", cfg->engine.scheduler.chunked_prefill_size,
+                 "most prefill tokens of one request per step (<= 0: no chunking)")
+      ->capture_default_str();
+  sub.add_option("--page-size", cfg->engine.page_size, "tokens per KV page")->capture_default_str();
+  sub.add_option("--kv-pages", cfg->engine.kv_pages, "KV pool pages (0: from --mem-fraction-static)")
+      ->capture_default_str();
+  sub.add_option("--mem-fraction-static", cfg->mem_fraction_static,
+                 "with --kv-pages 0: fraction of RAM for weights + KV cache");
+  sub.add_flag(
+      "--disable-radix-cache", [cfg](int64_t) { cfg->engine.enable_prefix_cache = false; },
+      "no prefix cache");
+  sub.add_option("--max-queued-requests", cfg->max_queued_requests, "waiting requests before 503")
+      ->capture_default_str();
+  sub.add_option("--max-prompt-tokens", cfg->max_prompt_tokens, "prompt length limit (default: context - 1)");
+  sub.add_option("--max-body-bytes", cfg->max_body_bytes, "request body limit")->capture_default_str();
+  sub.add_option("--shutdown-grace", cfg->shutdown_grace_s, "seconds in-flight requests get after SIGTERM")
+      ->capture_default_str();
+  sub.add_option("--seed", cfg->builtin_seed, "seed of the builtin model's random weights")
+      ->capture_default_str();
+  sub.add_flag("--check-integrity", cfg->engine.check_integrity,
+               "check scheduler/KV invariants every step (debug)");
+  return [cfg] { return server::run_server(*cfg); };
+}
+#else
+CommandRun setup(CLI::App& sub) {
+  sub.allow_extras();
+  return
+      []() -> int { fail("dsaserve was built without Boost: the server (dsaserve serve) is not available"); };
+}
+#endif
+
+const CommandRegistration reg("serve", "OpenAI-compatible server (chat/completions, SSE, /metrics)", setup);
+
+}  // namespace
+}  // namespace dsaserve::cli

@@ -1,0 +1,266 @@
+#include "server/generation.h"
+
+#include <fmt/format.h>
+
+#include <random>
+
+namespace dsaserve::server {
+
+using nlohmann::json;
+
+namespace {
+std::string random_hex() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{:016x}", rng());
+}
+double seconds(Job::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+json byte_array(std::string_view s) {
+  json a = json::array();
+  for (unsigned char c : s) a.push_back(int(c));
+  return a;
+}
+}  // namespace
+
+Job::Job(ServingContext& ctx, GenerationSpec spec, std::vector<int32_t> prompt, std::string prompt_text,
+         std::shared_ptr<ResponseSink> sink, std::string endpoint, Clock::time_point arrival)
+    : ctx_(ctx),
+      spec_(std::move(spec)),
+      prompt_(std::move(prompt)),
+      prompt_text_(std::move(prompt_text)),
+      sink_(std::move(sink)),
+      endpoint_(std::move(endpoint)),
+      arrival_(arrival) {
+  id_ = (spec_.chat ? "chatcmpl-" : "cmpl-") + random_hex();
+  created_ =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  prompt_tokens_ = int64_t(prompt_.size());
+}
+
+Job::~Job() = default;
+
+void Job::start() {
+  ++ctx_.active_jobs;
+  choices_.resize(size_t(spec_.n));
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    Choice& c = choices_[i];
+    c.engine_id = ctx_.next_engine_id++;
+    c.detok.emplace(*ctx_.tokenizer, spec_.skip_special_tokens);
+    c.stop = StopMatcher(spec_.stop);
+    ctx_.routes[c.engine_id] = weak_from_this();
+  }
+  if (spec_.stream) sink_->stream_begin();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    runtime::GenerateRequest g;
+    g.id = choices_[i].engine_id;
+    g.prompt = prompt_;
+    g.params = spec_.params;
+    if (g.params.seed) g.params.seed = *g.params.seed + i;  // n > 1: different but reproducible choices
+    ctx_.engine->submit(std::move(g));
+  }
+}
+
+void Job::cancel() {
+  if (finished_) return;
+  cancelled_ = true;
+  for (Choice& c : choices_) {
+    if (!c.engine_done) ctx_.engine->abort(c.engine_id);
+    c.done = true;
+  }
+  complete();
+}
+
+void Job::add_logprob(Choice& c, const runtime::StepOutput& o) {
+  const tokenizer::Tokenizer& tok = *ctx_.tokenizer;
+  auto text_of = [&](int32_t id) {
+    return tok.decode(std::span<const uint32_t>(reinterpret_cast<const uint32_t*>(&id), 1));
+  };
+  const std::string t = text_of(o.token);
+  if (spec_.chat) {
+    json top = json::array();
+    for (const auto& x : o.top_logprobs) {
+      const std::string s = text_of(x.token);
+      top.push_back({{"token", s}, {"logprob", x.logprob}, {"bytes", byte_array(s)}});
+    }
+    c.logprobs.push_back(
+        {{"token", t}, {"logprob", o.logprob}, {"bytes", byte_array(t)}, {"top_logprobs", top}});
+  } else {
+    json top = json::object();
+    for (const auto& x : o.top_logprobs) top[text_of(x.token)] = x.logprob;
+    c.logprobs.push_back({{"token", t}, {"logprob", o.logprob}, {"top", top}, {"offset", c.text_offset}});
+    c.text_offset += int64_t(t.size());
+  }
+}
+
+json Job::chunk_base() const {
+  return {{"id", id_},
+          {"object", spec_.chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created_},
+          {"model", ctx_.model_name}};
+}
+
+json Job::usage() const {
+  int64_t completion = 0;
+  for (const Choice& c : choices_) completion += c.tokens;
+  return {{"prompt_tokens", prompt_tokens_},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt_tokens_ + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
+}
+
+namespace {
+json completion_logprobs(const json& entries) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  for (const json& e : entries) {
+    tokens.push_back(e["token"]);
+    lps.push_back(e["logprob"]);
+    tops.push_back(e["top"]);
+    offs.push_back(e["offset"]);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+}  // namespace
+
+void Job::emit(Choice& c, size_t index, const std::string& text, bool final) {
+  c.text += text;
+  if (!spec_.stream || cancelled_) return;
+  if (text.empty() && !final && c.role_sent) return;
+  json ch;
+  ch["index"] = index;
+  if (spec_.chat) {
+    json delta = json::object();
+    if (!c.role_sent) delta["role"] = "assistant";
+    if (!text.empty() || !c.role_sent) delta["content"] = text;
+    c.role_sent = true;
+    ch["delta"] = delta;
+    ch["logprobs"] =
+        spec_.params.logprobs && !c.logprobs.empty() ? json{{"content", c.logprobs}} : json(nullptr);
+  } else {
+    c.role_sent = true;
+    ch["text"] = text;
+    ch["logprobs"] =
+        spec_.params.logprobs && !c.logprobs.empty() ? completion_logprobs(c.logprobs) : json(nullptr);
+  }
+  c.logprobs = json::array();
+  ch["finish_reason"] = final ? json(c.finish_reason) : json(nullptr);
+  json chunk = chunk_base();
+  chunk["choices"] = json::array({ch});
+  if (spec_.include_usage) chunk["usage"] = nullptr;
+  sink_->stream_event(chunk.dump());
+}
+
+void Job::on_output(const runtime::StepOutput& o) {
+  const uint64_t first = choices_.empty() ? 0 : choices_.front().engine_id;
+  if (o.id < first || o.id >= first + choices_.size()) return;
+  const size_t index = size_t(o.id - first);
+  Choice& c = choices_[index];
+  if (o.finish != runtime::FinishReason::none) {
+    c.engine_done = true;
+    ctx_.routes.erase(o.id);
+  }
+  if (c.done) return;
+  cached_tokens_ = std::max(cached_tokens_, o.cached_tokens);
+  prompt_tokens_ = o.prompt_tokens > 0 ? o.prompt_tokens : prompt_tokens_;
+  std::string text;
+  if (o.token >= 0) {
+    const auto now = Clock::now();
+    if (!first_token_seen_) {
+      ctx_.metrics->observe_ttft(seconds(now - arrival_));
+      first_token_seen_ = true;
+    } else if (c.tokens > 0) {
+      ctx_.metrics->observe_itl(seconds(now - c.last_token));
+    }
+    c.last_token = now;
+    ++c.tokens;
+    if (spec_.params.logprobs) add_logprob(c, o);
+    text = c.stop.feed(c.detok->step(uint32_t(o.token)));
+    if (c.stop.matched()) {
+      c.done = true;
+      c.finish_reason = "stop";
+      if (!c.engine_done) ctx_.engine->abort(c.engine_id);
+    }
+  }
+  if (!c.done && o.finish != runtime::FinishReason::none) {
+    text += c.stop.feed(c.detok->finish());
+    text += c.stop.flush();
+    c.done = true;
+    switch (o.finish) {
+      case runtime::FinishReason::stop: c.finish_reason = "stop"; break;
+      case runtime::FinishReason::length: c.finish_reason = "length"; break;
+      case runtime::FinishReason::error:
+        c.finish_reason = "error";
+        c.error = o.error;
+        break;
+      default: c.finish_reason = "abort"; break;
+    }
+  }
+  if (!c.error.empty()) {
+    // An engine error (the prompt cannot be served): the whole request fails.
+    if (spec_.stream) {
+      sink_->stream_event(ApiError(400, c.error).body().dump());
+    }
+    for (Choice& x : choices_) {
+      if (!x.engine_done) ctx_.engine->abort(x.engine_id);
+      x.done = true;
+    }
+    if (!spec_.stream) {
+      cancelled_ = true;  // nothing more is written
+      ctx_.metrics->request_done(endpoint_, 400);
+      sink_->send_json(400, ApiError(400, c.error, spec_.chat ? "messages" : "prompt").body());
+    }
+    complete();
+    return;
+  }
+  emit(c, index, text, c.done);
+  for (const Choice& x : choices_) {
+    if (!x.done) return;
+  }
+  complete();
+}
+
+void Job::complete() {
+  if (finished_) return;
+  finished_ = true;
+  --ctx_.active_jobs;
+  const json u = usage();
+  ctx_.metrics->add_tokens(prompt_tokens_, u["completion_tokens"].get<int64_t>());
+  ctx_.metrics->observe_e2e(seconds(Clock::now() - arrival_));
+  if (cancelled_) {
+    sink_->job_done();
+    return;
+  }
+  ctx_.metrics->request_done(endpoint_, 200);
+  if (spec_.stream) {
+    if (spec_.include_usage) {
+      json chunk = chunk_base();
+      chunk["choices"] = json::array();
+      chunk["usage"] = u;
+      sink_->stream_event(chunk.dump());
+    }
+    sink_->stream_event("[DONE]");
+    sink_->stream_end();
+  } else {
+    json choices = json::array();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      const Choice& c = choices_[i];
+      json ch = {{"index", i}};
+      if (spec_.chat) {
+        ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+        ch["logprobs"] = spec_.params.logprobs ? json{{"content", c.logprobs}} : json(nullptr);
+      } else {
+        ch["text"] = spec_.echo ? prompt_text_ + c.text : c.text;
+        ch["logprobs"] = spec_.params.logprobs ? completion_logprobs(c.logprobs) : json(nullptr);
+      }
+      ch["finish_reason"] = c.finish_reason;
+      choices.push_back(std::move(ch));
+    }
+    json body = {{"id", id_},           {"object", spec_.chat ? "chat.completion" : "text_completion"},
+                 {"created", created_}, {"model", ctx_.model_name},
+                 {"choices", choices},  {"usage", u}};
+    sink_->send_json(200, body);
+  }
+  sink_->job_done();
+}
+
+}  // namespace dsaserve::server

@@ -1,0 +1,102 @@
+#pragma once
+// Job: one /v1/chat/completions or /v1/completions request on its way back. It submits n engine
+// requests, and for each engine output (in order, on the server's I/O thread) detokenizes incrementally,
+// applies stop strings (holding back partial matches), collects logprobs, and writes SSE chunks or the
+// final JSON to its ResponseSink. A client that goes away cancels the job: its engine requests are
+// aborted and their pages freed at the engine's next step.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/engine/engine.h"
+#include "server/metrics.h"
+#include "server/openai.h"
+#include "server/stop_matcher.h"
+#include "tokenizer/detokenizer.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dsaserve::server {
+
+// Where a job writes (the HTTP session). Calls come from the I/O thread.
+class ResponseSink {
+ public:
+  virtual ~ResponseSink() = default;
+  virtual void send_json(int status, const nlohmann::json& body) = 0;
+  virtual void stream_begin() = 0;
+  virtual void stream_event(const std::string& data) = 0;  // one "data: ..." SSE event
+  virtual void stream_end() = 0;
+  // Called once when the job has written everything.
+  virtual void job_done() = 0;
+};
+
+class Job;
+
+// What jobs share; owned by the server, used on the I/O thread only (the engine is thread-safe).
+struct ServingContext {
+  runtime::Engine* engine = nullptr;
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  ServerMetrics* metrics = nullptr;
+  std::string model_name;
+  std::unordered_map<uint64_t, std::weak_ptr<Job>> routes;  // engine request id -> job
+  uint64_t next_engine_id = 1;
+  int64_t active_jobs = 0;
+};
+
+class Job : public std::enable_shared_from_this<Job> {
+ public:
+  using Clock = std::chrono::steady_clock;
+  Job(ServingContext& ctx, GenerationSpec spec, std::vector<int32_t> prompt, std::string prompt_text,
+      std::shared_ptr<ResponseSink> sink, std::string endpoint, Clock::time_point arrival);
+  ~Job();
+
+  void start();
+  void on_output(const runtime::StepOutput& o);
+  // The client went away: abort what is still generating; nothing more is written.
+  void cancel();
+  bool finished() const { return finished_; }
+
+ private:
+  struct Choice {
+    uint64_t engine_id = 0;
+    std::optional<tokenizer::DecodeStream> detok;
+    StopMatcher stop;
+    std::string text;
+    nlohmann::json logprobs = nlohmann::json::array();  // entries not yet streamed (or all)
+    int64_t tokens = 0;
+    int64_t text_offset = 0;
+    bool done = false;
+    bool engine_done = false;
+    bool role_sent = false;
+    std::string finish_reason;
+    std::string error;
+    Clock::time_point last_token;
+  };
+  void add_logprob(Choice& c, const runtime::StepOutput& o);
+  void emit(Choice& c, size_t index, const std::string& text, bool final);
+  void complete();
+  nlohmann::json usage() const;
+  nlohmann::json chunk_base() const;
+
+  ServingContext& ctx_;
+  GenerationSpec spec_;
+  std::vector<int32_t> prompt_;
+  std::string prompt_text_;
+  std::shared_ptr<ResponseSink> sink_;
+  std::string endpoint_;
+  Clock::time_point arrival_;
+  std::string id_;
+  int64_t created_ = 0;
+  std::vector<Choice> choices_;
+  int64_t prompt_tokens_ = 0;
+  int64_t cached_tokens_ = 0;
+  bool first_token_seen_ = false;
+  bool cancelled_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace dsaserve::server

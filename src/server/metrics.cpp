@@ -1,0 +1,101 @@
+#include "server/metrics.h"
+
+#include <fmt/format.h>
+
+namespace dsaserve::server {
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& help) const {
+  out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  uint64_t cum = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cum);
+  }
+  cum += counts_.back();
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cum, name, sum_, name,
+                     count_);
+}
+
+ServerMetrics::ServerMetrics()
+    : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
+      itl_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}),
+      e2e_({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}) {}
+
+void ServerMetrics::request_done(const std::string& endpoint, int status) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++requests_[{endpoint, status}];
+}
+void ServerMetrics::observe_ttft(double s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ttft_.observe(s);
+}
+void ServerMetrics::observe_itl(double s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  itl_.observe(s);
+}
+void ServerMetrics::observe_e2e(double s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  e2e_.observe(s);
+}
+void ServerMetrics::add_tokens(int64_t prompt, int64_t completion) {
+  std::lock_guard<std::mutex> lk(mu_);
+  prompt_tokens_ += prompt;
+  completion_tokens_ += completion;
+}
+
+std::string ServerMetrics::render(const runtime::EngineStats& e, int64_t active_requests) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::string out;
+  out += "# HELP dsaserve_requests_total HTTP requests answered, by endpoint and status.\n";
+  out += "# TYPE dsaserve_requests_total counter\n";
+  for (const auto& [key, n] : requests_) {
+    out += fmt::format("dsaserve_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", key.first, key.second,
+                       n);
+  }
+  auto counter = [&](const char* name, const char* help, int64_t v) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {}\n", name, help, name, name, v);
+  };
+  auto gauge = [&](const char* name, const char* help, double v) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, help, name, name, v);
+  };
+  counter("dsaserve_prompt_tokens_total", "Prompt tokens of finished requests.", prompt_tokens_);
+  counter("dsaserve_generation_tokens_total", "Completion tokens of finished requests.", completion_tokens_);
+  counter("dsaserve_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache.",
+          e.prefix_hit_tokens);
+  counter("dsaserve_engine_prompt_tokens_total", "Prompt tokens of requests the engine admitted.",
+          e.prompt_tokens);
+  counter("dsaserve_engine_prefill_tokens_total", "Tokens prefilled, recomputation included.",
+          e.prefill_tokens);
+  counter("dsaserve_engine_generated_tokens_total", "Tokens sampled by the engine.", e.generated_tokens);
+  counter("dsaserve_engine_steps_total", "Model steps run.", e.steps);
+  counter("dsaserve_retractions_total", "Requests retracted for lack of KV pages.", e.retractions);
+  gauge("dsaserve_engine_busy_seconds_total", "Seconds spent in engine steps.", e.busy_seconds);
+  gauge("dsaserve_scheduler_seconds_total", "Of which the scheduler's own CPU time.", e.schedule_seconds);
+  gauge("dsaserve_num_waiting_requests", "Requests in the waiting queue.", double(e.num_waiting));
+  gauge("dsaserve_num_running_requests", "Requests in the running batch.", double(e.num_running));
+  gauge("dsaserve_last_batch_size", "Requests in the last step.", double(e.last_batch_size));
+  gauge("dsaserve_active_http_requests", "Generation requests the server is answering.",
+        double(active_requests));
+  gauge("dsaserve_kv_pages_total", "KV pool pages.", double(e.kv_pages_total));
+  gauge("dsaserve_kv_pages_used", "KV pool pages in use (requests and prefix cache).",
+        double(e.kv_pages_total - e.kv_pages_free));
+  gauge("dsaserve_kv_pages_free", "KV pool pages free.", double(e.kv_pages_free));
+  gauge("dsaserve_prefix_cache_pages", "KV pages held by the prefix cache.", double(e.prefix_cache_pages));
+  ttft_.render(out, "dsaserve_time_to_first_token_seconds", "Time from request arrival to the first token.");
+  itl_.render(out, "dsaserve_inter_token_latency_seconds", "Time between consecutive tokens of a request.");
+  e2e_.render(out, "dsaserve_e2e_request_latency_seconds", "Time from request arrival to its last token.");
+  return out;
+}
+
+}  // namespace dsaserve::server

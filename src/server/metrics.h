@@ -1,0 +1,46 @@
+#pragma once
+// Prometheus text exposition for /metrics: the server's counters and latency histograms (TTFT,
+// inter-token latency, end-to-end), plus the engine's gauges (queues, batch, KV pages, prefix cache).
+// Thread-safe.
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/engine.h"
+
+namespace dsaserve::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double v);
+  // Appends the _bucket/_sum/_count lines of metric `name`.
+  void render(std::string& out, const std::string& name, const std::string& help) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket (not cumulative); the last is +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+  void request_done(const std::string& endpoint, int status);
+  void observe_ttft(double s);
+  void observe_itl(double s);
+  void observe_e2e(double s);
+  void add_tokens(int64_t prompt, int64_t completion);
+  std::string render(const runtime::EngineStats& e, int64_t active_requests) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  Histogram ttft_, itl_, e2e_;
+};
+
+}  // namespace dsaserve::server

@@ -1,0 +1,251 @@
+#include "server/openai.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+namespace dsaserve::server {
+
+using nlohmann::json;
+
+json ApiError::body() const {
+  json e = {{"message", what()},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", code.empty() ? json(nullptr) : json(code)}};
+  return json{{"error", e}};
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& msg) {
+  throw ApiError(400, fmt::format("{}: {}", param, msg), param);
+}
+
+const char* type_name(const json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+// Optional field accessors: absent or null -> nullopt; wrong type or range -> 400 naming the field.
+std::optional<double> get_number(const json& b, const char* key, double lo, double hi) {
+  auto it = b.find(key);
+  if (it == b.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) bad(key, fmt::format("expected a number, got {}", type_name(*it)));
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) bad(key, fmt::format("{} is not in [{}, {}]", v, lo, hi));
+  return v;
+}
+
+std::optional<int64_t> get_int(const json& b, const char* key, int64_t lo, int64_t hi) {
+  auto it = b.find(key);
+  if (it == b.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer() &&
+      !(it->is_number_float() && std::floor(it->get<double>()) == it->get<double>())) {
+    bad(key, fmt::format("expected an integer, got {}", type_name(*it)));
+  }
+  const double d = it->get<double>();
+  if (d < double(lo) || d > double(hi)) bad(key, fmt::format("{} is not in [{}, {}]", d, lo, hi));
+  return int64_t(d);
+}
+
+std::optional<bool> get_bool(const json& b, const char* key) {
+  auto it = b.find(key);
+  if (it == b.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) bad(key, fmt::format("expected a boolean, got {}", type_name(*it)));
+  return it->get<bool>();
+}
+
+void parse_common(const json& b, int64_t vocab, int64_t max_n, GenerationSpec& s) {
+  if (!b.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  if (auto it = b.find("model"); it != b.end() && !it->is_null()) {
+    if (!it->is_string()) bad("model", fmt::format("expected a string, got {}", type_name(*it)));
+    s.model = it->get<std::string>();
+  }
+  runtime::SamplingParams& p = s.params;
+  if (auto v = get_number(b, "temperature", 0, 2)) p.temperature = float(*v);
+  if (auto v = get_number(b, "top_p", 0, 1)) {
+    if (*v <= 0) bad("top_p", "must be greater than 0");
+    p.top_p = float(*v);
+  }
+  if (auto v = get_int(b, "top_k", -1, std::numeric_limits<int32_t>::max())) p.top_k = int32_t(*v);
+  if (auto v = get_number(b, "min_p", 0, 1)) p.min_p = float(*v);
+  if (auto v = get_number(b, "presence_penalty", -2, 2)) p.presence_penalty = float(*v);
+  if (auto v = get_number(b, "frequency_penalty", -2, 2)) p.frequency_penalty = float(*v);
+  if (auto v = get_number(b, "repetition_penalty", 0, 2)) {
+    if (*v <= 0) bad("repetition_penalty", "must be greater than 0");
+    p.repetition_penalty = float(*v);
+  }
+  if (auto v = get_int(b, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max())) {
+    p.seed = uint64_t(*v);
+  }
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (auto v = get_int(b, key, 1, std::numeric_limits<int32_t>::max())) {
+      p.max_new_tokens = *v;
+      s.max_tokens_given = true;
+    }
+  }
+  if (auto v = get_int(b, "n", 1, max_n)) s.n = *v;
+  if (auto v = get_bool(b, "stream")) s.stream = *v;
+  if (auto it = b.find("stream_options"); it != b.end() && !it->is_null()) {
+    if (!it->is_object()) bad("stream_options", fmt::format("expected an object, got {}", type_name(*it)));
+    if (auto v = get_bool(*it, "include_usage")) s.include_usage = *v;
+  }
+  if (auto v = get_bool(b, "ignore_eos")) p.ignore_eos = *v;
+  if (auto v = get_bool(b, "skip_special_tokens")) s.skip_special_tokens = *v;
+  if (auto it = b.find("stop"); it != b.end() && !it->is_null()) {
+    if (it->is_string()) {
+      s.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      if (it->size() > 16) bad("stop", "at most 16 stop strings");
+      for (const json& x : *it) {
+        if (!x.is_string()) bad("stop", fmt::format("expected strings, got {}", type_name(x)));
+        s.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      bad("stop", fmt::format("expected a string or an array of strings, got {}", type_name(*it)));
+    }
+    for (const std::string& x : s.stop) {
+      if (x.empty()) bad("stop", "stop strings must not be empty");
+    }
+  }
+  if (auto it = b.find("stop_token_ids"); it != b.end() && !it->is_null()) {
+    if (!it->is_array()) bad("stop_token_ids", fmt::format("expected an array, got {}", type_name(*it)));
+    for (const json& x : *it) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab) {
+        bad("stop_token_ids", fmt::format("expected token ids in [0, {})", vocab));
+      }
+      p.stop_token_ids.push_back(x.get<int32_t>());
+    }
+  }
+  if (auto it = b.find("logit_bias"); it != b.end() && !it->is_null()) {
+    if (!it->is_object()) bad("logit_bias", fmt::format("expected an object, got {}", type_name(*it)));
+    for (auto kv = it->begin(); kv != it->end(); ++kv) {
+      int64_t id = -1;
+      try {
+        size_t used = 0;
+        id = std::stoll(kv.key(), &used);
+        if (used != kv.key().size()) id = -1;
+      } catch (const std::exception&) {
+        id = -1;
+      }
+      if (id < 0 || id >= vocab)
+        bad("logit_bias", fmt::format("key '{}' is not a token id in [0, {})", kv.key(), vocab));
+      if (!kv.value().is_number()) bad("logit_bias", fmt::format("bias of '{}' is not a number", kv.key()));
+      const double v = kv.value().get<double>();
+      if (!(v >= -100 && v <= 100))
+        bad("logit_bias", fmt::format("bias {} of '{}' is not in [-100, 100]", v, kv.key()));
+      p.logit_bias.emplace_back(int32_t(id), float(v));
+    }
+  }
+}
+
+std::string flatten_content(const json& content, size_t i) {
+  const std::string param = fmt::format("messages[{}].content", i);
+  if (content.is_null()) return "";
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array())
+    bad(param, fmt::format("expected a string or an array of parts, got {}", type_name(content)));
+  std::string text;
+  for (const json& part : content) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      bad(param, "only {\"type\": \"text\", \"text\": ...} parts are supported");
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
+
+GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
+  GenerationSpec s;
+  s.chat = true;
+  parse_common(b, vocab, max_n, s);
+  if (auto v = get_bool(b, "logprobs")) s.params.logprobs = *v;
+  if (auto v = get_int(b, "top_logprobs", 0, 20)) {
+    s.params.top_logprobs = int32_t(*v);
+    if (*v > 0 && !s.params.logprobs) bad("top_logprobs", "needs logprobs: true");
+  }
+  auto it = b.find("messages");
+  if (it == b.end()) bad("messages", "required");
+  if (!it->is_array() || it->empty()) bad("messages", "expected a non-empty array of messages");
+  nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    if (!m.is_object()) bad(fmt::format("messages[{}]", i), "expected an object");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) bad(fmt::format("messages[{}].role", i), "required string");
+    const std::string r = role->get<std::string>();
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool" && r != "developer") {
+      bad(fmt::format("messages[{}].role", i), fmt::format("unknown role '{}'", r));
+    }
+    nlohmann::ordered_json out = nlohmann::ordered_json::parse(m.dump());
+    out["role"] = r == "developer" ? "system" : r;
+    out["content"] = flatten_content(m.value("content", json(nullptr)), i);
+    msgs.push_back(std::move(out));
+  }
+  s.chat_request["messages"] = std::move(msgs);
+  s.chat_request["add_generation_prompt"] = true;
+  if (auto t = b.find("tools"); t != b.end() && !t->is_null()) {
+    if (!t->is_array()) bad("tools", fmt::format("expected an array, got {}", type_name(*t)));
+    for (size_t i = 0; i < t->size(); ++i) {
+      const json& tool = (*t)[i];
+      if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object() ||
+          !tool["function"].contains("name") || !tool["function"]["name"].is_string()) {
+        bad(fmt::format("tools[{}]", i), "expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      }
+    }
+    if (!t->empty()) {
+      s.chat_request["tools"] = nlohmann::ordered_json::parse(t->dump());
+      s.has_tools = true;
+    }
+  }
+  if (auto k = b.find("chat_template_kwargs"); k != b.end() && !k->is_null()) {
+    if (!k->is_object())
+      bad("chat_template_kwargs", fmt::format("expected an object, got {}", type_name(*k)));
+    s.chat_request["chat_template_kwargs"] = nlohmann::ordered_json::parse(k->dump());
+  }
+  return s;
+}
+
+GenerationSpec parse_completion_request(const json& b, int64_t vocab, int64_t max_n) {
+  GenerationSpec s;
+  parse_common(b, vocab, max_n, s);
+  if (auto v = get_int(b, "logprobs", 0, 20)) {
+    s.params.logprobs = true;
+    s.params.top_logprobs = int32_t(*v);
+  }
+  if (auto v = get_bool(b, "echo")) s.echo = *v;
+  auto it = b.find("prompt");
+  if (it == b.end() || it->is_null()) bad("prompt", "required");
+  const json* p = &*it;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+  if (p->is_string()) {
+    s.prompt_text = p->get<std::string>();
+  } else if (p->is_array()) {
+    if (p->empty()) bad("prompt", "must not be empty");
+    for (const json& x : *p) {
+      if (!x.is_number_integer()) {
+        bad("prompt",
+            "expected a string, an array of token ids, or one of those in an array (batches of "
+            "prompts are not supported: send one request each)");
+      }
+      const int64_t id = x.get<int64_t>();
+      if (id < 0 || id >= vocab)
+        bad("prompt", fmt::format("token id {} is outside the vocabulary [0, {})", id, vocab));
+      s.prompt_ids.push_back(int32_t(id));
+    }
+  } else {
+    bad("prompt", fmt::format("expected a string or an array of token ids, got {}", type_name(*p)));
+  }
+  return s;
+}
+
+}  // namespace dsaserve::server

@@ -1,0 +1,56 @@
+#pragma once
+// The OpenAI API layer: request validation (each error names the field, OpenAI's error object) and the
+// plain description of a generation request the server runs. No I/O here.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/sampler/sampling_params.h"
+
+namespace dsaserve::server {
+
+// An error answered to the client: HTTP status and OpenAI's {"error": {message, type, param, code}}.
+struct ApiError : std::runtime_error {
+  int status;
+  std::string type;
+  std::string param;
+  std::string code;
+  ApiError(int status_, std::string message, std::string param_ = "",
+           std::string type_ = "invalid_request_error", std::string code_ = "")
+      : std::runtime_error(std::move(message)),
+        status(status_),
+        type(std::move(type_)),
+        param(std::move(param_)),
+        code(std::move(code_)) {}
+  nlohmann::json body() const;
+};
+
+// What /v1/chat/completions and /v1/completions have in common, validated.
+struct GenerationSpec {
+  bool chat = false;
+  std::string model;  // as sent (empty: not sent)
+  runtime::SamplingParams params;
+  bool max_tokens_given = false;
+  int64_t n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  std::vector<std::string> stop;
+  bool skip_special_tokens = true;
+  bool echo = false;  // completions only
+  // Chat: the request for the chat template ({messages, tools?, add_generation_prompt,
+  // chat_template_kwargs?}). Completions: the prompt as text or as token ids.
+  nlohmann::ordered_json chat_request;
+  bool has_tools = false;
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_ids;
+};
+
+// Parses and validates a request body; throws ApiError (400) naming the field. `vocab_size` bounds token
+// ids (prompt ids, logit_bias, stop_token_ids); `max_n` bounds n.
+GenerationSpec parse_chat_request(const nlohmann::json& body, int64_t vocab_size, int64_t max_n = 16);
+GenerationSpec parse_completion_request(const nlohmann::json& body, int64_t vocab_size, int64_t max_n = 16);
+
+}  // namespace dsaserve::server

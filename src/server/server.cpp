@@ -1,0 +1,380 @@
+#include "server/server.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <boost/asio/signal_set.hpp>
+#include <csignal>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "chat/chat_config.h"
+#include "chat/chat_template.h"
+#include "core/error.h"
+#include "server/builtin.h"
+#include "server/session.h"
+
+namespace dsaserve::server {
+
+namespace {
+
+using nlohmann::json;
+
+bool is_builtin_model(const std::string& p) { return p == "builtin" || p == "builtin:demo"; }
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  DSA_CHECK(f.good(), "cannot read {}", p.string());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+class Server {
+ public:
+  Server(const ServerConfig& cfg, std::shared_ptr<model::Model> model, tokenizer::Tokenizer tok,
+         std::optional<chat::ChatTemplate> chat, std::optional<chat::ChatTemplate> chat_tools)
+      : cfg_(cfg),
+        model_(std::move(model)),
+        tok_(std::move(tok)),
+        chat_(std::move(chat)),
+        chat_tools_(std::move(chat_tools)),
+        acceptor_(ioc_),
+        signals_(ioc_, SIGINT, SIGTERM),
+        drain_timer_(ioc_) {
+    engine_ = std::make_unique<runtime::Engine>(model_, cfg_.engine);
+    context_ = engine_->config().scheduler.max_context;
+    max_prompt_ = cfg_.max_prompt_tokens > 0 ? std::min(cfg_.max_prompt_tokens, context_ - 1) : context_ - 1;
+    ctx_.engine = engine_.get();
+    ctx_.tokenizer = &tok_;
+    ctx_.metrics = &metrics_;
+    ctx_.model_name = cfg_.served_model_name;
+    router_ = [this](const std::shared_ptr<Session>& s, const http::request<http::string_body>& r) {
+      route(s, r);
+    };
+  }
+
+  int run() {
+    const tcp::endpoint ep(net::ip::make_address(cfg_.host), static_cast<unsigned short>(cfg_.port));
+    acceptor_.open(ep.protocol());
+    acceptor_.set_option(net::socket_base::reuse_address(true));
+    acceptor_.bind(ep);
+    acceptor_.listen(net::socket_base::max_listen_connections);
+    engine_->start();
+    pump_ = std::thread([this] { pump(); });
+    signals_.async_wait([this](beast::error_code ec, int sig) {
+      if (!ec) begin_drain(sig);
+    });
+    accept();
+    fmt::print("dsaserve serve: listening on http://{}:{} (model {}, {} KV pages of {} tokens, context {})\n",
+               cfg_.host, acceptor_.local_endpoint().port(), cfg_.served_model_name, cfg_.engine.kv_pages,
+               cfg_.engine.page_size, context_);
+    std::fflush(stdout);
+    ioc_.run();
+    pump_stop_ = true;
+    if (pump_.joinable()) pump_.join();
+    engine_->stop();
+    return 0;
+  }
+
+ private:
+  void accept() {
+    acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
+      if (ec) return;  // closed by the drain
+      std::make_shared<Session>(std::move(socket), router_, cfg_.max_body_bytes, cfg_.read_timeout_s)
+          ->start();
+      accept();
+    });
+  }
+
+  void begin_drain(int sig) {
+    fmt::print("dsaserve serve: signal {}, not accepting new requests; {} in flight\n", sig,
+               ctx_.active_jobs);
+    std::fflush(stdout);
+    draining_ = true;
+    drain_start_ = std::chrono::steady_clock::now();
+    beast::error_code ec;
+    acceptor_.close(ec);
+    check_drained();
+  }
+
+  void check_drained() {
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - drain_start_).count();
+    if (ctx_.active_jobs == 0 || waited >= cfg_.shutdown_grace_s) {
+      ioc_.stop();
+      return;
+    }
+    drain_timer_.expires_after(std::chrono::milliseconds(50));
+    drain_timer_.async_wait([this](beast::error_code) { check_drained(); });
+  }
+
+  // Moves engine outputs to the I/O thread, where each goes to its job in order.
+  void pump() {
+    while (!pump_stop_) {
+      std::vector<runtime::StepOutput> outs;
+      if (!engine_->wait_outputs(outs, std::chrono::milliseconds(100))) continue;
+      net::post(ioc_, [this, outs = std::move(outs)] {
+        for (const runtime::StepOutput& o : outs) dispatch(o);
+      });
+    }
+  }
+
+  void dispatch(const runtime::StepOutput& o) {
+    auto it = ctx_.routes.find(o.id);
+    if (it == ctx_.routes.end()) return;
+    std::shared_ptr<Job> job = it->second.lock();
+    if (!job) {
+      if (o.finish != runtime::FinishReason::none) {
+        ctx_.routes.erase(it);
+      } else {
+        engine_->abort(o.id);
+      }
+      return;
+    }
+    job->on_output(o);
+  }
+
+  void route(const std::shared_ptr<Session>& s, const http::request<http::string_body>& req) {
+    std::string path(req.target());
+    if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
+    const auto arrival = std::chrono::steady_clock::now();
+    try {
+      if (path.rfind("/v1/", 0) == 0 && !cfg_.api_key.empty()) {
+        const auto auth = req[http::field::authorization];
+        if (auth != "Bearer " + cfg_.api_key) {
+          throw ApiError(401, "Incorrect or missing API key (send \"Authorization: Bearer <key>\")", "",
+                         "invalid_request_error", "invalid_api_key");
+        }
+      }
+      const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
+      if (path == "/health" || path == "/health_generate") {
+        if (!get) throw ApiError(405, "use GET");
+        if (draining_) throw ApiError(503, "shutting down", "", "server_error");
+        metrics_.request_done(path, 200);
+        return s->send(200, "{\"status\":\"ok\"}", "application/json");
+      }
+      if (path == "/metrics") {
+        if (!get) throw ApiError(405, "use GET");
+        metrics_.request_done(path, 200);
+        return s->send(200, metrics_.render(engine_->stats(), ctx_.active_jobs), "text/plain; version=0.0.4");
+      }
+      if (path == "/v1/models") {
+        if (!get) throw ApiError(405, "use GET");
+        metrics_.request_done(path, 200);
+        const json m = {{"id", cfg_.served_model_name},
+                        {"object", "model"},
+                        {"created", 0},
+                        {"owned_by", "dsaserve"},
+                        {"max_model_len", context_}};
+        return s->send_json(200, json{{"object", "list"}, {"data", json::array({m})}});
+      }
+      if (path == "/v1/chat/completions" || path == "/v1/completions") {
+        if (!post) throw ApiError(405, "use POST");
+        return generate(s, req, path, arrival);
+      }
+      throw ApiError(404, fmt::format("no route {} {}", std::string(req.method_string()), path));
+    } catch (const ApiError& e) {
+      metrics_.request_done(path, e.status);
+      s->send_json(e.status, e.body());
+    } catch (const std::exception& e) {
+      metrics_.request_done(path, 500);
+      s->send_json(500, ApiError(500, e.what(), "", "server_error").body());
+    }
+  }
+
+  void generate(const std::shared_ptr<Session>& s, const http::request<http::string_body>& req,
+                const std::string& path, std::chrono::steady_clock::time_point arrival) {
+    const bool chat = path == "/v1/chat/completions";
+    if (draining_) throw ApiError(503, "the server is shutting down", "", "server_error");
+    json body;
+    try {
+      body = json::parse(req.body());
+    } catch (const json::parse_error& e) {
+      throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
+    }
+    const int64_t vocab = model_->config().vocab_size;
+    GenerationSpec spec = chat ? parse_chat_request(body, vocab, cfg_.max_n)
+                               : parse_completion_request(body, vocab, cfg_.max_n);
+    if (!spec.model.empty() && spec.model != cfg_.served_model_name) {
+      throw ApiError(404,
+                     fmt::format("The model '{}' does not exist (this server serves '{}')", spec.model,
+                                 cfg_.served_model_name),
+                     "model", "invalid_request_error", "model_not_found");
+    }
+    std::vector<int32_t> prompt;
+    std::string prompt_text;
+    if (chat) {
+      const auto& tmpl = spec.has_tools && chat_tools_ ? chat_tools_ : chat_;
+      if (!tmpl) throw ApiError(400, "this model has no chat template: use /v1/completions", "messages");
+      try {
+        prompt_text = tmpl->render(spec.chat_request);
+      } catch (const std::exception& e) {
+        throw ApiError(400, fmt::format("the chat template failed on these messages: {}", e.what()),
+                       "messages");
+      }
+    } else if (spec.prompt_text) {
+      prompt_text = *spec.prompt_text;
+    } else {
+      prompt = spec.prompt_ids;
+    }
+    if (prompt.empty()) {
+      try {
+        for (uint32_t id : tok_.encode(prompt_text)) prompt.push_back(int32_t(id));
+      } catch (const std::exception& e) {
+        throw ApiError(400, fmt::format("cannot tokenize the prompt: {}", e.what()),
+                       chat ? "messages" : "prompt");
+      }
+    }
+    const char* prompt_param = chat ? "messages" : "prompt";
+    if (prompt.empty()) throw ApiError(400, "the prompt is empty", prompt_param);
+    if (int64_t(prompt.size()) > max_prompt_) {
+      throw ApiError(
+          400, fmt::format("the prompt has {} tokens, more than the limit of {}", prompt.size(), max_prompt_),
+          prompt_param, "invalid_request_error", "context_length_exceeded");
+    }
+    const int64_t room = context_ - int64_t(prompt.size());
+    if (spec.max_tokens_given && spec.params.max_new_tokens > room) {
+      throw ApiError(400,
+                     fmt::format("the prompt ({} tokens) plus max_tokens ({}) exceed the context length {}",
+                                 prompt.size(), spec.params.max_new_tokens, context_),
+                     "max_tokens", "invalid_request_error", "context_length_exceeded");
+    }
+    if (!spec.max_tokens_given) spec.params.max_new_tokens = chat ? room : std::min<int64_t>(16, room);
+    if (ctx_.active_jobs >= cfg_.engine.scheduler.max_running_requests + cfg_.max_queued_requests) {
+      throw ApiError(503, fmt::format("the server is overloaded ({} requests in flight)", ctx_.active_jobs),
+                     "", "server_error");
+    }
+    auto job = std::make_shared<Job>(ctx_, std::move(spec), std::move(prompt), std::move(prompt_text), s,
+                                     path, arrival);
+    s->set_job(job);
+    job->start();
+  }
+
+  ServerConfig cfg_;
+  std::shared_ptr<model::Model> model_;
+  tokenizer::Tokenizer tok_;
+  std::optional<chat::ChatTemplate> chat_, chat_tools_;
+  net::io_context ioc_{1};
+  tcp::acceptor acceptor_;
+  net::signal_set signals_;
+  net::steady_timer drain_timer_;
+  std::unique_ptr<runtime::Engine> engine_;
+  ServerMetrics metrics_;
+  ServingContext ctx_;
+  Router router_;
+  std::thread pump_;
+  std::atomic<bool> pump_stop_{false};
+  bool draining_ = false;
+  std::chrono::steady_clock::time_point drain_start_;
+  int64_t context_ = 0;
+  int64_t max_prompt_ = 0;
+};
+
+}  // namespace
+
+int run_server(const ServerConfig& in) {
+  ServerConfig cfg = in;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Model.
+  std::shared_ptr<model::Model> model;
+  std::filesystem::path model_dir;
+  if (is_builtin_model(cfg.model_path)) {
+    const auto dir = std::filesystem::temp_directory_path() / fmt::format("dsaserve-builtin-{}", ::getpid());
+    model = make_builtin_model(dir, cfg.builtin_seed);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);  // the weights stay mapped
+    if (cfg.served_model_name.empty()) cfg.served_model_name = "builtin";
+  } else {
+    DSA_CHECK(!cfg.model_path.empty(), "--model is required (a model folder, or builtin)");
+    model_dir = cfg.model_path;
+    model = model::Model::load(model_dir, false);
+    if (cfg.served_model_name.empty())
+      cfg.served_model_name = std::filesystem::absolute(model_dir).filename().string();
+  }
+  // Tokenizer and chat template.
+  std::string tok_path = cfg.tokenizer_path;
+  if (tok_path.empty()) {
+    if (is_builtin_model(cfg.model_path)) {
+      tok_path = "builtin:bytes";
+    } else {
+      DSA_CHECK(std::filesystem::exists(model_dir / "tokenizer.json"),
+                "{} has no tokenizer.json: pass --tokenizer DIR or --tokenizer builtin:bytes",
+                model_dir.string());
+      tok_path = model_dir.string();
+    }
+  }
+  std::optional<tokenizer::Tokenizer> tok;
+  std::optional<chat::ChatTemplate> chat_tmpl, chat_tools;
+  std::vector<int32_t> eos;
+  if (model->config().eos_token_id) eos.push_back(int32_t(*model->config().eos_token_id));
+  if (tok_path == "builtin:bytes") {
+    tok.emplace(make_builtin_tokenizer());
+    const nlohmann::ordered_json special = {{"bos_token", kBuiltinBos}, {"eos_token", kBuiltinEos}};
+    chat_tmpl.emplace(builtin_chat_template(), special);
+    eos.push_back(int32_t(*tok->token_to_id(kBuiltinEos)));
+  } else {
+    tok.emplace(tokenizer::Tokenizer::from_file(tok_path));
+    const std::filesystem::path tdir = std::filesystem::is_directory(tok_path)
+                                           ? std::filesystem::path(tok_path)
+                                           : std::filesystem::path(tok_path).parent_path();
+    if (std::filesystem::exists(tdir / "tokenizer_config.json")) {
+      const chat::ChatConfig cc = chat::ChatConfig::load(tdir);
+      if (!cc.templates.empty()) {
+        chat_tmpl.emplace(chat::ChatTemplate::from_config(cc, false));
+        if (cc.templates.count("tool_use")) chat_tools.emplace(chat::ChatTemplate::from_config(cc, true));
+      }
+      if (!cc.eos_token.empty()) {
+        if (auto id = tok->token_to_id(cc.eos_token)) eos.push_back(int32_t(*id));
+      }
+    }
+    if (!cfg.chat_template_path.empty()) {
+      const chat::ChatConfig cc = std::filesystem::exists(tdir / "tokenizer_config.json")
+                                      ? chat::ChatConfig::load(tdir)
+                                      : chat::ChatConfig{};
+      chat_tmpl.emplace(read_text(cfg.chat_template_path), cc.special_tokens());
+      chat_tools.reset();
+    }
+  }
+  // generation_config.json's eos ids (an int or a list), like transformers.
+  if (!model_dir.empty() && std::filesystem::exists(model_dir / "generation_config.json")) {
+    const auto g = nlohmann::json::parse(read_text(model_dir / "generation_config.json"), nullptr, false);
+    if (g.is_object() && g.contains("eos_token_id")) {
+      const auto& e = g["eos_token_id"];
+      if (e.is_number_integer()) eos.push_back(e.get<int32_t>());
+      if (e.is_array()) {
+        for (const auto& x : e) {
+          if (x.is_number_integer()) eos.push_back(x.get<int32_t>());
+        }
+      }
+    }
+  }
+  cfg.engine.scheduler.eos_token_ids = eos;
+  if (cfg.engine.kv_pages <= 0) {
+    DSA_CHECK(cfg.mem_fraction_static > 0 && cfg.mem_fraction_static < 1,
+              "--mem-fraction-static must be in (0, 1) when --kv-pages is not given, got {}",
+              cfg.mem_fraction_static);
+    const double ram = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
+    const double kv_bytes = cfg.mem_fraction_static * ram - double(model->weights().bytes());
+    const double page_bytes =
+        double(model::KvCache::bytes_per_token(model->config(), false) * cfg.engine.page_size);
+    cfg.engine.kv_pages = int64_t(kv_bytes / page_bytes);
+    DSA_CHECK(cfg.engine.kv_pages > 0, "--mem-fraction-static {} leaves no memory for the KV cache",
+              cfg.mem_fraction_static);
+  }
+  const int64_t model_ctx = model->config().max_position_embeddings;
+  cfg.engine.scheduler.max_context =
+      cfg.context_length > 0 ? std::min(cfg.context_length, model_ctx > 0 ? model_ctx : cfg.context_length)
+                             : model_ctx;
+  if (int64_t(tok->vocab_size()) > model->config().vocab_size) {
+    fmt::print(stderr, "dsaserve serve: warning: the tokenizer has {} ids, the model's vocabulary {}\n",
+               tok->vocab_size(), model->config().vocab_size);
+  }
+  Server server(cfg, std::move(model), std::move(*tok), std::move(chat_tmpl), std::move(chat_tools));
+  fmt::print("dsaserve serve: loaded in {:.2f} s\n",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return server.run();
+}
+
+}  // namespace dsaserve::server

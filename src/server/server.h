@@ -1,0 +1,38 @@
+#pragma once
+// The OpenAI-compatible HTTP server (Boost.Beast, asynchronous, one I/O thread; no thread per
+// connection) in front of one runtime::Engine:
+//   POST /v1/chat/completions, POST /v1/completions (SSE streaming or not), GET /v1/models,
+//   GET /health, GET /metrics (Prometheus text).
+// run_server() loads the model and tokenizer, starts the engine thread, serves until SIGTERM/SIGINT
+// (then stops accepting, lets in-flight requests finish for up to shutdown_grace_s, and returns 0).
+#include <cstdint>
+#include <string>
+
+#include "runtime/engine/engine.h"
+
+namespace dsaserve::server {
+
+struct ServerConfig {
+  std::string model_path;          // a model folder, or "builtin" (the built-in random-weight model)
+  std::string tokenizer_path;      // a folder / tokenizer.json, "builtin:bytes"; empty: the model folder's
+  std::string chat_template_path;  // a Jinja file overriding the tokenizer's chat template
+  std::string served_model_name;   // empty: "builtin" or the model folder's name
+  std::string host = "127.0.0.1";
+  int port = 30000;                // 0: any free port (printed at start)
+  std::string api_key;             // non-empty: /v1/* needs "Authorization: Bearer <key>"
+  runtime::EngineConfig engine;    // engine.kv_pages 0: from mem_fraction_static
+  double mem_fraction_static = 0;  // > 0 with kv_pages 0: (fraction of RAM - weights) for the KV pool
+  int64_t context_length = 0;      // 0: the model's max_position_embeddings
+  int64_t max_prompt_tokens = 0;   // 0: context_length - 1
+  int64_t max_body_bytes = 8 << 20;
+  int64_t max_queued_requests = 1024;  // beyond running + this many: 503
+  int64_t max_n = 16;
+  double read_timeout_s = 60;  // to receive one request
+  double shutdown_grace_s = 30;
+  uint64_t builtin_seed = 0;
+};
+
+// Blocks until shutdown; returns the process exit status. Throws dsaserve::Error on bad setup.
+int run_server(const ServerConfig& cfg);
+
+}  // namespace dsaserve::server

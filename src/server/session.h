@@ -1,0 +1,66 @@
+#pragma once
+// Session: one HTTP/1.1 connection (keep-alive). Reads a request (size and time limited), hands it to the
+// router, writes the response: a JSON body, or an SSE stream in chunked transfer encoding. While a
+// generation runs it watches the socket: a client that closes it cancels the generation.
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>  // before Asio: Boost 1.74 awaitable.hpp uses std::exchange without it
+
+#include "server/generation.h"
+
+namespace dsaserve::server {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+class Session;
+using Router = std::function<void(const std::shared_ptr<Session>&, const http::request<http::string_body>&)>;
+
+class Session : public ResponseSink, public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, const Router& router, int64_t max_body_bytes, double read_timeout_s);
+  void start();
+
+  void send(int status, std::string body, const std::string& content_type);
+  void send_json(int status, const nlohmann::json& body) override;
+  void stream_begin() override;
+  void stream_event(const std::string& data) override;
+  void stream_end() override;
+  void job_done() override;
+
+  // The generation this connection waits for (cancelled when the client goes away).
+  void set_job(std::shared_ptr<Job> job);
+
+ private:
+  void read();
+  void on_read(beast::error_code ec);
+  void watch_disconnect();
+  void queue_write(std::string data);
+  void write_next();
+  void after_response();
+  void close();
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::request<http::string_body> req_;
+  const Router& router_;
+  int64_t max_body_bytes_;
+  double read_timeout_s_;
+  bool keep_alive_ = true;
+  bool closed_ = false;
+  std::shared_ptr<Job> job_;
+  std::deque<std::string> out_;
+  bool writing_ = false;
+  bool respond_done_ = false;  // the last write of the current response is queued
+};
+
+}  // namespace dsaserve::server
