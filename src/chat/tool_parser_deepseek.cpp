@@ -162,6 +162,10 @@ class DeepSeekV32ToolParser : public StreamBase {
   void finish(OutputDelta* out) override {
     while (step(out)) {
     }
+    if (state_ == State::kValue && key_is_string_) {
+      add_arguments(json_escape(buf_), out);  // the value was cut off: keep what arrived
+      buf_.clear();
+    }
     if (state_ != State::kText) malformed(out);
     out->content += buf_;
     buf_.clear();
@@ -173,7 +177,7 @@ class DeepSeekV32ToolParser : public StreamBase {
   void malformed(OutputDelta* out) {
     if (state_ == State::kParams || state_ == State::kValue || state_ == State::kJsonBody) {
       const std::string raw = std::move(raw_);
-      add_arguments(args_open_ ? "}" : "{}", out);
+      add_arguments(state_ == State::kValue && key_is_string_ ? "\"}" : args_open_ ? "}" : "{}", out);
       ++next_index_;
       raw_ = raw;
     }
@@ -236,6 +240,10 @@ class DeepSeekV32ToolParser : public StreamBase {
           key_is_string_ = is_string != "false";
           consume(gt + 1);
           state_ = State::kValue;
+          if (key_is_string_) {
+            add_arguments(std::string(args_open_ ? ", " : "{") + json_string(key_) + ": \"", out);
+            args_open_ = true;
+          }
           return true;
         }
         if (end == Match::kYes) {
@@ -254,6 +262,11 @@ class DeepSeekV32ToolParser : public StreamBase {
         return true;
       }
       case State::kValue: {
+        if (key_is_string_) {
+          if (!stream_string_value(kDsmlParamEnd, out)) return false;
+          state_ = State::kParams;
+          return true;
+        }
         const size_t at = buf_.find(kDsmlParamEnd);
         if (at == std::string::npos) return false;
         const std::string raw = buf_.substr(0, at);

@@ -26,6 +26,10 @@ class GlmToolParser : public StreamBase {
   void finish(OutputDelta* out) override {
     while (step(out)) {
     }
+    if (state_ == State::kValue && streaming_value_) {
+      add_arguments(json_escape(buf_), out);  // the value was cut off: keep what arrived
+      buf_.clear();
+    }
     if (state_ != State::kText) malformed(out);
     out->content += buf_;
     buf_.clear();
@@ -38,12 +42,13 @@ class GlmToolParser : public StreamBase {
   void malformed(OutputDelta* out) {
     if (state_ != State::kName) {
       const std::string raw = std::move(raw_);
-      add_arguments(args_open_ ? "}" : "{}", out);
+      add_arguments(streaming_value_ ? "\"}" : args_open_ ? "}" : "{}", out);
       ++next_index_;
       raw_ = raw;
     }
     out->content += raw_;
     raw_.clear();
+    streaming_value_ = false;
     state_ = State::kText;
   }
 
@@ -114,9 +119,21 @@ class GlmToolParser : public StreamBase {
         }
         consume(ws + kValueOpen.size());
         state_ = State::kValue;
+        if (is_string_argument(tools_, current_name_, key_)) {
+          // String values stream as they arrive.
+          add_arguments(std::string(args_open_ ? ", " : "{") + json_string(key_) + ": \"", out);
+          args_open_ = true;
+          streaming_value_ = true;
+        }
         return true;
       }
       case State::kValue: {
+        if (streaming_value_) {
+          if (!stream_string_value(kValueClose, out)) return false;
+          streaming_value_ = false;
+          state_ = State::kBetween;
+          return true;
+        }
         const size_t at = buf_.find(kValueClose);
         if (at == std::string::npos) return false;
         const std::string value = typed_argument(tools_, current_name_, key_, buf_.substr(0, at));
@@ -133,6 +150,7 @@ class GlmToolParser : public StreamBase {
   State state_ = State::kText;
   std::string key_;
   bool args_open_ = false;
+  bool streaming_value_ = false;
 };
 
 }  // namespace

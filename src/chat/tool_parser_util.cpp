@@ -61,6 +61,32 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, e - b));
 }
 
+std::string json_escape(std::string_view s) {
+  std::string out;
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          static const char* hex = "0123456789abcdef";
+          out += "\\u00";
+          out += hex[c >> 4];
+          out += hex[c & 15];
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out;
+}
+
 std::string json_string(std::string_view s) {
   return nlohmann::json(std::string(s)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -96,6 +122,10 @@ bool is_string_type(const nlohmann::json& type) {
 
 }  // namespace
 
+bool is_string_argument(const nlohmann::json& tools, const std::string& tool, const std::string& key) {
+  return is_string_type(schema_type(tools, tool, key));
+}
+
 std::string typed_argument(const nlohmann::json& tools, const std::string& tool, const std::string& key,
                            const std::string& raw) {
   const nlohmann::json type = schema_type(tools, tool, key);
@@ -128,6 +158,35 @@ void StreamBase::add_arguments(const std::string& fragment, OutputDelta* out) {
     out->tool_calls.push_back(std::move(d));
   }
   raw_.clear();
+}
+
+namespace {
+// Bytes at the end of `s` that start an incomplete UTF-8 sequence.
+size_t incomplete_utf8_tail(std::string_view s) {
+  for (size_t k = 1; k <= 3 && k <= s.size(); ++k) {
+    const auto c = static_cast<unsigned char>(s[s.size() - k]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > k ? k : 0;
+  }
+  return 0;
+}
+}  // namespace
+
+bool StreamBase::stream_string_value(std::string_view close_tag, OutputDelta* out) {
+  const size_t at = buf_.find(close_tag);
+  if (at != std::string::npos) {
+    add_arguments(json_escape(std::string_view(buf_).substr(0, at)) + "\"", out);
+    buf_.erase(0, at + close_tag.size());
+    return true;
+  }
+  size_t keep = partial_tag_suffix(buf_, close_tag);
+  keep += incomplete_utf8_tail(std::string_view(buf_).substr(0, buf_.size() - keep));
+  if (buf_.size() > keep) {
+    add_arguments(json_escape(std::string_view(buf_).substr(0, buf_.size() - keep)), out);
+    buf_.erase(0, buf_.size() - keep);
+  }
+  return false;
 }
 
 void StreamBase::emit_text_until(std::string_view tag, OutputDelta* out, bool* found) {

@@ -19,6 +19,10 @@ Match match_after_whitespace(std::string_view text, std::string_view tag, size_t
 
 std::string trim(std::string_view s);
 std::string json_string(std::string_view s);
+// The inside of a JSON string literal for UTF-8 text `s` (no quotes).
+std::string json_escape(std::string_view s);
+// Is the schema type of tool `tool`'s parameter `key` a string?
+bool is_string_argument(const nlohmann::json& tools, const std::string& tool, const std::string& key);
 
 // JSON text of argument `key` of tool `tool` from its raw text, typed by the tool's JSON schema:
 // string-typed -> JSON string of the raw text; otherwise the JSON the text parses as (Python literals
@@ -43,6 +47,10 @@ class StreamBase : public ToolCallParser {
   void add_arguments(const std::string& fragment, OutputDelta* out);
   // Emits the text after the tag-free part of buf_ as content, keeping a possible partial tag.
   void emit_text_until(std::string_view tag, OutputDelta* out, bool* found);
+  // Streams a string-typed argument value: the JSON-escaped text before `close_tag` (holding back a
+  // possible partial tag and incomplete UTF-8) as argument fragments. True once the tag was consumed
+  // (the closing quote emitted).
+  bool stream_string_value(std::string_view close_tag, OutputDelta* out);
 
   nlohmann::json tools_;
   ToolCallIdGenerator make_id_;

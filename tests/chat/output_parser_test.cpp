@@ -51,6 +51,20 @@ void expect_message(const Sample& s, const ParsedMessage& m, const std::string& 
   }
 }
 
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
 // Feeds the chunks; checks the OpenAI delta rules (id and name exactly on the first delta of a call,
 // indices in order) and returns the accumulated message.
 ParsedMessage feed_chunks(const Sample& s, const std::vector<std::string_view>& chunks) {
@@ -59,6 +73,7 @@ ParsedMessage feed_chunks(const Sample& s, const std::vector<std::string_view>& 
   int opened = 0;
   auto check = [&](const OutputDelta& d) {
     for (const ToolCallDelta& t : d.tool_calls) {
+      EXPECT_TRUE(valid_utf8(t.arguments)) << s.name << ": fragment splits a UTF-8 character";
       if (t.index == opened) {
         EXPECT_FALSE(t.id.empty()) << s.name;
         EXPECT_FALSE(t.name.empty()) << s.name;
@@ -184,6 +199,14 @@ TEST(GlmToolParser, CompleteAndSplit) {
        "",
        "",
        {{"get_weather", R"j({"city": "42", "code": "if a < b:\n  print(\"x\")"})j"}}},
+      {"glm unicode string value",
+       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>北京 😀 \"q\"\t</arg_value>\n</tool_call>",
+       false,
+       false,
+       kGlm,
+       "",
+       "",
+       {{"get_weather", R"({"city": "北京 😀 \"q\"\t"})"}}},
       {"glm unknown tool",
        "<tool_call>other\n<arg_key>n</arg_key>\n<arg_value>5</arg_value>\n<arg_key>s</arg_key>\n"
        "<arg_value>text</arg_value>\n</tool_call>",
@@ -213,6 +236,25 @@ TEST(GlmToolParser, CompleteAndSplit) {
   for (const Sample& s : samples) check_sample(s);
 }
 
+TEST(GlmToolParser, StringValuesStreamBeforeTheirClosingTag) {
+  OutputParserOptions o;
+  o.tool_format = kGlm;
+  o.tools = kTools;
+  OutputParser p(o);
+  ParsedMessage m;
+  // The chunk ends inside the UTF-8 bytes of 北 (e5 8c 97): those are held back.
+  m.apply(p.feed("<tool_call>get_weather\n<arg_key>code</arg_key>\n<arg_value>print(\"\xe5\x8c"));
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(m.tool_calls[0].arguments, R"({"code": "print(\")");
+  m.apply(p.feed("\x97京\")\n</arg_val"));
+  EXPECT_EQ(m.tool_calls[0].arguments, R"({"code": "print(\"北京\")\n)");
+  m.apply(p.feed("ue></tool_call>"));
+  m.apply(p.finish());
+  EXPECT_EQ(m.tool_calls[0].arguments, R"({"code": "print(\"北京\")\n"})");
+  EXPECT_EQ(m.content, "");
+}
+
 TEST(GlmToolParser, MalformedDegradesToContent) {
   const std::vector<Sample> samples = {
       {"glm unclosed before name",
@@ -228,7 +270,15 @@ TEST(GlmToolParser, MalformedDegradesToContent) {
        false,
        false,
        kGlm,
-       "Hi\n\n<arg_key>city</arg_key>\n<arg_value>Par",
+       "Hi\n",
+       "",
+       {{"get_weather", R"({"city": "Par"})"}}},
+      {"glm unclosed typed value",
+       "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>3",
+       false,
+       false,
+       kGlm,
+       "\n<arg_key>days</arg_key>\n<arg_value>3",
        "",
        {{"get_weather", "{}"}}},
       {"glm garbage in call",
@@ -393,9 +443,9 @@ TEST(DeepSeekV32ToolParser, DsmlCalls) {
        false,
        false,
        kDsml,
-       "<｜DSML｜parameter name=\"city\" string=\"true\">Par",
        "",
-       {{"get_weather", "{}"}}},
+       "",
+       {{"get_weather", R"({"city": "Par"})"}}},
       {"dsml invoke without name",
        "<｜DSML｜function_calls><｜DSML｜invoke>x",
        false,
