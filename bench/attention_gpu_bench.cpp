@@ -223,10 +223,14 @@ void bench_indexer(void* flush) {
       p.scale = 0.088f;
       p.weight_scale = 0.177f;
       const double us = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
+      p.scores_only = true;
+      const double us_scores = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
+      p.scores_only = false;
       const double bytes = double(slots) * kIndexerDim * 2;  // the floor: reading the indexer cache once
       const double flops = double(slots) * double(ih) * kIndexerDim * 2;
       char name[128];
-      std::snprintf(name, sizeof name, "indexer+top-k batch=%lld ctx=%lld", (long long)B, (long long)ctx);
+      std::snprintf(name, sizeof name, "indexer+top-k batch=%lld ctx=%lld (scores alone %.1f us)",
+                    (long long)B, (long long)ctx, us_scores);
       row(name, us, bytes, flops);
       CK(cudaFree(cache));
       CK(cudaFree(const_cast<float*>(p.q)));

@@ -26,10 +26,11 @@ struct IndexerTopkParams {
   const int32_t* page_table;  // [num_seqs, pt_stride] i32, not null
   const int32_t* row_seq;     // [rows] i32 sequence (page-table row) of each query row; null: r -> r
   const int32_t* row_len;     // [rows] i32 visible keys of each row, not null
-  float* scores;              // [rows, score_stride] f32 workspace (score_stride >= max_len), not null
-  uint32_t* hist;             // [rows, 2048] u32 workspace, not null (zeroed by the launch)
-  int32_t* out;               // [rows, out_stride] i32, out_k columns written, not null
-  int64_t rows, heads;        // heads: 32 or 64
+  float* scores;   // [rows, score_stride] f32 workspace (score_stride >= max_len, a multiple of 4; 16-byte
+                   // aligned), not null
+  uint32_t* hist;  // [rows, 2048] u32 workspace, not null (zeroed by the launch)
+  int32_t* out;    // [rows, out_stride] i32, out_k columns written, not null
+  int64_t rows, heads;  // heads: 32 or 64
   int64_t q_s0, q_s1, w_s0;
   int64_t num_seqs, pt_cols, pt_stride;  // page table rows, pages per row, row stride
   int64_t page_size, num_slots;
@@ -37,6 +38,7 @@ struct IndexerTopkParams {
   int64_t topk;
   int64_t max_len;  // host bound on row_len (sizes the grid)
   float scale, weight_scale;
+  bool scores_only;  // benchmarks: run only the score kernel (the selection is not written)
 };
 
 // Zeroes the histogram, then runs the score and select kernels on `stream`.

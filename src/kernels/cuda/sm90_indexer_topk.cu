@@ -13,7 +13,7 @@ constexpr int kTileKeys = 128;  // 8 warps x 16 keys
 constexpr int kStages = 2;
 constexpr int kLdK = kIndexerDim + 8;  // bf16 per shared row: 272 bytes, ldmatrix conflict-free
 constexpr int kSelectThreads = 1024;
-constexpr int kCandCap = 12288;  // candidates of the threshold bin kept in shared memory
+constexpr int kCandCap = 49152;  // candidates of the threshold bin kept in shared memory (192 KB)
 
 // Order-preserving map of a float to u32 (larger float -> larger key; -0 was normalised to +0).
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -22,7 +22,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 }
 
 template <int H>
-__global__ void __launch_bounds__(kScoreThreads)
+__global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
     sm90_indexer_score_kernel(const IndexerTopkParams p, int chunk) {
   constexpr int NT = H / 8;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -42,27 +42,36 @@ __global__ void __launch_bounds__(kScoreThreads)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
 
-  auto issue = [&](int t, int st) {
+  // Thread tid copies 16 bytes of rows it * 16 + tid / 16 of each tile; their pages are loaded one
+  // tile ahead so the page-table reads overlap the tensor-core work.
+  static_assert(kStages == 2, "the page prefetch below looks one tile ahead");
+  constexpr int kRowsPerThread = kTileKeys / 16;
+  auto fetch_pages = [&](int u, int32_t(&pg)[kRowsPerThread]) {
+#pragma unroll
+    for (int it = 0; it < kRowsPerThread; ++it) {
+      const int64_t pos = k0 + int64_t(u) * kTileKeys + it * 16 + (tid >> 4);
+      pg[it] = u < n_tiles && pos < k1 && pos / p.page_size < p.pt_cols
+                   ? p.page_table[seq * p.pt_stride + pos / p.page_size]
+                   : -1;
+    }
+  };
+  auto issue = [&](int u, int st, const int32_t(&pg)[kRowsPerThread]) {
     const int c = tid & 15;
 #pragma unroll
-    for (int it = 0; it < kTileKeys / 16; ++it) {
+    for (int it = 0; it < kRowsPerThread; ++it) {
       const int r = it * 16 + (tid >> 4);
-      const int64_t pos = k0 + int64_t(t) * kTileKeys + r;
-      bool ok = pos < k1 && pos / p.page_size < p.pt_cols;
-      int64_t slot = 0;
-      if (ok) {
-        const int32_t pg = p.page_table[seq * p.pt_stride + pos / p.page_size];
-        slot = int64_t(pg) * p.page_size + pos % p.page_size;
-        ok = pg >= 0 && slot < p.num_slots;
-      }
+      const int64_t pos = k0 + int64_t(u) * kTileKeys + r;
+      const int64_t slot = int64_t(pg[it]) * p.page_size + pos % p.page_size;
+      const bool ok = pg[it] >= 0 && pos < k1 && slot < p.num_slots;
       const unsigned char* src = ok ? cache + slot * (kIndexerDim * 2) + c * 16 : cache;
       mma::cp_async16(sK + (st * kTileKeys + r) * kLdK + c * 8, src, ok ? 16 : 0);
     }
   };
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_tiles) issue(s, s);
-    mma::cp_async_commit();
-  }
+  int32_t pg_next[kRowsPerThread];
+  fetch_pages(0, pg_next);
+  issue(0, 0, pg_next);
+  mma::cp_async_commit();
+  fetch_pages(1, pg_next);
 
   for (int i = tid; i < kIndexerHistBins; i += kScoreThreads) sHist[i] = 0;
   for (int i = tid; i < H * (kIndexerDim / 4); i += kScoreThreads) {
@@ -104,8 +113,9 @@ __global__ void __launch_bounds__(kScoreThreads)
   for (int t = 0; t < n_tiles; ++t) {
     mma::cp_async_wait<kStages - 2>();
     __syncthreads();
-    if (t + kStages - 1 < n_tiles) issue(t + kStages - 1, (t + kStages - 1) % kStages);
+    if (t + 1 < n_tiles) issue(t + 1, (t + 1) % kStages, pg_next);
     mma::cp_async_commit();
+    fetch_pages(t + 2, pg_next);
     const __nv_bfloat16* kt = sK + (t % kStages) * kTileKeys * kLdK;
     float acc[NT][4];
 #pragma unroll
@@ -189,6 +199,23 @@ __device__ void select_bin(const uint32_t* hist, int nb, uint32_t need, uint32_t
   __syncthreads();
 }
 
+// keys[j] = order_key(srow[i0 + j]) for the 16 scores from i0 (16-byte loads; past n: 0).
+__device__ __forceinline__ void load_keys16(const float* srow, int64_t i0, int64_t n, uint32_t (&keys)[16]) {
+  if (i0 + 16 <= n) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const float4 f = *reinterpret_cast<const float4*>(srow + i0 + 4 * v);
+      keys[4 * v] = order_key(f.x);
+      keys[4 * v + 1] = order_key(f.y);
+      keys[4 * v + 2] = order_key(f.z);
+      keys[4 * v + 3] = order_key(f.w);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) keys[j] = i0 + j < n ? order_key(srow[i0 + j]) : 0u;
+  }
+}
+
 __global__ void __launch_bounds__(kSelectThreads) sm90_indexer_select_kernel(const IndexerTopkParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   uint32_t* sHist = reinterpret_cast<uint32_t*>(smem);
@@ -221,9 +248,13 @@ __global__ void __launch_bounds__(kSelectThreads) sm90_indexer_select_kernel(con
 
   // Candidates: the keys of bin b1 (kept in shared memory when they fit).
   if (in_smem) {
-    for (int64_t i = tid; i < n; i += kSelectThreads) {
-      const uint32_t key = order_key(srow[i]);
-      if ((key >> 21) == b1) sCand[atomicAdd(&cand_count, 1u)] = key;
+    for (int64_t i0 = int64_t(tid) * 16; i0 < n; i0 += 16 * kSelectThreads) {
+      uint32_t keys[16];
+      load_keys16(srow, i0, n, keys);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        if (i0 + j < n && (keys[j] >> 21) == b1) sCand[atomicAdd(&cand_count, 1u)] = keys[j];
+      }
     }
   }
   // Digits 2 (bits 20..10) and 3 (bits 9..0) among the candidates.
@@ -236,9 +267,14 @@ __global__ void __launch_bounds__(kSelectThreads) sm90_indexer_select_kernel(con
         if ((key >> prefix_shift) == prefix) atomicAdd(&sHist[(key >> shift) & mask], 1u);
       }
     } else {
-      for (int64_t i = tid; i < n; i += kSelectThreads) {
-        const uint32_t key = order_key(srow[i]);
-        if ((key >> prefix_shift) == prefix) atomicAdd(&sHist[(key >> shift) & mask], 1u);
+      for (int64_t i0 = int64_t(tid) * 16; i0 < n; i0 += 16 * kSelectThreads) {
+        uint32_t keys[16];
+        load_keys16(srow, i0, n, keys);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          if (i0 + j < n && (keys[j] >> prefix_shift) == prefix)
+            atomicAdd(&sHist[(keys[j] >> shift) & mask], 1u);
+        }
       }
     }
     __syncthreads();
@@ -255,29 +291,31 @@ __global__ void __launch_bounds__(kSelectThreads) sm90_indexer_select_kernel(con
 
   // Ordered pass: positions with key > tau, and the first take_eq with key == tau.
   uint32_t gt_run = 0, eq_run = 0;
-  for (int64_t base = 0; base < n; base += 4 * kSelectThreads) {
-    const int64_t i0 = base + 4 * tid;
-    uint32_t keys[4];
+  for (int64_t base = 0; base < n; base += 16 * kSelectThreads) {
+    const int64_t i0 = base + 16 * tid;
+    uint32_t keys[16];
+    load_keys16(srow, i0, n, keys);
     uint32_t gt = 0, eq = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      keys[j] = i0 + j < n ? order_key(srow[i0 + j]) : 0u;
+    for (int j = 0; j < 16; ++j) {
       gt += (i0 + j < n && keys[j] > tau) ? 1u : 0u;
       eq += (i0 + j < n && keys[j] == tau) ? 1u : 0u;
     }
-    const uint32_t packed = gt | (eq << 16);
+    const uint32_t packed = gt | (eq << 16);  // block totals <= 16384 per field
     uint32_t total;
     const uint32_t excl = block_scan(packed, scratch, total) - packed;
     uint32_t gt_before = gt_run + (excl & 0xffffu), eq_before = eq_run + (excl >> 16);
+    if (gt + eq > 0) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (i0 + j >= n) break;
-      if (keys[j] > tau) {
-        out[gt_before + (eq_before < take_eq ? eq_before : take_eq)] = int32_t(i0 + j);
-        ++gt_before;
-      } else if (keys[j] == tau) {
-        if (eq_before < take_eq) out[gt_before + eq_before] = int32_t(i0 + j);
-        ++eq_before;
+      for (int j = 0; j < 16; ++j) {
+        if (i0 + j >= n) break;
+        if (keys[j] > tau) {
+          out[gt_before + (eq_before < take_eq ? eq_before : take_eq)] = int32_t(i0 + j);
+          ++gt_before;
+        } else if (keys[j] == tau) {
+          if (eq_before < take_eq) out[gt_before + eq_before] = int32_t(i0 + j);
+          ++eq_before;
+        }
       }
     }
     gt_run += total & 0xffffu;
@@ -319,13 +357,15 @@ cudaError_t launch_scores(const IndexerTopkParams& p, cudaStream_t stream) {
 
 cudaError_t launch_indexer_topk_fused(const IndexerTopkParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
-  if ((p.heads != 32 && p.heads != 64) || p.topk < 1 || p.out_k > p.topk) return cudaErrorInvalidValue;
+  if ((p.heads != 32 && p.heads != 64) || p.topk < 1 || p.out_k > p.topk || p.score_stride % 4 != 0)
+    return cudaErrorInvalidValue;
   cudaError_t e = cudaMemsetAsync(p.hist, 0, size_t(p.rows) * kIndexerHistBins * 4, stream);
   if (e != cudaSuccess) return e;
   if (p.max_len > p.topk) {
     e = p.heads == 32 ? launch_scores<32>(p, stream) : launch_scores<64>(p, stream);
     if (e != cudaSuccess) return e;
   }
+  if (p.scores_only) return cudaSuccess;
   const size_t smem = size_t(kIndexerHistBins + kCandCap) * 4;
   static const cudaError_t attr = cudaFuncSetAttribute(
       sm90_indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));

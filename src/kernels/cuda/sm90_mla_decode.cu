@@ -87,18 +87,21 @@ int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms
   const int64_t rows_per_block = heads <= 16 ? 16 : 64;
   const int64_t tile = heads <= 16 ? 64 : 32;
   const int64_t base = rows * ((heads + rows_per_block - 1) / rows_per_block);
-  // At least two tiles per split; at most 64 splits.
-  int64_t max_split = max_keys / (2 * tile);
+  int64_t max_split = (max_keys + tile - 1) / tile;  // at least one tile per split
   if (max_split > 64) max_split = 64;
-  if (max_split < 1 || base <= 0) return 1;
-  // Minimise waves per unit of work plus a small cost per split (the partial rows and the combine).
+  if (max_split <= 1 || base <= 0 || num_sms <= 0) return 1;
+  // Modelled time (us): waves x (a fixed ~2 us per block + its KV bytes at one SM's share of HBM,
+  // 4.3 TB/s / 132) + the partial rows written and re-read by the combine at full bandwidth.
+  const double sm_bytes_per_us = 4.3e6 / 132.0, hbm_bytes_per_us = 4.3e6;
   double best = 1e30;
   int best_s = 1;
   for (int64_t s = 1; s <= max_split; ++s) {
+    const int64_t keys = ((max_keys + s - 1) / s + tile - 1) / tile * tile;
     const double waves = double((base * s + num_sms - 1) / num_sms);
-    const double cost = waves / double(s) + 0.01 * double(s);
-    if (cost < best - 1e-9) {
-      best = cost;
+    double t = waves * (2.0 + double(keys) * kMlaBf16RowBytes / sm_bytes_per_us);
+    if (s > 1) t += double(base * s * rows_per_block) * kMlaLatent * 8.0 / hbm_bytes_per_us;
+    if (t < best - 1e-9) {
+      best = t;
       best_s = int(s);
     }
   }

@@ -72,31 +72,41 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
   const int n_tiles = k_end > k_begin ? int((k_end - k_begin + C::kBn - 1) / C::kBn) : 0;
   const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
 
-  // Gathers tile t's latent rows into stage st (invalid keys: zero rows, marked invalid).
-  auto issue = [&](int t, int st) {
-    constexpr int kTpr = kThreads / C::kBn;  // threads per row
-    const int r = tid / kTpr, sub = tid % kTpr;
-    const int64_t li = k_begin + int64_t(t) * C::kBn + r;
-    int64_t pos = -1;
-    if (li < k_end) pos = p.sel ? p.sel[int64_t(row) * p.sel_stride + li] : li;
-    bool ok = pos >= 0 && pos < n_vis && pos / p.page_size < p.pt_cols;
-    int64_t slot = 0;
-    if (ok) {
-      const int32_t pg = p.page_table[seq * p.pt_stride + pos / p.page_size];
-      slot = int64_t(pg) * p.page_size + pos % p.page_size;
-      ok = pg >= 0 && slot < p.num_slots;
-    }
+  // Tiles of latent rows are gathered into the stages (invalid keys: zero rows, marked invalid). Each
+  // gathers 16-byte pieces of one row of every tile. The key's position (from the
+  // selection) and its page are loaded two and one tiles ahead, so the dependent index loads overlap
+  // the tensor-core work instead of stalling each tile.
+  constexpr int kTpr = kThreads / C::kBn;  // threads per row
+  const int my_r = tid / kTpr, my_sub = tid % kTpr;
+  auto fetch_pos = [&](int u) -> int64_t {
+    const int64_t li = k_begin + int64_t(u) * C::kBn + my_r;
+    if (u >= n_tiles || li >= k_end) return -1;
+    return p.sel ? p.sel[int64_t(row) * p.sel_stride + li] : li;
+  };
+  auto pos_ok = [&](int64_t pos) { return pos >= 0 && pos < n_vis && pos / p.page_size < p.pt_cols; };
+  auto fetch_page = [&](int64_t pos) -> int32_t {
+    return pos_ok(pos) ? p.page_table[seq * p.pt_stride + pos / p.page_size] : -1;
+  };
+  auto issue = [&](int st, int64_t pos, int32_t pg) {
+    const int64_t slot = int64_t(pg) * p.page_size + (pos >= 0 ? pos % p.page_size : 0);
+    const bool ok = pos_ok(pos) && pg >= 0 && slot < p.num_slots;
     const unsigned char* src = ok ? cache + slot * C::kSrcBytes : cache;
-    unsigned char* dst = sRaw + (size_t(st) * C::kBn + r) * C::kRawBytes;
-    for (int c = sub; c < C::kSrcBytes / 16; c += kTpr)
+    unsigned char* dst = sRaw + (size_t(st) * C::kBn + my_r) * C::kRawBytes;
+    for (int c = my_sub; c < C::kSrcBytes / 16; c += kTpr)
       mma::cp_async16(dst + c * 16, src + c * 16, ok ? 16 : 0);
-    if (sub == 0) sValid[st * C::kBn + r] = ok ? 1 : 0;
+    if (my_sub == 0) sValid[st * C::kBn + my_r] = ok ? 1 : 0;
   };
 
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < n_tiles) issue(s, s);
+    if (s < n_tiles) {
+      const int64_t pos = fetch_pos(s);
+      issue(s, pos, fetch_page(pos));
+    }
     mma::cp_async_commit();
   }
+  int64_t pos_a = fetch_pos(C::kStages - 1);  // the tile issued next
+  int32_t pg_a = fetch_page(pos_a);
+  int64_t pos_b = fetch_pos(C::kStages);  // the one after
 
   // Q rows of this head group as bf16 (rows past the last head are zero).
   for (int i = tid; i < C::kRows * (kMlaDim / 4); i += kThreads) {
@@ -124,8 +134,11 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
   for (int t = 0; t < n_tiles; ++t) {
     mma::cp_async_wait<C::kStages - 2>();
     __syncthreads();
-    if (t + C::kStages - 1 < n_tiles) issue(t + C::kStages - 1, (t + C::kStages - 1) % C::kStages);
+    if (t + C::kStages - 1 < n_tiles) issue((t + C::kStages - 1) % C::kStages, pos_a, pg_a);
     mma::cp_async_commit();
+    pos_a = pos_b;
+    pg_a = fetch_page(pos_b);
+    pos_b = fetch_pos(t + C::kStages + 1);
     const int st = t % C::kStages;
     const __nv_bfloat16* kv;
     if constexpr (kFp8) {
