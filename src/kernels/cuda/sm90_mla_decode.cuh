@@ -72,10 +72,10 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
   const int n_tiles = k_end > k_begin ? int((k_end - k_begin + C::kBn - 1) / C::kBn) : 0;
   const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
 
-  // Tiles of latent rows are gathered into the stages (invalid keys: zero rows, marked invalid). Each
-  // gathers 16-byte pieces of one row of every tile. The key's position (from the
-  // selection) and its page are loaded two and one tiles ahead, so the dependent index loads overlap
-  // the tensor-core work instead of stalling each tile.
+  // Tiles of latent rows are gathered into the stages (invalid keys: zero rows, marked invalid); each
+  // thread copies 16-byte pieces of one row of every tile. The key's position (from the selection)
+  // and its page are loaded two and one tiles ahead, so the dependent index loads overlap the
+  // tensor-core work instead of stalling each tile.
   constexpr int kTpr = kThreads / C::kBn;  // threads per row
   const int my_r = tid / kTpr, my_sub = tid % kTpr;
   auto fetch_pos = [&](int u) -> int64_t {
