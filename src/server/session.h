@@ -2,6 +2,9 @@
 // Session: one HTTP/1.1 connection (keep-alive). Reads a request (size and time limited), hands it to the
 // router, writes the response: a JSON body, or an SSE stream in chunked transfer encoding. While a
 // generation runs it watches the socket: a client that closes it cancels the generation.
+// clang-format off
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without including it
+// clang-format on
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -10,7 +13,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>  // before Asio: Boost 1.74 awaitable.hpp uses std::exchange without it
 
 #include "server/generation.h"
 
