@@ -97,12 +97,13 @@ struct QuantFp8Params {
 };
 cudaError_t launch_quant_fp8(const QuantFp8Params& p, cudaStream_t stream);
 
-// W (fp8 e4m3 with block scales) -> bf16: out[r][c] = bf16(code(w[r][c]) * scale_inv[r / bn][c / bk]).
+// W (fp8 e4m3 with block scales) -> bf16 or f32: out[r][c] = code(w[r][c]) * scale_inv[r / bn][c / bk].
 struct DequantFp8Params {
   const uint8_t* w;        // [rows, cols] contiguous
   const float* scale_inv;  // [ceil(rows / bn), ceil(cols / bk)]
-  uint16_t* out;           // [rows, cols] bf16 bits
+  void* out;               // [rows, cols] bf16 bits, or f32 when out_f32
   int64_t rows, cols, bn, bk;
+  bool out_f32;
 };
 cudaError_t launch_dequant_fp8(const DequantFp8Params& p, cudaStream_t stream);
 

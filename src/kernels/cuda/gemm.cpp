@@ -49,6 +49,8 @@ struct Lt {
   std::map<PlanKey, Plan> plans;
   std::unordered_map<const void*, WeightCache> fp8_scales;  // key: scale_inv data
   std::unordered_map<const void*, WeightCache> dequant;     // key: fp8 weight data
+  std::unordered_map<const void*, WeightCache> as_f32;      // key: weight data (fp32 precision mode)
+  GemmPrecision precision = GemmPrecision::fast;
   GemmStats stats;
 };
 
@@ -177,6 +179,9 @@ void check_weight(const WeightRef& w, const char* what) {
   }
 }
 
+void cast_rows(const void* src, bool src_bf16, int64_t src_stride, void* dst, bool dst_bf16,
+               int64_t dst_stride, int64_t rows, int64_t cols, const char* what);
+
 // The fp8 weight dequantised to bf16 (cached).
 Tensor dequantised(const WeightRef& w) {
   Lt& l = lt();
@@ -187,13 +192,37 @@ Tensor dequantised(const WeightRef& w) {
   }
   Tensor out = Tensor::empty({w.rows(), w.cols()}, DType::bf16, Device::cuda);
   check_launch(launch_dequant_fp8({static_cast<const uint8_t*>(w.weight.raw_data()),
-                                   static_cast<const float*>(w.scale_inv.raw_data()), out.data_u16(),
-                                   w.rows(), w.cols(), w.block_n, w.block_k},
+                                   static_cast<const float*>(w.scale_inv.raw_data()), out.raw_data(),
+                                   w.rows(), w.cols(), w.block_n, w.block_k, false},
                                   op_stream()),
                "dequantise fp8 weight");
   std::lock_guard<std::mutex> lock(l.mu);
   ++l.stats.dequantised;
   l.dequant[w.weight.raw_data()] = WeightCache{w.weight, out, w.cols()};
+  return out;
+}
+
+// The weight as f32 (fp32 precision mode; cached).
+Tensor as_f32(const WeightRef& w) {
+  Lt& l = lt();
+  {
+    std::lock_guard<std::mutex> lock(l.mu);
+    auto it = l.as_f32.find(w.weight.raw_data());
+    if (it != l.as_f32.end()) return it->second.data;
+  }
+  Tensor out = Tensor::empty({w.rows(), w.cols()}, DType::f32, Device::cuda);
+  if (w.weight.dtype() == DType::f8e4m3fn) {
+    check_launch(launch_dequant_fp8({static_cast<const uint8_t*>(w.weight.raw_data()),
+                                     static_cast<const float*>(w.scale_inv.raw_data()), out.raw_data(),
+                                     w.rows(), w.cols(), w.block_n, w.block_k, true},
+                                    op_stream()),
+                 "dequantise fp8 weight to f32");
+  } else {
+    cast_rows(w.weight.raw_data(), true, w.cols(), out.raw_data(), false, w.cols(), w.rows(), w.cols(),
+              "bf16 weight to f32");
+  }
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.as_f32[w.weight.raw_data()] = WeightCache{w.weight, out, w.cols()};
   return out;
 }
 
@@ -307,10 +336,14 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
   DSA_CHECK(ov.rows == T && ov.cols == N, "linear: output {} should be [{}, {}]", out.describe(), T, N);
   if (T == 0 || N == 0) return;
   DSA_CHECK(K > 0, "linear: empty input features");
+  const bool exact = gemm_precision() == GemmPrecision::fp32;
   const DType dt = w.weight.dtype();
-  if (dt == DType::f8e4m3fn && gemm_fp8(xv, w, r0, r1, ov)) return;
-  const bool f32 = dt == DType::f32;
-  const Tensor a = dt == DType::f8e4m3fn ? dequantised(w) : w.weight;
+  if (!exact && dt == DType::f8e4m3fn && gemm_fp8(xv, w, r0, r1, ov)) return;
+  const bool f32 = exact || dt == DType::f32;
+  const Tensor a = dt == DType::f32        ? w.weight
+                   : exact                 ? as_f32(w)
+                   : dt == DType::f8e4m3fn ? dequantised(w)
+                                           : w.weight;
   const void* a_ptr = static_cast<const char*>(a.raw_data()) + r0 * K * (f32 ? 4 : 2);
   gemm_dense(xv, a_ptr, f32, true, K, N, ov, !f32 && N <= kSplitMaxRows, "linear");
 }
@@ -324,11 +357,27 @@ void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
   DSA_CHECK(ov.rows == T && ov.cols == C, "linear_t: output {} should be [{}, {}]", out.describe(), T, C);
   if (T == 0 || C == 0) return;
   DSA_CHECK(R > 0, "linear_t: empty row range");
+  const bool exact = gemm_precision() == GemmPrecision::fp32;
   const DType dt = w.weight.dtype();
-  const bool f32 = dt == DType::f32;
-  const Tensor a = dt == DType::f8e4m3fn ? dequantised(w) : w.weight;
+  const bool f32 = exact || dt == DType::f32;
+  const Tensor a = dt == DType::f32        ? w.weight
+                   : exact                 ? as_f32(w)
+                   : dt == DType::f8e4m3fn ? dequantised(w)
+                                           : w.weight;
   const void* a_ptr = static_cast<const char*>(a.raw_data()) + r0 * C * (f32 ? 4 : 2);
   gemm_dense(xv, a_ptr, f32, false, C, C, ov, false, "linear_t");
+}
+
+void set_gemm_precision(GemmPrecision p) {
+  Lt& l = lt();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.precision = p;
+}
+
+GemmPrecision gemm_precision() {
+  Lt& l = lt();
+  std::lock_guard<std::mutex> lock(l.mu);
+  return l.precision;
 }
 
 GemmStats gemm_stats() {
@@ -343,6 +392,7 @@ void clear_gemm_caches() {
   std::lock_guard<std::mutex> lock(l.mu);
   l.fp8_scales.clear();
   l.dequant.clear();
+  l.as_f32.clear();
 }
 
 }  // namespace dsaserve::kernels::cuda

@@ -26,6 +26,13 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
 // out [T, C] = x [T, r1 - r0] @ W[r0:r1] (W [rows, C]).
 void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
 
+// fast (the default): as above. fp32: every weight is dequantised once to f32 (cached per weight) and
+// multiplied in f32 with f32 activations: a reference-precision mode for accuracy checks (the GPU forward
+// then follows the CPU reference closely), at several times the memory and time.
+enum class GemmPrecision { fast, fp32 };
+void set_gemm_precision(GemmPrecision p);
+GemmPrecision gemm_precision();
+
 struct GemmStats {
   int64_t plans = 0;         // cached cuBLASLt heuristics
   int64_t fp8_calls = 0;     // block-scaled FP8 GEMMs

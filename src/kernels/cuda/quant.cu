@@ -45,7 +45,11 @@ __global__ void sm90_dequant_fp8_kernel(DequantFp8Params p) {
     __nv_fp8_e4m3 w;
     w.__x = p.w[i];
     const float v = float(w) * p.scale_inv[(r / p.bn) * kb + c / p.bk];
-    p.out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    if (p.out_f32) {
+      static_cast<float*>(p.out)[i] = v;
+    } else {
+      static_cast<uint16_t*>(p.out)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    }
   }
 }
 
