@@ -1,0 +1,75 @@
+// KvPool: two-phase page allocation, page tables that grow, frees, integrity and the too-small error.
+#include "runtime/kv/kv_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "core/error.h"
+#include "model/config.h"
+
+namespace dsaserve::runtime {
+namespace {
+
+model::ModelConfig small_config() {
+  model::ModelConfig c;
+  c.num_hidden_layers = 3;
+  c.kv_lora_rank = 8;
+  c.qk_rope_head_dim = 4;
+  c.index_n_heads = 2;
+  c.index_head_dim = 6;
+  c.num_nextn_predict_layers = 1;
+  c.indexer_types = {model::IndexerType::full, model::IndexerType::shared, model::IndexerType::full};
+  return c;
+}
+
+TEST(KvCache, LayoutPerLayerAndIndexerKeysOnlyWhereIndexed) {
+  const auto c = small_config();
+  const model::KvCache k = model::KvCache::create(c, 5, 4, true);
+  ASSERT_EQ(k.kv.size(), 4u);  // 3 layers + the MTP layer
+  EXPECT_EQ(k.kv[0].shape(), (Shape{20, 12}));
+  EXPECT_TRUE(k.index_k[0].defined());
+  EXPECT_FALSE(k.index_k[1].defined());  // shared layer: no indexer keys
+  EXPECT_TRUE(k.index_k[3].defined());   // MTP layer indexes for itself
+  EXPECT_EQ(k.index_k[2].shape(), (Shape{20, 6}));
+  EXPECT_EQ(model::KvCache::bytes_per_token(c, true), (4 * 12 + 3 * 6) * 4);
+  EXPECT_EQ(k.bytes(), 20 * model::KvCache::bytes_per_token(c, true));
+  EXPECT_THROW(model::KvCache::create(c, 0, 4, true), Error);
+}
+
+TEST(KvPool, AllocateGrowFreeAndIntegrity) {
+  KvPool pool(model::KvCache::create(small_config(), 6, 4, false));
+  EXPECT_EQ(pool.free_pages(), 6);
+  EXPECT_EQ(pool.pages_for(9), 3);
+  std::vector<int32_t> a, b;
+  pool.reserve(a, 5);  // 2 pages
+  pool.reserve(b, 1);  // 1 page
+  pool.reserve(a, 8);  // still 2 pages
+  EXPECT_EQ(a.size(), 2u);
+  pool.reserve(a, 9);  // a third page, after b's
+  ASSERT_EQ(a.size(), 3u);
+  std::set<int32_t> all(a.begin(), a.end());
+  all.insert(b.begin(), b.end());
+  EXPECT_EQ(all.size(), 4u);
+  EXPECT_EQ(pool.free_pages(), 2);
+  pool.check_integrity();
+  EXPECT_TRUE(pool.can_allocate(2));
+  EXPECT_FALSE(pool.can_allocate(3));
+  try {
+    pool.allocate(3);
+    FAIL() << "allocating more pages than are free must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KV pool too small"), std::string::npos) << e.what();
+  }
+  pool.free(a);
+  EXPECT_EQ(pool.free_pages(), 5);
+  EXPECT_THROW(pool.free(a), Error);  // double free
+  const std::vector<int32_t> foreign{17};
+  EXPECT_THROW(pool.free(foreign), Error);
+  pool.free(b);
+  pool.check_integrity();
+  EXPECT_EQ(pool.free_pages(), 6);
+}
+
+}  // namespace
+}  // namespace dsaserve::runtime
