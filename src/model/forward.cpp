@@ -129,40 +129,72 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   DSA_CHECK(!c.has_indexer() || st.have_sel,
             "layer with a shared indexer has no earlier full layer to reuse");
 
-  // Attention per request, MHA or absorbed form.
+  // Attention: MHA form per request for long extends; the absorbed form for the rest, whose query and
+  // output projections (W_UK, W_UV: the per-head slices of kv_b_proj) run once over all their tokens.
   const double scale = c.attention_scale();
   const kernels::WeightRef kv_b = ref(aw.kv_b_proj);  // [nh * (nope + dv), L]
   Tensor attn = Tensor::empty({T, nh, dv}, DType::f32, h.device());
+  std::vector<int64_t> absorbed;  // requests in the absorbed form
+  std::vector<int32_t> abs_rows;  // their tokens, in order
   for (int64_t r = 0; r < b.num_requests(); ++r) {
     const int64_t a0 = b.token_begin[size_t(r)], a1 = b.token_begin[size_t(r) + 1],
                   s0 = b.start_pos[size_t(r)];
     const int64_t Tr = a1 - a0, S = s0 + Tr;
-    const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.page_tables[size_t(r)], cache.page_size};
-    const Tensor& sel = c.has_indexer() ? st.sel[size_t(r)] : Tensor();
-    const Tensor qr = q.slice(0, a0, a1);  // [Tr, nh, dq]
     const bool use_mha = st.opt->attention == AttentionForm::mha ||
                          (st.opt->attention == AttentionForm::automatic && Tr >= st.opt->mha_min_tokens);
-    if (use_mha) {
-      // [k_nope | v] = kv @ kv_b^T per head for every cached position.
-      const Tensor lat = ops::paged_gather(seq, S);  // [S, L + rope]
-      const Tensor kvx =
-          ops::linear(lat.slice(1, 0, L), kv_b).view({S, nh, nope + dv});  // [S, nh, nope + dv]
-      const Tensor o = ops::attention_mha(qr, kvx.slice(2, 0, nope), lat.slice(1, L, L + rope),
-                                          kvx.slice(2, nope, nope + dv), s0, sel, scale);  // [Tr, nh, dv]
-      Tensor dst = attn.slice(0, a0, a1).view({Tr * nh, dv});
-      ops::copy_rows(dst, o.view({Tr * nh, dv}));
-    } else {
-      // q_lat[h] = q_nope[h] @ W_UK[h]; attend over the latents; o[h] = out_lat[h] @ W_UV[h]^T.
-      Tensor q_lat = Tensor::empty({Tr, nh, L}, DType::f32, h.device());
-      for (int64_t hd = 0; hd < nh; ++hd) {
-        const int64_t base = hd * (nope + dv);
-        ops::linear_t(qr.select(1, hd).slice(1, 0, nope), kv_b, base, base + nope, q_lat.select(1, hd));
-      }
-      const Tensor out_lat = ops::mla_attention_absorbed(q_lat, qr.slice(2, nope, dq), seq, s0, sel, scale);
-      Tensor dst = attn.slice(0, a0, a1);
-      for (int64_t hd = 0; hd < nh; ++hd) {
-        const int64_t base = hd * (nope + dv) + nope;
-        ops::linear(out_lat.select(1, hd), kv_b, base, base + dv, dst.select(1, hd));
+    if (!use_mha) {
+      absorbed.push_back(r);
+      for (int64_t t = a0; t < a1; ++t) abs_rows.push_back(int32_t(t));
+      continue;
+    }
+    // [k_nope | v] = kv @ kv_b^T per head for every cached position.
+    const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.page_tables[size_t(r)], cache.page_size};
+    const Tensor lat = ops::paged_gather(seq, S);                                       // [S, L + rope]
+    const Tensor kvx = ops::linear(lat.slice(1, 0, L), kv_b).view({S, nh, nope + dv});  // [S, nh, nope + dv]
+    const Tensor o =
+        ops::attention_mha(q.slice(0, a0, a1), kvx.slice(2, 0, nope), lat.slice(1, L, L + rope),
+                           kvx.slice(2, nope, nope + dv), s0, st.sel[size_t(r)], scale);  // [Tr, nh, dv]
+    Tensor dst = attn.slice(0, a0, a1).view({Tr * nh, dv});
+    ops::copy_rows(dst, o.view({Tr * nh, dv}));
+  }
+  if (!absorbed.empty()) {
+    const int64_t Ta = int64_t(abs_rows.size());
+    const Tensor qa =
+        Ta == T ? q
+                : ops::gather_rows(q.view({T, nh * dq}), i32_tensor(abs_rows.data(), Ta, h.device()))
+                      .view({Ta, nh, dq});  // [Ta, nh, dq]
+    // q_lat[h] = q_nope[h] @ W_UK[h] -> [Ta, nh, L]
+    Tensor q_lat = Tensor::empty({Ta, nh, L}, DType::f32, h.device());
+    for (int64_t hd = 0; hd < nh; ++hd) {
+      const int64_t base = hd * (nope + dv);
+      ops::linear_t(qa.select(1, hd).slice(1, 0, nope), kv_b, base, base + nope, q_lat.select(1, hd));
+    }
+    // Attend over each request's latents -> out_lat [Ta, nh, L].
+    Tensor out_lat = Tensor::empty({Ta, nh, L}, DType::f32, h.device());
+    int64_t p0 = 0;
+    for (int64_t r : absorbed) {
+      const int64_t Tr = b.num_new(r), s0 = b.start_pos[size_t(r)];
+      const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.page_tables[size_t(r)], cache.page_size};
+      const Tensor o = ops::mla_attention_absorbed(q_lat.slice(0, p0, p0 + Tr),
+                                                   qa.slice(0, p0, p0 + Tr).slice(2, nope, dq), seq, s0,
+                                                   st.sel[size_t(r)], scale);
+      Tensor dst = out_lat.slice(0, p0, p0 + Tr).view({Tr * nh, L});
+      ops::copy_rows(dst, o.view({Tr * nh, L}));
+      p0 += Tr;
+    }
+    // o[h] = out_lat[h] @ W_UV[h]^T -> [Ta, nh, dv], then back to the requests' rows.
+    Tensor oa = Ta == T ? attn : Tensor::empty({Ta, nh, dv}, DType::f32, h.device());
+    for (int64_t hd = 0; hd < nh; ++hd) {
+      const int64_t base = hd * (nope + dv) + nope;
+      ops::linear(out_lat.select(1, hd), kv_b, base, base + dv, oa.select(1, hd));
+    }
+    if (Ta != T) {
+      p0 = 0;
+      for (int64_t r : absorbed) {
+        const int64_t Tr = b.num_new(r), a0 = b.token_begin[size_t(r)];
+        Tensor dst = attn.slice(0, a0, a0 + Tr).view({Tr * nh, dv});
+        ops::copy_rows(dst, oa.slice(0, p0, p0 + Tr).view({Tr * nh, dv}));
+        p0 += Tr;
       }
     }
   }

@@ -1,5 +1,6 @@
 // Shared helpers of the CPU kernels: tensor views, weight dequantisation, dot products.
 #include <array>
+#include <cstring>
 
 #include "core/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -67,6 +68,21 @@ void check_weight(const WeightRef& w, const char* what) {
   }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DSA_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DSA_CLONES
+#endif
+
+// bf16 -> f32 is a 16-bit shift; written on integers so that it vectorises.
+DSA_CLONES static void bf16_row(const uint16_t* src, int64_t n, float* out) {
+  static_assert(sizeof(float) == sizeof(uint32_t));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = uint32_t(src[i]) << 16;
+    std::memcpy(out + i, &u, sizeof(u));
+  }
+}
+
 void weight_row(const WeightRef& w, int64_t r, int64_t c0, int64_t c1, float* out) {
   const int64_t cols = w.cols();
   switch (w.weight.dtype()) {
@@ -75,11 +91,9 @@ void weight_row(const WeightRef& w, int64_t r, int64_t c0, int64_t c1, float* ou
       for (int64_t c = c0; c < c1; ++c) out[c - c0] = src[c];
       break;
     }
-    case DType::bf16: {
-      const uint16_t* src = static_cast<const uint16_t*>(w.weight.raw_data()) + r * cols;
-      for (int64_t c = c0; c < c1; ++c) out[c - c0] = bf16_to_f32(src[c]);
+    case DType::bf16:
+      bf16_row(static_cast<const uint16_t*>(w.weight.raw_data()) + r * cols + c0, c1 - c0, out);
       break;
-    }
     case DType::f8e4m3fn: {
       const auto& lut = f8_table();
       const uint8_t* src = static_cast<const uint8_t*>(w.weight.raw_data()) + r * cols;
@@ -98,18 +112,97 @@ void weight_row(const WeightRef& w, int64_t r, int64_t c0, int64_t c1, float* ou
   }
 }
 
-float dot(const float* a, const float* b, int64_t n) {
-  constexpr int kLanes = 16;
+namespace {
+
+constexpr int kLanes = 8;
+
+// Sums of x0.w{0..3} and x1.w{0..3} over n floats; lane j of every accumulator sees elements j, j+8, ...
+inline void micro_2x4(const float* x0, const float* x1, const float* w0, const float* w1, const float* w2,
+                      const float* w3, int64_t n, float* o0, float* o1) {
+  float a[8][kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const float u = x0[i + j], v = x1[i + j];
+      a[0][j] += u * w0[i + j];
+      a[1][j] += u * w1[i + j];
+      a[2][j] += u * w2[i + j];
+      a[3][j] += u * w3[i + j];
+      a[4][j] += v * w0[i + j];
+      a[5][j] += v * w1[i + j];
+      a[6][j] += v * w2[i + j];
+      a[7][j] += v * w3[i + j];
+    }
+  }
+  float s[8];
+  for (int k = 0; k < 8; ++k) {
+    float t = 0.0f;
+    for (int j = 0; j < kLanes; ++j) t += a[k][j];
+    s[k] = t;
+  }
+  for (; i < n; ++i) {
+    s[0] += x0[i] * w0[i];
+    s[1] += x0[i] * w1[i];
+    s[2] += x0[i] * w2[i];
+    s[3] += x0[i] * w3[i];
+    s[4] += x1[i] * w0[i];
+    s[5] += x1[i] * w1[i];
+    s[6] += x1[i] * w2[i];
+    s[7] += x1[i] * w3[i];
+  }
+  for (int k = 0; k < 4; ++k) {
+    o0[k] = s[k];
+    o1[k] = s[4 + k];
+  }
+}
+
+inline float dot_impl(const float* a, const float* b, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
   }
-  float tail = 0.0f;
-  for (; i < n; ++i) tail += a[i] * b[i];
   float s = 0.0f;
   for (int j = 0; j < kLanes; ++j) s += acc[j];
-  return s + tail;
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
 }
+
+}  // namespace
+
+DSA_CLONES void gemm_nt(const float* x, int64_t sx, int64_t T, const float* w, int64_t N, int64_t K,
+                        float* out, int64_t so) {
+  float o0[4], o1[4];
+  int64_t t = 0;
+  for (; t + 2 <= T; t += 2) {
+    const float* x0 = x + t * sx;
+    const float* x1 = x0 + sx;
+    int64_t r = 0;
+    for (; r + 4 <= N; r += 4) {
+      const float* wr = w + r * K;
+      micro_2x4(x0, x1, wr, wr + K, wr + 2 * K, wr + 3 * K, K, o0, o1);
+      for (int k = 0; k < 4; ++k) {
+        out[t * so + r + k] = o0[k];
+        out[(t + 1) * so + r + k] = o1[k];
+      }
+    }
+    for (; r < N; ++r) {
+      out[t * so + r] = dot_impl(x0, w + r * K, K);
+      out[(t + 1) * so + r] = dot_impl(x1, w + r * K, K);
+    }
+  }
+  if (t < T) {
+    const float* x0 = x + t * sx;
+    int64_t r = 0;
+    for (; r + 4 <= N; r += 4) {
+      const float* wr = w + r * K;
+      micro_2x4(x0, x0, wr, wr + K, wr + 2 * K, wr + 3 * K, K, o0, o1);
+      for (int k = 0; k < 4; ++k) out[t * so + r + k] = o0[k];
+    }
+    for (; r < N; ++r) out[t * so + r] = dot_impl(x0, w + r * K, K);
+  }
+}
+
+DSA_CLONES float dot(const float* a, const float* b, int64_t n) { return dot_impl(a, b, n); }
 
 }  // namespace dsaserve::kernels::cpu

@@ -24,10 +24,37 @@ Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int6
   Tensor out = Tensor::empty({T, kout}, DType::i32);
   int32_t* o = out.data<int32_t>();
   const float sc = float(scale), ws = float(weight_scale);
+  // Pass 1: scores of (query, block of kBlock keys) work items; q_t [ih, id] x keys^T as one small GEMM.
+  constexpr int64_t kBlock = 64;
+  std::vector<std::pair<int32_t, int32_t>> items;  // (t, first key)
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = start_pos + t + 1;
+    if (n <= topk) continue;
+    for (int64_t s0 = 0; s0 < n; s0 += kBlock) items.emplace_back(int32_t(t), int32_t(s0));
+  }
+  std::vector<float> score(static_cast<size_t>(T * S));
+  parallel_for(int64_t(items.size()), 1, [&](int64_t b, int64_t e) {
+    std::vector<float> tmp(static_cast<size_t>(ih * kBlock));
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t t = items[size_t(it)].first, s0 = items[size_t(it)].second;
+      const int64_t nb = std::min(kBlock, start_pos + t + 1 - s0);
+      gemm_nt(qv.at(t, 0), qv.s1, ih, k + s0 * id, nb, id, tmp.data(), kBlock);  // [ih, nb]
+      const float* wrow = wv.row(t);
+      float* out_s = score.data() + t * S + s0;
+      std::fill_n(out_s, nb, 0.0f);
+      for (int64_t h = 0; h < ih; ++h) {  // heads in order: the same sum for every key
+        const float wh = wrow[h] * ws;
+        const float* th = tmp.data() + h * kBlock;
+        for (int64_t j = 0; j < nb; ++j) {
+          const float d = th[j] * sc;
+          out_s[j] += d > 0.0f ? d * wh : 0.0f;
+        }
+      }
+    }
+  });
+  // Pass 2: top-k per query.
   parallel_for(T, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> score;
     std::vector<int32_t> idx;
-    std::vector<float> wt(static_cast<size_t>(ih));
     for (int64_t t = b; t < e; ++t) {
       const int64_t n = start_pos + t + 1;  // visible keys
       int32_t* row = o + t * kout;
@@ -35,23 +62,12 @@ Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int6
         for (int64_t j = 0; j < kout; ++j) row[j] = j < n ? int32_t(j) : -1;
         continue;
       }
-      for (int64_t h = 0; h < ih; ++h) wt[size_t(h)] = wv.row(t)[h] * ws;
-      score.assign(size_t(n), 0.0f);
-      for (int64_t s = 0; s < n; ++s) {
-        const float* ks = k + s * id;
-        float acc = 0.0f;
-        for (int64_t h = 0; h < ih; ++h) {
-          const float d = dot(qv.at(t, h), ks, id) * sc;
-          if (d > 0.0f) acc += d * wt[size_t(h)];
-        }
-        score[size_t(s)] = acc;
-      }
+      const float* sr = score.data() + t * S;
       idx.resize(size_t(n));
       std::iota(idx.begin(), idx.end(), 0);
       // Highest score first; equal scores: lower position first.
-      std::nth_element(idx.begin(), idx.begin() + topk, idx.end(), [&](int32_t a, int32_t c) {
-        return score[size_t(a)] > score[size_t(c)] || (score[size_t(a)] == score[size_t(c)] && a < c);
-      });
+      std::nth_element(idx.begin(), idx.begin() + topk, idx.end(),
+                       [&](int32_t a, int32_t c) { return sr[a] > sr[c] || (sr[a] == sr[c] && a < c); });
       std::sort(idx.begin(), idx.begin() + topk);
       std::copy_n(idx.begin(), topk, row);
     }

@@ -2,7 +2,8 @@
 //
 // The weight is processed in tiles of kTileRows rows, dequantised once per tile into a thread-local f32
 // buffer (never the whole matrix), then every input row is multiplied against the tile with four rows at
-// a time sharing each load of x: the inner loops are fixed-width and vectorise without -ffast-math.
+// a time sharing each load of x and two inputs sharing each load of W (gemm_nt): the inner loops are
+// fixed-width and vectorise without -ffast-math.
 #include <algorithm>
 #include <vector>
 
@@ -14,41 +15,6 @@ namespace dsaserve::kernels::cpu {
 namespace {
 
 constexpr int64_t kTileRows = 16;
-constexpr int kLanes = 8;
-
-// Four dot products of x against w0..w3 (n floats each).
-inline void dot4(const float* x, const float* w0, const float* w1, const float* w2, const float* w3,
-                 int64_t n, float* out) {
-  float a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const float xv = x[i + j];
-      a0[j] += xv * w0[i + j];
-      a1[j] += xv * w1[i + j];
-      a2[j] += xv * w2[i + j];
-      a3[j] += xv * w3[i + j];
-    }
-  }
-  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  for (; i < n; ++i) {
-    s0 += x[i] * w0[i];
-    s1 += x[i] * w1[i];
-    s2 += x[i] * w2[i];
-    s3 += x[i] * w3[i];
-  }
-  for (int j = 0; j < kLanes; ++j) {
-    s0 += a0[j];
-    s1 += a1[j];
-    s2 += a2[j];
-    s3 += a3[j];
-  }
-  out[0] = s0;
-  out[1] = s1;
-  out[2] = s2;
-  out[3] = s3;
-}
-
 Tensor make_out(Tensor out, int64_t rows, int64_t cols, const char* what) {
   if (!out.defined()) return Tensor::empty({rows, cols}, DType::f32);
   const Rows o = as_rows(out, what);
@@ -79,16 +45,7 @@ Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tenso
       const int64_t n0 = tile * kTileRows, n1 = std::min(N, n0 + kTileRows);
       const int64_t nr = n1 - n0;
       for (int64_t r = 0; r < nr; ++r) weight_row(w, r0 + n0 + r, 0, K, buf.data() + r * K);
-      for (int64_t t = 0; t < T; ++t) {
-        const float* xt = xr.row(t);
-        float* ot = o.row(t) + n0;
-        int64_t r = 0;
-        for (; r + 4 <= nr; r += 4) {
-          const float* wr = buf.data() + r * K;
-          dot4(xt, wr, wr + K, wr + 2 * K, wr + 3 * K, K, ot + r);
-        }
-        for (; r < nr; ++r) ot[r] = dot(xt, buf.data() + r * K, K);
-      }
+      gemm_nt(xr.p, xr.stride, T, buf.data(), nr, K, o.p + n0, o.stride);
     }
   });
   return out;
