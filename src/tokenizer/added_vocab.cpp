@@ -50,9 +50,7 @@ void AddedVocab::load(const nlohmann::json& added_tokens, const BpeModel& model,
   // The word and space classes of the Rust regex crate, used by single_word / lstrip / rstrip.
   word_char_ =
       std::make_unique<Regex>("[\\p{L}\\p{Nl}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]", "added token rules");
-  space_char_ = std::make_unique<Regex>(
-      "[\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]",
-      "added token rules");
+  space_char_ = std::make_unique<Regex>("[" + std::string(kWhiteSpaceClassBody) + "]", "added token rules");
   if (added_tokens.is_null()) return;
   if (!added_tokens.is_array()) fail("added_tokens: expected an array, got {}", added_tokens.type_name());
 

@@ -200,15 +200,8 @@ void add_decoder(const nlohmann::json& spec, const std::string& where,
                                                    count_field(spec, "start", where),
                                                    count_field(spec, "stop", where)));
   } else if (type == "Replace") {
-    const auto& p = required_field(spec, "pattern", where);
-    std::string regex;
-    if (p.is_object() && p.contains("Regex") && p["Regex"].is_string())
-      regex = p["Regex"].get<std::string>();
-    else if (p.is_object() && p.contains("String") && p["String"].is_string())
-      regex = regex_escape(p["String"].get<std::string>());
-    else
-      fail("{}.pattern: expected {{\"String\": ...}} or {{\"Regex\": ...}}", where);
-    steps.push_back(std::make_unique<ReplaceDecoder>(regex, string_field(spec, "content", where), where));
+    steps.push_back(std::make_unique<ReplaceDecoder>(pattern_regex(spec, where),
+                                                     string_field(spec, "content", where), where));
   } else if (type == "Metaspace") {
     bool strip_first = bool_field(spec, "add_prefix_space", where, true);
     auto it = spec.find("prepend_scheme");

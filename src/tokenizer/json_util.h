@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "tokenizer/regex.h"
 
 namespace dsaserve::tokenizer {
 
@@ -34,6 +35,16 @@ inline const nlohmann::json& array_field(const nlohmann::json& obj, const char* 
   const auto& v = required_field(obj, key, where);
   if (!v.is_array()) fail("{}.{}: expected an array, got {}", where, key, v.type_name());
   return v;
+}
+
+// The regex of a {"String": ...} (matched literally) or {"Regex": ...} "pattern" member.
+inline std::string pattern_regex(const nlohmann::json& spec, const std::string& where) {
+  const auto& p = required_field(spec, "pattern", where);
+  if (p.is_object() && p.contains("Regex") && p["Regex"].is_string()) return p["Regex"].get<std::string>();
+  if (p.is_object() && p.contains("String") && p["String"].is_string()) {
+    return regex_escape(p["String"].get_ref<const std::string&>());
+  }
+  fail("{}.pattern: expected {{\"String\": ...}} or {{\"Regex\": ...}}, got {}", where, p.dump());
 }
 
 }  // namespace dsaserve::tokenizer

@@ -9,16 +9,13 @@
 namespace dsaserve::tokenizer {
 namespace {
 
-// Unicode White_Space (Rust's char::is_whitespace), as a regex class body.
-constexpr const char* kWhiteSpaceClass =
-    "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
 // Rust's is_ascii_punctuation || Unicode punctuation (P*).
 constexpr const char* kPunctuationClass = "[\\p{P}!-/:-@\\[-`{-~]";
 // GPT-2's pre-tokenizer pattern (ByteLevel use_regex).
 constexpr const char* kGpt2Pattern =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-std::string white_space_char() { return std::string("[") + kWhiteSpaceClass + "]"; }
+std::string white_space_char() { return "[" + std::string(kWhiteSpaceClassBody) + "]"; }
 
 SplitBehavior parse_behavior(const nlohmann::json& spec, const std::string& where, SplitBehavior fallback) {
   auto it = spec.find("behavior");
@@ -31,16 +28,6 @@ SplitBehavior parse_behavior(const nlohmann::json& spec, const std::string& wher
   if (b == "MergedWithNext") return SplitBehavior::kMergedWithNext;
   if (b == "Contiguous") return SplitBehavior::kContiguous;
   fail("{}.behavior: unknown split behavior \"{}\"", where, b);
-}
-
-// The regex of a {"String": ...} or {"Regex": ...} pattern object.
-std::string pattern_regex(const nlohmann::json& spec, const std::string& where) {
-  const auto& p = required_field(spec, "pattern", where);
-  if (p.is_object() && p.contains("Regex") && p["Regex"].is_string()) return p["Regex"].get<std::string>();
-  if (p.is_object() && p.contains("String") && p["String"].is_string()) {
-    return regex_escape(p["String"].get_ref<const std::string&>());
-  }
-  fail("{}.pattern: expected {{\"String\": ...}} or {{\"Regex\": ...}}, got {}", where, p.dump());
 }
 
 // Copies text[begin, end) to the end of w.buf (safe although the source lies in w.buf).

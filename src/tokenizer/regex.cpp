@@ -29,10 +29,6 @@ ThreadMatchState& match_state() {
   return state;
 }
 
-// Unicode White_Space, which Oniguruma's \s is (PCRE2's \s also takes U+180E).
-constexpr std::string_view kSpaceBody =
-    "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
-
 std::string_view unicode_delta(std::string_view category) {
   for (const UnicodeDelta& d : kUnicodeDelta) {
     if (d.category == category) return d.ranges;
@@ -56,9 +52,9 @@ std::string translate_pattern(std::string_view p) {
       } else if (n == 'H' && !in_class) {
         out += "[^0-9a-fA-F]";
       } else if (n == 's') {
-        out += in_class ? std::string(kSpaceBody) : "[" + std::string(kSpaceBody) + "]";
+        out += in_class ? std::string(kWhiteSpaceClassBody) : "[" + std::string(kWhiteSpaceClassBody) + "]";
       } else if (n == 'S' && !in_class) {
-        out += "[^" + std::string(kSpaceBody) + "]";
+        out += "[^" + std::string(kWhiteSpaceClassBody) + "]";
       } else if ((n == 'p' || n == 'P') && i + 2 < p.size() && p[i + 2] == '{') {
         const size_t close = p.find('}', i + 3);
         if (close == std::string_view::npos) {

@@ -49,6 +49,10 @@ class Regex {
   bool jit_ = false;
 };
 
+// Unicode White_Space (Oniguruma's \s, Rust's char::is_whitespace) as the body of a regex class.
+inline constexpr std::string_view kWhiteSpaceClassBody =
+    "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
+
 // Escapes `literal` so that it matches itself as a regex.
 std::string regex_escape(std::string_view literal);
 
