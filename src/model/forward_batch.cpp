@@ -1,5 +1,7 @@
 #include "model/forward_batch.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace dsaserve::model {
@@ -45,6 +47,11 @@ void ForwardBatch::validate(int64_t vocab_size, int64_t num_pages) const {
     const int64_t n = num_new(r);
     DSA_CHECK(n > 0, "request {} has no new tokens", r);
     const auto pt = pages(r);
+    const int64_t used = (start_pos[size_t(r)] + n + page_size - 1) / page_size;
+    std::vector<int32_t> seen(pt.begin(), pt.begin() + std::min<int64_t>(used, int64_t(pt.size())));
+    std::sort(seen.begin(), seen.end());
+    DSA_CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end(),
+              "request {}: its page table lists a page twice", r);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = token_begin[size_t(r)] + i, pos = start_pos[size_t(r)] + i;
       DSA_CHECK(positions[size_t(t)] == pos, "request {}: token {} at position {}, expected {}", r, i,

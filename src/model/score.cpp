@@ -98,4 +98,33 @@ std::vector<int32_t> greedy_generate(const Model& model, std::span<const int32_t
   return out;
 }
 
+std::vector<int32_t> generate_tokens(const Model& model, std::span<const int32_t> prompt, int64_t max_new,
+                                     const std::function<int32_t(std::span<const float>)>& pick,
+                                     int64_t page_size) {
+  DSA_CHECK(!prompt.empty(), "cannot generate from an empty prompt");
+  DSA_CHECK(max_new >= 0, "max new tokens must be >= 0, got {}", max_new);
+  const int64_t total = int64_t(prompt.size()) + max_new, V = model.config().vocab_size;
+  KvCache cache = model.make_cache((total + page_size - 1) / page_size, page_size);
+  std::vector<int32_t> table(static_cast<size_t>(cache.num_pages));
+  std::iota(table.begin(), table.end(), 0);
+  ForwardOptions fo;
+  fo.all_logits = false;
+  std::vector<int32_t> out;
+  std::vector<int32_t> step(prompt.begin(), prompt.end());
+  int64_t pos = 0;
+  while (int64_t(out.size()) < max_new) {
+    ForwardBatch batch;
+    batch.page_size = page_size;
+    batch.add_request(step, pos, table);
+    const Tensor logits = model.forward(batch, cache, fo).logits.to(Device::cpu);  // [1, V]
+    const int32_t next = pick(std::span<const float>(logits.data<float>(), size_t(V)));
+    if (next < 0) break;
+    DSA_CHECK(next < V, "generate: picked token {} outside the vocabulary of {}", next, V);
+    pos += int64_t(step.size());
+    step.assign(1, next);
+    out.push_back(next);
+  }
+  return out;
+}
+
 }  // namespace dsaserve::model

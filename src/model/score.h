@@ -3,6 +3,7 @@
 // engine would: a prefill in chunks, then optionally one token at a time. Used by `dsaserve score`,
 // the golden tests and the benchmark.
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "model/model.h"
@@ -27,6 +28,13 @@ struct ScoreResult {
 std::vector<std::pair<int64_t, int64_t>> score_schedule(int64_t n, const ScoreOptions& opt);
 
 ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, const ScoreOptions& opt = {});
+
+// Continuation with a caller's token choice: one prefill of the prompt, then single-token decode steps;
+// `pick` gets the last position's logits (CPU, [vocab]) and returns the next token. Stops after max_new
+// tokens or when pick returns a negative id.
+std::vector<int32_t> generate_tokens(const Model& model, std::span<const int32_t> prompt, int64_t max_new,
+                                     const std::function<int32_t(std::span<const float>)>& pick,
+                                     int64_t page_size = 64);
 
 // Greedy continuation: one prefill of the prompt, then `max_new` single-token decode steps, each taking
 // the argmax (ties: the lowest id) of the last logits. Returns the new tokens.
