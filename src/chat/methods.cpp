@@ -423,6 +423,11 @@ Value get_attribute(const Value& obj, const std::string& name, const TemplateOpt
       if (const Value* v = obj.dict_data().find(Value(name))) return *v;
       return Value::undefined(fmt::format("'dict object' has no attribute '{}'", name));
     }
+    case Value::Kind::kFunction:
+      if (const auto& attrs = obj.function_data().attributes) {
+        if (const Value* v = attrs->find(Value(name))) return *v;
+      }
+      break;
     default: break;
   }
   return Value::undefined(fmt::format("'{}' has no attribute '{}'", obj.repr(), name));

@@ -1,6 +1,7 @@
 #include "chat/output_parser.h"
 
 #include "chat/tool_parser_util.h"
+#include "core/error.h"
 
 namespace dsaserve::chat {
 
@@ -91,6 +92,18 @@ bool prompt_opens_reasoning(std::string_view prompt, std::string_view open_tag, 
 }
 
 // ---- tool calls ----
+
+ToolCallFormat tool_call_format_from_name(std::string_view name) {
+  if (name == "none") return ToolCallFormat::kNone;
+  if (name == "glm45" || name == "glm47" || name == "glm5") return ToolCallFormat::kGlm45;
+  if (name == "deepseek_v3" || name == "deepseek_r1" || name == "deepseek_v31")
+    return ToolCallFormat::kDeepSeekV3;
+  if (name == "deepseek_v32") return ToolCallFormat::kDeepSeekV32;
+  fail(
+      "unknown tool-call format '{}' (glm45, glm47, glm5, deepseek_v3, deepseek_r1, deepseek_v31, "
+      "deepseek_v32, none)",
+      name);
+}
 
 std::unique_ptr<ToolCallParser> make_tool_call_parser(ToolCallFormat format, const nlohmann::json& tools,
                                                       ToolCallIdGenerator make_id) {

@@ -94,6 +94,10 @@ enum class ToolCallFormat {
   kDeepSeekV32,  // V3.2 DSML: <｜DSML｜function_calls><｜DSML｜invoke name=..><｜DSML｜parameter ...>
 };
 
+// By name: "glm45" (also "glm47", "glm5"), "deepseek_v3" (also "deepseek_r1", "deepseek_v31"),
+// "deepseek_v32", "none". Throws dsaserve::Error for other names.
+ToolCallFormat tool_call_format_from_name(std::string_view name);
+
 // `tools`: the request's OpenAI tools list (JSON schemas convert GLM/DSML argument values to JSON types).
 std::unique_ptr<ToolCallParser> make_tool_call_parser(ToolCallFormat format, const nlohmann::json& tools,
                                                       ToolCallIdGenerator make_id = random_tool_call_id);

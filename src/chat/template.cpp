@@ -245,8 +245,10 @@ class Renderer {
     for (size_t i = 0; i < n; ++i) assign(*target.children[i], items[i], pos);
   }
 
-  Flow exec_for(const Stmt& s, std::string& out) {
-    const Value iterable = eval(*s.expr);
+  Flow exec_for(const Stmt& s, std::string& out) { return exec_loop(s, eval(*s.expr), 0, out); }
+
+  // One run of a for loop over `iterable` (depth0 > 0 for the inner runs of a recursive loop).
+  Flow exec_loop(const Stmt& s, const Value& iterable, int depth0, std::string& out) {
     std::vector<Value> items;
     try {
       items = iterate(iterable);
@@ -269,31 +271,50 @@ class Renderer {
     auto last_changed = std::make_shared<std::optional<Value>>();
     for (int64_t i = 0; i < n; ++i) {
       auto frame = std::make_shared<Frame>();
-      Value loop = Value::dict();
-      auto& d = loop.dict_data();
-      d.set("index", Value(i + 1));
-      d.set("index0", Value(i));
-      d.set("revindex", Value(n - i));
-      d.set("revindex0", Value(n - i - 1));
-      d.set("first", Value(i == 0));
-      d.set("last", Value(i == n - 1));
-      d.set("length", Value(n));
-      d.set("depth", Value(1));
-      d.set("depth0", Value(0));
-      d.set("previtem",
-            i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("there is no previous item"));
-      d.set("nextitem",
-            i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined("there is no next item"));
-      d.set("cycle", Value::function("cycle", [i](CallArgs& a) -> Value {
-              if (a.args.empty()) throw_value_error(ErrorKind::kRuntime, "no items for cycling given");
-              return a.args[static_cast<size_t>(i) % a.args.size()];
-            }));
-      d.set("changed", Value::function("changed", [last_changed](CallArgs& a) -> Value {
-              Value cur = Value::list(a.args);
-              if (*last_changed && values_equal(**last_changed, cur)) return Value(false);
-              *last_changed = cur;
-              return Value(true);
-            }));
+      auto d = std::make_shared<DictData>();
+      d->set("index", Value(i + 1));
+      d->set("index0", Value(i));
+      d->set("revindex", Value(n - i));
+      d->set("revindex0", Value(n - i - 1));
+      d->set("first", Value(i == 0));
+      d->set("last", Value(i == n - 1));
+      d->set("length", Value(n));
+      d->set("depth", Value(depth0 + 1));
+      d->set("depth0", Value(depth0));
+      d->set("previtem",
+             i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("there is no previous item"));
+      d->set("nextitem",
+             i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined("there is no next item"));
+      d->set("cycle", Value::function("cycle", [i](CallArgs& a) -> Value {
+               if (a.args.empty()) throw_value_error(ErrorKind::kRuntime, "no items for cycling given");
+               return a.args[static_cast<size_t>(i) % a.args.size()];
+             }));
+      d->set("changed", Value::function("changed", [last_changed](CallArgs& a) -> Value {
+               Value cur = Value::list(a.args);
+               if (*last_changed && values_equal(**last_changed, cur)) return Value(false);
+               *last_changed = cur;
+               return Value(true);
+             }));
+      Value loop;
+      if (s.recursive) {
+        // loop(children) renders the loop body over `children` one level deeper.
+        Renderer* self = this;
+        const Stmt* stmt = &s;
+        loop = Value::function(
+            "loop",
+            [self, stmt, depth0](CallArgs& a) -> Value {
+              if (a.args.size() != 1 || !a.kwargs.empty()) {
+                throw_value_error(ErrorKind::kRuntime, "loop() takes exactly one argument");
+              }
+              std::string inner;
+              self->exec_loop(*stmt, a.args[0], depth0 + 1, inner);
+              return Value(std::move(inner));
+            },
+            d);
+      } else {
+        loop = Value::dict();
+        loop.dict_data() = std::move(*d);
+      }
       frame->insert_or_assign("loop", loop);
       scopes_.push_back(frame);
       assign(*s.target, items[static_cast<size_t>(i)], s.pos);

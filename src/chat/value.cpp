@@ -69,10 +69,11 @@ Value Value::namespace_object() {
   return Value(Storage(std::move(d)));
 }
 
-Value Value::function(std::string name, NativeFunction fn) {
+Value Value::function(std::string name, NativeFunction fn, std::shared_ptr<DictData> attributes) {
   auto f = std::make_shared<FunctionData>();
   f->name = std::move(name);
   f->fn = std::move(fn);
+  f->attributes = std::move(attributes);
   return Value(Storage(std::move(f)));
 }
 

@@ -43,6 +43,7 @@ using NativeFunction = std::function<Value(CallArgs&)>;
 struct FunctionData {
   std::string name;
   NativeFunction fn;
+  std::shared_ptr<DictData> attributes;  // optional: a callable with attributes (recursive `loop`)
 };
 
 // jinja2's default Undefined: prints as '', is falsy, iterates as empty; most other uses raise.
@@ -69,7 +70,7 @@ class Value {
   static Value list(std::vector<Value> items = {}, bool tuple = false);
   static Value dict();
   static Value namespace_object();
-  static Value function(std::string name, NativeFunction fn);
+  static Value function(std::string name, NativeFunction fn, std::shared_ptr<DictData> attributes = nullptr);
   // Converts parsed JSON (objects keep their key order).
   static Value from_json(const nlohmann::ordered_json& j);
 

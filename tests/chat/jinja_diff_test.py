@@ -22,6 +22,7 @@ CTX = {
               {"name": "cy", "age": 31, "active": True}],
     "text": "line one\nline two\n\nline four", "html": "<a href=\"x\">&'</a>", "words": "one, two three-four",
     "pairs": [[1, "a"], [2, "b"]], "num_str": "42", "float_str": "3.75", "bad_num": "4x", "big": 123456789012,
+    "tree": [{"name": "a", "kids": [{"name": "b", "kids": [{"name": "c"}]}, {"name": "d"}]}, {"name": "e"}],
     "tiny": 1e-7, "huge": 1.5e20, "neg_f": -0.5, "msgs": [{"role": "user", "content": "hi"},
                                                            {"role": "assistant", "content": None}],
 }
@@ -94,6 +95,7 @@ SNIPPETS = [
     "{% for x in l %}{{ loop.cycle('odd', 'even') }}{{ loop.previtem }}{{ loop.nextitem }},{% endfor %}",
     "{% for x in [1, 1, 2] %}{% if loop.changed(x) %}{{ x }}{% endif %}{% endfor %}{% for c in 'ab' %}{{ c }}{% endfor %}{% for k in d %}{{ k }}{% endfor %}",
     "{% for i in range(3) %}{% for j in range(i) %}{{ i }}{{ j }}{{ loop.index }} {% endfor %}{{ loop.index }}|{% endfor %}",
+    "{% for n in tree recursive %}[{{ n.name }}{{ loop.depth }}{{ loop.depth0 }}{% if n.kids %}{{ loop(n.kids) }}{% endif %}]{% endfor %}",
     "{% for i in range(2, 10, 3) %}{{ i }}{% endfor %}{% for i in range(5, 0, -2) %}{{ i }}{% endfor %}{{ range(3)|list }}",
     "{% for x in l|sort %}{{ x }}{% endfor %}{% for u in users|selectattr('age', 'gt', 26) %}{{ u.name }}{% endfor %}",
     "{% set x = 5 %}{{ x }}{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set y %}block {{ x }}{% endset %}[{{ y }}]",
@@ -319,6 +321,16 @@ def main():
             for (label, _, want), got in zip(batch, results):
                 compare(label, want, got, failures)
             total += len(batch)
+            # The plain mode (one request on stdin, the prompt on stdout), with and without --template.
+            tokenizer = os.path.join(fixtures, "tokenizers/deepseek_v3")
+            modes = [["--template", path]] + ([[]] if "deepseek" in path else [])
+            for extra in modes:
+                for label, item, want in batch[:10]:
+                    out = subprocess.run([binary, "chat-template", "--tokenizer", tokenizer, *extra],
+                                         input=json.dumps(item["request"]), capture_output=True, text=True, timeout=60)
+                    got = {"rendered": out.stdout} if out.returncode == 0 else {"error": "failed " + out.stderr}
+                    compare(f"plain mode {extra}: {label}", want, got, failures)
+                    total += 1
     else:
         print(f"fixtures not found at {fixtures}: chat-template requests skipped (set DSASERVE_FIXTURES)")
     for f in failures[:show]:
