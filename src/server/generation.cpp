@@ -173,6 +173,7 @@ void Job::on_output(const runtime::StepOutput& o) {
     }
     c.last_token = now;
     ++c.tokens;
+    c.token_ids.push_back(o.token);
     if (spec_.params.logprobs) add_logprob(c, o);
     text = c.stop.feed(c.detok->step(uint32_t(o.token)));
     if (c.stop.matched()) {
@@ -253,6 +254,7 @@ void Job::complete() {
         ch["logprobs"] = spec_.params.logprobs ? completion_logprobs(c.logprobs) : json(nullptr);
       }
       ch["finish_reason"] = c.finish_reason;
+      if (spec_.return_token_ids) ch["token_ids"] = c.token_ids;
       choices.push_back(std::move(ch));
     }
     json body = {{"id", id_},           {"object", spec_.chat ? "chat.completion" : "text_completion"},

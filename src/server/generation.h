@@ -66,6 +66,7 @@ class Job : public std::enable_shared_from_this<Job> {
     std::optional<tokenizer::DecodeStream> detok;
     StopMatcher stop;
     std::string text;
+    std::vector<int32_t> token_ids;
     nlohmann::json logprobs = nlohmann::json::array();  // entries not yet streamed (or all)
     int64_t tokens = 0;
     int64_t text_offset = 0;

@@ -98,6 +98,7 @@ void parse_common(const json& b, int64_t vocab, int64_t max_n, GenerationSpec& s
   }
   if (auto v = get_bool(b, "ignore_eos")) p.ignore_eos = *v;
   if (auto v = get_bool(b, "skip_special_tokens")) s.skip_special_tokens = *v;
+  if (auto v = get_bool(b, "return_token_ids")) s.return_token_ids = *v;
   if (auto it = b.find("stop"); it != b.end() && !it->is_null()) {
     if (it->is_string()) {
       s.stop.push_back(it->get<std::string>());

@@ -39,7 +39,8 @@ struct GenerationSpec {
   bool include_usage = false;
   std::vector<std::string> stop;
   bool skip_special_tokens = true;
-  bool echo = false;  // completions only
+  bool echo = false;              // completions only
+  bool return_token_ids = false;  // extension (like vLLM's): choices[i].token_ids in non-streamed responses
   // Chat: the request for the chat template ({messages, tools?, add_generation_prompt,
   // chat_template_kwargs?}). Completions: the prompt as text or as token ids.
   nlohmann::ordered_json chat_request;

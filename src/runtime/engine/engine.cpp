@@ -132,6 +132,15 @@ bool Engine::step() {
   std::vector<StepOutput> out;
   drain_inputs(out);
   if (scheduler_->idle()) {
+    {
+      std::lock_guard<std::mutex> lk(stats_mu_);  // aborts may have freed pages
+      stats_.num_waiting = 0;
+      stats_.num_running = 0;
+      stats_.kv_pages_free = pool_->free_pages();
+      stats_.prefix_cache_pages = cache_->cached_pages();
+      stats_.last_batch_size = 0;
+    }
+    if (cfg_.check_integrity) scheduler_->check_integrity();
     publish(out);
     return false;
   }

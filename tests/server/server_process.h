@@ -1,0 +1,138 @@
+#pragma once
+// Test helpers: the real `dsaserve serve` binary on a free port (started with --port 0, the port read from
+// its first line) and a small blocking HTTP/1.1 client over Boost.Beast.
+// clang-format off
+#include <utility>  // before Asio (Boost 1.74)
+// clang-format on
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/fixtures.h"
+
+namespace dsaserve::testing {
+
+struct HttpResult {
+  int status = 0;
+  std::string body;
+  nlohmann::json json() const { return nlohmann::json::parse(body, nullptr, false); }
+};
+
+inline HttpResult http_request(int port, const std::string& method, const std::string& target,
+                               const std::string& body = "", const std::string& api_key = "") {
+  namespace beast = boost::beast;
+  namespace http = beast::http;
+  boost::asio::io_context ioc;
+  boost::asio::ip::tcp::socket sock(ioc);
+  sock.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+  http::request<http::string_body> req(method == "POST" ? http::verb::post : http::verb::get, target, 11);
+  req.set(http::field::host, "127.0.0.1");
+  req.set(http::field::content_type, "application/json");
+  if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
+  req.body() = body;
+  req.prepare_payload();
+  http::write(sock, req);
+  beast::flat_buffer buf;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(64 << 20);
+  http::read(sock, buf, parser);
+  beast::error_code ec;
+  sock.shutdown(boost::asio::ip::tcp::socket::shutdown_both, ec);
+  return {int(parser.get().result_int()), parser.get().body()};
+}
+
+inline HttpResult post_json(int port, const std::string& target, const nlohmann::json& body,
+                            const std::string& api_key = "") {
+  return http_request(port, "POST", target, body.dump(), api_key);
+}
+
+// The JSON payloads of an SSE body ("data: {...}" events; "[DONE]" kept as a string).
+inline std::vector<nlohmann::json> sse_events(const std::string& body, bool* saw_done = nullptr) {
+  std::vector<nlohmann::json> out;
+  size_t pos = 0;
+  if (saw_done) *saw_done = false;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    const std::string data = body.substr(pos + 6, end - pos - 6);
+    if (data == "[DONE]") {
+      if (saw_done) *saw_done = true;
+    } else {
+      out.push_back(nlohmann::json::parse(data));
+    }
+    pos = end;
+  }
+  return out;
+}
+
+class ServerProcess {
+ public:
+  explicit ServerProcess(const std::vector<std::string>& args) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe");
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(fds[1], 1);
+      ::close(fds[0]);
+      std::vector<std::string> argv = {dsaserve_binary().string(), "serve", "--port", "0"};
+      argv.insert(argv.end(), args.begin(), args.end());
+      std::vector<char*> cargs;
+      for (auto& a : argv) cargs.push_back(a.data());
+      cargs.push_back(nullptr);
+      ::execv(cargs[0], cargs.data());
+      std::_Exit(127);
+    }
+    ::close(fds[1]);
+    out_ = ::fdopen(fds[0], "r");
+    char line[4096];
+    while (std::fgets(line, sizeof line, out_) != nullptr) {
+      log_ += line;
+      const std::string l = line;
+      const auto at = l.find("listening on http://127.0.0.1:");
+      if (at != std::string::npos) {
+        port_ = std::stoi(l.substr(at + 30));
+        break;
+      }
+    }
+    // Keep draining its stdout so that it never blocks on a full pipe.
+    reader_ = std::thread([this] {
+      char buf[4096];
+      while (std::fgets(buf, sizeof buf, out_) != nullptr) {
+      }
+    });
+  }
+  ~ServerProcess() {
+    if (pid_ > 0 && !exited_) stop();
+    if (reader_.joinable()) reader_.join();
+    if (out_) std::fclose(out_);
+  }
+  int port() const { return port_; }
+  const std::string& log() const { return log_; }
+  // SIGTERM; returns the exit status.
+  int stop() {
+    ::kill(pid_, SIGTERM);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    exited_ = true;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+  int port_ = 0;
+  bool exited_ = false;
+  std::string log_;
+  std::thread reader_;
+};
+
+}  // namespace dsaserve::testing
