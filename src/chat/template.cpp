@@ -272,29 +272,32 @@ class Renderer {
     for (int64_t i = 0; i < n; ++i) {
       auto frame = std::make_shared<Frame>();
       auto d = std::make_shared<DictData>();
-      d->set("index", Value(i + 1));
-      d->set("index0", Value(i));
-      d->set("revindex", Value(n - i));
-      d->set("revindex0", Value(n - i - 1));
-      d->set("first", Value(i == 0));
-      d->set("last", Value(i == n - 1));
-      d->set("length", Value(n));
-      d->set("depth", Value(depth0 + 1));
-      d->set("depth0", Value(depth0));
-      d->set("previtem",
-             i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("there is no previous item"));
-      d->set("nextitem",
-             i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined("there is no next item"));
-      d->set("cycle", Value::function("cycle", [i](CallArgs& a) -> Value {
-               if (a.args.empty()) throw_value_error(ErrorKind::kRuntime, "no items for cycling given");
-               return a.args[static_cast<size_t>(i) % a.args.size()];
-             }));
-      d->set("changed", Value::function("changed", [last_changed](CallArgs& a) -> Value {
-               Value cur = Value::list(a.args);
-               if (*last_changed && values_equal(**last_changed, cur)) return Value(false);
-               *last_changed = cur;
-               return Value(true);
-             }));
+      auto& li = d->items;
+      li.reserve(13);
+      auto put = [&li](const char* k, Value v) { li.emplace_back(Value(k), std::move(v)); };
+      put("index", Value(i + 1));
+      put("index0", Value(i));
+      put("revindex", Value(n - i));
+      put("revindex0", Value(n - i - 1));
+      put("first", Value(i == 0));
+      put("last", Value(i == n - 1));
+      put("length", Value(n));
+      put("depth", Value(depth0 + 1));
+      put("depth0", Value(depth0));
+      put("previtem",
+          i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("there is no previous item"));
+      put("nextitem",
+          i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined("there is no next item"));
+      put("cycle", Value::function("cycle", [i](CallArgs& a) -> Value {
+            if (a.args.empty()) throw_value_error(ErrorKind::kRuntime, "no items for cycling given");
+            return a.args[static_cast<size_t>(i) % a.args.size()];
+          }));
+      put("changed", Value::function("changed", [last_changed](CallArgs& a) -> Value {
+            Value cur = Value::list(a.args);
+            if (*last_changed && values_equal(**last_changed, cur)) return Value(false);
+            *last_changed = cur;
+            return Value(true);
+          }));
       Value loop;
       if (s.recursive) {
         // loop(children) renders the loop body over `children` one level deeper.
