@@ -26,6 +26,11 @@ CommandRun setup(CLI::App& sub) {
   sub.add_option("--host", cfg->host, "address to listen on")->capture_default_str();
   sub.add_option("--port", cfg->port, "port (0: any free one, printed at start)")->capture_default_str();
   sub.add_option("--api-key", cfg->api_key, "require Authorization: Bearer <key> on /v1/*");
+  sub.add_option(
+      "--reasoning-parser", cfg->reasoning_parser,
+      "split <think>...</think> into reasoning_content: deepseek-r1, deepseek-v3, glm45, qwen3, kimi");
+  sub.add_option("--tool-call-parser", cfg->tool_call_parser,
+                 "parse tool calls into tool_calls: glm45, glm47, deepseekv3, deepseekv31, deepseekv32");
   sub.add_option("--context-length", cfg->context_length,
                  "max prompt + output tokens (default: the model's)");
   sub.add_option("--max-running-requests", cfg->engine.scheduler.max_running_requests,

@@ -48,6 +48,18 @@ void Job::start() {
     c.engine_id = ctx_.next_engine_id++;
     c.detok.emplace(*ctx_.tokenizer, spec_.skip_special_tokens);
     c.stop = StopMatcher(spec_.stop);
+    const bool tools =
+        spec_.has_tools && spec_.tool_choice != "none" && ctx_.tool_format != chat::ToolCallFormat::kNone;
+    if (spec_.chat && (ctx_.reasoning || tools)) {
+      chat::OutputParserOptions po;
+      po.reasoning = ctx_.reasoning;
+      po.start_in_reasoning = ctx_.reasoning && chat::prompt_opens_reasoning(prompt_text_);
+      if (tools) {
+        po.tool_format = ctx_.tool_format;
+        po.tools = nlohmann::json::parse(spec_.chat_request["tools"].dump());
+      }
+      c.parser.emplace(std::move(po));
+    }
     ctx_.routes[c.engine_id] = weak_from_this();
   }
   if (spec_.stream) sink_->stream_begin();
@@ -124,16 +136,41 @@ json completion_logprobs(const json& entries) {
 
 void Job::emit(Choice& c, size_t index, const std::string& text, bool final) {
   c.text += text;
+  chat::OutputDelta delta;
+  if (c.parser) {
+    delta = c.parser->feed(text);
+    if (final) delta.append(c.parser->finish());
+    c.parsed.apply(delta);
+    if (final && !c.parsed.tool_calls.empty() && c.finish_reason == "stop") c.finish_reason = "tool_calls";
+  } else {
+    delta.content = text;
+  }
   if (!spec_.stream || cancelled_) return;
-  if (text.empty() && !final && c.role_sent) return;
+  if (delta.empty() && !final && c.role_sent) return;
   json ch;
   ch["index"] = index;
   if (spec_.chat) {
-    json delta = json::object();
-    if (!c.role_sent) delta["role"] = "assistant";
-    if (!text.empty() || !c.role_sent) delta["content"] = text;
+    json d = json::object();
+    if (!c.role_sent) d["role"] = "assistant";
+    if (!delta.content.empty() || !c.role_sent) d["content"] = delta.content;
+    if (!delta.reasoning_content.empty()) d["reasoning_content"] = delta.reasoning_content;
+    if (!delta.tool_calls.empty()) {
+      json calls = json::array();
+      for (const chat::ToolCallDelta& t : delta.tool_calls) {
+        json call = {{"index", t.index}};
+        json fn = {{"arguments", t.arguments}};
+        if (!t.id.empty()) {
+          call["id"] = t.id;
+          call["type"] = "function";
+        }
+        if (!t.name.empty()) fn["name"] = t.name;
+        call["function"] = fn;
+        calls.push_back(std::move(call));
+      }
+      d["tool_calls"] = calls;
+    }
     c.role_sent = true;
-    ch["delta"] = delta;
+    ch["delta"] = d;
     ch["logprobs"] =
         spec_.params.logprobs && !c.logprobs.empty() ? json{{"content", c.logprobs}} : json(nullptr);
   } else {
@@ -247,7 +284,20 @@ void Job::complete() {
       const Choice& c = choices_[i];
       json ch = {{"index", i}};
       if (spec_.chat) {
-        ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+        json msg = {{"role", "assistant"}, {"content", c.parser ? c.parsed.content : c.text}};
+        if (c.parser && !c.parsed.reasoning_content.empty())
+          msg["reasoning_content"] = c.parsed.reasoning_content;
+        if (c.parser && !c.parsed.tool_calls.empty()) {
+          json calls = json::array();
+          for (const chat::ParsedToolCall& t : c.parsed.tool_calls) {
+            calls.push_back({{"id", t.id},
+                             {"type", "function"},
+                             {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+          }
+          msg["tool_calls"] = calls;
+          if (c.parsed.content.empty()) msg["content"] = nullptr;
+        }
+        ch["message"] = msg;
         ch["logprobs"] = spec_.params.logprobs ? json{{"content", c.logprobs}} : json(nullptr);
       } else {
         ch["text"] = spec_.echo ? prompt_text_ + c.text : c.text;

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "chat/output_parser.h"
 #include "runtime/engine/engine.h"
 #include "server/metrics.h"
 #include "server/openai.h"
@@ -42,6 +43,9 @@ struct ServingContext {
   const tokenizer::Tokenizer* tokenizer = nullptr;
   ServerMetrics* metrics = nullptr;
   std::string model_name;
+  // --reasoning-parser / --tool-call-parser (chat requests only; tools only when the request has some).
+  bool reasoning = false;
+  chat::ToolCallFormat tool_format = chat::ToolCallFormat::kNone;
   std::unordered_map<uint64_t, std::weak_ptr<Job>> routes;  // engine request id -> job
   uint64_t next_engine_id = 1;
   int64_t active_jobs = 0;
@@ -66,6 +70,8 @@ class Job : public std::enable_shared_from_this<Job> {
     std::optional<tokenizer::DecodeStream> detok;
     StopMatcher stop;
     std::string text;
+    std::optional<chat::OutputParser> parser;  // reasoning / tool calls (chat)
+    chat::ParsedMessage parsed;
     std::vector<int32_t> token_ids;
     nlohmann::json logprobs = nlohmann::json::array();  // entries not yet streamed (or all)
     int64_t tokens = 0;

@@ -208,6 +208,25 @@ GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
       s.has_tools = true;
     }
   }
+  if (auto tc = b.find("tool_choice"); tc != b.end() && !tc->is_null()) {
+    if (tc->is_string()) {
+      const std::string v = tc->get<std::string>();
+      if (v != "auto" && v != "none" && v != "required")
+        bad("tool_choice", "expected auto, none, required or an object");
+      s.tool_choice = v;
+    } else if (tc->is_object() && tc->contains("function") && (*tc)["function"].is_object() &&
+               (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string()) {
+      s.tool_choice = (*tc)["function"]["name"].get<std::string>();
+      bool known = false;
+      if (auto t = b.find("tools"); t != b.end() && t->is_array()) {
+        for (const json& tool : *t) known = known || tool["function"]["name"] == s.tool_choice;
+      }
+      if (!known) bad("tool_choice", fmt::format("function '{}' is not in tools", s.tool_choice));
+    } else {
+      bad("tool_choice", "expected a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (s.tool_choice != "none" && s.tool_choice != "auto" && !s.has_tools) bad("tool_choice", "needs tools");
+  }
   if (auto k = b.find("chat_template_kwargs"); k != b.end() && !k->is_null()) {
     if (!k->is_object())
       bad("chat_template_kwargs", fmt::format("expected an object, got {}", type_name(*k)));

@@ -45,6 +45,7 @@ struct GenerationSpec {
   // chat_template_kwargs?}). Completions: the prompt as text or as token ids.
   nlohmann::ordered_json chat_request;
   bool has_tools = false;
+  std::string tool_choice = "auto";  // "auto", "none", "required", or a function name (forced)
   std::optional<std::string> prompt_text;
   std::vector<int32_t> prompt_ids;
 };

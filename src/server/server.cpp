@@ -6,11 +6,13 @@
 #include <boost/asio/signal_set.hpp>
 #include <csignal>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
 #include "chat/chat_config.h"
 #include "chat/chat_template.h"
+#include "chat/output_parser.h"
 #include "core/error.h"
 #include "server/builtin.h"
 #include "server/session.h"
@@ -29,6 +31,17 @@ std::string read_text(const std::filesystem::path& p) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// --tool-call-parser: SGLang's spellings and the chat module's.
+chat::ToolCallFormat tool_format(const std::string& name) {
+  if (name.empty()) return chat::ToolCallFormat::kNone;
+  static const std::map<std::string, std::string> sglang = {{"deepseekv3", "deepseek_v3"},
+                                                            {"deepseekv31", "deepseek_v31"},
+                                                            {"deepseekv32", "deepseek_v32"},
+                                                            {"deepseek-r1", "deepseek_r1"}};
+  auto it = sglang.find(name);
+  return chat::tool_call_format_from_name(it == sglang.end() ? name : it->second);
 }
 
 class Server {
@@ -50,6 +63,8 @@ class Server {
     ctx_.tokenizer = &tok_;
     ctx_.metrics = &metrics_;
     ctx_.model_name = cfg_.served_model_name;
+    ctx_.reasoning = !cfg_.reasoning_parser.empty();
+    ctx_.tool_format = tool_format(cfg_.tool_call_parser);
     router_ = [this](const std::shared_ptr<Session>& s, const http::request<http::string_body>& r) {
       route(s, r);
     };
@@ -276,6 +291,14 @@ class Server {
 
 int run_server(const ServerConfig& in) {
   ServerConfig cfg = in;
+  static const char* kReasoningParsers[] = {"deepseek-r1", "deepseek-v3", "glm45", "qwen3", "kimi"};
+  if (!cfg.reasoning_parser.empty()) {
+    bool known = false;
+    for (const char* n : kReasoningParsers) known = known || cfg.reasoning_parser == n;
+    DSA_CHECK(known, "--reasoning-parser '{}': expected one of deepseek-r1, deepseek-v3, glm45, qwen3, kimi",
+              cfg.reasoning_parser);
+  }
+  tool_format(cfg.tool_call_parser);  // throws on an unknown name before loading anything
   const auto t0 = std::chrono::steady_clock::now();
   // Model.
   std::shared_ptr<model::Model> model;

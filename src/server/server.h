@@ -18,8 +18,13 @@ struct ServerConfig {
   std::string chat_template_path;  // a Jinja file overriding the tokenizer's chat template
   std::string served_model_name;   // empty: "builtin" or the model folder's name
   std::string host = "127.0.0.1";
-  int port = 30000;                // 0: any free port (printed at start)
-  std::string api_key;             // non-empty: /v1/* needs "Authorization: Bearer <key>"
+  int port = 30000;  // 0: any free port (printed at start)
+  std::string api_key;
+  // SGLang's names: --reasoning-parser deepseek-r1 | deepseek-v3 | glm45 | qwen3 (all split
+  // <think>...</think>);
+  // --tool-call-parser glm45 | glm47 | deepseekv3 | deepseekv31 | deepseekv32 (or the chat module's names).
+  std::string reasoning_parser;
+  std::string tool_call_parser;    // non-empty: /v1/* needs "Authorization: Bearer <key>"
   runtime::EngineConfig engine;    // engine.kv_pages 0: from mem_fraction_static
   double mem_fraction_static = 0;  // > 0 with kv_pages 0: (fraction of RAM - weights) for the KV pool
   int64_t context_length = 0;      // 0: the model's max_position_embeddings
