@@ -29,6 +29,9 @@ bool contains(const Value& container, const Value& item);
 // Python str methods by code point: len, indexing.
 std::u32string code_points(const std::string& s);
 
+// Python `format % args` (printf-style conversions s r d i x X o f F e E g G, %(key)s, %%).
+std::string percent_format(const std::string& format, const Value& args);
+
 // Globals every render sees: range, dict, namespace, and (transformers) raise_exception, strftime_now.
 void add_globals(DictData& globals, const TemplateOptions& o);
 

@@ -483,6 +483,17 @@ Value f_center(const Value& v, CallArgs& a, const TemplateOptions&) {
                std::string(static_cast<size_t>(pad - left), ' '));
 }
 
+Value f_format(const Value& v, CallArgs& a, const TemplateOptions&) {
+  if (!a.kwargs.empty() && !a.args.empty())
+    throw_value_error(ErrorKind::kRuntime, "can't handle positional and keyword arguments at the same time");
+  if (!a.kwargs.empty()) {
+    Value d = Value::dict();
+    for (const auto& [k, val] : a.kwargs) d.dict_data().set(Value(k), val);
+    return Value(percent_format(v.str(), d));
+  }
+  return Value(percent_format(v.str(), Value::list(a.args, true)));
+}
+
 Value f_attr(const Value& v, CallArgs& a, const TemplateOptions& o) {
   auto p = bind_args("attr", a, {{"name", Value(), true}});
   return get_attribute(v, p[0].str(), o);
@@ -530,6 +541,7 @@ const std::unordered_map<std::string, FilterFn>& filters() {
       {"max", f_max},
       {"center", f_center},
       {"attr", f_attr},
+      {"format", f_format},
   };
   return table;
 }

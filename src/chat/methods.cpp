@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <ctime>
 
 #include "chat/builtins.h"
@@ -505,6 +506,99 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
   std::vector<Value> out;
   for (size_t i : idx) out.push_back(obj.items()[i]);
   return Value::list(std::move(out), obj.is_tuple());
+}
+
+std::string percent_format(const std::string& format, const Value& args) {
+  std::vector<Value> values;
+  const bool is_tuple = args.is_tuple();
+  if (is_tuple) {
+    values = args.items();
+  } else {
+    values.push_back(args);
+  }
+  // Python lets a non-tuple argument with __getitem__ (dict, list, str) go unused.
+  const bool may_be_unused = !is_tuple && (args.is_dict() || args.is_list() || args.is_string());
+  size_t next = 0;
+  bool used_mapping = false;
+  std::string out;
+  for (size_t i = 0; i < format.size(); ++i) {
+    if (format[i] != '%') {
+      out += format[i];
+      continue;
+    }
+    if (++i >= format.size()) throw_value_error(ErrorKind::kRuntime, "incomplete format");
+    const Value* mapped = nullptr;
+    if (format[i] == '(') {
+      const size_t close = format.find(')', i);
+      if (close == std::string::npos) throw_value_error(ErrorKind::kRuntime, "incomplete format key");
+      if (!args.is_dict()) throw_value_error(ErrorKind::kRuntime, "format requires a mapping");
+      mapped = args.dict_data().find(Value(format.substr(i + 1, close - i - 1)));
+      if (!mapped) throw_value_error(ErrorKind::kRuntime, "KeyError: " + format.substr(i + 1, close - i - 1));
+      used_mapping = true;
+      i = close + 1;
+    }
+    std::string spec = "%";
+    while (i < format.size() && std::strchr("-+ 0#", format[i])) spec += format[i++];
+    while (i < format.size() && std::isdigit(static_cast<unsigned char>(format[i]))) spec += format[i++];
+    if (i < format.size() && format[i] == '.') {
+      spec += format[i++];
+      while (i < format.size() && std::isdigit(static_cast<unsigned char>(format[i]))) spec += format[i++];
+    }
+    if (i >= format.size()) throw_value_error(ErrorKind::kRuntime, "incomplete format");
+    const char conv = format[i];
+    if (conv == '%') {
+      out += '%';
+      continue;
+    }
+    if (!mapped && next >= values.size())
+      throw_value_error(ErrorKind::kRuntime, "not enough arguments for format string");
+    const Value& v = mapped ? *mapped : values[next++];
+    char buf[512];
+    switch (conv) {
+      case 's':
+      case 'r': {
+        const std::string text = conv == 's' ? v.str() : v.repr();
+        spec += 's';
+        std::snprintf(buf, sizeof(buf), spec.c_str(), text.c_str());
+        out += text.size() < 400 ? std::string(buf) : text;
+        break;
+      }
+      case 'd':
+      case 'i':
+      case 'x':
+      case 'X':
+      case 'o': {
+        if (!v.is_number())
+          throw_value_error(ErrorKind::kRuntime, fmt::format("%{} format: a real number is required, not {}",
+                                                             conv, v.type_name()));
+        const long long n =
+            v.is_float() ? static_cast<long long>(v.as_float()) : static_cast<long long>(v.to_double());
+        spec += "ll";
+        spec += conv == 'i' ? 'd' : conv;
+        std::snprintf(buf, sizeof(buf), spec.c_str(), n);
+        out += buf;
+        break;
+      }
+      case 'f':
+      case 'F':
+      case 'e':
+      case 'E':
+      case 'g':
+      case 'G': {
+        if (!v.is_number())
+          throw_value_error(ErrorKind::kRuntime, fmt::format("must be real number, not {}", v.type_name()));
+        spec += conv;
+        std::snprintf(buf, sizeof(buf), spec.c_str(), v.to_double());
+        out += buf;
+        break;
+      }
+      default: throw_value_error(ErrorKind::kRuntime, fmt::format("unsupported format character '{}'", conv));
+    }
+  }
+  if (!used_mapping && next < values.size() && !(may_be_unused && next == 0)) {
+    throw_value_error(ErrorKind::kRuntime, "not all arguments converted during string formatting");
+  }
+  return out;
 }
 
 void add_globals(DictData& g, const TemplateOptions& o) {

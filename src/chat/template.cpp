@@ -67,6 +67,7 @@ Value binary_arith(const std::string& op, const Value& a, const Value& b) {
     }
     return type_error();
   }
+  if (op == "%" && a.is_string()) return Value(percent_format(a.as_string(), b));
   if (!a.is_number() || !b.is_number()) return type_error();
   if (op == "-") {
     if (is_integral(a) && is_integral(b)) return Value(as_index(a) - as_index(b));

@@ -65,9 +65,7 @@ std::vector<std::string> py_split(const std::string& s, const std::string* sep, 
       while (i < cps.size() && py_is_space(cps[i])) ++i;
       if (i >= cps.size()) break;
       if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) >= maxsplit) {
-        size_t e = cps.size();
-        while (e > i && py_is_space(cps[e - 1])) --e;
-        parts.push_back(cps.substr(i, e - i));
+        parts.push_back(cps.substr(i));  // the rest keeps its trailing whitespace
         break;
       }
       size_t j = i;
@@ -81,9 +79,7 @@ std::vector<std::string> py_split(const std::string& s, const std::string* sep, 
       while (e > 0 && py_is_space(cps[e - 1])) --e;
       if (e == 0) break;
       if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) >= maxsplit) {
-        size_t b = 0;
-        while (b < e && py_is_space(cps[b])) ++b;
-        parts.push_back(cps.substr(b, e - b));
+        parts.push_back(cps.substr(0, e));  // the rest keeps its leading whitespace
         break;
       }
       size_t b = e;

@@ -115,6 +115,9 @@ SNIPPETS = [
     "{{ raise_exception('boom') }}", "{% if nope.attr %}x{% endif %}", "{{ nope + 1 }}", "{{ 1 + 'a' }}",
     "{{ 1 / 0 }}", "{{ l.append }}|", "{% for x in n %}{% endfor %}", "{{ [1, 2] | tojson(indent=none) }}",
     "{{ 'a' < 1 }}", "{% set a, b = l %}", "{{ nope() }}", "{{ n() }}", "{{ strftime_now('%Y') | length }}",
+    "{{ '%s-%d|%5.2f|%r|%x|%%|%-4s|' % (s, n, f, s, 255, 'ab') }}{{ '%(a)s+%(b)03d' % {'a': 'x', 'b': 7} }}{{ 'v=%s' % n }}",
+    "{{ '%s and %s'|format('a', 2) }}{{ '%s' % [1] }}{{ 'x' % [] }}{{ '%(k)s'|format(k='v') }}",
+    "{{ '%s %s' % (1,) }}", "{{ 'x' % 5 }}", "{{ '%d' % 'a' }}",
     "{{ dict(a=1, b=2) }} {{ dict({'z': 0}, y=1) }} {{ namespace(a=1).a }}",
     "{{ msgs|selectattr('content', 'none')|list|length }} {{ msgs|map(attribute='role')|join(',') }}",
     "{% if msgs[0].role == 'user' and msgs[1].content is none %}ok{% endif %}{{ msgs[-1]['content'] is none }}",
@@ -134,7 +137,7 @@ SCALARS = ["0", "1", "2", "3", "-1", "2.5", "0.5", "'a'", "'bc'", "''", "true", 
            "[1, 2]", "(3,)", "{'k': 1}", "nil", "t", "z"]
 BINOPS = ["+", "-", "*", "/", "//", "%", "**", "~", "==", "!=", "<", "<=", ">", ">=", "and", "or", "in", "not in"]
 FILTERS = ["length", "string", "upper", "lower", "first", "last", "list", "tojson", "int", "float", "abs", "trim",
-           "join", "reverse", "sort", "unique|list", "default(7)", "round", "wordcount", "e", "capitalize"]
+           "join", "reverse|list", "sort", "unique|list", "default(7)", "round", "wordcount", "e", "capitalize"]
 TESTS = ["defined", "none", "string", "number", "integer", "iterable", "mapping", "odd", "even", "true", "false",
          "sequence", "boolean", "float"]
 
@@ -161,6 +164,41 @@ def random_expr(rng, depth):
     if r < 0.92:
         return f"{random_expr(rng, depth - 1)} if {random_expr(rng, depth - 1)} else {random_expr(rng, depth - 1)}"
     return f"-{random_expr(rng, depth - 1)}"
+
+
+SEQS = ["s", "u", "l", "sl", "'abcdef'", "[1, 2, 3, 4, 5]", "''", "[]", "ws", "text", "(1, 2, 3)"]
+STR_ARGS = ["'l'", "'o'", "' '", "'\\n'", "'ab'", "'é'", "'x'", "'lo'"]
+
+
+def random_access(rng):
+    """Slices, indexing and str/list/dict method calls with random arguments."""
+    seq = rng.choice(SEQS)
+    r = rng.random()
+    if r < 0.35:
+        parts = [rng.choice(["", "", "0", "1", "-1", "2", "-3", "10", "-10"]) for _ in range(2)]
+        step = rng.choice(["", "", ":1", ":2", ":-1", ":-2", ":3"])
+        return f"{seq}[{parts[0]}:{parts[1]}{step}]"
+    if r < 0.5:
+        return f"{seq}[{rng.choice(['0', '1', '-1', '-2', '5', '-9'])}]"
+    if r < 0.85:
+        s = rng.choice(["s", "u", "ws", "text", "words", "'a,b,,c'", "'  x  y  '", "'AbC dEf'"])
+        m = rng.choice(["split", "rsplit", "strip", "lstrip", "rstrip", "startswith", "endswith", "replace",
+                        "upper", "lower", "title", "capitalize", "find", "rfind", "count", "splitlines"])
+        if m in ("split", "rsplit"):
+            args = rng.choice(["", rng.choice(STR_ARGS), f"{rng.choice(STR_ARGS)}, {rng.randint(-1, 2)}",
+                               f"none, {rng.randint(0, 2)}"])
+        elif m in ("strip", "lstrip", "rstrip"):
+            args = rng.choice(["", rng.choice(STR_ARGS), "' lx'"])
+        elif m in ("startswith", "endswith", "find", "rfind", "count"):
+            args = rng.choice(STR_ARGS + ["('x', 'H')", "''"])
+        elif m == "replace":
+            args = f"{rng.choice(STR_ARGS)}, {rng.choice(STR_ARGS)}" + rng.choice(["", ", 1", ", 0", ", -1"])
+        else:
+            args = ""
+        return f"{s}.{m}({args})"
+    d = rng.choice(["d", "nested.x", "users[0]", "{}"])
+    return rng.choice([f"{d}.get('a')", f"{d}.get('zz', 5)", f"{d}.keys()|list", f"{d}.values()|list",
+                       f"{d}.items()|list", f"{d}|length", f"{d}|tojson(sort_keys=true)"])
 
 
 def random_whitespace_template(rng):
@@ -250,6 +288,9 @@ def build_cases(rng):
     for i in range(150):
         src = "{{ " + random_expr(rng, 3) + " }}"
         cases.append((f"expr {i}: {src!r}", {"template": src, "context": CTX}, ref.render(src, CTX)))
+    for i in range(120):
+        src = "{{ " + random_access(rng) + " }}"
+        cases.append((f"access {i}: {src!r}", {"template": src, "context": CTX}, ref.render(src, CTX)))
     for i in range(120):
         src = random_whitespace_template(rng)
         cases.append((f"whitespace {i}: {src!r}", {"template": src, "context": CTX}, ref.render(src, CTX)))
