@@ -119,6 +119,39 @@ TEST_F(Serve, GreedyCompletionsEqualGoldensAloneAndInABatch) {
   expect_no_leak();
 }
 
+// The server's greedy and seeded sampled tokens equal `dsaserve generate` (one request, no batching).
+TEST_F(Serve, TokensEqualDsaserveGenerate) {
+  std::mt19937 rng(9);
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> p;
+    for (uint32_t k = 0, n = 2 + rng() % 30; k < n; ++k) p.push_back(int32_t(rng() % 512));
+    std::string ids;
+    for (int32_t t : p) {
+      if (!ids.empty()) ids += ',';
+      ids += std::to_string(t);
+    }
+    for (const bool sampled : {false, true}) {
+      const std::string flags = sampled ? " --temperature 0.8 --top-k 50 --seed 77" : "";
+      std::string out;
+      ASSERT_EQ(run_command(fmt::format("{} generate --model {} --prompt-ids {} --max-new-tokens 10{}",
+                                        dsaserve_binary().string(), tiny_.string(), ids, flags),
+                            &out),
+                0)
+          << out;
+      const json gen = json::parse(out.substr(out.find('{')));
+      json req = greedy_body(p, 10);
+      if (sampled) {
+        req["temperature"] = 0.8;
+        req["top_k"] = 50;
+        req["seed"] = 77;
+      }
+      const json r = post_json(port_, "/v1/completions", req).json();
+      EXPECT_EQ(r["choices"][0]["token_ids"], gen["output_ids"])
+          << (sampled ? "sampled" : "greedy") << " prompt " << i;
+    }
+  }
+}
+
 TEST_F(Serve, ChatStreamingAndNotAgree) {
   const json msgs =
       json::array({{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hello"}}});
