@@ -355,8 +355,7 @@ TEST_F(Serve, ManyConcurrentStreamsCompleteWithHealthAnswering) {
   expect_no_leak();
 }
 
-TEST(ServeAuth, ApiKeyIsRequiredOnV1) {
-  DSA_FIXTURE_PATH(dir, "models/tiny");
+TEST(ServeAuth, ApiKeyIsRequiredOnV1) {  // the built-in model: no fixtures needed
   ServerProcess s({"--model", "builtin", "--api-key", "sekrit", "--kv-pages", "16"});
   ASSERT_GT(s.port(), 0) << s.log();
   const json req = {{"prompt", "hi"}, {"max_tokens", 2}};
