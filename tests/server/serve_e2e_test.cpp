@@ -370,5 +370,38 @@ TEST(ServeAuth, ApiKeyIsRequiredOnV1) {  // the built-in model: no fixtures need
   EXPECT_EQ(s.stop(), 0);
 }
 
+TEST(ServeLimits, OverloadIs503AndLargeBodiesAre413) {
+  ServerProcess s({"--model", "builtin", "--kv-pages", "16", "--max-running-requests", "1",
+                   "--max-queued-requests", "0", "--max-body-bytes", "2000"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  namespace net = boost::asio;
+  net::io_context ioc;
+  net::ip::tcp::socket sock(ioc);
+  sock.connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(s.port())});
+  const std::string body =
+      json{{"prompt", "abc"}, {"max_tokens", 900}, {"ignore_eos", true}, {"stream", true}}.dump();
+  net::write(sock, net::buffer(
+                       fmt::format("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{}",
+                                   body.size(), body)));
+  std::string got;
+  char buf[1024];
+  while (got.find("data: ") == std::string::npos) got.append(buf, sock.read_some(net::buffer(buf)));
+  const HttpResult busy = post_json(s.port(), "/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}});
+  EXPECT_EQ(busy.status, 503) << busy.body;
+  EXPECT_EQ(busy.json()["error"]["type"], "server_error");
+  const HttpResult big = http_request(s.port(), "POST", "/v1/completions", std::string(5000, ' '));
+  EXPECT_EQ(big.status, 413) << big.body;
+  sock.close();
+  // Once the first request is gone (its client disconnected), the server takes new ones.
+  HttpResult after;
+  for (int i = 0; i < 100; ++i) {
+    after = post_json(s.port(), "/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}});
+    if (after.status == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(s.stop(), 0);
+}
+
 }  // namespace
 }  // namespace dsaserve::testing

@@ -1,5 +1,6 @@
 #include "runtime/engine/engine.h"
 
+#include <cstdio>
 #include <random>
 
 #include "core/error.h"
@@ -200,7 +201,15 @@ EngineStats Engine::stats() const {
 
 void Engine::loop() {
   while (!stop_) {
-    if (step()) continue;
+    bool worked = false;
+    try {
+      worked = step();
+    } catch (const std::exception& e) {
+      // A bug in the scheduler (an integrity check, an invariant): say so and keep serving what can be.
+      std::fprintf(stderr, "dsaserve engine: step failed: %s\n", e.what());
+      worked = true;
+    }
+    if (worked) continue;
     std::unique_lock<std::mutex> lk(in_mu_);
     in_cv_.wait_for(lk, std::chrono::milliseconds(100),
                     [&] { return stop_ || !in_submit_.empty() || !in_abort_.empty(); });
