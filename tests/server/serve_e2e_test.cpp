@@ -403,5 +403,24 @@ TEST(ServeLimits, OverloadIs503AndLargeBodiesAre413) {
   EXPECT_EQ(s.stop(), 0);
 }
 
+TEST(ServeShutdown, SigtermFinishesInFlightRequestsAndExitsZero) {
+  ServerProcess s({"--model", "builtin", "--kv-pages", "16"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  HttpResult r;
+  std::thread client([&] {
+    r = post_json(s.port(), "/v1/completions", {{"prompt", "hi"}, {"max_tokens", 150}, {"ignore_eos", true}});
+  });
+  // Wait until the request is running, then SIGTERM.
+  for (int i = 0; i < 200; ++i) {
+    const std::string m = http_request(s.port(), "GET", "/metrics").body;
+    if (metric(m, "dsaserve_num_running_requests") == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.stop(), 0);
+  client.join();
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["usage"]["completion_tokens"], 150);
+}
+
 }  // namespace
 }  // namespace dsaserve::testing
