@@ -667,7 +667,8 @@ Value apply_filter(const std::string& name, const Value& operand, CallArgs& args
 
 bool apply_test(const std::string& name, const Value& operand, CallArgs& args) {
   auto it = tests().find(name);
-  if (it == tests().end()) throw_value_error(ErrorKind::kSyntax, fmt::format("No test named '{}'.", name));
+  if (it == tests().end())
+    throw_value_error(ErrorKind::kRuntime, fmt::format("No test named '{}' found.", name));
   static const char* one_arg[] = {
       "divisibleby", "in", "eq", "equalto", "==",          "ne", "!=", "lt", "lessthan",
       "<",           "le", "<=", "gt",      "greaterthan", ">",  "ge", ">=", "sameas"};

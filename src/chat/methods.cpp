@@ -655,10 +655,21 @@ void add_globals(DictData& g, const TemplateOptions& o) {
         }));
   g.set(Value("namespace"), Value::function("namespace", [](CallArgs& a) {
           Value ns = Value::namespace_object();
+          if (a.args.size() > 1)
+            throw_value_error(ErrorKind::kRuntime, "namespace expected at most 1 argument");
           for (const Value& init : a.args) {
-            if (!init.is_dict())
-              throw_value_error(ErrorKind::kRuntime, "namespace() positional argument must be a dict");
-            for (const auto& [k, v] : init.dict_data().items) ns.dict_data().set(k, v);
+            require_defined(init);
+            if (init.is_dict()) {
+              for (const auto& [k, v] : init.dict_data().items) ns.dict_data().set(k, v);
+              continue;
+            }
+            for (const Value& pair : iterate(init)) {
+              auto kv = iterate(pair);
+              if (kv.size() != 2) {
+                throw_value_error(ErrorKind::kRuntime, "dictionary update sequence element has wrong length");
+              }
+              ns.dict_data().set(kv[0], kv[1]);
+            }
           }
           for (const auto& [k, v] : a.kwargs) ns.dict_data().set(Value(k), v);
           return ns;

@@ -57,6 +57,11 @@ class Parser {
     next();
     return n;
   }
+  // The end of a tag that opens a body; jinja2 accepts a Python-style ':' before it.
+  void expect_body_start() {
+    if (is_op(":")) next();
+    expect_block_end();
+  }
   void expect_block_end() {
     if (cur().type != TokenType::kBlockEnd)
       fail_at(cur(), fmt::format("expected end of statement block, got {}", describe(cur())));
@@ -80,6 +85,7 @@ class Parser {
 
   // Parses until a block tag whose name is in `stop` (left current, after its {%), or end of input.
   Body subparse(std::initializer_list<const char*> stop) {
+    const DepthGuard guard(this);
     Body body;
     while (true) {
       const Token& t = cur();
@@ -130,7 +136,7 @@ class Parser {
     if (n == "generation") {
       auto s = make_stmt(StmtKind::kScope, pos());
       next();
-      expect_block_end();
+      expect_body_start();
       s->body = subparse({"endgeneration"});
       next();
       expect_block_end();
@@ -147,20 +153,21 @@ class Parser {
   }
 
   StmtPtr parse_if() {
+    const SoftScope soft(this, true);
     auto s = make_stmt(StmtKind::kIf, pos());
     next();
     s->conds.push_back(parse_tuple(false, false, {}, false));
-    expect_block_end();
+    expect_body_start();
     s->bodies.push_back(subparse({"elif", "else", "endif"}));
     while (true) {
       if (is_name("elif")) {
         next();
         s->conds.push_back(parse_tuple(false, false, {}, false));
-        expect_block_end();
+        expect_body_start();
         s->bodies.push_back(subparse({"elif", "else", "endif"}));
       } else if (is_name("else")) {
         next();
-        expect_block_end();
+        expect_body_start();
         s->else_body = subparse({"endif"});
         next();
         expect_block_end();
@@ -188,13 +195,16 @@ class Parser {
       next();
       s->recursive = true;
     }
-    expect_block_end();
-    ++loop_depth_;
-    s->body = subparse({"endfor", "else"});
+    expect_body_start();
+    {
+      const SoftScope hard(this, false);
+      ++loop_depth_;
+      s->body = subparse({"endfor", "else"});
+    }
     --loop_depth_;
     if (is_name("else")) {
       next();
-      expect_block_end();
+      expect_body_start();
       s->else_body = subparse({"endfor"});
     }
     next();
@@ -217,8 +227,11 @@ class Parser {
     auto s = make_stmt(StmtKind::kSetBlock, p);
     s->target = std::move(target);
     if (is_op("|")) s->filter = parse_filter(nullptr, false);
-    expect_block_end();
-    s->body = subparse({"endset"});
+    expect_body_start();
+    {
+      const SoftScope hard(this, false);
+      s->body = subparse({"endset"});
+    }
     next();
     expect_block_end();
     return s;
@@ -253,10 +266,13 @@ class Parser {
     next();
     s->name = expect_name();
     parse_signature(*s);
-    expect_block_end();
+    expect_body_start();
     const int saved = loop_depth_;
     loop_depth_ = 0;
-    s->body = subparse({"endmacro"});
+    {
+      const SoftScope hard(this, false);
+      s->body = subparse({"endmacro"});
+    }
     loop_depth_ = saved;
     next();
     expect_block_end();
@@ -270,10 +286,13 @@ class Parser {
     const Token& ct = cur();
     s->expr = parse_expression(true);
     if (s->expr->kind != ExprKind::kCall) fail_at(ct, "expected call");
-    expect_block_end();
+    expect_body_start();
     const int saved = loop_depth_;
     loop_depth_ = 0;
-    s->body = subparse({"endcall"});
+    {
+      const SoftScope hard(this, false);
+      s->body = subparse({"endcall"});
+    }
     loop_depth_ = saved;
     next();
     expect_block_end();
@@ -284,8 +303,11 @@ class Parser {
     auto s = make_stmt(StmtKind::kFilterBlock, pos());
     next();
     s->filter = parse_filter(nullptr, true);
-    expect_block_end();
-    s->body = subparse({"endfilter"});
+    expect_body_start();
+    {
+      const SoftScope hard(this, false);
+      s->body = subparse({"endfilter"});
+    }
     next();
     expect_block_end();
     return s;
@@ -300,8 +322,11 @@ class Parser {
       expect_op("=");
       s->values.push_back(parse_expression(true));
     }
-    expect_block_end();
-    s->body = subparse({"endwith"});
+    expect_body_start();
+    {
+      const SoftScope hard(this, false);
+      s->body = subparse({"endwith"});
+    }
     next();
     expect_block_end();
     return s;
@@ -310,16 +335,6 @@ class Parser {
   // name | name.attr (with_namespace) | tuple of names
   ExprPtr parse_assign_target(bool with_namespace, std::initializer_list<const char*> extra_end) {
     const SrcPos p = pos();
-    if (with_namespace && cur().type == TokenType::kName && peek().type == TokenType::kOperator &&
-        peek().value == ".") {
-      auto e = make(ExprKind::kGetattr, p);
-      auto base = make(ExprKind::kName, p);
-      base->name = expect_name();
-      next();  // .
-      e->name = expect_name();
-      e->children.push_back(std::move(base));
-      return e;
-    }
     std::vector<ExprPtr> names;
     bool is_tuple = false;
     bool paren = false;
@@ -336,6 +351,14 @@ class Parser {
       if (cur().type != TokenType::kName || is_end_name(extra_end)) break;
       auto n = make(ExprKind::kName, pos());
       n->name = expect_name();
+      if (with_namespace && is_op(".")) {
+        next();
+        auto attr = make(ExprKind::kGetattr, n->pos);
+        attr->name = expect_name();
+        attr->children.push_back(std::move(n));
+        names.push_back(std::move(attr));
+        continue;
+      }
       if (n->name == "true" || n->name == "false" || n->name == "none" || n->name == "True" ||
           n->name == "False" || n->name == "None") {
         fail_at(t_[i_ - 1], fmt::format("can't assign to '{}'", n->name));
@@ -389,13 +412,31 @@ class Parser {
     }
     auto t = make(ExprKind::kTuple, p);
     t->children = std::move(args);
-    return t;
+    return bounded(std::move(t));
   }
 
   ExprPtr parse_expression(bool with_condexpr) { return with_condexpr ? parse_condexpr() : parse_or(); }
 
   ExprPtr parse_condexpr() {
-    ExprPtr expr1 = parse_or();
+    // jinja2 compiles the whole inline if (both branches too) in a soft frame; whether an expression is
+    // an inline if is only known at its `if`, so the first branch is re-checked below.
+    const size_t start = i_;
+    const bool outer_soft = soft_;
+    ExprPtr expr1;
+    try {
+      expr1 = parse_or();
+    } catch (const TemplateError&) {
+      if (outer_soft) throw;
+      i_ = start;
+      const SoftScope soft(this, true);
+      expr1 = parse_or();
+      if (!is_name("if")) {
+        i_ = start;
+        soft_ = false;
+        expr1 = parse_or();  // throws the original error
+      }
+    }
+    const SoftScope soft(this, true);
     while (is_name("if")) {
       const SrcPos p = pos();
       next();
@@ -409,7 +450,7 @@ class Parser {
       e->children.push_back(std::move(cond));
       e->children.push_back(std::move(expr1));
       e->children.push_back(std::move(other));
-      expr1 = std::move(e);
+      expr1 = bounded(std::move(e));
     }
     return expr1;
   }
@@ -419,6 +460,16 @@ class Parser {
     e->name = op;
     e->children.push_back(std::move(l));
     e->children.push_back(std::move(r));
+    return bounded(std::move(e));
+  }
+
+  // Sets the subtree height; chains built in loops (a+b+c..., a.b.c..., x|f|g...) must stay shallow
+  // enough to evaluate and free recursively.
+  ExprPtr bounded(ExprPtr e) {
+    for (const auto& c : e->children) {
+      if (c) e->depth = std::max(e->depth, c->depth + 1);
+    }
+    if (e->depth > kMaxDepth) fail_at(cur(), "expression nesting is too deep");
     return e;
   }
 
@@ -443,11 +494,12 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    const DepthGuard guard(this);
     if (is_name("not")) {
       auto e = make(ExprKind::kNot, pos());
       next();
       e->children.push_back(parse_not());
-      return e;
+      return bounded(std::move(e));
     }
     return parse_compare();
   }
@@ -482,7 +534,7 @@ class Parser {
     e->children.push_back(std::move(expr));
     for (auto& r : rest) e->children.push_back(std::move(r));
     e->ops = std::move(ops);
-    return e;
+    return bounded(std::move(e));
   }
 
   ExprPtr parse_math1() {
@@ -528,6 +580,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    const DepthGuard guard(this);
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
       node = make(is_op("-") ? ExprKind::kNeg : ExprKind::kPos, pos());
@@ -536,7 +589,7 @@ class Parser {
     } else {
       node = parse_primary();
     }
-    node = parse_postfix(std::move(node));
+    node = parse_postfix(bounded(std::move(node)));
     if (with_filter) node = parse_filter_expr(std::move(node));
     return node;
   }
@@ -600,7 +653,7 @@ class Parser {
         e->children.push_back(parse_expression(true));
       }
       next();
-      return e;
+      return bounded(std::move(e));
     }
     if (is_op("{")) {
       auto e = make(ExprKind::kDict, p);
@@ -613,7 +666,7 @@ class Parser {
         e->children.push_back(parse_expression(true));
       }
       next();
-      return e;
+      return bounded(std::move(e));
     }
     fail_at(t, fmt::format("unexpected {}", describe(t)));
   }
@@ -653,7 +706,7 @@ class Parser {
         e->name = cur().value;
         next();
         e->children.push_back(std::move(node));
-        return e;
+        return bounded(std::move(e));
       }
       if (cur().type == TokenType::kInteger) {
         auto e = make(ExprKind::kGetitem, p);
@@ -662,7 +715,7 @@ class Parser {
         next();
         e->children.push_back(std::move(node));
         e->children.push_back(std::move(idx));
-        return e;
+        return bounded(std::move(e));
       }
       fail_at(cur(), "expected name or number");
     }
@@ -685,12 +738,12 @@ class Parser {
     }
     if (index->kind == ExprKind::kSlice) {
       index->children.insert(index->children.begin(), std::move(node));
-      return index;
+      return bounded(std::move(index));
     }
     auto e = make(ExprKind::kGetitem, p);
     e->children.push_back(std::move(node));
     e->children.push_back(std::move(index));
-    return e;
+    return bounded(std::move(e));
   }
 
   ExprPtr parse_subscribed() {
@@ -754,7 +807,7 @@ class Parser {
     auto e = make(ExprKind::kCall, pos());
     e->children.push_back(std::move(node));
     parse_call_args(*e);
-    return e;
+    return bounded(std::move(e));
   }
 
   ExprPtr parse_filter(ExprPtr node, bool start_inline) {
@@ -769,10 +822,10 @@ class Parser {
         e->name.push_back('.');
         e->name.append(expect_name());
       }
-      if (!has_filter(e->name)) fail_at(nt, fmt::format("No filter named '{}'.", e->name));
+      if (!has_filter(e->name) && !soft_) fail_at(nt, fmt::format("No filter named '{}'.", e->name));
       e->children.push_back(std::move(node));
       if (is_op("(")) parse_call_args(*e);
-      node = std::move(e);
+      node = bounded(std::move(e));
     }
     return node;
   }
@@ -793,7 +846,7 @@ class Parser {
       e->name.push_back('.');
       e->name.append(expect_name());
     }
-    if (!has_test(e->name)) fail_at(nt, fmt::format("No test named '{}'.", e->name));
+    if (!has_test(e->name) && !soft_) fail_at(nt, fmt::format("No test named '{}'.", e->name));
     e->children.push_back(std::move(node));
     const TokenType tt = cur().type;
     if (is_op("(")) {
@@ -804,15 +857,39 @@ class Parser {
       if (is_name("is")) fail_at(cur(), "You cannot chain multiple tests with is");
       e->children.push_back(parse_postfix(parse_primary()));
     }
-    if (!negated) return e;
+    if (!negated) return bounded(std::move(e));
     auto n = make(ExprKind::kNot, p);
-    n->children.push_back(std::move(e));
-    return n;
+    n->children.push_back(bounded(std::move(e)));
+    return bounded(std::move(n));
   }
 
   const std::vector<Token>& t_;
   size_t i_ = 0;
   int loop_depth_ = 0;
+  int depth_ = 0;
+  // Inside an if statement (not a nested frame) or an inline if: like jinja2's "soft" frames, an
+  // unknown filter or test there is an error only when it is evaluated.
+  bool soft_ = false;
+  struct SoftScope {
+    SoftScope(Parser* p, bool soft) : parser(p), saved(p->soft_) { parser->soft_ = soft; }
+    ~SoftScope() { parser->soft_ = saved; }
+    SoftScope(const SoftScope&) = delete;
+    SoftScope& operator=(const SoftScope&) = delete;
+    Parser* parser;
+    bool saved;
+  };
+
+  // Bounds the parser's recursion (deeply nested input is an error, not a stack overflow).
+  struct DepthGuard {
+    explicit DepthGuard(Parser* p) : parser(p) {
+      if (++parser->depth_ > kMaxDepth) parser->fail_at(parser->cur(), "template nesting is too deep");
+    }
+    ~DepthGuard() { --parser->depth_; }
+    DepthGuard(const DepthGuard&) = delete;
+    DepthGuard& operator=(const DepthGuard&) = delete;
+    Parser* parser;
+  };
+  static constexpr int kMaxDepth = 400;
 };
 
 }  // namespace

@@ -56,6 +56,10 @@ Value binary_arith(const std::string& op, const Value& a, const Value& b) {
     const Value* count = seq == &a ? &b : &a;
     if (seq && (seq->is_string() || seq->is_list())) {
       const int64_t n = std::max<int64_t>(0, as_index(*count));
+      const size_t unit = seq->is_string() ? seq->as_string().size() : seq->items().size();
+      if (unit != 0 && static_cast<uint64_t>(n) > (uint64_t{64} << 20) / unit) {
+        throw_value_error(ErrorKind::kRuntime, "repetition result is too large (over 64 MiB)");
+      }
       if (seq->is_string()) {
         std::string out;
         for (int64_t i = 0; i < n; ++i) out += seq->as_string();
@@ -87,7 +91,11 @@ Value binary_arith(const std::string& op, const Value& a, const Value& b) {
     const double x = a.to_double(), y = b.to_double();
     if (op == "//") return Value(std::floor(x / y));
     double m = std::fmod(x, y);
-    if (m != 0.0 && ((m < 0) != (y < 0))) m += y;
+    if (m != 0.0) {
+      if ((m < 0) != (y < 0)) m += y;
+    } else {
+      m = std::copysign(0.0, y);  // Python: a zero remainder takes the divisor's sign
+    }
     return Value(m);
   }
   if (op == "**") {
@@ -307,6 +315,7 @@ class Renderer {
         loop = Value::function(
             "loop",
             [self, stmt, depth0](CallArgs& a) -> Value {
+              const CallDepth depth(self);
               if (a.args.size() != 1 || !a.kwargs.empty()) {
                 throw_value_error(ErrorKind::kRuntime, "loop() takes exactly one argument");
               }
@@ -335,6 +344,7 @@ class Renderer {
     const Stmt* def = &s;
     Renderer* self = this;
     return Value::function(name, [self, closure, def, name](CallArgs& a) -> Value {
+      const CallDepth depth(self);
       auto frame = std::make_shared<Frame>();
       Scopes saved = std::move(self->scopes_);
       self->scopes_ = closure;
@@ -514,8 +524,24 @@ class Renderer {
     return Value();
   }
 
+  // Bounds macro and recursive-loop nesting like Python's recursion limit.
+  struct CallDepth {
+    explicit CallDepth(Renderer* r) : renderer(r) {
+      if (++renderer->call_depth_ > kMaxCallDepth) {
+        --renderer->call_depth_;
+        throw_value_error(ErrorKind::kRuntime, "maximum recursion depth exceeded");
+      }
+    }
+    ~CallDepth() { --renderer->call_depth_; }
+    CallDepth(const CallDepth&) = delete;
+    CallDepth& operator=(const CallDepth&) = delete;
+    Renderer* renderer;
+  };
+  static constexpr int kMaxCallDepth = 200;
+
   const TemplateOptions& o_;
   Scopes scopes_;
+  int call_depth_ = 0;
 };
 
 }  // namespace
