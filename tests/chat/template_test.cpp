@@ -150,6 +150,28 @@ TEST(Template, ErrorsNameLineAndColumn) {
   expect_error("{% set x = l.append(1) %}", ErrorKind::kSecurity, 1, 20);
 }
 
+TEST(Template, HostileInputIsAnErrorNotACrash) {
+  auto kind_of = [](const std::string& source) {
+    try {
+      Template(source).render(context());
+    } catch (const TemplateError& e) {
+      return e.kind();
+    }
+    return ErrorKind::kRaised;  // no error at all: reported as a mismatch below
+  };
+  EXPECT_EQ(kind_of("{% macro r() %}{{ r() }}{% endmacro %}{{ r() }}"), ErrorKind::kRuntime);
+  EXPECT_EQ(kind_of("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"),
+            ErrorKind::kSyntax);
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 100000; ++i) chain += "+1";
+  EXPECT_EQ(kind_of(chain + " }}"), ErrorKind::kSyntax);
+  std::string ifs;
+  for (int i = 0; i < 3000; ++i) ifs += "{% if 1 %}";
+  EXPECT_EQ(kind_of(ifs), ErrorKind::kSyntax);
+  EXPECT_EQ(kind_of("{{ 'x' * 1000000000 }}"), ErrorKind::kRuntime);
+  EXPECT_EQ(kind_of("{{ range(1000000)|length }}"), ErrorKind::kRuntime);
+}
+
 TEST(Template, RaiseExceptionMessage) {
   try {
     Template("{{ raise_exception('Conversation roles must alternate') }}").render(context());
