@@ -14,7 +14,7 @@ constexpr uint64_t kNoToken = ~uint64_t{0};
 constexpr uint32_t kNoRank = 0xFFFFFFFFu;
 constexpr uint32_t kMaxId = 1u << 26;
 // Words up to this many symbols use the quadratic scan (cheaper for short words); longer ones the heap.
-constexpr size_t kSmallWord = 48;
+constexpr size_t kSmallWord = 24;
 
 std::optional<std::string> optional_string(const nlohmann::json& m, const char* key) {
   auto it = m.find(key);
@@ -240,16 +240,18 @@ void BpeModel::merge_small(std::vector<uint32_t>& syms, BpeScratch& scratch) con
 void BpeModel::merge_large(std::vector<uint32_t>& syms, BpeScratch& scratch) const {
   const size_t n = syms.size();
   if (n < 2) return;
-  // Symbols form a doubly linked list; the heap holds (rank << 32 | position) of candidate pairs.
-  // An entry is stale when its left symbol was absorbed or its pair no longer has that rank.
+  // Symbols form a doubly linked list; the heap holds candidate pairs by (rank, position). Each pair
+  // position has a version, bumped whenever its left or right symbol changes, so a stale entry is
+  // recognised without looking the pair up again. A removed symbol has version kDead.
+  constexpr uint32_t kDead = 0xFFFFFFFFu;
   auto& prev = scratch.prev;
   auto& next = scratch.next;
   auto& heap = scratch.heap;
+  std::vector<uint32_t>& version = scratch.ranks;
   prev.resize(n);
   next.resize(n);
+  version.assign(n, 0);
   heap.clear();
-  std::vector<uint32_t>& alive = scratch.ranks;  // 1 while the symbol exists
-  alive.assign(n, 1);
   for (size_t i = 0; i < n; ++i) {
     prev[i] = static_cast<int32_t>(i) - 1;
     next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
@@ -257,31 +259,32 @@ void BpeModel::merge_large(std::vector<uint32_t>& syms, BpeScratch& scratch) con
   auto push = [&](size_t i) {
     if (next[i] < 0) return;
     if (const PairTable::Value* v = merges_.find(syms[i], syms[next[i]])) {
-      heap.push_back((uint64_t{v->rank} << 32) | i);
+      heap.push_back({(uint64_t{v->rank} << 32) | i, version[i], v->id});
       std::push_heap(heap.begin(), heap.end(), std::greater<>());
     }
   };
   for (size_t i = 0; i + 1 < n; ++i) push(i);
   while (!heap.empty()) {
     std::pop_heap(heap.begin(), heap.end(), std::greater<>());
-    const uint64_t top = heap.back();
+    const BpeHeapEntry top = heap.back();
     heap.pop_back();
-    const auto pos = static_cast<size_t>(top & 0xFFFFFFFFu);
-    const auto rank = static_cast<uint32_t>(top >> 32);
-    if (!alive[pos] || next[pos] < 0) continue;
+    const auto pos = static_cast<size_t>(top.key & 0xFFFFFFFFu);
+    if (version[pos] != top.version) continue;
     const auto right = static_cast<size_t>(next[pos]);
-    const PairTable::Value* v = merges_.find(syms[pos], syms[right]);
-    if (v == nullptr || v->rank != rank) continue;
-    syms[pos] = v->id;
-    alive[right] = 0;
+    syms[pos] = top.merged_id;
+    version[right] = kDead;
+    ++version[pos];
     next[pos] = next[right];
     if (next[right] >= 0) prev[next[right]] = static_cast<int32_t>(pos);
-    if (prev[pos] >= 0) push(static_cast<size_t>(prev[pos]));
+    if (prev[pos] >= 0) {
+      ++version[prev[pos]];
+      push(static_cast<size_t>(prev[pos]));
+    }
     push(pos);
   }
   size_t w = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (alive[i]) syms[w++] = syms[i];
+    if (version[i] != kDead) syms[w++] = syms[i];
   }
   syms.resize(w);
 }

@@ -13,12 +13,20 @@
 
 namespace dsaserve::tokenizer {
 
+// A candidate merge of the heap loop: the pair starting at `pos` while that pair has version `version`.
+struct BpeHeapEntry {
+  uint64_t key;  // rank << 32 | pos: the lowest rank first, then the leftmost
+  uint32_t version;
+  uint32_t merged_id;
+  bool operator>(const BpeHeapEntry& o) const { return key > o.key; }
+};
+
 // Scratch space reused across words (one per thread).
 struct BpeScratch {
   std::vector<uint32_t> syms;
   std::vector<uint32_t> ranks;
   std::vector<int32_t> prev, next;
-  std::vector<uint64_t> heap;
+  std::vector<BpeHeapEntry> heap;
   std::string text;
 };
 
