@@ -15,7 +15,7 @@ CommandRun setup(CLI::App& sub) {
   auto cfg = std::make_shared<server::ServerConfig>();
   cfg->engine.kv_pages = 512;
   sub.add_option("--model-path,--model", cfg->model_path,
-                 "model folder (config.json + safetensors), or builtin")
+                 "model folder (config.json + safetensors), or builtin:demo (alias builtin)")
       ->required();
   sub.add_option("--tokenizer-path,--tokenizer", cfg->tokenizer_path,
                  "tokenizer folder or tokenizer.json, or builtin:bytes (default: the model folder's)");
@@ -58,6 +58,9 @@ CommandRun setup(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--seed", cfg->builtin_seed, "seed of the builtin model's random weights")
       ->capture_default_str();
+  sub.add_flag(
+      "--disable-overlap-schedule", [cfg](int64_t) { cfg->engine.overlap_schedule = false; },
+      "schedule step N+1 only after step N (default: while step N's forward runs)");
   sub.add_flag("--check-integrity", cfg->engine.check_integrity,
                "check scheduler/KV invariants every step (debug)");
   return [cfg] { return server::run_server(*cfg); };

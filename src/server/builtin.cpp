@@ -151,7 +151,7 @@ std::shared_ptr<model::Model> make_builtin_model(const std::filesystem::path& di
     w.add(p + ".shared_head.norm.weight", {H}, Init::ones);
   }
   io::write_safetensors(dir / "model.safetensors", w.tensors());
-  return model::Model::load(dir, false);
+  return model::Model::load(dir, /*with_mtp=*/true);
 }
 
 std::string builtin_tokenizer_json() {

@@ -307,10 +307,10 @@ int run_server(const ServerConfig& in) {
     const auto dir = std::filesystem::temp_directory_path() / fmt::format("dsaserve-builtin-{}", ::getpid());
     model = make_builtin_model(dir, cfg.builtin_seed);
     std::error_code ec;
-    std::filesystem::remove_all(dir, ec);  // the weights stay mapped
-    if (cfg.served_model_name.empty()) cfg.served_model_name = "builtin";
+    std::filesystem::remove_all(dir, ec);                                       // the weights stay mapped
+    if (cfg.served_model_name.empty()) cfg.served_model_name = cfg.model_path;  // builtin:demo or builtin
   } else {
-    DSA_CHECK(!cfg.model_path.empty(), "--model is required (a model folder, or builtin)");
+    DSA_CHECK(!cfg.model_path.empty(), "--model is required (a model folder, or builtin:demo)");
     model_dir = cfg.model_path;
     model = model::Model::load(model_dir, false);
     if (cfg.served_model_name.empty())

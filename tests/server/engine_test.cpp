@@ -1,6 +1,7 @@
 // Engine on the tiny fixture model (CPU path): greedy generations equal the fixture's goldens, a request
 // alone and inside a batch of 16 others gives the same tokens, chunked prefill with retraction under a
-// tiny pool gives the same tokens, a shared prefix is served from the cache, aborts free pages.
+// tiny pool gives the same tokens, a shared prefix is served from the cache, aborts free pages, and
+// overlap scheduling gives the same tokens as none.
 #include "runtime/engine/engine.h"
 
 #include <gtest/gtest.h>
@@ -154,6 +155,120 @@ TEST(Engine, SharedPrefixIsCachedAndAbortFreesPages) {
   auto r4 = run_all(e, 1);
   EXPECT_EQ(r4[4].last.finish, FinishReason::error);
   EXPECT_NE(r4[4].last.error.find("vocabulary"), std::string::npos);
+}
+
+// Runs a workload to the end, aborting request `id` right after it delivered abort_after[id] tokens
+// (as the server does on a stop string or a disconnect).
+std::map<uint64_t, Result> run_aborting(Engine& e, const std::vector<GenerateRequest>& reqs,
+                                        const std::map<uint64_t, size_t>& abort_after) {
+  for (const auto& g : reqs) e.submit(g);
+  std::map<uint64_t, Result> res;
+  size_t done = 0;
+  std::vector<StepOutput> out;
+  for (int guard = 0; done < reqs.size() && guard < 100000; ++guard) {
+    e.step();
+    out.clear();
+    e.wait_outputs(out, std::chrono::milliseconds(0));
+    for (StepOutput& o : out) {
+      Result& r = res[o.id];
+      if (o.token >= 0) {
+        r.tokens.push_back(o.token);
+        auto it = abort_after.find(o.id);
+        if (it != abort_after.end() && r.tokens.size() == it->second && o.finish == FinishReason::none)
+          e.abort(o.id);
+      }
+      if (o.finish != FinishReason::none) {
+        r.last = o;
+        ++done;
+      }
+    }
+  }
+  EXPECT_EQ(done, reqs.size());
+  while (e.step()) {
+  }
+  return res;
+}
+
+TEST(Engine, OverlapScheduleGivesTheSameTokens) {
+  DSA_FIXTURE_PATH(dir, "models/tiny");
+  std::mt19937 rng(13);
+  std::vector<GenerateRequest> reqs;
+  std::map<uint64_t, size_t> abort_after;
+  for (uint64_t id = 1; id <= 12; ++id) {
+    std::vector<int32_t> p;
+    for (uint32_t i = 0, n = 5 + rng() % 30; i < n; ++i) p.push_back(int32_t(rng() % 512));
+    GenerateRequest g = greedy(id, p, 8 + int64_t(rng() % 8));
+    if (id % 3 == 1) {  // seeded sampling
+      g.params.temperature = 1.0f;
+      g.params.top_k = 50;
+      g.params.seed = 1000 + id;
+    }
+    if (id % 4 == 2) {  // stop tokens: a sampled request that may stop at any step
+      g.params.temperature = 1.0f;
+      g.params.seed = 2000 + id;
+      for (int32_t t = 0; t < 512; t += 7) g.params.stop_token_ids.push_back(t);
+    }
+    if (id % 5 == 0) abort_after[id] = 2 + id % 3;
+    reqs.push_back(std::move(g));
+  }
+  EngineConfig roomy = small_config(128, 16);
+  roomy.enable_prefix_cache = false;
+  roomy.overlap_schedule = false;
+  Engine ref(tiny_model(dir), roomy);
+  auto want = run_aborting(ref, reqs, abort_after);
+
+  for (const bool overlap : {false, true}) {
+    EngineConfig tight = small_config(12, 8);  // 96 slots: retraction; chunks of 7; check_integrity on
+    tight.scheduler.chunked_prefill_size = 7;
+    tight.scheduler.max_prefill_tokens = 10;
+    tight.overlap_schedule = overlap;
+    Engine e(tiny_model(dir), tight);
+    auto got = run_aborting(e, reqs, abort_after);
+    EXPECT_GT(e.scheduler().num_retractions(), 0) << "overlap " << overlap;
+    for (const auto& g : reqs) {
+      EXPECT_EQ(got[g.id].tokens, want[g.id].tokens) << "request " << g.id << " overlap " << overlap;
+      EXPECT_EQ(got[g.id].last.finish, want[g.id].last.finish)
+          << "request " << g.id << " overlap " << overlap;
+    }
+    e.scheduler().check_integrity();
+    EXPECT_EQ(e.pool().num_pages() - e.pool().free_pages(), e.cache().cached_pages())
+        << "overlap " << overlap;
+  }
+  // The workload exercised what it should: aborts, stop tokens and length finishes.
+  std::map<FinishReason, int> seen;
+  for (const auto& [id, r] : want) ++seen[r.last.finish];
+  EXPECT_GT(seen[FinishReason::abort], 0);
+  EXPECT_GT(seen[FinishReason::stop], 0);
+  EXPECT_GT(seen[FinishReason::length], 0);
+}
+
+TEST(Engine, OverlapScheduleOnTheEngineThread) {
+  DSA_FIXTURE_PATH(dir, "models/tiny");
+  EngineConfig c = small_config(64, 16);
+  std::vector<GenerateRequest> reqs;
+  for (uint64_t id = 1; id <= 6; ++id) reqs.push_back(greedy(id, {int32_t(id), 5, 9, 13}, 10));
+  std::map<uint64_t, std::vector<int32_t>> by_mode[2];
+  for (const bool overlap : {false, true}) {
+    c.overlap_schedule = overlap;
+    Engine e(tiny_model(dir), c);
+    e.start();
+    for (const auto& g : reqs) e.submit(g);
+    size_t done = 0;
+    std::vector<StepOutput> out;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (done < reqs.size() && std::chrono::steady_clock::now() < deadline) {
+      out.clear();
+      e.wait_outputs(out, std::chrono::milliseconds(100));
+      for (const StepOutput& o : out) {
+        if (o.token >= 0) by_mode[overlap][o.id].push_back(o.token);
+        done += o.finish != FinishReason::none;
+      }
+    }
+    e.stop();
+    EXPECT_EQ(done, reqs.size());
+  }
+  EXPECT_EQ(by_mode[0], by_mode[1]);
+  for (const auto& g : reqs) EXPECT_EQ(by_mode[1][g.id].size(), 10u);
 }
 
 }  // namespace

@@ -89,6 +89,7 @@ struct Harness {
       logits[k * size_t(kVocab) + size_t(next_token(std::span<const int32_t>(r.tokens).first(size_t(end))))] =
           1.0f;
     }
+    sched.commit(b);
     sched.process(b, logits, kVocab, out);
     collect(out);
     sched.check_integrity();

@@ -23,6 +23,7 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
   if (cfg_.scheduler.max_context <= 0) cfg_.scheduler.max_context = model_->config().max_position_embeddings;
   scheduler_ = std::make_unique<Scheduler>(cfg_.scheduler, *pool_, *cache_);
   cfg_.forward.all_logits = false;
+  runner_ = std::make_unique<CpuModelRunner>(*model_, pool_->cache(), cfg_.forward, cfg_.overlap_schedule);
   stats_.kv_pages_total = pool_->num_pages();
   stats_.kv_pages_free = pool_->free_pages();
   seed_counter_ = std::random_device{}();
@@ -129,64 +130,101 @@ void Engine::drain_inputs(std::vector<StepOutput>& out) {
   for (uint64_t id : aborts) scheduler_->abort(id, out);
 }
 
+int64_t Engine::complete_in_flight(std::vector<StepOutput>& out, double& sched_s) {
+  ScheduleBatch batch = std::move(in_flight_);
+  in_flight_ = ScheduleBatch();
+  Tensor logits;
+  std::string error;
+  try {
+    logits = runner_->wait();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Aborts are applied only now: the step that ran may have written the aborted requests' pages.
+  drain_inputs(out);
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t first = out.size();
+  if (error.empty()) {
+    try {
+      scheduler_->process(batch, std::span<const float>(logits.data<float>(), size_t(logits.numel())),
+                          logits.size(1), out);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  // A failed step fails the requests in it; the engine keeps serving the others.
+  if (!error.empty()) scheduler_->fail(batch, error, out);
+  int64_t generated = 0;
+  for (size_t i = first; i < out.size(); ++i) generated += out[i].token >= 0 ? 1 : 0;
+  sched_s += seconds_since(t0);
+  return generated;
+}
+
 bool Engine::step() {
   std::vector<StepOutput> out;
-  drain_inputs(out);
-  if (scheduler_->idle()) {
-    {
-      std::lock_guard<std::mutex> lk(stats_mu_);  // aborts may have freed pages
-      stats_.num_waiting = 0;
-      stats_.num_running = 0;
-      stats_.kv_pages_free = pool_->free_pages();
-      stats_.prefix_cache_pages = cache_->cached_pages();
-      stats_.last_batch_size = 0;
+  const bool flying = !in_flight_.empty();
+  if (!flying) {
+    drain_inputs(out);
+    if (scheduler_->idle()) {
+      {
+        std::lock_guard<std::mutex> lk(stats_mu_);  // aborts may have freed pages
+        stats_.num_waiting = 0;
+        stats_.num_running = 0;
+        stats_.kv_pages_free = pool_->free_pages();
+        stats_.prefix_cache_pages = cache_->cached_pages();
+        stats_.last_batch_size = 0;
+      }
+      if (cfg_.check_integrity) scheduler_->check_integrity();
+      publish(out);
+      return false;
     }
-    if (cfg_.check_integrity) scheduler_->check_integrity();
-    publish(out);
-    return false;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  ScheduleBatch batch = scheduler_->schedule(out);
+  // Step N+1's batch, from the state step N (in flight) will leave: its samples are future tokens.
+  ScheduleBatch batch;
+  model::ForwardBatch fb;
+  if (!scheduler_->idle()) {
+    batch = scheduler_->schedule(out);
+    if (!batch.empty()) fb = scheduler_->build_forward(batch);
+  }
   double sched_s = seconds_since(t0);
   int64_t generated = 0;
-  if (!batch.empty()) {
+  if (flying) {
+    generated += complete_in_flight(out, sched_s);
+    // Step N's samples are known: drop finished requests, fill in the future input ids.
     const auto t1 = std::chrono::steady_clock::now();
-    const model::ForwardBatch fb = scheduler_->build_forward(batch);
-    sched_s += seconds_since(t1);
-    try {
-      const model::ForwardOutput fo = model_->forward(fb, pool_->cache(), cfg_.forward);
-      const Tensor logits = fo.logits.contiguous();
-      const int64_t vocab = logits.size(1);
-      const auto t2 = std::chrono::steady_clock::now();
-      const size_t before = out.size();
-      scheduler_->process(batch, std::span<const float>(logits.data<float>(), size_t(logits.numel())), vocab,
-                          out);
-      for (size_t i = before; i < out.size(); ++i) generated += out[i].token >= 0 ? 1 : 0;
-      sched_s += seconds_since(t2);
-    } catch (const std::exception& e) {
-      // A failed step fails the requests in it; the engine keeps serving the others.
-      const size_t first = out.size();
-      for (const ScheduledRequest& s : batch.items) scheduler_->abort(s.req->id, out);
-      for (size_t i = first; i < out.size(); ++i) {
-        out[i].finish = FinishReason::error;
-        out[i].error = fmt::format("model step failed: {}", e.what());
-      }
+    if (scheduler_->prune(batch)) {
+      fb = batch.empty() ? model::ForwardBatch() : scheduler_->build_forward(batch);
+    } else if (!batch.empty()) {
+      scheduler_->resolve(batch, fb);
     }
+    sched_s += seconds_since(t1);
   }
   if (cfg_.check_integrity) scheduler_->check_integrity();
+  const int64_t batch_size = int64_t(batch.items.size());
+  const int64_t prefill_tokens = batch.num_prefill_tokens;
+  if (!batch.empty()) {
+    scheduler_->commit(batch);
+    runner_->launch(std::move(fb));
+    in_flight_ = std::move(batch);
+    if (!cfg_.overlap_schedule) {
+      generated += complete_in_flight(out, sched_s);
+      if (cfg_.check_integrity) scheduler_->check_integrity();
+    }
+  }
   {
     std::lock_guard<std::mutex> lk(stats_mu_);
     stats_.num_waiting = scheduler_->num_waiting();
     stats_.num_running = scheduler_->num_running();
     stats_.kv_pages_free = pool_->free_pages();
     stats_.prefix_cache_pages = cache_->cached_pages();
-    stats_.steps += batch.empty() ? 0 : 1;
+    stats_.steps += batch_size > 0 ? 1 : 0;
     stats_.prompt_tokens = scheduler_->num_admitted_prompt_tokens();
     stats_.prefix_hit_tokens = scheduler_->num_prefix_hit_tokens();
-    stats_.prefill_tokens += batch.num_prefill_tokens;
+    stats_.prefill_tokens += prefill_tokens;
     stats_.generated_tokens += generated;
     stats_.retractions = scheduler_->num_retractions();
-    stats_.last_batch_size = int64_t(batch.items.size());
+    stats_.last_batch_size = batch_size;
     stats_.busy_seconds += seconds_since(t0);
     stats_.schedule_seconds += sched_s;
   }

@@ -1,6 +1,9 @@
 #pragma once
 // Engine: the one thread that owns the model's state (KV pool, prefix cache, scheduler) and runs the
-// loop schedule -> forward -> sample/postprocess. Other threads talk to it only through two queues of
+// loop schedule -> forward -> sample/postprocess. With overlap scheduling (the default) step N's forward
+// runs on the ModelRunner while this thread schedules and builds step N+1 (its decode inputs are the
+// future tokens of step N, resolved after step N is sampled and before step N+1 launches); the tokens
+// are the same as without overlap. Other threads talk to it only through two queues of
 // plain structs: submit()/abort() in, wait_outputs() out (one StepOutput per generated token or finish,
 // in order per request). step() runs one iteration on the caller's thread (tests drive it directly).
 #include <atomic>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/engine/model_runner.h"
 #include "runtime/kv/kv_pool.h"
 #include "runtime/radix/radix_cache.h"
 #include "runtime/scheduler/scheduler.h"
@@ -26,6 +30,7 @@ struct EngineConfig {
   int64_t page_size = 64;
   bool enable_prefix_cache = true;
   bool check_integrity = false;  // Scheduler::check_integrity() after every step (tests, debug)
+  bool overlap_schedule = true;  // prepare step N+1 while step N's forward runs
   model::ForwardOptions forward;
 };
 
@@ -72,7 +77,9 @@ class Engine {
   bool wait_outputs(std::vector<StepOutput>& out, std::chrono::milliseconds timeout);
 
   // One loop iteration on the calling thread (only when the thread is not started): applies queued
-  // submits/aborts, runs one step if there is work. Returns false when idle.
+  // submits/aborts, schedules and launches one step if there is work; with overlap it also completes
+  // the step in flight (its outputs are published by this call). Returns false when idle (nothing in
+  // flight either).
   bool step();
 
   EngineStats stats() const;
@@ -87,12 +94,16 @@ class Engine {
   void loop();
   void drain_inputs(std::vector<StepOutput>& out);
   void publish(std::vector<StepOutput>& out);
+  // Waits for the step in flight and samples it; returns the tokens generated.
+  int64_t complete_in_flight(std::vector<StepOutput>& out, double& sched_s);
 
   std::shared_ptr<const model::Model> model_;
   EngineConfig cfg_;
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<RadixCache> cache_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;  // after pool_: destroyed (its step finished) before the pool
+  ScheduleBatch in_flight_;              // launched, not yet processed (overlap)
 
   std::mutex in_mu_;
   std::condition_variable in_cv_;

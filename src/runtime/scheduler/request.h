@@ -15,13 +15,18 @@
 namespace dsaserve::runtime {
 
 enum class FinishReason : uint8_t { none, stop, length, abort, error };
+
+// A token slot whose value a step in flight has not sampled yet (overlap scheduling): the next step's
+// batch is built with it and resolved from the request's tokens before that step's forward launches.
+inline constexpr int32_t kFutureToken = -1;
 const char* finish_reason_name(FinishReason r);
 
 struct Request {
   using Clock = std::chrono::steady_clock;
 
   uint64_t id = 0;
-  std::vector<int32_t> tokens;  // prompt + output
+  uint64_t serial = 0;          // unique per Scheduler::add (ids may be reused after a finish)
+  std::vector<int32_t> tokens;  // prompt + output; the last one may be kFutureToken while a step runs
   int64_t prompt_len = 0;
   SamplingParams params;
   SamplerState sampler;
@@ -40,6 +45,12 @@ struct Request {
   std::string error;
   Clock::time_point arrival = Clock::now();
 
+  // True when the request has reached its length limit (the last token may still be a future one):
+  // nothing more is scheduled for it, its pending sample finishes it.
+  bool at_length_limit(int64_t max_context) const {
+    return num_output() >= params.max_new_tokens ||
+           (max_context > 0 && int64_t(tokens.size()) >= max_context);
+  }
   int64_t num_output() const { return int64_t(tokens.size()) - prompt_len; }
   int64_t remaining_input() const { return int64_t(tokens.size()) - kv_len; }
   bool finished() const { return finish != FinishReason::none; }

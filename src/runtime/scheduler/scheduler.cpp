@@ -42,6 +42,7 @@ void Scheduler::add(std::unique_ptr<Request> req, std::vector<StepOutput>& out) 
   DSA_CHECK(req != nullptr, "scheduler: null request");
   DSA_CHECK(!requests_.count(req->id), "scheduler: request id {} is already queued", req->id);
   Request& r = *req;
+  r.serial = next_serial_++;
   r.prompt_len = int64_t(r.tokens.size());
   requests_.emplace(r.id, std::move(req));
   if (r.tokens.empty()) return finish(r, FinishReason::error, "the prompt is empty", out);
@@ -95,10 +96,19 @@ void Scheduler::retract(Request& r) {
   ++num_retractions_;
 }
 
-void Scheduler::finish(Request& r, FinishReason why, std::string error, std::vector<StepOutput>& out) {
+void Scheduler::drop(Request& r) {
   release(r);
   erase_running(&r);
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), &r), waiting_.end());
+  requests_.erase(r.id);  // destroys r
+}
+
+Request* Scheduler::alive(const ScheduledRequest& s) const {
+  auto it = requests_.find(s.req->id);
+  return it != requests_.end() && it->second->serial == s.serial ? it->second.get() : nullptr;
+}
+
+void Scheduler::finish(Request& r, FinishReason why, std::string error, std::vector<StepOutput>& out) {
   StepOutput o;
   o.id = r.id;
   o.finish = why;
@@ -107,7 +117,7 @@ void Scheduler::finish(Request& r, FinishReason why, std::string error, std::vec
   o.cached_tokens = r.cached_tokens;
   o.completion_tokens = r.num_output();
   out.push_back(std::move(o));
-  requests_.erase(r.id);  // destroys r
+  drop(r);
 }
 
 bool Scheduler::admit(Request& r, int64_t budget, ScheduleBatch& b, std::vector<StepOutput>& out) {
@@ -145,7 +155,7 @@ bool Scheduler::admit(Request& r, int64_t budget, ScheduleBatch& b, std::vector<
   pool_.reserve(r.page_table, r.kv_len + n);
   running_.push_back(&r);
   const bool sample = n == r.remaining_input();
-  b.items.push_back({&r, n, sample});
+  b.items.push_back({&r, r.serial, r.kv_len, n, sample, false});
   b.num_prefill_tokens += n;
   return true;
 }
@@ -157,6 +167,8 @@ ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
   // Running requests, oldest first.
   for (size_t i = 0; i < running_.size(); ++i) {
     Request* r = running_[i];
+    // Its sample in the step in flight reaches the length limit: nothing more to compute.
+    if (r->at_length_limit(cfg_.max_context)) continue;
     const bool decode = r->remaining_input() == 1;
     int64_t n = decode ? 1 : std::min({r->remaining_input(), chunk_cap(), budget});
     if (n <= 0) continue;
@@ -187,7 +199,7 @@ ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
     }
     if (retracted_self) break;  // r was the youngest: nothing after it
     pool_.reserve(r->page_table, r->kv_len + n);
-    b.items.push_back({r, n, n == r->remaining_input()});
+    b.items.push_back({r, r->serial, r->kv_len, n, n == r->remaining_input(), decode});
     if (decode) {
       ++b.num_decode;
     } else {
@@ -210,10 +222,65 @@ model::ForwardBatch Scheduler::build_forward(const ScheduleBatch& batch) const {
   fb.page_size = pool_.page_size();
   for (const ScheduledRequest& s : batch.items) {
     const Request& r = *s.req;
+    DSA_CHECK(r.kv_len == s.start, "scheduler: request {} moved since it was scheduled", r.id);
     fb.add_request(std::span<const int32_t>(r.tokens).subspan(size_t(r.kv_len), size_t(s.num_new)), r.kv_len,
                    r.page_table);
   }
   return fb;
+}
+
+void Scheduler::commit(const ScheduleBatch& batch) {
+  for (const ScheduledRequest& s : batch.items) {
+    Request& r = *s.req;
+    DSA_CHECK(r.kv_len == s.start, "scheduler: request {} moved since it was scheduled", r.id);
+    r.kv_len += s.num_new;
+    if (s.sample) {
+      DSA_CHECK(r.kv_len == int64_t(r.tokens.size()), "scheduler: request {} samples before its input ends",
+                r.id);
+      r.tokens.push_back(kFutureToken);
+    }
+  }
+}
+
+bool Scheduler::prune(ScheduleBatch& batch) const {
+  const size_t before = batch.items.size();
+  std::erase_if(batch.items, [&](const ScheduledRequest& s) { return alive(s) == nullptr; });
+  if (batch.items.size() == before) return false;
+  batch.num_prefill_tokens = 0;
+  batch.num_decode = 0;
+  for (const ScheduledRequest& s : batch.items) {
+    if (s.decode) {
+      ++batch.num_decode;
+    } else {
+      batch.num_prefill_tokens += s.num_new;
+    }
+  }
+  return true;
+}
+
+void Scheduler::fail(const ScheduleBatch& batch, const std::string& error, std::vector<StepOutput>& out) {
+  for (const ScheduledRequest& s : batch.items) {
+    Request* r = alive(s);
+    if (r == nullptr) continue;
+    if (r->kv_len == s.start + s.num_new) r->kv_len = s.start;
+    finish(*r, FinishReason::error, fmt::format("model step failed: {}", error), out);
+  }
+}
+
+void Scheduler::resolve(const ScheduleBatch& batch, model::ForwardBatch& fb) const {
+  DSA_CHECK(fb.num_requests() == int64_t(batch.items.size()), "scheduler: {} forward requests for {} items",
+            fb.num_requests(), batch.items.size());
+  for (size_t k = 0; k < batch.items.size(); ++k) {
+    const ScheduledRequest& s = batch.items[k];
+    const int64_t b = fb.token_begin[k];
+    for (int64_t j = 0; j < s.num_new; ++j) {
+      int32_t& id = fb.input_ids[size_t(b + j)];
+      if (id != kFutureToken) continue;
+      id = s.req->tokens[size_t(s.start + j)];
+      DSA_CHECK(id != kFutureToken, "scheduler: request {} input token {} was never sampled", s.req->id,
+                s.start + j);
+    }
+  }
 }
 
 void Scheduler::process(const ScheduleBatch& batch, std::span<const float> logits, int64_t vocab,
@@ -222,12 +289,16 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const float> logit
             "scheduler: {} logits for {} requests of vocab {}", logits.size(), batch.items.size(), vocab);
   for (size_t k = 0; k < batch.items.size(); ++k) {
     const ScheduledRequest& s = batch.items[k];
-    Request& r = *s.req;
-    r.kv_len += s.num_new;
     if (!s.sample) continue;
+    Request* rp = alive(s);
+    if (rp == nullptr) continue;  // aborted or failed while the step ran
+    Request& r = *rp;
+    const size_t slot = size_t(s.start + s.num_new);
+    DSA_CHECK(slot < r.tokens.size() && r.tokens[slot] == kFutureToken,
+              "scheduler: request {} has no future token at {} (batch not committed?)", r.id, slot);
     const SampleResult res =
         sample(logits.subspan(k * size_t(vocab), size_t(vocab)), r.params, r.sampler, scratch_);
-    r.tokens.push_back(res.token);
+    r.tokens[slot] = res.token;
     r.sampler.record(res.token);
     FinishReason why = FinishReason::none;
     const auto& eos = cfg_.eos_token_ids;
@@ -235,8 +306,7 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const float> logit
     if ((!r.params.ignore_eos && std::find(eos.begin(), eos.end(), res.token) != eos.end()) ||
         std::find(stop.begin(), stop.end(), res.token) != stop.end()) {
       why = FinishReason::stop;
-    } else if (r.num_output() >= r.params.max_new_tokens ||
-               (cfg_.max_context > 0 && int64_t(r.tokens.size()) >= cfg_.max_context)) {
+    } else if (r.at_length_limit(cfg_.max_context)) {
       why = FinishReason::length;
     }
     StepOutput o;
@@ -249,11 +319,7 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const float> logit
     o.completion_tokens = r.num_output();
     o.finish = why;
     out.push_back(std::move(o));
-    if (why != FinishReason::none) {
-      release(r);
-      erase_running(&r);
-      requests_.erase(r.id);
-    }
+    if (why != FinishReason::none) drop(r);
   }
 }
 

@@ -10,8 +10,15 @@
 // max_running_requests allow, matching each against the prefix cache first. Decodes and prefill chunks
 // share one step (a mixed batch). A request that cannot fit the whole pool fails with an error; the
 // loop never deadlocks.
-// process(): samples the requests whose input is complete, applies the stop rules and releases
-// finished requests' pages into the prefix cache.
+// commit(): called when a batch's forward launches: advances each item's kv_len and appends a
+// kFutureToken for each sample, so that the next schedule() can run while this step computes
+// (overlap scheduling: the next decode's input is the future token). process(): samples the requests
+// whose input is complete into those slots, applies the stop rules and releases finished requests'
+// pages into the prefix cache. prune()/resolve(): before the next batch launches, drop its items whose
+// request finished meanwhile and fill its future input ids from the sampled tokens.
+// Step order: schedule -> build_forward -> commit -> forward -> process; with overlap the engine runs
+// schedule(N+1) and build_forward(N+1) during forward(N), then process(N), prune/resolve(N+1),
+// commit(N+1), forward(N+1). The tokens are the same either way.
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -38,8 +45,11 @@ struct SchedulerConfig {
 // One request's part of a step: its next num_new input tokens; sample when they complete its input.
 struct ScheduledRequest {
   Request* req = nullptr;
+  uint64_t serial = 0;  // req->serial when scheduled (req may be finished and freed before process)
+  int64_t start = 0;    // req->kv_len when scheduled: the item's input is tokens[start .. start + num_new)
   int64_t num_new = 0;
   bool sample = false;
+  bool decode = false;  // a running request's single next token (else a prefill or a chunk of one)
 };
 
 struct ScheduleBatch {
@@ -75,7 +85,18 @@ class Scheduler {
 
   ScheduleBatch schedule(std::vector<StepOutput>& out);
   model::ForwardBatch build_forward(const ScheduleBatch& batch) const;
-  // `logits` [batch.items.size(), vocab]: each item's last-token logits.
+  // The batch's forward launches: kv_len += num_new, a kFutureToken per sample.
+  void commit(const ScheduleBatch& batch);
+  // Removes items whose request finished (or was aborted) since schedule(); true when any was removed
+  // (the ForwardBatch must then be rebuilt).
+  bool prune(ScheduleBatch& batch) const;
+  // Fills `fb`'s kFutureToken input ids (built by build_forward(batch)) from the sampled tokens.
+  void resolve(const ScheduleBatch& batch, model::ForwardBatch& fb) const;
+  // A committed batch whose forward failed: its live requests finish with an error; their KV of this
+  // step (never written) is not given to the prefix cache.
+  void fail(const ScheduleBatch& batch, const std::string& error, std::vector<StepOutput>& out);
+  // `logits` [batch.items.size(), vocab]: each item's last-token logits. Items whose request is gone
+  // (finished, aborted) are skipped.
   void process(const ScheduleBatch& batch, std::span<const float> logits, int64_t vocab,
                std::vector<StepOutput>& out);
 
@@ -100,6 +121,10 @@ class Scheduler {
   void retract(Request& r);
   void finish(Request& r, FinishReason why, std::string error, std::vector<StepOutput>& out);
   void erase_running(Request* r);
+  // Releases, unqueues and destroys a request.
+  void drop(Request& r);
+  // The item's request if it is still alive (same serial), else null.
+  Request* alive(const ScheduledRequest& s) const;
   bool admit(Request& r, int64_t budget, ScheduleBatch& b, std::vector<StepOutput>& out);
 
   SchedulerConfig cfg_;
@@ -112,6 +137,7 @@ class Scheduler {
   int64_t num_retractions_ = 0;
   int64_t admitted_prompt_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
+  uint64_t next_serial_ = 1;
 };
 
 }  // namespace dsaserve::runtime

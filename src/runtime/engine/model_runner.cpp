@@ -1,0 +1,80 @@
+#include "runtime/engine/model_runner.h"
+
+#include <utility>
+
+#include "core/error.h"
+
+namespace dsaserve::runtime {
+
+CpuModelRunner::CpuModelRunner(const model::Model& model, model::KvCache& cache, model::ForwardOptions opt,
+                               bool async)
+    : model_(model), cache_(cache), opt_(opt), async_(async) {
+  if (async_) thread_ = std::thread([this] { worker(); });
+}
+
+CpuModelRunner::~CpuModelRunner() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();  // a step in flight finishes first
+}
+
+void CpuModelRunner::run(const model::ForwardBatch& fb) {
+  Tensor logits;
+  std::exception_ptr err;
+  try {
+    logits = model_.forward(fb, cache_, opt_).logits.contiguous();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  result_ = std::move(logits);
+  error_ = err;
+  done_ = true;
+}
+
+void CpuModelRunner::launch(model::ForwardBatch fb) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    DSA_CHECK(!busy_, "model runner: a step is already in flight");
+    busy_ = true;
+    done_ = false;
+    if (async_) job_.emplace(std::move(fb));
+  }
+  if (async_) {
+    cv_.notify_all();
+  } else {
+    run(fb);
+  }
+}
+
+Tensor CpuModelRunner::wait() {
+  std::unique_lock<std::mutex> lk(mu_);
+  DSA_CHECK(busy_, "model runner: no step in flight");
+  cv_.wait(lk, [&] { return done_; });
+  busy_ = false;
+  done_ = false;
+  Tensor r = std::move(result_);
+  result_ = Tensor();
+  if (std::exception_ptr e = std::exchange(error_, nullptr)) std::rethrow_exception(e);
+  return r;
+}
+
+void CpuModelRunner::worker() {
+  for (;;) {
+    model::ForwardBatch fb;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || job_.has_value(); });
+      if (!job_) return;  // stop with nothing queued
+      fb = std::move(*job_);
+      job_.reset();
+    }
+    run(fb);
+    cv_.notify_all();
+  }
+}
+
+}  // namespace dsaserve::runtime
