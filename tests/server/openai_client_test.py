@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The official OpenAI Python client against `dsaserve serve --model builtin` (random weights: the text is
+"""The official OpenAI Python client against `dsaserve serve --model builtin:demo` (random weights: the text is
 noise, the protocol is what is checked). Exit 77 (skipped) when the `openai` package is missing."""
 import argparse
 import json
@@ -7,6 +7,8 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+
+MODEL = "builtin:demo"  # the built-in model's name (alias: builtin)
 
 try:
     import openai
@@ -16,7 +18,7 @@ except ImportError:
 
 
 def start(binary, *extra):
-    p = subprocess.Popen([binary, "serve", "--model", "builtin", "--port", "0", "--kv-pages", "64", *extra],
+    p = subprocess.Popen([binary, "serve", "--model", MODEL, "--port", "0", "--kv-pages", "64", *extra],
                          stdout=subprocess.PIPE, text=True)
     for line in p.stdout:
         if "listening on http://127.0.0.1:" in line:
@@ -38,37 +40,37 @@ def main():
     try:
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k1", max_retries=0)
         models = c.models.list()
-        assert models.data[0].id == "builtin"
+        assert models.data[0].id == MODEL
 
         msgs = [{"role": "user", "content": "Hello!"}]
-        r = c.chat.completions.create(model="builtin", messages=msgs, max_tokens=8, temperature=0,
+        r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0,
                                       extra_body={"ignore_eos": True})
         assert r.choices[0].message.role == "assistant"
         assert r.choices[0].finish_reason == "length"
         assert r.usage.completion_tokens == 8 and r.usage.total_tokens == r.usage.prompt_tokens + 8
         assert r.usage.prompt_tokens_details.cached_tokens == 0
 
-        chunks = list(c.chat.completions.create(model="builtin", messages=msgs, max_tokens=8, temperature=0,
+        chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0,
                                                 stream=True, stream_options={"include_usage": True},
                                                 extra_body={"ignore_eos": True}))
         text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
         assert text == r.choices[0].message.content, (text, r.choices[0].message.content)
         assert chunks[-1].usage.completion_tokens == 8
 
-        r2 = c.chat.completions.create(model="builtin", messages=msgs, max_tokens=5, n=2, seed=7, temperature=1.0,
+        r2 = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, n=2, seed=7, temperature=1.0,
                                        logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
         assert len(r2.choices) == 2 and r2.usage.completion_tokens == 10
         lp = r2.choices[0].logprobs.content
         assert len(lp) == 5 and len(lp[0].top_logprobs) == 2 and all(x.logprob <= 0 for x in lp)
-        r3 = c.chat.completions.create(model="builtin", messages=msgs, max_tokens=5, n=2, seed=7, temperature=1.0,
+        r3 = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, n=2, seed=7, temperature=1.0,
                                        extra_body={"ignore_eos": True})
         assert [x.message.content for x in r3.choices] == [x.message.content for x in r2.choices]
 
-        comp = c.completions.create(model="builtin", prompt="once upon a time", max_tokens=30, temperature=0,
+        comp = c.completions.create(model=MODEL, prompt="once upon a time", max_tokens=30, temperature=0,
                                     extra_body={"ignore_eos": True})
         full = comp.choices[0].text
         stop_s = next(full[i:i + 2] for i in range(3, len(full) - 2) if full[i:i + 2].isalpha())
-        comp2 = c.completions.create(model="builtin", prompt="once upon a time", max_tokens=30, temperature=0,
+        comp2 = c.completions.create(model=MODEL, prompt="once upon a time", max_tokens=30, temperature=0,
                                      stop=[stop_s])
         assert comp2.choices[0].text == full[:full.index(stop_s)] and comp2.choices[0].finish_reason == "stop"
 
@@ -76,12 +78,12 @@ def main():
         for kwargs, param in [({"temperature": "hot"}, "temperature"), ({"top_p": 5}, "top_p"),
                               ({"max_tokens": 100000}, "max_tokens")]:
             try:
-                c.chat.completions.create(model="builtin", messages=msgs, **kwargs)
+                c.chat.completions.create(model=MODEL, messages=msgs, **kwargs)
                 raise AssertionError(f"{kwargs} accepted")
             except openai.BadRequestError as e:
                 assert e.body["param"] == param, e.body
         try:
-            c.completions.create(model="builtin", prompt="x" * 20000)
+            c.completions.create(model=MODEL, prompt="x" * 20000)
             raise AssertionError("too-long prompt accepted")
         except openai.BadRequestError as e:
             assert e.body["code"] == "context_length_exceeded", e.body

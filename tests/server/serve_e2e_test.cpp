@@ -28,28 +28,43 @@ double metric(const std::string& text, const std::string& name) {
   return std::stod(text.substr(at + name.size() + 2));
 }
 
-class Serve : public ::testing::Test {
+// Every Serve test runs against two servers: overlap scheduling on (the default) and off
+// (--disable-overlap-schedule); each is started by the first test that needs it.
+class Serve : public ::testing::TestWithParam<bool> {
  protected:
-  static void SetUpTestSuite() {
-    const auto dir = fixtures_dir() / "models/tiny";
-    if (!std::filesystem::exists(dir)) return;
-    server_ =
-        new ServerProcess({"--model", dir.string(), "--tokenizer", "builtin:bytes", "--kv-pages", "256",
-                           "--page-size", "16", "--max-running-requests", "32", "--chunked-prefill-size",
-                           "64", "--check-integrity", "--served-model-name", "tiny"});
-  }
   static void TearDownTestSuite() {
-    if (server_) {
-      EXPECT_EQ(server_->stop(), 0) << "SIGTERM should exit 0";
+    for (ServerProcess*& s : servers_) {
+      if (s) {
+        EXPECT_EQ(s->stop(), 0) << "SIGTERM should exit 0";
+      }
+      delete s;
+      s = nullptr;
     }
-    delete server_;
-    server_ = nullptr;
   }
   void SetUp() override {
     DSA_FIXTURE_PATH(dir, "models/tiny");
-    ASSERT_NE(server_, nullptr);
-    ASSERT_GT(server_->port(), 0) << "server did not start:\n" << server_->log();
-    port_ = server_->port();
+    ServerProcess*& server = servers_[GetParam() ? 1 : 0];
+    if (server == nullptr) {
+      std::vector<std::string> args = {"--model",
+                                       dir.string(),
+                                       "--tokenizer",
+                                       "builtin:bytes",
+                                       "--kv-pages",
+                                       "256",
+                                       "--page-size",
+                                       "16",
+                                       "--max-running-requests",
+                                       "32",
+                                       "--chunked-prefill-size",
+                                       "64",
+                                       "--check-integrity",
+                                       "--served-model-name",
+                                       "tiny"};
+      if (!GetParam()) args.push_back("--disable-overlap-schedule");
+      server = new ServerProcess(args);
+    }
+    ASSERT_GT(server->port(), 0) << "server did not start:\n" << server->log();
+    port_ = server->port();
     tiny_ = dir;
   }
   // Pages held by requests (used minus prefix cache) once the server is idle.
@@ -68,7 +83,7 @@ class Serve : public ::testing::Test {
                   << metric(m, "dsaserve_prefix_cache_pages") << ", running "
                   << metric(m, "dsaserve_num_running_requests");
   }
-  static inline ServerProcess* server_ = nullptr;
+  static inline ServerProcess* servers_[2] = {nullptr, nullptr};  // [overlap off, on]
   int port_ = 0;
   std::filesystem::path tiny_;
 };
@@ -78,7 +93,7 @@ json greedy_body(const std::vector<int32_t>& prompt, size_t n) {
           {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
 }
 
-TEST_F(Serve, GreedyCompletionsEqualGoldensAloneAndInABatch) {
+TEST_P(Serve, GreedyCompletionsEqualGoldensAloneAndInABatch) {
   auto gold = io::SafetensorsFile::open(tiny_ / "goldens.safetensors");
   std::vector<std::vector<int32_t>> prompts, expect;
   for (int j = 0; j < 2; ++j) {
@@ -120,7 +135,7 @@ TEST_F(Serve, GreedyCompletionsEqualGoldensAloneAndInABatch) {
 }
 
 // The server's greedy and seeded sampled tokens equal `dsaserve generate` (one request, no batching).
-TEST_F(Serve, TokensEqualDsaserveGenerate) {
+TEST_P(Serve, TokensEqualDsaserveGenerate) {
   std::mt19937 rng(9);
   for (int i = 0; i < 3; ++i) {
     std::vector<int32_t> p;
@@ -152,7 +167,7 @@ TEST_F(Serve, TokensEqualDsaserveGenerate) {
   }
 }
 
-TEST_F(Serve, ChatStreamingAndNotAgree) {
+TEST_P(Serve, ChatStreamingAndNotAgree) {
   const json msgs =
       json::array({{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hello"}}});
   const json req = {{"messages", msgs}, {"max_tokens", 10}, {"temperature", 0}, {"ignore_eos", true}};
@@ -192,7 +207,7 @@ TEST_F(Serve, ChatStreamingAndNotAgree) {
   EXPECT_EQ(events.back()["usage"]["completion_tokens"], 10);
 }
 
-TEST_F(Serve, SeededSamplingNChoicesAndLogprobs) {
+TEST_P(Serve, SeededSamplingNChoicesAndLogprobs) {
   const json req = {
       {"prompt", "the cat"}, {"max_tokens", 8},          {"temperature", 1.0}, {"seed", 123}, {"n", 2},
       {"ignore_eos", true},  {"return_token_ids", true}, {"logprobs", 2}};
@@ -219,7 +234,7 @@ TEST_F(Serve, SeededSamplingNChoicesAndLogprobs) {
   EXPECT_EQ(c["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size(), 3u);
 }
 
-TEST_F(Serve, StopStringsEndTheTextBeforeTheMatch) {
+TEST_P(Serve, StopStringsEndTheTextBeforeTheMatch) {
   const json base = {
       {"prompt", "once upon a time"}, {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true}};
   const std::string full = post_json(port_, "/v1/completions", base).json()["choices"][0]["text"];
@@ -245,7 +260,7 @@ TEST_F(Serve, StopStringsEndTheTextBeforeTheMatch) {
   expect_no_leak();
 }
 
-TEST_F(Serve, SharedPrefixReportsCachedTokens) {
+TEST_P(Serve, SharedPrefixReportsCachedTokens) {
   std::vector<int32_t> prefix;
   for (int i = 0; i < 100; ++i) prefix.push_back((i * 29 + 7) % 500);
   post_json(port_, "/v1/completions", greedy_body(prefix, 2));
@@ -257,7 +272,7 @@ TEST_F(Serve, SharedPrefixReportsCachedTokens) {
   EXPECT_GE(metric(m, "dsaserve_prefix_cache_hit_tokens_total"), 96);
 }
 
-TEST_F(Serve, BadRequestsGetOpenAIErrors) {
+TEST_P(Serve, BadRequestsGetOpenAIErrors) {
   auto expect_error = [&](const std::string& target, const std::string& body, int status,
                           const std::string& param) {
     const HttpResult r = http_request(port_, "POST", target, body);
@@ -292,7 +307,7 @@ TEST_F(Serve, BadRequestsGetOpenAIErrors) {
   EXPECT_EQ(models["data"][0]["id"], "tiny");
 }
 
-TEST_F(Serve, DisconnectMidStreamFreesPages) {
+TEST_P(Serve, DisconnectMidStreamFreesPages) {
   namespace net = boost::asio;
   net::io_context ioc;
   net::ip::tcp::socket sock(ioc);
@@ -316,7 +331,7 @@ TEST_F(Serve, DisconnectMidStreamFreesPages) {
   expect_no_leak();
 }
 
-TEST_F(Serve, ManyConcurrentStreamsCompleteWithHealthAnswering) {
+TEST_P(Serve, ManyConcurrentStreamsCompleteWithHealthAnswering) {
   std::atomic<int> ok{0};
   std::atomic<bool> running{true};
   std::vector<std::thread> clients;
@@ -355,8 +370,11 @@ TEST_F(Serve, ManyConcurrentStreamsCompleteWithHealthAnswering) {
   expect_no_leak();
 }
 
+INSTANTIATE_TEST_SUITE_P(Overlap, Serve, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "on" : "off"; });
+
 TEST(ServeAuth, ApiKeyIsRequiredOnV1) {  // the built-in model: no fixtures needed
-  ServerProcess s({"--model", "builtin", "--api-key", "sekrit", "--kv-pages", "16"});
+  ServerProcess s({"--model", "builtin:demo", "--api-key", "sekrit", "--kv-pages", "16"});
   ASSERT_GT(s.port(), 0) << s.log();
   const json req = {{"prompt", "hi"}, {"max_tokens", 2}};
   const HttpResult no = post_json(s.port(), "/v1/completions", req);
@@ -365,7 +383,7 @@ TEST(ServeAuth, ApiKeyIsRequiredOnV1) {  // the built-in model: no fixtures need
   EXPECT_EQ(post_json(s.port(), "/v1/completions", req, "wrong").status, 401);
   const HttpResult yes = post_json(s.port(), "/v1/completions", req, "sekrit");
   EXPECT_EQ(yes.status, 200) << yes.body;
-  EXPECT_EQ(yes.json()["model"], "builtin");
+  EXPECT_EQ(yes.json()["model"], "builtin:demo");
   EXPECT_EQ(http_request(s.port(), "GET", "/health").status, 200);  // no key needed
   EXPECT_EQ(s.stop(), 0);
 }
