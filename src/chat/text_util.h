@@ -3,6 +3,7 @@
 // mapping covers ASCII only.
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dsaserve::chat {
@@ -25,5 +26,8 @@ bool py_is_class(const std::string& s, const std::string& method);  // isdigit, 
 std::string jinja_title(const std::string& s);
 int64_t jinja_wordcount(const std::string& s);
 std::string html_escape(const std::string& s);
+// The inside of a JSON string literal for UTF-8 text `s` (no quotes; control characters as \u00XX,
+// everything else, non-ASCII included, kept as it is).
+std::string json_escape(std::string_view s);
 
 }  // namespace dsaserve::chat

@@ -25,24 +25,10 @@ class DeepSeekV3ToolParser : public StreamBase {
  public:
   using StreamBase::StreamBase;
 
-  void feed(std::string_view chunk, OutputDelta* out) override {
-    buf_.append(chunk);
-    while (step(out)) {
-    }
-  }
-
-  void finish(OutputDelta* out) override {
-    while (step(out)) {
-    }
-    out->content += raw_;
-    out->content += buf_;
-    raw_.clear();
-    buf_.clear();
-    in_calls_ = false;
-  }
+  bool in_call() const override { return in_calls_; }
 
  private:
-  void malformed(OutputDelta* out) {
+  void malformed(OutputDelta* out) override {
     out->content += raw_;
     raw_.clear();
     in_calls_ = false;
@@ -73,7 +59,7 @@ class DeepSeekV3ToolParser : public StreamBase {
     return nlohmann::json::accept(*args);
   }
 
-  bool step(OutputDelta* out) {
+  bool step(OutputDelta* out) override {
     size_t ws = 0;
     if (!in_calls_) {
       // A bare call-begin token (without the calls-begin wrapper) is accepted too.
@@ -153,40 +139,18 @@ class DeepSeekV32ToolParser : public StreamBase {
  public:
   using StreamBase::StreamBase;
 
-  void feed(std::string_view chunk, OutputDelta* out) override {
-    buf_.append(chunk);
-    while (step(out)) {
-    }
-  }
-
-  void finish(OutputDelta* out) override {
-    while (step(out)) {
-    }
-    if (state_ == State::kValue && key_is_string_) {
-      add_arguments(json_escape(buf_), out);  // the value was cut off: keep what arrived
-      buf_.clear();
-    }
-    if (state_ != State::kText) malformed(out);
-    out->content += buf_;
-    buf_.clear();
-  }
+  bool in_call() const override { return state_ != State::kText; }
+  bool streaming_value() const override { return state_ == State::kValue && key_is_string_; }
 
  private:
   enum class State { kText, kCalls, kParams, kValue, kJsonBody };
 
-  void malformed(OutputDelta* out) {
-    if (state_ == State::kParams || state_ == State::kValue || state_ == State::kJsonBody) {
-      const std::string raw = std::move(raw_);
-      add_arguments(state_ == State::kValue && key_is_string_ ? "\"}" : args_open_ ? "}" : "{}", out);
-      ++next_index_;
-      raw_ = raw;
-    }
-    out->content += raw_;
-    raw_.clear();
+  void malformed(OutputDelta* out) override {
+    abandon_call(state_ == State::kParams || state_ == State::kValue || state_ == State::kJsonBody, out);
     state_ = State::kText;
   }
 
-  bool step(OutputDelta* out) {
+  bool step(OutputDelta* out) override {
     size_t ws = 0;
     switch (state_) {
       case State::kText: {
@@ -240,16 +204,12 @@ class DeepSeekV32ToolParser : public StreamBase {
           key_is_string_ = is_string != "false";
           consume(gt + 1);
           state_ = State::kValue;
-          if (key_is_string_) {
-            add_arguments(std::string(args_open_ ? ", " : "{") + json_string(key_) + ": \"", out);
-            args_open_ = true;
-          }
+          if (key_is_string_) add_argument(key_, "\"", out);
           return true;
         }
         if (end == Match::kYes) {
           consume(ws + kDsmlInvokeEnd.size());
-          add_arguments(args_open_ ? "}" : "{}", out);
-          ++next_index_;
+          close_call(out);
           state_ = State::kCalls;
           return true;
         }
@@ -273,8 +233,7 @@ class DeepSeekV32ToolParser : public StreamBase {
         std::string value =
             key_is_string_ ? json_string(raw) : typed_argument(tools_, current_name_, key_, raw);
         consume(at + kDsmlParamEnd.size());
-        add_arguments(std::string(args_open_ ? ", " : "{") + json_string(key_) + ": " + value, out);
-        args_open_ = true;
+        add_argument(key_, value, out);
         state_ = State::kParams;
         return true;
       }
@@ -299,7 +258,6 @@ class DeepSeekV32ToolParser : public StreamBase {
   State state_ = State::kText;
   std::string key_;
   bool key_is_string_ = true;
-  bool args_open_ = false;
 };
 
 }  // namespace

@@ -17,43 +17,19 @@ class GlmToolParser : public StreamBase {
  public:
   using StreamBase::StreamBase;
 
-  void feed(std::string_view chunk, OutputDelta* out) override {
-    buf_.append(chunk);
-    while (step(out)) {
-    }
-  }
-
-  void finish(OutputDelta* out) override {
-    while (step(out)) {
-    }
-    if (state_ == State::kValue && streaming_value_) {
-      add_arguments(json_escape(buf_), out);  // the value was cut off: keep what arrived
-      buf_.clear();
-    }
-    if (state_ != State::kText) malformed(out);
-    out->content += buf_;
-    buf_.clear();
-  }
+  bool in_call() const override { return state_ != State::kText; }
+  bool streaming_value() const override { return streaming_value_; }
 
  private:
   enum class State { kText, kName, kBetween, kKey, kAfterKey, kValue };
 
-  // The call in progress cannot be parsed: close what was streamed, return the rest as content.
-  void malformed(OutputDelta* out) {
-    if (state_ != State::kName) {
-      const std::string raw = std::move(raw_);
-      add_arguments(streaming_value_ ? "\"}" : args_open_ ? "}" : "{}", out);
-      ++next_index_;
-      raw_ = raw;
-    }
-    out->content += raw_;
-    raw_.clear();
+  void malformed(OutputDelta* out) override {
+    abandon_call(state_ != State::kName, out);
     streaming_value_ = false;
     state_ = State::kText;
   }
 
-  // One transition; false when more input is needed.
-  bool step(OutputDelta* out) {
+  bool step(OutputDelta* out) override {
     size_t ws = 0;
     switch (state_) {
       case State::kText: {
@@ -89,8 +65,7 @@ class GlmToolParser : public StreamBase {
         }
         if (close == Match::kYes) {
           consume(ws + kCallClose.size());
-          add_arguments(args_open_ ? "}" : "{}", out);
-          ++next_index_;
+          close_call(out);
           state_ = State::kText;
           return true;
         }
@@ -121,8 +96,7 @@ class GlmToolParser : public StreamBase {
         state_ = State::kValue;
         if (is_string_argument(tools_, current_name_, key_)) {
           // String values stream as they arrive.
-          add_arguments(std::string(args_open_ ? ", " : "{") + json_string(key_) + ": \"", out);
-          args_open_ = true;
+          add_argument(key_, "\"", out);
           streaming_value_ = true;
         }
         return true;
@@ -138,8 +112,7 @@ class GlmToolParser : public StreamBase {
         if (at == std::string::npos) return false;
         const std::string value = typed_argument(tools_, current_name_, key_, buf_.substr(0, at));
         consume(at + kValueClose.size());
-        add_arguments(std::string(args_open_ ? ", " : "{") + json_string(key_) + ": " + value, out);
-        args_open_ = true;
+        add_argument(key_, value, out);
         state_ = State::kBetween;
         return true;
       }
@@ -149,7 +122,6 @@ class GlmToolParser : public StreamBase {
 
   State state_ = State::kText;
   std::string key_;
-  bool args_open_ = false;
   bool streaming_value_ = false;
 };
 

@@ -61,32 +61,6 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, e - b));
 }
 
-std::string json_escape(std::string_view s) {
-  std::string out;
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          static const char* hex = "0123456789abcdef";
-          out += "\\u00";
-          out += hex[c >> 4];
-          out += hex[c & 15];
-        } else {
-          out += ch;
-        }
-    }
-  }
-  return out;
-}
-
 std::string json_string(std::string_view s) {
   return nlohmann::json(std::string(s)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -187,6 +161,45 @@ bool StreamBase::stream_string_value(std::string_view close_tag, OutputDelta* ou
     buf_.erase(0, buf_.size() - keep);
   }
   return false;
+}
+
+void StreamBase::feed(std::string_view chunk, OutputDelta* out) {
+  buf_.append(chunk);
+  while (step(out)) {
+  }
+}
+
+void StreamBase::finish(OutputDelta* out) {
+  while (step(out)) {
+  }
+  if (streaming_value()) {
+    add_arguments(json_escape(buf_), out);  // the value was cut off: keep what arrived
+    buf_.clear();
+  }
+  if (in_call()) malformed(out);
+  out->content += buf_;
+  buf_.clear();
+}
+
+void StreamBase::add_argument(const std::string& key, std::string_view value, OutputDelta* out) {
+  add_arguments(std::string(args_open_ ? ", " : "{") + json_string(key) + ": " + std::string(value), out);
+  args_open_ = true;
+}
+
+void StreamBase::close_call(OutputDelta* out) {
+  add_arguments(args_open_ ? "}" : "{}", out);
+  ++next_index_;
+}
+
+void StreamBase::abandon_call(bool call_started, OutputDelta* out) {
+  if (call_started) {
+    const std::string raw = std::move(raw_);
+    add_arguments(streaming_value() ? "\"}" : args_open_ ? "}" : "{}", out);
+    ++next_index_;
+    raw_ = raw;
+  }
+  out->content += raw_;
+  raw_.clear();
 }
 
 void StreamBase::emit_text_until(std::string_view tag, OutputDelta* out, bool* found) {

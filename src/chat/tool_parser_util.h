@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "chat/output_parser.h"
+#include "chat/text_util.h"  // json_escape
 
 namespace dsaserve::chat::detail {
 
@@ -19,8 +20,6 @@ Match match_after_whitespace(std::string_view text, std::string_view tag, size_t
 
 std::string trim(std::string_view s);
 std::string json_string(std::string_view s);
-// The inside of a JSON string literal for UTF-8 text `s` (no quotes).
-std::string json_escape(std::string_view s);
 // Is the schema type of tool `tool`'s parameter `key` a string?
 bool is_string_argument(const nlohmann::json& tools, const std::string& tool, const std::string& key);
 
@@ -31,13 +30,29 @@ std::string typed_argument(const nlohmann::json& tools, const std::string& tool,
                            const std::string& raw);
 
 // State shared by the parsers: unconsumed input and the consumed-but-uncommitted text of the call in
-// progress (returned as content if the call turns out malformed).
+// progress (returned as content if the call turns out malformed). A parser is a state machine: it
+// implements step(), malformed() and in_call(), and feed()/finish() drive it.
 class StreamBase : public ToolCallParser {
  public:
   StreamBase(nlohmann::json tools, ToolCallIdGenerator make_id)
       : tools_(std::move(tools)), make_id_(std::move(make_id)) {}
 
+  // Appends `chunk` and runs step() until it needs more input.
+  void feed(std::string_view chunk, OutputDelta* out) final;
+  // Runs the remaining steps; a string value cut off by the end keeps what arrived, a call still in
+  // progress goes through malformed(), and the unparsed rest is content.
+  void finish(OutputDelta* out) final;
+
  protected:
+  // One transition; false when more input is needed.
+  virtual bool step(OutputDelta* out) = 0;
+  // The call in progress cannot be parsed: close what was streamed, return the rest as content.
+  virtual void malformed(OutputDelta* out) = 0;
+  // Is a tool-call block in progress (at the end of the output that makes it malformed)?
+  virtual bool in_call() const = 0;
+  // Is a string-typed argument value being streamed (its opening quote already emitted)?
+  virtual bool streaming_value() const { return false; }
+
   void consume(size_t n) {
     raw_.append(buf_, 0, n);
     buf_.erase(0, n);
@@ -51,6 +66,14 @@ class StreamBase : public ToolCallParser {
   // possible partial tag and incomplete UTF-8) as argument fragments. True once the tag was consumed
   // (the closing quote emitted).
   bool stream_string_value(std::string_view close_tag, OutputDelta* out);
+  // Appends argument `key` with JSON text `value` (or the start of one) to the call in progress,
+  // opening its arguments object first.
+  void add_argument(const std::string& key, std::string_view value, OutputDelta* out);
+  // Closes the arguments object of the call in progress (`{}` if it had none) and ends the call.
+  void close_call(OutputDelta* out);
+  // For malformed(): ends the call in progress as close_call() does (closing a streamed string value
+  // first) but keeps its uncommitted text, then returns that text as content.
+  void abandon_call(bool call_started, OutputDelta* out);
 
   nlohmann::json tools_;
   ToolCallIdGenerator make_id_;
@@ -58,6 +81,7 @@ class StreamBase : public ToolCallParser {
   std::string raw_;
   std::string current_name_;
   int next_index_ = 0;
+  bool args_open_ = false;  // the arguments object of the call in progress has been opened
 };
 
 }  // namespace dsaserve::chat::detail

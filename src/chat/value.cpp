@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "chat/template_error.h"
+#include "chat/text_util.h"
 
 namespace dsaserve::chat {
 
@@ -407,23 +408,7 @@ namespace {
 void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
   if (!ensure_ascii) {
-    for (unsigned char c : s) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        default:
-          if (c < 0x20) {
-            out += fmt::format("\\u{:04x}", c);
-          } else {
-            out += static_cast<char>(c);
-          }
-      }
-    }
+    out += json_escape(s);
   } else {
     for (char32_t c : utf8_decode(s)) {
       switch (c) {
