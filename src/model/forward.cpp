@@ -94,10 +94,10 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   const Tensor kv = ops::rms_norm(ckv.slice(1, 0, L), aw.kv_a_layernorm, kLoraEps);  // [T, L]
   Tensor k_pe = ckv.view({T, 1, L + rope}).slice(2, L, L + rope);  // [T, 1, rope] view, rotated in place
   ops::rope_inplace(k_pe, st.positions, rope_params(c, true));
-  Tensor kv_store = cache.kv[size_t(kv_layer)].slice(1, 0, L);
-  ops::paged_store(kv_store, st.slots, kv);
-  Tensor pe_store = cache.kv[size_t(kv_layer)].slice(1, L, L + rope);
-  ops::paged_store(pe_store, st.slots, ckv.slice(1, L, L + rope));
+  // One whole-row store of [kv | k_rope] (the FP8 cache quantises whole rows); ckv is ours to overwrite.
+  Tensor ckv_lat = ckv.slice(1, 0, L);
+  ops::copy_rows(ckv_lat, kv);
+  ops::paged_store(cache.kv[size_t(kv_layer)], st.slots, ckv);
 
   // DSA indexer (full layers): top-k key positions per query; shared layers reuse the last selection.
   if (c.has_indexer() && own_indexer) {

@@ -3,7 +3,13 @@
 // layer it holds the normalised latent kv (kv_lora) followed by the rotated rope key (rope dims), and per
 // layer with its own indexer ("full" layers and MTP layers) the indexer key (index_head_dim). Slots are
 // page * page_size + offset. Page allocation is runtime/kv's job; this is only the memory.
+//
+// Cache dtypes: f32 everywhere on the CPU. On CUDA the latent cache is bf16 [slots, kv_lora + rope] or
+// FP8 (u8 [slots, kv_lora + 16 + 2 * rope]: e4m3 latent codes, one f32 scale per 128 values, bf16 rope
+// key: the layout of kernels/cuda/mla_decode_params.h) and the index keys bf16, which the CUDA backend
+// serves with its sm_90a attention kernels; an f32 CUDA cache runs its plain stand-in kernels.
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -11,12 +17,20 @@
 
 namespace dsaserve::model {
 
+enum class KvCacheDtype { f32, bf16, fp8_e4m3 };
+
+// The latent-cache dtype KvCache::create uses on CUDA when none is given (initially bf16). Process-wide,
+// for tools and tests that compare formats; not thread-safe against concurrent create calls.
+void set_default_cuda_kv_dtype(KvCacheDtype d);
+KvCacheDtype default_cuda_kv_dtype();
+
 struct KvCache {
   int64_t page_size = 64;
   int64_t num_pages = 0;
-  // [num_layers + num_mtp_layers] tensors of [num_pages * page_size, kv_lora + rope] f32.
+  KvCacheDtype dtype = KvCacheDtype::f32;  // of the latent cache (index keys: f32 if this is, else bf16)
+  // [num_layers + num_mtp_layers] tensors of [num_pages * page_size, kv_lora + rope] f32 (or see above).
   std::vector<Tensor> kv;
-  // Same indexing; [num_pages * page_size, index_head_dim] f32 for layers with their own indexer,
+  // Same indexing; [num_pages * page_size, index_head_dim] f32 (bf16) for layers with their own indexer,
   // undefined for "shared" layers (and everywhere for models without an indexer).
   std::vector<Tensor> index_k;
 
@@ -24,11 +38,14 @@ struct KvCache {
   // Bytes of all the cache tensors.
   int64_t bytes() const;
   // Bytes one token occupies across all layers.
-  static int64_t bytes_per_token(const ModelConfig& cfg, bool with_mtp);
+  static int64_t bytes_per_token(const ModelConfig& cfg, bool with_mtp,
+                                 KvCacheDtype dtype = KvCacheDtype::f32);
 
   // Allocates (zero-filled) storage for `num_pages` pages. MTP layers get layer indices L, L+1, ...
+  // dtype: f32 when unset on the CPU, default_cuda_kv_dtype() when unset on CUDA; bf16 / fp8_e4m3 need
+  // a CUDA device (fp8_e4m3 needs kv_lora a multiple of 128).
   static KvCache create(const ModelConfig& cfg, int64_t num_pages, int64_t page_size, bool with_mtp,
-                        Device device = Device::cpu);
+                        Device device = Device::cpu, std::optional<KvCacheDtype> dtype = std::nullopt);
 };
 
 }  // namespace dsaserve::model

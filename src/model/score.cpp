@@ -47,13 +47,17 @@ ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, con
   fo.attention = opt.attention;
   fo.keep_hidden = opt.mtp;
   const auto steps = score_schedule(n, opt);
+  Device hidden_device = Device::cpu;  // where the model's hidden states live (the MTP input goes back there)
   for (const auto& [b, e] : steps) {
     ForwardBatch batch;
     batch.page_size = opt.page_size;
     batch.add_request(ids.subspan(size_t(b), size_t(e - b)), b, table);
     const ForwardOutput out = model.forward(batch, cache, fo);
     copy_rows_into(res.logits, b, out.logits);
-    if (opt.mtp) copy_rows_into(hidden, b, out.hidden);
+    if (opt.mtp) {
+      copy_rows_into(hidden, b, out.hidden);
+      hidden_device = out.hidden.device();
+    }
     ++res.steps;
   }
   if (opt.mtp && n >= 2) {
@@ -65,7 +69,9 @@ ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, con
       ForwardBatch batch;
       batch.page_size = opt.page_size;
       batch.add_request(ids.subspan(size_t(b + 1), size_t(e - b)), b, table);
-      const ForwardOutput out = model.forward_mtp(batch, hidden.slice(0, b, e), cache, fo, 0);
+      const Tensor h = hidden.slice(0, b, e);
+      const ForwardOutput out = model.forward_mtp(
+          batch, hidden_device == Device::cpu ? h : h.contiguous().to(hidden_device), cache, fo, 0);
       copy_rows_into(res.mtp_logits, b, out.logits);
     }
   }

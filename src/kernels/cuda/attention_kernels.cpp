@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/indexer_topk_params.h"
 
 namespace dsaserve::kernels::cuda {
@@ -100,6 +101,25 @@ void mla_kv_cache_store(Tensor& cache, const Tensor& slots, const Tensor& src, c
   p.num_slots = cache.size(0);
   p.format = f;
   DSA_CUDA_CHECK(launch_mla_cache_store(p, stream));
+}
+
+Tensor mla_kv_cache_gather(const Tensor& cache, const Tensor& page_table, int64_t page_size, int64_t n,
+                           cudaStream_t stream) {
+  const MlaKvFormat f = mla_kv_format(cache);
+  check_gpu(page_table, DType::i32, 1, "mla cache gather page table");
+  DSA_CHECK(n >= 0, "mla cache gather: {} positions", n);
+  check_pages(PagedSeq{cache, page_table, page_size}, n, cache.size(0), "mla cache gather");
+  Tensor out = Tensor::empty({n, kMlaDim}, DType::f32, Device::cuda);
+  MlaCacheGatherParams p{};
+  p.cache = cache.raw_data();
+  p.page_table = page_table.data<int32_t>();
+  p.out = out.data<float>();
+  p.n = n;
+  p.page_size = page_size;
+  p.num_slots = cache.size(0);
+  p.format = f;
+  DSA_CUDA_CHECK(launch_mla_cache_gather(p, stream));
+  return out;
 }
 
 Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache, const Tensor& page_table,

@@ -24,6 +24,11 @@ Tensor mla_kv_cache_empty(int64_t num_slots, MlaKvFormat format);
 MlaKvFormat mla_kv_format(const Tensor& cache);
 // cache[slots[i]] = src[i]: src f32 [n, 576] (last dim contiguous), slots i32 [n], all on the GPU.
 void mla_kv_cache_store(Tensor& cache, const Tensor& slots, const Tensor& src, cudaStream_t stream = nullptr);
+// The first n positions of one request's latent cache as f32 [n, 576] (fp8 rows dequantised): cache from
+// mla_kv_cache_empty, page_table i32 [n_pages] on the GPU (its first ceil(n / page_size) pages are
+// range-checked on the host).
+Tensor mla_kv_cache_gather(const Tensor& cache, const Tensor& page_table, int64_t page_size, int64_t n,
+                           cudaStream_t stream = nullptr);
 
 // Absorbed MLA attention for R query rows. q_lat f32 [R, nh, 512], q_rope f32 [R, nh, 64] (last dims
 // contiguous); cache from mla_kv_cache_empty; page_table i32 [num_seqs, max_pages] (rows contiguous);

@@ -36,6 +36,17 @@ struct MlaCacheStoreParams {
 };
 cudaError_t launch_mla_cache_store(const MlaCacheStoreParams& p, cudaStream_t stream);
 
+// out[i] = cache[slot of position i] as f32 (fp8 codes times their scale), i = 0..n-1, through the page
+// table: slot = page_table[i / page_size] * page_size + i % page_size (the MHA form's latent gather).
+struct MlaCacheGatherParams {
+  const void* cache;          // [num_slots, row bytes] latent cache in `format`, not null
+  const int32_t* page_table;  // [ceil(n / page_size)] i32 pages (range-checked by the host), not null
+  float* out;                 // [n, 576] f32 contiguous, not null
+  int64_t n, page_size, num_slots;
+  MlaKvFormat format;
+};
+cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t stream);
+
 // out[r, h, :] = sum_j softmax_j(scale * (q_lat[r,h] . kv_j + q_rope[r,h] . rope_j)) kv_j over the keys
 // of row r: positions sel[r, 0..sel_k) (entries < 0 or >= row_len[r] are skipped) or, when sel is null,
 // positions 0..row_len[r]-1. Rows without any key give zeros.

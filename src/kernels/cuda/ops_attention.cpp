@@ -1,6 +1,9 @@
-// Host wrappers of the attention operators: the DSA indexer top-k, absorbed MLA and MHA attention.
+// Host wrappers of the attention operators: the DSA indexer top-k, absorbed MLA and MHA attention. Over
+// kernel-format caches (bf16 index keys; bf16 or FP8 latent cache) they run the sm_90a kernels
+// (attention_kernels.h); over f32 caches the plain kernels of attention.cu / indexer.cu.
 #include <algorithm>
 
+#include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/attention_params.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/views.h"
@@ -26,6 +29,9 @@ KeySelection selection(const Tensor& sel, int64_t T, int64_t start_pos, const ch
 
 Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
                     double scale, double weight_scale) {
+  if (keys.cache.defined() && keys.cache.dtype() == DType::bf16) {
+    return indexer_topk_sm90(q, w, keys, start_pos, topk, scale, weight_scale);
+  }
   const Rows3View qv = rows3_f32(q, "indexer q");
   const RowView wv = rows_f32(w, "indexer weights");
   const int64_t T = qv.n0, ih = qv.n1, id = qv.n2;
@@ -66,6 +72,10 @@ Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int6
 
 Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                               int64_t start_pos, const Tensor& sel, double scale) {
+  if (kv.cache.defined() && kv.cache.dtype() != DType::f32) {
+    (void)mla_kv_format(kv.cache);  // bf16 [slots, 576] or u8 [slots, 656], else a clear error
+    return mla_attention_absorbed_sm90(q_lat, q_rope, kv, start_pos, sel, scale);
+  }
   const Rows3View ql = rows3_f32(q_lat, "mla q_lat");
   const Rows3View qr = rows3_f32(q_rope, "mla q_rope");
   const int64_t T = ql.n0, nh = ql.n1, L = ql.n2, R = qr.n2;

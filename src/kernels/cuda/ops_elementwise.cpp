@@ -4,6 +4,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise_params.h"
 #include "kernels/cuda/views.h"
@@ -173,14 +174,43 @@ Tensor gather_rows(const Tensor& x, const Tensor& idx) {
   return out;
 }
 
+namespace {
+
+// A bf16 cache view [rows, cols] (last dimension contiguous) for the converting row kernel.
+struct Bf16View {
+  void* p = nullptr;
+  int64_t rows = 0, cols = 0, stride = 0;
+};
+Bf16View rows_bf16(const Tensor& t, const char* what) {
+  DSA_CHECK(t.defined() && t.device() == Device::cuda && t.dtype() == DType::bf16 && t.dim() == 2 &&
+                (t.stride(1) == 1 || t.size(1) <= 1),
+            "{}: expected a CUDA bf16 [rows, cols] view with a contiguous last dimension, got {}", what,
+            t.defined() ? t.describe() : std::string("nothing"));
+  return {t.raw_data(), t.size(0), t.size(1), t.stride(0)};
+}
+
+}  // namespace
+
+// Caches: f32 [slots, D] (any view), bf16 [slots, D] (any view; rounded to nearest), or the FP8 latent
+// cache u8 [slots, 656] (whole rows only: src [T, 576], quantised per 128 values).
 void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) {
-  const RowView c = rows_f32(cache, "paged_store cache");
+  if (cache.defined() && cache.dtype() == DType::u8) {
+    check_indices(slots, cache.size(0), "paged_store slots");
+    mla_kv_cache_store(cache, slots, src, op_stream());
+    return;
+  }
   const RowView s = rows_f32(src, "paged_store source");
   const int32_t* sl = i32_vec(slots, "paged_store slots");
-  DSA_CHECK(slots.size(0) == s.rows && s.cols == c.cols, "paged_store: {} slots, source {}, cache {}",
+  const bool bf16 = cache.defined() && cache.dtype() == DType::bf16;
+  const RowView c = bf16 ? RowView{} : rows_f32(cache, "paged_store cache");
+  const Bf16View cb = bf16 ? rows_bf16(cache, "paged_store cache") : Bf16View{};
+  const int64_t c_rows = bf16 ? cb.rows : c.rows, c_cols = bf16 ? cb.cols : c.cols;
+  DSA_CHECK(slots.size(0) == s.rows && s.cols == c_cols, "paged_store: {} slots, source {}, cache {}",
             slots.size(0), src.describe(), cache.describe());
-  check_indices(slots, c.rows, "paged_store slots");
-  RowsParams p = rows_params(s.p, s.stride, c.p, c.stride, s.rows, s.cols, RowOp::copy);
+  check_indices(slots, c_rows, "paged_store slots");
+  RowsParams p = bf16 ? rows_params(s.p, s.stride, cb.p, cb.stride, s.rows, s.cols, RowOp::copy)
+                      : rows_params(s.p, s.stride, c.p, c.stride, s.rows, s.cols, RowOp::copy);
+  p.dst_bf16 = bf16;
   p.dst_rows = sl;
   check_launch(launch_rows(p, op_stream()), "paged_store");
 }
@@ -202,11 +232,21 @@ void check_pages(const PagedSeq& seq, int64_t n, int64_t cache_rows, const char*
   }
 }
 
+// f32 [n, D] from an f32 or bf16 cache [slots, D], or from the FP8 latent cache u8 [slots, 656] (-> [n,
+// 576]).
 Tensor paged_gather(const PagedSeq& seq, int64_t n) {
-  const RowView c = rows_f32(seq.cache, "paged_gather cache");
-  check_pages(seq, n, c.rows, "paged_gather");
-  Tensor out = Tensor::empty({n, c.cols}, DType::f32, Device::cuda);
-  RowsParams p = rows_params(c.p, c.stride, out.raw_data(), c.cols, n, c.cols, RowOp::copy);
+  if (seq.cache.defined() && seq.cache.dtype() == DType::u8) {
+    return mla_kv_cache_gather(seq.cache, seq.page_table, seq.page_size, n, op_stream());
+  }
+  const bool bf16 = seq.cache.defined() && seq.cache.dtype() == DType::bf16;
+  const RowView c = bf16 ? RowView{} : rows_f32(seq.cache, "paged_gather cache");
+  const Bf16View cb = bf16 ? rows_bf16(seq.cache, "paged_gather cache") : Bf16View{};
+  const int64_t rows = bf16 ? cb.rows : c.rows, cols = bf16 ? cb.cols : c.cols;
+  check_pages(seq, n, rows, "paged_gather");
+  Tensor out = Tensor::empty({n, cols}, DType::f32, Device::cuda);
+  RowsParams p = bf16 ? rows_params(cb.p, cb.stride, out.raw_data(), cols, n, cols, RowOp::copy)
+                      : rows_params(c.p, c.stride, out.raw_data(), cols, n, cols, RowOp::copy);
+  p.src_bf16 = bf16;
   p.page_table = i32_vec(seq.page_table, "paged_gather page table");
   p.page_size = seq.page_size;
   check_launch(launch_rows(p, op_stream()), "paged_gather");

@@ -47,6 +47,33 @@ __global__ void sm90_mla_cache_store_kernel(const MlaCacheStoreParams p) {
   for (int c = lane; c < kMlaRope; c += 32) rope[c] = __float2bfloat16_rn(src[kMlaLatent + c]);
 }
 
+// One warp per position: the cached row back to f32 (bf16 widened; fp8 codes times their block scale).
+__global__ void sm90_mla_cache_gather_kernel(const MlaCacheGatherParams p) {
+  const int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (i >= p.n) return;
+  const int64_t slot = int64_t(p.page_table[i / p.page_size]) * p.page_size + i % p.page_size;
+  float* dst = p.out + i * kMlaDim;
+  if (slot < 0 || slot >= p.num_slots) {
+    for (int c = lane; c < kMlaDim; c += 32) dst[c] = 0.f;
+    return;
+  }
+  if (p.format == MlaKvFormat::bf16) {
+    const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.cache) + slot * kMlaDim;
+    for (int c = lane; c < kMlaDim; c += 32) dst[c] = __bfloat162float(src[c]);
+    return;
+  }
+  const unsigned char* src = static_cast<const unsigned char*>(p.cache) + slot * kMlaFp8RowBytes;
+  const float* scales = reinterpret_cast<const float*>(src + kMlaLatent);
+  for (int c = lane; c < kMlaLatent; c += 32) {
+    __nv_fp8_e4m3 code;
+    code.__x = src[c];
+    dst[c] = float(code) * scales[c / 128];
+  }
+  const __nv_bfloat16* rope = reinterpret_cast<const __nv_bfloat16*>(src + kMlaLatent + 16);
+  for (int c = lane; c < kMlaRope; c += 32) dst[kMlaLatent + c] = __bfloat162float(rope[c]);
+}
+
 // out[r, h] = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max) over the splits of (r, h).
 __global__ void __launch_bounds__(128) sm90_mla_combine_kernel(const MlaDecodeParams p) {
   const int64_t r = blockIdx.x, h = blockIdx.y;
@@ -80,6 +107,13 @@ cudaError_t launch_mla_cache_store(const MlaCacheStoreParams& p, cudaStream_t st
   if (p.n == 0) return cudaSuccess;
   const int warps = 8;
   sm90_mla_cache_store_kernel<<<unsigned((p.n + warps - 1) / warps), warps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  const int warps = 8;
+  sm90_mla_cache_gather_kernel<<<unsigned((p.n + warps - 1) / warps), warps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
