@@ -83,6 +83,8 @@ def main():
     steps = m1["dsaserve_engine_steps_total"] - m0["dsaserve_engine_steps_total"]
     sched = m1["dsaserve_scheduler_seconds_total"] - m0["dsaserve_scheduler_seconds_total"]
     busy = m1["dsaserve_engine_busy_seconds_total"] - m0["dsaserve_engine_busy_seconds_total"]
+    gap_name = "dsaserve_engine_launch_gap_seconds_total"
+    gap = m1.get(gap_name, 0.0) - m0.get(gap_name, 0.0)
     report = {
         "requests": args.requests, "concurrency": args.concurrency, "wall_s": round(wall, 3),
         "request_throughput_per_s": round(args.requests / wall, 3),
@@ -92,6 +94,8 @@ def main():
         "engine_steps": int(steps),
         "scheduler_ms_per_step": round(sched / steps * 1e3, 4) if steps else None,
         "scheduler_share_of_step": round(sched / busy, 4) if busy else None,
+        "step_ms": round(busy / steps * 1e3, 3) if steps else None,
+        "launch_gap_ms_per_step": round(gap / steps * 1e3, 4) if steps else None,
     }
     print(json.dumps(report, indent=1))
     if proc:

@@ -82,6 +82,9 @@ std::string ServerMetrics::render(const runtime::EngineStats& e, int64_t active_
   counter("dsaserve_retractions_total", "Requests retracted for lack of KV pages.", e.retractions);
   gauge("dsaserve_engine_busy_seconds_total", "Seconds spent in engine steps.", e.busy_seconds);
   gauge("dsaserve_scheduler_seconds_total", "Of which the scheduler's own CPU time.", e.schedule_seconds);
+  gauge("dsaserve_engine_launch_gap_seconds_total",
+        "Model idle time between back-to-back steps (engine work not hidden by overlap scheduling).",
+        e.launch_gap_seconds);
   gauge("dsaserve_num_waiting_requests", "Requests in the waiting queue.", double(e.num_waiting));
   gauge("dsaserve_num_running_requests", "Requests in the running batch.", double(e.num_running));
   gauge("dsaserve_last_batch_size", "Requests in the last step.", double(e.last_batch_size));
