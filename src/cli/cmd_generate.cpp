@@ -6,11 +6,10 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/command.h"
+#include "cli/token_ids.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/ops.h"
@@ -19,29 +18,6 @@
 
 namespace dsaserve::cli {
 namespace {
-
-std::vector<int32_t> parse_prompt(const std::string& text, const std::string& origin) {
-  std::string cleaned = text;
-  for (char& ch : cleaned) {
-    if (ch == ',' || ch == '[' || ch == ']' || ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
-  }
-  std::istringstream in(cleaned);
-  std::vector<int32_t> ids;
-  std::string tok;
-  while (in >> tok) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(tok, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    DSA_CHECK(used == tok.size() && v >= INT32_MIN && v <= INT32_MAX, "{}: '{}' is not a token id", origin,
-              tok);
-    ids.push_back(int32_t(v));
-  }
-  return ids;
-}
 
 CommandRun setup(CLI::App& sub) {
   struct Opts {
@@ -68,16 +44,8 @@ CommandRun setup(CLI::App& sub) {
   return [o, temp, topk, topp, minp, seed]() -> int {
     DSA_CHECK(!o->prompt.empty() || !o->prompt_file.empty(),
               "generate: give the prompt with --prompt-ids or --prompt-ids-file");
-    std::vector<int32_t> prompt;
-    if (!o->prompt_file.empty()) {
-      std::ifstream f(o->prompt_file);
-      DSA_CHECK(f.good(), "--prompt-ids-file: cannot read '{}'", o->prompt_file);
-      std::stringstream ss;
-      ss << f.rdbuf();
-      prompt = parse_prompt(ss.str(), o->prompt_file);
-    } else {
-      prompt = parse_prompt(o->prompt, "--prompt-ids");
-    }
+    const std::vector<int32_t> prompt =
+        read_token_ids(o->prompt, "--prompt-ids", o->prompt_file, "--prompt-ids-file");
     DSA_CHECK(!prompt.empty(), "generate: the prompt is empty");
     if (o->threads > 0) set_num_threads(o->threads);
     const bool sampling = temp->count() + topk->count() + topp->count() + minp->count() + seed->count() > 0;
@@ -85,10 +53,7 @@ CommandRun setup(CLI::App& sub) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto model = model::Model::load(o->model, false);
     const int64_t V = model->config().vocab_size;
-    for (size_t i = 0; i < prompt.size(); ++i) {
-      DSA_CHECK(prompt[i] >= 0 && prompt[i] < V, "token id {} at index {} is out of range [0, {})", prompt[i],
-                i, V);
-    }
+    check_token_ids(prompt, V);
     runtime::SamplingParams sp;
     sp.temperature = sampling && temp->count() == 0 ? 1.0f : o->temperature;
     sp.top_k = o->top_k;

@@ -8,10 +8,9 @@
 
 #include <chrono>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "cli/command.h"
+#include "cli/token_ids.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "io/safetensors.h"
@@ -19,30 +18,6 @@
 
 namespace dsaserve::cli {
 namespace {
-
-// Integers separated by commas, whitespace or JSON brackets.
-std::vector<int32_t> parse_ids(const std::string& text, const std::string& origin) {
-  std::vector<int32_t> ids;
-  std::string cleaned = text;
-  for (char& ch : cleaned) {
-    if (ch == ',' || ch == '[' || ch == ']' || ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
-  }
-  std::istringstream in(cleaned);
-  std::string tok;
-  while (in >> tok) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(tok, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    DSA_CHECK(used == tok.size() && v >= INT32_MIN && v <= INT32_MAX, "{}: '{}' is not a token id", origin,
-              tok);
-    ids.push_back(int32_t(v));
-  }
-  return ids;
-}
 
 CommandRun setup(CLI::App& sub) {
   struct Opts {
@@ -68,25 +43,14 @@ CommandRun setup(CLI::App& sub) {
   sub.add_option("--threads", o->threads, "CPU threads (default: DSASERVE_THREADS or all cores)");
   return [o]() -> int {
     DSA_CHECK(!o->ids.empty() || !o->ids_file.empty(), "score: give the tokens with --ids or --ids-file");
-    std::vector<int32_t> ids;
-    if (!o->ids_file.empty()) {
-      std::ifstream f(o->ids_file);
-      DSA_CHECK(f.good(), "--ids-file: cannot read '{}'", o->ids_file);
-      std::stringstream ss;
-      ss << f.rdbuf();
-      ids = parse_ids(ss.str(), o->ids_file);
-    } else {
-      ids = parse_ids(o->ids, "--ids");
-    }
+    const std::vector<int32_t> ids = read_token_ids(o->ids, "--ids", o->ids_file, "--ids-file");
     DSA_CHECK(!ids.empty(), "score: the token sequence is empty");
     if (o->threads > 0) set_num_threads(o->threads);
 
     const auto t0 = std::chrono::steady_clock::now();
     const auto model = model::Model::load(o->model, o->mtp);
     const int64_t V = model->config().vocab_size;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      DSA_CHECK(ids[i] >= 0 && ids[i] < V, "token id {} at index {} is out of range [0, {})", ids[i], i, V);
-    }
+    check_token_ids(ids, V);
     DSA_CHECK(!o->mtp || model->num_mtp_layers() > 0, "--mtp: {} has no MTP layer", o->model);
     model::ScoreOptions so;
     so.chunk = o->chunk;
