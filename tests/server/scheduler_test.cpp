@@ -2,11 +2,13 @@
 // token) and checks that every earlier position of the request reads back its own token through the page
 // table, so page tables, prefix sharing, chunking and retraction are verified, not only counted. The
 // "model" predicts a hash of the request's whole sequence, so outputs are checkable against a plain loop.
+// Each test runs with and without overlap scheduling (schedule N+1 before N is sampled).
 #include "runtime/scheduler/scheduler.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <random>
 
 #include "core/error.h"
@@ -32,11 +34,17 @@ struct Harness {
   int64_t steps = 0;
   std::map<uint64_t, std::pair<int64_t, int64_t>> last_batch;  // id -> (kv_len, num_new) of the last step
 
-  Harness(int64_t pages, int64_t page_size, SchedulerConfig cfg, bool prefix_cache = true)
+  bool overlap = false;
+  std::optional<ScheduleBatch> in_flight;  // overlap: launched, not yet processed
+  std::vector<float> in_flight_logits;
+
+  Harness(int64_t pages, int64_t page_size, SchedulerConfig cfg, bool overlap_schedule,
+          bool prefix_cache = true)
       : pool(make(pages, page_size)),
         cache(pool, prefix_cache),
         sched(cfg, pool, cache),
-        kv(size_t(pages * page_size), -1) {}
+        kv(size_t(pages * page_size), -1),
+        overlap(overlap_schedule) {}
   static model::KvCache make(int64_t pages, int64_t page_size) {
     model::KvCache c;
     c.num_pages = pages;
@@ -64,21 +72,18 @@ struct Harness {
     out.clear();
   }
 
-  // One step; returns false when there was nothing to do.
-  bool step() {
-    std::vector<StepOutput> out;
-    ScheduleBatch b = sched.schedule(out);
-    collect(out);
-    if (b.empty()) return !sched.idle();
+  // The fake forward of a launched batch (before commit): writes each fed token into its slot, checks
+  // every earlier position reads back its own token, returns the "model's" next-token logits.
+  std::vector<float> forward(const ScheduleBatch& b, const model::ForwardBatch& fb) {
+    fb.validate(kVocab, pool.num_pages());
     last_batch.clear();
     for (const ScheduledRequest& s : b.items) last_batch[s.req->id] = {s.req->kv_len, s.num_new};
-    model::ForwardBatch fb = sched.build_forward(b);
-    fb.validate(kVocab, pool.num_pages());
     std::vector<float> logits(b.items.size() * size_t(kVocab), 0.0f);
     for (size_t k = 0; k < b.items.size(); ++k) {
       const Request& r = *b.items[k].req;
       const int64_t end = r.kv_len + b.items[k].num_new;
       for (int64_t t = fb.token_begin[k]; t < fb.token_begin[k + 1]; ++t) {
+        EXPECT_NE(fb.input_ids[size_t(t)], kFutureToken) << "unresolved input of request " << r.id;
         kv[size_t(fb.out_cache_loc[size_t(t)])] = fb.input_ids[size_t(t)];
       }
       for (int64_t p = 0; p < end; ++p) {
@@ -89,21 +94,56 @@ struct Harness {
       logits[k * size_t(kVocab) + size_t(next_token(std::span<const int32_t>(r.tokens).first(size_t(end))))] =
           1.0f;
     }
-    sched.commit(b);
-    sched.process(b, logits, kVocab, out);
+    return logits;
+  }
+
+  // One step; returns false when there was nothing to do. With `overlap`, the engine's order: the next
+  // batch is scheduled and built while the previous one is in flight (its samples are future tokens),
+  // then the previous one is processed and the next pruned/resolved, committed and launched.
+  bool step() {
+    std::vector<StepOutput> out;
+    ScheduleBatch b;
+    model::ForwardBatch fb;
+    if (!sched.idle()) b = sched.schedule(out);
+    if (!b.empty()) fb = sched.build_forward(b);
     collect(out);
+    const bool had_flying = in_flight.has_value();
+    if (in_flight) {
+      sched.process(*in_flight, in_flight_logits, kVocab, out);
+      collect(out);
+      in_flight.reset();
+      if (sched.prune(b)) {
+        fb = b.empty() ? model::ForwardBatch() : sched.build_forward(b);
+      } else if (!b.empty()) {
+        sched.resolve(b, fb);
+      }
+    }
     sched.check_integrity();
+    if (b.empty()) return had_flying || !sched.idle();
+    std::vector<float> logits = forward(b, fb);
+    sched.commit(b);
+    if (overlap) {
+      in_flight = std::move(b);
+      in_flight_logits = std::move(logits);
+    } else {
+      sched.process(b, logits, kVocab, out);
+      collect(out);
+      sched.check_integrity();
+    }
     ++steps;
     return true;
   }
 
   void run(int64_t max_steps = 100000) {
-    while (!sched.idle()) {
+    while (!sched.idle() || in_flight) {
       ASSERT_LT(steps, max_steps) << "scheduler does not make progress";
       step();
     }
   }
 };
+
+// Every test runs without and with overlap scheduling (the engine's step order, emulated).
+class SchedulerTest : public ::testing::TestWithParam<bool> {};
 
 std::vector<int32_t> expected_output(std::vector<int32_t> seq, int64_t n) {
   std::vector<int32_t> out;
@@ -120,11 +160,11 @@ std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t len) {
   return p;
 }
 
-TEST(Scheduler, ChunkedPrefillAndDecodeProduceTheReferenceTokens) {
+TEST_P(SchedulerTest, ChunkedPrefillAndDecodeProduceTheReferenceTokens) {
   SchedulerConfig cfg;
   cfg.chunked_prefill_size = 5;
   cfg.max_prefill_tokens = 8;
-  Harness h(64, 4, cfg);
+  Harness h(64, 4, cfg, GetParam());
   std::mt19937 rng(1);
   std::map<uint64_t, std::vector<int32_t>> prompts;
   for (uint64_t id = 1; id <= 6; ++id) {
@@ -140,9 +180,9 @@ TEST(Scheduler, ChunkedPrefillAndDecodeProduceTheReferenceTokens) {
   EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
 }
 
-TEST(Scheduler, PrefixCacheHitReportsCachedTokensAndSkipsThem) {
+TEST_P(SchedulerTest, PrefixCacheHitReportsCachedTokensAndSkipsThem) {
   SchedulerConfig cfg;
-  Harness h(64, 4, cfg);
+  Harness h(64, 4, cfg, GetParam());
   std::mt19937 rng(2);
   const std::vector<int32_t> shared = random_prompt(rng, 21);
   h.add(1, shared, 3);
@@ -161,11 +201,11 @@ TEST(Scheduler, PrefixCacheHitReportsCachedTokensAndSkipsThem) {
   EXPECT_EQ(h.finished[1].cached_tokens, 0);
 }
 
-TEST(Scheduler, RetractsWhenPagesRunOutAndStillProducesTheReference) {
+TEST_P(SchedulerTest, RetractsWhenPagesRunOutAndStillProducesTheReference) {
   SchedulerConfig cfg;
   cfg.chunked_prefill_size = 8;
   cfg.max_running_requests = 16;
-  Harness h(24, 4, cfg);  // 96 tokens of KV for 8 requests of up to ~40 tokens each
+  Harness h(24, 4, cfg, GetParam());  // 96 tokens of KV for 8 requests of up to ~40 tokens each
   std::mt19937 rng(3);
   std::map<uint64_t, std::vector<int32_t>> prompts;
   std::map<uint64_t, int64_t> lens;
@@ -180,9 +220,9 @@ TEST(Scheduler, RetractsWhenPagesRunOutAndStillProducesTheReference) {
   EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
 }
 
-TEST(Scheduler, RequestLargerThanThePoolFailsWithoutBlockingOthers) {
+TEST_P(SchedulerTest, RequestLargerThanThePoolFailsWithoutBlockingOthers) {
   SchedulerConfig cfg;
-  Harness h(4, 4, cfg);
+  Harness h(4, 4, cfg, GetParam());
   std::mt19937 rng(4);
   h.add(1, random_prompt(rng, 30), 2);  // 31 tokens > 16 slots
   h.add(2, random_prompt(rng, 5), 2);
@@ -196,11 +236,11 @@ TEST(Scheduler, RequestLargerThanThePoolFailsWithoutBlockingOthers) {
   EXPECT_EQ(h.finished[3].finish, FinishReason::error);
 }
 
-TEST(Scheduler, AbortFreesPagesAtOnceAndLimitsHold) {
+TEST_P(SchedulerTest, AbortFreesPagesAtOnceAndLimitsHold) {
   SchedulerConfig cfg;
   cfg.max_running_requests = 3;
   cfg.max_prefill_tokens = 64;
-  Harness h(64, 4, cfg);
+  Harness h(64, 4, cfg, GetParam());
   std::mt19937 rng(5);
   for (uint64_t id = 1; id <= 6; ++id) h.add(id, random_prompt(rng, 9), 20);
   h.step();
@@ -219,11 +259,11 @@ TEST(Scheduler, AbortFreesPagesAtOnceAndLimitsHold) {
   EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
 }
 
-TEST(Scheduler, StopTokensEosAndMaxContext) {
+TEST_P(SchedulerTest, StopTokensEosAndMaxContext) {
   SchedulerConfig cfg;
   cfg.eos_token_ids = {1};
   cfg.max_context = 12;
-  Harness h(32, 4, cfg);
+  Harness h(32, 4, cfg, GetParam());
   const std::vector<int32_t> prompt = {3, 4, 5};
   const std::vector<int32_t> ref = expected_output(prompt, 20);
   auto r = std::make_unique<Request>();
@@ -242,12 +282,12 @@ TEST(Scheduler, StopTokensEosAndMaxContext) {
   EXPECT_EQ(h.outputs[2].size(), 9u);
 }
 
-TEST(Scheduler, RandomWorkloadKeepsInvariants) {
+TEST_P(SchedulerTest, RandomWorkloadKeepsInvariants) {
   SchedulerConfig cfg;
   cfg.chunked_prefill_size = 16;
   cfg.max_prefill_tokens = 24;
   cfg.max_running_requests = 6;
-  Harness h(40, 8, cfg);
+  Harness h(40, 8, cfg, GetParam());
   std::mt19937 rng(6);
   std::vector<int32_t> common = random_prompt(rng, 24);
   std::map<uint64_t, std::pair<std::vector<int32_t>, int64_t>> reqs;
@@ -277,6 +317,9 @@ TEST(Scheduler, RandomWorkloadKeepsInvariants) {
   }
   EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
 }
+
+INSTANTIATE_TEST_SUITE_P(Overlap, SchedulerTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "on" : "off"; });
 
 }  // namespace
 }  // namespace dsaserve::runtime
