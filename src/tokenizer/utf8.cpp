@@ -51,12 +51,9 @@ inline size_t check_sequence(const unsigned char* p, size_t n, size_t& bad_len, 
   return need;
 }
 
-}  // namespace
-
-size_t utf8_valid_prefix(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
+// Offset of the first invalid sequence in p[i..n), or n when the rest is valid; for an invalid one,
+// `bad_len` and `truncated` as check_sequence() sets them.
+size_t next_invalid(const unsigned char* p, size_t n, size_t i, size_t& bad_len, bool& truncated) {
   while (i < n) {
     // ASCII fast path, 8 bytes at a time.
     while (i + 8 <= n) {
@@ -70,37 +67,36 @@ size_t utf8_valid_prefix(std::string_view s) {
       ++i;
       continue;
     }
-    size_t bad = 0;
-    bool truncated = false;
-    const size_t len = check_sequence(p + i, n - i, bad, truncated);
+    const size_t len = check_sequence(p + i, n - i, bad_len, truncated);
     if (len == 0) return i;
     i += len;
   }
   return n;
 }
 
+}  // namespace
+
+size_t utf8_valid_prefix(std::string_view s) {
+  size_t bad = 0;
+  bool truncated = false;
+  return next_invalid(reinterpret_cast<const unsigned char*>(s.data()), s.size(), 0, bad, truncated);
+}
+
 size_t append_utf8_lossy(const char* data, size_t n, std::string& out, bool final) {
   const auto* p = reinterpret_cast<const unsigned char*>(data);
-  size_t i = 0, run = 0;  // [run, i) is valid text not yet appended
-  while (i < n) {
-    if (p[i] < 0x80) {
-      ++i;
-      continue;
-    }
+  size_t run = 0;  // [run, i) is valid text not yet appended
+  for (size_t i = 0;;) {
     size_t bad = 0;
     bool truncated = false;
-    const size_t len = check_sequence(p + i, n - i, bad, truncated);
-    if (len > 0) {
-      i += len;
-      continue;
-    }
+    i = next_invalid(p, n, i, bad, truncated);
+    if (i == n) break;
     out.append(data + run, i - run);
     if (truncated && !final) return i;
     out.append("\xEF\xBF\xBD");
     i += bad;
     run = i;
   }
-  out.append(data + run, i - run);
+  out.append(data + run, n - run);
   return n;
 }
 
