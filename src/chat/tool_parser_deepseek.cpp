@@ -154,10 +154,7 @@ class DeepSeekV32ToolParser : public StreamBase {
     size_t ws = 0;
     switch (state_) {
       case State::kText: {
-        bool found = false;
-        emit_text_until(kDsmlCalls, out, &found);
-        if (!found) return false;
-        consume(kDsmlCalls.size());
+        if (!text_until(kDsmlCalls, out)) return false;
         state_ = State::kCalls;
         return true;
       }
@@ -222,18 +219,7 @@ class DeepSeekV32ToolParser : public StreamBase {
         return true;
       }
       case State::kValue: {
-        if (key_is_string_) {
-          if (!stream_string_value(kDsmlParamEnd, out)) return false;
-          state_ = State::kParams;
-          return true;
-        }
-        const size_t at = buf_.find(kDsmlParamEnd);
-        if (at == std::string::npos) return false;
-        const std::string raw = buf_.substr(0, at);
-        std::string value =
-            key_is_string_ ? json_string(raw) : typed_argument(tools_, current_name_, key_, raw);
-        consume(at + kDsmlParamEnd.size());
-        add_argument(key_, value, out);
+        if (!read_value(kDsmlParamEnd, key_, key_is_string_, out)) return false;
         state_ = State::kParams;
         return true;
       }

@@ -33,10 +33,7 @@ class GlmToolParser : public StreamBase {
     size_t ws = 0;
     switch (state_) {
       case State::kText: {
-        bool found = false;
-        emit_text_until(kCallOpen, out, &found);
-        if (!found) return false;
-        consume(kCallOpen.size());
+        if (!text_until(kCallOpen, out)) return false;
         state_ = State::kName;
         return true;
       }
@@ -102,17 +99,8 @@ class GlmToolParser : public StreamBase {
         return true;
       }
       case State::kValue: {
-        if (streaming_value_) {
-          if (!stream_string_value(kValueClose, out)) return false;
-          streaming_value_ = false;
-          state_ = State::kBetween;
-          return true;
-        }
-        const size_t at = buf_.find(kValueClose);
-        if (at == std::string::npos) return false;
-        const std::string value = typed_argument(tools_, current_name_, key_, buf_.substr(0, at));
-        consume(at + kValueClose.size());
-        add_argument(key_, value, out);
+        if (!read_value(kValueClose, key_, streaming_value_, out)) return false;
+        streaming_value_ = false;
         state_ = State::kBetween;
         return true;
       }

@@ -202,18 +202,29 @@ void StreamBase::abandon_call(bool call_started, OutputDelta* out) {
   raw_.clear();
 }
 
-void StreamBase::emit_text_until(std::string_view tag, OutputDelta* out, bool* found) {
+bool StreamBase::read_value(std::string_view close_tag, const std::string& key, bool streaming,
+                            OutputDelta* out) {
+  if (streaming) return stream_string_value(close_tag, out);
+  const size_t at = buf_.find(close_tag);
+  if (at == std::string::npos) return false;
+  const std::string value = typed_argument(tools_, current_name_, key, buf_.substr(0, at));
+  consume(at + close_tag.size());
+  add_argument(key, value, out);
+  return true;
+}
+
+bool StreamBase::text_until(std::string_view tag, OutputDelta* out) {
   const size_t at = buf_.find(tag);
   if (at != std::string::npos) {
     out->content.append(buf_, 0, at);
     buf_.erase(0, at);
-    *found = true;
-    return;
+    consume(tag.size());
+    return true;
   }
   const size_t keep = partial_tag_suffix(buf_, tag);
   out->content.append(buf_, 0, buf_.size() - keep);
   buf_.erase(0, buf_.size() - keep);
-  *found = false;
+  return false;
 }
 
 }  // namespace detail

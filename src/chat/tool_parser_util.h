@@ -60,12 +60,16 @@ class StreamBase : public ToolCallParser {
   // Starts call `next_index_` with `name`: the first delta (id and name).
   void open_call(const std::string& name, OutputDelta* out);
   void add_arguments(const std::string& fragment, OutputDelta* out);
-  // Emits the text after the tag-free part of buf_ as content, keeping a possible partial tag.
-  void emit_text_until(std::string_view tag, OutputDelta* out, bool* found);
+  // Emits the text before `tag` in buf_ as content (keeping a possible partial tag) and consumes the
+  // tag; false if it has not arrived yet.
+  bool text_until(std::string_view tag, OutputDelta* out);
   // Streams a string-typed argument value: the JSON-escaped text before `close_tag` (holding back a
   // possible partial tag and incomplete UTF-8) as argument fragments. True once the tag was consumed
   // (the closing quote emitted).
   bool stream_string_value(std::string_view close_tag, OutputDelta* out);
+  // Reads the value of argument `key` up to `close_tag`: streamed as stream_string_value() does when
+  // `streaming`, else added whole once the tag arrives, typed by the tool's schema. True when done.
+  bool read_value(std::string_view close_tag, const std::string& key, bool streaming, OutputDelta* out);
   // Appends argument `key` with JSON text `value` (or the start of one) to the call in progress,
   // opening its arguments object first.
   void add_argument(const std::string& key, std::string_view value, OutputDelta* out);
