@@ -140,8 +140,7 @@ int64_t Engine::complete_in_flight(std::vector<StepOutput>& out, double& sched_s
   } catch (const std::exception& e) {
     error = e.what();
   }
-  last_done_ = std::chrono::steady_clock::now();
-  back_to_back_ = true;
+
   // Aborts are applied only now: the step that ran may have written the aborted requests' pages.
   drain_inputs(out);
   const auto t0 = std::chrono::steady_clock::now();
@@ -177,7 +176,7 @@ bool Engine::step() {
         stats_.last_batch_size = 0;
       }
       if (cfg_.check_integrity) scheduler_->check_integrity();
-      back_to_back_ = false;
+      runner_->idle();
       publish(out);
       return false;
     }
@@ -206,11 +205,8 @@ bool Engine::step() {
   if (cfg_.check_integrity) scheduler_->check_integrity();
   const int64_t batch_size = int64_t(batch.items.size());
   const int64_t prefill_tokens = batch.num_prefill_tokens;
-  double gap = 0;
   if (!batch.empty()) {
     scheduler_->commit(batch);
-    if (back_to_back_) gap = seconds_since(last_done_);
-    back_to_back_ = false;
     runner_->launch(std::move(fb));
     in_flight_ = std::move(batch);
     if (!cfg_.overlap_schedule) {
@@ -233,7 +229,7 @@ bool Engine::step() {
     stats_.last_batch_size = batch_size;
     stats_.busy_seconds += seconds_since(t0);
     stats_.schedule_seconds += sched_s;
-    stats_.launch_gap_seconds += gap;
+    stats_.launch_gap_seconds = runner_->gap_seconds();
   }
   publish(out);
   return true;

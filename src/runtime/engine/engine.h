@@ -56,8 +56,8 @@ struct EngineStats {
   int64_t last_batch_size = 0;
   double busy_seconds = 0;      // time in steps
   double schedule_seconds = 0;  // of which the scheduler's own CPU time (schedule + build + process)
-  // The model's idle time between back-to-back steps (a step's end to the next launch): what the
-  // engine thread's own work costs the device. Overlap scheduling hides schedule + build in it.
+  // The model's idle time between back-to-back steps (a step's end to the next one's start, measured by
+  // the runner): what the engine thread's own work costs the device. Overlap hides schedule + build.
   double launch_gap_seconds = 0;
 };
 
@@ -107,8 +107,6 @@ class Engine {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;  // after pool_: destroyed (its step finished) before the pool
   ScheduleBatch in_flight_;              // launched, not yet processed (overlap)
-  bool back_to_back_ = false;            // the model has been idle only since last_done_
-  std::chrono::steady_clock::time_point last_done_;
 
   std::mutex in_mu_;
   std::condition_variable in_cv_;

@@ -22,6 +22,11 @@ CpuModelRunner::~CpuModelRunner() {
 }
 
 void CpuModelRunner::run(const model::ForwardBatch& fb) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (chained_)
+      gap_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - last_finish_).count();
+  }
   Tensor logits;
   std::exception_ptr err;
   try {
@@ -33,6 +38,18 @@ void CpuModelRunner::run(const model::ForwardBatch& fb) {
   result_ = std::move(logits);
   error_ = err;
   done_ = true;
+  chained_ = true;
+  last_finish_ = std::chrono::steady_clock::now();
+}
+
+double CpuModelRunner::gap_seconds() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return gap_s_;
+}
+
+void CpuModelRunner::idle() {
+  std::lock_guard<std::mutex> lk(mu_);
+  chained_ = false;
 }
 
 void CpuModelRunner::launch(model::ForwardBatch fb) {

@@ -4,6 +4,7 @@
 // the two (overlap scheduling). The CPU runner computes on a worker thread; a CUDA runner would enqueue
 // the step on a stream and keep the same contract (the ForwardBatch it receives has every input id
 // resolved, so it needs no knowledge of the scheduler's future tokens).
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <memory>
@@ -24,6 +25,10 @@ class ModelRunner {
   // Waits for the launched step; returns its logits [R, vocab] (f32, contiguous, host). Rethrows the
   // step's error.
   virtual Tensor wait() = 0;
+  // The device's idle time between back-to-back steps so far (a step's end to the next one's start);
+  // idle() says the engine has no work, so the next start does not count.
+  virtual double gap_seconds() = 0;
+  virtual void idle() = 0;
 };
 
 // The CPU path: `async` runs each forward on a worker thread (so launch() returns at once); otherwise
@@ -37,6 +42,8 @@ class CpuModelRunner final : public ModelRunner {
 
   void launch(model::ForwardBatch fb) override;
   Tensor wait() override;
+  double gap_seconds() override;
+  void idle() override;
 
  private:
   void run(const model::ForwardBatch& fb);
@@ -55,6 +62,9 @@ class CpuModelRunner final : public ModelRunner {
   bool stop_ = false;
   Tensor result_;
   std::exception_ptr error_;
+  bool chained_ = false;  // a step finished and the engine was not idle since
+  std::chrono::steady_clock::time_point last_finish_;
+  double gap_s_ = 0;
   std::thread thread_;
 };
 
