@@ -154,6 +154,16 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
                      int64_t start_pos, const Tensor& sel, double scale) {
   return backend(q.device()).attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
 }
+void MoeRouteParams::validate(int64_t n_experts) const {
+  DSA_CHECK(n_group >= 1 && n_experts % n_group == 0, "moe_route: {} experts do not split into {} groups",
+            n_experts, n_group);
+  DSA_CHECK(topk_group >= 1 && topk_group <= n_group, "moe_route: topk_group {} of {} groups", topk_group,
+            n_group);
+  const int64_t per_group = n_experts / n_group;
+  DSA_CHECK(top_k >= 1 && top_k <= topk_group * per_group, "moe_route: top_k {} exceeds {} eligible experts",
+            top_k, topk_group * per_group);
+}
+
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) {
   return backend(logits.device()).moe_route(logits, bias, p);
 }

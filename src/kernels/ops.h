@@ -77,6 +77,8 @@ struct MoeRouteParams {
   int64_t top_k = 1;
   bool norm_topk_prob = true;
   double routed_scaling_factor = 1.0;
+  // Throws dsaserve::Error unless the grouping fits `n_experts` (every backend checks through this).
+  void validate(int64_t n_experts) const;
 };
 
 // ---- operators ----

@@ -65,7 +65,8 @@ float dot(const float* a, const float* b, int64_t n);
 // out[t * so + r] = x[t * sx : +K] . w[r * K : +K] for t < T, r < N: a register-blocked product of f32
 // rows (2 inputs x 4 weight rows per step). Built for AVX2 and baseline x86-64 (chosen at load time);
 // both give bit-identical results (fixed accumulation order, no FMA contraction).
-void gemm_nt(const float* x, int64_t sx, int64_t T, const float* w, int64_t N, int64_t K, float* out, int64_t so);
+void gemm_nt(const float* x, int64_t sx, int64_t T, const float* w, int64_t N, int64_t K, float* out,
+             int64_t so);
 
 // Slot of position `pos` of a paged request.
 inline int64_t paged_slot(const int32_t* pages, int64_t page_size, int64_t pos) {

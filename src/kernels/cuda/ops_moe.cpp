@@ -18,13 +18,7 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
   DSA_CHECK(bias.defined() && bias.dtype() == DType::f32 && bias.dim() == 1 && bias.size(0) == E &&
                 bias.is_contiguous() && bias.device() == Device::cuda,
             "moe_route: correction bias must be CUDA f32 [{}]", E);
-  DSA_CHECK(p.n_group >= 1 && E % p.n_group == 0, "moe_route: {} experts do not split into {} groups", E,
-            p.n_group);
-  DSA_CHECK(p.topk_group >= 1 && p.topk_group <= p.n_group, "moe_route: topk_group {} of {} groups",
-            p.topk_group, p.n_group);
-  const int64_t per_group = E / p.n_group;
-  DSA_CHECK(p.top_k >= 1 && p.top_k <= p.topk_group * per_group,
-            "moe_route: top_k {} exceeds {} eligible experts", p.top_k, p.topk_group * per_group);
+  p.validate(E);
   DSA_CHECK(E <= 1024 && p.n_group <= 64 && p.top_k <= 64,
             "moe_route: {} experts / {} groups / top-{} unsupported", E, p.n_group, p.top_k);
   Routing r{Tensor::empty({T, p.top_k}, DType::i32, Device::cuda),
