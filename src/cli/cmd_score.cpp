@@ -1,13 +1,16 @@
 // dsaserve score --model DIR (--ids 1,2,3 | --ids-file F) --out logits.safetensors [--chunk N]
-//                [--decode-from K] [--mtp] [--page-size P] [--attention auto|mha|absorbed]
+//                [--decode-from K] [--mtp] [--page-size P] [--attention auto|mha|absorbed] [--trace-dir D]
 // Runs a token sequence through the model the way the engine serves it (a prefill in chunks of N, then
 // one token per step from position K on) and writes the logits of every position: "logits" F32
 // [n, vocab], "input_ids" I32 [n] and, with --mtp, the MTP head's "mtp_logits" F32 [n - 1, vocab].
+// --trace-dir D: a Chrome trace of the forward passes (layer, op and kernel spans, trace/trace.h) in
+// D/trace-<pid>-<n>.json, with a per-op summary keyed like `dsaserve plan --json`'s records.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "cli/command.h"
 #include "cli/token_ids.h"
@@ -15,13 +18,14 @@
 #include "core/parallel.h"
 #include "io/safetensors.h"
 #include "model/score.h"
+#include "trace/trace.h"
 
 namespace dsaserve::cli {
 namespace {
 
 CommandRun setup(CLI::App& sub) {
   struct Opts {
-    std::string model, ids, ids_file, out, attention = "auto";
+    std::string model, ids, ids_file, out, attention = "auto", trace_dir;
     int64_t chunk = 0, decode_from = -1, page_size = 64;
     int threads = 0;
     bool mtp = false;
@@ -40,6 +44,7 @@ CommandRun setup(CLI::App& sub) {
   sub.add_option("--page-size", o->page_size, "KV cache page size in tokens")->check(CLI::PositiveNumber);
   sub.add_option("--attention", o->attention, "MLA form: auto | mha | absorbed")
       ->check(CLI::IsMember({"auto", "mha", "absorbed"}));
+  sub.add_option("--trace-dir", o->trace_dir, "write a Chrome trace of the forward passes to this directory");
   sub.add_option("--threads", o->threads, "CPU threads (default: DSASERVE_THREADS or all cores)");
   return [o]() -> int {
     DSA_CHECK(!o->ids.empty() || !o->ids_file.empty(), "score: give the tokens with --ids or --ids-file");
@@ -60,9 +65,22 @@ CommandRun setup(CLI::App& sub) {
     so.attention = o->attention == "mha"        ? model::AttentionForm::mha
                    : o->attention == "absorbed" ? model::AttentionForm::absorbed
                                                 : model::AttentionForm::automatic;
+    std::optional<trace::Recorder> recorder;
+    if (!o->trace_dir.empty()) trace::set_active(&recorder.emplace());
     const auto t1 = std::chrono::steady_clock::now();
-    const model::ScoreResult r = model::score_sequence(*model, ids, so);
+    model::ScoreResult r;
+    try {
+      r = model::score_sequence(*model, ids, so);
+    } catch (...) {
+      trace::set_active(nullptr);
+      throw;
+    }
     const auto t2 = std::chrono::steady_clock::now();
+    if (recorder) {
+      trace::set_active(nullptr);
+      const auto path = recorder->write(o->trace_dir);
+      fmt::print("trace: {} events -> {}\n", recorder->events().size(), path.string());
+    }
 
     Tensor id_t = Tensor::empty({int64_t(ids.size())}, DType::i32);
     std::memcpy(id_t.raw_data(), ids.data(), ids.size() * sizeof(int32_t));

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "trace/trace.h"
 
 namespace dsaserve::kernels {
 
@@ -59,6 +60,25 @@ class CpuBackend final : public Backend {
 };
 
 CpuBackend g_cpu;
+
+// Kernel spans (trace/trace.h): off unless a recorder is installed.
+std::vector<int64_t> shape_of(const Tensor& t) {
+  std::vector<int64_t> s;
+  if (!t.defined()) return s;
+  for (int64_t d = 0; d < t.dim(); ++d) s.push_back(t.size(d));
+  return s;
+}
+#define DSA_KERNEL_SPAN(name, x)      \
+  trace::Scope span_(name, "kernel"); \
+  if (span_.on()) span_.arg("x", shape_of(x))
+
+// x [T, in] against rows r0..r1 of W: 2 T (r1 - r0) in FLOPs, the rows' weight bytes.
+void linear_args(trace::Scope& s, const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1) {
+  const int64_t rows = (r1 < 0 ? w.rows() : r1) - r0, T = x.dim() > 0 ? x.numel() / x.size(-1) : 0;
+  s.arg("x", shape_of(x)).arg("w", shape_of(w.weight)).arg("rows", rows);
+  s.arg("flops", 2.0 * double(T) * double(rows) * double(w.cols()));
+  s.arg("weight_bytes", double(rows) * double(w.cols()) * double(dtype_size(w.weight.dtype())));
+}
 std::atomic<Backend*> g_cuda{nullptr};
 
 }  // namespace
@@ -111,47 +131,76 @@ std::vector<float> rope_inv_freq(const RopeParams& p) {
 }
 
 Tensor embedding(const Tensor& table, const Tensor& ids) {
+  DSA_KERNEL_SPAN("embedding", ids);
   return backend(table.device()).embedding(table, ids);
 }
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  DSA_KERNEL_SPAN("rms_norm", x);
   return backend(x.device()).rms_norm(x, w, eps);
 }
 Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) {
+  DSA_KERNEL_SPAN("add_rms_norm", x);
   return backend(x.device()).add_rms_norm(residual, x, w, eps);
 }
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  DSA_KERNEL_SPAN("layer_norm", x);
   return backend(x.device()).layer_norm(x, w, b, eps);
 }
 Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+  trace::Scope span_("linear", "kernel");
+  if (span_.on()) linear_args(span_, x, w, r0, r1);
   return backend(x.device()).linear(x, w, r0, r1, std::move(out));
 }
 Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+  trace::Scope span_("linear_t", "kernel");
+  if (span_.on()) linear_args(span_, x, w, r0, r1);
   return backend(x.device()).linear_t(x, w, r0, r1, std::move(out));
 }
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) {
+  DSA_KERNEL_SPAN("rope_inplace", x);
   backend(x.device()).rope_inplace(x, positions, p);
 }
-Tensor silu_mul(const Tensor& gate, const Tensor& up) { return backend(gate.device()).silu_mul(gate, up); }
-Tensor argmax(const Tensor& x) { return backend(x.device()).argmax(x); }
-void add_inplace(Tensor& a, const Tensor& b) { backend(a.device()).add_inplace(a, b); }
-void copy_rows(Tensor& dst, const Tensor& src) { backend(dst.device()).copy_rows(dst, src); }
-Tensor gather_rows(const Tensor& x, const Tensor& idx) { return backend(x.device()).gather_rows(x, idx); }
+Tensor silu_mul(const Tensor& gate, const Tensor& up) {
+  DSA_KERNEL_SPAN("silu_mul", gate);
+  return backend(gate.device()).silu_mul(gate, up);
+}
+Tensor argmax(const Tensor& x) {
+  DSA_KERNEL_SPAN("argmax", x);
+  return backend(x.device()).argmax(x);
+}
+void add_inplace(Tensor& a, const Tensor& b) {
+  DSA_KERNEL_SPAN("add_inplace", a);
+  backend(a.device()).add_inplace(a, b);
+}
+void copy_rows(Tensor& dst, const Tensor& src) {
+  DSA_KERNEL_SPAN("copy_rows", src);
+  backend(dst.device()).copy_rows(dst, src);
+}
+Tensor gather_rows(const Tensor& x, const Tensor& idx) {
+  DSA_KERNEL_SPAN("gather_rows", x);
+  return backend(x.device()).gather_rows(x, idx);
+}
 void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) {
+  DSA_KERNEL_SPAN("paged_store", src);
   backend(cache.device()).paged_store(cache, slots, src);
 }
 Tensor paged_gather(const PagedSeq& seq, int64_t n) {
+  DSA_KERNEL_SPAN("paged_gather", seq.cache);
   return backend(seq.cache.device()).paged_gather(seq, n);
 }
 Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
                     double scale, double weight_scale) {
+  DSA_KERNEL_SPAN("indexer_topk", q);
   return backend(q.device()).indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale);
 }
 Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                               int64_t start_pos, const Tensor& sel, double scale) {
+  DSA_KERNEL_SPAN("mla_attention_absorbed", q_lat);
   return backend(q_lat.device()).mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale);
 }
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                      int64_t start_pos, const Tensor& sel, double scale) {
+  DSA_KERNEL_SPAN("attention_mha", q);
   return backend(q.device()).attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
 }
 void MoeRouteParams::validate(int64_t n_experts) const {
@@ -165,9 +214,11 @@ void MoeRouteParams::validate(int64_t n_experts) const {
 }
 
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) {
+  DSA_KERNEL_SPAN("moe_route", logits);
   return backend(logits.device()).moe_route(logits, bias, p);
 }
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) {
+  DSA_KERNEL_SPAN("moe_experts", x);
   return backend(x.device()).moe_experts(x, routing, experts);
 }
 

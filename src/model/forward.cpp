@@ -1,12 +1,15 @@
 // The decoder layer and the model forward (MODEL.md steps 1-11), against kernels/ops.h only.
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "model/model.h"
+#include "trace/trace.h"
 
 namespace dsaserve::model {
 
 namespace ops = kernels;
+using trace::OpScope;  // spans named like the plan's op records (docs/plan.md); free when tracing is off
 
 namespace {
 
@@ -82,36 +85,59 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   const int64_t dq = nope + rope, dv = c.v_head_dim, L = c.kv_lora_rank;
   constexpr double kLoraEps = 1e-6;  // q_a_layernorm / kv_a_layernorm use the RMSNorm default eps
 
-  // Query: q_resid = RMSNorm(h @ q_a^T); q = q_resid @ q_b^T -> [T, nh, nope + rope], RoPE on the rope part.
-  const Tensor q_resid =
-      ops::rms_norm(ops::linear(h, ref(aw.q_a_proj)), aw.q_a_layernorm, kLoraEps);  // [T, q_lora]
-  const Tensor q = ops::linear(q_resid, ref(aw.q_b_proj)).view({T, nh, dq});
-  Tensor q_pe = q.slice(2, nope, dq);  // [T, nh, rope]
-  ops::rope_inplace(q_pe, st.positions, rope_params(c, true));
-
-  // KV latent: c = h @ kv_a^T = [kv | k_rope]; kv normalised, k_rope rotated; both into the cache.
-  const Tensor ckv = ops::linear(h, ref(aw.kv_a_proj));                              // [T, L + rope]
-  const Tensor kv = ops::rms_norm(ckv.slice(1, 0, L), aw.kv_a_layernorm, kLoraEps);  // [T, L]
-  Tensor k_pe = ckv.view({T, 1, L + rope}).slice(2, L, L + rope);  // [T, 1, rope] view, rotated in place
-  ops::rope_inplace(k_pe, st.positions, rope_params(c, true));
-  // One whole-row store of [kv | k_rope] (the FP8 cache quantises whole rows); ckv is ours to overwrite.
-  Tensor ckv_lat = ckv.slice(1, 0, L);
-  ops::copy_rows(ckv_lat, kv);
-  ops::paged_store(cache.kv[size_t(kv_layer)], st.slots, ckv);
+  // The steps run in the plan's op order (docs/plan.md); each is one span when tracing.
+  // q_a and kv_a projections: h @ q_a^T [T, q_lora], c = h @ kv_a^T = [kv | k_rope] [T, L + rope].
+  Tensor q_a, ckv;
+  {
+    OpScope span("qkv_a_proj");
+    q_a = ops::linear(h, ref(aw.q_a_proj));
+    ckv = ops::linear(h, ref(aw.kv_a_proj));
+  }
+  Tensor q_resid, kv;
+  {
+    OpScope span("q_a_layernorm");
+    q_resid = ops::rms_norm(q_a, aw.q_a_layernorm, kLoraEps);  // [T, q_lora]
+  }
+  {
+    OpScope span("kv_a_layernorm");
+    kv = ops::rms_norm(ckv.slice(1, 0, L), aw.kv_a_layernorm, kLoraEps);  // [T, L]
+  }
+  {
+    // kv normalised, k_rope rotated; one whole-row store of [kv | k_rope] (the FP8 cache quantises whole
+    // rows); ckv is ours to overwrite.
+    OpScope span("kv_cache_write");
+    Tensor k_pe = ckv.view({T, 1, L + rope}).slice(2, L, L + rope);  // [T, 1, rope] view, rotated in place
+    ops::rope_inplace(k_pe, st.positions, rope_params(c, true));
+    Tensor ckv_lat = ckv.slice(1, 0, L);
+    ops::copy_rows(ckv_lat, kv);
+    ops::paged_store(cache.kv[size_t(kv_layer)], st.slots, ckv);
+  }
 
   // DSA indexer (full layers): top-k key positions per query; shared layers reuse the last selection.
   if (c.has_indexer() && own_indexer) {
     const IndexerWeights& iw = *aw.indexer;
     const int64_t ih = c.index_n_heads, id = c.index_head_dim;
-    const Tensor qi = ops::linear(q_resid, ref(iw.wq_b)).view({T, ih, id});  // rope first, then the rest
-    Tensor qi_pe = qi.slice(2, 0, rope);
-    ops::rope_inplace(qi_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
-    const Tensor ki = ops::layer_norm(ops::linear(h, ref(iw.wk)), iw.k_norm_weight, iw.k_norm_bias,
-                                      c.indexer_norm_eps);  // [T, id]
-    Tensor ki_pe = ki.view({T, 1, id}).slice(2, 0, rope);
-    ops::rope_inplace(ki_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
-    ops::paged_store(cache.index_k[size_t(kv_layer)], st.slots, ki);
-    const Tensor wts = ops::linear(h, ref(iw.weights_proj));  // [T, ih]
+    Tensor qi, ki_raw, wts;
+    {
+      OpScope span("indexer_wq_b");
+      qi = ops::linear(q_resid, ref(iw.wq_b)).view({T, ih, id});  // rope first, then the rest
+    }
+    {
+      OpScope span("indexer_wk_weights_proj");
+      ki_raw = ops::linear(h, ref(iw.wk));         // [T, id]
+      wts = ops::linear(h, ref(iw.weights_proj));  // [T, ih]
+    }
+    {
+      OpScope span("indexer_k_cache_write");
+      Tensor qi_pe = qi.slice(2, 0, rope);
+      ops::rope_inplace(qi_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
+      const Tensor ki = ops::layer_norm(ki_raw, iw.k_norm_weight, iw.k_norm_bias, c.indexer_norm_eps);
+      Tensor ki_pe = ki.view({T, 1, id}).slice(2, 0, rope);
+      ops::rope_inplace(ki_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
+      ops::paged_store(cache.index_k[size_t(kv_layer)], st.slots, ki);
+    }
+    // Scores and top-k are one kernel (requests with at most index_topk keys skip it).
+    OpScope span("indexer_logits+indexer_topk");
     for (int64_t r = 0; r < b.num_requests(); ++r) {
       const int64_t a0 = b.token_begin[size_t(r)], a1 = b.token_begin[size_t(r) + 1],
                     s0 = b.start_pos[size_t(r)];
@@ -128,6 +154,21 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   }
   DSA_CHECK(!c.has_indexer() || st.have_sel,
             "layer with a shared indexer has no earlier full layer to reuse");
+
+  // q = q_resid @ q_b^T -> [T, nh, nope + rope]; RoPE on the rope part once, before its first use.
+  Tensor q;
+  {
+    OpScope span("q_b_proj");
+    q = ops::linear(q_resid, ref(aw.q_b_proj)).view({T, nh, dq});
+  }
+  bool q_roped = false;
+  auto rope_q = [&] {
+    if (q_roped) return;
+    OpScope span("q_rope");
+    Tensor q_pe = q.slice(2, nope, dq);  // [T, nh, rope]
+    ops::rope_inplace(q_pe, st.positions, rope_params(c, true));
+    q_roped = true;
+  };
 
   // Attention: MHA form per request for long extends; the absorbed form for the rest, whose query and
   // output projections (W_UK, W_UV: the per-head slices of kv_b_proj) run once over all their tokens.
@@ -149,8 +190,14 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     }
     // [k_nope | v] = kv @ kv_b^T per head for every cached position.
     const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.page_tables[size_t(r)], cache.page_size};
-    const Tensor lat = ops::paged_gather(seq, S);                                       // [S, L + rope]
-    const Tensor kvx = ops::linear(lat.slice(1, 0, L), kv_b).view({S, nh, nope + dv});  // [S, nh, nope + dv]
+    Tensor lat, kvx;
+    {
+      OpScope span("kv_b_proj");
+      lat = ops::paged_gather(seq, S);                                       // [S, L + rope]
+      kvx = ops::linear(lat.slice(1, 0, L), kv_b).view({S, nh, nope + dv});  // [S, nh, nope + dv]
+    }
+    rope_q();
+    OpScope span("mha");
     const Tensor o =
         ops::attention_mha(q.slice(0, a0, a1), kvx.slice(2, 0, nope), lat.slice(1, L, L + rope),
                            kvx.slice(2, nope, nope + dv), s0, st.sel[size_t(r)], scale);  // [Tr, nh, dv]
@@ -159,19 +206,26 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   }
   if (!absorbed.empty()) {
     const int64_t Ta = int64_t(abs_rows.size());
-    const Tensor qa =
-        Ta == T ? q
-                : ops::gather_rows(q.view({T, nh * dq}), i32_tensor(abs_rows.data(), Ta, h.device()))
-                      .view({Ta, nh, dq});  // [Ta, nh, dq]
-    // q_lat[h] = q_nope[h] @ W_UK[h] -> [Ta, nh, L]
-    Tensor q_lat = Tensor::empty({Ta, nh, L}, DType::f32, h.device());
-    for (int64_t hd = 0; hd < nh; ++hd) {
-      const int64_t base = hd * (nope + dv);
-      ops::linear_t(qa.select(1, hd).slice(1, 0, nope), kv_b, base, base + nope, q_lat.select(1, hd));
+    // When Ta < T, MHA requests ran first and q is already rotated before this gather; when Ta == T,
+    // qa is q itself and rope_q() below rotates it (the nope part read here is not touched by RoPE).
+    Tensor qa, q_lat;
+    {
+      OpScope span("q_nope_absorb");
+      qa = Ta == T ? q
+                   : ops::gather_rows(q.view({T, nh * dq}), i32_tensor(abs_rows.data(), Ta, h.device()))
+                         .view({Ta, nh, dq});  // [Ta, nh, dq]
+      // q_lat[h] = q_nope[h] @ W_UK[h] -> [Ta, nh, L]
+      q_lat = Tensor::empty({Ta, nh, L}, DType::f32, h.device());
+      for (int64_t hd = 0; hd < nh; ++hd) {
+        const int64_t base = hd * (nope + dv);
+        ops::linear_t(qa.select(1, hd).slice(1, 0, nope), kv_b, base, base + nope, q_lat.select(1, hd));
+      }
     }
+    rope_q();
     // Attend over each request's latents -> out_lat [Ta, nh, L].
     Tensor out_lat = Tensor::empty({Ta, nh, L}, DType::f32, h.device());
     int64_t p0 = 0;
+    std::optional<OpScope> attn_span(std::in_place, c.has_indexer() ? "sparse_mla" : "mla");
     for (int64_t r : absorbed) {
       const int64_t Tr = b.num_new(r), s0 = b.start_pos[size_t(r)];
       const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.page_tables[size_t(r)], cache.page_size};
@@ -182,7 +236,9 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
       ops::copy_rows(dst, o.view({Tr * nh, L}));
       p0 += Tr;
     }
+    attn_span.reset();
     // o[h] = out_lat[h] @ W_UV[h]^T -> [Ta, nh, dv], then back to the requests' rows.
+    OpScope span("v_up_absorb");
     Tensor oa = Ta == T ? attn : Tensor::empty({Ta, nh, dv}, DType::f32, h.device());
     for (int64_t hd = 0; hd < nh; ++hd) {
       const int64_t base = hd * (nope + dv) + nope;
@@ -198,34 +254,67 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
       }
     }
   }
+  OpScope span("o_proj");
   return ops::linear(attn.view({T, nh * dv}), ref(aw.o_proj));  // [T, H]
 }
 
 Tensor Model::mlp(const LayerWeights& lw, const Tensor& h) const {
-  auto dense = [&](const MlpWeights& m) {
-    return ops::linear(ops::silu_mul(ops::linear(h, ref(m.gate)), ops::linear(h, ref(m.up))), ref(m.down));
+  // names: {gate_up, act, down} span names ("mlp_*" or "shared_expert_*").
+  auto dense = [&](const MlpWeights& m, const char* const* names) {
+    Tensor g, u, a;
+    {
+      OpScope span(names[0]);
+      g = ops::linear(h, ref(m.gate));
+      u = ops::linear(h, ref(m.up));
+    }
+    {
+      OpScope span(names[1]);
+      a = ops::silu_mul(g, u);
+    }
+    OpScope span(names[2]);
+    return ops::linear(a, ref(m.down));
   };
-  if (lw.mlp_type == MlpType::dense) return dense(*lw.mlp);
+  static constexpr const char* kMlp[] = {"mlp_gate_up", "mlp_act", "mlp_down"};
+  static constexpr const char* kShared[] = {"shared_expert_gate_up", "shared_expert_act",
+                                            "shared_expert_down"};
+  if (lw.mlp_type == MlpType::dense) return dense(*lw.mlp, kMlp);
   const MoeWeights& moe = *lw.moe;
-  const Tensor logits = ops::linear(h, kernels::WeightRef{moe.gate, {}, 128, 128});  // [T, E] fp32
+  Tensor logits;
+  {
+    OpScope span("router_gate");
+    logits = ops::linear(h, kernels::WeightRef{moe.gate, {}, 128, 128});  // [T, E] fp32
+  }
   kernels::MoeRouteParams p;
   p.n_group = cfg_.n_group;
   p.topk_group = cfg_.topk_group;
   p.top_k = cfg_.num_experts_per_tok;
   p.norm_topk_prob = cfg_.norm_topk_prob;
   p.routed_scaling_factor = cfg_.routed_scaling_factor;
-  const kernels::Routing routing = ops::moe_route(logits, moe.e_score_correction_bias, p);
-  std::vector<kernels::MlpRef> experts;
-  experts.reserve(moe.experts.size());
-  for (const MlpWeights& e : moe.experts) experts.push_back({ref(e.gate), ref(e.up), ref(e.down)});
-  Tensor out = ops::moe_experts(h, routing, experts);
-  if (moe.shared_experts) ops::add_inplace(out, dense(*moe.shared_experts));
+  kernels::Routing routing;
+  {
+    OpScope span("router_topk");
+    routing = ops::moe_route(logits, moe.e_score_correction_bias, p);
+  }
+  Tensor out;
+  {
+    OpScope span("experts_gate_up+experts_act+experts_down");  // one kernel
+    std::vector<kernels::MlpRef> experts;
+    experts.reserve(moe.experts.size());
+    for (const MlpWeights& e : moe.experts) experts.push_back({ref(e.gate), ref(e.up), ref(e.down)});
+    out = ops::moe_experts(h, routing, experts);
+  }
+  if (moe.shared_experts) {
+    const Tensor sh = dense(*moe.shared_experts, kShared);
+    OpScope span("moe_sum");
+    ops::add_inplace(out, sh);
+  }
   return out;
 }
 
 ForwardOutput Model::finish(const Tensor& hidden, const kernels::WeightRef& head, const ForwardBatch& b,
                             const ForwardOptions& opt) const {
   ForwardOutput out;
+  OpScope span("lm_head");
   if (opt.all_logits) {
     out.logits = ops::linear(hidden, head);
   } else {
@@ -275,23 +364,56 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   st.sel.resize(size_t(batch.num_requests()));
   const Tensor ids = i32_tensor(batch.input_ids.data(), T, dev);
 
+  // Trace context: the plan's step and pass names (a batch of one new token per request is a decode).
+  bool decode = true;
+  for (int64_t r = 0; r < batch.num_requests(); ++r) decode = decode && batch.num_new(r) == 1;
+  const char* step_name = decode ? "decode" : "prefill";
+  trace::PassScope pass_scope(step_name, !mtp ? step_name : decode ? "draft" : "prefill_draft_extend");
+  auto kind_name = [&](const LayerWeights& lw, int64_t l) -> std::string {
+    if (mtp) return "mtp";
+    const char* ix = !c.has_indexer()                                  ? "none"
+                     : c.indexer_types[size_t(l)] == IndexerType::full ? "full"
+                                                                       : "shared";
+    return std::string(lw.mlp_type == MlpType::dense ? "dense." : "moe.") + ix;
+  };
+
   auto run_layer = [&](const LayerWeights& lw, int64_t kv_layer, bool own_indexer, LayerRun& run) {
-    const Tensor h = run.pending.defined()
-                         ? ops::add_rms_norm(run.residual, run.pending, lw.input_layernorm, c.rms_norm_eps)
-                         : ops::rms_norm(run.residual, lw.input_layernorm, c.rms_norm_eps);
+    std::optional<trace::LayerScope> layer_span;
+    if (trace::active() != nullptr) layer_span.emplace(kv_layer, kind_name(lw, kv_layer));
+    Tensor h;
+    {
+      OpScope span("input_layernorm");
+      h = run.pending.defined()
+              ? ops::add_rms_norm(run.residual, run.pending, lw.input_layernorm, c.rms_norm_eps)
+              : ops::rms_norm(run.residual, lw.input_layernorm, c.rms_norm_eps);
+    }
     const Tensor a = attention(lw, kv_layer, own_indexer, h, st, cache);
-    const Tensor h2 = ops::add_rms_norm(run.residual, a, lw.post_attention_layernorm, c.rms_norm_eps);
+    Tensor h2;
+    {
+      OpScope span("post_attention_layernorm");
+      h2 = ops::add_rms_norm(run.residual, a, lw.post_attention_layernorm, c.rms_norm_eps);
+    }
     run.pending = mlp(lw, h2);
   };
+  // Head and tail ops carry the kind "head" / "tail" (the plan's keys for them); layer -1.
 
   LayerRun run;
   if (!mtp) {
-    run.residual = ops::embedding(w_.embed_tokens, ids);  // [T, H]
+    {
+      trace::LayerScope head(-1, "head");
+      OpScope span("embed_tokens");
+      run.residual = ops::embedding(w_.embed_tokens, ids);  // [T, H]
+    }
     for (int64_t l = 0; l < L; ++l) {
       run_layer(w_.layers[size_t(l)], l, c.has_indexer() && c.indexer_types[size_t(l)] == IndexerType::full,
                 run);
     }
-    const Tensor normed = ops::add_rms_norm(run.residual, run.pending, w_.norm, c.rms_norm_eps);
+    trace::LayerScope tail(-1, "tail");
+    Tensor normed;
+    {
+      OpScope span("final_norm");
+      normed = ops::add_rms_norm(run.residual, run.pending, w_.norm, c.rms_norm_eps);
+    }
     return finish(normed, ref(w_.lm_head), batch, opt);
   }
 
@@ -299,14 +421,36 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   const MtpWeights& m = w_.mtp[size_t(k)];
   DSA_CHECK(hidden.defined() && hidden.dim() == 2 && hidden.size(0) == T && hidden.size(1) == c.hidden_size,
             "MTP needs the target hidden states [{}, {}]", T, c.hidden_size);
-  const Tensor emb = ops::embedding(m.embed_tokens.defined() ? m.embed_tokens : w_.embed_tokens, ids);
   Tensor cat = Tensor::empty({T, 2 * c.hidden_size}, DType::f32, dev);
-  Tensor cat_e = cat.slice(1, 0, c.hidden_size), cat_h = cat.slice(1, c.hidden_size, 2 * c.hidden_size);
-  ops::copy_rows(cat_e, ops::rms_norm(emb, m.enorm, c.rms_norm_eps));
-  ops::copy_rows(cat_h, ops::rms_norm(hidden, m.hnorm, c.rms_norm_eps));
-  run.residual = ops::linear(cat, ref(m.eh_proj));  // [T, H]
+  Tensor emb;
+  {
+    trace::LayerScope head(-1, "head");
+    OpScope span("embed_tokens");
+    emb = ops::embedding(m.embed_tokens.defined() ? m.embed_tokens : w_.embed_tokens, ids);
+  }
+  {
+    std::optional<trace::LayerScope> layer_span;
+    if (trace::active() != nullptr) layer_span.emplace(L + k, "mtp");
+    {
+      OpScope span("mtp_enorm");
+      Tensor cat_e = cat.slice(1, 0, c.hidden_size);
+      ops::copy_rows(cat_e, ops::rms_norm(emb, m.enorm, c.rms_norm_eps));
+    }
+    {
+      OpScope span("mtp_hnorm");
+      Tensor cat_h = cat.slice(1, c.hidden_size, 2 * c.hidden_size);
+      ops::copy_rows(cat_h, ops::rms_norm(hidden, m.hnorm, c.rms_norm_eps));
+    }
+    OpScope span("mtp_eh_proj");
+    run.residual = ops::linear(cat, ref(m.eh_proj));  // [T, H]
+  }
   run_layer(m.layer, L + k, c.has_indexer(), run);
-  const Tensor normed = ops::add_rms_norm(run.residual, run.pending, m.shared_head_norm, c.rms_norm_eps);
+  trace::LayerScope tail(-1, "tail");
+  Tensor normed;
+  {
+    OpScope span("shared_head_norm");
+    normed = ops::add_rms_norm(run.residual, run.pending, m.shared_head_norm, c.rms_norm_eps);
+  }
   return finish(normed, m.shared_head ? ref(*m.shared_head) : ref(w_.lm_head), batch, opt);
 }
 

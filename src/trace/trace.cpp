@@ -1,0 +1,171 @@
+#include "trace/trace.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "core/error.h"
+
+namespace dsaserve::trace {
+
+namespace {
+std::atomic<Recorder*> g_active{nullptr};
+std::atomic<int> g_writes{0};
+
+uint32_t thread_index() {
+  static std::atomic<uint32_t> next{0};
+  thread_local const uint32_t id = next.fetch_add(1);
+  return id;
+}
+
+std::string arg_str(const nlohmann::json& args, const char* key) {
+  auto it = args.find(key);
+  return it != args.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+}  // namespace
+
+Recorder* active() { return g_active.load(std::memory_order_relaxed); }
+void set_active(Recorder* r) { g_active.store(r, std::memory_order_release); }
+
+Context& context() {
+  thread_local Context c;
+  return c;
+}
+
+Recorder::Recorder() : t0_(std::chrono::steady_clock::now()) {}
+
+double Recorder::now_us() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+void Recorder::add(Event e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.push_back(std::move(e));
+}
+
+std::vector<Event> Recorder::events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_;
+}
+
+std::vector<SummaryRow> Recorder::summary() const {
+  std::vector<SummaryRow> rows;
+  std::map<std::string, size_t> at;
+  auto add_row = [&](const std::string& key, double us) {
+    auto [it, fresh] = at.emplace(key, rows.size());
+    if (fresh) rows.push_back({key, 0, 0});
+    rows[it->second].count += 1;
+    rows[it->second].total_us += us;
+  };
+  std::vector<Event> ev = events();
+  // Events are added at their end; order by start so that rows appear in execution order.
+  std::stable_sort(ev.begin(), ev.end(),
+                   [](const Event& a, const Event& b) { return a.ts_exact_us < b.ts_exact_us; });
+  for (const Event& e : ev) {
+    if (e.cat == "op") {
+      add_row(arg_str(e.args, "step") + "/" + arg_str(e.args, "pass") + "/" + arg_str(e.args, "kind") + "/" +
+                  e.name,
+              e.dur_exact_us);
+    } else if (e.cat == "kernel") {
+      add_row("kernel/" + e.name, e.dur_exact_us);
+    } else if (e.cat == "layer") {
+      add_row("layer/" + arg_str(e.args, "kind"), e.dur_exact_us);
+    }
+  }
+  return rows;
+}
+
+nlohmann::json Recorder::to_json() const {
+  nlohmann::json evs = nlohmann::json::array();
+  const int pid = int(::getpid());
+  for (const Event& e : events()) {
+    evs.push_back({{"name", e.name},
+                   {"cat", e.cat},
+                   {"ph", "X"},
+                   {"ts", e.ts_exact_us},
+                   {"dur", e.dur_exact_us},
+                   {"pid", pid},
+                   {"tid", e.tid},
+                   {"args", e.args}});
+  }
+  nlohmann::json sum = nlohmann::json::array();
+  for (const SummaryRow& r : summary())
+    sum.push_back({{"key", r.key}, {"count", r.count}, {"total_us", r.total_us}});
+  return {{"traceEvents", evs}, {"displayTimeUnit", "ms"}, {"summary", sum}};
+}
+
+std::filesystem::path Recorder::write(const std::filesystem::path& dir) const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  DSA_CHECK(!ec, "trace: cannot create directory {}: {}", dir.string(), ec.message());
+  const int n = g_writes.fetch_add(1);
+  const std::filesystem::path path =
+      dir / ("trace-" + std::to_string(::getpid()) + "-" + std::to_string(n) + ".json");
+  std::ofstream f(path);
+  DSA_CHECK(f.good(), "trace: cannot write {}", path.string());
+  f << to_json().dump() << '\n';
+  f.close();
+  DSA_CHECK(f.good(), "trace: error writing {}", path.string());
+  return path;
+}
+
+void Scope::begin(Recorder* r, const char* name, const char* cat) {
+  rec_ = r;
+  ev_.name = name;
+  ev_.cat = cat;
+  ev_.tid = thread_index();
+  ev_.ts_exact_us = r->now_us();
+}
+
+void Scope::end() {
+  ev_.dur_exact_us = rec_->now_us() - ev_.ts_exact_us;
+  ev_.ts_us = int64_t(ev_.ts_exact_us);
+  ev_.dur_us = int64_t(ev_.dur_exact_us);
+  rec_->add(std::move(ev_));
+}
+
+OpScope::OpScope(const char* name) : Scope(name, "op") {
+  if (on()) {
+    const Context& c = context();
+    arg("step", c.step).arg("pass", c.pass).arg("layer", c.layer).arg("kind", c.kind);
+  }
+}
+
+LayerScope::LayerScope(int64_t layer, std::string kind) : span_("layer", "layer") {
+  Context& c = context();
+  prev_layer_ = c.layer;
+  prev_kind_ = c.kind;
+  if (span_.on()) {
+    c.layer = layer;
+    c.kind = std::move(kind);
+    span_.arg("layer", layer).arg("kind", c.kind).arg("step", c.step).arg("pass", c.pass);
+  }
+}
+
+LayerScope::~LayerScope() {
+  if (span_.on()) {
+    Context& c = context();
+    c.layer = prev_layer_;
+    c.kind = std::move(prev_kind_);
+  }
+}
+
+PassScope::PassScope(const char* step, const char* pass) : span_(pass, "pass") {
+  Context& c = context();
+  prev_step_ = c.step;
+  prev_pass_ = c.pass;
+  c.step = step;
+  c.pass = pass;
+  span_.arg("step", step);
+}
+
+PassScope::~PassScope() {
+  Context& c = context();
+  c.step = prev_step_;
+  c.pass = prev_pass_;
+}
+
+}  // namespace dsaserve::trace

@@ -1,0 +1,133 @@
+#pragma once
+// Spans of what actually ran, written as Chrome trace JSON (chrome://tracing, Perfetto).
+//
+// A Recorder collects complete ("X") events: name, category, start and duration in microseconds, the
+// thread, and args (layer, layer kind, shapes, FLOPs, bytes). Tracing is off unless a recorder is
+// installed with set_active(); a Scope then costs one relaxed atomic load and a branch.
+//
+// Categories used by the model: "layer" (one decoder layer), "op" (a step of the layer named like the
+// plan's op records, docs/plan.md; fused kernels join names with '+', e.g.
+// "experts_gate_up+experts_act+experts_down"), "kernel" (one call of kernels/ops.h). Op spans carry
+// the thread's Context (step, pass, layer, kind), so their key "step/pass/kind/op" is the plan's key.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace dsaserve::trace {
+
+struct Event {
+  std::string name, cat;
+  int64_t ts_us = 0, dur_us = 0;  // since the recorder's start; microseconds (fractions dropped)
+  double ts_exact_us = 0, dur_exact_us = 0;
+  uint32_t tid = 0;
+  nlohmann::json args = nlohmann::json::object();
+};
+
+// One summary row: every op span with this key ("step/pass/kind/op" for ops, "kernel/<name>" for kernels).
+struct SummaryRow {
+  std::string key;
+  int64_t count = 0;
+  double total_us = 0;
+};
+
+class Recorder {
+ public:
+  Recorder();
+  // Microseconds since this recorder was created.
+  double now_us() const;
+  void add(Event e);  // thread-safe
+  std::vector<Event> events() const;
+  // Per key, in order of first appearance: op spans keyed step/pass/kind/op (their parts from args),
+  // kernel spans "kernel/<name>", layer spans "layer/<kind>".
+  std::vector<SummaryRow> summary() const;
+  // {"traceEvents": [...], "displayTimeUnit": "ms", "summary": [{key, count, total_us}]}.
+  nlohmann::json to_json() const;
+  // Writes dir/trace-<pid>-<n>.json (n counts this process's writes from 0) and returns its path.
+  // Creates dir; throws dsaserve::Error when it cannot be written.
+  std::filesystem::path write(const std::filesystem::path& dir) const;
+
+ private:
+  std::chrono::steady_clock::time_point t0_;
+  mutable std::mutex mu_;
+  std::vector<Event> events_;
+};
+
+// The installed recorder, or null (tracing off). The recorder must outlive its installation.
+Recorder* active();
+void set_active(Recorder* r);
+
+// Where this thread is in the model: set by the forward pass, read by op spans.
+struct Context {
+  const char* step = "";  // "prefill" | "decode"
+  const char* pass = "";  // the plan's pass name: "prefill", "decode", "prefill_draft_extend", "draft"
+  int64_t layer = -1;
+  std::string kind;  // the plan's layer kind: "dense.full", "moe.shared", "mtp", "head", "tail"
+};
+Context& context();
+
+// A span from construction to destruction, recorded only when a recorder is active at construction.
+class Scope {
+ public:
+  Scope(const char* name, const char* cat) {
+    if (Recorder* r = active()) begin(r, name, cat);
+  }
+  ~Scope() {
+    if (rec_ != nullptr) end();
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+  bool on() const { return rec_ != nullptr; }
+  // Extra args (no effect when off).
+  template <class V>
+  Scope& arg(const char* key, V&& v) {
+    if (rec_ != nullptr) ev_.args[key] = std::forward<V>(v);
+    return *this;
+  }
+
+ private:
+  void begin(Recorder* r, const char* name, const char* cat);
+  void end();
+  Recorder* rec_ = nullptr;
+  Event ev_;
+};
+
+// An "op" span carrying the thread's context (step, pass, layer, kind).
+class OpScope : public Scope {
+ public:
+  explicit OpScope(const char* name);
+};
+
+// Sets context().layer/kind for its lifetime and records a "layer" span.
+class LayerScope {
+ public:
+  LayerScope(int64_t layer, std::string kind);
+  ~LayerScope();
+  LayerScope(const LayerScope&) = delete;
+  LayerScope& operator=(const LayerScope&) = delete;
+
+ private:
+  Scope span_;
+  int64_t prev_layer_;
+  std::string prev_kind_;
+};
+
+// Sets context().step/pass for its lifetime.
+class PassScope {
+ public:
+  PassScope(const char* step, const char* pass);
+  ~PassScope();
+  PassScope(const PassScope&) = delete;
+  PassScope& operator=(const PassScope&) = delete;
+
+ private:
+  Scope span_;
+  const char* prev_step_;
+  const char* prev_pass_;
+};
+
+}  // namespace dsaserve::trace

@@ -1,0 +1,90 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "trace/trace.h"
+
+namespace dsaserve::trace {
+namespace {
+
+TEST(Recorder, OffRecordsNothing) {
+  set_active(nullptr);
+  Scope s("x", "op");
+  EXPECT_FALSE(s.on());
+  s.arg("k", 1);  // no effect, no crash
+  LayerScope l(3, "moe.full");
+  EXPECT_EQ(context().layer, -1);  // context untouched when off
+}
+
+TEST(Recorder, SpansSummaryAndChromeJson) {
+  Recorder r;
+  set_active(&r);
+  {
+    PassScope pass("prefill", "prefill");
+    for (int layer = 0; layer < 2; ++layer) {
+      LayerScope l(layer, "moe.full");
+      EXPECT_EQ(context().layer, layer);
+      { OpScope op("qkv_a_proj"); }
+      {
+        OpScope op("o_proj");
+        Scope k("linear", "kernel");
+        k.arg("flops", 12.0);
+      }
+    }
+  }
+  set_active(nullptr);
+  EXPECT_EQ(context().layer, -1);
+  EXPECT_STREQ(context().pass, "");
+  // 1 pass + 2 layers + 4 ops + 2 kernels
+  ASSERT_EQ(r.events().size(), 9u);
+  const auto rows = r.summary();
+  ASSERT_GE(rows.size(), 4u);
+  bool saw = false;
+  for (const auto& row : rows) {
+    if (row.key == "prefill/prefill/moe.full/o_proj") {
+      saw = true;
+      EXPECT_EQ(row.count, 2);
+      EXPECT_GE(row.total_us, 0.0);
+    }
+  }
+  EXPECT_TRUE(saw);
+  EXPECT_EQ(rows[0].key, "layer/moe.full");  // ordered by start time: the layer opens before its ops
+  EXPECT_EQ(rows[1].key, "prefill/prefill/moe.full/qkv_a_proj");
+
+  const auto dir = std::filesystem::temp_directory_path() / ("dsa_trace_unit_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto p0 = r.write(dir), p1 = r.write(dir);
+  EXPECT_NE(p0, p1);
+  EXPECT_EQ(p0.filename().string().rfind("trace-" + std::to_string(::getpid()) + "-", 0), 0u);
+  std::ifstream f(p0);
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["traceEvents"].size(), 9u);
+  for (const auto& e : j["traceEvents"]) {
+    EXPECT_EQ(e["ph"], "X");
+    EXPECT_GE(e["dur"].get<double>(), 0.0);
+  }
+  int kernels = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["cat"] == "kernel") {
+      ++kernels;
+      EXPECT_EQ(e["args"]["flops"], 12.0);
+    }
+    if (e["cat"] == "op") {
+      EXPECT_EQ(e["args"]["kind"], "moe.full");
+      EXPECT_EQ(e["args"]["step"], "prefill");
+    }
+  }
+  EXPECT_EQ(kernels, 2);
+  EXPECT_FALSE(j["summary"].empty());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Recorder, UnwritableDirectoryThrows) {
+  Recorder r;
+  EXPECT_ANY_THROW(r.write("/proc/definitely/not/here"));
+}
+
+}  // namespace
+}  // namespace dsaserve::trace
