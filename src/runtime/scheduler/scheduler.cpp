@@ -104,7 +104,7 @@ void Scheduler::drop(Request& r) {
 }
 
 Request* Scheduler::alive(const ScheduledRequest& s) const {
-  auto it = requests_.find(s.req->id);
+  auto it = requests_.find(s.id);
   return it != requests_.end() && it->second->serial == s.serial ? it->second.get() : nullptr;
 }
 
@@ -155,7 +155,7 @@ bool Scheduler::admit(Request& r, int64_t budget, ScheduleBatch& b, std::vector<
   pool_.reserve(r.page_table, r.kv_len + n);
   running_.push_back(&r);
   const bool sample = n == r.remaining_input();
-  b.items.push_back({&r, r.serial, r.kv_len, n, sample, false});
+  b.items.push_back({&r, r.id, r.serial, r.kv_len, n, sample, false});
   b.num_prefill_tokens += n;
   return true;
 }
@@ -199,7 +199,7 @@ ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
     }
     if (retracted_self) break;  // r was the youngest: nothing after it
     pool_.reserve(r->page_table, r->kv_len + n);
-    b.items.push_back({r, r->serial, r->kv_len, n, n == r->remaining_input(), decode});
+    b.items.push_back({r, r->id, r->serial, r->kv_len, n, n == r->remaining_input(), decode});
     if (decode) {
       ++b.num_decode;
     } else {

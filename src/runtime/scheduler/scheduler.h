@@ -44,9 +44,10 @@ struct SchedulerConfig {
 
 // One request's part of a step: its next num_new input tokens; sample when they complete its input.
 struct ScheduledRequest {
-  Request* req = nullptr;
-  uint64_t serial = 0;  // req->serial when scheduled (req may be finished and freed before process)
-  int64_t start = 0;    // req->kv_len when scheduled: the item's input is tokens[start .. start + num_new)
+  Request* req = nullptr;  // only valid while alive(): the request may be finished and freed meanwhile
+  uint64_t id = 0;         // req->id and req->serial when scheduled
+  uint64_t serial = 0;
+  int64_t start = 0;  // req->kv_len when scheduled: the item's input is tokens[start .. start + num_new)
   int64_t num_new = 0;
   bool sample = false;
   bool decode = false;  // a running request's single next token (else a prefill or a chunk of one)
