@@ -114,6 +114,7 @@ std::filesystem::path Recorder::write(const std::filesystem::path& dir) const {
 
 void Scope::begin(Recorder* r, const char* name, const char* cat) {
   rec_ = r;
+  ev_.args = nlohmann::json::object();
   ev_.name = name;
   ev_.cat = cat;
   ev_.tid = thread_index();

@@ -25,7 +25,7 @@ struct Event {
   int64_t ts_us = 0, dur_us = 0;  // since the recorder's start; microseconds (fractions dropped)
   double ts_exact_us = 0, dur_exact_us = 0;
   uint32_t tid = 0;
-  nlohmann::json args = nlohmann::json::object();
+  nlohmann::json args;  // an object once recorded (null until then: no allocation while tracing is off)
 };
 
 // One summary row: every op span with this key ("step/pass/kind/op" for ops, "kernel/<name>" for kernels).

@@ -1,5 +1,6 @@
 // issue 9: the plan for the fixture models matches what `dsaserve score --trace-dir` records on the CPU
-// path, op by op (same op names in the same order for every layer of each kind, prefill).
+// path, op by op: the same op names in the same order for every layer of each kind, in the prefill, the
+// decode steps and the MTP layer's passes (a fused kernel's span joins the plan's names with '+').
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -23,43 +24,23 @@ std::vector<std::string> split_plus(const std::string& s) {
   return out;
 }
 
-void check_model(const std::string& name) {
-  DSA_FIXTURE_PATH(model, "models/" + name);
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("dsa_trace_{}_{}", name, ::getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  constexpr int kTokens = 40;  // more than index_topk of both fixtures: the indexer selects
-  std::string ids;
-  for (int i = 0; i < kTokens; ++i) ids += fmt::format("{}{}", i ? "," : "", 1 + (i * 7) % 50);
-  std::string out;
-  const auto bin = dsaserve_binary().string();
-  ASSERT_EQ(run_command(fmt::format("{} score --model {} --ids {} --attention absorbed --threads 2 --out {} "
-                                    "--trace-dir {}",
-                                    bin, model.string(), ids, (dir / "l.safetensors").string(), dir.string()),
-                        &out),
-            0)
-      << out;
-  ASSERT_EQ(run_command(fmt::format("{} plan --model {} --context {} --json > {} 2>&1", bin, model.string(),
-                                    kTokens, (dir / "plan.json").string()),
-                        &out),
-            0)
-      << out;
-  std::filesystem::path trace_path;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    if (e.path().filename().string().rfind("trace-", 0) == 0) trace_path = e.path();
-  }
-  ASSERT_FALSE(trace_path.empty()) << "no trace-<pid>-<n>.json in " << dir;
-  std::ifstream tf(trace_path), pf(dir / "plan.json");
-  const json trace = json::parse(tf), plan = json::parse(pf);
+json read_json(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  return json::parse(f);
+}
 
-  // The plan's prefill pass: op chain and planned time per layer kind.
+// The op spans of `pass` must repeat the plan's chain of the layer's kind, whole, once per forward pass
+// that ran it (`passes` times); every planned layer is traced and no other. Returns the planned seconds
+// per key (layer kinds, head and tail) for the time table.
+void expect_matches(const json& trace, const json& plan, const std::string& step,
+                    const std::string& pass_name, int64_t passes, std::map<std::string, double>& planned_s) {
+  SCOPED_TRACE(step + "/" + pass_name);
   const json* pass = nullptr;
-  for (const json& p : plan["steps"]["prefill"]["passes"]) {
-    if (p["name"] == "prefill") pass = &p;
+  for (const json& p : plan["steps"][step]["passes"]) {
+    if (p["name"] == pass_name) pass = &p;
   }
-  ASSERT_NE(pass, nullptr);
+  ASSERT_NE(pass, nullptr) << "the plan has no pass " << pass_name;
   std::map<std::string, std::vector<std::string>> planned;  // kind -> op names
-  std::map<std::string, double> planned_s;                  // key -> seconds
   std::map<int64_t, std::string> layer_kind;
   for (const json& k : (*pass)["layer_kinds"]) {
     for (const json& o : k["ops"]) {
@@ -72,11 +53,12 @@ void check_model(const std::string& name) {
     for (const json& o : (*pass)[part]["ops"]) planned_s[o["key"]] = o["time_s"];
   }
 
-  // The trace: op spans of the prefill pass per layer, in start order.
-  std::vector<json> ops;
+  std::vector<json> ops;  // op spans of this pass inside layers, in start order
   for (const json& e : trace["traceEvents"]) {
-    if (e["cat"] == "op" && e["args"]["pass"] == "prefill" && e["args"]["layer"].get<int64_t>() >= 0)
+    if (e["cat"] == "op" && e["args"]["step"] == step && e["args"]["pass"] == pass_name &&
+        e["args"]["layer"].get<int64_t>() >= 0) {
       ops.push_back(e);
+    }
   }
   std::stable_sort(ops.begin(), ops.end(), [](const json& a, const json& b) {
     return a["ts"].get<double>() < b["ts"].get<double>();
@@ -92,27 +74,78 @@ void check_model(const std::string& name) {
   for (const auto& [l, kind] : layer_kind) {
     ASSERT_TRUE(recorded.count(l)) << "layer " << l << " not traced";
     EXPECT_EQ(recorded_kind[l], kind) << "layer " << l;
-    EXPECT_EQ(recorded[l], planned[kind]) << name << " layer " << l << " (" << kind << ")";
+    std::vector<std::string> want;
+    for (int64_t i = 0; i < passes; ++i) want.insert(want.end(), planned[kind].begin(), planned[kind].end());
+    EXPECT_EQ(recorded[l], want) << "layer " << l << " (" << kind << "), " << passes << " passes";
   }
+}
+
+void check_model(const std::string& name) {
+  DSA_FIXTURE_PATH(model, "models/" + name);
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("dsa_trace_{}_{}", name, ::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // More tokens than index_topk of both fixtures (the indexer selects); a prefill of 36, then 4 decode
+  // steps, the MTP layer after each.
+  constexpr int kTokens = 40, kDecodeFrom = 36;
+  std::string ids;
+  for (int i = 0; i < kTokens; ++i) ids += fmt::format("{}{}", i ? "," : "", 1 + (i * 7) % 50);
+  std::string out;
+  const auto bin = dsaserve_binary().string();
+  ASSERT_EQ(
+      run_command(
+          fmt::format("{} score --model {} --ids {} --attention absorbed --decode-from {} --mtp "
+                      "--threads 2 --out {} --trace-dir {}",
+                      bin, model.string(), ids, kDecodeFrom, (dir / "l.safetensors").string(), dir.string()),
+          &out),
+      0)
+      << out;
+  // Without speculative decoding (prefill, decode) and with it (the MTP layer's passes).
+  for (const char* spec : {"0", "2"}) {
+    ASSERT_EQ(run_command(fmt::format("{} plan --model {} --context {} --prefill-tokens {} "
+                                      "--speculative-num-draft-tokens {} --json > {} 2>&1",
+                                      bin, model.string(), kTokens, kDecodeFrom, spec,
+                                      (dir / fmt::format("plan{}.json", spec)).string()),
+                          &out),
+              0)
+        << out;
+  }
+  std::filesystem::path trace_path;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("trace-", 0) == 0) trace_path = e.path();
+  }
+  ASSERT_FALSE(trace_path.empty()) << "no trace-<pid>-<n>.json in " << dir;
+  const json trace = read_json(trace_path), plan = read_json(dir / "plan0.json"),
+             plan_mtp = read_json(dir / "plan2.json");
+
+  std::map<std::string, double> planned_s;  // key -> seconds
+  const int64_t decodes = kTokens - kDecodeFrom;
+  expect_matches(trace, plan, "prefill", "prefill", 1, planned_s);
+  expect_matches(trace, plan, "decode", "decode", decodes, planned_s);
+  expect_matches(trace, plan_mtp, "prefill", "prefill_draft_extend", 1, planned_s);
+  // score runs the MTP layer on the one new token of each decode step but the last (whose next token
+  // is unknown): one-token MTP passes, which the trace names "draft".
+  expect_matches(trace, plan_mtp, "decode", "draft", decodes - 1, planned_s);
 
   // Measured vs planned per op (the plan's roofline is an H200's: on a CPU the ratio is informative only).
-  fmt::print("{}: measured (CPU) vs planned (H200 roofline) per op, prefill of {} tokens\n", name, kTokens);
+  fmt::print("{}: measured (CPU, whole run) vs planned (H200 roofline, one pass) per op\n", name);
   for (const json& row : trace["summary"]) {
     const std::string key = row["key"];
-    if (key.rfind("prefill/prefill/", 0) != 0) continue;
+    const auto slash = key.rfind('/');
+    if (key.rfind("kernel/", 0) == 0 || key.rfind("layer/", 0) == 0) continue;
     double plan_s = 0;
-    for (const auto& part : split_plus(key.substr(key.rfind('/') + 1))) {
-      const auto it = planned_s.find(key.substr(0, key.rfind('/') + 1) + part);
+    for (const auto& part : split_plus(key.substr(slash + 1))) {
+      const auto it = planned_s.find(key.substr(0, slash + 1) + part);
       if (it != planned_s.end()) plan_s += it->second;
     }
-    fmt::print("  {:<70} x{:<3} {:>10.1f} us  plan {:>8.3f} us\n", key, row["count"].get<int64_t>(),
+    fmt::print("  {:<72} x{:<3} {:>10.1f} us  plan {:>8.3f} us\n", key, row["count"].get<int64_t>(),
                row["total_us"].get<double>(), plan_s * 1e6);
   }
   std::filesystem::remove_all(dir);
 }
 
-TEST(TracePlan, TinyPrefillOpsMatchThePlan) { check_model("tiny"); }
-TEST(TracePlan, RealdimsPrefillOpsMatchThePlan) { check_model("realdims"); }
+TEST(TracePlan, TinyOpsMatchThePlan) { check_model("tiny"); }
+TEST(TracePlan, RealdimsOpsMatchThePlan) { check_model("realdims"); }
 
 }  // namespace
 }  // namespace dsaserve::testing
