@@ -61,6 +61,11 @@ CommandRun setup(CLI::App& sub) {
   sub.add_flag(
       "--disable-overlap-schedule", [cfg](int64_t) { cfg->engine.overlap_schedule = false; },
       "schedule step N+1 only after step N (default: while step N's forward runs)");
+  sub.add_flag("--enable-priority-scheduling", cfg->engine.scheduler.enable_priority,
+               "admit waiting requests by their `priority` field (larger first), FCFS within a priority; "
+               "retract the lowest priority first (default: pure FCFS)");
+  sub.add_flag("--schedule-low-priority-values-first", cfg->engine.scheduler.low_priority_values_first,
+               "with --enable-priority-scheduling: smaller priority values are more urgent");
   sub.add_flag("--check-integrity", cfg->engine.check_integrity,
                "check scheduler/KV invariants every step (debug)");
   return [cfg] { return server::run_server(*cfg); };

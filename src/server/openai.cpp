@@ -91,6 +91,11 @@ void parse_common(const json& b, int64_t vocab, int64_t max_n, GenerationSpec& s
     }
   }
   if (auto v = get_int(b, "n", 1, max_n)) s.n = *v;
+  // Extension (SGLang's): scheduling priority, used with --enable-priority-scheduling.
+  if (auto v =
+          get_int(b, "priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max())) {
+    p.priority = *v;
+  }
   if (auto v = get_bool(b, "stream")) s.stream = *v;
   if (auto it = b.find("stream_options"); it != b.end() && !it->is_null()) {
     if (!it->is_object()) bad("stream_options", fmt::format("expected an object, got {}", type_name(*it)));

@@ -160,5 +160,22 @@ TEST_F(JobTest, StopStringAbortsAndEngineErrorsBecome400) {
   EXPECT_EQ(sink2->body["error"]["message"], "the request needs 9 KV pages");
 }
 
+TEST(PriorityField, IsAnIntegerDefaultingToZeroAndNamedInErrors) {
+  using nlohmann::json;
+  EXPECT_EQ(parse_completion_request({{"prompt", "x"}}, 512).params.priority, 0);
+  EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"priority", -7}}, 512).params.priority, -7);
+  const json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
+  EXPECT_EQ(parse_chat_request({{"messages", msgs}, {"priority", 3}}, 512).params.priority, 3);
+  for (const json& bad : {json("high"), json(1.5), json(true), json::array({1}), json(int64_t(1) << 40)}) {
+    try {
+      parse_completion_request({{"prompt", "x"}, {"priority", bad}}, 512);
+      ADD_FAILURE() << "accepted priority " << bad.dump();
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, "priority") << bad.dump();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsaserve::server

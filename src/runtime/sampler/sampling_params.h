@@ -24,6 +24,10 @@ struct SamplingParams {
   int64_t max_new_tokens = 16;   // >= 0
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  // Scheduling, not sampling (carried here so that it reaches the scheduler with the request): with
+  // SchedulerConfig::enable_priority, waiting requests are admitted by priority (larger first unless
+  // low_priority_values_first), FCFS within a priority. Ignored otherwise.
+  int64_t priority = 0;
 
   // Throws dsaserve::Error naming the offending field (OpenAI's name) when a value is out of range.
   void validate(int64_t vocab_size) const;

@@ -33,6 +33,29 @@ int64_t Scheduler::chunk_cap() const {
   return cfg_.chunked_prefill_size > 0 ? cfg_.chunked_prefill_size : std::numeric_limits<int64_t>::max();
 }
 
+int64_t Scheduler::rank(const Request& r) const {
+  if (!cfg_.enable_priority) return 0;
+  // Negation cannot overflow for the values the API accepts (int32 range); clamp the rest.
+  const int64_t p = std::max(r.params.priority, std::numeric_limits<int64_t>::min() + 1);
+  return cfg_.low_priority_values_first ? -p : p;
+}
+
+void Scheduler::enqueue(Request& r, bool front) {
+  if (!cfg_.enable_priority) {
+    if (front) {
+      waiting_.push_front(&r);
+    } else {
+      waiting_.push_back(&r);
+    }
+    return;
+  }
+  const int64_t k = rank(r);
+  auto pos = std::find_if(waiting_.begin(), waiting_.end(), [&](const Request* w) {
+    return rank(*w) < k || (rank(*w) == k && w->serial > r.serial);
+  });
+  waiting_.insert(pos, &r);
+}
+
 const Request* Scheduler::find(uint64_t id) const {
   auto it = requests_.find(id);
   return it == requests_.end() ? nullptr : it->second.get();
@@ -53,7 +76,7 @@ void Scheduler::add(std::unique_ptr<Request> req, std::vector<StepOutput>& out) 
         out);
   }
   if (r.params.max_new_tokens == 0) return finish(r, FinishReason::length, "", out);
-  waiting_.push_back(&r);
+  enqueue(r, false);
 }
 
 bool Scheduler::abort(uint64_t id, std::vector<StepOutput>& out) {
@@ -91,7 +114,7 @@ void Scheduler::erase_running(Request* r) {
 void Scheduler::retract(Request& r) {
   release(r);
   erase_running(&r);
-  waiting_.push_front(&r);
+  enqueue(r, true);
   ++r.num_retractions;
   ++num_retractions_;
 }
@@ -153,7 +176,10 @@ bool Scheduler::admit(Request& r, int64_t budget, ScheduleBatch& b, std::vector<
     prefix_hit_tokens_ += m.num_tokens;
   }
   pool_.reserve(r.page_table, r.kv_len + n);
-  running_.push_back(&r);
+  // Priority mode: after every running request of the same or higher rank (it is the youngest).
+  const int64_t k = rank(r);
+  running_.insert(
+      std::find_if(running_.begin(), running_.end(), [&](const Request* o) { return rank(*o) < k; }), &r);
   const bool sample = n == r.remaining_input();
   b.items.push_back({&r, r.id, r.serial, r.kv_len, n, sample, false});
   b.num_prefill_tokens += n;
@@ -164,7 +190,7 @@ ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
   ScheduleBatch b;
   const int64_t ps = pool_.page_size();
   int64_t budget = cfg_.max_prefill_tokens;
-  // Running requests, oldest first.
+  // Running requests, oldest first (priority mode: highest priority first, then oldest).
   for (size_t i = 0; i < running_.size(); ++i) {
     Request* r = running_[i];
     // Its sample in the step in flight reaches the length limit: nothing more to compute.
@@ -207,7 +233,7 @@ ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
       budget -= n;
     }
   }
-  // The prefill adder: waiting requests, FCFS.
+  // The prefill adder: waiting requests in queue order (FCFS, or by priority).
   while (!waiting_.empty() && int64_t(running_.size()) < cfg_.max_running_requests && budget > 0) {
     Request& r = *waiting_.front();
     const int64_t before = b.num_prefill_tokens;
@@ -331,6 +357,20 @@ void Scheduler::check_integrity() const {
   DSA_CHECK(running_.size() + waiting_.size() == requests_.size(),
             "scheduler: {} running + {} waiting != {} known", running_.size(), waiting_.size(),
             requests_.size());
+  for (size_t i = 1; i < running_.size(); ++i) {
+    DSA_CHECK(rank(*running_[i - 1]) >= rank(*running_[i]),
+              "scheduler: running request {} (rank {}) is before {} of higher rank", running_[i - 1]->id,
+              rank(*running_[i - 1]), running_[i]->id);
+  }
+  if (cfg_.enable_priority) {
+    for (size_t i = 1; i < waiting_.size(); ++i) {
+      const Request& a = *waiting_[i - 1];
+      const Request& b = *waiting_[i];
+      DSA_CHECK(rank(a) > rank(b) || (rank(a) == rank(b) && a.serial < b.serial),
+                "scheduler: waiting request {} is queued before {} out of priority/arrival order", a.id,
+                b.id);
+    }
+  }
   std::unordered_set<int32_t> own;
   for (const Request* r : waiting_) {
     DSA_CHECK(r->page_table.empty() && r->prefix_node == RadixCache::kRoot && r->kv_len == 0,

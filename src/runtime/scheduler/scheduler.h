@@ -4,9 +4,10 @@
 //
 // schedule(): running requests first (oldest first): decodes get their next page, unfinished
 // prefills their next chunk; when pages run out even after evicting the prefix cache, the youngest
-// running request is retracted (its pages go to the prefix cache, its tokens, generated ones included,
-// go back to the front of the waiting queue to be recomputed). Then the prefill adder admits waiting
-// requests FCFS while the token budget (max_prefill_tokens), chunked_prefill_size and
+// running request (with priority scheduling: the lowest-priority one, youngest of them) is retracted (its
+// pages go to the prefix cache, its tokens, generated ones included, go back to the front of the waiting
+// queue to be recomputed). Then the prefill adder admits waiting requests FCFS (or highest priority first,
+// FCFS within a priority) while the token budget (max_prefill_tokens), chunked_prefill_size and
 // max_running_requests allow, matching each against the prefix cache first. Decodes and prefill chunks
 // share one step (a mixed batch). A request that cannot fit the whole pool fails with an error; the
 // loop never deadlocks.
@@ -40,6 +41,12 @@ struct SchedulerConfig {
   int64_t chunked_prefill_size = 4096;  // most tokens of one request per step; <= 0: no chunking
   int64_t max_context = 0;              // prompt + output tokens per request; 0: unlimited
   std::vector<int32_t> eos_token_ids;
+  // Priority scheduling (SGLang's --enable-priority-scheduling): off: pure FCFS. On: the waiting queue
+  // is ordered by params.priority (larger = more urgent, or smaller with low_priority_values_first),
+  // then arrival (serial); the running batch by priority, then admission, so that retraction takes
+  // the lowest-priority request, the youngest of them.
+  bool enable_priority = false;
+  bool low_priority_values_first = false;
 };
 
 // One request's part of a step: its next num_new input tokens; sample when they complete its input.
@@ -79,7 +86,8 @@ class Scheduler {
   ~Scheduler();
 
   const SchedulerConfig& config() const { return cfg_; }
-  // Queues a request (FCFS). Requests with max_new_tokens 0 or an empty prompt finish at once.
+  // Queues a request (FCFS, or by priority with cfg.enable_priority). Requests with max_new_tokens 0 or an
+  // empty prompt finish at once.
   void add(std::unique_ptr<Request> req, std::vector<StepOutput>& out);
   // Aborts a waiting or running request (its pages are released now); false when unknown.
   bool abort(uint64_t id, std::vector<StepOutput>& out);
@@ -115,6 +123,11 @@ class Scheduler {
 
  private:
   int64_t chunk_cap() const;
+  // Priority rank: larger is more urgent (0 for every request without cfg.enable_priority).
+  int64_t rank(const Request& r) const;
+  // Queues a waiting request: priority mode: after every request of higher rank or same rank and older
+  // serial; FCFS: at the back, or at the front when `front` (a retracted request).
+  void enqueue(Request& r, bool front);
   // Frees pool pages by evicting the prefix cache until `pages` are free; false when it cannot.
   bool make_room(int64_t pages);
   // Gives a request's pages to the prefix cache (full computed pages) and the pool (the rest).
@@ -133,7 +146,9 @@ class Scheduler {
   RadixCache& cache_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;
-  std::vector<Request*> running_;  // admission order: the youngest last
+  // Admission order, the youngest last (priority mode: by rank, highest first, then admission order):
+  // the back is the retraction victim.
+  std::vector<Request*> running_;
   std::vector<float> scratch_;
   int64_t num_retractions_ = 0;
   int64_t admitted_prompt_tokens_ = 0;
