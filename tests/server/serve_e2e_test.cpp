@@ -388,6 +388,31 @@ TEST(ServeAuth, ApiKeyIsRequiredOnV1) {  // the built-in model: no fixtures need
   EXPECT_EQ(s.stop(), 0);
 }
 
+// Priority scheduling: the field is validated; mixed priorities queued behind one running slot all
+// complete with the scheduler's invariants (queue orders included) checked every step.
+TEST(ServePriority, FieldIsValidatedAndMixedPrioritiesComplete) {
+  ServerProcess s({"--model", "builtin", "--kv-pages", "32", "--max-running-requests", "1",
+                   "--enable-priority-scheduling", "--check-integrity"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  for (const json& bad : {json("high"), json(2.5), json(false)}) {
+    const HttpResult r = post_json(s.port(), "/v1/completions", {{"prompt", "x"}, {"priority", bad}});
+    EXPECT_EQ(r.status, 400) << bad.dump();
+    EXPECT_EQ(r.json()["error"]["param"], "priority") << r.body;
+  }
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 6; ++i) {
+    clients.emplace_back([&, i] {
+      const json req = {{"prompt", "abc"}, {"max_tokens", 6}, {"priority", (i * 7) % 5 - 2}};
+      const HttpResult r = post_json(s.port(), "/v1/completions", req);
+      if (r.status == 200 && r.json()["usage"]["completion_tokens"] == 6) ++ok;
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(ok.load(), 6) << s.log();
+  EXPECT_EQ(s.stop(), 0);
+}
+
 TEST(ServeLimits, OverloadIs503AndLargeBodiesAre413) {
   ServerProcess s({"--model", "builtin", "--kv-pages", "16", "--max-running-requests", "1",
                    "--max-queued-requests", "0", "--max-body-bytes", "2000"});
