@@ -66,6 +66,15 @@ CommandRun setup(CLI::App& sub) {
                "retract the lowest priority first (default: pure FCFS)");
   sub.add_flag("--schedule-low-priority-values-first", cfg->engine.scheduler.low_priority_values_first,
                "with --enable-priority-scheduling: smaller priority values are more urgent");
+  sub.add_option("--trace-dir", cfg->engine.trace_dir,
+                 "write a Chrome trace (engine phases per step, model layer/op/kernel spans) to "
+                 "DIR/trace-<pid>-<n>.json every --trace-flush-steps steps and at shutdown");
+  sub.add_option("--trace-flush-steps", cfg->engine.trace_flush_steps,
+                 "with --trace-dir: steps between trace files (0: only at shutdown)")
+      ->capture_default_str();
+  sub.add_option("--trace-max-events", cfg->trace_max_events,
+                 "with --trace-dir: events kept per trace file; later ones are dropped and counted")
+      ->capture_default_str();
   sub.add_flag("--check-integrity", cfg->engine.check_integrity,
                "check scheduler/KV invariants every step (debug)");
   return [cfg] { return server::run_server(*cfg); };

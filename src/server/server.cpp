@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "server/builtin.h"
 #include "server/session.h"
+#include "trace/trace.h"
 
 namespace dsaserve::server {
 
@@ -394,10 +395,42 @@ int run_server(const ServerConfig& in) {
     fmt::print(stderr, "dsaserve serve: warning: the tokenizer has {} ids, the model's vocabulary {}\n",
                tok->vocab_size(), model->config().vocab_size);
   }
-  Server server(cfg, std::move(model), std::move(*tok), std::move(chat_tmpl), std::move(chat_tools));
-  fmt::print("dsaserve serve: loaded in {:.2f} s\n",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  return server.run();
+  // --trace-dir: a recorder for the engine's phases and the model's spans (every thread), flushed by the
+  // engine every trace_flush_steps steps and here once the server has stopped.
+  std::optional<trace::Recorder> recorder;
+  struct Uninstall {
+    bool on = false;
+    ~Uninstall() {
+      if (on) trace::set_active(nullptr);
+    }
+  } uninstall;
+  if (!cfg.engine.trace_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.engine.trace_dir, ec);
+    DSA_CHECK(!ec, "--trace-dir {}: cannot create it: {}", cfg.engine.trace_dir, ec.message());
+    DSA_CHECK(cfg.trace_max_events > 0, "--trace-max-events must be positive, got {}", cfg.trace_max_events);
+    recorder.emplace();
+    recorder->set_max_events(size_t(cfg.trace_max_events));
+    trace::set_active(&*recorder);
+    uninstall.on = true;
+  }
+  int rc = 0;
+  {
+    Server server(cfg, std::move(model), std::move(*tok), std::move(chat_tmpl), std::move(chat_tools));
+    fmt::print("dsaserve serve: loaded in {:.2f} s\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    rc = server.run();
+  }  // the engine has stopped: nothing records any more
+  if (recorder) {
+    trace::set_active(nullptr);
+    uninstall.on = false;
+    const int64_t dropped = recorder->dropped();
+    const auto path = recorder->flush(cfg.engine.trace_dir);
+    fmt::print("dsaserve serve: trace -> {}{}\n", path.string(),
+               dropped > 0 ? fmt::format(" ({} events dropped over --trace-max-events)", dropped) : "");
+    std::fflush(stdout);
+  }
+  return rc;
 }
 
 }  // namespace dsaserve::server

@@ -35,6 +35,8 @@ struct ServerConfig {
   double read_timeout_s = 60;  // to receive one request
   double shutdown_grace_s = 30;
   uint64_t builtin_seed = 0;
+  // With engine.trace_dir: events kept between two trace flushes (the rest are dropped and counted).
+  int64_t trace_max_events = 1000000;
 };
 
 // Blocks until shutdown; returns the process exit status. Throws dsaserve::Error on bad setup.

@@ -43,7 +43,21 @@ double Recorder::now_us() const {
 
 void Recorder::add(Event e) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (max_events_ != 0 && events_.size() >= max_events_) {
+    dropped_ += 1;
+    return;
+  }
   events_.push_back(std::move(e));
+}
+
+void Recorder::set_max_events(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  max_events_ = n;
+}
+
+int64_t Recorder::dropped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_;
 }
 
 std::vector<Event> Recorder::events() const {
@@ -51,7 +65,9 @@ std::vector<Event> Recorder::events() const {
   return events_;
 }
 
-std::vector<SummaryRow> Recorder::summary() const {
+std::vector<SummaryRow> Recorder::summary() const { return summarize(events()); }
+
+std::vector<SummaryRow> Recorder::summarize(std::vector<Event> ev) {
   std::vector<SummaryRow> rows;
   std::map<std::string, size_t> at;
   auto add_row = [&](const std::string& key, double us) {
@@ -60,7 +76,6 @@ std::vector<SummaryRow> Recorder::summary() const {
     rows[it->second].count += 1;
     rows[it->second].total_us += us;
   };
-  std::vector<Event> ev = events();
   // Events are added at their end; order by start so that rows appear in execution order.
   std::stable_sort(ev.begin(), ev.end(),
                    [](const Event& a, const Event& b) { return a.ts_exact_us < b.ts_exact_us; });
@@ -79,9 +94,20 @@ std::vector<SummaryRow> Recorder::summary() const {
 }
 
 nlohmann::json Recorder::to_json() const {
+  std::vector<Event> ev;
+  int64_t dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ev = events_;
+    dropped = dropped_;
+  }
+  return events_json(ev, dropped);
+}
+
+nlohmann::json Recorder::events_json(const std::vector<Event>& events, int64_t dropped) {
   nlohmann::json evs = nlohmann::json::array();
   const int pid = int(::getpid());
-  for (const Event& e : events()) {
+  for (const Event& e : events) {
     evs.push_back({{"name", e.name},
                    {"cat", e.cat},
                    {"ph", "X"},
@@ -92,12 +118,28 @@ nlohmann::json Recorder::to_json() const {
                    {"args", e.args}});
   }
   nlohmann::json sum = nlohmann::json::array();
-  for (const SummaryRow& r : summary())
+  for (const SummaryRow& r : summarize(events))
     sum.push_back({{"key", r.key}, {"count", r.count}, {"total_us", r.total_us}});
-  return {{"traceEvents", evs}, {"displayTimeUnit", "ms"}, {"summary", sum}};
+  return {{"traceEvents", evs}, {"displayTimeUnit", "ms"}, {"summary", sum}, {"dropped_events", dropped}};
 }
 
 std::filesystem::path Recorder::write(const std::filesystem::path& dir) const {
+  return write_json(dir, to_json());
+}
+
+std::filesystem::path Recorder::flush(const std::filesystem::path& dir) {
+  std::vector<Event> ev;
+  int64_t dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ev.swap(events_);
+    dropped = dropped_;
+    dropped_ = 0;
+  }
+  return write_json(dir, events_json(ev, dropped));
+}
+
+std::filesystem::path Recorder::write_json(const std::filesystem::path& dir, const nlohmann::json& j) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   DSA_CHECK(!ec, "trace: cannot create directory {}: {}", dir.string(), ec.message());
@@ -106,7 +148,7 @@ std::filesystem::path Recorder::write(const std::filesystem::path& dir) const {
       dir / ("trace-" + std::to_string(::getpid()) + "-" + std::to_string(n) + ".json");
   std::ofstream f(path);
   DSA_CHECK(f.good(), "trace: cannot write {}", path.string());
-  f << to_json().dump() << '\n';
+  f << j.dump() << '\n';
   f.close();
   DSA_CHECK(f.good(), "trace: error writing {}", path.string());
   return path;

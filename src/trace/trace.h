@@ -45,16 +45,31 @@ class Recorder {
   // Per key, in order of first appearance: op spans keyed step/pass/kind/op (their parts from args),
   // kernel spans "kernel/<name>", layer spans "layer/<kind>".
   std::vector<SummaryRow> summary() const;
-  // {"traceEvents": [...], "displayTimeUnit": "ms", "summary": [{key, count, total_us}]}.
+  // {"traceEvents": [...], "displayTimeUnit": "ms", "summary": [{key, count, total_us}],
+  //  "dropped_events": n}.
   nlohmann::json to_json() const;
   // Writes dir/trace-<pid>-<n>.json (n counts this process's writes from 0) and returns its path.
   // Creates dir; throws dsaserve::Error when it cannot be written.
   std::filesystem::path write(const std::filesystem::path& dir) const;
+  // Like write(), then forgets the events written (a long-running server writes its trace in pieces:
+  // each file holds the events since the previous flush). The dropped count restarts too.
+  std::filesystem::path flush(const std::filesystem::path& dir);
+
+  // Bounded memory: at most `n` events are kept between flushes (0: no limit, the default); later
+  // events are dropped and counted ("dropped_events" in the JSON).
+  void set_max_events(size_t n);
+  int64_t dropped() const;
 
  private:
+  static nlohmann::json events_json(const std::vector<Event>& events, int64_t dropped);
+  static std::vector<SummaryRow> summarize(std::vector<Event> events);
+  static std::filesystem::path write_json(const std::filesystem::path& dir, const nlohmann::json& j);
+
   std::chrono::steady_clock::time_point t0_;
   mutable std::mutex mu_;
   std::vector<Event> events_;
+  size_t max_events_ = 0;
+  int64_t dropped_ = 0;
 };
 
 // The installed recorder, or null (tracing off). The recorder must outlive its installation.

@@ -81,6 +81,38 @@ TEST(Recorder, SpansSummaryAndChromeJson) {
   std::filesystem::remove_all(dir);
 }
 
+// Bounded memory: events over the cap are dropped and counted; flush() writes and forgets them.
+TEST(Recorder, CapDropsAndFlushForgets) {
+  Recorder r;
+  r.set_max_events(3);
+  set_active(&r);
+  for (int i = 0; i < 5; ++i) Scope s("x", "engine");
+  set_active(nullptr);
+  EXPECT_EQ(r.events().size(), 3u);
+  EXPECT_EQ(r.dropped(), 2);
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dsaserve-trace-flush-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto p0 = r.flush(dir);
+  EXPECT_TRUE(r.events().empty());
+  EXPECT_EQ(r.dropped(), 0);
+  std::ifstream f(p0);
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["traceEvents"].size(), 3u);
+  EXPECT_EQ(j["dropped_events"], 2);
+  set_active(&r);
+  { Scope s("y", "engine"); }
+  set_active(nullptr);
+  const auto p1 = r.flush(dir);
+  EXPECT_NE(p0, p1);
+  std::ifstream f1(p1);
+  const auto j1 = nlohmann::json::parse(f1);
+  ASSERT_EQ(j1["traceEvents"].size(), 1u);
+  EXPECT_EQ(j1["traceEvents"][0]["name"], "y");
+  EXPECT_EQ(j1["dropped_events"], 0);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Recorder, UnwritableDirectoryThrows) {
   Recorder r;
   EXPECT_ANY_THROW(r.write("/proc/definitely/not/here"));

@@ -4,12 +4,25 @@
 #include <random>
 
 #include "core/error.h"
+#include "trace/trace.h"
 
 namespace dsaserve::runtime {
 
 namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The batch's shape as span args: batch size, prefill and decode tokens, request ids.
+void batch_args(trace::Scope& s, int64_t step, const ScheduleBatch& b) {
+  if (!s.on()) return;
+  nlohmann::json ids = nlohmann::json::array();
+  for (const ScheduledRequest& it : b.items) ids.push_back(it.id);
+  s.arg("step", step)
+      .arg("batch_size", int64_t(b.items.size()))
+      .arg("prefill_tokens", b.num_prefill_tokens)
+      .arg("decode_tokens", b.num_decode)
+      .arg("request_ids", std::move(ids));
 }
 }  // namespace
 
@@ -133,9 +146,12 @@ void Engine::drain_inputs(std::vector<StepOutput>& out) {
 int64_t Engine::complete_in_flight(std::vector<StepOutput>& out, double& sched_s) {
   ScheduleBatch batch = std::move(in_flight_);
   in_flight_ = ScheduleBatch();
+  const int64_t step = in_flight_step_;
   Tensor logits;
   std::string error;
   try {
+    trace::Scope span("wait", "engine");
+    span.arg("step", step);
     logits = runner_->wait();
   } catch (const std::exception& e) {
     error = e.what();
@@ -145,6 +161,8 @@ int64_t Engine::complete_in_flight(std::vector<StepOutput>& out, double& sched_s
   drain_inputs(out);
   const auto t0 = std::chrono::steady_clock::now();
   const size_t first = out.size();
+  trace::Scope sample_span("sample", "engine");
+  batch_args(sample_span, step, batch);
   if (error.empty()) {
     try {
       scheduler_->process(batch, std::span<const float>(logits.data<float>(), size_t(logits.numel())),
@@ -183,11 +201,21 @@ bool Engine::step() {
   }
   const auto t0 = std::chrono::steady_clock::now();
   // Step N+1's batch, from the state step N (in flight) will leave: its samples are future tokens.
+  const int64_t step_no = step_no_;
+  trace::Scope step_span("step", "engine");
   ScheduleBatch batch;
   model::ForwardBatch fb;
   if (!scheduler_->idle()) {
-    batch = scheduler_->schedule(out);
-    if (!batch.empty()) fb = scheduler_->build_forward(batch);
+    {
+      trace::Scope span("schedule", "engine");
+      batch = scheduler_->schedule(out);
+      batch_args(span, step_no, batch);
+    }
+    if (!batch.empty()) {
+      trace::Scope span("build_batch", "engine");
+      span.arg("step", step_no);
+      fb = scheduler_->build_forward(batch);
+    }
   }
   double sched_s = seconds_since(t0);
   int64_t generated = 0;
@@ -195,6 +223,8 @@ bool Engine::step() {
     generated += complete_in_flight(out, sched_s);
     // Step N's samples are known: drop finished requests, fill in the future input ids.
     const auto t1 = std::chrono::steady_clock::now();
+    trace::Scope span("build_batch", "engine");
+    span.arg("step", step_no).arg("resolve", true);
     if (scheduler_->prune(batch)) {
       fb = batch.empty() ? model::ForwardBatch() : scheduler_->build_forward(batch);
     } else if (!batch.empty()) {
@@ -205,15 +235,24 @@ bool Engine::step() {
   if (cfg_.check_integrity) scheduler_->check_integrity();
   const int64_t batch_size = int64_t(batch.items.size());
   const int64_t prefill_tokens = batch.num_prefill_tokens;
+  batch_args(step_span, step_no, batch);
   if (!batch.empty()) {
-    scheduler_->commit(batch);
-    runner_->launch(std::move(fb));
+    {
+      trace::Scope span("launch", "engine");
+      batch_args(span, step_no, batch);
+      scheduler_->commit(batch);
+      runner_->launch(std::move(fb));
+    }
     in_flight_ = std::move(batch);
+    in_flight_step_ = step_no;
+    step_no_ += 1;
     if (!cfg_.overlap_schedule) {
       generated += complete_in_flight(out, sched_s);
       if (cfg_.check_integrity) scheduler_->check_integrity();
     }
   }
+  trace::Scope post_span("postprocess", "engine");
+  post_span.arg("step", step_no).arg("outputs", int64_t(out.size()));
   {
     std::lock_guard<std::mutex> lk(stats_mu_);
     stats_.num_waiting = scheduler_->num_waiting();
@@ -232,6 +271,17 @@ bool Engine::step() {
     stats_.launch_gap_seconds = runner_->gap_seconds();
   }
   publish(out);
+  trace::Recorder* rec = trace::active();
+  if (rec != nullptr && batch_size > 0 && !cfg_.trace_dir.empty() && cfg_.trace_flush_steps > 0 &&
+      step_no_ % cfg_.trace_flush_steps == 0) {
+    // The runner may be recording meanwhile: flush() takes the events under the recorder's lock.
+    try {
+      const auto path = rec->flush(cfg_.trace_dir);
+      std::fprintf(stderr, "dsaserve engine: trace -> %s\n", path.c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dsaserve engine: %s\n", e.what());
+    }
+  }
   return true;
 }
 

@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -31,6 +32,11 @@ struct EngineConfig {
   bool enable_prefix_cache = true;
   bool check_integrity = false;  // Scheduler::check_integrity() after every step (tests, debug)
   bool overlap_schedule = true;  // prepare step N+1 while step N's forward runs
+  // With a trace recorder installed (trace::set_active): every step's phases are recorded as "engine"
+  // spans, and when trace_dir is set the engine thread flushes the recorder to trace_dir every
+  // trace_flush_steps steps (the caller flushes the rest at shutdown).
+  std::string trace_dir;
+  int64_t trace_flush_steps = 256;
   model::ForwardOptions forward;
 };
 
@@ -123,6 +129,8 @@ class Engine {
   std::atomic<bool> stop_{false};
   std::thread thread_;
   uint64_t seed_counter_ = 0;
+  int64_t step_no_ = 0;          // steps launched (the trace's step numbers)
+  int64_t in_flight_step_ = -1;  // in_flight_'s step number
 };
 
 }  // namespace dsaserve::runtime
