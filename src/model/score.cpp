@@ -78,32 +78,6 @@ ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, con
   return res;
 }
 
-std::vector<int32_t> greedy_generate(const Model& model, std::span<const int32_t> prompt, int64_t max_new,
-                                     int64_t page_size) {
-  DSA_CHECK(!prompt.empty(), "cannot generate from an empty prompt");
-  DSA_CHECK(max_new >= 0, "max new tokens must be >= 0, got {}", max_new);
-  const int64_t total = int64_t(prompt.size()) + max_new;
-  KvCache cache = model.make_cache((total + page_size - 1) / page_size, page_size);
-  std::vector<int32_t> table(static_cast<size_t>(cache.num_pages));
-  std::iota(table.begin(), table.end(), 0);
-  ForwardOptions fo;
-  fo.all_logits = false;
-  std::vector<int32_t> out;
-  std::vector<int32_t> step(prompt.begin(), prompt.end());
-  int64_t pos = 0;
-  while (int64_t(out.size()) < max_new) {
-    ForwardBatch batch;
-    batch.page_size = page_size;
-    batch.add_request(step, pos, table);
-    const ForwardOutput o = model.forward(batch, cache, fo);
-    const Tensor next = kernels::argmax(o.logits).to(Device::cpu);
-    pos += int64_t(step.size());
-    step.assign(1, next.data<int32_t>()[0]);
-    out.push_back(step[0]);
-  }
-  return out;
-}
-
 std::vector<int32_t> generate_tokens(const Model& model, std::span<const int32_t> prompt, int64_t max_new,
                                      const std::function<int32_t(std::span<const float>)>& pick,
                                      int64_t page_size) {
@@ -131,6 +105,15 @@ std::vector<int32_t> generate_tokens(const Model& model, std::span<const int32_t
     out.push_back(next);
   }
   return out;
+}
+
+std::vector<int32_t> greedy_generate(const Model& model, std::span<const int32_t> prompt, int64_t max_new,
+                                     int64_t page_size) {
+  // The first maximum, like kernels::argmax: ties go to the lowest id.
+  const auto first_max = [](std::span<const float> logits) {
+    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  };
+  return generate_tokens(model, prompt, max_new, first_max, page_size);
 }
 
 }  // namespace dsaserve::model
