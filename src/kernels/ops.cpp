@@ -203,6 +203,18 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
   DSA_KERNEL_SPAN("attention_mha", q);
   return backend(q.device()).attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
 }
+void check_attention_mha_shapes(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                                int64_t start_pos) {
+  DSA_CHECK(q.dim() == 3 && k_nope.dim() == 3 && k_rope.dim() == 2 && v.dim() == 3,
+            "mha: q {}, k_nope {}, k_rope {}, v {} must be 3-D, 3-D, 2-D, 3-D", q.describe(),
+            k_nope.describe(), k_rope.describe(), v.describe());
+  const int64_t T = q.size(0), nh = q.size(1), nope = k_nope.size(2), R = k_rope.size(1), S = k_nope.size(0);
+  DSA_CHECK(q.size(2) == nope + R, "mha: q {} should have nope {} + rope {} per head", q.describe(), nope, R);
+  DSA_CHECK(k_nope.size(1) == nh && v.size(1) == nh && v.size(0) == S && k_rope.size(0) == S,
+            "mha: k_nope {}, k_rope {}, v {} disagree", k_nope.describe(), k_rope.describe(), v.describe());
+  DSA_CHECK(start_pos + T <= S, "mha: {} keys cannot serve positions up to {}", S, start_pos + T - 1);
+}
+
 void MoeRouteParams::validate(int64_t n_experts) const {
   DSA_CHECK(n_group >= 1 && n_experts % n_group == 0, "moe_route: {} experts do not split into {} groups",
             n_experts, n_group);

@@ -134,6 +134,9 @@ Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const P
 // mla_attention_absorbed. Returns [T, nh, dv].
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                      int64_t start_pos, const Tensor& sel, double scale);
+// The shape rules of attention_mha (every backend checks through this); throws dsaserve::Error.
+void check_attention_mha_shapes(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                                int64_t start_pos);
 
 // Router: logits f32 [T, E]; s = sigmoid(logits); choice = s + bias; grouped top-k; weights = s of the
 // chosen, normalised (+1e-20) when asked, times routed_scaling_factor.

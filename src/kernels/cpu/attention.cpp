@@ -146,11 +146,8 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
   const Rows3 kn = as_rows3(k_nope, "mha k_nope");
   const Rows kr = as_rows(k_rope, "mha k_rope");
   const Rows3 vv = as_rows3(v, "mha v");
-  const int64_t T = qv.n0, nh = qv.n1, nope = kn.n2, R = kr.cols, S = kn.n0, dv = vv.n2;
-  DSA_CHECK(qv.n2 == nope + R, "mha: q {} should have nope {} + rope {} per head", q.describe(), nope, R);
-  DSA_CHECK(kn.n1 == nh && vv.n1 == nh && vv.n0 == S && kr.rows == S,
-            "mha: k_nope {}, k_rope {}, v {} disagree", k_nope.describe(), k_rope.describe(), v.describe());
-  DSA_CHECK(start_pos + T <= S, "mha: {} keys cannot serve positions up to {}", S, start_pos + T - 1);
+  const int64_t T = qv.n0, nh = qv.n1, nope = kn.n2, R = kr.cols, dv = vv.n2;
+  check_attention_mha_shapes(q, k_nope, k_rope, v, start_pos);
   check_sel(sel, T, start_pos, "mha");
   Tensor out = Tensor::zeros({T, nh, dv}, DType::f32);
   float* o = out.data<float>();

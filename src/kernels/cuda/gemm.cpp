@@ -96,11 +96,11 @@ const Plan& plan_for(const PlanKey& key) {
     DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
     DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
     // The heuristic wants scale pointers set (as in the verified probe); each call sets the real ones.
-    const void* placeholder = l.workspace;
-    DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder,
-                                                sizeof placeholder));
-    DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder,
-                                                sizeof placeholder));
+    const void* heuristic_scale_ptr = l.workspace;
+    DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                &heuristic_scale_ptr, sizeof heuristic_scale_ptr));
+    DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                &heuristic_scale_ptr, sizeof heuristic_scale_ptr));
   }
   DSA_LT_CHECK(
       cublasLtMatrixLayoutCreate(&p.a, in_type, uint64_t(trans_a ? K : M), uint64_t(trans_a ? M : K), lda));

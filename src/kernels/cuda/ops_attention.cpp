@@ -115,10 +115,7 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
   const RowView kr = rows_f32(k_rope, "mha k_rope");
   const Rows3View vv = rows3_f32(v, "mha v");
   const int64_t T = qv.n0, nh = qv.n1, nope = kn.n2, R = kr.cols, S = kn.n0, dv = vv.n2;
-  DSA_CHECK(qv.n2 == nope + R, "mha: q {} should have nope {} + rope {} per head", q.describe(), nope, R);
-  DSA_CHECK(kn.n1 == nh && vv.n1 == nh && vv.n0 == S && kr.rows == S,
-            "mha: k_nope {}, k_rope {}, v {} disagree", k_nope.describe(), k_rope.describe(), v.describe());
-  DSA_CHECK(start_pos + T <= S, "mha: {} keys cannot serve positions up to {}", S, start_pos + T - 1);
+  check_attention_mha_shapes(q, k_nope, k_rope, v, start_pos);
   MhaParams p{};
   p.q = qv.p;
   p.k_nope = kn.p;
