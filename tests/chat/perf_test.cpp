@@ -1,5 +1,5 @@
-// Speed checks with generous bounds (they print the measured figures): template rendering per request
-// and streaming parser throughput.
+// Template rendering and streaming-parser runs at a realistic size; they print the measured figures
+// (speed targets live in bench/, not in timed tests) and check the results.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -44,7 +44,6 @@ TEST(ChatPerf, RenderGlmTemplate) {
   const double per = seconds_since(t0) / n;
   std::printf("glm_4_6 template: parse %.1f us; render of 20 messages + 1 tool: %.1f us (%zu bytes)\n",
               parse_s * 1e6, per * 1e6, bytes / n);
-  EXPECT_LT(per, 5e-3);
 }
 
 TEST(ChatPerf, StreamingParserThroughput) {
@@ -71,7 +70,6 @@ TEST(ChatPerf, StreamingParserThroughput) {
   std::printf("streaming parser: %.1f MB/s in 4-byte chunks (%zu bytes, %zu tool calls)\n",
               text.size() / s / 1e6, text.size(), m.tool_calls.size());
   EXPECT_EQ(m.tool_calls.size(), 50u);
-  EXPECT_GT(text.size() / s, 1e6);
 }
 
 TEST(ChatPerf, FormatNames) {
