@@ -3,6 +3,8 @@
 // Multi-threaded with parallel_for, fp32 accumulation (fp64 for norm statistics), weights read as stored
 // and dequantised per block on the fly.
 #include <cstdint>
+#include <functional>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -32,6 +34,52 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
                      int64_t start_pos, const Tensor& sel, double scale);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts);
+
+// ---- emulation of the CUDA backend's FP8 GEMM arithmetic (opt-in; accuracy studies and tests) ----
+
+// Granularity of the activation scale. group128 is what the CUDA backend does (kernels/cuda/quant.cu:
+// per token, per group of 128 columns); token (one scale per row) and tensor (one per linear call) exist
+// only to compare against it.
+enum class Fp8ActScale { group128, token, tensor };
+
+struct Fp8Emulation {
+  bool enabled = false;
+  Fp8ActScale scale = Fp8ActScale::group128;
+  // Round each product to bf16, as the GPU's FP8 GEMM writes its D matrix in bf16.
+  bool bf16_output = true;
+  // Restricts the emulation to some weights (ablations); empty: every linear the GPU runs in FP8.
+  std::function<bool(const WeightRef&)> select;
+};
+
+// Process-wide setting (set it between forwards, not during one). While enabled, cpu::linear over rows
+// the CUDA backend would run through its FP8 block GEMM (fp8_gemm_eligible) first replaces its input by
+// the FP8 value the GPU multiplies (fp8_quant_dequant), then multiplies in fp32 with the exactly
+// dequantised weight. Disabled (the default), linear's arithmetic is unchanged.
+void set_fp8_emulation(Fp8Emulation e);
+Fp8Emulation fp8_emulation();
+
+// Whether the CUDA backend's linear takes its FP8 block GEMM for rows [r0, r1) of `w` (the rule of
+// kernels/cuda/gemm.cpp: an FP8 weight with 128x128 blocks, in features and r0 multiples of 128, r1 - r0
+// a multiple of 8). The others run dequantised to bf16 there and are not quantised here.
+bool fp8_gemm_eligible(const WeightRef& w, int64_t r0, int64_t r1);
+// The activation scale of a group whose largest magnitude is amax: amax / 448 in fp32, 1 when amax is 0.
+float fp8_act_scale(float amax);
+// q[i] = e4m3(x[i] / s), saturating to +-448 (NaN stays NaN), for i < n: the CUDA kernel's rounding.
+void fp8_quantize(const float* x, int64_t n, float s, uint8_t* q);
+// x [T, K] (K a multiple of 128 for group128) -> f32 [T, K] contiguous: every value replaced by
+// e4m3_to_f32(q) * s, the value the GPU's FP8 GEMM multiplies.
+Tensor fp8_quant_dequant(const Tensor& x, Fp8ActScale scale = Fp8ActScale::group128);
+
+// ---- top-k decision observer (analysis only; off by default) ----
+
+// Called by moe_route ("moe_route": scores [T, E] = sigmoid(logits) + bias after group masking, chosen
+// = routing ids [T, top_k]) and indexer_topk ("indexer_topk": scores [T, start_pos + T], NaN where a
+// row is not ranked (at most topk visible keys) or a key is not visible; chosen = the result).
+using TopkObserver = std::function<void(std::string_view op, const Tensor& scores, const Tensor& chosen)>;
+// Installs (or, with an empty function, removes) the process-wide observer.
+void set_topk_observer(TopkObserver obs);
+// The installed observer, or null (cheap: one atomic load when none is installed).
+const TopkObserver* topk_observer();
 
 // ---- helpers shared by the CPU kernels ----
 

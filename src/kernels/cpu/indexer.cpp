@@ -1,5 +1,6 @@
 // The DSA indexer on the CPU: weighted ReLU scores of every visible key, causal top-k per query.
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -72,6 +73,15 @@ Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int6
       std::copy_n(idx.begin(), topk, row);
     }
   });
+  if (const TopkObserver* observer = topk_observer()) {
+    Tensor scores = Tensor::empty({T, S}, DType::f32);
+    std::fill_n(scores.data<float>(), T * S, std::numeric_limits<float>::quiet_NaN());
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t n = start_pos + t + 1;
+      if (n > topk) std::copy_n(score.data() + t * S, n, scores.data<float>() + t * S);
+    }
+    (*observer)("indexer_topk", scores, out);
+  }
   return out;
 }
 

@@ -4,9 +4,16 @@
 // buffer (never the whole matrix), then every input row is multiplied against the tile with four rows at
 // a time sharing each load of x and two inputs sharing each load of W (gemm_nt): the inner loops are
 // fixed-width and vectorise without -ffast-math.
+//
+// Opt-in (set_fp8_emulation): the CUDA backend's FP8 activation arithmetic, for the linears it runs in FP8.
 #include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <mutex>
+#include <optional>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/parallel.h"
 #include "kernels/cpu/cpu_ops.h"
 
@@ -15,6 +22,28 @@ namespace dsaserve::kernels::cpu {
 namespace {
 
 constexpr int64_t kTileRows = 16;
+constexpr int64_t kFp8Group = 128;
+constexpr float kE4m3Max = 448.0f;
+
+struct EmulationState {
+  std::mutex mu;
+  Fp8Emulation e;
+  std::atomic<bool> on{false};
+};
+EmulationState& emulation_state() {
+  static EmulationState s;
+  return s;
+}
+
+// The emulation settings for this call of linear, or nullopt when it does not apply.
+std::optional<Fp8Emulation> emulation_for(const WeightRef& w, int64_t r0, int64_t r1) {
+  EmulationState& s = emulation_state();
+  if (!s.on.load(std::memory_order_acquire) || !fp8_gemm_eligible(w, r0, r1)) return std::nullopt;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.e.select && !s.e.select(w)) return std::nullopt;
+  return s.e;
+}
+
 Tensor make_out(Tensor out, int64_t rows, int64_t cols, const char* what) {
   if (!out.defined()) return Tensor::empty({rows, cols}, DType::f32);
   const Rows o = as_rows(out, what);
@@ -24,6 +53,65 @@ Tensor make_out(Tensor out, int64_t rows, int64_t cols, const char* what) {
 }
 
 }  // namespace
+
+void set_fp8_emulation(Fp8Emulation e) {
+  EmulationState& s = emulation_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const bool on = e.enabled;
+  s.e = std::move(e);
+  s.on.store(on, std::memory_order_release);
+}
+
+Fp8Emulation fp8_emulation() {
+  EmulationState& s = emulation_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.e;
+}
+
+bool fp8_gemm_eligible(const WeightRef& w, int64_t r0, int64_t r1) {
+  if (r1 < 0) r1 = w.rows();
+  return w.weight.dtype() == DType::f8e4m3fn && w.block_n == 128 && w.block_k == 128 && w.cols() % 128 == 0 &&
+         r0 % 128 == 0 && (r1 - r0) % 8 == 0;
+}
+
+float fp8_act_scale(float amax) { return amax > 0.0f ? amax / kE4m3Max : 1.0f; }
+
+void fp8_quantize(const float* x, int64_t n, float s, uint8_t* q) {
+  for (int64_t i = 0; i < n; ++i) q[i] = f32_to_f8e4m3fn_sat(x[i] / s);
+}
+
+Tensor fp8_quant_dequant(const Tensor& x, Fp8ActScale scale) {
+  const Rows xr = as_rows(x, "fp8_quant_dequant input");
+  const int64_t T = xr.rows, K = xr.cols;
+  const int64_t group = scale == Fp8ActScale::group128 ? kFp8Group : K;
+  DSA_CHECK(scale != Fp8ActScale::group128 || K % kFp8Group == 0,
+            "fp8_quant_dequant: {} columns are not whole groups of {}", K, kFp8Group);
+  // Largest magnitude of each (row, group); fmax as the GPU's fmaxf (a NaN input does not win).
+  auto amax_of = [](const float* p, int64_t n) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(p[i]));
+    return m;
+  };
+  float tensor_scale = 1.0f;
+  if (scale == Fp8ActScale::tensor) {
+    float m = 0.0f;
+    for (int64_t t = 0; t < T; ++t) m = std::fmax(m, amax_of(xr.row(t), K));
+    tensor_scale = fp8_act_scale(m);
+  }
+  Tensor out = Tensor::empty({T, K}, DType::f32);
+  float* o = out.data<float>();
+  std::vector<uint8_t> q(static_cast<size_t>(group > 0 ? group : 1));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t g0 = 0; g0 < K; g0 += group) {
+      const float* src = xr.row(t) + g0;
+      const float s = scale == Fp8ActScale::tensor ? tensor_scale : fp8_act_scale(amax_of(src, group));
+      fp8_quantize(src, group, s, q.data());
+      float* dst = o + t * K + g0;
+      for (int64_t i = 0; i < group; ++i) dst[i] = f8e4m3fn_to_f32(q[size_t(i)]) * s;
+    }
+  }
+  return out;
+}
 
 Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
   check_weight(w, "linear");
@@ -38,6 +126,10 @@ Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tenso
   out = make_out(std::move(out), T, N, "linear output");
   const Rows o = as_rows(out, "linear output");
   if (T == 0 || N == 0) return out;
+  // FP8 emulation (off by default): the GEMM reads the FP8 value of x instead of x.
+  const std::optional<Fp8Emulation> emu = emulation_for(w, r0, r1);
+  const Tensor xq = emu ? fp8_quant_dequant(x, emu->scale) : Tensor();
+  const Rows xin = emu ? as_rows(xq, "linear input") : xr;
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
   parallel_for(tiles, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> buf(size_t(kTileRows * K));
@@ -45,9 +137,15 @@ Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tenso
       const int64_t n0 = tile * kTileRows, n1 = std::min(N, n0 + kTileRows);
       const int64_t nr = n1 - n0;
       for (int64_t r = 0; r < nr; ++r) weight_row(w, r0 + n0 + r, 0, K, buf.data() + r * K);
-      gemm_nt(xr.p, xr.stride, T, buf.data(), nr, K, o.p + n0, o.stride);
+      gemm_nt(xin.p, xin.stride, T, buf.data(), nr, K, o.p + n0, o.stride);
     }
   });
+  if (emu && emu->bf16_output) {
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = o.row(t);
+      for (int64_t c = 0; c < N; ++c) row[c] = bf16_to_f32(f32_to_bf16(row[c]));
+    }
+  }
   return out;
 }
 

@@ -38,6 +38,8 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
   float* wts = r.weights.data<float>();
   std::vector<float> s(static_cast<size_t>(E)), choice(static_cast<size_t>(E)),
       group(static_cast<size_t>(p.n_group));
+  const TopkObserver* observer = topk_observer();
+  Tensor observed = observer ? Tensor::empty({T, E}, DType::f32) : Tensor();
   for (int64_t t = 0; t < T; ++t) {
     const float* l = lr.row(t);
     for (int64_t e = 0; e < E; ++e) {
@@ -61,6 +63,7 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
         if (!kept[size_t(e / per_group)]) choice[size_t(e)] = -std::numeric_limits<float>::infinity();
       }
     }
+    if (observer) std::copy(choice.begin(), choice.end(), observed.data<float>() + t * E);
     const std::vector<int32_t> chosen = top_indices(choice, p.top_k);
     float sum = 0.0f;
     for (int64_t k = 0; k < p.top_k; ++k) sum += s[size_t(chosen[size_t(k)])];
@@ -72,6 +75,7 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
       wts[t * p.top_k + k] = float(w * p.routed_scaling_factor);
     }
   }
+  if (observer) (*observer)("moe_route", observed, r.ids);
   return r;
 }
 
