@@ -17,6 +17,7 @@
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/sampling.h"
 #include "kernels/ops.h"
 
 namespace ops = dsaserve::kernels;
@@ -217,6 +218,44 @@ int main() {
           time_us([&] { ops::mla_attention_absorbed(ql, qr, seq, start, sel_d, 0.0625); }, 1, 5),
           4.0 * double(T * 2048 * (kKvLora + kRope)), 4.0 * double(T * kHeads * 2048 * (2 * kKvLora + kRope)),
           kF32);
+    }
+  }
+  {
+    // GPU sampler (kernels/cuda/sampling.h) over a batch of GLM-5.3 logit rows (vocab 154,880): the whole
+    // sample_rows call (request packing, upload, kernels, result download). Bytes: the logits read once.
+    namespace kc = dsaserve::kernels::cuda;
+    const int64_t V = 154880;
+    std::vector<int32_t> seen(300);
+    std::vector<std::pair<int32_t, int32_t>> counts(40);
+    for (size_t i = 0; i < seen.size(); ++i) seen[i] = int32_t(i * 511 % uint64_t(V));
+    for (size_t i = 0; i < counts.size(); ++i) counts[i] = {seen[i], 1 + int32_t(i % 3)};
+    struct Mode {
+      const char* name;
+      kc::SampleRequest q;
+    };
+    std::vector<Mode> modes(4);
+    modes[0].name = "sample greedy";
+    modes[0].q.temperature = 0.0f;
+    modes[1].name = "sample temperature";
+    modes[2].name = "sample k50 p0.95 +lp5";
+    modes[2].q.top_k = 50;
+    modes[2].q.top_p = 0.95f;
+    modes[2].q.logprobs = true;
+    modes[2].q.top_logprobs = 5;
+    modes[3].name = "sample p0.9 penalties";
+    modes[3].q.top_p = 0.9f;
+    modes[3].q.repetition_penalty = 1.1f;
+    modes[3].q.frequency_penalty = 0.5f;
+    modes[3].q.seen_tokens = seen;
+    modes[3].q.output_counts = counts;
+    for (const Mode& m : modes) {
+      for (int64_t R : {int64_t(1), int64_t(32), int64_t(256)}) {
+        const Tensor logits = rand_gpu({R, V}, 17, 8.0f);
+        std::vector<kc::SampleRequest> req(size_t(R), m.q);
+        for (size_t i = 0; i < req.size(); ++i) req[i].uniform = double(i % 97) / 97.0;
+        row(m.name, R, fmt::format("[{},{}]", R, V), time_us([&] { kc::sample_rows(logits, req); }),
+            4.0 * double(R * V), 0.0, kF32);
+      }
     }
   }
   const auto st = dsaserve::kernels::cuda::gemm_stats();

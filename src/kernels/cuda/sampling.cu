@@ -1,0 +1,292 @@
+// GPU sampler: the CPU sampler's step (runtime/sampler/sampler.cpp) for a batch of rows, one block per
+// row. Penalties and logit_bias run on a copy of the row with the CPU's float operations in its order
+// (no contraction). Then: greedy = first maximum; otherwise the probabilities e_i = exp((x_i - max) / T)
+// (fp64, like the CPU) as 2^-44 fixed-point integers, so that every sum is exact and order-free. All the
+// selections are one radix select ("the element at which the running weight, in a given order, reaches a
+// target") over a 64-bit key: (value, lower id first) for top-k, top-p, the filtered draw and
+// top_logprobs; the id alone for an unfiltered draw (the CPU draws in id order then).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/sampling_params.h"
+
+namespace dsaserve::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 512;
+constexpr double kFix = 17592186044416.0;  // 2^44: a probability weight (<= 1) as an integer
+constexpr unsigned kFull = 0xffffffffu;
+
+// Monotone map of a float to uint32 (larger float -> larger code); -0 is 0, as the CPU's == says.
+__device__ __forceinline__ uint32_t ord(float f) {
+  const uint32_t b = __float_as_uint(f == 0.0f ? 0.0f : f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+// Decreasing key = the CPU's sort order: larger value first, ties to the lower id.
+__device__ __forceinline__ uint64_t sorted_key(float v, int64_t i) {
+  return (uint64_t(ord(v)) << 32) | uint64_t(0xffffffffu - uint32_t(i));
+}
+// Decreasing key = increasing id.
+__device__ __forceinline__ uint64_t id_key(int64_t i) { return uint64_t(0xffffffffu - uint32_t(i)); }
+__device__ __forceinline__ int32_t key_id(uint64_t k) { return int32_t(0xffffffffu - uint32_t(k)); }
+
+struct SelectShared {
+  unsigned long long mass[256];
+  int cnt[256];
+  unsigned long long above, found;
+  int bin, bin_cnt;
+};
+
+// Warp 0: the bin (highest first) in which `above` + the running mass first reaches `target` (strict:
+// exceeds it); when none does, the lowest non-empty bin (the last element of the order).
+__device__ void choose_bin(SelectShared& s, unsigned long long above, double target, bool strict) {
+  const int lane = int(threadIdx.x);
+  unsigned long long lsum = 0;
+  for (int q = 0; q < 8; ++q) lsum += s.mass[255 - 8 * lane - q];
+  unsigned long long incl = lsum;
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long y = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += y;
+  }
+  unsigned long long run = above + (incl - lsum);
+  int found_q = -1, last_q = -1;
+  unsigned long long found_run = 0, last_run = 0;
+  for (int q = 0; q < 8; ++q) {
+    const int b = 255 - 8 * lane - q;
+    const unsigned long long m = s.mass[b];
+    if (s.cnt[b] > 0) {
+      const double next = double(run + m);
+      const bool cross = strict ? next > target : next >= target;
+      if (cross && found_q < 0) {
+        found_q = q;
+        found_run = run;
+      }
+      last_q = q;
+      last_run = run;
+    }
+    run += m;
+  }
+  const unsigned f = __ballot_sync(kFull, found_q >= 0);
+  const unsigned l = __ballot_sync(kFull, last_q >= 0);
+  const int src = f ? __ffs(int(f)) - 1 : (l ? 31 - __clz(int(l)) : 0);
+  const int q = __shfl_sync(kFull, f ? found_q : last_q, src);
+  const unsigned long long r = __shfl_sync(kFull, f ? found_run : last_run, src);
+  if (lane == 0) {
+    if (l == 0) {  // empty set
+      s.bin = 0;
+      s.bin_cnt = 0;
+      s.above = above;
+    } else {
+      const int b = 255 - 8 * src - q;
+      s.bin = b;
+      s.bin_cnt = s.cnt[b];
+      s.above = r;
+    }
+  }
+}
+
+// Among the elements i < n with in(i), taken in decreasing key(i) order, the first at which the running
+// sum of weight(i) reaches `target` (cum >= target; strict: cum > target), or the last one when none
+// does (as the CPU falls back to its last candidate). Returns its key. Radix select, 8 bits a pass from
+// bits [first_shift, first_shift + 8) down; keys must be distinct. Every thread of the block calls it.
+template <class Key, class In, class Weight>
+__device__ uint64_t select_key(int64_t n, int first_shift, double target, bool strict, Key key, In in,
+                               Weight weight, SelectShared& s) {
+  const int lane = int(threadIdx.x & 31);
+  uint64_t prefix = 0, mask = first_shift >= 56 ? 0 : (~0ull << (first_shift + 8));
+  unsigned long long above = 0;
+  for (int shift = first_shift; shift >= 0; shift -= 8) {
+    for (int b = int(threadIdx.x); b < 256; b += int(blockDim.x)) {
+      s.mass[b] = 0;
+      s.cnt[b] = 0;
+    }
+    __syncthreads();
+    for (int64_t base = 0; base < n; base += blockDim.x) {
+      const int64_t i = base + threadIdx.x;
+      uint32_t bin = 256;
+      uint64_t w = 0;
+      if (i < n) {
+        const uint64_t k = key(i);
+        if ((k & mask) == prefix && in(i)) {
+          bin = uint32_t(k >> shift) & 0xffu;
+          w = weight(i);
+        }
+      }
+      if (__ballot_sync(kFull, bin < 256) == 0) continue;  // (uniform over the warp)
+      // Lanes of one bin add their weights first (w <= 2^44: 22- and 23-bit halves, no overflow).
+      const unsigned peers = __match_any_sync(kFull, bin);
+      const unsigned lo = __reduce_add_sync(peers, unsigned(w & 0x3fffffu));
+      const unsigned hi = __reduce_add_sync(peers, unsigned(w >> 22));
+      if (bin < 256 && lane == __ffs(int(peers)) - 1) {
+        atomicAdd(&s.mass[bin], (static_cast<unsigned long long>(hi) << 22) + lo);
+        atomicAdd(&s.cnt[bin], __popc(int(peers)));
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) choose_bin(s, above, target, strict);
+    __syncthreads();
+    const uint64_t bin = uint64_t(s.bin);
+    const int count = s.bin_cnt;
+    above = s.above;
+    prefix |= bin << shift;
+    mask |= 0xffull << shift;
+    if (count == 0) return prefix;  // empty set (callers never pass one)
+    if (count == 1 && shift > 0) {  // one element left: find it
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const uint64_t k = key(i);
+        if ((k & mask) == prefix && in(i)) s.found = k;
+      }
+      __syncthreads();
+      const uint64_t k = s.found;
+      __syncthreads();
+      return k;
+    }
+  }
+  return prefix;
+}
+
+// Penalties and bias on a copy of the row, each with the CPU's float operation, in its order: the biases
+// one after another (a token may repeat), then the repetition penalty, then presence / frequency.
+__global__ void sm90_sample_penalty_kernel(SampleKernelParams p) {
+  const SampleRowDesc d = p.desc[blockIdx.x];
+  if (d.ws_row < 0) return;
+  const float* src = p.logits + int64_t(blockIdx.x) * p.stride;
+  float* x = p.ws + int64_t(d.ws_row) * p.vocab;
+  for (int64_t i = threadIdx.x; i < p.vocab; i += blockDim.x) x[i] = src[i];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int j = 0; j < d.bias_n; ++j) {
+      const int32_t t = p.bias_tok[d.bias_off + j];
+      x[t] = __fadd_rn(x[t], p.bias_val[d.bias_off + j]);
+    }
+  }
+  __syncthreads();
+  if (d.repetition != 1.0f) {
+    for (int j = int(threadIdx.x); j < d.seen_n; j += int(blockDim.x)) {
+      const int32_t t = p.seen_tok[d.seen_off + j];
+      const float l = x[t];
+      x[t] = l > 0.0f ? __fdiv_rn(l, d.repetition) : __fmul_rn(l, d.repetition);
+    }
+  }
+  __syncthreads();
+  if (d.presence != 0.0f || d.frequency != 0.0f) {
+    for (int j = int(threadIdx.x); j < d.count_n; j += int(blockDim.x)) {
+      const int32_t t = p.count_tok[d.count_off + j];
+      const float pen = __fadd_rn(d.presence, __fmul_rn(d.frequency, float(p.count_n[d.count_off + j])));
+      x[t] = __fsub_rn(x[t], pen);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParams p) {
+  __shared__ SelectShared s;
+  __shared__ unsigned long long top_keys[kSampleMaxTopLogprobs];
+  __shared__ int top_n;
+  const int64_t r = blockIdx.x, V = p.vocab;
+  const SampleRowDesc d = p.desc[r];
+  const float* raw = p.logits + r * p.stride;
+  const float* x = d.ws_row >= 0 ? p.ws + int64_t(d.ws_row) * V : raw;
+  const float neg_inf = -__int_as_float(0x7f800000);
+  auto all = [](int64_t) { return true; };
+  auto one = [](int64_t) { return uint64_t(1); };
+
+  ValIdx best{neg_inf, 0x7fffffff};
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const ValIdx c{x[i], int32_t(i)};
+    if (better(c, best)) best = c;
+  }
+  best = block_argmax(best);
+  int32_t token = best.i == 0x7fffffff ? 0 : best.i;
+  if (d.temperature > 0.0f) {
+    const double mx = double(best.v), inv_t = 1.0 / double(d.temperature);
+    auto e_of = [=](int64_t i) { return exp(__dmul_rn(__dsub_rn(double(x[i]), mx), inv_t)); };
+    auto w_of = [=](int64_t i) { return uint64_t(__double2ull_rn(e_of(i) * kFix)); };
+    const bool filtered = (d.top_k > 0 && d.top_k < V) || d.top_p < 1.0f || d.min_p > 0.0f;
+    if (!filtered) {
+      unsigned long long local = 0;
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += w_of(i);
+      const unsigned long long total = block_sum(local);
+      auto key = [](int64_t i) { return id_key(i); };
+      token = key_id(select_key(V, 24, d.uniform * double(total), true, key, all, w_of, s));
+    } else {
+      auto key = [=](int64_t i) { return sorted_key(x[i], i); };
+      uint64_t kk = 0;  // top_k: the k-th key
+      if (d.top_k > 0 && d.top_k < V) kk = select_key(V, 56, double(d.top_k), false, key, all, one, s);
+      auto in_k = [=](int64_t i) { return key(i) >= kk; };
+      unsigned long long local = 0;
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += in_k(i) ? w_of(i) : 0;
+      const unsigned long long zk = block_sum(local);
+      uint64_t kp = kk;  // top_p: the first key at which the mass reaches top_p
+      if (d.top_p < 1.0f) kp = select_key(V, 56, double(d.top_p) * double(zk), false, key, in_k, w_of, s);
+      const double z = double(zk) / kFix, floor = double(d.min_p) * (1.0 / z);
+      const bool min_p = d.min_p > 0.0f;
+      auto in_final = [=](int64_t i) { return key(i) >= kp && (!min_p || e_of(i) / z >= floor); };
+      local = 0;
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += in_final(i) ? w_of(i) : 0;
+      const unsigned long long kept = block_sum(local);
+      token = key_id(select_key(V, 56, d.uniform * double(kept), true, key, in_final, w_of, s));
+    }
+  }
+  if (threadIdx.x == 0) p.out_token[r] = token;
+  if (!d.logprob && d.top_logprobs <= 0) return;
+
+  // Log-probabilities of the raw row (log_softmax of the unprocessed logits).
+  ValIdx rbest{neg_inf, 0x7fffffff};
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const ValIdx c{raw[i], int32_t(i)};
+    if (better(c, rbest)) rbest = c;
+  }
+  rbest = block_argmax(rbest);
+  const double rmx = double(rbest.v);
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) sum += exp(__dsub_rn(double(raw[i]), rmx));
+  sum = block_sum(sum);
+  const double lse = rmx + log(sum);
+  if (threadIdx.x == 0) p.out_logprob[r] = float(double(raw[token]) - lse);
+  const int n = int(d.top_logprobs < V ? d.top_logprobs : V);
+  if (n <= 0) return;
+  auto rkey = [=](int64_t i) { return sorted_key(raw[i], i); };
+  const uint64_t kn = select_key(V, 56, double(n), false, rkey, all, one, s);
+  if (threadIdx.x == 0) top_n = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const uint64_t k = rkey(i);
+    if (k >= kn) {
+      const int slot = atomicAdd(&top_n, 1);
+      if (slot < kSampleMaxTopLogprobs) top_keys[slot] = k;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int m = top_n < n ? top_n : n;
+    for (int a = 1; a < m; ++a) {  // insertion sort, largest key first
+      const unsigned long long k = top_keys[a];
+      int b = a - 1;
+      while (b >= 0 && top_keys[b] < k) {
+        top_keys[b + 1] = top_keys[b];
+        --b;
+      }
+      top_keys[b + 1] = k;
+    }
+    for (int j = 0; j < m; ++j) {
+      const int32_t id = key_id(top_keys[j]);
+      p.out_top_tok[r * kSampleMaxTopLogprobs + j] = id;
+      p.out_top_lp[r * kSampleMaxTopLogprobs + j] = float(double(raw[id]) - lse);
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_sample_rows(const SampleKernelParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  if (p.vocab <= 0 || p.vocab >= kSampleMaxVocab || p.rows > 0x7fffffff) return cudaErrorInvalidValue;
+  sm90_sample_penalty_kernel<<<unsigned(p.rows), 256, 0, stream>>>(p);
+  sm90_sample_kernel<<<unsigned(p.rows), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace dsaserve::kernels::cuda
