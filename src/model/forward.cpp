@@ -368,7 +368,8 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   bool decode = true;
   for (int64_t r = 0; r < batch.num_requests(); ++r) decode = decode && batch.num_new(r) == 1;
   const char* step_name = decode ? "decode" : "prefill";
-  trace::PassScope pass_scope(step_name, !mtp ? step_name : decode ? "draft" : "prefill_draft_extend");
+  trace::PassScope pass_scope(step_name, !mtp ? step_name : decode ? "draft" : "prefill_draft_extend",
+                              dev != Device::cpu);  // op spans of a device pass are timed with CUDA events
   auto kind_name = [&](const LayerWeights& lw, int64_t l) -> std::string {
     if (mtp) return "mtp";
     const char* ix = !c.has_indexer()                                  ? "none"

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "trace/device_timer.h"
 
 namespace dsaserve::trace {
 
@@ -37,6 +38,8 @@ Context& context() {
 
 Recorder::Recorder() : t0_(std::chrono::steady_clock::now()) {}
 
+Recorder::~Recorder() { resolve_device(true); }
+
 double Recorder::now_us() const {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count();
 }
@@ -50,6 +53,46 @@ void Recorder::add(Event e) {
   events_.push_back(std::move(e));
 }
 
+void Recorder::add_device(Event e, device::Mark* m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_.emplace_back(std::move(e), m);
+}
+
+void Recorder::resolve_device(bool wait) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pending_.empty()) return;
+  size_t kept = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    auto& [e, m] = pending_[i];
+    if (!wait && !device::ready(m)) {  // spans complete in order on one stream, but keep scanning
+      if (kept != i) pending_[kept] = std::move(pending_[i]);
+      ++kept;
+      continue;
+    }
+    double ts = 0, dur = 0;
+    std::string why;
+    if (device::times(m, &ts, &dur, &why)) {
+      e.args["timer"] = "cuda_event";
+      e.args["cpu_ts_us"] = e.ts_exact_us;
+      e.args["cpu_dur_us"] = e.dur_exact_us;
+      e.ts_exact_us = ts;
+      e.dur_exact_us = dur;
+      e.ts_us = int64_t(ts);
+      e.dur_us = int64_t(dur);
+      e.tid += kDeviceTrack;
+    } else {
+      e.args["timer"] = "wall_clock (cuda event: " + why + ")";
+    }
+    device::release(m);
+    if (max_events_ != 0 && events_.size() >= max_events_) {
+      dropped_ += 1;
+    } else {
+      events_.push_back(std::move(e));
+    }
+  }
+  pending_.resize(kept);
+}
+
 void Recorder::set_max_events(size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   max_events_ = n;
@@ -61,6 +104,7 @@ int64_t Recorder::dropped() const {
 }
 
 std::vector<Event> Recorder::events() const {
+  resolve_device(true);
   std::lock_guard<std::mutex> lock(mu_);
   return events_;
 }
@@ -94,6 +138,7 @@ std::vector<SummaryRow> Recorder::summarize(std::vector<Event> ev) {
 }
 
 nlohmann::json Recorder::to_json() const {
+  resolve_device(true);
   std::vector<Event> ev;
   int64_t dropped = 0;
   {
@@ -128,6 +173,7 @@ std::filesystem::path Recorder::write(const std::filesystem::path& dir) const {
 }
 
 std::filesystem::path Recorder::flush(const std::filesystem::path& dir) {
+  resolve_device(true);
   std::vector<Event> ev;
   int64_t dropped = 0;
   {
@@ -164,16 +210,29 @@ void Scope::begin(Recorder* r, const char* name, const char* cat) {
 }
 
 void Scope::end() {
+  if (mark_ != nullptr) device::end(mark_);
   ev_.dur_exact_us = rec_->now_us() - ev_.ts_exact_us;
   ev_.ts_us = int64_t(ev_.ts_exact_us);
   ev_.dur_us = int64_t(ev_.dur_exact_us);
-  rec_->add(std::move(ev_));
+  if (mark_ != nullptr) {
+    rec_->add_device(std::move(ev_), mark_);
+  } else {
+    rec_->add(std::move(ev_));
+  }
+}
+
+void Scope::time_on_device() {
+  if (rec_ == nullptr || mark_ != nullptr || !device::available()) return;
+  std::string why;
+  mark_ = device::begin(rec_->now_us(), &why);
+  if (mark_ == nullptr) ev_.args["timer"] = "wall_clock (cuda event: " + why + ")";
 }
 
 OpScope::OpScope(const char* name) : Scope(name, "op") {
   if (on()) {
     const Context& c = context();
     arg("step", c.step).arg("pass", c.pass).arg("layer", c.layer).arg("kind", c.kind);
+    if (c.device) time_on_device();
   }
 }
 
@@ -196,19 +255,26 @@ LayerScope::~LayerScope() {
   }
 }
 
-PassScope::PassScope(const char* step, const char* pass) : span_(pass, "pass") {
+PassScope::PassScope(const char* step, const char* pass, bool device) : span_(pass, "pass") {
   Context& c = context();
   prev_step_ = c.step;
   prev_pass_ = c.pass;
+  prev_device_ = c.device;
   c.step = step;
   c.pass = pass;
+  c.device = device;
   span_.arg("step", step);
+  if (span_.on()) {
+    span_.arg("device", device);
+    if (Recorder* r = active()) r->resolve_device(false);  // earlier passes' spans that completed
+  }
 }
 
 PassScope::~PassScope() {
   Context& c = context();
   c.step = prev_step_;
   c.pass = prev_pass_;
+  c.device = prev_device_;
 }
 
 }  // namespace dsaserve::trace

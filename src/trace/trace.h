@@ -9,6 +9,12 @@
 // plan's op records, docs/plan.md; fused kernels join names with '+', e.g.
 // "experts_gate_up+experts_act+experts_down"), "kernel" (one call of kernels/ops.h). Op spans carry
 // the thread's Context (step, pass, layer, kind), so their key "step/pass/kind/op" is the plan's key.
+//
+// Device timing: in a pass that runs on the CUDA device (PassScope's `device`), op spans are timed with
+// a pair of CUDA events on the operators' stream (device_timer.h) instead of the wall clock. Such a span
+// is pending until its end event completed: passes poll without blocking, and events(), summary(),
+// to_json(), write() and flush() wait for the rest. Resolved spans carry args "timer": "cuda_event",
+// "cpu_ts_us" and "cpu_dur_us" (when the host issued the op) and sit on their own track (tid + 65536).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -19,6 +25,13 @@
 #include <vector>
 
 namespace dsaserve::trace {
+
+namespace device {
+struct Mark;
+}
+
+// Track offset of device-timed spans (chrome://tracing draws them apart from the host's spans).
+constexpr uint32_t kDeviceTrack = 65536;
 
 struct Event {
   std::string name, cat;
@@ -38,9 +51,17 @@ struct SummaryRow {
 class Recorder {
  public:
   Recorder();
+  ~Recorder();  // waits for pending device-timed spans, then returns their events
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
   // Microseconds since this recorder was created.
   double now_us() const;
   void add(Event e);  // thread-safe
+  // A device-timed span (trace/device_timer.h): kept pending, with its wall-clock times, until resolved.
+  void add_device(Event e, device::Mark* m);
+  // Resolves the pending device-timed spans whose end events have completed; with `wait`, all of them
+  // (blocking on their events). Spans whose events failed keep their wall-clock times and say why.
+  void resolve_device(bool wait) const;
   std::vector<Event> events() const;
   // Per key, in order of first appearance: op spans keyed step/pass/kind/op (their parts from args),
   // kernel spans "kernel/<name>", layer spans "layer/<kind>".
@@ -67,9 +88,11 @@ class Recorder {
 
   std::chrono::steady_clock::time_point t0_;
   mutable std::mutex mu_;
-  std::vector<Event> events_;
+  // Mutable: resolving device-timed spans (from const readers) moves them from pending_ to events_.
+  mutable std::vector<Event> events_;
+  mutable std::vector<std::pair<Event, device::Mark*>> pending_;  // device-timed spans not yet resolved
   size_t max_events_ = 0;
-  int64_t dropped_ = 0;
+  mutable int64_t dropped_ = 0;
 };
 
 // The installed recorder, or null (tracing off). The recorder must outlive its installation.
@@ -81,7 +104,8 @@ struct Context {
   const char* step = "";  // "prefill" | "decode"
   const char* pass = "";  // the plan's pass name: "prefill", "decode", "prefill_draft_extend", "draft"
   int64_t layer = -1;
-  std::string kind;  // the plan's layer kind: "dense.full", "moe.shared", "mtp", "head", "tail"
+  std::string kind;     // the plan's layer kind: "dense.full", "moe.shared", "mtp", "head", "tail"
+  bool device = false;  // the pass runs on the CUDA device: op spans are timed with CUDA events
 };
 Context& context();
 
@@ -104,14 +128,20 @@ class Scope {
     return *this;
   }
 
+ protected:
+  // Times this span with CUDA events from now on (no effect when off or built without CUDA).
+  void time_on_device();
+
  private:
   void begin(Recorder* r, const char* name, const char* cat);
   void end();
   Recorder* rec_ = nullptr;
+  device::Mark* mark_ = nullptr;
   Event ev_;
 };
 
-// An "op" span carrying the thread's context (step, pass, layer, kind).
+// An "op" span carrying the thread's context (step, pass, layer, kind); timed on the device in a device
+// pass.
 class OpScope : public Scope {
  public:
   explicit OpScope(const char* name);
@@ -131,10 +161,10 @@ class LayerScope {
   std::string prev_kind_;
 };
 
-// Sets context().step/pass for its lifetime.
+// Sets context().step/pass/device for its lifetime. Also resolves the device-timed spans that completed.
 class PassScope {
  public:
-  PassScope(const char* step, const char* pass);
+  PassScope(const char* step, const char* pass, bool device = false);
   ~PassScope();
   PassScope(const PassScope&) = delete;
   PassScope& operator=(const PassScope&) = delete;
@@ -143,6 +173,7 @@ class PassScope {
   Scope span_;
   const char* prev_step_;
   const char* prev_pass_;
+  bool prev_device_;
 };
 
 }  // namespace dsaserve::trace

@@ -9,7 +9,7 @@
 namespace dsaserve::trace {
 namespace {
 
-TEST(Recorder, OffRecordsNothing) {
+TEST(TraceRecorder, OffRecordsNothing) {
   set_active(nullptr);
   Scope s("x", "op");
   EXPECT_FALSE(s.on());
@@ -18,7 +18,42 @@ TEST(Recorder, OffRecordsNothing) {
   EXPECT_EQ(context().layer, -1);  // context untouched when off
 }
 
-TEST(Recorder, SpansSummaryAndChromeJson) {
+// A device pass: its op spans are timed with CUDA events where this build and machine can, else they
+// keep their wall-clock times (built without CUDA: no timer arg; CUDA without a device: the reason).
+TEST(TraceRecorder, DevicePassOpSpans) {
+  Recorder r;
+  set_active(&r);
+  {
+    PassScope pass("decode", "decode", true);
+    EXPECT_TRUE(context().device);
+    LayerScope l(0, "dense.full");
+    { OpScope op("o_proj"); }
+  }
+  EXPECT_FALSE(context().device);
+  { OpScope op("after"); }  // outside any pass: never device-timed
+  set_active(nullptr);
+  const auto ev = r.events();
+  ASSERT_EQ(ev.size(), 4u);  // pass, layer, 2 ops
+  int ops = 0;
+  for (const Event& e : ev) {
+    if (e.cat != "op") continue;
+    ++ops;
+    const std::string timer = e.args.value("timer", std::string());
+    if (e.name == "after") {
+      EXPECT_EQ(timer, "");
+    } else if (timer == "cuda_event") {
+      EXPECT_GE(e.tid, kDeviceTrack);
+      EXPECT_TRUE(e.args.contains("cpu_ts_us"));
+      EXPECT_GE(e.dur_exact_us, 0.0);
+    } else {
+      EXPECT_LT(e.tid, kDeviceTrack);
+      EXPECT_TRUE(timer.empty() || timer.rfind("wall_clock (cuda event: ", 0) == 0) << timer;
+    }
+  }
+  EXPECT_EQ(ops, 2);
+}
+
+TEST(TraceRecorder, SpansSummaryAndChromeJson) {
   Recorder r;
   set_active(&r);
   {
@@ -82,7 +117,7 @@ TEST(Recorder, SpansSummaryAndChromeJson) {
 }
 
 // Bounded memory: events over the cap are dropped and counted; flush() writes and forgets them.
-TEST(Recorder, CapDropsAndFlushForgets) {
+TEST(TraceRecorder, CapDropsAndFlushForgets) {
   Recorder r;
   r.set_max_events(3);
   set_active(&r);
@@ -113,7 +148,7 @@ TEST(Recorder, CapDropsAndFlushForgets) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(Recorder, UnwritableDirectoryThrows) {
+TEST(TraceRecorder, UnwritableDirectoryThrows) {
   Recorder r;
   EXPECT_ANY_THROW(r.write("/proc/definitely/not/here"));
 }
