@@ -1,7 +1,8 @@
 // dsaserve generate --model DIR (--prompt-ids 1,2,3 | --prompt-ids-file F) --max-new-tokens N
 //                   [--temperature T --top-k K --top-p P --min-p M --seed S] [--page-size P] [--threads N]
-// Continues a token prompt on the CPU (one prefill, then one decode step per token) and prints the new
-// token ids as JSON: {"output_ids": [...], ...timings}. Greedy (argmax, ties to the lowest id) unless a
+//                   [--device cpu|cuda] [--kv-cache-dtype auto|bf16|fp8_e4m3|f32]
+// Continues a token prompt on the CPU or GPU (one prefill, then one decode step per token) and prints the
+// new token ids as JSON: {"output_ids": [...], ...timings}. Greedy (argmax, ties to the lowest id) unless a
 // sampling flag is given; sampling uses the runtime sampler (runtime/sampler).
 #include <fmt/format.h>
 
@@ -14,6 +15,7 @@
 #include "core/parallel.h"
 #include "kernels/ops.h"
 #include "model/score.h"
+#include "runtime/engine/device.h"
 #include "runtime/sampler/sampler.h"
 
 namespace dsaserve::cli {
@@ -21,7 +23,7 @@ namespace {
 
 CommandRun setup(CLI::App& sub) {
   struct Opts {
-    std::string model, prompt, prompt_file;
+    std::string model, prompt, prompt_file, device = "cpu", kv_cache_dtype = "auto";
     int64_t max_new = 16, page_size = 64;
     int threads = 0;
     float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
@@ -41,6 +43,11 @@ CommandRun setup(CLI::App& sub) {
   auto* seed = sub.add_option("--seed", o->seed, "sampling seed");
   sub.add_option("--page-size", o->page_size, "KV cache page size in tokens")->check(CLI::PositiveNumber);
   sub.add_option("--threads", o->threads, "CPU threads (default: DSASERVE_THREADS or all cores)");
+  sub.add_option("--device", o->device, "where the model runs: cpu or cuda")->capture_default_str();
+  sub.add_option("--kv-cache-dtype", o->kv_cache_dtype,
+                 "KV cache dtype: auto (bf16 on cuda when the sm_90a kernels fit the model, else f32), bf16, "
+                 "fp8_e4m3 (cuda) or f32")
+      ->capture_default_str();
   return [o, temp, topk, topp, minp, seed]() -> int {
     DSA_CHECK(!o->prompt.empty() || !o->prompt_file.empty(),
               "generate: give the prompt with --prompt-ids or --prompt-ids-file");
@@ -50,8 +57,16 @@ CommandRun setup(CLI::App& sub) {
     if (o->threads > 0) set_num_threads(o->threads);
     const bool sampling = temp->count() + topk->count() + topp->count() + minp->count() + seed->count() > 0;
 
+    const Device device = runtime::parse_device(o->device);
+    runtime::use_device(device);
     const auto t0 = std::chrono::steady_clock::now();
-    const auto model = model::Model::load(o->model, false);
+    auto model = model::Model::load(o->model, false);
+    const model::KvCacheDtype kv_dtype =
+        runtime::resolve_kv_cache_dtype(o->kv_cache_dtype, device, model->config());
+    if (device == Device::cuda) model::set_default_cuda_kv_dtype(kv_dtype);  // the caches generate makes
+    const auto t_up = std::chrono::steady_clock::now();
+    model = runtime::model_on_device(std::move(model), device);
+    const double upload_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_up).count();
     const int64_t V = model->config().vocab_size;
     check_token_ids(prompt, V);
     runtime::SamplingParams sp;
@@ -84,7 +99,10 @@ CommandRun setup(CLI::App& sub) {
     nlohmann::json j{{"output_ids", out},
                      {"prompt_tokens", prompt.size()},
                      {"sampling", sampling ? "sample" : "greedy"},
+                     {"device", std::string(device_name(device))},
+                     {"kv_cache_dtype", runtime::kv_cache_dtype_name(kv_dtype)},
                      {"load_seconds", load_s},
+                     {"upload_seconds", upload_s},
                      {"generate_seconds", run_s},
                      {"threads", num_threads()}};
     fmt::print("{}\n", j.dump());
@@ -93,7 +111,8 @@ CommandRun setup(CLI::App& sub) {
 }
 
 const CommandRegistration reg("generate",
-                              "continue a token prompt on the CPU (greedy, or sampled with flags)", setup);
+                              "continue a token prompt on the CPU or GPU (greedy, or sampled with flags)",
+                              setup);
 
 }  // namespace
 }  // namespace dsaserve::cli

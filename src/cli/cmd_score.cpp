@@ -1,5 +1,6 @@
 // dsaserve score --model DIR (--ids 1,2,3 | --ids-file F) --out logits.safetensors [--chunk N]
 //                [--decode-from K] [--mtp] [--page-size P] [--attention auto|mha|absorbed] [--trace-dir D]
+//                [--device cpu|cuda] [--kv-cache-dtype auto|bf16|fp8_e4m3|f32]
 // Runs a token sequence through the model the way the engine serves it (a prefill in chunks of N, then
 // one token per step from position K on) and writes the logits of every position: "logits" F32
 // [n, vocab], "input_ids" I32 [n] and, with --mtp, the MTP head's "mtp_logits" F32 [n - 1, vocab].
@@ -18,6 +19,7 @@
 #include "core/parallel.h"
 #include "io/safetensors.h"
 #include "model/score.h"
+#include "runtime/engine/device.h"
 #include "trace/trace.h"
 
 namespace dsaserve::cli {
@@ -25,7 +27,8 @@ namespace {
 
 CommandRun setup(CLI::App& sub) {
   struct Opts {
-    std::string model, ids, ids_file, out, attention = "auto", trace_dir;
+    std::string model, ids, ids_file, out, attention = "auto", trace_dir, device = "cpu",
+                                           kv_cache_dtype = "auto";
     int64_t chunk = 0, decode_from = -1, page_size = 64;
     int threads = 0;
     bool mtp = false;
@@ -46,14 +49,25 @@ CommandRun setup(CLI::App& sub) {
       ->check(CLI::IsMember({"auto", "mha", "absorbed"}));
   sub.add_option("--trace-dir", o->trace_dir, "write a Chrome trace of the forward passes to this directory");
   sub.add_option("--threads", o->threads, "CPU threads (default: DSASERVE_THREADS or all cores)");
+  sub.add_option("--device", o->device, "where the model runs: cpu or cuda")->capture_default_str();
+  sub.add_option("--kv-cache-dtype", o->kv_cache_dtype,
+                 "KV cache dtype: auto (bf16 on cuda when the sm_90a kernels fit the model, else f32), bf16, "
+                 "fp8_e4m3 (cuda) or f32")
+      ->capture_default_str();
   return [o]() -> int {
     DSA_CHECK(!o->ids.empty() || !o->ids_file.empty(), "score: give the tokens with --ids or --ids-file");
     const std::vector<int32_t> ids = read_token_ids(o->ids, "--ids", o->ids_file, "--ids-file");
     DSA_CHECK(!ids.empty(), "score: the token sequence is empty");
     if (o->threads > 0) set_num_threads(o->threads);
 
+    const Device device = runtime::parse_device(o->device);
+    runtime::use_device(device);
     const auto t0 = std::chrono::steady_clock::now();
-    const auto model = model::Model::load(o->model, o->mtp);
+    auto model = model::Model::load(o->model, o->mtp);
+    const model::KvCacheDtype kv_dtype =
+        runtime::resolve_kv_cache_dtype(o->kv_cache_dtype, device, model->config());
+    if (device == Device::cuda) model::set_default_cuda_kv_dtype(kv_dtype);  // the caches score makes
+    model = runtime::model_on_device(std::move(model), device);
     const int64_t V = model->config().vocab_size;
     check_token_ids(ids, V);
     DSA_CHECK(!o->mtp || model->num_mtp_layers() > 0, "--mtp: {} has no MTP layer", o->model);
@@ -93,9 +107,10 @@ CommandRun setup(CLI::App& sub) {
     const double load_s = std::chrono::duration<double>(t1 - t0).count();
     const double run_s = std::chrono::duration<double>(t2 - t1).count();
     fmt::print(
-        "scored {} tokens in {} steps: load {:.3f} s, forward {:.3f} s ({:.1f} tokens/s, {} threads) -> {}\n",
-        ids.size(), r.steps, load_s, run_s, double(ids.size()) / std::max(run_s, 1e-9), num_threads(),
-        o->out);
+        "scored {} tokens in {} steps on {} (KV {}): load {:.3f} s, forward {:.3f} s ({:.1f} tokens/s, {} "
+        "threads) -> {}\n",
+        ids.size(), r.steps, device_name(device), runtime::kv_cache_dtype_name(kv_dtype), load_s, run_s,
+        double(ids.size()) / std::max(run_s, 1e-9), num_threads(), o->out);
     return 0;
   };
 }

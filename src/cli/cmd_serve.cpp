@@ -46,7 +46,14 @@ CommandRun setup(CLI::App& sub) {
   sub.add_option("--kv-pages", cfg->engine.kv_pages, "KV pool pages (0: from --mem-fraction-static)")
       ->capture_default_str();
   sub.add_option("--mem-fraction-static", cfg->mem_fraction_static,
-                 "with --kv-pages 0: fraction of RAM for weights + KV cache");
+                 "with --kv-pages 0: fraction of RAM for weights + KV cache (cpu); fraction of the device "
+                 "memory free after the weights, less an activation workspace estimate, for the KV cache "
+                 "(cuda)");
+  sub.add_option("--device", cfg->device, "where the model runs: cpu or cuda")->capture_default_str();
+  sub.add_option("--kv-cache-dtype", cfg->kv_cache_dtype,
+                 "KV cache dtype: auto (bf16 on cuda when the sm_90a kernels fit the model, else f32), bf16, "
+                 "fp8_e4m3 (cuda) or f32")
+      ->capture_default_str();
   sub.add_flag(
       "--disable-radix-cache", [cfg](int64_t) { cfg->engine.enable_prefix_cache = false; },
       "no prefix cache");

@@ -14,6 +14,7 @@
 #include "chat/chat_template.h"
 #include "chat/output_parser.h"
 #include "core/error.h"
+#include "runtime/engine/device.h"
 #include "server/builtin.h"
 #include "server/session.h"
 #include "trace/trace.h"
@@ -300,6 +301,8 @@ int run_server(const ServerConfig& in) {
               cfg.reasoning_parser);
   }
   tool_format(cfg.tool_call_parser);  // throws on an unknown name before loading anything
+  const Device device = runtime::parse_device(cfg.device);
+  runtime::use_device(device);  // "no CUDA device" before loading anything
   const auto t0 = std::chrono::steady_clock::now();
   // Model.
   std::shared_ptr<model::Model> model;
@@ -317,6 +320,13 @@ int run_server(const ServerConfig& in) {
     if (cfg.served_model_name.empty())
       cfg.served_model_name = std::filesystem::absolute(model_dir).filename().string();
   }
+  // The weights on the device (dtypes kept); the engine's KV cache follows them.
+  const model::KvCacheDtype kv_dtype =
+      runtime::resolve_kv_cache_dtype(cfg.kv_cache_dtype, device, model->config());
+  cfg.engine.kv_dtype = kv_dtype;
+  const auto t_loaded = std::chrono::steady_clock::now();
+  model = runtime::model_on_device(std::move(model), device);
+  const auto t_uploaded = std::chrono::steady_clock::now();
   // Tokenizer and chat template.
   std::string tok_path = cfg.tokenizer_path;
   if (tok_path.empty()) {
@@ -375,18 +385,45 @@ int run_server(const ServerConfig& in) {
     }
   }
   cfg.engine.scheduler.eos_token_ids = eos;
+  // Warm-up (CUDA): kernel loading, cuBLASLt heuristics and allocator growth before the first request.
+  const double warm_s = device == Device::cuda ? runtime::warm_up(*model, kv_dtype, 64) : 0.0;
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  const double weight_gib = double(model->weights().bytes()) / kGiB;
+  const double page_bytes =
+      double(model::KvCache::bytes_per_token(model->config(), model->num_mtp_layers() > 0, kv_dtype) *
+             cfg.engine.page_size);
   if (cfg.engine.kv_pages <= 0) {
     DSA_CHECK(cfg.mem_fraction_static > 0 && cfg.mem_fraction_static < 1,
               "--mem-fraction-static must be in (0, 1) when --kv-pages is not given, got {}",
               cfg.mem_fraction_static);
-    const double ram = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
-    const double kv_bytes = cfg.mem_fraction_static * ram - double(model->weights().bytes());
-    const double page_bytes =
-        double(model::KvCache::bytes_per_token(model->config(), false) * cfg.engine.page_size);
+    const runtime::DeviceMemory mem = runtime::device_memory(device);
+    double kv_bytes = 0;
+    if (device == Device::cpu) {
+      kv_bytes = cfg.mem_fraction_static * double(mem.total) - double(model->weights().bytes());
+    } else {
+      const auto& sc = cfg.engine.scheduler;
+      const int64_t step_tokens =
+          std::max<int64_t>(sc.max_prefill_tokens, sc.chunked_prefill_size) + sc.max_running_requests;
+      const int64_t workspace =
+          runtime::activation_workspace_bytes(model->config(), step_tokens, sc.max_running_requests);
+      kv_bytes = cfg.mem_fraction_static * double(mem.free) - double(workspace);
+      fmt::print(
+          "dsaserve serve: device memory {:.2f} GiB free of {:.2f} GiB after the weights ({:.2f} GiB) and "
+          "warm-up; KV budget {:.2f} x free - {:.2f} GiB activation workspace ({} tokens/step) = {:.2f} "
+          "GiB\n",
+          double(mem.free) / kGiB, double(mem.total) / kGiB, weight_gib, cfg.mem_fraction_static,
+          double(workspace) / kGiB, step_tokens, kv_bytes / kGiB);
+    }
     cfg.engine.kv_pages = int64_t(kv_bytes / page_bytes);
     DSA_CHECK(cfg.engine.kv_pages > 0, "--mem-fraction-static {} leaves no memory for the KV cache",
               cfg.mem_fraction_static);
   }
+  fmt::print(
+      "dsaserve serve: device {} ({}); weights {:.3f} GiB; KV cache {}: {} pages of {} tokens ({:.3f} GiB)\n",
+      device_name(device), runtime::device_description(device), weight_gib,
+      runtime::kv_cache_dtype_name(kv_dtype), cfg.engine.kv_pages, cfg.engine.page_size,
+      double(cfg.engine.kv_pages) * page_bytes / kGiB);
+  std::fflush(stdout);
   const int64_t model_ctx = model->config().max_position_embeddings;
   cfg.engine.scheduler.max_context =
       cfg.context_length > 0 ? std::min(cfg.context_length, model_ctx > 0 ? model_ctx : cfg.context_length)
@@ -416,9 +453,14 @@ int run_server(const ServerConfig& in) {
   }
   int rc = 0;
   {
+    const auto t_kv = std::chrono::steady_clock::now();
     Server server(cfg, std::move(model), std::move(*tok), std::move(chat_tmpl), std::move(chat_tools));
-    fmt::print("dsaserve serve: loaded in {:.2f} s\n",
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const auto t_ready = std::chrono::steady_clock::now();
+    const auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    fmt::print(
+        "dsaserve serve: loaded in {:.2f} s (load {:.2f} s, upload {:.2f} s, warm-up {:.2f} s, "
+        "KV alloc {:.2f} s)\n",
+        secs(t0, t_ready), secs(t0, t_loaded), secs(t_loaded, t_uploaded), warm_s, secs(t_kv, t_ready));
     rc = server.run();
   }  // the engine has stopped: nothing records any more
   if (recorder) {

@@ -24,11 +24,15 @@ struct ServerConfig {
   // <think>...</think>);
   // --tool-call-parser glm45 | glm47 | deepseekv3 | deepseekv31 | deepseekv32 (or the chat module's names).
   std::string reasoning_parser;
-  std::string tool_call_parser;    // non-empty: /v1/* needs "Authorization: Bearer <key>"
-  runtime::EngineConfig engine;    // engine.kv_pages 0: from mem_fraction_static
-  double mem_fraction_static = 0;  // > 0 with kv_pages 0: (fraction of RAM - weights) for the KV pool
-  int64_t context_length = 0;      // 0: the model's max_position_embeddings
-  int64_t max_prompt_tokens = 0;   // 0: context_length - 1
+  std::string tool_call_parser;  // non-empty: /v1/* needs "Authorization: Bearer <key>"
+  runtime::EngineConfig engine;  // engine.kv_pages 0: from mem_fraction_static
+  // > 0 with kv_pages 0: the KV pool gets (fraction of RAM - weights) on the CPU, (fraction of the free
+  // device memory after the weights - an activation workspace estimate) on CUDA.
+  double mem_fraction_static = 0;
+  std::string device = "cpu";           // cpu | cuda (runtime/engine/device.h)
+  std::string kv_cache_dtype = "auto";  // auto | bf16 | fp8_e4m3 | f32 (auto: bf16 on CUDA, f32 on CPU)
+  int64_t context_length = 0;           // 0: the model's max_position_embeddings
+  int64_t max_prompt_tokens = 0;        // 0: context_length - 1
   int64_t max_body_bytes = 8 << 20;
   int64_t max_queued_requests = 1024;  // beyond running + this many: 503
   int64_t max_n = 16;

@@ -31,12 +31,19 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
   DSA_CHECK(model_ != nullptr, "engine: no model");
   DSA_CHECK(cfg_.kv_pages > 0, "--kv-pages must be positive, got {}", cfg_.kv_pages);
   DSA_CHECK(cfg_.page_size > 0, "--page-size must be positive, got {}", cfg_.page_size);
-  pool_ = std::make_unique<KvPool>(model_->make_cache(cfg_.kv_pages, cfg_.page_size));
+  // The KV cache lives where the model's weights do (see runtime/engine/device.h); the engine only ever
+  // moves page ids, so prefix reuse, retraction and aborts need no device copies.
+  pool_ = std::make_unique<KvPool>(
+      cfg_.kv_dtype ? model::KvCache::create(model_->config(), cfg_.kv_pages, cfg_.page_size,
+                                             model_->num_mtp_layers() > 0,
+                                             model_->weights().embed_tokens.device(), cfg_.kv_dtype)
+                    : model_->make_cache(cfg_.kv_pages, cfg_.page_size));
   cache_ = std::make_unique<RadixCache>(*pool_, cfg_.enable_prefix_cache);
   if (cfg_.scheduler.max_context <= 0) cfg_.scheduler.max_context = model_->config().max_position_embeddings;
   scheduler_ = std::make_unique<Scheduler>(cfg_.scheduler, *pool_, *cache_);
   cfg_.forward.all_logits = false;
-  runner_ = std::make_unique<CpuModelRunner>(*model_, pool_->cache(), cfg_.forward, cfg_.overlap_schedule);
+  runner_ =
+      std::make_unique<ForwardModelRunner>(*model_, pool_->cache(), cfg_.forward, cfg_.overlap_schedule);
   stats_.kv_pages_total = pool_->num_pages();
   stats_.kv_pages_free = pool_->free_pages();
   seed_counter_ = std::random_device{}();

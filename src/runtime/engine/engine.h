@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +39,8 @@ struct EngineConfig {
   std::string trace_dir;
   int64_t trace_flush_steps = 256;
   model::ForwardOptions forward;
+  // The KV cache's dtype (on the model's device); unset: the device's default (model::KvCache::create).
+  std::optional<model::KvCacheDtype> kv_dtype;
 };
 
 struct GenerateRequest {

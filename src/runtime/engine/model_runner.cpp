@@ -6,13 +6,13 @@
 
 namespace dsaserve::runtime {
 
-CpuModelRunner::CpuModelRunner(const model::Model& model, model::KvCache& cache, model::ForwardOptions opt,
-                               bool async)
+ForwardModelRunner::ForwardModelRunner(const model::Model& model, model::KvCache& cache,
+                                       model::ForwardOptions opt, bool async)
     : model_(model), cache_(cache), opt_(opt), async_(async) {
   if (async_) thread_ = std::thread([this] { worker(); });
 }
 
-CpuModelRunner::~CpuModelRunner() {
+ForwardModelRunner::~ForwardModelRunner() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
@@ -21,7 +21,7 @@ CpuModelRunner::~CpuModelRunner() {
   if (thread_.joinable()) thread_.join();  // a step in flight finishes first
 }
 
-void CpuModelRunner::run(const model::ForwardBatch& fb) {
+void ForwardModelRunner::run(const model::ForwardBatch& fb) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (chained_)
@@ -30,7 +30,7 @@ void CpuModelRunner::run(const model::ForwardBatch& fb) {
   Tensor logits;
   std::exception_ptr err;
   try {
-    logits = model_.forward(fb, cache_, opt_).logits.contiguous();
+    logits = model_.forward(fb, cache_, opt_).logits.to(Device::cpu).contiguous();  // no copy on the CPU
   } catch (...) {
     err = std::current_exception();
   }
@@ -42,17 +42,17 @@ void CpuModelRunner::run(const model::ForwardBatch& fb) {
   last_finish_ = std::chrono::steady_clock::now();
 }
 
-double CpuModelRunner::gap_seconds() {
+double ForwardModelRunner::gap_seconds() {
   std::lock_guard<std::mutex> lk(mu_);
   return gap_s_;
 }
 
-void CpuModelRunner::idle() {
+void ForwardModelRunner::idle() {
   std::lock_guard<std::mutex> lk(mu_);
   chained_ = false;
 }
 
-void CpuModelRunner::launch(model::ForwardBatch fb) {
+void ForwardModelRunner::launch(model::ForwardBatch fb) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     DSA_CHECK(!busy_, "model runner: a step is already in flight");
@@ -67,7 +67,7 @@ void CpuModelRunner::launch(model::ForwardBatch fb) {
   }
 }
 
-Tensor CpuModelRunner::wait() {
+Tensor ForwardModelRunner::wait() {
   std::unique_lock<std::mutex> lk(mu_);
   DSA_CHECK(busy_, "model runner: no step in flight");
   cv_.wait(lk, [&] { return done_; });
@@ -79,7 +79,7 @@ Tensor CpuModelRunner::wait() {
   return r;
 }
 
-void CpuModelRunner::worker() {
+void ForwardModelRunner::worker() {
   for (;;) {
     model::ForwardBatch fb;
     {

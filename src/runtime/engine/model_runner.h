@@ -1,9 +1,10 @@
 #pragma once
 // ModelRunner: the seam between the engine thread and the device. launch() starts one step's forward
 // and returns at once; wait() returns its last-token logits. The engine prepares the next step between
-// the two (overlap scheduling). The CPU runner computes on a worker thread; a CUDA runner would enqueue
-// the step on a stream and keep the same contract (the ForwardBatch it receives has every input id
-// resolved, so it needs no knowledge of the scheduler's future tokens).
+// the two (overlap scheduling). ForwardModelRunner serves every device: it calls Model::forward on
+// whatever device the model's weights and the KV cache live on (the ForwardBatch it receives has every
+// input id resolved, so it needs no knowledge of the scheduler's future tokens) and brings the logits
+// to the host for the CPU sampler.
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -31,14 +32,18 @@ class ModelRunner {
   virtual void idle() = 0;
 };
 
-// The CPU path: `async` runs each forward on a worker thread (so launch() returns at once); otherwise
-// launch() computes inline. The results are the same.
-class CpuModelRunner final : public ModelRunner {
+// Model::forward on the model's device (CPU, or CUDA with the weights uploaded and a CUDA KV cache).
+// `async` runs each forward on a worker thread (so launch() returns at once); otherwise launch() computes
+// inline. The results are the same. On CUDA the worker thread needs no per-thread setup: the process
+// uses device 0 (every host thread's default) and the backend queues every kernel on the legacy default
+// stream, which orders them against the other threads' work (weights, warm-up); the logits copy to the
+// host ends the step, so wait() returns only finished results.
+class ForwardModelRunner final : public ModelRunner {
  public:
-  CpuModelRunner(const model::Model& model, model::KvCache& cache, model::ForwardOptions opt, bool async);
-  ~CpuModelRunner() override;
-  CpuModelRunner(const CpuModelRunner&) = delete;
-  CpuModelRunner& operator=(const CpuModelRunner&) = delete;
+  ForwardModelRunner(const model::Model& model, model::KvCache& cache, model::ForwardOptions opt, bool async);
+  ~ForwardModelRunner() override;
+  ForwardModelRunner(const ForwardModelRunner&) = delete;
+  ForwardModelRunner& operator=(const ForwardModelRunner&) = delete;
 
   void launch(model::ForwardBatch fb) override;
   Tensor wait() override;

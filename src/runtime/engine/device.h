@@ -1,0 +1,56 @@
+#pragma once
+// Device selection for the commands that run the model (serve, generate, score): `--device cpu|cuda` and
+// `--kv-cache-dtype auto|bf16|fp8_e4m3|f32`. use_device() checks that the device exists and installs its
+// operator backend; model_on_device() uploads a model's weights (dtypes kept) so that Model::forward,
+// the KV cache it makes and everything the engine runs live on that device. Everything above the model
+// runner is device-agnostic: the engine only moves page ids, never KV storage.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+
+namespace dsaserve::runtime {
+
+// "cpu" or "cuda"; anything else is an error naming the flag.
+Device parse_device(const std::string& name);  // (its name: core/tensor.h's device_name)
+
+// Makes `d` usable: nothing for the CPU; for CUDA checks that a device is present (dsaserve::Error
+// "no CUDA device ..." otherwise, also when this build has no CUDA) and installs the CUDA backend.
+void use_device(Device d);
+// "NVIDIA H200, sm_90, 139.8 GiB, 132 SMs" for CUDA, "cpu" for the CPU.
+std::string device_description(Device d);
+
+// The model with its weights on `d` (the same object when they already are). The returned model keeps
+// no checkpoint mapping for a CUDA upload: the host copy can go once this returns. Synchronous.
+std::shared_ptr<model::Model> model_on_device(std::shared_ptr<model::Model> m, Device d);
+
+// Whether the sm_90a attention kernels (bf16 / FP8 latent cache) serve this model's shapes
+// (kv_lora_rank 512, qk_rope_head_dim 64, index_head_dim 128); otherwise CUDA runs f32 caches only.
+bool sm90_kv_shapes(const model::ModelConfig& cfg);
+// --kv-cache-dtype: auto is bf16 on CUDA when the sm_90a kernels fit the model (else f32, the stand-in
+// kernels) and f32 on the CPU; bf16 / fp8_e4m3 need CUDA and those shapes, fp8_e4m3 also
+// kv_lora_rank % 128 == 0. Clear errors otherwise.
+model::KvCacheDtype resolve_kv_cache_dtype(const std::string& name, Device d, const model::ModelConfig& cfg);
+const char* kv_cache_dtype_name(model::KvCacheDtype d);
+
+struct DeviceMemory {
+  int64_t free = 0;   // bytes the device can still hand out (cudaMemGetInfo), RAM for the CPU
+  int64_t total = 0;  // device memory size (physical RAM for the CPU)
+};
+DeviceMemory device_memory(Device d);
+
+// A bound on the activations of one step that are alive at once (bytes): hidden states, attention and
+// MoE intermediates for `tokens` new tokens, the logits of `requests` rows, plus a fixed allowance for
+// cuBLASLt workspaces and allocator rounding. Used to keep that much free when sizing the KV pool from
+// free device memory.
+int64_t activation_workspace_bytes(const model::ModelConfig& cfg, int64_t tokens, int64_t requests);
+
+// Runs one prefill of `prompt_tokens` tokens and one decode step on a throwaway cache (then frees it), so
+// that the first request does not pay for kernel loading, cuBLASLt heuristics and allocator growth.
+// Returns the seconds it took.
+double warm_up(const model::Model& m, model::KvCacheDtype kv_dtype, int64_t prompt_tokens);
+
+}  // namespace dsaserve::runtime
