@@ -19,6 +19,8 @@ namespace {
 constexpr int kThreads = 512;
 constexpr double kFix = 17592186044416.0;  // 2^44: a probability weight (<= 1) as an integer
 constexpr unsigned kFull = 0xffffffffu;
+// Bits 24..31 of every id key (ids < kSampleMaxVocab = 2^20): an id-order select starts at bit 16.
+constexpr uint64_t kIdPrefix = 0xff000000ull;
 
 // Monotone map of a float to uint32 (larger float -> larger code); -0 is 0, as the CPU's == says.
 __device__ __forceinline__ uint32_t ord(float f) {
@@ -91,12 +93,13 @@ __device__ void choose_bin(SelectShared& s, unsigned long long above, double tar
 // Among the elements i < n with in(i), taken in decreasing key(i) order, the first at which the running
 // sum of weight(i) reaches `target` (cum >= target; strict: cum > target), or the last one when none
 // does (as the CPU falls back to its last candidate). Returns its key. Radix select, 8 bits a pass from
-// bits [first_shift, first_shift + 8) down; keys must be distinct. Every thread of the block calls it.
+// bits [first_shift, first_shift + 8) down; the bits above are `prefix0` in every key; keys must be
+// distinct. Every thread of the block calls it.
 template <class Key, class In, class Weight>
-__device__ uint64_t select_key(int64_t n, int first_shift, double target, bool strict, Key key, In in,
-                               Weight weight, SelectShared& s) {
+__device__ uint64_t select_key(int64_t n, int first_shift, uint64_t prefix0, double target, bool strict,
+                               Key key, In in, Weight weight, SelectShared& s) {
   const int lane = int(threadIdx.x & 31);
-  uint64_t prefix = 0, mask = first_shift >= 56 ? 0 : (~0ull << (first_shift + 8));
+  uint64_t prefix = prefix0, mask = first_shift >= 56 ? 0 : (~0ull << (first_shift + 8));
   unsigned long long above = 0;
   for (int shift = first_shift; shift >= 0; shift -= 8) {
     for (int b = int(threadIdx.x); b < 256; b += int(blockDim.x)) {
@@ -210,24 +213,24 @@ __global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParam
       for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += w_of(i);
       const unsigned long long total = block_sum(local);
       auto key = [](int64_t i) { return id_key(i); };
-      token = key_id(select_key(V, 24, d.uniform * double(total), true, key, all, w_of, s));
+      token = key_id(select_key(V, 16, kIdPrefix, d.uniform * double(total), true, key, all, w_of, s));
     } else {
       auto key = [=](int64_t i) { return sorted_key(x[i], i); };
       uint64_t kk = 0;  // top_k: the k-th key
-      if (d.top_k > 0 && d.top_k < V) kk = select_key(V, 56, double(d.top_k), false, key, all, one, s);
+      if (d.top_k > 0 && d.top_k < V) kk = select_key(V, 56, 0, double(d.top_k), false, key, all, one, s);
       auto in_k = [=](int64_t i) { return key(i) >= kk; };
       unsigned long long local = 0;
       for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += in_k(i) ? w_of(i) : 0;
       const unsigned long long zk = block_sum(local);
       uint64_t kp = kk;  // top_p: the first key at which the mass reaches top_p
-      if (d.top_p < 1.0f) kp = select_key(V, 56, double(d.top_p) * double(zk), false, key, in_k, w_of, s);
+      if (d.top_p < 1.0f) kp = select_key(V, 56, 0, double(d.top_p) * double(zk), false, key, in_k, w_of, s);
       const double z = double(zk) / kFix, floor = double(d.min_p) * (1.0 / z);
       const bool min_p = d.min_p > 0.0f;
       auto in_final = [=](int64_t i) { return key(i) >= kp && (!min_p || e_of(i) / z >= floor); };
       local = 0;
       for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += in_final(i) ? w_of(i) : 0;
       const unsigned long long kept = block_sum(local);
-      token = key_id(select_key(V, 56, d.uniform * double(kept), true, key, in_final, w_of, s));
+      token = key_id(select_key(V, 56, 0, d.uniform * double(kept), true, key, in_final, w_of, s));
     }
   }
   if (threadIdx.x == 0) p.out_token[r] = token;
@@ -249,7 +252,7 @@ __global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParam
   const int n = int(d.top_logprobs < V ? d.top_logprobs : V);
   if (n <= 0) return;
   auto rkey = [=](int64_t i) { return sorted_key(raw[i], i); };
-  const uint64_t kn = select_key(V, 56, double(n), false, rkey, all, one, s);
+  const uint64_t kn = select_key(V, 56, 0, double(n), false, rkey, all, one, s);
   if (threadIdx.x == 0) top_n = 0;
   __syncthreads();
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
