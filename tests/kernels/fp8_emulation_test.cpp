@@ -191,6 +191,14 @@ TEST(Fp8Emulation, LinearUsesTheQuantisedInput) {
   const Tensor emu16 = linear(x, w.ref);
   const std::vector<float> a = emu.to_f32_vector(), b = emu16.to_f32_vector();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i], bf16_to_f32(f32_to_bf16(a[i]))) << i;
+  // Fp8ActScale::none: the input is not quantised, only the product rounded (the study's baseline).
+  cpu::Fp8Emulation none = on(true);
+  none.scale = cpu::Fp8ActScale::none;
+  cpu::set_fp8_emulation(none);
+  const std::vector<float> r16 = linear(x, w.ref).to_f32_vector(), pl = plain.to_f32_vector();
+  for (size_t i = 0; i < pl.size(); ++i) EXPECT_EQ(r16[i], bf16_to_f32(f32_to_bf16(pl[i]))) << i;
+  EXPECT_THROW(cpu::fp8_quant_dequant(x, cpu::Fp8ActScale::none), Error);
+  cpu::set_fp8_emulation(on(true));
   // A row range the GPU runs dequantised (r0 % 128 != 0) is not quantised, even into a strided view.
   Tensor wide = Tensor::zeros({9, 400}, DType::f32);
   Tensor view = wide.slice(1, 10, 10 + 200);

@@ -46,6 +46,7 @@ struct EmuRun {
   std::vector<int32_t> ref_argmax;   // the goldens'
   std::vector<double> ref_gap;       // the goldens' top-1 minus top-2 logit per row
   std::vector<Decision> decisions;   // in call order
+  std::vector<Tensor> logits, mtp;   // per sequence
 };
 
 double median(std::vector<double> v) {
@@ -109,7 +110,8 @@ struct EmulationScope {
   }
 };
 
-EmuRun run_all(const Fixture& fx, const cpu::Fp8Emulation& emu) {
+EmuRun run_all(const Fixture& fx, const cpu::Fp8Emulation& emu, ScoreOptions o = {},
+               bool half_decode = false) {
   const EmulationScope scope;
   EmuRun run;
   cpu::set_topk_observer([&run](std::string_view op, const Tensor& scores, const Tensor& chosen) {
@@ -126,12 +128,14 @@ EmuRun run_all(const Fixture& fx, const cpu::Fp8Emulation& emu) {
   cpu::set_fp8_emulation(emu);
   for (int i = 0; i < fx.nseq; ++i) {
     const auto ids = dsaserve::testing::ids_of(fx.gold.get(fmt::format("seq{}.input_ids", i)));
-    ScoreOptions o;
-    o.mtp = true;
+    o.mtp = !half_decode;
+    if (half_decode) o.decode_from = int64_t(ids.size()) / 2;
     const ScoreResult r = score_sequence(*fx.model, ids, o);
+    run.logits.push_back(r.logits);
+    run.mtp.push_back(r.mtp_logits);
     compare_rows(r.logits, fx.gold.get(fmt::format("seq{}.logits", i)), run.err, &run.argmax, &run.ref_argmax,
                  &run.ref_gap);
-    if (ids.size() >= 2)
+    if (o.mtp && ids.size() >= 2)
       compare_rows(r.mtp_logits, fx.gold.get(fmt::format("seq{}.mtp_logits", i)), run.err_mtp, nullptr,
                    nullptr, nullptr);
   }
@@ -229,6 +233,29 @@ std::string margins(const std::vector<double>& v) {
   return fmt::format("{:.2g}/{:.2g}", *std::min_element(v.begin(), v.end()), median(v));
 }
 
+// Prints how far run `a` is from run `b`: per-row relative error of a's logits against b's (median, max),
+// argmax agreement, MTP, and the top-k decisions that differ.
+void distance_line(const std::string& name, const EmuRun& a, const EmuRun& b, bool decisions = true) {
+  std::vector<double> d, dm, unused_gap;
+  std::vector<int32_t> am_a, am_b;
+  for (size_t i = 0; i < a.logits.size(); ++i) {
+    compare_rows(a.logits[i], b.logits[i], d, &am_a, &am_b, &unused_gap);
+    if (a.mtp[i].defined()) compare_rows(a.mtp[i], b.mtp[i], dm, nullptr, nullptr, nullptr);
+  }
+  int64_t same = 0;
+  for (size_t i = 0; i < am_a.size(); ++i) same += am_a[i] == am_b[i];
+  std::string flipped;
+  if (decisions) {  // the same decision calls in both runs (the same schedule)
+    const Flips fr = flips(b, a, "moe_route"), fi = flips(b, a, "indexer_topk");
+    flipped = fmt::format(" route_flips={}/{} index_flips={}/{}", fr.flipped, fr.total, fi.flipped, fi.total);
+  }
+  fmt::print(
+      "RESULT op=fp8emu_sensitivity pair=\"{}\" median={:.3g} max={:.3g} argmax_agree={:.1f}%{}{}\n", name,
+      median(d), maxof(d), 100.0 * double(same) / double(am_a.size()),
+      dm.empty() ? std::string() : fmt::format(" mtp_median={:.3g} mtp_max={:.3g}", median(dm), maxof(dm)),
+      flipped);
+}
+
 TEST(Fp8EmulationStudy, AblationTable) {
   const Fixture* fx = fixture();
   if (!fx)
@@ -258,8 +285,10 @@ TEST(Fp8EmulationStudy, AblationTable) {
       {"fp8 experts", emu(S::group128, true, only({&g.experts}))},
       {"fp8 all, per-token", emu(S::token, true, nullptr)},
       {"fp8 all, per-tensor", emu(S::tensor, true, nullptr)},
+      {"bf16 products, no fp8", emu(S::none, true, nullptr)},
   };
   const EmuRun base = run_all(*fx, configs[0].emu);
+  std::vector<EmuRun> runs;
   fmt::print("goldens.json smallest gaps: index top-k {:.3g}, expert route {:.3g}, argmax {:.3g}\n",
              fx->meta.value("index_topk_margin_min", 0.0), fx->meta.value("expert_route_margin_min", 0.0),
              fx->meta.value("argmax_margin_min", 0.0));
@@ -289,12 +318,40 @@ TEST(Fp8EmulationStudy, AblationTable) {
         median(r.err_mtp), maxof(r.err_mtp), fr.flipped, fr.total, margins(fr.flipped_margin),
         median(fr.shift), fi.flipped, fi.total, margins(fi.flipped_margin), median(fi.shift), am_flip,
         r.argmax.size(), margins(am_flip_gap));
+    runs.push_back(r);
     if (&c == &configs[0]) {
       EXPECT_LE(maxof(r.err), 1e-4) << "the fp32 path (FIXTURES.md)";
       EXPECT_EQ(fr.flipped + fi.flipped + am_flip, 0);
       fmt::print("fp32 path margins (min/median): route {}, index {}, argmax (golden gap) {}\n",
                  margins(fr.all_margin), margins(fi.all_margin), margins(r.ref_gap));
     }
+  }
+  // Sensitivity: how far one bf16 rounding of every FP8-weight GEMM's product moves the fp32 path and
+  // the FP8 path (the GPU-rule run against the same run with f32 products).
+  distance_line("fp32 path: bf16 products vs f32", runs.back(), runs[0]);
+  distance_line("fp8 path: bf16 products vs f32", runs[1], runs[2]);
+  // The GPU golden test's other modes with the GPU rule: the same arithmetic up to fp32 summation order
+  // (the MHA form also runs kv_b_proj in FP8), which the FP8 path amplifies as well.
+  struct Mode {
+    const char* name;
+    ScoreOptions opt;
+    bool half_decode;
+  };
+  ScoreOptions mha, chunks;
+  mha.attention = AttentionForm::mha;
+  chunks.chunk = 16;
+  chunks.page_size = 16;
+  for (const Mode& m : {Mode{"MHA form", mha, false}, Mode{"chunks of 16", chunks, false},
+                        Mode{"half prefill then decode", {}, true}}) {
+    const EmuRun r = run_all(*fx, configs[1].emu, m.opt, m.half_decode);
+    int64_t agree = 0;
+    for (size_t i = 0; i < r.argmax.size(); ++i) agree += r.argmax[i] == r.ref_argmax[i];
+    fmt::print("RESULT op=fp8emu mode={:<24} median={:<9.3g} max={:<9.3g} argmax_agree={:5.1f}%{}\n", m.name,
+               median(r.err), maxof(r.err), 100.0 * double(agree) / double(r.argmax.size()),
+               r.err_mtp.empty()
+                   ? std::string()
+                   : fmt::format(" mtp_median={:.3g} mtp_max={:.3g}", median(r.err_mtp), maxof(r.err_mtp)));
+    distance_line(fmt::format("fp8 path: {} vs one prefill", m.name), r, runs[1], false);
   }
 }
 

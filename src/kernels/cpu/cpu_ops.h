@@ -39,8 +39,8 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
 
 // Granularity of the activation scale. group128 is what the CUDA backend does (kernels/cuda/quant.cu:
 // per token, per group of 128 columns); token (one scale per row) and tensor (one per linear call) exist
-// only to compare against it.
-enum class Fp8ActScale { group128, token, tensor };
+// only to compare against it; none leaves the input unquantised (only bf16_output applies: a baseline).
+enum class Fp8ActScale { group128, token, tensor, none };
 
 struct Fp8Emulation {
   bool enabled = false;
@@ -67,7 +67,7 @@ float fp8_act_scale(float amax);
 // q[i] = e4m3(x[i] / s), saturating to +-448 (NaN stays NaN), for i < n: the CUDA kernel's rounding.
 void fp8_quantize(const float* x, int64_t n, float s, uint8_t* q);
 // x [T, K] (K a multiple of 128 for group128) -> f32 [T, K] contiguous: every value replaced by
-// e4m3_to_f32(q) * s, the value the GPU's FP8 GEMM multiplies.
+// e4m3_to_f32(q) * s, the value the GPU's FP8 GEMM multiplies. Throws for Fp8ActScale::none.
 Tensor fp8_quant_dequant(const Tensor& x, Fp8ActScale scale = Fp8ActScale::group128);
 
 // ---- top-k decision observer (analysis only; off by default) ----

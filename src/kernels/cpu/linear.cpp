@@ -83,6 +83,7 @@ void fp8_quantize(const float* x, int64_t n, float s, uint8_t* q) {
 Tensor fp8_quant_dequant(const Tensor& x, Fp8ActScale scale) {
   const Rows xr = as_rows(x, "fp8_quant_dequant input");
   const int64_t T = xr.rows, K = xr.cols;
+  DSA_CHECK(scale != Fp8ActScale::none, "fp8_quant_dequant: no scale granularity given");
   const int64_t group = scale == Fp8ActScale::group128 ? kFp8Group : K;
   DSA_CHECK(scale != Fp8ActScale::group128 || K % kFp8Group == 0,
             "fp8_quant_dequant: {} columns are not whole groups of {}", K, kFp8Group);
@@ -128,8 +129,9 @@ Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tenso
   if (T == 0 || N == 0) return out;
   // FP8 emulation (off by default): the GEMM reads the FP8 value of x instead of x.
   const std::optional<Fp8Emulation> emu = emulation_for(w, r0, r1);
-  const Tensor xq = emu ? fp8_quant_dequant(x, emu->scale) : Tensor();
-  const Rows xin = emu ? as_rows(xq, "linear input") : xr;
+  const bool quantise = emu && emu->scale != Fp8ActScale::none;
+  const Tensor xq = quantise ? fp8_quant_dequant(x, emu->scale) : Tensor();
+  const Rows xin = quantise ? as_rows(xq, "linear input") : xr;
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
   parallel_for(tiles, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> buf(size_t(kTileRows * K));

@@ -5,11 +5,22 @@
 // through score_sequence), prefill then decode, and the MTP head. Each fixture runs with an f32 KV cache
 // (the plain stand-in attention kernels) and a bf16 one (the sm_90a indexer top-k and MLA decode kernels);
 // realdims_fp8 also with the FP8 latent cache. Prints "RESULT" lines with the measured numbers.
+//
+// realdims_fp8 with fast (FP8) GEMMs is also run on the CPU with the GPU's FP8 activation arithmetic
+// emulated (kernels::cpu::set_fp8_emulation), mode for mode: on this fixture that arithmetic itself is
+// ~0.13 median from the float64 goldens (tests/model/fp8_emulation_test.cpp: FP8 rounding flips about
+// half of the index top-k and a quarter of the routing choices, whose float64 margins are ~1e-2), so
+// FIXTURES.md's 5e-2 cannot hold; the GPU is asserted to land where its arithmetic does (median within
+// 1.5x of the emulation's, argmax agreement within 15 points), and the GPU-vs-emulation distance is
+// printed, not asserted: the FP8 path amplifies any bf16-level difference to a ~0.1 median (one bf16
+// rounding of the products alone moves the emulation that far). That the GPU computes the emulated
+// arithmetic is checked op by op in fp8_emulation_test.cpp (CudaFp8Emulation.*).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <span>
@@ -17,6 +28,7 @@
 
 #include "common/fixtures.h"
 #include "io/safetensors.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/runtime.h"
@@ -87,6 +99,29 @@ struct KvDtypeScope {
   ~KvDtypeScope() { set_default_cuda_kv_dtype(saved); }
 };
 
+// Restores the CPU's default arithmetic when a CPU emulation run ends.
+struct EmulationScope {
+  explicit EmulationScope(const kernels::cpu::Fp8Emulation& e) { kernels::cpu::set_fp8_emulation(e); }
+  ~EmulationScope() { kernels::cpu::set_fp8_emulation({}); }
+};
+
+// The CPU forward of sequence `i` in mode `mi` with the GPU's FP8 activation arithmetic emulated
+// (cached: the same for every KV dtype; the CPU cache is f32).
+const ScoreResult& cpu_fp8_emulation(const std::filesystem::path& dir, size_t mi, int i,
+                                     const std::vector<int32_t>& ids, const ScoreOptions& opt) {
+  static std::map<std::string, std::shared_ptr<Model>> models;
+  static std::map<std::tuple<std::string, size_t, int>, ScoreResult> cache;
+  const auto key = std::make_tuple(dir.string(), mi, i);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  auto& model = models[dir.string()];
+  if (!model) model = Model::load(dir);
+  kernels::cpu::Fp8Emulation e;
+  e.enabled = true;
+  const EmulationScope scope(e);
+  return cache.emplace(key, score_sequence(*model, ids, opt)).first->second;
+}
+
 class CudaGoldens : public ::testing::TestWithParam<std::tuple<const char*, KvCacheDtype>> {};
 
 TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
@@ -143,8 +178,10 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
     for (size_t mi = 0; mi < all.size(); ++mi) {
       const Mode& mode = all[mi];
       if (exact && mi != 0 && mi != 4) continue;
-      std::vector<double> errs, errs_mtp;
-      int64_t agree = 0;
+      // realdims_fp8, fast: the CPU emulation of the same arithmetic, against the goldens and the GPU.
+      const bool emulate = fp8 && !exact;
+      std::vector<double> errs, errs_mtp, emu_errs, emu_errs_mtp, gpu_vs_emu;
+      int64_t agree = 0, emu_agree = 0, gpu_emu_agree = 0;
       for (int i = 0; i < nseq; ++i) {
         const auto ids = ids_of(gold.get(fmt::format("seq{}.input_ids", i)));
         ScoreOptions o = mode.opt;
@@ -161,6 +198,21 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
         if (o.mtp && ids.size() >= 2) {
           const auto em = compare(r.mtp_logits, gold.get(fmt::format("seq{}.mtp_logits", i))).first;
           errs_mtp.insert(errs_mtp.end(), em.begin(), em.end());
+        }
+        if (emulate) {
+          ScoreOptions co = o;
+          co.mtp = o.mtp || mi == 0;  // mode 0 runs the MTP head through prefill_with_mtp
+          const ScoreResult& c = cpu_fp8_emulation(dir, mi, i, ids, co);
+          const auto [ce, ca] = compare(c.logits, gold.get(fmt::format("seq{}.logits", i)));
+          emu_errs.insert(emu_errs.end(), ce.begin(), ce.end());
+          emu_agree += ca;
+          const auto [ge, ga] = compare(r.logits, c.logits);
+          gpu_vs_emu.insert(gpu_vs_emu.end(), ge.begin(), ge.end());
+          gpu_emu_agree += ga;
+          if (co.mtp && ids.size() >= 2) {
+            const auto cm = compare(c.mtp_logits, gold.get(fmt::format("seq{}.mtp_logits", i))).first;
+            emu_errs_mtp.insert(emu_errs_mtp.end(), cm.begin(), cm.end());
+          }
         }
       }
       auto median = [](std::vector<double> v) {
@@ -182,7 +234,22 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
           errs_mtp.empty()
               ? std::string()
               : fmt::format(" mtp_max={:.3g} mtp_median={:.3g}", maxof(errs_mtp), median(errs_mtp)));
-      if (strict) {
+      if (emulate) {
+        const double emu_med = median(emu_errs), emu_agreement = double(emu_agree) / double(emu_errs.size());
+        fmt::print(
+            "RESULT op=golden {:<27} gemm=fast mode={:<24} cpu_fp8_emulation: median={:<9.3g} max={:<9.3g} "
+            "argmax_agree={:.1f}% mtp_median={:.3g}; gpu_vs_emulation: median={:.3g} max={:.3g} "
+            "argmax_agree={:.1f}%\n",
+            label, mode.name, emu_med, maxof(emu_errs), 100.0 * emu_agreement, median(emu_errs_mtp),
+            median(gpu_vs_emu), maxof(gpu_vs_emu), 100.0 * double(gpu_emu_agree) / double(gpu_vs_emu.size()));
+        EXPECT_LE(med, std::max(row_tol, 1.5 * emu_med))
+            << mode.name << " (CPU FP8 emulation: " << emu_med << ")";
+        EXPECT_GE(agreement, emu_agreement - 0.15)
+            << mode.name << " (CPU FP8 emulation: " << emu_agreement << ")";
+        if (!errs_mtp.empty()) {
+          EXPECT_LE(median(errs_mtp), std::max(row_tol, 1.5 * median(emu_errs_mtp))) << mode.name << " MTP";
+        }
+      } else if (strict) {
         EXPECT_LE(worst, row_tol) << mode.name;
         EXPECT_LE(maxof(errs_mtp), row_tol) << mode.name << " MTP";
         EXPECT_GE(agreement, 0.99) << mode.name;
