@@ -118,14 +118,26 @@ __device__ uint64_t select_key(int64_t n, int first_shift, uint64_t prefix0, dou
           w = weight(i);
         }
       }
-      if (__ballot_sync(kFull, bin < 256) == 0) continue;  // (uniform over the warp)
-      // Lanes of one bin add their weights first (w <= 2^44: 22- and 23-bit halves, no overflow).
-      const unsigned peers = __match_any_sync(kFull, bin);
-      const unsigned lo = __reduce_add_sync(peers, unsigned(w & 0x3fffffu));
-      const unsigned hi = __reduce_add_sync(peers, unsigned(w >> 22));
-      if (bin < 256 && lane == __ffs(int(peers)) - 1) {
-        atomicAdd(&s.mass[bin], (static_cast<unsigned long long>(hi) << 22) + lo);
-        atomicAdd(&s.cnt[bin], __popc(int(peers)));
+      const unsigned valid = __ballot_sync(kFull, bin < 256);
+      if (valid == 0) continue;  // (uniform over the warp)
+      // Lanes sharing a bin add their weights with a full-warp sum first (two bins a round at most: the
+      // common case of a pass's leading digit); the lanes left over add theirs one by one.
+      unsigned pending = valid;
+      for (int round = 0; round < 2 && pending != 0; ++round) {
+        const int leader = __ffs(int(pending)) - 1;
+        const uint32_t b = __shfl_sync(kFull, bin, leader);
+        const bool mine = bin == b;
+        const unsigned group = __ballot_sync(kFull, mine);
+        const unsigned long long sum = warp_sum<unsigned long long>(mine ? w : 0);
+        if (lane == leader) {
+          atomicAdd(&s.mass[b], sum);
+          atomicAdd(&s.cnt[b], __popc(int(group)));
+        }
+        pending &= ~group;
+      }
+      if ((pending >> lane) & 1u) {
+        atomicAdd(&s.mass[bin], static_cast<unsigned long long>(w));
+        atomicAdd(&s.cnt[bin], 1);
       }
     }
     __syncthreads();
