@@ -364,11 +364,14 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   st.sel.resize(size_t(batch.num_requests()));
   const Tensor ids = i32_tensor(batch.input_ids.data(), T, dev);
 
-  // Trace context: the plan's step and pass names (a batch of one new token per request is a decode).
-  bool decode = true;
-  for (int64_t r = 0; r < batch.num_requests(); ++r) decode = decode && batch.num_new(r) == 1;
+  // Trace context: the plan's step and pass names, from the requests' state (a one-token prompt or chunk
+  // is a prefill; a step of decoding requests only is a decode).
+  const bool decode = batch.all_decoding();
   const char* step_name = decode ? "decode" : "prefill";
-  trace::PassScope pass_scope(step_name, !mtp ? step_name : decode ? "draft" : "prefill_draft_extend",
+  trace::PassScope pass_scope(step_name,
+                              !mtp     ? step_name
+                              : decode ? "draft"
+                                       : "prefill_draft_extend",
                               dev != Device::cpu);  // op spans of a device pass are timed with CUDA events
   auto kind_name = [&](const LayerWeights& lw, int64_t l) -> std::string {
     if (mtp) return "mtp";

@@ -7,7 +7,7 @@
 namespace dsaserve::model {
 
 void ForwardBatch::add_request(std::span<const int32_t> tokens, int64_t start,
-                               std::span<const int32_t> page_table) {
+                               std::span<const int32_t> page_table, std::optional<bool> decode) {
   DSA_CHECK(!tokens.empty(), "request {} has no new tokens (empty sequence)", num_requests());
   DSA_CHECK(start >= 0, "request {}: negative start position {}", num_requests(), start);
   DSA_CHECK(page_size > 0, "page size must be positive, got {}", page_size);
@@ -25,16 +25,21 @@ void ForwardBatch::add_request(std::span<const int32_t> tokens, int64_t start,
   }
   token_begin.push_back(int64_t(input_ids.size()));
   start_pos.push_back(start);
+  decoding.push_back(uint8_t(decode.value_or(tokens.size() == 1 && start > 0) ? 1 : 0));
   page_indices.insert(page_indices.end(), page_table.begin(), page_table.end());
   page_begin.push_back(int64_t(page_indices.size()));
+}
+
+bool ForwardBatch::all_decoding() const {
+  return !decoding.empty() && std::all_of(decoding.begin(), decoding.end(), [](uint8_t d) { return d != 0; });
 }
 
 void ForwardBatch::validate(int64_t vocab_size, int64_t num_pages) const {
   const int64_t R = num_requests(), T = num_tokens();
   DSA_CHECK(R > 0 && T > 0, "empty batch: {} requests, {} tokens", R, T);
   DSA_CHECK(int64_t(token_begin.size()) == R + 1 && int64_t(page_begin.size()) == R + 1 &&
-                int64_t(positions.size()) == T && int64_t(out_cache_loc.size()) == T && token_begin[0] == 0 &&
-                token_begin[size_t(R)] == T,
+                int64_t(decoding.size()) == R && int64_t(positions.size()) == T &&
+                int64_t(out_cache_loc.size()) == T && token_begin[0] == 0 && token_begin[size_t(R)] == T,
             "inconsistent batch layout ({} requests, {} tokens)", R, T);
   for (int64_t t = 0; t < T; ++t) {
     DSA_CHECK(input_ids[size_t(t)] >= 0 && input_ids[size_t(t)] < vocab_size,
@@ -46,6 +51,7 @@ void ForwardBatch::validate(int64_t vocab_size, int64_t num_pages) const {
   for (int64_t r = 0; r < R; ++r) {
     const int64_t n = num_new(r);
     DSA_CHECK(n > 0, "request {} has no new tokens", r);
+    DSA_CHECK(!decoding[size_t(r)] || n == 1, "request {} is decoding with {} new tokens", r, n);
     const auto pt = pages(r);
     const int64_t used = (start_pos[size_t(r)] + n + page_size - 1) / page_size;
     std::vector<int32_t> seen(pt.begin(), pt.begin() + std::min<int64_t>(used, int64_t(pt.size())));

@@ -4,6 +4,7 @@
 // in the KV cache (its start position) and its page table. Built on the host by the runtime (or a test),
 // consumed by Model::forward. Lives in model/ because it is the model's input contract; runtime/ builds it.
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -18,6 +19,9 @@ struct ForwardBatch {
   // Per request.
   std::vector<int64_t> token_begin{0};  // [R + 1]
   std::vector<int64_t> start_pos;       // [R] tokens already cached (= position of its first new token)
+  // [R] 1: the request is decoding (its new token is one it generated); 0: its new tokens are prompt
+  // tokens (a prefill, or a chunk of one, even of a single token). Labels the step in traces.
+  std::vector<uint8_t> decoding;
   // Page tables in CSR form: request r's pages are page_indices[page_begin[r] .. page_begin[r + 1]).
   std::vector<int64_t> page_begin{0};  // [R + 1]
   std::vector<int32_t> page_indices;
@@ -32,7 +36,12 @@ struct ForwardBatch {
 
   // Appends a request: `tokens` at positions start_pos.. using `page_table` (which must cover
   // start_pos + tokens.size() positions). Computes positions and out_cache_loc. Throws on bad input.
-  void add_request(std::span<const int32_t> tokens, int64_t start, std::span<const int32_t> page_table);
+  // `decoding`: the request's state (see `decoding` above); unset, one new token after a cached prefix
+  // counts as a decode, so a caller that may schedule a one-token chunk of a prompt must say so.
+  void add_request(std::span<const int32_t> tokens, int64_t start, std::span<const int32_t> page_table,
+                   std::optional<bool> decoding = std::nullopt);
+  // All requests are decoding (the step is a decode step; a 1-token prompt or chunk is not one).
+  bool all_decoding() const;
 
   // Checks the invariants against a vocabulary and a pool of `num_pages` pages; throws dsaserve::Error.
   void validate(int64_t vocab_size, int64_t num_pages) const;

@@ -47,11 +47,15 @@ ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, con
   fo.attention = opt.attention;
   fo.keep_hidden = opt.mtp;
   const auto steps = score_schedule(n, opt);
+  // Positions from decode_from on are decoded one per step; before it, prompt chunks (even of one token).
+  auto decoding = [&](int64_t b) {
+    return opt.decode_from >= 0 && b >= std::max<int64_t>(opt.decode_from, 1);
+  };
   Device hidden_device = Device::cpu;  // where the model's hidden states live (the MTP input goes back there)
   for (const auto& [b, e] : steps) {
     ForwardBatch batch;
     batch.page_size = opt.page_size;
-    batch.add_request(ids.subspan(size_t(b), size_t(e - b)), b, table);
+    batch.add_request(ids.subspan(size_t(b), size_t(e - b)), b, table, decoding(b));
     const ForwardOutput out = model.forward(batch, cache, fo);
     copy_rows_into(res.logits, b, out.logits);
     if (opt.mtp) {
@@ -68,7 +72,7 @@ ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, con
       if (b >= e) continue;
       ForwardBatch batch;
       batch.page_size = opt.page_size;
-      batch.add_request(ids.subspan(size_t(b + 1), size_t(e - b)), b, table);
+      batch.add_request(ids.subspan(size_t(b + 1), size_t(e - b)), b, table, decoding(b));
       const Tensor h = hidden.slice(0, b, e);
       const ForwardOutput out = model.forward_mtp(
           batch, hidden_device == Device::cpu ? h : h.contiguous().to(hidden_device), cache, fo, 0);
@@ -95,7 +99,7 @@ std::vector<int32_t> generate_tokens(const Model& model, std::span<const int32_t
   while (int64_t(out.size()) < max_new) {
     ForwardBatch batch;
     batch.page_size = page_size;
-    batch.add_request(step, pos, table);
+    batch.add_request(step, pos, table, pos > 0);
     const Tensor logits = model.forward(batch, cache, fo).logits.to(Device::cpu);  // [1, V]
     const int32_t next = pick(std::span<const float>(logits.data<float>(), size_t(V)));
     if (next < 0) break;

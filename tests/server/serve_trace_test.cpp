@@ -63,9 +63,10 @@ TEST_P(ServeTrace, EnginePhasesAndModelOpsMatchThePlan) {
   {
     ServerProcess server(args);
     ASSERT_GT(server.port(), 0) << server.log();
-    for (int i = 0; i < 3; ++i) {
+    // First, alone: a one-token prompt (token ids), whose first step is a prefill of 1 token, not a decode.
+    for (int i = -1; i < 3; ++i) {
       const json body = {{"model", "builtin:demo"},
-                         {"prompt", fmt::format("hello trace {}", i)},
+                         {"prompt", i < 0 ? json::array({5}) : json(fmt::format("hello trace {}", i))},
                          {"max_tokens", 6},
                          {"temperature", 0}};
       const HttpResult r = post_json(server.port(), "/v1/completions", body);
@@ -168,7 +169,25 @@ TEST_P(ServeTrace, EnginePhasesAndModelOpsMatchThePlan) {
     EXPECT_GE(sample["ts"].get<double>() + 1.0, wait["ts"].get<double>() + wait["dur"].get<double>());
     EXPECT_EQ(sched["tid"], launch["tid"]);  // the engine thread
   }
-  EXPECT_EQ(request_ids.size(), 3u);
+  EXPECT_EQ(request_ids.size(), 4u);
+  {
+    // The first step ran the one-token prompt alone: a prefill of 1 token, and so is its forward pass.
+    const json* first = &steps[0];
+    for (const json& s : steps) {
+      if (s["args"]["step"].get<int64_t>() < (*first)["args"]["step"].get<int64_t>()) first = &s;
+    }
+    const json& launch = phases[(*first)["args"]["step"].get<int64_t>()].at("launch")[0];
+    EXPECT_EQ(launch["args"]["prefill_tokens"], 1) << launch.dump();
+    EXPECT_EQ(launch["args"]["decode_tokens"], 0) << launch.dump();
+    const json* first_pass = nullptr;
+    for (const json& e : events) {
+      if (e["cat"] == "pass" &&
+          (first_pass == nullptr || e["ts"].get<double>() < (*first_pass)["ts"].get<double>()))
+        first_pass = &e;
+    }
+    ASSERT_NE(first_pass, nullptr) << "no forward pass span";
+    EXPECT_EQ((*first_pass)["args"]["step"], "prefill");
+  }
   EXPECT_GT(prefill_tokens, 0);
   EXPECT_GT(decode_tokens, 0);
 

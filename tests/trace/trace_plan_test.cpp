@@ -144,6 +144,52 @@ void check_model(const std::string& name) {
   std::filesystem::remove_all(dir);
 }
 
+// The step label follows the requests' state, not the token count: a one-token prompt and a prompt's last
+// chunk of one token are prefills; only the steps from --decode-from on are decodes.
+TEST(TracePlan, OneTokenPromptAndChunkArePrefills) {
+  DSA_FIXTURE_PATH(model, "models/tiny");
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("dsa_trace_phase_{}", ::getpid());
+  const auto bin = dsaserve_binary().string();
+  // 39 tokens in chunks of 12 up to position 37 (12 + 12 + 12 + 1), then 2 decode steps; and a 1-token
+  // prompt.
+  std::string ids;
+  for (int i = 0; i < 39; ++i) ids += fmt::format("{}{}", i ? "," : "", 1 + (i * 5) % 40);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
+      {fmt::format("--ids {} --chunk 12 --decode-from 37", ids),
+       {"prefill", "prefill", "prefill", "prefill", "decode", "decode"}},
+      {"--ids 7", {"prefill"}},
+  };
+  for (const auto& [args, want] : runs) {
+    SCOPED_TRACE(args);
+    std::filesystem::remove_all(dir);
+    std::string out;
+    ASSERT_EQ(run_command(fmt::format("{} score --model {} {} --threads 2 --out {} --trace-dir {}", bin,
+                                      model.string(), args, (dir / "l.safetensors").string(), dir.string()),
+                          &out),
+              0)
+        << out;
+    std::filesystem::path trace_path;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      if (e.path().filename().string().rfind("trace-", 0) == 0) trace_path = e.path();
+    }
+    ASSERT_FALSE(trace_path.empty());
+    const json trace = read_json(trace_path);
+    std::vector<std::pair<double, std::string>> passes;  // (start, step) of each forward pass
+    for (const json& e : trace["traceEvents"]) {
+      if (e["cat"] == "pass")
+        passes.emplace_back(e["ts"].get<double>(), e["args"]["step"].get<std::string>());
+      if (e["cat"] == "op") {
+        EXPECT_NE(e["args"]["pass"], "draft") << "no MTP here";
+      }
+    }
+    std::sort(passes.begin(), passes.end());
+    std::vector<std::string> steps;
+    for (const auto& p : passes) steps.push_back(p.second);
+    EXPECT_EQ(steps, want);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TracePlan, TinyOpsMatchThePlan) { check_model("tiny"); }
 TEST(TracePlan, RealdimsOpsMatchThePlan) { check_model("realdims"); }
 

@@ -195,7 +195,8 @@ ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
     Request* r = running_[i];
     // Its sample in the step in flight reaches the length limit: nothing more to compute.
     if (r->at_length_limit(cfg_.max_context)) continue;
-    const bool decode = r->remaining_input() == 1;
+    // Decoding: its one new token is a generated one (a prompt's last chunk of one token is a prefill).
+    const bool decode = r->remaining_input() == 1 && r->kv_len >= r->prompt_len;
     int64_t n = decode ? 1 : std::min({r->remaining_input(), chunk_cap(), budget});
     if (n <= 0) continue;
     bool retracted_self = false;
@@ -250,7 +251,7 @@ model::ForwardBatch Scheduler::build_forward(const ScheduleBatch& batch) const {
     const Request& r = *s.req;
     DSA_CHECK(r.kv_len == s.start, "scheduler: request {} moved since it was scheduled", r.id);
     fb.add_request(std::span<const int32_t>(r.tokens).subspan(size_t(r.kv_len), size_t(s.num_new)), r.kv_len,
-                   r.page_table);
+                   r.page_table, s.decode);
   }
   return fb;
 }
