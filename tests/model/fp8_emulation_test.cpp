@@ -256,6 +256,71 @@ void distance_line(const std::string& name, const EmuRun& a, const EmuRun& b, bo
       flipped);
 }
 
+// Op level, without the forward's amplification: layer 0's first linears (q_a_proj, kv_a_proj, in 256)
+// on real activations (every vocabulary embedding, RMS-normed as the layer's input) and o_proj (in 1024,
+// 8 groups) on the same rows tiled with a few outliers per row, per scale granularity: the median over rows
+// of ||y(q(x)) - y(x)||_2 / ||y(x)||_2.
+TEST(Fp8EmulationStudy, OpLevelGranularity) {
+  const Fixture* fx = fixture();
+  if (!fx)
+    GTEST_SKIP() << "fixture realdims_fp8 missing: set DSASERVE_FIXTURES to the shared fixtures folder";
+  const ModelWeights& w = fx->model->weights();
+  const LayerWeights& l0 = w.layers[0];
+  const int64_t V = fx->model->config().vocab_size, H = fx->model->config().hidden_size;
+  std::vector<int32_t> all(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) all[size_t(i)] = int32_t(i);
+  Tensor ids = Tensor::empty({V}, DType::i32);
+  std::copy(all.begin(), all.end(), ids.data<int32_t>());
+  const Tensor h = kernels::rms_norm(kernels::embedding(w.embed_tokens, ids), l0.input_layernorm,
+                                     fx->model->config().rms_norm_eps);  // [V, H]
+  // o_proj's input: four normed embeddings side by side, with 4 outliers (x 30) per row.
+  const int64_t K = l0.attn.o_proj.in_features();
+  Tensor wide = Tensor::empty({V, K}, DType::f32);
+  for (int64_t t = 0; t < V; ++t) {
+    for (int64_t c = 0; c < K; ++c)
+      wide.data<float>()[t * K + c] = h.data<float>()[((t + c / H) % V) * H + c % H];
+    for (int j = 0; j < 4; ++j) wide.data<float>()[t * K + (t * 37 + j * 251) % K] *= 30.0f;
+  }
+  using S = cpu::Fp8ActScale;
+  struct Op {
+    const char* name;
+    const Linear* lin;
+    const Tensor* x;
+  };
+  for (const Op& op : {Op{"q_a_proj", &l0.attn.q_a_proj, &h}, Op{"kv_a_proj", &l0.attn.kv_a_proj, &h},
+                       Op{"o_proj (outliers)", &l0.attn.o_proj, &wide}}) {
+    const kernels::WeightRef ref{op.lin->weight, op.lin->scale_inv, 128, 128};
+    const std::vector<float> exact = cpu::linear(*op.x, ref, 0, -1, {}).to_f32_vector();
+    const int64_t N = ref.rows();
+    std::string line;
+    std::map<S, double> med;
+    for (S s : {S::group128, S::token, S::tensor}) {
+      const std::vector<float> q =
+          cpu::linear(cpu::fp8_quant_dequant(*op.x, s), ref, 0, -1, {}).to_f32_vector();
+      std::vector<double> rel;
+      for (int64_t t = 0; t < op.x->size(0); ++t) {
+        double num = 0, den = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          const double d = double(q[size_t(t * N + n)]) - double(exact[size_t(t * N + n)]);
+          num += d * d;
+          den += double(exact[size_t(t * N + n)]) * double(exact[size_t(t * N + n)]);
+        }
+        rel.push_back(std::sqrt(num / den));
+      }
+      med[s] = median(rel);
+      line += fmt::format(" {}={:.3g}",
+                          s == S::group128 ? "per128"
+                          : s == S::token  ? "per_token"
+                                           : "per_tensor",
+                          med[s]);
+    }
+    fmt::print("RESULT op=fp8emu_granularity linear={:<18} rows={} median_l2_rel_err:{}\n", op.name,
+               op.x->size(0), line);
+    EXPECT_LE(med[S::group128], med[S::token] * 1.02) << op.name;
+    EXPECT_LE(med[S::token], med[S::tensor] * 1.02) << op.name;
+  }
+}
+
 TEST(Fp8EmulationStudy, AblationTable) {
   const Fixture* fx = fixture();
   if (!fx)
