@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <random>
 
@@ -34,8 +35,16 @@ bool have_gpu() {
 #endif
 }
 
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine"
+// DSASERVE_SERVE_TEST_DEVICE=cpu runs the ServeCuda tests on the CPU path instead (a check of the tests
+// themselves on a machine without a GPU); otherwise they need a CUDA device.
+std::string test_device() {
+  const char* e = std::getenv("DSASERVE_SERVE_TEST_DEVICE");
+  return e != nullptr && std::string(e) == "cpu" ? "cpu" : "cuda";
+}
+
+#define SKIP_WITHOUT_GPU()                    \
+  if (test_device() == "cuda" && !have_gpu()) \
+  GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine"
 
 std::vector<int32_t> ids_of(const Tensor& t) {
   const int32_t* p = t.data<int32_t>();
@@ -119,7 +128,9 @@ std::vector<int32_t> token_ids(const HttpResult& r) {
   return b["choices"][0]["token_ids"].get<std::vector<int32_t>>();
 }
 
-// Chat (not streamed and streamed, the same greedy text) and completions on a running server.
+// Chat (not streamed and streamed, the same greedy text) and completions on a running server. The server
+// runs without the prefix cache, so the streamed request recomputes the same prompt alone: the same
+// GPU work as the first (with the prefix cache its suffix-only prefill may round differently).
 void check_endpoints(int port, const std::string& label) {
   SCOPED_TRACE(label);
   const json msgs =
@@ -162,9 +173,9 @@ void check_endpoints(int port, const std::string& label) {
 }
 
 std::vector<std::string> realdims_args(const std::filesystem::path& dir, std::vector<std::string> extra) {
-  std::vector<std::string> a = {"--model",          dir.string(), "--tokenizer",         "builtin:bytes",
-                                "--device",         "cuda",       "--page-size",         "16",
-                                "--kv-pages",       "512",        "--served-model-name", "realdims",
+  std::vector<std::string> a = {"--model",          dir.string(),  "--tokenizer",         "builtin:bytes",
+                                "--device",         test_device(), "--page-size",         "16",
+                                "--kv-pages",       "512",         "--served-model-name", "realdims",
                                 "--check-integrity"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
@@ -172,10 +183,11 @@ std::vector<std::string> realdims_args(const std::filesystem::path& dir, std::ve
 
 TEST(ServeCuda, BuiltinDemoAnswersChatAndCompletions) {
   SKIP_WITHOUT_GPU();
-  ServerProcess s({"--model", "builtin:demo", "--device", "cuda", "--kv-pages", "64", "--check-integrity"});
+  ServerProcess s({"--model", "builtin:demo", "--device", test_device(), "--kv-pages", "64",
+                   "--check-integrity", "--disable-radix-cache"});
   ASSERT_GT(s.port(), 0) << "server did not start:\n" << s.log();
   fmt::print("{}", s.log());
-  EXPECT_NE(s.log().find("device cuda"), std::string::npos) << s.log();
+  EXPECT_NE(s.log().find("device " + test_device()), std::string::npos) << s.log();
   EXPECT_NE(s.log().find("KV cache f32"), std::string::npos) << "auto: f32 for the toy shapes\n" << s.log();
   check_endpoints(s.port(), "builtin:demo");
   EXPECT_EQ(s.stop(), 0);
@@ -186,10 +198,11 @@ class ServeCudaKv : public ::testing::TestWithParam<std::string> {};
 TEST_P(ServeCudaKv, RealdimsAnswersChatAndCompletions) {
   SKIP_WITHOUT_GPU();
   DSA_FIXTURE_PATH(dir, "models/realdims");
-  ServerProcess s(realdims_args(dir, {"--kv-cache-dtype", GetParam()}));
+  if (test_device() == "cpu" && GetParam() != "f32" && GetParam() != "auto") GTEST_SKIP() << "CUDA only";
+  ServerProcess s(realdims_args(dir, {"--kv-cache-dtype", GetParam(), "--disable-radix-cache"}));
   ASSERT_GT(s.port(), 0) << "server did not start:\n" << s.log();
   fmt::print("{}", s.log());
-  const std::string expect = GetParam() == "auto" ? "bf16" : GetParam();
+  const std::string expect = GetParam() != "auto" ? GetParam() : test_device() == "cuda" ? "bf16" : "f32";
   EXPECT_NE(s.log().find("KV cache " + expect), std::string::npos) << s.log();
   check_endpoints(s.port(), "realdims kv=" + GetParam());
   EXPECT_EQ(s.stop(), 0);
@@ -232,11 +245,10 @@ TEST(ServeCuda, GreedyServeMatchesGenerateAloneAndInABatch) {
   std::vector<std::vector<int32_t>> gen;
   for (const auto& p : g.prompts) {
     std::string out;
-    ASSERT_EQ(
-        run_dsaserve(fmt::format("generate --device cuda --model {} --prompt-ids {} --max-new-tokens {}",
-                                 dir.string(), join_ids(p), kNew),
-                     &out),
-        0)
+    ASSERT_EQ(run_dsaserve(fmt::format("generate --device {} --model {} --prompt-ids {} --max-new-tokens {}",
+                                       test_device(), dir.string(), join_ids(p), kNew),
+                           &out),
+              0)
         << out;
     gen.push_back(json::parse(out.substr(out.find('{')))["output_ids"].get<std::vector<int32_t>>());
     ASSERT_EQ(gen.back().size(), kNew) << out;
@@ -288,9 +300,13 @@ TEST(ServeCuda, GreedyServeMatchesGenerateAloneAndInABatch) {
   }
 }
 
-// Streams `n` completions at once (prompts sharing a 40-token prefix, random tails and lengths); returns
-// the number that ended with [DONE] and a finish_reason.
+// One request with the shared 40-token prefix (so that the prefix cache holds it), then `n` streamed
+// completions at once (that prefix, random tails and lengths); returns the number that ended with [DONE]
+// and a finish_reason.
 int stream_clients(int port, int n, uint32_t seed) {
+  std::vector<int32_t> prefix;
+  for (int k = 0; k < 40; ++k) prefix.push_back(int32_t(100 + k));
+  if (post_json(port, "/v1/completions", greedy_body(prefix, 2)).status != 200) return 0;
   std::vector<std::thread> threads;
   std::atomic<int> ok{0};
   for (int i = 0; i < n; ++i) {
