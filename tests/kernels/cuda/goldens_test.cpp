@@ -11,7 +11,8 @@
 // ~0.13 median from the float64 goldens (tests/model/fp8_emulation_test.cpp: FP8 rounding flips about
 // half of the index top-k and a quarter of the routing choices, whose float64 margins are ~1e-2), so
 // FIXTURES.md's 5e-2 cannot hold; the GPU is asserted to land where its arithmetic does (median within
-// 1.5x of the emulation's, argmax agreement within 15 points), and the GPU-vs-emulation distance is
+// 1.5x of the emulation's, argmax agreement within 15 points, plus the KV cache rounding's own error
+// measured by the fp32 pass, which runs first), and the GPU-vs-emulation distance is
 // printed, not asserted: the FP8 path amplifies any bf16-level difference to a ~0.1 median (one bf16
 // rounding of the products alone moves the emulation that far). That the GPU computes the emulated
 // arithmetic is checked op by op in fp8_emulation_test.cpp (CudaFp8Emulation.*).
@@ -161,7 +162,12 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
                                  Mode{"chunks of 16", chunks, false},
                                  Mode{"half prefill then decode", decode, true}};
   using kernels::cuda::GemmPrecision;
-  for (GemmPrecision prec : {GemmPrecision::fast, GemmPrecision::fp32}) {
+  // The fp32 pass runs first: on realdims_fp8 its one-prefill numbers (the attention kernels' KV-cache
+  // rounding alone) are the allowance the fast pass gets on top of the CPU FP8 emulation.
+  struct KvOnly {
+    double median = 0.0, mtp_median = 0.0, disagreement = 0.0;
+  } kv_only;
+  for (GemmPrecision prec : {GemmPrecision::fp32, GemmPrecision::fast}) {
     kernels::cuda::set_gemm_precision(prec);
     const bool exact = prec == GemmPrecision::fp32;
     // fast: FIXTURES.md's GPU tolerance holds for the typical (median) row; single rows may move further
@@ -234,6 +240,7 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
           errs_mtp.empty()
               ? std::string()
               : fmt::format(" mtp_max={:.3g} mtp_median={:.3g}", maxof(errs_mtp), median(errs_mtp)));
+      if (exact && mi == 0) kv_only = KvOnly{med, median(errs_mtp), 1.0 - agreement};
       if (emulate) {
         const double emu_med = median(emu_errs), emu_agreement = double(emu_agree) / double(emu_errs.size());
         fmt::print(
@@ -242,12 +249,16 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
             "argmax_agree={:.1f}%\n",
             label, mode.name, emu_med, maxof(emu_errs), 100.0 * emu_agreement, median(emu_errs_mtp),
             median(gpu_vs_emu), maxof(gpu_vs_emu), 100.0 * double(gpu_emu_agree) / double(gpu_vs_emu.size()));
-        EXPECT_LE(med, std::max(row_tol, 1.5 * emu_med))
-            << mode.name << " (CPU FP8 emulation: " << emu_med << ")";
-        EXPECT_GE(agreement, emu_agreement - 0.15)
+        // The GPU lands where its arithmetic does: the emulation's median (x1.5) and argmax agreement
+        // (-15 points), plus what the KV cache's rounding alone costs (the fp32 pass).
+        EXPECT_LE(med, std::max(row_tol, 1.5 * emu_med + kv_only.median))
+            << mode.name << " (CPU FP8 emulation: " << emu_med << ", KV rounding alone: " << kv_only.median
+            << ")";
+        EXPECT_GE(agreement, emu_agreement - 0.15 - kv_only.disagreement)
             << mode.name << " (CPU FP8 emulation: " << emu_agreement << ")";
         if (!errs_mtp.empty()) {
-          EXPECT_LE(median(errs_mtp), std::max(row_tol, 1.5 * median(emu_errs_mtp))) << mode.name << " MTP";
+          EXPECT_LE(median(errs_mtp), std::max(row_tol, 1.5 * median(emu_errs_mtp) + kv_only.mtp_median))
+              << mode.name << " MTP (CPU FP8 emulation: " << median(emu_errs_mtp) << ")";
         }
       } else if (strict) {
         EXPECT_LE(worst, row_tol) << mode.name;
