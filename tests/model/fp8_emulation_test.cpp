@@ -422,8 +422,10 @@ TEST(Fp8EmulationStudy, AblationTable) {
 
 // The full emulation (the GPU's rule) on every sequence, one prefill with MTP. Measured (x86-64, 2 cores):
 // median 0.132, max 0.90, argmax agreement 70.4% (162/230), MTP median 0.224, max 1.07; the GPU's FP8
-// path measured median 0.13 and 73.5% on the H200. Both bounds are asserted: the emulation must neither
-// drift nor silently stop quantising.
+// path measured median 0.13 and 73.5% on the H200. The FP8 path amplifies any bf16-level change (e.g. a
+// different libm's exp) to a different sample of the same distribution: variants of the study moved the
+// median within 0.121-0.133 and the agreement within 70-75%, so the bounds are about twice that spread.
+// Both sides are asserted: the emulation must neither drift nor silently stop quantising.
 TEST(Fp8EmulationGuard, RealdimsFp8AgainstGoldens) {
   const Fixture* fx = fixture();
   if (!fx)
@@ -439,14 +441,14 @@ TEST(Fp8EmulationGuard, RealdimsFp8AgainstGoldens) {
       "argmax_agree={:.1f}% ({}/{}) mtp_median={:.4g} mtp_max={:.4g}\n",
       median(r.err), maxof(r.err), 100.0 * agreement, agree, r.argmax.size(), median(r.err_mtp),
       maxof(r.err_mtp));
-  EXPECT_GE(median(r.err), 0.12);
-  EXPECT_LE(median(r.err), 0.145);
-  EXPECT_LE(maxof(r.err), 1.0);
-  EXPECT_GE(agreement, 0.66);
-  EXPECT_LE(agreement, 0.75);
-  EXPECT_GE(median(r.err_mtp), 0.20);
-  EXPECT_LE(median(r.err_mtp), 0.25);
-  EXPECT_LE(maxof(r.err_mtp), 1.2);
+  EXPECT_GE(median(r.err), 0.10);
+  EXPECT_LE(median(r.err), 0.16);
+  EXPECT_LE(maxof(r.err), 1.2);
+  EXPECT_GE(agreement, 0.62);
+  EXPECT_LE(agreement, 0.80);
+  EXPECT_GE(median(r.err_mtp), 0.17);
+  EXPECT_LE(median(r.err_mtp), 0.28);
+  EXPECT_LE(maxof(r.err_mtp), 1.4);
   // Off again: the default path is back (FIXTURES.md's fp32 tolerance).
   const EmuRun off = run_all(*fx, {});
   EXPECT_LE(maxof(off.err), 1e-4);
