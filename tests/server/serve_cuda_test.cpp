@@ -174,8 +174,8 @@ void check_endpoints(int port, const std::string& label) {
 
 std::vector<std::string> realdims_args(const std::filesystem::path& dir, std::vector<std::string> extra) {
   std::vector<std::string> a = {"--model",          dir.string(),  "--tokenizer",         "builtin:bytes",
-                                "--device",         test_device(), "--page-size",         "16",
-                                "--kv-pages",       "512",         "--served-model-name", "realdims",
+                                "--device",         test_device(), "--page-size",         "64",
+                                "--kv-pages",       "128",         "--served-model-name", "realdims",
                                 "--check-integrity"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
@@ -300,12 +300,12 @@ TEST(ServeCuda, GreedyServeMatchesGenerateAloneAndInABatch) {
   }
 }
 
-// One request with the shared 40-token prefix (so that the prefix cache holds it), then `n` streamed
+// One request with the shared 80-token prefix (so that the prefix cache holds it), then `n` streamed
 // completions at once (that prefix, random tails and lengths); returns the number that ended with [DONE]
 // and a finish_reason.
 int stream_clients(int port, int n, uint32_t seed) {
   std::vector<int32_t> prefix;
-  for (int k = 0; k < 40; ++k) prefix.push_back(int32_t(100 + k));
+  for (int k = 0; k < 80; ++k) prefix.push_back(int32_t(100 + k));
   if (post_json(port, "/v1/completions", greedy_body(prefix, 2)).status != 200) return 0;
   std::vector<std::thread> threads;
   std::atomic<int> ok{0};
@@ -313,7 +313,7 @@ int stream_clients(int port, int n, uint32_t seed) {
     threads.emplace_back([&, i] {
       std::mt19937 rng(seed + uint32_t(i));
       std::vector<int32_t> p;
-      for (int k = 0; k < 40; ++k) p.push_back(int32_t(100 + k));
+      for (int k = 0; k < 80; ++k) p.push_back(int32_t(100 + k));
       for (uint32_t k = 0, m = 1 + rng() % 60; k < m; ++k) p.push_back(int32_t(rng() % 1024));
       json b = greedy_body(p, 8 + rng() % 40);
       b["stream"] = true;
@@ -344,9 +344,10 @@ TEST(ServeCuda, ConcurrentStreamingClientsCompleteWithoutLeaks) {
     EXPECT_EQ(s.stop(), 0);
   }
   {
-    // 24 pages of 16 tokens for 32 requests of up to ~150 tokens: queueing, eviction and retraction.
+    // 24 pages of 16 tokens for 32 requests of up to ~190 tokens: queueing, eviction and retraction.
     std::vector<std::string> a = realdims_args(dir, {"--max-running-requests", "32"});
     a[size_t(std::find(a.begin(), a.end(), "--kv-pages") - a.begin()) + 1] = "24";
+    a[size_t(std::find(a.begin(), a.end(), "--page-size") - a.begin()) + 1] = "16";
     ServerProcess s(a);
     ASSERT_GT(s.port(), 0) << "server did not start:\n" << s.log();
     EXPECT_EQ(stream_clients(s.port(), 32, 200), 32);
