@@ -11,7 +11,7 @@
 #   3. `dsaserve serve --device cuda --model <realdims> --tokenizer builtin:bytes` with the KV pool sized
 #      from free device memory; one chat request (and one streamed) with curl; the server log
 #   4. the serving benchmark (bench/serve_bench.py --device cuda) at concurrency 1, 8, 32, 64
-# Bounded: at most ~4 minutes after the build (130 s tests, 30 s serve, 70 s bench), typically ~1.5.
+# Bounded: at most ~4 minutes after the build (140 s tests, ~45 s serve, 50 s bench), typically ~1.5.
 # Exit status: the tests' (0 when all pass), or 1 when the build or the chat request failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +50,7 @@ FIX=$PWD/.fixtures/models/realdims
 
 # 2. GPU serve tests.
 t=$(date +%s)
-(cd build-gpu && timeout 130 ctest -R 'ServeCuda|ServeDevice' --output-on-failure --timeout 100 -j1) >"$LOG/ctest.log" 2>&1
+(cd build-gpu && timeout 140 ctest -R 'ServeCuda|ServeDevice' --output-on-failure --timeout 100 -j1) >"$LOG/ctest.log" 2>&1
 rc=$?
 echo "=== serve GPU tests ($(( $(date +%s) - t )) s, rc $rc): $(grep -E 'tests passed|tests failed' "$LOG/ctest.log")"
 grep -E "Passed|Failed|Skipped|\*\*\*|Timeout" "$LOG/ctest.log" | sed 's/^ *//' | head -20
@@ -74,9 +74,9 @@ if [ -n "$port" ]; then
   body='{"model":"realdims","messages":[{"role":"user","content":"Hello from the H200"}],"max_tokens":16,"temperature":0,"ignore_eos":true}'
   sbody='{"model":"realdims","messages":[{"role":"user","content":"Hello again"}],"max_tokens":8,"temperature":0,"stream":true}'
   if command -v curl >/dev/null; then
-    curl -sS -m 20 "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "$body" >"$LOG/chat.json"
+    curl -sS -m 12 "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "$body" >"$LOG/chat.json"
     chat_rc=$?
-    curl -sS -m 20 -N "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "$sbody" >"$LOG/chat_stream.txt"
+    curl -sS -m 12 -N "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "$sbody" >"$LOG/chat_stream.txt"
     curl -sS -m 5 "http://127.0.0.1:$port/metrics" >"$LOG/metrics.txt"
   else
     python3 - "$port" "$body" "$sbody" "$LOG" <<'PY'
@@ -85,7 +85,7 @@ port, body, sbody, log = sys.argv[1:5]
 def post(b):
     r = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=b.encode(),
                                headers={"Content-Type": "application/json"})
-    return urllib.request.urlopen(r, timeout=20).read().decode()
+    return urllib.request.urlopen(r, timeout=12).read().decode()
 open(f"{log}/chat.json", "w").write(post(body))
 open(f"{log}/chat_stream.txt", "w").write(post(sbody))
 open(f"{log}/metrics.txt", "w").write(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
@@ -95,7 +95,7 @@ PY
   grep -q '"chat.completion"' "$LOG/chat.json" 2>/dev/null || chat_rc=1
 fi
 kill -TERM $spid 2>/dev/null
-for _ in $(seq 1 50); do kill -0 $spid 2>/dev/null || break; sleep 0.2; done
+for _ in $(seq 1 25); do kill -0 $spid 2>/dev/null || break; sleep 0.2; done
 kill -KILL $spid 2>/dev/null
 wait $spid 2>/dev/null
 echo "--- server log"; cat "$LOG/serve.log"
@@ -106,7 +106,7 @@ echo "--- ($(( $(date +%s) - t )) s)"
 # 4. Serving benchmark: one server, concurrency 1/8/32/64, 4 requests per client, outputs up to 64 tokens.
 echo "=== serving bench (realdims, --device cuda)"
 t=$(date +%s)
-PYTHONUNBUFFERED=1 timeout 70 python3 bench/serve_bench.py --dsaserve "$BIN" --device cuda \
+PYTHONUNBUFFERED=1 timeout 50 python3 bench/serve_bench.py --dsaserve "$BIN" --device cuda \
   --concurrency-list 1,8,32,64 --requests-per-client 4 --prompt-len 256 --output-len 64 -- \
   --model "$FIX" --tokenizer builtin:bytes --kv-pages 4096 --max-running-requests 64 \
   >"$LOG/bench.txt" 2>"$LOG/bench_serve.log"
