@@ -131,7 +131,9 @@ Tensor activations(int64_t T, int64_t K, uint64_t seed) {
 double check_linear(const std::string& name, const WeightRef& w, const WeightRef& w_d, int64_t r0, int64_t r1,
                     int64_t T, uint64_t seed, double& worst_exact) {
   const Tensor x = activations(T, w.cols(), seed);
+  const int64_t fp8_before = gemm_stats().fp8_calls;
   const Tensor got = kernels::linear(x.to(Device::cuda), w_d, r0, r1).to(Device::cpu);
+  const bool ran_fp8 = gemm_stats().fp8_calls > fp8_before;
   cpu::set_fp8_emulation({});
   const Tensor exact = cpu::linear(x, w, r0, r1, {});
   cpu::Fp8Emulation e;
@@ -141,10 +143,16 @@ double check_linear(const std::string& name, const WeightRef& w, const WeightRef
   cpu::set_fp8_emulation({});
   const double d_emu = row_rel_error(got, emu), d_exact = row_rel_error(got, exact);
   worst_exact = std::max(worst_exact, d_exact);
+  const bool eligible = cpu::fp8_gemm_eligible(w, r0, r1);
   fmt::print(
       "RESULT op=fp8_linear_vs_emulation {:<34} T={:<4} rows=[{}, {}) vs_emulation={:<10.3g} "
       "vs_fp32={:.3g}{}\n",
-      name, T, r0, r1, d_emu, d_exact, cpu::fp8_gemm_eligible(w, r0, r1) ? "" : " (bf16 path on the GPU)");
+      name, T, r0, r1, d_emu, d_exact,
+      !eligible ? " (bf16 path on the GPU, unquantised in the emulation)"
+      : ran_fp8 ? ""
+                : " (no FP8 plan: the GPU fell back to bf16)");
+  EXPECT_EQ(ran_fp8, eligible) << name << " T=" << T << " rows [" << r0 << ", " << r1
+                               << "): the GPU's FP8 path and the emulation's rule disagree";
   return d_emu;
 }
 
