@@ -1,4 +1,7 @@
 // The decoder layer and the model forward (MODEL.md steps 1-11), against kernels/ops.h only.
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -12,6 +15,20 @@ namespace ops = kernels;
 using trace::OpScope;  // spans named like the plan's op records (docs/plan.md); free when tracing is off
 
 namespace {
+
+// An op span's shape in the plan's notation (plan/builder.cpp), from the tensors that ran; only when
+// tracing. A fused span gets one shape per part (shapes()).
+template <class... A>
+void shape(OpScope& s, fmt::format_string<A...> f, A&&... a) {
+  if (s.on()) s.arg("shape", fmt::format(f, std::forward<A>(a)...));
+}
+void shapes(OpScope& s, std::vector<std::string> parts) {
+  if (s.on()) s.arg("shape", std::move(parts));
+}
+// Bytes per token of a paged cache tensor (the storage format the cache write produces).
+int64_t bytes_per_token(const Tensor& cache, const KvCache& kc) {
+  return int64_t(cache.nbytes()) / (kc.num_pages * kc.page_size);
+}
 
 Tensor i32_tensor(const int32_t* v, int64_t n, Device d) {
   Tensor t = Tensor::empty({n}, DType::i32);
@@ -92,15 +109,18 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     OpScope span("qkv_a_proj");
     q_a = ops::linear(h, ref(aw.q_a_proj));
     ckv = ops::linear(h, ref(aw.kv_a_proj));
+    shape(span, "[{}, {}] x [{}, {}]^T", T, h.size(1), q_a.size(1) + ckv.size(1), h.size(1));
   }
   Tensor q_resid, kv;
   {
     OpScope span("q_a_layernorm");
     q_resid = ops::rms_norm(q_a, aw.q_a_layernorm, kLoraEps);  // [T, q_lora]
+    shape(span, "[{}, {}]", T, q_resid.size(1));
   }
   {
     OpScope span("kv_a_layernorm");
     kv = ops::rms_norm(ckv.slice(1, 0, L), aw.kv_a_layernorm, kLoraEps);  // [T, L]
+    shape(span, "[{}, {}]", T, kv.size(1));
   }
   {
     // kv normalised, k_rope rotated; one whole-row store of [kv | k_rope] (the FP8 cache quantises whole
@@ -111,6 +131,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     Tensor ckv_lat = ckv.slice(1, 0, L);
     ops::copy_rows(ckv_lat, kv);
     ops::paged_store(cache.kv[size_t(kv_layer)], st.slots, ckv);
+    shape(span, "[{}, {}] -> {} B/token", T, ckv.size(1), bytes_per_token(cache.kv[size_t(kv_layer)], cache));
   }
 
   // DSA indexer (full layers): top-k key positions per query; shared layers reuse the last selection.
@@ -121,11 +142,13 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     {
       OpScope span("indexer_wq_b");
       qi = ops::linear(q_resid, ref(iw.wq_b)).view({T, ih, id});  // rope first, then the rest
+      shape(span, "[{}, {}] x [{}, {}]^T", T, q_resid.size(1), ih * id, q_resid.size(1));
     }
     {
       OpScope span("indexer_wk_weights_proj");
       ki_raw = ops::linear(h, ref(iw.wk));         // [T, id]
       wts = ops::linear(h, ref(iw.weights_proj));  // [T, ih]
+      shape(span, "[{}, {}] x [{}, {}]^T", T, h.size(1), ki_raw.size(1) + wts.size(1), h.size(1));
     }
     {
       OpScope span("indexer_k_cache_write");
@@ -135,9 +158,18 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
       Tensor ki_pe = ki.view({T, 1, id}).slice(2, 0, rope);
       ops::rope_inplace(ki_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
       ops::paged_store(cache.index_k[size_t(kv_layer)], st.slots, ki);
+      shape(span, "[{}, {}] q + [{}, {}] k -> {} B/token", T, ih * id, T, ki.size(1),
+            bytes_per_token(cache.index_k[size_t(kv_layer)], cache));
     }
     // Scores and top-k are one kernel (requests with at most index_topk keys skip it).
     OpScope span("indexer_logits+indexer_topk");
+    if (span.on()) {
+      int64_t ctx = 0;  // the longest request's keys
+      for (int64_t r = 0; r < b.num_requests(); ++r)
+        ctx = std::max(ctx, b.start_pos[size_t(r)] + b.num_new(r));
+      shapes(span, {fmt::format("{} q x [{}, {}] . {} keys", T, ih, id, ctx),
+                    fmt::format("[{}, {}] -> top-{}", T, ctx, c.index_topk)});
+    }
     for (int64_t r = 0; r < b.num_requests(); ++r) {
       const int64_t a0 = b.token_begin[size_t(r)], a1 = b.token_begin[size_t(r) + 1],
                     s0 = b.start_pos[size_t(r)];
@@ -160,6 +192,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   {
     OpScope span("q_b_proj");
     q = ops::linear(q_resid, ref(aw.q_b_proj)).view({T, nh, dq});
+    shape(span, "[{}, {}] x [{}, {}]^T", T, q_resid.size(1), nh * dq, q_resid.size(1));
   }
   bool q_roped = false;
   auto rope_q = [&] {
@@ -167,6 +200,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     OpScope span("q_rope");
     Tensor q_pe = q.slice(2, nope, dq);  // [T, nh, rope]
     ops::rope_inplace(q_pe, st.positions, rope_params(c, true));
+    shape(span, "[{}, {}, {}]", q_pe.size(0), q_pe.size(1), q_pe.size(2));
     q_roped = true;
   };
 
@@ -195,9 +229,11 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
       OpScope span("kv_b_proj");
       lat = ops::paged_gather(seq, S);                                       // [S, L + rope]
       kvx = ops::linear(lat.slice(1, 0, L), kv_b).view({S, nh, nope + dv});  // [S, nh, nope + dv]
+      shape(span, "[{}, {}] x [{}, {}]^T", S, L, nh * (nope + dv), L);
     }
     rope_q();
     OpScope span("mha");
+    shape(span, "{} q x {} heads x [{}] . causal keys", Tr, nh, dq);
     const Tensor o =
         ops::attention_mha(q.slice(0, a0, a1), kvx.slice(2, 0, nope), lat.slice(1, L, L + rope),
                            kvx.slice(2, nope, nope + dv), s0, st.sel[size_t(r)], scale);  // [Tr, nh, dv]
@@ -220,12 +256,19 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
         const int64_t base = hd * (nope + dv);
         ops::linear_t(qa.select(1, hd).slice(1, 0, nope), kv_b, base, base + nope, q_lat.select(1, hd));
       }
+      shape(span, "{} x [{}, {}] x [{}, {}]", nh, Ta, nope, nope, L);
     }
     rope_q();
     // Attend over each request's latents -> out_lat [Ta, nh, L].
     Tensor out_lat = Tensor::empty({Ta, nh, L}, DType::f32, h.device());
     int64_t p0 = 0;
     std::optional<OpScope> attn_span(std::in_place, c.has_indexer() ? "sparse_mla" : "mla");
+    if (attn_span->on()) {
+      int64_t ctx = 0;  // the longest request's keys
+      for (int64_t r : absorbed) ctx = std::max(ctx, b.start_pos[size_t(r)] + b.num_new(r));
+      shape(*attn_span, "{} q x {} heads x [{} + {}] . {} keys", Ta, nh, L, rope,
+            c.has_indexer() ? std::min(c.index_topk, ctx) : ctx);
+    }
     for (int64_t r : absorbed) {
       const int64_t Tr = b.num_new(r), s0 = b.start_pos[size_t(r)];
       const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.page_tables[size_t(r)], cache.page_size};
@@ -239,6 +282,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     attn_span.reset();
     // o[h] = out_lat[h] @ W_UV[h]^T -> [Ta, nh, dv], then back to the requests' rows.
     OpScope span("v_up_absorb");
+    shape(span, "{} x [{}, {}] x [{}, {}]", nh, Ta, L, L, dv);
     Tensor oa = Ta == T ? attn : Tensor::empty({Ta, nh, dv}, DType::f32, h.device());
     for (int64_t hd = 0; hd < nh; ++hd) {
       const int64_t base = hd * (nope + dv) + nope;
@@ -255,7 +299,9 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     }
   }
   OpScope span("o_proj");
-  return ops::linear(attn.view({T, nh * dv}), ref(aw.o_proj));  // [T, H]
+  Tensor out = ops::linear(attn.view({T, nh * dv}), ref(aw.o_proj));  // [T, H]
+  shape(span, "[{}, {}] x [{}, {}]^T", T, nh * dv, out.size(1), nh * dv);
+  return out;
 }
 
 Tensor Model::mlp(const LayerWeights& lw, const Tensor& h) const {
@@ -266,13 +312,17 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h) const {
       OpScope span(names[0]);
       g = ops::linear(h, ref(m.gate));
       u = ops::linear(h, ref(m.up));
+      shape(span, "[{}, {}] x [{}, {}]^T", h.size(0), h.size(1), g.size(1) + u.size(1), h.size(1));
     }
     {
       OpScope span(names[1]);
       a = ops::silu_mul(g, u);
+      shape(span, "[{}, {}]", a.size(0), a.size(1));
     }
     OpScope span(names[2]);
-    return ops::linear(a, ref(m.down));
+    Tensor out = ops::linear(a, ref(m.down));
+    shape(span, "[{}, {}] x [{}, {}]^T", a.size(0), a.size(1), out.size(1), a.size(1));
+    return out;
   };
   static constexpr const char* kMlp[] = {"mlp_gate_up", "mlp_act", "mlp_down"};
   static constexpr const char* kShared[] = {"shared_expert_gate_up", "shared_expert_act",
@@ -283,6 +333,7 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h) const {
   {
     OpScope span("router_gate");
     logits = ops::linear(h, kernels::WeightRef{moe.gate, {}, 128, 128});  // [T, E] fp32
+    shape(span, "[{}, {}] x [{}, {}]^T", h.size(0), h.size(1), logits.size(1), h.size(1));
   }
   kernels::MoeRouteParams p;
   p.n_group = cfg_.n_group;
@@ -294,6 +345,7 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h) const {
   {
     OpScope span("router_topk");
     routing = ops::moe_route(logits, moe.e_score_correction_bias, p);
+    shape(span, "[{}, {}] -> top-{}", logits.size(0), logits.size(1), p.top_k);
   }
   Tensor out;
   {
@@ -302,11 +354,18 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h) const {
     experts.reserve(moe.experts.size());
     for (const MlpWeights& e : moe.experts) experts.push_back({ref(e.gate), ref(e.up), ref(e.down)});
     out = ops::moe_experts(h, routing, experts);
+    if (span.on() && !moe.experts.empty()) {
+      const int64_t E = int64_t(moe.experts.size()), rows = h.size(0) * p.top_k, H = h.size(1),
+                    I = moe.experts[0].gate.weight.size(0);
+      shapes(span, {fmt::format("{} experts, {} rows x [{}, {}]^T", E, rows, 2 * I, H),
+                    fmt::format("[{}, {}]", rows, I), fmt::format("{} rows x [{}, {}]^T", rows, H, I)});
+    }
   }
   if (moe.shared_experts) {
     const Tensor sh = dense(*moe.shared_experts, kShared);
     OpScope span("moe_sum");
     ops::add_inplace(out, sh);
+    shape(span, "[{}, {}]", out.size(0), out.size(1));
   }
   return out;
 }
@@ -323,6 +382,8 @@ ForwardOutput Model::finish(const Tensor& hidden, const kernels::WeightRef& head
     out.logits = ops::linear(
         ops::gather_rows(hidden, i32_tensor(last.data(), int64_t(last.size()), hidden.device())), head);
   }
+  shape(span, "[{}, {}] x [{}, {}]^T", out.logits.size(0), hidden.size(1), out.logits.size(1),
+        hidden.size(1));
   if (opt.keep_hidden) out.hidden = hidden;
   return out;
 }
@@ -372,7 +433,13 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
                               !mtp     ? step_name
                               : decode ? "draft"
                                        : "prefill_draft_extend",
-                              dev != Device::cpu);  // op spans of a device pass are timed with CUDA events
+                              dev != Device::cpu);
+  if (pass_scope.on()) {  // the batch, for plan::plan_step: [[new tokens, cached tokens], ...]
+    nlohmann::json reqs = nlohmann::json::array();
+    for (int64_t r = 0; r < batch.num_requests(); ++r)
+      reqs.push_back({batch.num_new(r), batch.start_pos[size_t(r)]});
+    pass_scope.arg("requests", std::move(reqs)).arg("all_logits", opt.all_logits).arg("mtp", mtp);
+  }  // op spans of a device pass are timed with CUDA events
   auto kind_name = [&](const LayerWeights& lw, int64_t l) -> std::string {
     if (mtp) return "mtp";
     const char* ix = !c.has_indexer()                                  ? "none"
@@ -390,12 +457,14 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
       h = run.pending.defined()
               ? ops::add_rms_norm(run.residual, run.pending, lw.input_layernorm, c.rms_norm_eps)
               : ops::rms_norm(run.residual, lw.input_layernorm, c.rms_norm_eps);
+      shape(span, "[{}, {}]", h.size(0), h.size(1));
     }
     const Tensor a = attention(lw, kv_layer, own_indexer, h, st, cache);
     Tensor h2;
     {
       OpScope span("post_attention_layernorm");
       h2 = ops::add_rms_norm(run.residual, a, lw.post_attention_layernorm, c.rms_norm_eps);
+      shape(span, "[{}, {}]", h2.size(0), h2.size(1));
     }
     run.pending = mlp(lw, h2);
   };
@@ -407,6 +476,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
       trace::LayerScope head(-1, "head");
       OpScope span("embed_tokens");
       run.residual = ops::embedding(w_.embed_tokens, ids);  // [T, H]
+      shape(span, "[{}] -> [{}, {}]", T, T, run.residual.size(1));
     }
     for (int64_t l = 0; l < L; ++l) {
       run_layer(w_.layers[size_t(l)], l, c.has_indexer() && c.indexer_types[size_t(l)] == IndexerType::full,
@@ -417,6 +487,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     {
       OpScope span("final_norm");
       normed = ops::add_rms_norm(run.residual, run.pending, w_.norm, c.rms_norm_eps);
+      shape(span, "[{}, {}]", normed.size(0), normed.size(1));
     }
     return finish(normed, ref(w_.lm_head), batch, opt);
   }
@@ -431,6 +502,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     trace::LayerScope head(-1, "head");
     OpScope span("embed_tokens");
     emb = ops::embedding(m.embed_tokens.defined() ? m.embed_tokens : w_.embed_tokens, ids);
+    shape(span, "[{}] -> [{}, {}]", T, T, emb.size(1));
   }
   {
     std::optional<trace::LayerScope> layer_span;
@@ -439,14 +511,17 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
       OpScope span("mtp_enorm");
       Tensor cat_e = cat.slice(1, 0, c.hidden_size);
       ops::copy_rows(cat_e, ops::rms_norm(emb, m.enorm, c.rms_norm_eps));
+      shape(span, "[{}, {}]", T, cat_e.size(1));
     }
     {
       OpScope span("mtp_hnorm");
       Tensor cat_h = cat.slice(1, c.hidden_size, 2 * c.hidden_size);
       ops::copy_rows(cat_h, ops::rms_norm(hidden, m.hnorm, c.rms_norm_eps));
+      shape(span, "[{}, {}]", T, cat_h.size(1));
     }
     OpScope span("mtp_eh_proj");
     run.residual = ops::linear(cat, ref(m.eh_proj));  // [T, H]
+    shape(span, "[{}, {}] x [{}, {}]^T", T, cat.size(1), run.residual.size(1), cat.size(1));
   }
   run_layer(m.layer, L + k, c.has_indexer(), run);
   trace::LayerScope tail(-1, "tail");
@@ -454,6 +529,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   {
     OpScope span("shared_head_norm");
     normed = ops::add_rms_norm(run.residual, run.pending, m.shared_head_norm, c.rms_norm_eps);
+    shape(span, "[{}, {}]", normed.size(0), normed.size(1));
   }
   return finish(normed, m.shared_head ? ref(*m.shared_head) : ref(w_.lm_head), batch, opt);
 }

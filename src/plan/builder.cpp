@@ -75,12 +75,13 @@ void Builder::head(Pass& pass, const PassTokens& p) const {
 
 void Builder::tail(Pass& pass, const PassTokens& p) const {
   const double H = double(c_.hidden_size), V = double(c_.vocab_size), Tl = p.logit_tokens;
+  const double Tn = p.norm_tokens >= 0 ? p.norm_tokens : Tl;
   const int64_t atp = d_.attn_tp();
   const double Vl = double(ceil_div(c_.vocab_size, atp));
   const int64_t tl = int64_t(std::llround(Tl));
   pass.tail_ops.push_back(op(pass.mtp ? "shared_head_norm" : "final_norm", OpKind::norm, Precision::none,
-                             fmt::format("[{}, {}]", tl, c_.hidden_size), kNormFlops * Tl * H, H * kAct,
-                             Tl * H * kAct, Tl * H * kAct));
+                             fmt::format("[{}, {}]", int64_t(std::llround(Tn)), c_.hidden_size),
+                             kNormFlops * Tn * H, H * kAct, Tn * H * kAct, Tn * H * kAct));
   pass.tail_ops.push_back(
       op("lm_head", OpKind::gemm, Precision::bf16,
          fmt::format("[{}, {}] x [{}, {}]^T", tl, c_.hidden_size, int64_t(Vl), c_.hidden_size),

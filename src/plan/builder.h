@@ -24,7 +24,11 @@ struct PassTokens {
   double indexer_kv_tokens = 0;  // indexer cache rows read from HBM
   double expand_tokens = 0;      // MHA form (no indexer, prefill): latent rows expanded by kv_b_proj
   int64_t tokens_shape = 0, tokens_global_shape = 0, context_shape = 0;
+  double norm_tokens = -1;  // rows of the final norm; < 0: logit_tokens (the engine's step: every token)
 };
+
+// Sum over positions 1..P of min(K, pos): keys a causal top-K attention reads over a P-token prompt.
+double causal_topk_keys(double P, double K);
 
 class Builder {
  public:
@@ -50,5 +54,10 @@ class Builder {
   const Deployment& d_;
   const Hardware& hw_;
 };
+
+// One forward pass (the decoder stack, or the MTP layer) over the given token counts; totals of passes.
+Pass make_pass(const Builder& b, const model::ModelConfig& c, std::string name, bool mtp, int64_t repeat,
+               const PassTokens& t);
+void add_totals(StepTotals& s, const Pass& pass, int64_t tp);
 
 }  // namespace dsaserve::plan::detail

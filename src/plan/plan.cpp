@@ -15,13 +15,18 @@ using detail::ceil_div;
 using detail::PassTokens;
 using model::ModelConfig;
 
-namespace {
+namespace detail {
 
-// Sum over positions 1..P of min(K, pos): keys a causal top-K attention reads over a P-token prompt.
 double causal_topk_keys(double P, double K) {
   if (P <= K) return P * (P + 1) / 2;
   return K * (K + 1) / 2 + (P - K) * K;
 }
+
+}  // namespace detail
+
+using detail::causal_topk_keys;
+
+namespace {
 
 PassTokens decode_tokens(const ModelConfig& c, const Deployment& d, int64_t per_request, bool extend) {
   PassTokens t;
@@ -68,6 +73,10 @@ PassTokens prefill_tokens(const ModelConfig& c, const Deployment& d) {
   t.context_shape = P;
   return t;
 }
+
+}  // namespace
+
+namespace detail {
 
 std::string layer_kind_name(model::MlpType m, model::IndexerType ix) {
   return fmt::format("{}.{}", m == model::MlpType::dense ? "dense" : "moe",
@@ -142,6 +151,13 @@ void add_totals(StepTotals& s, const Pass& pass, int64_t tp) {
   for (const Op& o : pass.tail_ops) add_op(o, rep);
   for (const Collective& col : pass.tail_collectives) add_coll(col, rep);
 }
+
+}  // namespace detail
+
+using detail::add_totals;
+using detail::make_pass;
+
+namespace {
 
 void finish_totals(StepPlan& step, int64_t tp, double output_tokens) {
   StepTotals& s = step.totals;

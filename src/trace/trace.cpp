@@ -231,7 +231,11 @@ void Scope::time_on_device() {
 OpScope::OpScope(const char* name) : Scope(name, "op") {
   if (on()) {
     const Context& c = context();
-    arg("step", c.step).arg("pass", c.pass).arg("layer", c.layer).arg("kind", c.kind);
+    arg("step", c.step)
+        .arg("pass", c.pass)
+        .arg("layer", c.layer)
+        .arg("kind", c.kind)
+        .arg("pass_id", c.pass_id);
     if (c.device) time_on_device();
   }
 }
@@ -260,11 +264,15 @@ PassScope::PassScope(const char* step, const char* pass, bool device) : span_(pa
   prev_step_ = c.step;
   prev_pass_ = c.pass;
   prev_device_ = c.device;
+  prev_pass_id_ = c.pass_id;
   c.step = step;
   c.pass = pass;
   c.device = device;
   span_.arg("step", step);
   if (span_.on()) {
+    static std::atomic<int64_t> next_id{0};
+    c.pass_id = next_id.fetch_add(1);
+    span_.arg("pass_id", c.pass_id);
     span_.arg("device", device);
     if (Recorder* r = active()) r->resolve_device(false);  // earlier passes' spans that completed
   }
@@ -275,6 +283,7 @@ PassScope::~PassScope() {
   c.step = prev_step_;
   c.pass = prev_pass_;
   c.device = prev_device_;
+  c.pass_id = prev_pass_id_;
 }
 
 }  // namespace dsaserve::trace

@@ -104,8 +104,9 @@ struct Context {
   const char* step = "";  // "prefill" | "decode"
   const char* pass = "";  // the plan's pass name: "prefill", "decode", "prefill_draft_extend", "draft"
   int64_t layer = -1;
-  std::string kind;     // the plan's layer kind: "dense.full", "moe.shared", "mtp", "head", "tail"
-  bool device = false;  // the pass runs on the CUDA device: op spans are timed with CUDA events
+  std::string kind;      // the plan's layer kind: "dense.full", "moe.shared", "mtp", "head", "tail"
+  bool device = false;   // the pass runs on the CUDA device: op spans are timed with CUDA events
+  int64_t pass_id = -1;  // the enclosing PassScope's id (unique in the process); op spans carry it
 };
 Context& context();
 
@@ -140,8 +141,9 @@ class Scope {
   Event ev_;
 };
 
-// An "op" span carrying the thread's context (step, pass, layer, kind); timed on the device in a device
-// pass.
+// An "op" span carrying the thread's context (step, pass, layer, kind, pass_id); timed on the device in a
+// device pass. The forward also records the op's "shape" in the plan's notation (a fused span: one per
+// part, in an array).
 class OpScope : public Scope {
  public:
   explicit OpScope(const char* name);
@@ -166,6 +168,13 @@ class PassScope {
  public:
   PassScope(const char* step, const char* pass, bool device = false);
   ~PassScope();
+  bool on() const { return span_.on(); }
+  // Extra args of the pass span (the forward records its batch: "requests" [[new, cached], ...]).
+  template <class V>
+  PassScope& arg(const char* key, V&& v) {
+    span_.arg(key, std::forward<V>(v));
+    return *this;
+  }
   PassScope(const PassScope&) = delete;
   PassScope& operator=(const PassScope&) = delete;
 
@@ -174,6 +183,7 @@ class PassScope {
   const char* prev_step_;
   const char* prev_pass_;
   bool prev_device_;
+  int64_t prev_pass_id_;
 };
 
 }  // namespace dsaserve::trace

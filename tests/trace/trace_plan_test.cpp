@@ -1,6 +1,7 @@
 // issue 9: the plan for the fixture models matches what `dsaserve score --trace-dir` records on the CPU
-// path, op by op: the same op names in the same order for every layer of each kind, in the prefill, the
-// decode steps and the MTP layer's passes (a fused kernel's span joins the plan's names with '+').
+// path, op by op: every forward pass (prefill, chunks, decode steps, the MTP layer's passes) against
+// plan::plan_step for its exact batch, with the same ops in the same order and the same shapes (a fused
+// kernel's span joins the plan's names with '+' and carries one shape per part).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -8,9 +9,12 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "common/fixtures.h"
+#include "model/config.h"
+#include "plan/step.h"
 
 namespace dsaserve::testing {
 namespace {
@@ -29,117 +33,131 @@ json read_json(const std::filesystem::path& p) {
   return json::parse(f);
 }
 
-// The op spans of `pass` must repeat the plan's chain of the layer's kind, whole, once per forward pass
-// that ran it (`passes` times); every planned layer is traced and no other. Returns the planned seconds
-// per key (layer kinds, head and tail) for the time table.
-void expect_matches(const json& trace, const json& plan, const std::string& step,
-                    const std::string& pass_name, int64_t passes, std::map<std::string, double>& planned_s) {
-  SCOPED_TRACE(step + "/" + pass_name);
-  const json* pass = nullptr;
-  for (const json& p : plan["steps"][step]["passes"]) {
-    if (p["name"] == pass_name) pass = &p;
-  }
-  ASSERT_NE(pass, nullptr) << "the plan has no pass " << pass_name;
-  std::map<std::string, std::vector<std::string>> planned;  // kind -> op names
-  std::map<int64_t, std::string> layer_kind;
-  for (const json& k : (*pass)["layer_kinds"]) {
-    for (const json& o : k["ops"]) {
-      planned[k["name"]].push_back(o["name"]);
-      planned_s[o["key"]] = o["time_s"];
-    }
-    for (const json& l : k["layers"]) layer_kind[l.get<int64_t>()] = k["name"];
-  }
-  for (const char* part : {"head", "tail"}) {
-    for (const json& o : (*pass)[part]["ops"]) planned_s[o["key"]] = o["time_s"];
-  }
+// One op as planned or as traced: where it ran, its name and its shape in the plan's notation.
+std::string op_line(int64_t layer, const std::string& kind, const std::string& name, std::string shape) {
+  // Not shapes: the plan's expected count of experts hit (routing decides), and the cache's bytes per
+  // token (the CPU path keeps f32 caches, the plan prices the deployment's bf16/FP8 format).
+  static const std::regex hit(R"( \([0-9.]+ hit\))"), bytes(R"(-> [0-9]+ B/token)");
+  shape = std::regex_replace(std::regex_replace(shape, hit, ""), bytes, "-> B/token");
+  return fmt::format("layer {} {} {}: {}", layer, kind, name, shape);
+}
 
-  std::vector<json> ops;  // op spans of this pass inside layers, in start order
+// The plan's ops of a pass, in execution order (sampling is the engine's, not the forward's).
+std::vector<std::string> planned_ops(const plan::Pass& p) {
+  std::vector<std::string> out;
+  for (const plan::Op& o : p.head_ops) out.push_back(op_line(-1, "head", o.name, o.shape));
+  std::map<int64_t, const plan::LayerKindPlan*> by_layer;
+  for (const plan::LayerKindPlan& k : p.layer_kinds) {
+    for (int64_t l : k.layers) by_layer[l] = &k;
+  }
+  for (const auto& [l, k] : by_layer) {
+    for (const plan::Op& o : k->ops) out.push_back(op_line(l, k->name, o.name, o.shape));
+  }
+  for (const plan::Op& o : p.tail_ops) {
+    if (o.name != "sampling") out.push_back(op_line(-1, "tail", o.name, o.shape));
+  }
+  return out;
+}
+
+// Every forward pass of the trace against plan::plan_step for its exact batch: the same ops, in the same
+// order, with the same shapes (any op missing, extra, out of order or of another shape fails). A fused
+// span counts as its parts. Returns the passes checked per "step/pass".
+std::map<std::string, int> expect_matches(const json& trace, const model::ModelConfig& cfg) {
+  std::map<int64_t, std::vector<json>> ops;  // pass_id -> op spans
   for (const json& e : trace["traceEvents"]) {
-    if (e["cat"] == "op" && e["args"]["step"] == step && e["args"]["pass"] == pass_name &&
-        e["args"]["layer"].get<int64_t>() >= 0) {
-      ops.push_back(e);
+    if (e["cat"] == "op") ops[e["args"]["pass_id"].get<int64_t>()].push_back(e);
+  }
+  const plan::Hardware hw = plan::Hardware::named("h200");
+  std::map<std::string, int> checked;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["cat"] != "pass") continue;
+    const json& a = e["args"];
+    plan::StepShape shape;
+    for (const json& r : a["requests"]) shape.requests.push_back({r[0].get<int64_t>(), r[1].get<int64_t>()});
+    shape.decode = a["step"] == "decode";
+    shape.mtp = a["mtp"];
+    shape.all_logits = a["all_logits"];
+    const plan::Pass planned = plan::plan_step(cfg, plan::Deployment{}, hw, shape);
+    SCOPED_TRACE(fmt::format("pass {} ({}/{}, requests {})", a["pass_id"].get<int64_t>(),
+                             a["step"].get<std::string>(), e["name"].get<std::string>(),
+                             a["requests"].dump()));
+    EXPECT_EQ(planned.name, e["name"].get<std::string>());
+    std::vector<json>& spans = ops[a["pass_id"].get<int64_t>()];
+    std::stable_sort(spans.begin(), spans.end(), [](const json& x, const json& y) {
+      return x["ts"].get<double>() < y["ts"].get<double>();
+    });
+    std::vector<std::string> traced;
+    for (const json& o : spans) {
+      const std::vector<std::string> names = split_plus(o["name"]);
+      const json& sh = o["args"]["shape"];
+      EXPECT_TRUE(sh.is_string() || (sh.is_array() && sh.size() == names.size()))
+          << o["name"] << " has no shape per part: " << sh.dump();
+      for (size_t i = 0; i < names.size(); ++i) {
+        const std::string part_shape = sh.is_array() && i < sh.size() ? sh[i].get<std::string>()
+                                       : sh.is_string()               ? sh.get<std::string>()
+                                                                      : "?";
+        traced.push_back(op_line(o["args"]["layer"], o["args"]["kind"], names[i], part_shape));
+      }
     }
+    EXPECT_EQ(traced, planned_ops(planned));
+    checked[a["step"].get<std::string>() + "/" + e["name"].get<std::string>()] += 1;
   }
-  std::stable_sort(ops.begin(), ops.end(), [](const json& a, const json& b) {
-    return a["ts"].get<double>() < b["ts"].get<double>();
-  });
-  std::map<int64_t, std::vector<std::string>> recorded;
-  std::map<int64_t, std::string> recorded_kind;
-  for (const json& e : ops) {
-    const int64_t l = e["args"]["layer"];
-    recorded_kind[l] = e["args"]["kind"];
-    for (const auto& n : split_plus(e["name"])) recorded[l].push_back(n);
+  return checked;
+}
+
+json run_score(const std::filesystem::path& model, const std::string& args, const std::filesystem::path& dir,
+               std::string* out) {
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto bin = dsaserve_binary().string();
+  const int rc =
+      run_command(fmt::format("{} score --model {} {} --threads 2 --out {} --trace-dir {}", bin,
+                              model.string(), args, (dir / "l.safetensors").string(), dir.string()),
+                  out);
+  EXPECT_EQ(rc, 0) << *out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("trace-", 0) == 0) return read_json(e.path());
   }
-  ASSERT_EQ(recorded.size(), layer_kind.size()) << "layers recorded vs planned";
-  for (const auto& [l, kind] : layer_kind) {
-    ASSERT_TRUE(recorded.count(l)) << "layer " << l << " not traced";
-    EXPECT_EQ(recorded_kind[l], kind) << "layer " << l;
-    std::vector<std::string> want;
-    for (int64_t i = 0; i < passes; ++i) want.insert(want.end(), planned[kind].begin(), planned[kind].end());
-    EXPECT_EQ(recorded[l], want) << "layer " << l << " (" << kind << "), " << passes << " passes";
-  }
+  ADD_FAILURE() << "no trace-<pid>-<n>.json in " << dir;
+  return json::object();
+}
+
+std::string token_ids(int n) {
+  std::string ids;
+  for (int i = 0; i < n; ++i) ids += fmt::format("{}{}", i ? "," : "", 1 + (i * 7) % 50);
+  return ids;
 }
 
 void check_model(const std::string& name) {
   DSA_FIXTURE_PATH(model, "models/" + name);
+  const model::ModelConfig cfg = model::ModelConfig::from_file(model / "config.json");
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("dsa_trace_{}_{}", name, ::getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  // More tokens than index_topk of both fixtures (the indexer selects); a prefill of 36, then 4 decode
-  // steps, the MTP layer after each.
-  constexpr int kTokens = 40, kDecodeFrom = 36;
-  std::string ids;
-  for (int i = 0; i < kTokens; ++i) ids += fmt::format("{}{}", i ? "," : "", 1 + (i * 7) % 50);
   std::string out;
-  const auto bin = dsaserve_binary().string();
-  ASSERT_EQ(
-      run_command(
-          fmt::format("{} score --model {} --ids {} --attention absorbed --decode-from {} --mtp "
-                      "--threads 2 --out {} --trace-dir {}",
-                      bin, model.string(), ids, kDecodeFrom, (dir / "l.safetensors").string(), dir.string()),
-          &out),
-      0)
-      << out;
-  // Without speculative decoding (prefill, decode) and with it (the MTP layer's passes).
-  for (const char* spec : {"0", "2"}) {
-    ASSERT_EQ(run_command(fmt::format("{} plan --model {} --context {} --prefill-tokens {} "
-                                      "--speculative-num-draft-tokens {} --json > {} 2>&1",
-                                      bin, model.string(), kTokens, kDecodeFrom, spec,
-                                      (dir / fmt::format("plan{}.json", spec)).string()),
-                          &out),
-              0)
-        << out;
+  {
+    // More tokens than index_topk of both fixtures (the indexer selects); a prefill of 36, then 4 decode
+    // steps, the MTP layer after each (score runs it on the one new token of each decode step but the
+    // last, whose next token is unknown).
+    SCOPED_TRACE("prefill, decode, MTP");
+    const json trace = run_score(
+        model, fmt::format("--ids {} --attention absorbed --decode-from 36 --mtp", token_ids(40)), dir, &out);
+    const auto checked = expect_matches(trace, cfg);
+    const std::map<std::string, int> want = {{"prefill/prefill", 1},
+                                             {"decode/decode", 4},
+                                             {"prefill/prefill_draft_extend", 1},
+                                             {"decode/draft", 3}};
+    EXPECT_EQ(checked, want);
+    // score prints the per-op summary of measured vs planned time.
+    fmt::print("{}\n", out);
   }
-  std::filesystem::path trace_path;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    if (e.path().filename().string().rfind("trace-", 0) == 0) trace_path = e.path();
-  }
-  ASSERT_FALSE(trace_path.empty()) << "no trace-<pid>-<n>.json in " << dir;
-  const json trace = read_json(trace_path), plan = read_json(dir / "plan0.json"),
-             plan_mtp = read_json(dir / "plan2.json");
-
-  std::map<std::string, double> planned_s;  // key -> seconds
-  const int64_t decodes = kTokens - kDecodeFrom;
-  expect_matches(trace, plan, "prefill", "prefill", 1, planned_s);
-  expect_matches(trace, plan, "decode", "decode", decodes, planned_s);
-  expect_matches(trace, plan_mtp, "prefill", "prefill_draft_extend", 1, planned_s);
-  // score runs the MTP layer on the one new token of each decode step but the last (whose next token
-  // is unknown): one-token MTP passes, which the trace names "draft".
-  expect_matches(trace, plan_mtp, "decode", "draft", decodes - 1, planned_s);
-
-  // Measured vs planned per op (the plan's roofline is an H200's: on a CPU the ratio is informative only).
-  fmt::print("{}: measured (CPU, whole run) vs planned (H200 roofline, one pass) per op\n", name);
-  for (const json& row : trace["summary"]) {
-    const std::string key = row["key"];
-    const auto slash = key.rfind('/');
-    if (key.rfind("kernel/", 0) == 0 || key.rfind("layer/", 0) == 0) continue;
-    double plan_s = 0;
-    for (const auto& part : split_plus(key.substr(slash + 1))) {
-      const auto it = planned_s.find(key.substr(0, slash + 1) + part);
-      if (it != planned_s.end()) plan_s += it->second;
-    }
-    fmt::print("  {:<72} x{:<3} {:>10.1f} us  plan {:>8.3f} us\n", key, row["count"].get<int64_t>(),
-               row["total_us"].get<double>(), plan_s * 1e6);
+  {
+    // A chunked prefill (chunks after a cached prefix, the last of one token) and one decode step.
+    SCOPED_TRACE("chunked prefill");
+    const json trace = run_score(
+        model, fmt::format("--ids {} --attention absorbed --chunk 12 --decode-from 37", token_ids(38)), dir,
+        &out);
+    const auto checked = expect_matches(trace, cfg);
+    const std::map<std::string, int> want = {{"prefill/prefill", 4}, {"decode/decode", 1}};
+    EXPECT_EQ(checked, want);
   }
   std::filesystem::remove_all(dir);
 }
