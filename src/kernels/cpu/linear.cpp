@@ -74,7 +74,10 @@ bool fp8_gemm_eligible(const WeightRef& w, int64_t r0, int64_t r1) {
          r0 % 128 == 0 && (r1 - r0) % 8 == 0;
 }
 
-float fp8_act_scale(float amax) { return amax > 0.0f ? amax / kE4m3Max : 1.0f; }
+float fp8_act_scale(float amax) {
+  const float s = amax / kE4m3Max;
+  return s > 0.0f ? s : 1.0f;  // all zeros, or an amax whose scale underflows: 1 (quant.cu's rule)
+}
 
 void fp8_quantize(const float* x, int64_t n, float s, uint8_t* q) {
   for (int64_t i = 0; i < n; ++i) q[i] = f32_to_f8e4m3fn_sat(x[i] / s);
