@@ -23,3 +23,4 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # Python: reference libraries for property tests and benchmarks (HF tokenizers, Jinja2) and numpy.
 python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/requirements.txt"
+bash "$(dirname "$0")/fetch_xgrammar.sh"   # xgrammar C++ source (grammar-constrained decoding), built by CMake

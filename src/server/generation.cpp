@@ -69,6 +69,8 @@ void Job::start() {
     g.prompt = prompt_;
     g.params = spec_.params;
     if (g.params.seed) g.params.seed = *g.params.seed + i;  // n > 1: different but reproducible choices
+    if (spec_.grammar != nullptr && ctx_.grammar != nullptr)
+      g.params.constraint = ctx_.grammar->make_constraint(spec_.grammar);
     ctx_.engine->submit(std::move(g));
   }
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "chat/output_parser.h"
+#include "grammar/grammar.h"
 #include "runtime/engine/engine.h"
 #include "server/metrics.h"
 #include "server/openai.h"
@@ -46,6 +47,8 @@ struct ServingContext {
   // --reasoning-parser / --tool-call-parser (chat requests only; tools only when the request has some).
   bool reasoning = false;
   chat::ToolCallFormat tool_format = chat::ToolCallFormat::kNone;
+  // Grammar-constrained decoding (null when unavailable): a matcher per choice of a constrained job.
+  grammar::GrammarBackend* grammar = nullptr;
   std::unordered_map<uint64_t, std::weak_ptr<Job>> routes;  // engine request id -> job
   uint64_t next_engine_id = 1;
   int64_t active_jobs = 0;

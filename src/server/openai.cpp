@@ -101,6 +101,23 @@ void parse_common(const json& b, int64_t vocab, int64_t max_n, GenerationSpec& s
     if (!it->is_object()) bad("stream_options", fmt::format("expected an object, got {}", type_name(*it)));
     if (auto v = get_bool(*it, "include_usage")) s.include_usage = *v;
   }
+  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
+    if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
+      bad("response_format", "expected {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}");
+    const std::string t = (*it)["type"].get<std::string>();
+    if (t == "json_schema") {
+      auto js = it->find("json_schema");
+      if (js == it->end() || !js->is_object())
+        bad("response_format.json_schema", "required: {\"name\": ..., \"schema\": {...}}");
+      auto schema = js->find("schema");
+      if (schema == js->end() || !(schema->is_object() || schema->is_boolean()))
+        bad("response_format.json_schema.schema", "expected a JSON schema object");
+      s.response_schema = *schema;
+    } else if (t != "text" && t != "json_object") {
+      bad("response_format.type", fmt::format("expected text, json_object or json_schema, got '{}'", t));
+    }
+    s.response_format = t;
+  }
   if (auto v = get_bool(b, "ignore_eos")) p.ignore_eos = *v;
   if (auto v = get_bool(b, "skip_special_tokens")) s.skip_special_tokens = *v;
   if (auto v = get_bool(b, "return_token_ids")) s.return_token_ids = *v;
@@ -232,6 +249,7 @@ GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
     }
     if (s.tool_choice != "none" && s.tool_choice != "auto" && !s.has_tools) bad("tool_choice", "needs tools");
   }
+  if (auto v = get_bool(b, "parallel_tool_calls")) s.parallel_tool_calls = *v;
   if (auto k = b.find("chat_template_kwargs"); k != b.end() && !k->is_null()) {
     if (!k->is_object())
       bad("chat_template_kwargs", fmt::format("expected an object, got {}", type_name(*k)));

@@ -2,6 +2,7 @@
 // The OpenAI API layer: request validation (each error names the field, OpenAI's error object) and the
 // plain description of a generation request the server runs. No I/O here.
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -9,6 +10,10 @@
 #include <vector>
 
 #include "runtime/sampler/sampling_params.h"
+
+namespace dsaserve::grammar {
+class CompiledGrammar;
+}
 
 namespace dsaserve::server {
 
@@ -46,8 +51,15 @@ struct GenerationSpec {
   nlohmann::ordered_json chat_request;
   bool has_tools = false;
   std::string tool_choice = "auto";  // "auto", "none", "required", or a function name (forced)
+  bool parallel_tool_calls = true;   // false: tool_choice "required" allows one call only
   std::optional<std::string> prompt_text;
   std::vector<int32_t> prompt_ids;
+  // response_format: "text" (unconstrained), "json_object" or "json_schema" (with response_schema).
+  std::string response_format = "text";
+  nlohmann::json response_schema;
+  // Set by the server when the output is grammar-constrained (tool_choice required / named,
+  // response_format): each choice decodes under its own matcher of this grammar.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 // Parses and validates a request body; throws ApiError (400) naming the field. `vocab_size` bounds token

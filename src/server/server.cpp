@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "runtime/engine/device.h"
 #include "server/builtin.h"
+#include "server/constrained.h"
 #include "server/session.h"
 #include "trace/trace.h"
 
@@ -67,6 +68,8 @@ class Server {
     ctx_.model_name = cfg_.served_model_name;
     ctx_.reasoning = !cfg_.reasoning_parser.empty();
     ctx_.tool_format = tool_format(cfg_.tool_call_parser);
+    grammar_ = make_grammar_backend(tok_, model_->config().vocab_size, cfg_.engine.scheduler.eos_token_ids);
+    ctx_.grammar = grammar_.get();
     router_ = [this](const std::shared_ptr<Session>& s, const http::request<http::string_body>& r) {
       route(s, r);
     };
@@ -259,6 +262,7 @@ class Server {
                      "max_tokens", "invalid_request_error", "context_length_exceeded");
     }
     if (!spec.max_tokens_given) spec.params.max_new_tokens = chat ? room : std::min<int64_t>(16, room);
+    spec.grammar = request_grammar(grammar_.get(), spec, ctx_.tool_format, ctx_.reasoning, prompt_text);
     if (ctx_.active_jobs >= cfg_.engine.scheduler.max_running_requests + cfg_.max_queued_requests) {
       throw ApiError(503, fmt::format("the server is overloaded ({} requests in flight)", ctx_.active_jobs),
                      "", "server_error");
@@ -277,6 +281,7 @@ class Server {
   tcp::acceptor acceptor_;
   net::signal_set signals_;
   net::steady_timer drain_timer_;
+  std::unique_ptr<grammar::GrammarBackend> grammar_;
   std::unique_ptr<runtime::Engine> engine_;
   ServerMetrics metrics_;
   ServingContext ctx_;

@@ -69,6 +69,15 @@ void process_logits(std::span<const float> logits, const SamplingParams& p, cons
   }
 }
 
+// Masks `x` with the constraint; at least one token must stay (a -inf maximum would make every
+// probability NaN).
+void apply_constraint(TokenConstraint& c, std::vector<float>& x) {
+  c.mask_logits(x);
+  bool any = false;
+  for (float v : x) any = any || v > -std::numeric_limits<float>::infinity();
+  DSA_CHECK(any, "sampler: the request's grammar allows no next token");
+}
+
 int32_t argmax(std::span<const float> x) {
   int32_t best = 0;
   for (size_t i = 1; i < x.size(); ++i) {
@@ -182,9 +191,10 @@ double SamplerState::uniform() {
 }
 
 SampleResult sample(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
-                    std::vector<float>& scratch) {
+                    std::vector<float>& scratch, TokenConstraint* constraint) {
   DSA_CHECK(!logits.empty(), "sampler: empty logits");
   process_logits(logits, params, state, scratch);
+  if (constraint != nullptr) apply_constraint(*constraint, scratch);
   SampleResult r;
   if (params.temperature <= 0.0f) {
     r.token = argmax(scratch);
@@ -206,9 +216,10 @@ SampleResult sample(std::span<const float> logits, const SamplingParams& params,
 }
 
 std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,
-                                          const SamplerState& state) {
+                                          const SamplerState& state, TokenConstraint* constraint) {
   std::vector<float> x;
   process_logits(logits, params, state, x);
+  if (constraint != nullptr) apply_constraint(*constraint, x);
   std::vector<double> dist(logits.size(), 0.0);
   if (params.temperature <= 0.0f) {
     dist[size_t(argmax(x))] = 1.0;

@@ -2,13 +2,16 @@
 // Sampler: one token from one row of logits under a request's SamplingParams. Order of operations:
 // logit_bias, repetition penalty (prompt + output tokens), presence / frequency penalties (output
 // tokens), then greedy argmax (temperature 0) or temperature -> softmax -> top_k -> top_p -> min_p ->
-// a draw from the request's own seeded generator. Log-probabilities are reported from the model's raw
-// distribution (log_softmax of the unprocessed logits), like vLLM's default.
+// a draw from the request's own seeded generator. A TokenConstraint (grammar), when given, masks the
+// processed logits (disallowed tokens -> -inf) before the pick, for greedy and sampled decoding alike.
+// Log-probabilities are reported from the model's raw distribution (log_softmax of the unprocessed,
+// unmasked logits), like vLLM's default.
 #include <cstdint>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/sampler/constraint.h"
 #include "runtime/sampler/sampling_params.h"
 
 namespace dsaserve::runtime {
@@ -45,13 +48,14 @@ class SamplerState {
   std::unordered_map<int32_t, int32_t> seen_;           // prompt + output tokens (repetition penalty)
 };
 
-// Samples from `logits` [vocab]. `scratch` is reused between calls to avoid allocations.
+// Samples from `logits` [vocab]. `scratch` is reused between calls to avoid allocations. `constraint`
+// (optional) masks the candidates; it is not advanced here (the caller accepts the result).
 SampleResult sample(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
-                    std::vector<float>& scratch);
+                    std::vector<float>& scratch, TokenConstraint* constraint = nullptr);
 
 // The softmax probabilities the sampler draws from (after penalties, temperature, top_k/top_p/min_p;
 // zero for dropped tokens). For tests: the distribution that sample() realises.
 std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,
-                                          const SamplerState& state);
+                                          const SamplerState& state, TokenConstraint* constraint = nullptr);
 
 }  // namespace dsaserve::runtime

@@ -3,11 +3,14 @@
 // engine-side stop rules. Stop *strings* are not here: they need text, which the server's per-request
 // output stage produces (it aborts the request when one matches).
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
 
 namespace dsaserve::runtime {
+
+class TokenConstraint;
 
 struct SamplingParams {
   float temperature = 1.0f;         // 0: greedy (argmax, ties to the lowest id)
@@ -28,6 +31,10 @@ struct SamplingParams {
   // SchedulerConfig::enable_priority, waiting requests are admitted by priority (larger first unless
   // low_priority_values_first), FCFS within a priority. Ignored otherwise.
   int64_t priority = 0;
+  // Grammar-constrained decoding (tool_choice / response_format): masks every sample and is advanced
+  // with every token the request produces; its completion finishes the request. Null: unconstrained.
+  // One per request: copies of these params share it, so each request needs its own.
+  std::shared_ptr<TokenConstraint> constraint;
 
   // Throws dsaserve::Error naming the offending field (OpenAI's name) when a value is out of range.
   void validate(int64_t vocab_size) const;

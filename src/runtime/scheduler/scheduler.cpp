@@ -323,15 +323,33 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const float> logit
     const size_t slot = size_t(s.start + s.num_new);
     DSA_CHECK(slot < r.tokens.size() && r.tokens[slot] == kFutureToken,
               "scheduler: request {} has no future token at {} (batch not committed?)", r.id, slot);
-    const SampleResult res =
-        sample(logits.subspan(k * size_t(vocab), size_t(vocab)), r.params, r.sampler, scratch_);
+    SampleResult res;
+    if (r.params.constraint != nullptr) {
+      // A grammar that cannot continue fails its request only.
+      std::string error;
+      try {
+        res = sample(logits.subspan(k * size_t(vocab), size_t(vocab)), r.params, r.sampler, scratch_,
+                     r.params.constraint.get());
+        if (!r.params.constraint->accept(res.token))
+          error = fmt::format("the grammar rejected token {}", res.token);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      if (!error.empty()) {
+        finish(r, FinishReason::error, error, out);
+        continue;
+      }
+    } else {
+      res = sample(logits.subspan(k * size_t(vocab), size_t(vocab)), r.params, r.sampler, scratch_);
+    }
     r.tokens[slot] = res.token;
     r.sampler.record(res.token);
     FinishReason why = FinishReason::none;
     const auto& eos = cfg_.eos_token_ids;
     const auto& stop = r.params.stop_token_ids;
     if ((!r.params.ignore_eos && std::find(eos.begin(), eos.end(), res.token) != eos.end()) ||
-        std::find(stop.begin(), stop.end(), res.token) != stop.end()) {
+        std::find(stop.begin(), stop.end(), res.token) != stop.end() ||
+        (r.params.constraint != nullptr && r.params.constraint->terminated())) {
       why = FinishReason::stop;
     } else if (r.at_length_limit(cfg_.max_context)) {
       why = FinishReason::length;
