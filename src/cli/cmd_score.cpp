@@ -5,7 +5,10 @@
 // one token per step from position K on) and writes the logits of every position: "logits" F32
 // [n, vocab], "input_ids" I32 [n] and, with --mtp, the MTP head's "mtp_logits" F32 [n - 1, vocab].
 // --trace-dir D: a Chrome trace of the forward passes (layer, op and kernel spans, trace/trace.h) in
-// D/trace-<pid>-<n>.json, with a per-op summary keyed like `dsaserve plan --json`'s records.
+// D/trace-<pid>-<n>.json, with a per-op summary keyed like `dsaserve plan --json`'s records, and the
+// measured time of every op next to the plan's roofline for the same batches (plan/trace_summary.h:
+// "plan_summary" in the JSON, and printed). --trace-plan-deployment tp8,ep8,dp8: also what that
+// deployment's plan would move in collectives for these batches (one process runs none).
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -19,6 +22,8 @@
 #include "core/parallel.h"
 #include "io/safetensors.h"
 #include "model/score.h"
+#include "plan/step.h"
+#include "plan/trace_summary.h"
 #include "runtime/engine/device.h"
 #include "trace/trace.h"
 
@@ -27,8 +32,8 @@ namespace {
 
 CommandRun setup(CLI::App& sub) {
   struct Opts {
-    std::string model, ids, ids_file, out, attention = "auto", trace_dir, device = "cpu",
-                                           kv_cache_dtype = "auto";
+    std::string model, ids, ids_file, out, attention = "auto", trace_dir, trace_plan_deployment,
+                                           device = "cpu", kv_cache_dtype = "auto";
     int64_t chunk = 0, decode_from = -1, page_size = 64;
     int threads = 0;
     bool mtp = false;
@@ -48,6 +53,9 @@ CommandRun setup(CLI::App& sub) {
   sub.add_option("--attention", o->attention, "MLA form: auto | mha | absorbed")
       ->check(CLI::IsMember({"auto", "mha", "absorbed"}));
   sub.add_option("--trace-dir", o->trace_dir, "write a Chrome trace of the forward passes to this directory");
+  sub.add_option("--trace-plan-deployment", o->trace_plan_deployment,
+                 "with --trace-dir: the collectives this deployment's plan would run for the traced batches, "
+                 "e.g. tp8,ep8,dp8[,deepep][,fp8]");
   sub.add_option("--threads", o->threads, "CPU threads (default: DSASERVE_THREADS or all cores)");
   sub.add_option("--device", o->device, "where the model runs: cpu or cuda")->capture_default_str();
   sub.add_option("--kv-cache-dtype", o->kv_cache_dtype,
@@ -80,7 +88,17 @@ CommandRun setup(CLI::App& sub) {
                    : o->attention == "absorbed" ? model::AttentionForm::absorbed
                                                 : model::AttentionForm::automatic;
     std::optional<trace::Recorder> recorder;
-    if (!o->trace_dir.empty()) trace::set_active(&recorder.emplace());
+    std::optional<nlohmann::json> plan_summary;
+    if (!o->trace_dir.empty()) {
+      plan::TraceSummaryOptions po;
+      if (!o->trace_plan_deployment.empty())
+        po.what_if = plan::parse_deployment(o->trace_plan_deployment, model->config());
+      recorder.emplace().set_annotator(
+          [&plan_summary, po, cfg = model->config()](const std::vector<trace::Event>& ev, nlohmann::json& j) {
+            plan_summary = j["plan_summary"] = plan::measured_vs_planned(ev, cfg, po);
+          });
+      trace::set_active(&*recorder);
+    }
     const auto t1 = std::chrono::steady_clock::now();
     model::ScoreResult r;
     try {
@@ -94,6 +112,7 @@ CommandRun setup(CLI::App& sub) {
       trace::set_active(nullptr);
       const auto path = recorder->write(o->trace_dir);
       fmt::print("trace: {} events -> {}\n", recorder->events().size(), path.string());
+      if (plan_summary) fmt::print("{}", plan::format_summary(*plan_summary));
     }
 
     Tensor id_t = Tensor::empty({int64_t(ids.size())}, DType::i32);

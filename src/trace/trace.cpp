@@ -128,6 +128,10 @@ std::vector<SummaryRow> Recorder::summarize(std::vector<Event> ev) {
       add_row(arg_str(e.args, "step") + "/" + arg_str(e.args, "pass") + "/" + arg_str(e.args, "kind") + "/" +
                   e.name,
               e.dur_exact_us);
+    } else if (e.cat == "collective") {
+      add_row("collective/" + arg_str(e.args, "step") + "/" + arg_str(e.args, "pass") + "/" +
+                  arg_str(e.args, "kind") + "/" + e.name,
+              e.dur_exact_us);
     } else if (e.cat == "kernel") {
       add_row("kernel/" + e.name, e.dur_exact_us);
     } else if (e.cat == "layer") {
@@ -149,7 +153,12 @@ nlohmann::json Recorder::to_json() const {
   return events_json(ev, dropped);
 }
 
-nlohmann::json Recorder::events_json(const std::vector<Event>& events, int64_t dropped) {
+void Recorder::set_annotator(Annotator a) {
+  std::lock_guard<std::mutex> lock(mu_);
+  annotator_ = std::move(a);
+}
+
+nlohmann::json Recorder::events_json(const std::vector<Event>& events, int64_t dropped) const {
   nlohmann::json evs = nlohmann::json::array();
   const int pid = int(::getpid());
   for (const Event& e : events) {
@@ -165,7 +174,15 @@ nlohmann::json Recorder::events_json(const std::vector<Event>& events, int64_t d
   nlohmann::json sum = nlohmann::json::array();
   for (const SummaryRow& r : summarize(events))
     sum.push_back({{"key", r.key}, {"count", r.count}, {"total_us", r.total_us}});
-  return {{"traceEvents", evs}, {"displayTimeUnit", "ms"}, {"summary", sum}, {"dropped_events", dropped}};
+  nlohmann::json out = {
+      {"traceEvents", evs}, {"displayTimeUnit", "ms"}, {"summary", sum}, {"dropped_events", dropped}};
+  Annotator annotate;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    annotate = annotator_;
+  }
+  if (annotate) annotate(events, out);
+  return out;
 }
 
 std::filesystem::path Recorder::write(const std::filesystem::path& dir) const {
@@ -237,6 +254,19 @@ OpScope::OpScope(const char* name) : Scope(name, "op") {
         .arg("kind", c.kind)
         .arg("pass_id", c.pass_id);
     if (c.device) time_on_device();
+  }
+}
+
+CollectiveScope::CollectiveScope(const char* name, const char* group, int64_t group_size, double bytes)
+    : Scope(name, "collective") {
+  if (on()) {
+    const Context& c = context();
+    arg("group", group).arg("group_size", group_size).arg("bytes", bytes);
+    arg("step", c.step)
+        .arg("pass", c.pass)
+        .arg("layer", c.layer)
+        .arg("kind", c.kind)
+        .arg("pass_id", c.pass_id);
   }
 }
 

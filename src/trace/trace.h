@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -76,13 +77,18 @@ class Recorder {
   // each file holds the events since the previous flush). The dropped count restarts too.
   std::filesystem::path flush(const std::filesystem::path& dir);
 
+  // Adds fields to every JSON this recorder produces (to_json, write, flush) from the events it holds
+  // (e.g. plan/trace_summary.h: measured vs planned time per op). Exceptions it throws propagate.
+  using Annotator = std::function<void(const std::vector<Event>& events, nlohmann::json& out)>;
+  void set_annotator(Annotator a);
+
   // Bounded memory: at most `n` events are kept between flushes (0: no limit, the default); later
   // events are dropped and counted ("dropped_events" in the JSON).
   void set_max_events(size_t n);
   int64_t dropped() const;
 
  private:
-  static nlohmann::json events_json(const std::vector<Event>& events, int64_t dropped);
+  nlohmann::json events_json(const std::vector<Event>& events, int64_t dropped) const;
   static std::vector<SummaryRow> summarize(std::vector<Event> events);
   static std::filesystem::path write_json(const std::filesystem::path& dir, const nlohmann::json& j);
 
@@ -92,6 +98,7 @@ class Recorder {
   mutable std::vector<Event> events_;
   mutable std::vector<std::pair<Event, device::Mark*>> pending_;  // device-timed spans not yet resolved
   size_t max_events_ = 0;
+  Annotator annotator_;
   mutable int64_t dropped_ = 0;
 };
 
@@ -147,6 +154,15 @@ class Scope {
 class OpScope : public Scope {
  public:
   explicit OpScope(const char* name);
+};
+
+// A "collective" span: one all-reduce, all-gather, reduce-scatter, EP dispatch/combine or broadcast of a
+// multi-rank run, named like the plan's collective records (plan.h Collective: "attn_tp_all_reduce",
+// "ep_dispatch", ...), with its group ("attn_tp", "tp", "ep"), group size and message bytes per rank,
+// and the thread's context. Summary key "collective/step/pass/kind/name". (One process runs none.)
+class CollectiveScope : public Scope {
+ public:
+  CollectiveScope(const char* name, const char* group, int64_t group_size, double bytes);
 };
 
 // Sets context().layer/kind for its lifetime and records a "layer" span.

@@ -13,6 +13,8 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "model/param_count.h"
+#include "plan/step.h"
+#include "plan/trace_summary.h"
 
 namespace dsaserve::plan {
 namespace {
@@ -432,6 +434,159 @@ ModelConfig small_config() {
     "index_topk": 4, "index_n_heads": 2, "index_head_dim": 16, "indexer_types": ["full", "shared"],
     "max_position_embeddings": 4096, "num_nextn_predict_layers": 1, "tie_word_embeddings": false,
     "rms_norm_eps": 1e-5, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}})"));
+}
+
+// plan_step: one engine step's exact batch. A prompt chunk of 3 tokens and a request extending a 9-token
+// prefix by one (not decoding: the step is a prefill), checked by hand.
+TEST(PlanStep, HandComputedBatch) {
+  const ModelConfig cfg = small_config();
+  StepShape s;
+  s.requests = {{3, 0}, {1, 9}};
+  const Pass p = plan_step(cfg, Deployment{}, Hardware::named("h200"), s);
+  EXPECT_EQ(p.name, "prefill");
+  EXPECT_EQ(p.tokens_local, 4);
+  const LayerKindPlan& dense = kind_named(p, "dense.full");
+  EXPECT_EQ(op_named(dense.ops, "qkv_a_proj").shape, "[4, 256] x [104, 256]^T");
+  // Keys: top-4 of causal 1, 2, 3 for the chunk; min(4, 10) for the extension: 10 queries' worth.
+  EXPECT_EQ(op_named(dense.ops, "sparse_mla").flops, 2.0 * 4 * 10 * 40 + 2.0 * 4 * 10 * 32);
+  EXPECT_EQ(op_named(dense.ops, "sparse_mla").shape, "4 q x 4 heads x [32 + 8] . 4 keys");
+  // The indexer scores 1 + 2 + 3 keys and 10 keys, and reads both caches (3 + 10 rows of 20 B).
+  EXPECT_EQ(op_named(dense.ops, "indexer_topk").flops, 16.0);
+  EXPECT_EQ(op_named(dense.ops, "indexer_logits").kv_read_bytes, 13.0 * 20);
+  EXPECT_EQ(op_named(dense.ops, "indexer_logits").shape, "4 q x [2, 16] . 10 keys");
+  // The engine normalises every token and takes each request's last one to the LM head.
+  EXPECT_EQ(op_named(p.tail_ops, "final_norm").shape, "[4, 256]");
+  EXPECT_EQ(op_named(p.tail_ops, "lm_head").shape, "[2, 256] x [1000, 256]^T");
+  s.all_logits = true;
+  s.mtp = true;
+  const Pass m = plan_step(cfg, Deployment{}, Hardware::named("h200"), s);
+  EXPECT_EQ(m.name, "prefill_draft_extend");
+  EXPECT_EQ(kind_named(m, "mtp").layers, std::vector<int64_t>{2});
+  EXPECT_EQ(op_named(m.tail_ops, "lm_head").shape, "[4, 256] x [1000, 256]^T");
+
+  EXPECT_THROW(plan_step(cfg, Deployment{}, Hardware::named("h200"), StepShape{}), Error);
+  StepShape bad;
+  bad.decode = true;
+  bad.requests = {{2, 5}};
+  EXPECT_THROW(plan_step(cfg, Deployment{}, Hardware::named("h200"), bad), Error);
+}
+
+// A step of B decoding requests at context L prices like build_plan's decode pass for --batch B --context
+// L, and one unchunked prompt like its prefill (but for the final norm, on every token here).
+TEST(PlanStep, UniformBatchesMatchBuildPlan) {
+  const ModelConfig cfg = small_config();
+  Deployment d;
+  d.batch = 3;
+  d.context = 10;
+  d.chunked_prefill_size = -1;
+  const Hardware hw = Hardware::named("h200");
+  const Plan plan = build_plan(cfg, d, hw);
+  StepShape dec;
+  dec.decode = true;
+  dec.requests.assign(3, StepRequest{1, 9});
+  StepShape pre;
+  pre.requests = {{10, 0}};
+  for (const auto& [shape, planned] : {std::pair{dec, &pass_named(plan.decode, "decode")},
+                                       std::pair{pre, &pass_named(plan.prefill, "prefill")}}) {
+    const Pass p = plan_step(cfg, d, hw, shape);
+    SCOPED_TRACE(p.name);
+    ASSERT_EQ(p.layer_kinds.size(), planned->layer_kinds.size());
+    for (size_t k = 0; k < p.layer_kinds.size(); ++k) {
+      ASSERT_EQ(p.layer_kinds[k].ops.size(), planned->layer_kinds[k].ops.size());
+      for (size_t i = 0; i < p.layer_kinds[k].ops.size(); ++i) {
+        const Op &a = p.layer_kinds[k].ops[i], &b = planned->layer_kinds[k].ops[i];
+        EXPECT_EQ(a.name, b.name);
+        EXPECT_EQ(a.shape, b.shape) << a.name;
+        EXPECT_DOUBLE_EQ(a.flops, b.flops) << a.name;
+        EXPECT_DOUBLE_EQ(a.bytes(), b.bytes()) << a.name;
+      }
+    }
+    EXPECT_EQ(op_named(p.tail_ops, "lm_head").shape, op_named(planned->tail_ops, "lm_head").shape);
+  }
+}
+
+TEST(PlanStep, DeploymentSpec) {
+  const ModelConfig cfg = small_config();
+  const Deployment d = parse_deployment("tp2,ep2,dp2,fp8", cfg);
+  EXPECT_EQ(d.tp, 2);
+  EXPECT_EQ(d.ep_size, 2);
+  EXPECT_EQ(d.attn_dp_size, 2);
+  EXPECT_EQ(d.kv_cache_dtype, KvDtype::fp8_e4m3);
+  EXPECT_THROW(parse_deployment("tp2,xx", cfg), Error);
+  EXPECT_THROW(parse_deployment("tp0", cfg), Error);
+  EXPECT_THROW(parse_deployment("", cfg), Error);
+  EXPECT_THROW(parse_deployment("tp3", cfg), Error);  // 4 heads do not split over 3
+}
+
+// measured_vs_planned on a hand-made trace: a decode pass of 3 requests with two op spans (one fused) and
+// one the plan does not have.
+TEST(PlanStep, MeasuredVsPlannedSummary) {
+  const ModelConfig cfg = small_config();
+  auto event = [](std::string name, std::string cat, double ts, double dur, nlohmann::json args) {
+    trace::Event e;
+    e.name = std::move(name);
+    e.cat = std::move(cat);
+    e.ts_exact_us = ts;
+    e.dur_exact_us = dur;
+    e.args = std::move(args);
+    return e;
+  };
+  auto op_args = [](const char* kind, int64_t layer) {
+    return nlohmann::json{
+        {"step", "decode"}, {"pass", "decode"}, {"kind", kind}, {"layer", layer}, {"pass_id", 7}};
+  };
+  const std::vector<trace::Event> events = {
+      event("decode", "pass", 0, 100,
+            {{"step", "decode"},
+             {"pass_id", 7},
+             {"requests", {{1, 9}, {1, 9}, {1, 9}}},
+             {"all_logits", false},
+             {"mtp", false},
+             {"device", false}}),
+      event("qkv_a_proj", "op", 1, 10, op_args("dense.full", 0)),
+      event("experts_gate_up+experts_act+experts_down", "op", 20, 5, op_args("moe.shared", 1)),
+      event("bogus", "op", 30, 2, op_args("moe.shared", 1)),
+      event("qkv_a_proj", "op", 40, 7,
+            {{"step", "decode"}, {"pass", "decode"}, {"kind", "dense.full"}, {"pass_id", 99}}),
+  };
+  TraceSummaryOptions o;
+  o.what_if = parse_deployment("tp2", cfg);
+  const nlohmann::json s = measured_vs_planned(events, cfg, o);
+  StepShape shape;
+  shape.decode = true;
+  shape.requests.assign(3, StepRequest{1, 9});
+  const Pass p = plan_step(cfg, Deployment{}, Hardware::named("h200"), shape);
+  const LayerKindPlan& moe = kind_named(p, "moe.shared");
+  ASSERT_EQ(s["rows"].size(), 3u);  // the span of an unknown pass (99) is not counted
+  EXPECT_EQ(s["rows"][0]["key"], "decode/decode/dense.full/qkv_a_proj");
+  EXPECT_EQ(s["rows"][0]["count"], 1);
+  EXPECT_DOUBLE_EQ(s["rows"][0]["measured_us"].get<double>(), 10.0);
+  EXPECT_DOUBLE_EQ(s["rows"][0]["planned_us"].get<double>(),
+                   op_named(kind_named(p, "dense.full").ops, "qkv_a_proj").time_s() * 1e6);
+  EXPECT_NEAR(s["rows"][0]["ratio"].get<double>(), 10.0 / s["rows"][0]["planned_us"].get<double>(), 1e-9);
+  EXPECT_DOUBLE_EQ(s["rows"][1]["planned_us"].get<double>(),
+                   (op_named(moe.ops, "experts_gate_up").time_s() +
+                    op_named(moe.ops, "experts_act").time_s() + op_named(moe.ops, "experts_down").time_s()) *
+                       1e6);
+  EXPECT_FALSE(s["rows"][2]["planned"].get<bool>());
+  EXPECT_EQ(s["device"], "cpu");
+  ASSERT_EQ(s["steps"].size(), 1u);
+  EXPECT_DOUBLE_EQ(s["steps"][0]["measured_us"].get<double>(), 17.0);
+  EXPECT_EQ(s["not_traced"][0]["key"], "decode/decode/tail/sampling");
+  EXPECT_TRUE(s["collectives"]["traced"].empty());
+  EXPECT_NE(s["collectives"]["note"].get<std::string>().find("no collectives ran"), std::string::npos);
+  // tp2 (attention TP): the embedding and each layer's o_proj all-reduce, the MLPs' all-reduce, the logits
+  // all-gather.
+  bool saw_ar = false;
+  for (const auto& c : s["collectives"]["what_if"]["collectives"]) {
+    if (c["name"] == "attn_tp_all_reduce") {
+      saw_ar = true;
+      EXPECT_EQ(c["count_per_step"], 2.0);                // 2 layers
+      EXPECT_EQ(c["bytes_per_step"], 2.0 * 3 * 256 * 2);  // 3 tokens x 256 x bf16, twice
+    }
+  }
+  EXPECT_TRUE(saw_ar);
+  EXPECT_NE(format_summary(s).find("qkv_a_proj"), std::string::npos);
 }
 
 TEST(PlanSmall, HandComputedValues) {

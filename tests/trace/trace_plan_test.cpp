@@ -139,14 +139,36 @@ void check_model(const std::string& name) {
     // last, whose next token is unknown).
     SCOPED_TRACE("prefill, decode, MTP");
     const json trace = run_score(
-        model, fmt::format("--ids {} --attention absorbed --decode-from 36 --mtp", token_ids(40)), dir, &out);
+        model,
+        fmt::format("--ids {} --attention absorbed --decode-from 36 --mtp --trace-plan-deployment tp2",
+                    token_ids(40)),
+        dir, &out);
     const auto checked = expect_matches(trace, cfg);
     const std::map<std::string, int> want = {{"prefill/prefill", 1},
                                              {"decode/decode", 4},
                                              {"prefill/prefill_draft_extend", 1},
                                              {"decode/draft", 3}};
     EXPECT_EQ(checked, want);
-    // score prints the per-op summary of measured vs planned time.
+    // The trace's measured vs planned summary: every op span priced by the plan for its batch.
+    const json& ps = trace["plan_summary"];
+    ASSERT_TRUE(ps.is_object()) << "no plan_summary in the trace";
+    EXPECT_EQ(ps["passes"], 9);
+    EXPECT_EQ(ps["device"], "cpu");
+    int64_t spans = 0;
+    for (const json& row : ps["rows"]) {
+      EXPECT_TRUE(row["planned"].get<bool>()) << row.dump();
+      EXPECT_GT(row["planned_us"].get<double>(), 0.0) << row.dump();
+      EXPECT_GT(row["measured_us"].get<double>(), 0.0) << row.dump();
+      spans += row["count"].get<int64_t>();
+    }
+    int64_t op_spans = 0;
+    for (const json& e : trace["traceEvents"]) op_spans += e["cat"] == "op";
+    EXPECT_EQ(spans, op_spans);
+    ASSERT_EQ(ps["steps"].size(), 2u);
+    EXPECT_NE(ps["collectives"]["note"].get<std::string>().find("no collectives ran"), std::string::npos);
+    EXPECT_TRUE(ps["collectives"]["what_if"].is_object()) << "--trace-plan-deployment";
+    // score prints it too.
+    EXPECT_NE(out.find("measured vs planned per op"), std::string::npos) << out;
     fmt::print("{}\n", out);
   }
   {
