@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """The official OpenAI Python client against `dsaserve serve --model builtin:demo` (random weights: the text is
-noise, the protocol is what is checked). Exit 77 (skipped) when the `openai` package is missing."""
+noise, the protocol is what is checked). A second server with --tool-call-parser glm45 --reasoning-parser glm45
+shows grammar-constrained decoding: forced tool calls (named and required, streamed and not) parsed into
+tool_calls after reasoning_content, and a json_schema response that json.loads parses. Exit 77 (skipped) when
+the `openai` package is missing."""
 import argparse
 import json
 import subprocess
@@ -30,6 +33,86 @@ def start(binary, *extra):
 def stop(p):
     p.terminate()
     assert p.wait(timeout=60) == 0, "SIGTERM should exit 0"
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "enum": ["Paris", "Tokyo"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"]}}},
+    {"type": "function", "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 6}},
+                       "required": ["zone"]}}},
+]
+
+
+def check_call(call, name=None):
+    assert call.type == "function" and call.id, call
+    if name:
+        assert call.function.name == name, call
+    a = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert a["city"] in ("Paris", "Tokyo") and 1 <= a["days"] <= 7, a
+    else:
+        assert call.function.name == "get_time" and isinstance(a["zone"], str) and len(a) == 1, a
+
+
+def constrained(c):
+    """tool_choice named / required and response_format json_schema, enforced by the grammar (random weights)."""
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    # A named function, greedy: the reasoning block, then exactly that call.
+    r = c.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS, max_tokens=300, temperature=0,
+                                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    assert len(ch.message.tool_calls) == 1, ch.message
+    check_call(ch.message.tool_calls[0], "get_weather")
+    reasoning = ch.message.model_extra.get("reasoning_content")
+    assert isinstance(reasoning, str) and reasoning, ch.message
+    assert not ch.message.content, ch.message
+    # "required", seeded sampling at temperature 1, streamed: the same call as not streamed.
+    kw = dict(model=MODEL, messages=msgs, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+              max_tokens=300, temperature=1.0, seed=11)
+    whole = c.chat.completions.create(**kw).choices[0]
+    assert whole.finish_reason == "tool_calls" and len(whole.message.tool_calls) == 1, whole
+    check_call(whole.message.tool_calls[0])
+    name, arguments, streamed_reasoning, finish = None, "", "", None
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        streamed_reasoning += (d.model_extra or {}).get("reasoning_content") or ""
+        for t in d.tool_calls or []:
+            assert t.index == 0
+            if t.function and t.function.name:
+                name = t.function.name
+            if t.function and t.function.arguments:
+                arguments += t.function.arguments
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls", finish
+    assert name == whole.message.tool_calls[0].function.name, (name, whole.message.tool_calls)
+    assert json.loads(arguments) == json.loads(whole.message.tool_calls[0].function.arguments)
+    assert streamed_reasoning == (whole.message.model_extra.get("reasoning_content") or "")
+    # response_format json_schema (thinking off): the content is JSON of the schema.
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 12},
+                                               "score": {"type": "integer", "minimum": 0, "maximum": 10}},
+              "required": ["answer", "score"]}
+    for seed in (1, 2):
+        r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=200, temperature=1.0, seed=seed,
+                                      response_format={"type": "json_schema",
+                                                       "json_schema": {"name": "rating", "schema": schema}},
+                                      extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        assert r.choices[0].finish_reason == "stop", r.choices[0]
+        v = json.loads(r.choices[0].message.content)
+        assert isinstance(v["answer"], str) and len(v["answer"]) <= 12 and 0 <= v["score"] <= 10, v
+    try:
+        c.chat.completions.create(model=MODEL, messages=msgs, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}})
+        raise AssertionError("bad schema accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "response_format.json_schema.schema", e.body
 
 
 def main():
@@ -105,6 +188,11 @@ def main():
             raise AssertionError("bad JSON accepted")
         except urllib.error.HTTPError as e:
             assert e.code == 400 and "error" in json.loads(e.read())
+    finally:
+        stop(p)
+    p, port = start(args.dsaserve, "--tool-call-parser", "glm45", "--reasoning-parser", "glm45")
+    try:
+        constrained(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0))
     finally:
         stop(p)
     print("openai client test: ok")

@@ -1,10 +1,11 @@
 // Sampler: greedy, seeded reproducibility, the realised distribution under temperature / top_k /
-// top_p / min_p, penalties, logit_bias and logprobs.
+// top_p / min_p, penalties, logit_bias, logprobs, and a token constraint's mask.
 #include "runtime/sampler/sampler.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "core/error.h"
@@ -158,6 +159,52 @@ TEST(Sampler, ValidateNamesTheField) {
   SamplingParams b;
   b.logit_bias = {{9, 1.0f}};
   EXPECT_THROW(b.validate(8), Error);
+}
+
+// A constraint that allows a fixed set of ids (the grammar module's masks come through this interface).
+class AllowSet : public TokenConstraint {
+ public:
+  explicit AllowSet(std::vector<bool> allowed) : allowed_(std::move(allowed)) {}
+  void mask_logits(std::span<float> logits) override {
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (!allowed_[i]) logits[i] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  bool accept(int32_t token) override { return allowed_[size_t(token)]; }
+  bool terminated() const override { return false; }
+
+ private:
+  std::vector<bool> allowed_;
+};
+
+TEST(Sampler, ConstraintMasksGreedyAndSampledDrawsLogprobsStayRaw) {
+  const std::vector<bool> keep = {true, false, true, false, false, false, true, true};  // not 3, 5, 1
+  AllowSet c(keep);
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = true;
+  SamplerState st(1, {});
+  std::vector<float> scratch;
+  const std::vector<float> x = test_logits();
+  const SampleResult g = sample(x, p, st, scratch, &c);
+  EXPECT_EQ(g.token, 7);  // the best allowed (1.5)
+  double s = 0;
+  for (float v : x) s += std::exp(double(v));
+  EXPECT_NEAR(g.logprob, 1.5 - std::log(s), 1e-5);  // from the unmasked distribution
+  // Sampled: the realised distribution is the softmax over the allowed ids, with top_p on top.
+  p.temperature = 1.0f;
+  const std::vector<double> want = softmax_of(x, 1.0, keep);
+  const std::vector<double> dist = sampling_distribution(x, p, st, &c);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(dist[i], want[i], 1e-9) << i;
+  p.top_p = 0.5f;  // allowed sorted: 7 (1.5), 0 (1.0), 2 (0.5), 6 (0.0): 7 alone has 0.455 < 0.5 -> 7, 0
+  const std::vector<double> top = sampling_distribution(x, p, st, &c);
+  EXPECT_NEAR(top[7] + top[0], 1.0, 1e-9);
+  for (int i = 0; i < 200; ++i) {
+    const int32_t t = sample(x, p, st, scratch, &c).token;
+    EXPECT_TRUE(t == 7 || t == 0) << t;
+  }
+  AllowSet none(std::vector<bool>(8, false));
+  EXPECT_THROW(sample(x, p, st, scratch, &none), Error);
 }
 
 }  // namespace
