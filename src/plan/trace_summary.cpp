@@ -121,8 +121,15 @@ nlohmann::json measured_vs_planned(const std::vector<trace::Event>& events, cons
   std::map<std::string, size_t> at;
   std::vector<const trace::Event*> ops;
   nlohmann::json collectives = nlohmann::json::array();
+  int64_t orphans = 0;  // op spans whose pass span is not among these events (a flush cut the pass)
   for (const trace::Event& e : events) {
-    if (e.cat == "op" && pass_step.count(e.args.value("pass_id", int64_t(-1)))) ops.push_back(&e);
+    if (e.cat == "op") {
+      if (pass_step.count(e.args.value("pass_id", int64_t(-1)))) {
+        ops.push_back(&e);
+      } else {
+        ++orphans;
+      }
+    }
     if (e.cat == "collective") {
       collectives.push_back({{"name", e.name},
                              {"group", str(e.args, "group")},
@@ -174,6 +181,7 @@ nlohmann::json measured_vs_planned(const std::vector<trace::Event>& events, cons
                         o.hardware.name);
   j["passes"] = passes;
   j["passes_without_batch"] = without_batch;
+  j["op_spans_without_pass"] = orphans;
   nlohmann::json jr = nlohmann::json::array();
   for (const Row& r : rows) {
     jr.push_back({{"key", r.step + "/" + r.pass + "/" + r.kind + "/" + r.op},

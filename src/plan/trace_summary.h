@@ -28,7 +28,8 @@ struct TraceSummaryOptions {
 // {"hardware", "device", "note", "rows": [{key, step, pass, kind, op, count, measured_us, planned_us,
 //  ratio, planned}], "steps": [{step, passes, measured_us, planned_us, ratio}], "not_traced": [...],
 //  "collectives": {"traced": [...], "note", "what_if": {...}}}. Passes without their batch args (an old
-// trace) are skipped and counted in "passes_without_batch".
+// trace) are skipped and counted in "passes_without_batch"; op spans whose pass span is not among the
+// events (a periodic flush between them) in "op_spans_without_pass".
 nlohmann::json measured_vs_planned(const std::vector<trace::Event>& events, const model::ModelConfig& c,
                                    const TraceSummaryOptions& o);
 

@@ -14,6 +14,7 @@
 #include "chat/chat_template.h"
 #include "chat/output_parser.h"
 #include "core/error.h"
+#include "plan/trace_summary.h"
 #include "runtime/engine/device.h"
 #include "server/builtin.h"
 #include "server/constrained.h"
@@ -307,6 +308,11 @@ int run_server(const ServerConfig& in) {
   }
   tool_format(cfg.tool_call_parser);  // throws on an unknown name before loading anything
   const Device device = runtime::parse_device(cfg.device);
+  DSA_CHECK(cfg.sampling_device == "cpu" || cfg.sampling_device == "gpu",
+            "--sampling-device '{}': expected cpu or gpu", cfg.sampling_device);
+  DSA_CHECK(cfg.sampling_device == "cpu" || device == Device::cuda,
+            "--sampling-device gpu needs --device cuda (the logits are sampled where the model runs)");
+  cfg.engine.sample_on_device = cfg.sampling_device == "gpu";
   runtime::use_device(device);  // "no CUDA device" before loading anything
   const auto t0 = std::chrono::steady_clock::now();
   // Model.
@@ -453,6 +459,15 @@ int run_server(const ServerConfig& in) {
     DSA_CHECK(cfg.trace_max_events > 0, "--trace-max-events must be positive, got {}", cfg.trace_max_events);
     recorder.emplace();
     recorder->set_max_events(size_t(cfg.trace_max_events));
+    // Each trace file's "plan_summary": its op spans' time next to the plan's roofline for the same
+    // batches (plan/trace_summary.h). A model the planner cannot price says why there instead.
+    recorder->set_annotator([mc = model->config()](const std::vector<trace::Event>& ev, nlohmann::json& j) {
+      try {
+        j["plan_summary"] = plan::measured_vs_planned(ev, mc, plan::TraceSummaryOptions{});
+      } catch (const std::exception& e) {
+        j["plan_summary"] = {{"error", e.what()}};
+      }
+    });
     trace::set_active(&*recorder);
     uninstall.on = true;
   }

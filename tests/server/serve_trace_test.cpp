@@ -1,8 +1,9 @@
 // issue 9: `dsaserve serve --trace-dir D` on the built-in demo model. The real binary serves a few
 // requests and is stopped with SIGTERM; its trace files hold the engine's phases per step (schedule,
 // build_batch, launch, wait, sample, postprocess inside a step span, with the batch's args), the model's
-// layer/op spans from the runner's thread nested inside the forward (between launch and wait), and a
-// summary whose op keys are keys of `dsaserve plan --config configs/dsaserve-tiny.json --json`.
+// layer/op spans from the runner's thread nested inside the forward (between launch and wait), a
+// summary whose op keys are keys of `dsaserve plan --config configs/dsaserve-tiny.json --json`, and the
+// measured vs planned summary (plan_summary) pricing every traced pass's batch.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -91,7 +92,8 @@ TEST_P(ServeTrace, EnginePhasesAndModelOpsMatchThePlan) {
   ASSERT_FALSE(keys.empty());
 
   std::vector<json> events;
-  int64_t summarized_ops = 0;
+  int64_t summarized_ops = 0, planned_passes = 0;
+  std::set<std::string> planned_steps;
   for (const auto& f : files) {
     const json t = read_json(f);
     ASSERT_TRUE(t.is_object() && t.contains("traceEvents")) << f;
@@ -111,8 +113,23 @@ TEST_P(ServeTrace, EnginePhasesAndModelOpsMatchThePlan) {
       }
       summarized_ops += row["count"].get<int64_t>();
     }
+    // Measured vs planned: every op span of a pass in this file priced by the plan for its batch.
+    const json& ps = t["plan_summary"];
+    ASSERT_TRUE(ps.is_object() && !ps.contains("error")) << f << ": " << ps.dump();
+    int64_t file_ops = 0, priced = 0;
+    for (const json& e : t["traceEvents"]) file_ops += e["cat"] == "op";
+    for (const json& row : ps["rows"]) {
+      EXPECT_TRUE(row["planned"].get<bool>()) << row.dump();
+      EXPECT_GT(row["planned_us"].get<double>(), 0.0) << row.dump();
+      priced += row["count"].get<int64_t>();
+    }
+    EXPECT_EQ(priced + ps["op_spans_without_pass"].get<int64_t>(), file_ops) << f;
+    planned_passes += ps["passes"].get<int64_t>();
+    for (const json& st : ps["steps"]) planned_steps.insert(st["step"].get<std::string>());
   }
   EXPECT_GT(summarized_ops, 0);
+  EXPECT_GT(planned_passes, 0);
+  EXPECT_EQ(planned_steps, (std::set<std::string>{"decode", "prefill"}));
 
   // Engine phases, by step number.
   std::map<int64_t, std::map<std::string, std::vector<json>>> phases;
