@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -51,6 +52,32 @@ TEST(TraceRecorder, DevicePassOpSpans) {
     }
   }
   EXPECT_EQ(ops, 2);
+}
+
+// Collective spans carry their group, size and bytes with the thread's context, and are summarised
+// under "collective/step/pass/kind/name"; an annotator adds its fields to the JSON written.
+TEST(TraceRecorder, CollectiveSpansAndAnnotator) {
+  Recorder r;
+  set_active(&r);
+  {
+    PassScope pass("decode", "decode");
+    LayerScope l(2, "moe.full");
+    CollectiveScope c("dp_all_gather", "tp", 8, 393216.0);
+  }
+  set_active(nullptr);
+  const auto ev = r.events();
+  const auto it = std::find_if(ev.begin(), ev.end(), [](const Event& e) { return e.cat == "collective"; });
+  ASSERT_NE(it, ev.end());
+  EXPECT_EQ(it->args["group"], "tp");
+  EXPECT_EQ(it->args["group_size"], 8);
+  EXPECT_EQ(it->args["bytes"], 393216.0);
+  EXPECT_EQ(it->args["layer"], 2);
+  bool keyed = false;
+  for (const auto& row : r.summary())
+    keyed = keyed || row.key == "collective/decode/decode/moe.full/dp_all_gather";
+  EXPECT_TRUE(keyed);
+  r.set_annotator([](const std::vector<Event>& events, nlohmann::json& j) { j["extra"] = events.size(); });
+  EXPECT_EQ(r.to_json()["extra"], ev.size());
 }
 
 TEST(TraceRecorder, SpansSummaryAndChromeJson) {
