@@ -6,6 +6,7 @@
 // the measured compile and per-step mask times ("RESULT" lines).
 #include "grammar/grammar.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -83,7 +84,9 @@ struct Walk {
   std::vector<int32_t> tokens;
   std::string text;  // decoded without the final stop token
   bool terminated = false;
-  double mask_seconds = 0;
+  double mask_seconds = 0;       // sample() under the mask
+  double mask_only_seconds = 0;  // mask_logits() alone (when timed)
+  double free_seconds = 0;       // sample() without a constraint (when timed)
   int64_t steps = 0;
 };
 
@@ -91,17 +94,26 @@ struct Walk {
 // accepted.
 Walk walk(GrammarBackend& backend, const tokenizer::Tokenizer& tok,
           const std::shared_ptr<const CompiledGrammar>& g, uint64_t seed, float temperature,
-          int max_steps = 4000) {
+          int max_steps = 4000, bool timed = false) {
   Walk w;
   auto c = backend.make_constraint(g);
   runtime::SamplingParams p;
   p.temperature = temperature;
-  runtime::SamplerState st(seed, {});
+  runtime::SamplerState st(seed, {}), free_state(seed, {});
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.0f, 2.0f);
-  std::vector<float> logits(size_t(backend.vocab_size())), scratch;
+  std::vector<float> logits(size_t(backend.vocab_size())), scratch, masked;
   for (int i = 0; i < max_steps && !c->terminated(); ++i) {
     for (float& l : logits) l = nd(rng);
+    if (timed) {  // the mask alone (the matcher's bitmask applied to a copy), a draw without it
+      masked = logits;
+      auto m0 = std::chrono::steady_clock::now();
+      c->mask_logits(masked);
+      w.mask_only_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - m0).count();
+      m0 = std::chrono::steady_clock::now();
+      runtime::sample(logits, p, free_state, scratch);
+      w.free_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - m0).count();
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const runtime::SampleResult r = runtime::sample(logits, p, st, scratch, c.get());
     w.mask_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -114,6 +126,19 @@ Walk walk(GrammarBackend& backend, const tokenizer::Tokenizer& tok,
   if (w.terminated && !ids.empty()) ids.pop_back();
   w.text = tok.decode(ids, /*skip_special_tokens=*/true);
   return w;
+}
+
+void add(Walk& total, const Walk& w) {
+  total.mask_seconds += w.mask_seconds;
+  total.mask_only_seconds += w.mask_only_seconds;
+  total.free_seconds += w.free_seconds;
+  total.steps += w.steps;
+}
+
+std::string per_step(const Walk& w) {
+  const double n = double(std::max<int64_t>(1, w.steps)) / 1e6;
+  return fmt::format("mask {:.1f} us, sample under the mask {:.1f} us, sample without {:.1f} us ({} steps)",
+                     w.mask_only_seconds / n, w.mask_seconds / n, w.free_seconds / n, w.steps);
 }
 
 chat::ParsedMessage parse(const std::string& text, ToolCallFormat f, bool reasoning) {
@@ -264,18 +289,12 @@ TEST(GrammarConstraint, CompileAndMaskTimesAtTheTinyVocabulary) {
   t0 = std::chrono::steady_clock::now();
   fresh.compile(tag);
   const double cached = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  double mask = 0;
-  int64_t steps = 0;
-  for (uint64_t seed = 1; seed <= 3; ++seed) {
-    const Walk w = walk(fresh, builtin_tokenizer(), g, seed, 1.0f);
-    mask += w.mask_seconds;
-    steps += w.steps;
-  }
-  std::printf(
-      "RESULT grammar vocab 512: compile %.2f ms (cached %.3f ms), sample under mask %.1f us/step (%lld "
-      "steps)\n",
-      first * 1e3, cached * 1e3, mask / double(steps) * 1e6, static_cast<long long>(steps));
-  EXPECT_GT(steps, 0);
+  Walk all;
+  for (uint64_t seed = 1; seed <= 3; ++seed)
+    add(all, walk(fresh, builtin_tokenizer(), g, seed, 1.0f, 4000, true));
+  std::printf("RESULT grammar vocab 512: compile %.2f ms (cached %.3f ms); per step: %s\n", first * 1e3,
+              cached * 1e3, per_step(all).c_str());
+  EXPECT_GT(all.steps, 0);
 }
 
 TEST(GrammarConstraint, DeepSeekTokenizerDsmlCallsAndTimes) {
@@ -292,10 +311,9 @@ TEST(GrammarConstraint, DeepSeekTokenizerDsmlCallsAndTimes) {
   auto g = backend.compile(
       structural_tag(tool_calls_format(ToolCallFormat::kDeepSeekV32, tools(), "get_weather"), {}));
   const double compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  double mask = 0;
-  int64_t steps = 0;
+  Walk all;
   for (uint64_t seed = 1; seed <= 2; ++seed) {
-    const Walk w = walk(backend, tok, g, seed, 1.0f);
+    const Walk w = walk(backend, tok, g, seed, 1.0f, 4000, true);
     ASSERT_TRUE(w.terminated) << json(w.text).dump();
     EXPECT_EQ(w.tokens.back(), int32_t(*eos));
     for (int32_t t : w.tokens) EXPECT_LT(t, int32_t(tok.vocab_size()));
@@ -303,14 +321,11 @@ TEST(GrammarConstraint, DeepSeekTokenizerDsmlCallsAndTimes) {
     ASSERT_EQ(m.tool_calls.size(), 1u) << w.text;
     EXPECT_EQ(m.tool_calls[0].name, "get_weather");
     expect_valid_arguments("get_weather", m.tool_calls[0].arguments);
-    mask += w.mask_seconds;
-    steps += w.steps;
+    add(all, w);
   }
   std::printf(
-      "RESULT grammar vocab %lld (DeepSeek tokenizer): token table %.2f s, compile %.1f ms, sample under "
-      "mask "
-      "%.1f us/step\n",
-      static_cast<long long>(vocab), info_s, compile_s * 1e3, mask / double(steps) * 1e6);
+      "RESULT grammar vocab %lld (DeepSeek tokenizer): token table %.2f s, compile %.1f ms; per step: %s\n",
+      static_cast<long long>(vocab), info_s, compile_s * 1e3, per_step(all).c_str());
 }
 
 // Through the engine: the tiny fixture model with the builtin tokenizer's ids, greedy and sampled.
