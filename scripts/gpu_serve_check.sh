@@ -10,8 +10,9 @@
 #   2. the GPU serve tests (ctest -R 'ServeCuda|ServeDevice')
 #   3. `dsaserve serve --device cuda --model <realdims> --tokenizer builtin:bytes` with the KV pool sized
 #      from free device memory; one chat request (and one streamed) with curl; the server log
-#   4. the serving benchmark (bench/serve_bench.py --device cuda) at concurrency 1, 8, 32, 64
-# Bounded: at most ~4 minutes after the build (140 s tests, ~45 s serve, 50 s bench), typically ~1.5.
+#   4. the serving benchmark (bench/serve_bench.py --device cuda) at concurrency 1, 8, 32, 64, then again
+#      with --sampling-device gpu at concurrency 1 and 32
+# Bounded: at most ~5 minutes after the build (200 s tests, ~45 s serve, 50 + 35 s bench), typically ~2.
 # Exit status: the tests' (0 when all pass), or 1 when the build or the chat request failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +51,7 @@ FIX=$PWD/.fixtures/models/realdims
 
 # 2. GPU serve tests.
 t=$(date +%s)
-(cd build-gpu && timeout 140 ctest -R 'ServeCuda|ServeDevice' -E OnCpu --output-on-failure --timeout 100 -j1) >"$LOG/ctest.log" 2>&1
+(cd build-gpu && timeout 200 ctest -R 'ServeCuda|ServeDevice' -E OnCpu --output-on-failure --timeout 100 -j1) >"$LOG/ctest.log" 2>&1
 rc=$?
 echo "=== serve GPU tests ($(( $(date +%s) - t )) s, rc $rc): $(grep -E 'tests passed|tests failed' "$LOG/ctest.log")"
 grep -E "Passed|Failed|Skipped|\*\*\*|Timeout" "$LOG/ctest.log" | sed 's/^ *//' | head -20
@@ -113,5 +114,14 @@ PYTHONUNBUFFERED=1 timeout 50 python3 bench/serve_bench.py --dsaserve "$BIN" --d
 echo "bench rc $? ($(( $(date +%s) - t )) s)"
 grep -A6 "^concurrency" "$LOG/bench.txt" || tail -30 "$LOG/bench.txt"
 grep "dsaserve serve:" "$LOG/bench_serve.log" | head -5
+# The same server sampling on the GPU (--sampling-device gpu) at concurrency 1 and 32, to compare.
+echo "=== serving bench (realdims, --device cuda --sampling-device gpu)"
+t=$(date +%s)
+PYTHONUNBUFFERED=1 timeout 35 python3 bench/serve_bench.py --dsaserve "$BIN" --device cuda \
+  --concurrency-list 1,32 --requests-per-client 4 --prompt-len 256 --output-len 64 -- \
+  --model "$FIX" --tokenizer builtin:bytes --kv-pages 4096 --max-running-requests 64 --sampling-device gpu \
+  >"$LOG/bench_gpu_sampling.txt" 2>"$LOG/bench_gpu_sampling_serve.log"
+echo "bench (gpu sampling) rc $? ($(( $(date +%s) - t )) s)"
+grep -A6 "^concurrency" "$LOG/bench_gpu_sampling.txt" || tail -30 "$LOG/bench_gpu_sampling.txt"
 [ $chat_rc -eq 0 ] || { echo "the chat request failed"; exit 1; }
 exit $rc

@@ -50,6 +50,10 @@ CommandRun setup(CLI::App& sub) {
                  "memory free after the weights, less an activation workspace estimate, for the KV cache "
                  "(cuda)");
   sub.add_option("--device", cfg->device, "where the model runs: cpu or cuda")->capture_default_str();
+  sub.add_option("--sampling-device", cfg->sampling_device,
+                 "where the tokens are sampled: cpu (the logits are copied to the host) or gpu (needs "
+                 "--device cuda; requests with a grammar constraint still sample on the CPU)")
+      ->capture_default_str();
   sub.add_option("--kv-cache-dtype", cfg->kv_cache_dtype,
                  "KV cache dtype: auto (bf16 on cuda when the sm_90a kernels fit the model, else f32), bf16, "
                  "fp8_e4m3 (cuda) or f32")

@@ -308,6 +308,11 @@ int run_server(const ServerConfig& in) {
   }
   tool_format(cfg.tool_call_parser);  // throws on an unknown name before loading anything
   const Device device = runtime::parse_device(cfg.device);
+  DSA_CHECK(cfg.sampling_device == "cpu" || cfg.sampling_device == "gpu",
+            "--sampling-device '{}': expected cpu or gpu", cfg.sampling_device);
+  DSA_CHECK(cfg.sampling_device == "cpu" || device == Device::cuda,
+            "--sampling-device gpu needs --device cuda (the logits are sampled where the model runs)");
+  cfg.engine.sample_on_device = cfg.sampling_device == "gpu";
   runtime::use_device(device);  // "no CUDA device" before loading anything
   const auto t0 = std::chrono::steady_clock::now();
   // Model.

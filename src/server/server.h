@@ -30,6 +30,7 @@ struct ServerConfig {
   // device memory after the weights - an activation workspace estimate) on CUDA.
   double mem_fraction_static = 0;
   std::string device = "cpu";           // cpu | cuda (runtime/engine/device.h)
+  std::string sampling_device = "cpu";  // cpu | gpu (gpu: needs device cuda; engine.sample_on_device)
   std::string kv_cache_dtype = "auto";  // auto | bf16 | fp8_e4m3 | f32 (auto: bf16 on CUDA, f32 on CPU)
   int64_t context_length = 0;           // 0: the model's max_position_embeddings
   int64_t max_prompt_tokens = 0;        // 0: context_length - 1

@@ -35,6 +35,10 @@ struct Harness {
   std::map<uint64_t, std::pair<int64_t, int64_t>> last_batch;  // id -> (kv_len, num_new) of the last step
 
   bool overlap = false;
+  // process() with presampled rows (the engine's device-sampling path), sampled here by the CPU sampler
+  // from each sampling_request()'s params and state; requests get `temperature` and seed = id.
+  bool presample = false;
+  float temperature = 0.0f;
   std::optional<ScheduleBatch> in_flight;  // overlap: launched, not yet processed
   std::vector<float> in_flight_logits;
 
@@ -57,7 +61,8 @@ struct Harness {
     r->id = id;
     r->params.priority = priority;
     r->tokens = std::move(prompt);
-    r->params.temperature = 0;
+    r->params.temperature = temperature;
+    r->sampler = SamplerState(id, r->tokens);
     r->params.max_new_tokens = max_new;
     r->params.ignore_eos = true;
     std::vector<StepOutput> out;
@@ -98,6 +103,24 @@ struct Harness {
     return logits;
   }
 
+  void process(const ScheduleBatch& b, const std::vector<float>& logits, std::vector<StepOutput>& out) {
+    if (!presample) {
+      sched.process(b, logits, kVocab, out);
+      return;
+    }
+    std::vector<SampleResult> results(b.items.size());
+    std::vector<SampleRow> rows(b.items.size());
+    std::vector<float> scratch;
+    for (size_t k = 0; k < b.items.size(); ++k) {
+      Request* r = sched.sampling_request(b, k);
+      if (r == nullptr) continue;
+      const std::span<const float> row(logits.data() + k * size_t(kVocab), size_t(kVocab));
+      results[k] = sample(row, r->params, r->sampler, scratch);
+      rows[k].sampled = &results[k];
+    }
+    sched.process(b, rows, out);
+  }
+
   // One step; returns false when there was nothing to do. With `overlap`, the engine's order: the next
   // batch is scheduled and built while the previous one is in flight (its samples are future tokens),
   // then the previous one is processed and the next pruned/resolved, committed and launched.
@@ -110,7 +133,7 @@ struct Harness {
     collect(out);
     const bool had_flying = in_flight.has_value();
     if (in_flight) {
-      sched.process(*in_flight, in_flight_logits, kVocab, out);
+      process(*in_flight, in_flight_logits, out);
       collect(out);
       in_flight.reset();
       if (sched.prune(b)) {
@@ -127,7 +150,7 @@ struct Harness {
       in_flight = std::move(b);
       in_flight_logits = std::move(logits);
     } else {
-      sched.process(b, logits, kVocab, out);
+      process(b, logits, out);
       collect(out);
       sched.check_integrity();
     }
@@ -179,6 +202,45 @@ TEST_P(SchedulerTest, ChunkedPrefillAndDecodeProduceTheReferenceTokens) {
     EXPECT_EQ(h.finished[id].completion_tokens, 9);
   }
   EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
+}
+
+// process() with results sampled outside the scheduler (the engine's --sampling-device gpu path): the
+// same tokens, finishes and page accounting as sampling inside it, greedy and seeded at temperature 1.
+TEST_P(SchedulerTest, PresampledRowsGiveTheSameOutputsAsSamplingInside) {
+  for (const float temperature : {0.0f, 1.0f}) {
+    std::map<uint64_t, std::vector<int32_t>> outputs[2];
+    for (const bool presample : {false, true}) {
+      SchedulerConfig cfg;
+      cfg.max_prefill_tokens = 48;
+      cfg.chunked_prefill_size = 16;
+      Harness h(64, 4, cfg, GetParam());
+      h.presample = presample;
+      h.temperature = temperature;
+      std::mt19937 rng(5);
+      for (uint64_t id = 1; id <= 6; ++id) h.add(id, random_prompt(rng, 1 + int64_t(rng() % 40)), 9);
+      h.run();
+      EXPECT_EQ(h.finished.size(), 6u);
+      for (const auto& [id, o] : h.finished) EXPECT_EQ(o.finish, FinishReason::length) << id;
+      EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages()) << "pages leaked";
+      outputs[presample] = h.outputs;
+    }
+    EXPECT_EQ(outputs[0], outputs[1]) << "temperature " << temperature;
+    if (temperature == 0.0f) {
+      for (const auto& [id, toks] : outputs[1]) EXPECT_EQ(toks.size(), 9u) << id;
+    }
+  }
+}
+
+TEST(SchedulerPresampled, RowCountAndItemIndexAreChecked) {
+  Harness h(16, 4, SchedulerConfig{}, false);
+  h.add(1, {3, 4, 5}, 4);
+  std::vector<StepOutput> out;
+  ScheduleBatch b = h.sched.schedule(out);
+  ASSERT_EQ(b.items.size(), 1u);
+  h.sched.commit(b);
+  ASSERT_NE(h.sched.sampling_request(b, 0), nullptr);
+  EXPECT_THROW(h.sched.sampling_request(b, 1), Error);
+  EXPECT_THROW(h.sched.process(b, std::span<const SampleRow>(), out), Error);
 }
 
 TEST_P(SchedulerTest, PrefixCacheHitReportsCachedTokensAndSkipsThem) {

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "runtime/engine/device_sampling.h"
 #include "trace/trace.h"
 
 namespace dsaserve::runtime {
@@ -42,8 +43,13 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
   if (cfg_.scheduler.max_context <= 0) cfg_.scheduler.max_context = model_->config().max_position_embeddings;
   scheduler_ = std::make_unique<Scheduler>(cfg_.scheduler, *pool_, *cache_);
   cfg_.forward.all_logits = false;
-  runner_ =
-      std::make_unique<ForwardModelRunner>(*model_, pool_->cache(), cfg_.forward, cfg_.overlap_schedule);
+  if (cfg_.sample_on_device) {
+    DSA_CHECK(device_sampling_available(), "--sampling-device gpu: this dsaserve was built without CUDA");
+    DSA_CHECK(model_->weights().embed_tokens.device() == Device::cuda,
+              "--sampling-device gpu needs the model on the CUDA device (--device cuda)");
+  }
+  runner_ = std::make_unique<ForwardModelRunner>(*model_, pool_->cache(), cfg_.forward, cfg_.overlap_schedule,
+                                                 cfg_.sample_on_device);
   stats_.kv_pages_total = pool_->num_pages();
   stats_.kv_pages_free = pool_->free_pages();
   seed_counter_ = std::random_device{}();
@@ -172,8 +178,14 @@ int64_t Engine::complete_in_flight(std::vector<StepOutput>& out, double& sched_s
   batch_args(sample_span, step, batch);
   if (error.empty()) {
     try {
-      scheduler_->process(batch, std::span<const float>(logits.data<float>(), size_t(logits.numel())),
-                          logits.size(1), out);
+      if (cfg_.sample_on_device) {
+        DeviceSampledStep sampled;
+        sample_on_device(*scheduler_, batch, logits, sampled);
+        scheduler_->process(batch, sampled.rows, out);
+      } else {
+        scheduler_->process(batch, std::span<const float>(logits.data<float>(), size_t(logits.numel())),
+                            logits.size(1), out);
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }

@@ -39,6 +39,10 @@ struct EngineConfig {
   std::string trace_dir;
   int64_t trace_flush_steps = 256;
   model::ForwardOptions forward;
+  // Sample on the device (serve --sampling-device gpu; engine/device_sampling.h): the logits stay on the
+  // CUDA device and only constrained requests' rows are copied to the host. Needs a CUDA build and the
+  // model on the CUDA device.
+  bool sample_on_device = false;
   // The KV cache's dtype (on the model's device); unset: the device's default (model::KvCache::create).
   std::optional<model::KvCacheDtype> kv_dtype;
 };

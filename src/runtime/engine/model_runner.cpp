@@ -4,11 +4,15 @@
 
 #include "core/error.h"
 
+#ifdef DSASERVE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace dsaserve::runtime {
 
 ForwardModelRunner::ForwardModelRunner(const model::Model& model, model::KvCache& cache,
-                                       model::ForwardOptions opt, bool async)
-    : model_(model), cache_(cache), opt_(opt), async_(async) {
+                                       model::ForwardOptions opt, bool async, bool logits_on_device)
+    : model_(model), cache_(cache), opt_(opt), async_(async), logits_on_device_(logits_on_device) {
   if (async_) thread_ = std::thread([this] { worker(); });
 }
 
@@ -30,7 +34,18 @@ void ForwardModelRunner::run(const model::ForwardBatch& fb) {
   Tensor logits;
   std::exception_ptr err;
   try {
-    logits = model_.forward(fb, cache_, opt_).logits.to(Device::cpu).contiguous();  // no copy on the CPU
+    if (logits_on_device_) {
+      logits = model_.forward(fb, cache_, opt_).logits;
+#ifdef DSASERVE_HAVE_CUDA
+      // The step ends when its kernels have run (as the host copy would make it): errors surface here.
+      if (logits.device() == Device::cuda) {
+        const cudaError_t e = cudaDeviceSynchronize();
+        DSA_CHECK(e == cudaSuccess, "forward: {}", cudaGetErrorString(e));
+      }
+#endif
+    } else {
+      logits = model_.forward(fb, cache_, opt_).logits.to(Device::cpu).contiguous();  // no copy on the CPU
+    }
   } catch (...) {
     err = std::current_exception();
   }

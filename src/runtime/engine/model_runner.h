@@ -4,7 +4,8 @@
 // the two (overlap scheduling). ForwardModelRunner serves every device: it calls Model::forward on
 // whatever device the model's weights and the KV cache live on (the ForwardBatch it receives has every
 // input id resolved, so it needs no knowledge of the scheduler's future tokens) and brings the logits
-// to the host for the CPU sampler.
+// to the host for the CPU sampler, or leaves them on the device for the device sampler
+// (engine/device_sampling.h, serve --sampling-device gpu).
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -23,8 +24,8 @@ class ModelRunner {
   virtual ~ModelRunner() = default;
   // Starts the forward of `fb` over `cache`; at most one step is in flight.
   virtual void launch(model::ForwardBatch fb) = 0;
-  // Waits for the launched step; returns its logits [R, vocab] (f32, contiguous, host). Rethrows the
-  // step's error.
+  // Waits for the launched step; returns its logits [R, vocab] (f32, contiguous, host; on the model's
+  // device when the runner keeps them there). Rethrows the step's error.
   virtual Tensor wait() = 0;
   // The device's idle time between back-to-back steps so far (a step's end to the next one's start);
   // idle() says the engine has no work, so the next start does not count.
@@ -40,7 +41,10 @@ class ModelRunner {
 // host ends the step, so wait() returns only finished results.
 class ForwardModelRunner final : public ModelRunner {
  public:
-  ForwardModelRunner(const model::Model& model, model::KvCache& cache, model::ForwardOptions opt, bool async);
+  // `logits_on_device`: wait() returns the logits where the forward computed them (the step still ends
+  // with a device synchronisation), for a sampler on the device; else they are copied to the host.
+  ForwardModelRunner(const model::Model& model, model::KvCache& cache, model::ForwardOptions opt, bool async,
+                     bool logits_on_device = false);
   ~ForwardModelRunner() override;
   ForwardModelRunner(const ForwardModelRunner&) = delete;
   ForwardModelRunner& operator=(const ForwardModelRunner&) = delete;
@@ -58,6 +62,7 @@ class ForwardModelRunner final : public ModelRunner {
   model::KvCache& cache_;
   model::ForwardOptions opt_;
   bool async_;
+  bool logits_on_device_;
 
   std::mutex mu_;
   std::condition_variable cv_;

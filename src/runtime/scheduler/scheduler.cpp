@@ -310,10 +310,24 @@ void Scheduler::resolve(const ScheduleBatch& batch, model::ForwardBatch& fb) con
   }
 }
 
+Request* Scheduler::sampling_request(const ScheduleBatch& batch, size_t k) const {
+  DSA_CHECK(k < batch.items.size(), "scheduler: item {} of {}", k, batch.items.size());
+  return batch.items[k].sample ? alive(batch.items[k]) : nullptr;
+}
+
 void Scheduler::process(const ScheduleBatch& batch, std::span<const float> logits, int64_t vocab,
                         std::vector<StepOutput>& out) {
   DSA_CHECK(int64_t(logits.size()) == int64_t(batch.items.size()) * vocab,
             "scheduler: {} logits for {} requests of vocab {}", logits.size(), batch.items.size(), vocab);
+  std::vector<SampleRow> rows(batch.items.size());
+  for (size_t k = 0; k < rows.size(); ++k) rows[k].logits = logits.subspan(k * size_t(vocab), size_t(vocab));
+  process(batch, rows, out);
+}
+
+void Scheduler::process(const ScheduleBatch& batch, std::span<const SampleRow> rows,
+                        std::vector<StepOutput>& out) {
+  DSA_CHECK(rows.size() == batch.items.size(), "scheduler: {} sample rows for {} requests", rows.size(),
+            batch.items.size());
   for (size_t k = 0; k < batch.items.size(); ++k) {
     const ScheduledRequest& s = batch.items[k];
     if (!s.sample) continue;
@@ -323,13 +337,16 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const float> logit
     const size_t slot = size_t(s.start + s.num_new);
     DSA_CHECK(slot < r.tokens.size() && r.tokens[slot] == kFutureToken,
               "scheduler: request {} has no future token at {} (batch not committed?)", r.id, slot);
+    DSA_CHECK(rows[k].sampled == nullptr || r.params.constraint == nullptr,
+              "scheduler: request {} has a constraint but was sampled outside the scheduler", r.id);
     SampleResult res;
-    if (r.params.constraint != nullptr) {
+    if (rows[k].sampled != nullptr) {
+      res = *rows[k].sampled;
+    } else if (r.params.constraint != nullptr) {
       // A grammar that cannot continue fails its request only.
       std::string error;
       try {
-        res = sample(logits.subspan(k * size_t(vocab), size_t(vocab)), r.params, r.sampler, scratch_,
-                     r.params.constraint.get());
+        res = sample(rows[k].logits, r.params, r.sampler, scratch_, r.params.constraint.get());
         if (!r.params.constraint->accept(res.token))
           error = fmt::format("the grammar rejected token {}", res.token);
       } catch (const std::exception& e) {
@@ -340,7 +357,7 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const float> logit
         continue;
       }
     } else {
-      res = sample(logits.subspan(k * size_t(vocab), size_t(vocab)), r.params, r.sampler, scratch_);
+      res = sample(rows[k].logits, r.params, r.sampler, scratch_);
     }
     r.tokens[slot] = res.token;
     r.sampler.record(res.token);

@@ -80,6 +80,14 @@ struct StepOutput {
   int64_t completion_tokens = 0;
 };
 
+// One item's input to process(): its host logits row [vocab], or (`sampled` non-null) the token the
+// caller already sampled with the request's params and sampler state (the engine's device sampler; see
+// sampling_request()). Rows of items that do not sample or whose request is gone are not read.
+struct SampleRow {
+  std::span<const float> logits;
+  const SampleResult* sampled = nullptr;
+};
+
 class Scheduler {
  public:
   Scheduler(SchedulerConfig cfg, KvPool& pool, RadixCache& cache);
@@ -108,6 +116,13 @@ class Scheduler {
   // (finished, aborted) are skipped.
   void process(const ScheduleBatch& batch, std::span<const float> logits, int64_t vocab,
                std::vector<StepOutput>& out);
+  // The same with one SampleRow per item; a presampled row takes the stop/output handling of a row
+  // sampled here (a request with a constraint must be sampled here: its row needs `logits`).
+  void process(const ScheduleBatch& batch, std::span<const SampleRow> rows, std::vector<StepOutput>& out);
+  // Item k's request when it samples this step and is still alive, else null: for a sampler outside
+  // process(), which reads the params and consumes the request's draw (sampler.uniform()) exactly as
+  // sample() would, then passes its result to process().
+  Request* sampling_request(const ScheduleBatch& batch, size_t k) const;
 
   bool idle() const { return waiting_.empty() && running_.empty(); }
   int64_t num_waiting() const { return int64_t(waiting_.size()); }
