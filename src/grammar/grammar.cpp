@@ -3,9 +3,7 @@
 #include <dlpack/dlpack.h>
 #include <xgrammar/xgrammar.h>
 
-#include <chrono>
 #include <limits>
-#include <mutex>
 #include <string>
 
 #include "core/error.h"
@@ -96,8 +94,6 @@ struct GrammarBackend::Impl {
         compiler(tokenizer_info, threads, /*cache_enabled=*/true, /*max_memory_bytes=*/int64_t(256) << 20) {}
   xgrammar::TokenizerInfo tokenizer_info;
   xgrammar::GrammarCompiler compiler;
-  mutable std::mutex mu;
-  GrammarStats stats;
 };
 
 GrammarBackend::GrammarBackend(const tokenizer::Tokenizer& tok, int64_t vocab_size,
@@ -123,17 +119,12 @@ GrammarBackend::GrammarBackend(const tokenizer::Tokenizer& tok, int64_t vocab_si
 GrammarBackend::~GrammarBackend() = default;
 
 std::shared_ptr<const CompiledGrammar> GrammarBackend::compile(const nlohmann::json& structural_tag) {
-  const auto t0 = std::chrono::steady_clock::now();
   std::shared_ptr<const CompiledGrammar> g;
   try {
     g = std::make_shared<CompiledGrammar>(impl_->compiler.CompileStructuralTag(structural_tag.dump()));
   } catch (const std::exception& e) {
     fail("{}", without_log_prefix(e.what()));
   }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  impl_->stats.compiles += 1;
-  impl_->stats.compile_seconds += s;
   return g;
 }
 
@@ -141,11 +132,6 @@ std::shared_ptr<runtime::TokenConstraint> GrammarBackend::make_constraint(
     const std::shared_ptr<const CompiledGrammar>& g) const {
   DSA_CHECK(g != nullptr, "grammar: no compiled grammar");
   return std::make_shared<XgrammarConstraint>(g, vocab_size_);
-}
-
-GrammarStats GrammarBackend::stats() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  return impl_->stats;
 }
 
 }  // namespace dsaserve::grammar

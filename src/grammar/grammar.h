@@ -18,11 +18,6 @@ namespace dsaserve::grammar {
 // A compiled grammar (immutable, shared by the requests that use it).
 class CompiledGrammar;
 
-struct GrammarStats {
-  int64_t compiles = 0;        // compile() calls
-  double compile_seconds = 0;  // their total time (cache hits included)
-};
-
 class GrammarBackend {
  public:
   // `vocab_size`: the model's (logit rows may be wider than the tokenizer's vocabulary: the extra ids are
@@ -42,7 +37,6 @@ class GrammarBackend {
       const std::shared_ptr<const CompiledGrammar>& g) const;
 
   int64_t vocab_size() const { return vocab_size_; }
-  GrammarStats stats() const;
 
  private:
   struct Impl;
