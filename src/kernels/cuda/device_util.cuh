@@ -10,6 +10,24 @@ __device__ __forceinline__ float load_any(const void* p, bool bf16, int64_t i) {
   return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
+// Two packed bf16 (element 0 in the low half, little-endian) as f32: the same bits as __bfloat162float.
+__device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+// Four consecutive f32 from p (float4 units, i4-th group): f32 p must be 16-byte aligned, bf16 p 8-byte.
+__device__ __forceinline__ float4 load4_any(const void* p, bool bf16, int64_t i4) {
+  if (bf16) {
+    const uint2 u = static_cast<const uint2*>(p)[i4];
+    return make_float4(bf16_lo(u.x), bf16_hi(u.x), bf16_lo(u.y), bf16_hi(u.y));
+  }
+  return static_cast<const float4*>(p)[i4];
+}
+
+// Whether a pointer is aligned to `bytes` (a power of two): the launchers pick vectorized paths with it.
+__host__ __device__ inline bool is_aligned(const void* p, uintptr_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

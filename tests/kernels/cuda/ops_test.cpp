@@ -162,6 +162,95 @@ TEST_F(CudaOps, Rope) {
     gpu().rope_inplace(kp_d, i32(pos, Device::cuda), neox);
     ref().rope_inplace(kp, i32(pos), neox);
     report("rope(neox)", shp({T, 32, kRope}), row_rel_error(k_d, k), kTolElem);
+    // Head counts that do not fill a warp's group of 4 heads (5 heads; 1 head), both layouts.
+    for (int64_t nh : {int64_t(5), int64_t(1)}) {
+      for (bool inter : {true, false}) {
+        RopeParams rp = glm;
+        rp.interleaved = inter;
+        Tensor h = rand_f32({T, nh, 96}, 900 + T + nh), h_d = on_gpu(h);
+        Tensor hp = h.slice(2, 32, 96), hp_d = h_d.slice(2, 32, 96);
+        gpu().rope_inplace(hp_d, i32(pos, Device::cuda), rp);
+        ref().rope_inplace(hp, i32(pos), rp);
+        report(fmt::format("rope({}, {} heads)", inter ? "interleaved" : "neox", nh), shp({T, nh, kRope}),
+               row_rel_error(h_d, h), kTolElem);
+      }
+    }
+  }
+}
+
+// The row kernels take a 16-byte vectorized path when the width is a multiple of the vector width and the
+// views are aligned, the scalar one otherwise: both against the CPU at widths off the vector width,
+// views shifted by one element, f32 weights / tables, and argmax rows full of ties (first maximum).
+TEST_F(CudaOps, VectorAndScalarPaths) {
+  const Tensor w1002 = rand_bf16({1002}, 6), wk = rand_bf16({kKvLora}, 7), wf = rand_f32({kH}, 8);
+  const Tensor table_f = rand_f32({512, 1000}, 9), table_odd = rand_bf16({512, 1004}, 10);
+  for (int64_t T : kTokens) {
+    const Tensor x = rand_f32({T, 1002}, 1500 + T, 3.0f);
+    report("rms_norm(width 1002)", shp({T, 1002}),
+           row_rel_error(gpu().rms_norm(on_gpu(x), on_gpu(w1002), 1e-5), ref().rms_norm(x, w1002, 1e-5)),
+           kTolElem);
+    // Columns 1..513 of [T, 576]: the row starts 4 bytes past a 16-byte boundary.
+    const Tensor ckv = rand_f32({T, kKvLora + kRope}, 1600 + T), ckv_d = on_gpu(ckv);
+    report("rms_norm(shifted view)", shp({T, kKvLora}),
+           row_rel_error(gpu().rms_norm(ckv_d.slice(1, 1, 1 + kKvLora), on_gpu(wk), 1e-6),
+                         ref().rms_norm(ckv.slice(1, 1, 1 + kKvLora), wk, 1e-6)),
+           kTolElem);
+    // add_rms_norm with an f32 weight, the residual a view inside a wider tensor (vectorized path).
+    const Tensor xh = rand_f32({T, kH}, 1700 + T), xh_d = on_gpu(xh);
+    Tensor wide = rand_f32({T, kH + 64}, 1800 + T), wide_d = on_gpu(wide);
+    Tensor res = wide.slice(1, 64, kH + 64), res_d = wide_d.slice(1, 64, kH + 64);
+    const Tensor o_d = gpu().add_rms_norm(res_d, xh_d, on_gpu(wf), 1e-5),
+                 o = ref().add_rms_norm(res, xh, wf, 1e-5);
+    report("add_rms_norm(f32 weight, view)", shp({T, kH}),
+           std::max(row_rel_error(o_d, o), row_rel_error(wide_d, wide)), kTolElem);
+    // Residual shifted by one element (scalar path).
+    Tensor res1 = wide.slice(1, 1, kH + 1), res1_d = wide_d.slice(1, 1, kH + 1);
+    const Tensor o1_d = gpu().add_rms_norm(res1_d, xh_d, on_gpu(wf), 1e-5),
+                 o1 = ref().add_rms_norm(res1, xh, wf, 1e-5);
+    report("add_rms_norm(shifted residual)", shp({T, kH}),
+           std::max(row_rel_error(o1_d, o1), row_rel_error(wide_d, wide)), kTolElem);
+    std::vector<int32_t> ids(static_cast<size_t>(T));
+    Rng r(T + 5);
+    for (auto& v : ids) v = int32_t(r.below(512));
+    report("embedding(f32 table)", shp({T, 1000}),
+           row_rel_error(gpu().embedding(on_gpu(table_f), i32(ids, Device::cuda)),
+                         ref().embedding(table_f, i32(ids))),
+           kTolElem);
+    report("embedding(width 1004)", shp({T, 1004}),
+           row_rel_error(gpu().embedding(on_gpu(table_odd), i32(ids, Device::cuda)),
+                         ref().embedding(table_odd, i32(ids))),
+           kTolElem);
+    // silu_mul on the halves of a fused gate_up [T, 2 I]: I = 2048 (vectorized), I = 1003 (scalar).
+    for (int64_t I : {int64_t(2048), int64_t(1003)}) {
+      const Tensor gu = rand_f32({T, 2 * I}, 1900 + T + I, 4.0f), gu_d = on_gpu(gu);
+      report(fmt::format("silu_mul(gate_up halves, I {})", I), shp({T, I}),
+             row_rel_error(gpu().silu_mul(gu_d.slice(1, 0, I), gu_d.slice(1, I, 2 * I)),
+                           ref().silu_mul(gu.slice(1, 0, I), gu.slice(1, I, 2 * I))),
+             kTolElem);
+    }
+    // add_inplace at an odd width and on a shifted view (scalar path).
+    Tensor a = rand_f32({T, 1003}, 2000 + T), a_d = on_gpu(a);
+    const Tensor b = rand_f32({T, 1003}, 2100 + T);
+    gpu().add_inplace(a_d, on_gpu(b));
+    ref().add_inplace(a, b);
+    report("add_inplace(width 1003)", shp({T, 1003}), row_rel_error(a_d, a), kTolElem);
+    Tensor aw = rand_f32({T, kH + 4}, 2200 + T), aw_d = on_gpu(aw);
+    const Tensor bh = rand_f32({T, kH}, 2300 + T);
+    Tensor av = aw.slice(1, 1, kH + 1), av_d = aw_d.slice(1, 1, kH + 1);
+    gpu().add_inplace(av_d, on_gpu(bh));
+    ref().add_inplace(av, bh);
+    report("add_inplace(shifted view)", shp({T, kH}), row_rel_error(aw_d, aw), kTolElem);
+    // argmax over small integers (many ties: the first maximum wins), at a width that is a multiple of 4
+    // (vectorized, several unrolled steps per thread), an odd width and a shifted view (scalar).
+    Tensor ties = Tensor::empty({T, 20001}, DType::f32);
+    for (int64_t i = 0; i < ties.numel(); ++i) ties.data<float>()[i] = float(r.below(6));
+    const Tensor ties_d = on_gpu(ties);
+    report("argmax(ties)", shp({T, 20000}),
+           mismatch(gpu().argmax(ties_d.slice(1, 0, 20000)), ref().argmax(ties.slice(1, 0, 20000))), 0.0);
+    report("argmax(ties, width 20001)", shp({T, 20001}), mismatch(gpu().argmax(ties_d), ref().argmax(ties)),
+           0.0);
+    report("argmax(ties, shifted view)", shp({T, 20000}),
+           mismatch(gpu().argmax(ties_d.slice(1, 1, 20001)), ref().argmax(ties.slice(1, 1, 20001))), 0.0);
   }
 }
 
