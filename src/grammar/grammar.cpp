@@ -118,7 +118,7 @@ GrammarBackend::GrammarBackend(const tokenizer::Tokenizer& tok, int64_t vocab_si
 
 GrammarBackend::~GrammarBackend() = default;
 
-std::shared_ptr<const CompiledGrammar> GrammarBackend::compile(const nlohmann::json& structural_tag) {
+std::shared_ptr<const CompiledGrammar> GrammarBackend::compile(const nlohmann::ordered_json& structural_tag) {
   std::shared_ptr<const CompiledGrammar> g;
   try {
     g = std::make_shared<CompiledGrammar>(impl_->compiler.CompileStructuralTag(structural_tag.dump()));

@@ -31,7 +31,7 @@ class GrammarBackend {
 
   // Compiles a structural tag (see structural_tag.h); cached by its text. Thread-safe. Throws
   // dsaserve::Error with xgrammar's message when the tag (a JSON schema in it) is invalid.
-  std::shared_ptr<const CompiledGrammar> compile(const nlohmann::json& structural_tag);
+  std::shared_ptr<const CompiledGrammar> compile(const nlohmann::ordered_json& structural_tag);
   // A fresh matcher at the grammar's start, for one request.
   std::shared_ptr<runtime::TokenConstraint> make_constraint(
       const std::shared_ptr<const CompiledGrammar>& g) const;

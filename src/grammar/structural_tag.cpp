@@ -6,7 +6,7 @@
 
 namespace dsaserve::grammar {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // schemas keep their property order
 
 namespace {
 

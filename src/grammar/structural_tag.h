@@ -25,14 +25,14 @@ struct ReasoningPrefix {
 // value names the one function to call once. Argument values follow each function's JSON-schema `parameters`
 // (GLM / DSML: string parameters as raw text, others as JSON). Throws dsaserve::Error when the format has no
 // tool calls or the tool is unknown.
-nlohmann::json tool_calls_format(chat::ToolCallFormat format, const nlohmann::json& tools,
-                                 const std::string& tool_choice, bool parallel = true);
+nlohmann::ordered_json tool_calls_format(chat::ToolCallFormat format, const nlohmann::ordered_json& tools,
+                                         const std::string& tool_choice, bool parallel = true);
 
 // A JSON value following `schema` (response_format json_schema), or any JSON object when `schema` is
 // null (response_format json_object).
-nlohmann::json json_format(const nlohmann::json& schema);
+nlohmann::ordered_json json_format(const nlohmann::ordered_json& schema);
 
 // The whole structural tag: the reasoning prefix (when enabled) followed by `format`.
-nlohmann::json structural_tag(const nlohmann::json& format, const ReasoningPrefix& reasoning);
+nlohmann::ordered_json structural_tag(const nlohmann::ordered_json& format, const ReasoningPrefix& reasoning);
 
 }  // namespace dsaserve::grammar

@@ -64,14 +64,13 @@ std::shared_ptr<const grammar::CompiledGrammar> request_grammar(grammar::Grammar
     throw ApiError(
         400, fmt::format("{} needs grammar-constrained decoding, which this server cannot do", param), param);
   }
-  nlohmann::json format;
+  nlohmann::ordered_json format;
   try {
-    format = forced_call
-                 ? grammar::tool_calls_format(tool_format,
-                                              nlohmann::json::parse(spec.chat_request["tools"].dump()),
-                                              spec.tool_choice, spec.parallel_tool_calls)
-                 : grammar::json_format(spec.response_format == "json_schema" ? spec.response_schema
-                                                                              : nlohmann::json(nullptr));
+    format = forced_call ? grammar::tool_calls_format(tool_format, spec.chat_request["tools"],
+                                                      spec.tool_choice, spec.parallel_tool_calls)
+                         : grammar::json_format(spec.response_format == "json_schema"
+                                                    ? spec.response_schema
+                                                    : nlohmann::ordered_json(nullptr));
   } catch (const std::exception& e) {
     throw ApiError(400, e.what(), forced_call ? "tools" : "response_format");
   }

@@ -7,15 +7,18 @@
 
 namespace dsaserve::server {
 
-using nlohmann::json;
-
-json ApiError::body() const {
+nlohmann::json ApiError::body() const {
+  using nlohmann::json;
   json e = {{"message", what()},
             {"type", type},
             {"param", param.empty() ? json(nullptr) : json(param)},
             {"code", code.empty() ? json(nullptr) : json(code)}};
   return json{{"error", e}};
 }
+
+// Request bodies keep their key order: messages, tools and schemas reach the chat template and the
+// grammar in the order the client wrote them (as Python's dicts do for SGLang / transformers).
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -209,7 +212,7 @@ GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
     if (r != "system" && r != "user" && r != "assistant" && r != "tool" && r != "developer") {
       bad(fmt::format("messages[{}].role", i), fmt::format("unknown role '{}'", r));
     }
-    nlohmann::ordered_json out = nlohmann::ordered_json::parse(m.dump());
+    nlohmann::ordered_json out = m;
     out["role"] = r == "developer" ? "system" : r;
     out["content"] = flatten_content(m.value("content", json(nullptr)), i);
     msgs.push_back(std::move(out));
@@ -226,7 +229,7 @@ GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
       }
     }
     if (!t->empty()) {
-      s.chat_request["tools"] = nlohmann::ordered_json::parse(t->dump());
+      s.chat_request["tools"] = *t;
       s.has_tools = true;
     }
   }
@@ -253,7 +256,7 @@ GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
   if (auto k = b.find("chat_template_kwargs"); k != b.end() && !k->is_null()) {
     if (!k->is_object())
       bad("chat_template_kwargs", fmt::format("expected an object, got {}", type_name(*k)));
-    s.chat_request["chat_template_kwargs"] = nlohmann::ordered_json::parse(k->dump());
+    s.chat_request["chat_template_kwargs"] = *k;
   }
   return s;
 }

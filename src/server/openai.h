@@ -56,7 +56,7 @@ struct GenerationSpec {
   std::vector<int32_t> prompt_ids;
   // response_format: "text" (unconstrained), "json_object" or "json_schema" (with response_schema).
   std::string response_format = "text";
-  nlohmann::json response_schema;
+  nlohmann::ordered_json response_schema;  // the request's own key order (properties come out in it)
   // Set by the server when the output is grammar-constrained (tool_choice required / named,
   // response_format): each choice decodes under its own matcher of this grammar.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
@@ -64,7 +64,8 @@ struct GenerationSpec {
 
 // Parses and validates a request body; throws ApiError (400) naming the field. `vocab_size` bounds token
 // ids (prompt ids, logit_bias, stop_token_ids); `max_n` bounds n.
-GenerationSpec parse_chat_request(const nlohmann::json& body, int64_t vocab_size, int64_t max_n = 16);
-GenerationSpec parse_completion_request(const nlohmann::json& body, int64_t vocab_size, int64_t max_n = 16);
+GenerationSpec parse_chat_request(const nlohmann::ordered_json& body, int64_t vocab_size, int64_t max_n = 16);
+GenerationSpec parse_completion_request(const nlohmann::ordered_json& body, int64_t vocab_size,
+                                        int64_t max_n = 16);
 
 }  // namespace dsaserve::server

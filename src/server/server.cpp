@@ -209,9 +209,9 @@ class Server {
                 const std::string& path, std::chrono::steady_clock::time_point arrival) {
     const bool chat = path == "/v1/chat/completions";
     if (draining_) throw ApiError(503, "the server is shutting down", "", "server_error");
-    json body;
+    nlohmann::ordered_json body;  // key order kept (tools and schemas reach the template and grammar as sent)
     try {
-      body = json::parse(req.body());
+      body = nlohmann::ordered_json::parse(req.body());
     } catch (const json::parse_error& e) {
       throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
     }

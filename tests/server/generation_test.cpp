@@ -8,6 +8,7 @@
 
 #include <filesystem>
 
+#include "grammar/structural_tag.h"
 #include "server/builtin.h"
 
 namespace dsaserve::server {
@@ -178,4 +179,28 @@ TEST(PriorityField, IsAnIntegerDefaultingToZeroAndNamedInErrors) {
 }
 
 }  // namespace
+// Request bodies keep the client's key order, as Python dicts do for SGLang / transformers: the chat template
+// renders tools with their properties as sent, and forced calls / JSON output follow the schema's order.
+TEST(RequestBody, KeyOrderReachesTheTemplateAndTheGrammar) {
+  const auto body = nlohmann::ordered_json::parse(R"({
+    "messages": [{"role": "user", "content": "hi"}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+               "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}},
+               "required": ["zeta", "alpha"]}}}],
+    "tool_choice": "required",
+    "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+                        "properties": {"zz": {"type": "string"}, "aa": {"type": "string"}}}}}})");
+  const GenerationSpec s = parse_chat_request(body, 512);
+  const std::string tools = s.chat_request["tools"].dump();
+  EXPECT_LT(tools.find("zeta"), tools.find("alpha")) << tools;
+  const std::string schema = s.response_schema.dump();
+  EXPECT_LT(schema.find("zz"), schema.find("aa")) << schema;
+  const std::string call =
+      grammar::tool_calls_format(chat::ToolCallFormat::kGlm45, s.chat_request["tools"], "f").dump();
+  ASSERT_NE(call.find("alpha"), std::string::npos) << call;
+  EXPECT_LT(call.find("zeta"), call.find("alpha")) << call;
+  const std::string js = grammar::json_format(s.response_schema).dump();
+  EXPECT_LT(js.find("zz"), js.find("aa")) << js;
+}
+
 }  // namespace dsaserve::server
