@@ -36,14 +36,16 @@ __global__ void sm90_rms_norm_kernel(RmsNormParams p) {
 constexpr int kVecThreads = 256;
 constexpr int kMaxVec = 8;  // float4 per thread: rows up to 256 * 8 * 4 = 8192 columns
 
+// kVec: float4 per thread (cols <= 4 * kVecThreads * kVec), a template argument so registers fit the row.
+template <int kVec>
 __global__ void __launch_bounds__(kVecThreads) sm90_rms_norm_vec_kernel(RmsNormParams p) {
   const int64_t row = blockIdx.x;
   const int64_t n4 = p.cols / 4;
   const float4* x = reinterpret_cast<const float4*>(p.x + row * p.x_stride);
   float4* res = p.residual ? reinterpret_cast<float4*>(p.residual + row * p.res_stride) : nullptr;
-  float4 v[kMaxVec], r4[kMaxVec];
+  float4 v[kVec], r4[kVec];
 #pragma unroll
-  for (int j = 0; j < kMaxVec; ++j) {
+  for (int j = 0; j < kVec; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * kVecThreads;
     v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
     r4[j] = v[j];
@@ -54,7 +56,7 @@ __global__ void __launch_bounds__(kVecThreads) sm90_rms_norm_vec_kernel(RmsNormP
   }
   double ss = 0.0;
 #pragma unroll
-  for (int j = 0; j < kMaxVec; ++j) {
+  for (int j = 0; j < kVec; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * kVecThreads;
     if (i < n4) {
       if (res) {
@@ -71,7 +73,7 @@ __global__ void __launch_bounds__(kVecThreads) sm90_rms_norm_vec_kernel(RmsNormP
   const float r = float(1.0 / sqrt(ss / double(p.cols) + p.eps));
   float4* out = reinterpret_cast<float4*>(p.out + row * p.cols);
 #pragma unroll
-  for (int j = 0; j < kMaxVec; ++j) {
+  for (int j = 0; j < kVec; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * kVecThreads;
     if (i < n4) {
       const float4 w = load4_any(p.weight, p.weight_bf16, i);
@@ -109,7 +111,19 @@ __global__ void sm90_layer_norm_kernel(LayerNormParams p) {
 cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (rms_norm_vectorizable(p)) {
-    sm90_rms_norm_vec_kernel<<<unsigned(p.rows), kVecThreads, 0, stream>>>(p);
+    const int64_t per_thread = (p.cols / 4 + kVecThreads - 1) / kVecThreads;
+    const unsigned grid = unsigned(p.rows);
+    if (per_thread <= 1) {
+      sm90_rms_norm_vec_kernel<1><<<grid, kVecThreads, 0, stream>>>(p);
+    } else if (per_thread <= 2) {
+      sm90_rms_norm_vec_kernel<2><<<grid, kVecThreads, 0, stream>>>(p);
+    } else if (per_thread <= 4) {
+      sm90_rms_norm_vec_kernel<4><<<grid, kVecThreads, 0, stream>>>(p);
+    } else if (per_thread <= 6) {
+      sm90_rms_norm_vec_kernel<6><<<grid, kVecThreads, 0, stream>>>(p);
+    } else {
+      sm90_rms_norm_vec_kernel<kMaxVec><<<grid, kVecThreads, 0, stream>>>(p);
+    }
     return cudaGetLastError();
   }
   sm90_rms_norm_kernel<<<unsigned(p.rows), kThreads, 0, stream>>>(p);

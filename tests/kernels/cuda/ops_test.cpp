@@ -189,6 +189,14 @@ TEST_F(CudaOps, VectorAndScalarPaths) {
     report("rms_norm(width 1002)", shp({T, 1002}),
            row_rel_error(gpu().rms_norm(on_gpu(x), on_gpu(w1002), 1e-5), ref().rms_norm(x, w1002, 1e-5)),
            kTolElem);
+    // Row widths for each register-resident variant (1, 2, 4, 6, 8 float4 per thread: 512 and 6144 above)
+    // and one past the largest (8196: scalar).
+    for (int64_t n : {int64_t(2048), int64_t(4096), int64_t(7168), int64_t(8192), int64_t(8196)}) {
+      const Tensor xn = rand_f32({T, n}, 1400 + T + n, 2.0f), wn = rand_bf16({n}, 11 + n);
+      report(fmt::format("rms_norm(width {})", n), shp({T, n}),
+             row_rel_error(gpu().rms_norm(on_gpu(xn), on_gpu(wn), 1e-5), ref().rms_norm(xn, wn, 1e-5)),
+             kTolElem);
+    }
     // Columns 1..513 of [T, 576]: the row starts 4 bytes past a 16-byte boundary.
     const Tensor ckv = rand_f32({T, kKvLora + kRope}, 1600 + T), ckv_d = on_gpu(ckv);
     report("rms_norm(shifted view)", shp({T, kKvLora}),
