@@ -68,7 +68,7 @@ std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const Samp
   std::vector<SampleRowDesc> desc(R);
   std::vector<int32_t> ints;  // bias tokens | seen | count tokens | counts
   std::vector<float> bias_val;
-  std::vector<uint8_t> mark(size_t(V), 0);
+  std::vector<uint8_t> mark;  // [V] for the distinct-id checks, only when a row has penalty lists
   size_t n_bias = 0, n_seen = 0, n_count = 0;
   for (const SampleRequest& q : rows) {
     n_bias += q.logit_bias.size();
@@ -105,6 +105,7 @@ std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const Samp
     d.bias_n = int32_t(bias_tok.size()) - d.bias_off;
     d.seen_off = int32_t(seen.size());
     if (q.repetition_penalty != 1.0f) {
+      if (mark.empty()) mark.assign(size_t(V), 0);
       check_distinct<int32_t>(
           q.seen_tokens, [](const int32_t& t) { return t; }, mark, r, V, "seen_tokens");
       seen.insert(seen.end(), q.seen_tokens.begin(), q.seen_tokens.end());
@@ -113,6 +114,7 @@ std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const Samp
     d.count_off = int32_t(count_tok.size());
     if (q.presence_penalty != 0.0f || q.frequency_penalty != 0.0f) {
       using P = std::pair<int32_t, int32_t>;
+      if (mark.empty()) mark.assign(size_t(V), 0);
       check_distinct<P>(
           q.output_counts, [](const P& c) { return c.first; }, mark, r, V, "output_counts");
       for (const auto& [tok, n] : q.output_counts) {

@@ -1,10 +1,15 @@
 // GPU sampler: the CPU sampler's step (runtime/sampler/sampler.cpp) for a batch of rows, one block per
 // row. Penalties and logit_bias run on a copy of the row with the CPU's float operations in its order
 // (no contraction). Then: greedy = first maximum; otherwise the probabilities e_i = exp((x_i - max) / T)
-// (fp64, like the CPU) as 2^-44 fixed-point integers, so that every sum is exact and order-free. All the
-// selections are one radix select ("the element at which the running weight, in a given order, reaches a
-// target") over a 64-bit key: (value, lower id first) for top-k, top-p, the filtered draw and
-// top_logprobs; the id alone for an unfiltered draw (the CPU draws in id order then).
+// (fp64, like the CPU) as 2^-44 fixed-point integers, so that every sum is exact and order-free. Every
+// selection is "the element at which the running weight, in a given order, reaches a target", the
+// order being a 64-bit key (value, lower id first) or, for an unfiltered draw, the id (the CPU draws in
+// id order then). Unfiltered draw: per-warp sums over contiguous id chunks, then one warp rescans the
+// chunk of the crossing. top_k <= 1024, top_p (crossing among the 1024 largest) and top_logprobs: the
+// largest keys are gathered by histograms of ord()'s high bits into shared memory and sorted there, and
+// the selections are exact running sums over that sorted prefix. Otherwise (larger top_k, min_p alone,
+// a crossing further down, or more ties at the threshold than the buffer holds) a radix select over the
+// row, 8 bits a pass. Both give the same element.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -19,8 +24,6 @@ namespace {
 constexpr int kThreads = 512;
 constexpr double kFix = 17592186044416.0;  // 2^44: a probability weight (<= 1) as an integer
 constexpr unsigned kFull = 0xffffffffu;
-// Bits 24..31 of every id key (ids < kSampleMaxVocab = 2^20): an id-order select starts at bit 16.
-constexpr uint64_t kIdPrefix = 0xff000000ull;
 
 // Monotone map of a float to uint32 (larger float -> larger code); -0 is 0, as the CPU's == says.
 __device__ __forceinline__ uint32_t ord(float f) {
@@ -31,8 +34,6 @@ __device__ __forceinline__ uint32_t ord(float f) {
 __device__ __forceinline__ uint64_t sorted_key(float v, int64_t i) {
   return (uint64_t(ord(v)) << 32) | uint64_t(0xffffffffu - uint32_t(i));
 }
-// Decreasing key = increasing id.
-__device__ __forceinline__ uint64_t id_key(int64_t i) { return uint64_t(0xffffffffu - uint32_t(i)); }
 __device__ __forceinline__ int32_t key_id(uint64_t k) { return int32_t(0xffffffffu - uint32_t(k)); }
 
 struct SelectShared {
@@ -163,6 +164,160 @@ __device__ uint64_t select_key(int64_t n, int first_shift, uint64_t prefix0, dou
   return prefix;
 }
 
+// Candidate path: the `t` largest sorted keys of a row (top_k <= kFastK, the top_p prefix, top_logprobs)
+// gathered into shared memory by two histogram passes over the high bits of ord() and one compaction,
+// then sorted there; the selections then run on that sorted prefix of the CPU's order. Falls back to
+// the radix select when more than kCap elements share the threshold bin.
+constexpr int kFastK = 1024;
+constexpr int kCap = 2048;
+constexpr int kHistBins = 2048;  // 11 bits of ord() a level: bits 21..31, then 10..20
+static_assert(kCap % kThreads == 0, "scan_cum gives each thread kCap / kThreads entries");
+
+struct TopShared {
+  unsigned long long keys[kCap];  // the candidates' sorted keys, decreasing
+  union {
+    int hist[kHistBins];
+    unsigned long long cum[kCap];  // per candidate: a weight, then the inclusive running sum
+  };
+  unsigned char fin[kCap];  // per candidate: in the final set
+  int n, bin, above, bin_cnt, pos;
+};
+
+// Warp 0: the highest bin b of ts.hist at which the count of the elements in bins >= b reaches `need`
+// (>= 1): ts.bin = b, ts.above = the count in the bins above b, ts.bin_cnt = b's count; ts.bin = -1 when
+// the histogram holds fewer than `need`.
+__device__ void find_count_bin(TopShared& ts, int need) {
+  const int lane = int(threadIdx.x);
+  int run = 0;  // elements in the bins above the current group of 32
+  for (int c = 0; c < kHistBins / 32; ++c) {
+    const int b = kHistBins - 1 - 32 * c - lane;
+    const int cnt = ts.hist[b];
+    int incl = cnt;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(kFull, incl, o);
+      if (lane >= o) incl += y;
+    }
+    const unsigned f = __ballot_sync(kFull, run + incl >= need);
+    if (f != 0) {
+      if (lane == __ffs(int(f)) - 1) {
+        ts.bin = b;
+        ts.above = run + incl - cnt;
+        ts.bin_cnt = cnt;
+      }
+      return;
+    }
+    run += __shfl_sync(kFull, incl, 31);
+  }
+  if (lane == 0) ts.bin = -1;
+}
+
+// The C >= t largest sorted keys of the row v[0, n) (1 <= t <= n) in decreasing order in ts.keys[0, C):
+// every element whose ord() reaches the threshold bin of the t-th (11 bits, then 11 more within that
+// bin when it holds too many). Returns C, or -1 when C would exceed kCap. Every thread calls it.
+__device__ int top_prefix(const float* v, int64_t n, int t, TopShared& ts) {
+  for (int b = int(threadIdx.x); b < kHistBins; b += int(blockDim.x)) ts.hist[b] = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&ts.hist[ord(v[i]) >> 21], 1);
+  __syncthreads();
+  if (threadIdx.x < 32) find_count_bin(ts, t);
+  __syncthreads();
+  const int b1 = ts.bin, above1 = ts.above, cnt1 = ts.bin_cnt;
+  if (b1 < 0) return -1;
+  uint32_t thr = uint32_t(b1) << 21;
+  if (above1 + cnt1 > kCap) {
+    for (int b = int(threadIdx.x); b < kHistBins; b += int(blockDim.x)) ts.hist[b] = 0;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const uint32_t u = ord(v[i]);
+      if ((u >> 21) == uint32_t(b1)) atomicAdd(&ts.hist[(u >> 10) & 0x7ffu], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) find_count_bin(ts, t - above1);
+    __syncthreads();
+    const int b2 = ts.bin;
+    if (b2 < 0 || above1 + ts.above + ts.bin_cnt > kCap) return -1;
+    thr |= uint32_t(b2) << 10;
+  }
+  if (threadIdx.x == 0) ts.n = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float f = v[i];
+    if (ord(f) >= thr) {
+      const int slot = atomicAdd(&ts.n, 1);
+      if (slot < kCap) ts.keys[slot] = sorted_key(f, i);
+    }
+  }
+  __syncthreads();
+  const int c = ts.n;
+  if (c > kCap) return -1;
+  int n2 = 1;
+  while (n2 < c) n2 <<= 1;
+  for (int j = c + int(threadIdx.x); j < n2; j += int(blockDim.x)) ts.keys[j] = 0;  // below every key
+  __syncthreads();
+  for (int k = 2; k <= n2; k <<= 1) {  // bitonic sort, decreasing
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = int(threadIdx.x); i < n2; i += int(blockDim.x)) {
+        const int ixj = i ^ j;
+        if (ixj > i) {
+          const unsigned long long a = ts.keys[i], b = ts.keys[ixj];
+          if ((i & k) == 0 ? a < b : a > b) {
+            ts.keys[i] = b;
+            ts.keys[ixj] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  return c;
+}
+
+// ts.cum[0, m) (m <= kCap) becomes its inclusive running sum. blockDim.x == kThreads; every thread calls it.
+__device__ void scan_cum(TopShared& ts, int m) {
+  __shared__ unsigned long long wtot[kThreads / 32];
+  constexpr int kPer = kCap / kThreads;
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5), j0 = int(threadIdx.x) * kPer;
+  unsigned long long loc[kPer];
+  unsigned long long run = 0;
+  for (int q = 0; q < kPer; ++q) {
+    run += j0 + q < m ? ts.cum[j0 + q] : 0ull;
+    loc[q] = run;
+  }
+  unsigned long long incl = run;
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long y = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) wtot[warp] = incl;
+  __syncthreads();
+  unsigned long long before = incl - run;
+  for (int w = 0; w < warp; ++w) before += wtot[w];
+  for (int q = 0; q < kPer; ++q) {
+    if (j0 + q < m) ts.cum[j0 + q] = before + loc[q];
+  }
+  __syncthreads();
+}
+
+// The first j in [0, m) with cond(j) (last: the last one); m / -1 when none. Every thread calls it.
+template <class Cond>
+__device__ int block_pos(int m, bool last, Cond cond, TopShared& ts) {
+  if (threadIdx.x == 0) ts.pos = last ? -1 : m;
+  __syncthreads();
+  for (int j = int(threadIdx.x); j < m; j += int(blockDim.x)) {
+    if (cond(j)) {
+      if (last) {
+        atomicMax(&ts.pos, j);
+      } else {
+        atomicMin(&ts.pos, j);
+      }
+    }
+  }
+  __syncthreads();
+  const int r = ts.pos;
+  __syncthreads();
+  return r;
+}
+
 // Penalties and bias on a copy of the row, each with the CPU's float operation, in its order: the biases
 // one after another (a token may repeat), then the repetition penalty, then presence / frequency.
 __global__ void sm90_sample_penalty_kernel(SampleKernelParams p) {
@@ -198,8 +353,10 @@ __global__ void sm90_sample_penalty_kernel(SampleKernelParams p) {
 
 __global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParams p) {
   __shared__ SelectShared s;
+  __shared__ TopShared ts;
   __shared__ unsigned long long top_keys[kSampleMaxTopLogprobs];
-  __shared__ int top_n;
+  __shared__ unsigned long long warp_mass[kThreads / 32];
+  __shared__ int top_n, drawn;
   const int64_t r = blockIdx.x, V = p.vocab;
   const SampleRowDesc d = p.desc[r];
   const float* raw = p.logits + r * p.stride;
@@ -221,28 +378,119 @@ __global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParam
     auto w_of = [=](int64_t i) { return uint64_t(__double2ull_rn(e_of(i) * kFix)); };
     const bool filtered = (d.top_k > 0 && d.top_k < V) || d.top_p < 1.0f || d.min_p > 0.0f;
     if (!filtered) {
+      // In id order: warp w sums the ids of its chunk; the first chunk whose running end exceeds the
+      // target is rescanned 32 ids a step (a warp prefix sum) for the first id whose running sum does.
+      constexpr int kWarps = kThreads / 32;
+      const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+      const int64_t chunk = (V + kWarps - 1) / kWarps;
+      const int64_t lo = warp * chunk < V ? warp * chunk : V, hi = lo + chunk < V ? lo + chunk : V;
       unsigned long long local = 0;
-      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += w_of(i);
-      const unsigned long long total = block_sum(local);
-      auto key = [](int64_t i) { return id_key(i); };
-      token = key_id(select_key(V, 16, kIdPrefix, d.uniform * double(total), true, key, all, w_of, s));
+      for (int64_t i = lo + lane; i < hi; i += 32) local += w_of(i);
+      local = warp_sum(local);
+      if (lane == 0) warp_mass[warp] = local;
+      __syncthreads();
+      unsigned long long total = 0;
+      for (int w = 0; w < kWarps; ++w) total += warp_mass[w];
+      const double target = d.uniform * double(total);
+      int wf = kWarps;  // the chunk of the crossing
+      unsigned long long before = 0;
+      for (int w = 0; w < kWarps && wf == kWarps; ++w) {
+        if (double(before + warp_mass[w]) > target) {
+          wf = w;
+        } else {
+          before += warp_mass[w];
+        }
+      }
+      token = int32_t(V - 1);  // none: the last id (the CPU's fallback)
+      if (wf < kWarps) {
+        if (warp == wf) {
+          unsigned long long run = before;
+          for (int64_t base = lo; base < hi; base += 32) {
+            const int64_t i = base + lane;
+            unsigned long long incl = i < hi ? w_of(i) : 0ull;
+            for (int o = 1; o < 32; o <<= 1) {
+              const unsigned long long y = __shfl_up_sync(kFull, incl, o);
+              if (lane >= o) incl += y;
+            }
+            const bool cross = (i < hi) && (double(run + incl) > target);
+            const unsigned f = __ballot_sync(kFull, cross);
+            if (f != 0) {
+              if (lane == __ffs(int(f)) - 1) drawn = int(i);
+              break;
+            }
+            run += __shfl_sync(kFull, incl, 31);
+          }
+        }
+        __syncthreads();
+        token = drawn;
+      }
     } else {
       auto key = [=](int64_t i) { return sorted_key(x[i], i); };
-      uint64_t kk = 0;  // top_k: the k-th key
-      if (d.top_k > 0 && d.top_k < V) kk = select_key(V, 56, 0, double(d.top_k), false, key, all, one, s);
-      auto in_k = [=](int64_t i) { return key(i) >= kk; };
-      unsigned long long local = 0;
-      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += in_k(i) ? w_of(i) : 0;
-      const unsigned long long zk = block_sum(local);
-      uint64_t kp = kk;  // top_p: the first key at which the mass reaches top_p
-      if (d.top_p < 1.0f) kp = select_key(V, 56, 0, double(d.top_p) * double(zk), false, key, in_k, w_of, s);
-      const double z = double(zk) / kFix, floor = double(d.min_p) * (1.0 / z);
-      const bool min_p = d.min_p > 0.0f;
-      auto in_final = [=](int64_t i) { return key(i) >= kp && (!min_p || e_of(i) / z >= floor); };
-      local = 0;
-      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += in_final(i) ? w_of(i) : 0;
-      const unsigned long long kept = block_sum(local);
-      token = key_id(select_key(V, 56, 0, d.uniform * double(kept), true, key, in_final, w_of, s));
+      const bool has_k = d.top_k > 0 && d.top_k < V;
+      bool done = false;
+      if (has_k ? d.top_k <= kFastK : d.top_p < 1.0f) {
+        // The sorted prefix of the CPU's order: the k candidates, or (top_p alone) the largest kFastK
+        // when the top_p crossing lies among them.
+        unsigned long long total = 0;
+        if (!has_k) {
+          unsigned long long local = 0;
+          for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += w_of(i);
+          total = block_sum(local);
+        }
+        const int c = top_prefix(x, V, has_k ? d.top_k : int(V < kFastK ? V : kFastK), ts);
+        if (c >= 0) {
+          const int m = has_k ? d.top_k : c;
+          for (int j = int(threadIdx.x); j < m; j += int(blockDim.x)) ts.cum[j] = w_of(key_id(ts.keys[j]));
+          __syncthreads();
+          scan_cum(ts, m);
+          const unsigned long long zk = has_k ? ts.cum[m - 1] : total;
+          int jp = m - 1;  // the last candidate kept by top_p
+          if (d.top_p < 1.0f) {
+            const double target = double(d.top_p) * double(zk);
+            jp = block_pos(
+                m, false, [&](int j) { return double(ts.cum[j]) >= target; }, ts);
+            if (jp == m) jp = has_k ? m - 1 : -1;  // top_p alone: the crossing lies past the prefix
+          }
+          if (jp >= 0) {
+            const double z = double(zk) / kFix, floor = double(d.min_p) * (1.0 / z);
+            const bool min_p = d.min_p > 0.0f;
+            for (int j = int(threadIdx.x); j < m; j += int(blockDim.x)) {
+              const int32_t id = key_id(ts.keys[j]);
+              const bool in = j <= jp && (!min_p || e_of(id) / z >= floor);
+              ts.fin[j] = in ? 1 : 0;
+              ts.cum[j] = in ? w_of(id) : 0ull;
+            }
+            __syncthreads();
+            scan_cum(ts, m);
+            const double target = d.uniform * double(ts.cum[m - 1]);
+            int j = block_pos(
+                m, false, [&](int q) { return ts.fin[q] != 0 && double(ts.cum[q]) > target; }, ts);
+            if (j == m)
+              j = block_pos(
+                  m, true, [&](int q) { return ts.fin[q] != 0; }, ts);
+            token = key_id(ts.keys[j]);
+            done = true;
+          }
+        }
+      }
+      if (!done) {
+        uint64_t kk = 0;  // top_k: the k-th key
+        if (d.top_k > 0 && d.top_k < V) kk = select_key(V, 56, 0, double(d.top_k), false, key, all, one, s);
+        auto in_k = [=](int64_t i) { return key(i) >= kk; };
+        unsigned long long local = 0;
+        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += in_k(i) ? w_of(i) : 0;
+        const unsigned long long zk = block_sum(local);
+        uint64_t kp = kk;  // top_p: the first key at which the mass reaches top_p
+        if (d.top_p < 1.0f)
+          kp = select_key(V, 56, 0, double(d.top_p) * double(zk), false, key, in_k, w_of, s);
+        const double z = double(zk) / kFix, floor = double(d.min_p) * (1.0 / z);
+        const bool min_p = d.min_p > 0.0f;
+        auto in_final = [=](int64_t i) { return key(i) >= kp && (!min_p || e_of(i) / z >= floor); };
+        local = 0;
+        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += in_final(i) ? w_of(i) : 0;
+        const unsigned long long kept = block_sum(local);
+        token = key_id(select_key(V, 56, 0, d.uniform * double(kept), true, key, in_final, w_of, s));
+      }
     }
   }
   if (threadIdx.x == 0) p.out_token[r] = token;
@@ -263,6 +511,15 @@ __global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParam
   if (threadIdx.x == 0) p.out_logprob[r] = float(double(raw[token]) - lse);
   const int n = int(d.top_logprobs < V ? d.top_logprobs : V);
   if (n <= 0) return;
+  const int c = top_prefix(raw, V, n, ts);
+  if (c >= 0) {  // the n largest, in order
+    if (int(threadIdx.x) < n) {
+      const int32_t id = key_id(ts.keys[threadIdx.x]);
+      p.out_top_tok[r * kSampleMaxTopLogprobs + threadIdx.x] = id;
+      p.out_top_lp[r * kSampleMaxTopLogprobs + threadIdx.x] = float(double(raw[id]) - lse);
+    }
+    return;
+  }
   auto rkey = [=](int64_t i) { return sorted_key(raw[i], i); };
   const uint64_t kn = select_key(V, 56, 0, double(n), false, rkey, all, one, s);
   if (threadIdx.x == 0) top_n = 0;
@@ -299,7 +556,7 @@ __global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParam
 cudaError_t launch_sample_rows(const SampleKernelParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.vocab <= 0 || p.vocab >= kSampleMaxVocab || p.rows > 0x7fffffff) return cudaErrorInvalidValue;
-  sm90_sample_penalty_kernel<<<unsigned(p.rows), 256, 0, stream>>>(p);
+  if (p.ws != nullptr) sm90_sample_penalty_kernel<<<unsigned(p.rows), 256, 0, stream>>>(p);
   sm90_sample_kernel<<<unsigned(p.rows), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -17,6 +17,7 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
@@ -37,24 +38,28 @@ constexpr int64_t kVocabs[] = {154880, 129280};
 constexpr int64_t kPoolRows = 64;
 constexpr double kTieTol = 1e-8, kLogprobTol = 1e-5;
 
-// kPoolRows logit rows per vocabulary: uniform noise in [-6, 6) plus 40 "head" tokens lifted by 4..12 (a
-// peaked distribution with a long tail, like a model's); odd rows rounded to bf16.
+// `rows` (default kPoolRows) logit rows per vocabulary: uniform noise in [-6, 6) plus 40 "head" tokens
+// lifted by 4..12 (a peaked distribution with a long tail, like a model's); odd rows rounded to bf16.
+// Coarse pools round every logit to an integer instead: thousands of exact ties at every level (more
+// than the GPU's top-k candidate buffer holds, so its radix-select fallback runs).
 struct Pool {
-  int64_t V = 0;
-  std::vector<float> host;                 // [kPoolRows, V]
+  int64_t V = 0, rows = 0;
+  std::vector<float> host;                 // [rows, V]
   std::vector<std::vector<int32_t>> head;  // per row: the lifted tokens
-  Tensor dev;                              // [kPoolRows, V] on the GPU
+  Tensor dev;                              // [rows, V] on the GPU
 };
 
-const Pool& pool(int64_t V) {
-  static std::map<int64_t, Pool*>* pools = new std::map<int64_t, Pool*>();  // never freed (CUDA teardown)
-  auto it = pools->find(V);
+const Pool& pool(int64_t V, int64_t rows = kPoolRows, bool coarse = false) {
+  using Key = std::tuple<int64_t, int64_t, bool>;
+  static std::map<Key, Pool*>* pools = new std::map<Key, Pool*>();  // never freed (CUDA teardown)
+  auto it = pools->find(Key{V, rows, coarse});
   if (it != pools->end()) return *it->second;
   Pool* p = new Pool();
   p->V = V;
-  p->host.resize(size_t(kPoolRows * V));
-  p->head.resize(size_t(kPoolRows));
-  for (int64_t r = 0; r < kPoolRows; ++r) {
+  p->rows = rows;
+  p->host.resize(size_t(rows * V));
+  p->head.resize(size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) {
     Rng rng(uint64_t(V * 1000 + r));
     float* x = p->host.data() + r * V;
     for (int64_t i = 0; i < V; ++i) x[i] = rng.uniform() * 6.0f;
@@ -63,14 +68,16 @@ const Pool& pool(int64_t V) {
       x[t] += 4.0f + 8.0f * (rng.uniform() * 0.5f + 0.5f);
       p->head[size_t(r)].push_back(t);
     }
-    if (r % 2 == 1) {
+    if (coarse) {
+      for (int64_t i = 0; i < V; ++i) x[i] = std::round(x[i]);
+    } else if (r % 2 == 1) {
       for (int64_t i = 0; i < V; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
     }
   }
-  Tensor t = Tensor::empty({kPoolRows, V}, DType::f32);
+  Tensor t = Tensor::empty({rows, V}, DType::f32);
   std::copy(p->host.begin(), p->host.end(), t.data<float>());
   p->dev = t.to(Device::cuda);
-  pools->emplace(V, p);
+  pools->emplace(Key{V, rows, coarse}, p);
   return *p;
 }
 
@@ -129,12 +136,12 @@ bool is_tie(const Pool& pl, const Draw& d, double u, int32_t c, int32_t g) {
 }
 
 // Runs `batches` batches of `rows` rows through both samplers and accumulates the comparison.
-void run_batches(int64_t V, int64_t rows, int batches, uint64_t seed0, bool history, const ParamsFn& make,
-                 Stats& st) {
-  const Pool& pl = pool(V);
+void run_batches(const Pool& pl, int64_t rows, int batches, uint64_t seed0, bool history,
+                 const ParamsFn& make, Stats& st) {
+  const int64_t V = pl.V;
   Rng rng(seed0);
   for (int b = 0; b < batches; ++b) {
-    const int64_t off = rows == kPoolRows ? 0 : rng.below(kPoolRows - rows + 1);
+    const int64_t off = rows == pl.rows ? 0 : rng.below(pl.rows - rows + 1);
     std::vector<Draw> draws(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
       Draw& d = draws[size_t(r)];
@@ -226,23 +233,51 @@ class CudaSampling : public ::testing::Test {
     for (const int64_t V : kVocabs) {
       Stats st;
       uint64_t seed = std::hash<std::string>{}(name) ^ uint64_t(V);
-      run_batches(V, 64, 16, seed + 1, history, make, st);
-      run_batches(V, 3, 8, seed + 2, history, make, st);
-      run_batches(V, 1, 8, seed + 3, history, make, st);
-      fmt::print(
-          "RESULT op=sample_{:<14} vocab={:<7} draws={:<5} same={:<5} float_ties={} unexplained={} "
-          "top_logprobs_bad={} max_logprob_err={:.3g} ({} checked) {}\n",
-          name, V, st.draws, st.same, st.ties, st.unexplained, st.top_bad, st.lp_err, st.lp_checked,
-          st.unexplained == 0 && st.top_bad == 0 && st.lp_err <= kLogprobTol ? "ok" : "FAIL");
-      EXPECT_EQ(st.unexplained, 0) << name << " vocab " << V;
-      EXPECT_GE(double(st.same), 0.999 * double(st.draws)) << name << " vocab " << V;
-      if (exact) {
-        EXPECT_EQ(st.same, st.draws) << name << " vocab " << V;
-      }
-      EXPECT_EQ(st.top_bad, 0) << name << " vocab " << V;
-      EXPECT_LE(st.lp_err, kLogprobTol) << name << " vocab " << V;
-      EXPECT_GT(st.lp_checked, 0);
+      run_batches(pool(V), 64, 16, seed + 1, history, make, st);
+      run_batches(pool(V), 3, 8, seed + 2, history, make, st);
+      run_batches(pool(V), 1, 8, seed + 3, history, make, st);
+      report(name, V, st, exact);
     }
+  }
+
+  // The candidate paths' edges: vocabularies that are no multiple of any tile (and one below the
+  // candidate limit), a batch of 256 rows, and coarse rows whose ties overflow the candidate buffer.
+  void check_shapes(const std::string& name, const ParamsFn& make) {
+    const uint64_t seed = std::hash<std::string>{}(name);
+    for (const int64_t V : {int64_t(1000), int64_t(50001)}) {
+      Stats st;
+      run_batches(pool(V), 64, 4, seed + uint64_t(V), false, make, st);
+      run_batches(pool(V), 1, 8, seed + uint64_t(V) + 1, false, make, st);
+      report(name + "_odd", V, st);
+    }
+    {
+      const int64_t V = kVocabs[0];
+      Stats st;
+      run_batches(pool(V, 256), 256, 1, seed + 2, false, make, st);
+      report(name + "_r256", V, st);
+    }
+    for (const int64_t V : kVocabs) {
+      Stats st;
+      run_batches(pool(V, 16, true), 16, 2, seed + 3, false, make, st);
+      run_batches(pool(V, 16, true), 1, 8, seed + 4, false, make, st);
+      report(name + "_coarse", V, st);
+    }
+  }
+
+  static void report(const std::string& name, int64_t V, const Stats& st, bool exact = false) {
+    fmt::print(
+        "RESULT op=sample_{:<14} vocab={:<7} draws={:<5} same={:<5} float_ties={} unexplained={} "
+        "top_logprobs_bad={} max_logprob_err={:.3g} ({} checked) {}\n",
+        name, V, st.draws, st.same, st.ties, st.unexplained, st.top_bad, st.lp_err, st.lp_checked,
+        st.unexplained == 0 && st.top_bad == 0 && st.lp_err <= kLogprobTol ? "ok" : "FAIL");
+    EXPECT_EQ(st.unexplained, 0) << name << " vocab " << V;
+    EXPECT_GE(double(st.same), 0.999 * double(st.draws)) << name << " vocab " << V;
+    if (exact) {
+      EXPECT_EQ(st.same, st.draws) << name << " vocab " << V;
+    }
+    EXPECT_EQ(st.top_bad, 0) << name << " vocab " << V;
+    EXPECT_LE(st.lp_err, kLogprobTol) << name << " vocab " << V;
+    EXPECT_GT(st.lp_checked, 0);
   }
 };
 
@@ -322,6 +357,24 @@ TEST_F(CudaSampling, LogitBias) {
                                 pick(rng, {-100.0f, -3.5f, 2.25f, 7.0f, 15.0f, 100.0f}));
     }
     p.logit_bias.emplace_back(p.logit_bias[0].first, 1.1f);  // a repeated token: added in order
+  });
+}
+
+// top_k up to the candidate limit (1024) and past it (the radix select), with top_p / min_p.
+TEST_F(CudaSampling, ShapesTopK) {
+  check_shapes("shape_top_k", [](Rng& rng, SamplingParams& p) {
+    p.temperature = pick(rng, {0.7f, 1.0f, 2.0f});
+    p.top_k = int32_t(pick(rng, {1.0f, 50.0f, 999.0f, 1024.0f, 1025.0f, 5000.0f}));
+    p.top_p = pick(rng, {1.0f, 0.9f, 0.999f});
+    p.min_p = pick(rng, {0.0f, 0.05f});
+  });
+}
+
+// top_p alone (its crossing among the 1024 largest, or past them), plain temperature and greedy.
+TEST_F(CudaSampling, ShapesTopPTemperature) {
+  check_shapes("shape_top_p", [](Rng& rng, SamplingParams& p) {
+    p.temperature = pick(rng, {0.0f, 0.5f, 1.0f, 3.0f});
+    p.top_p = pick(rng, {1.0f, 0.5f, 0.95f, 0.9999f});
   });
 }
 
