@@ -82,7 +82,7 @@ std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const Samp
   seen.reserve(n_seen);
   count_tok.reserve(n_count);
   count_n.reserve(n_count);
-  int32_t ws_rows = 0;
+  int32_t ws_rows = 0, wc_rows = 0;
   for (size_t r = 0; r < R; ++r) {
     const SampleRequest& q = rows[r];
     check_request(q, r, V);
@@ -125,6 +125,10 @@ std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const Samp
     }
     d.count_n = int32_t(count_tok.size()) - d.count_off;
     d.ws_row = (d.bias_n > 0 || d.seen_n > 0 || d.count_n > 0) ? ws_rows++ : -1;
+    // A filtered draw without top_k may take the radix select (several passes over the weights).
+    const bool has_k = q.top_k > 0 && q.top_k < V;
+    const bool cache = q.temperature > 0.0f && !has_k && (q.top_p < 1.0f || q.min_p > 0.0f);
+    d.wc_row = cache && wc_rows < kSampleWeightCacheRows ? wc_rows++ : -1;
   }
 
   // One upload: descriptors, then the int32 lists, then the bias values (8-byte aligned sections).
@@ -148,6 +152,7 @@ std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const Samp
   Tensor in_dev = Tensor::empty({int64_t(in_bytes)}, DType::u8, Device::cuda);
   Tensor out_dev = Tensor::empty({int64_t(out_n)}, DType::i32, Device::cuda);
   Tensor ws = ws_rows > 0 ? Tensor::empty({ws_rows, V}, DType::f32, Device::cuda) : Tensor();
+  Tensor wc = wc_rows > 0 ? Tensor::empty({wc_rows, V}, DType::i64, Device::cuda) : Tensor();
   DSA_CUDA_CHECK(
       cudaMemcpyAsync(in_dev.raw_data(), host_in.data(), in_bytes, cudaMemcpyHostToDevice, op_stream()));
 
@@ -166,6 +171,7 @@ std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const Samp
   p.count_n = di + o_cn;
   p.bias_val = reinterpret_cast<const float*>(dev_in + desc_bytes + ints_bytes);
   p.ws = ws_rows > 0 ? ws.data<float>() : nullptr;
+  p.wcache = wc_rows > 0 ? static_cast<unsigned long long*>(wc.raw_data()) : nullptr;
   p.out_token = dout;
   p.out_logprob = reinterpret_cast<float*>(dout + R);
   p.out_top_tok = dout + 2 * R;

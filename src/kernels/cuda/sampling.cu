@@ -427,17 +427,29 @@ __global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParam
     } else {
       auto key = [=](int64_t i) { return sorted_key(x[i], i); };
       const bool has_k = d.top_k > 0 && d.top_k < V;
+      // Without top_k: the row's mass (the base of the top_p target), the weights kept in `wc` when the
+      // row has a cache row (the radix select's passes then read them instead of recomputing exp).
+      unsigned long long* wc =
+          (!has_k && d.wc_row >= 0 && p.wcache != nullptr) ? p.wcache + int64_t(d.wc_row) * V : nullptr;
+      auto wgt = [=](int64_t i) { return wc != nullptr ? uint64_t(wc[i]) : w_of(i); };
       bool done = false;
+      const bool have_total = !has_k;
+      unsigned long long total = 0;
+      if (have_total) {
+        unsigned long long local = 0;
+        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+          const uint64_t w = w_of(i);
+          if (wc != nullptr) wc[i] = w;
+          local += w;
+        }
+        total = block_sum(local);  // (its barriers also publish wc to the block)
+      }
       if (has_k ? d.top_k <= kFastK : d.top_p < 1.0f) {
         // The sorted prefix of the CPU's order: the k candidates, or (top_p alone) the largest kFastK
-        // when the top_p crossing lies among them.
-        unsigned long long total = 0;
-        if (!has_k) {
-          unsigned long long local = 0;
-          for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += w_of(i);
-          total = block_sum(local);
-        }
-        const int c = top_prefix(x, V, has_k ? d.top_k : int(V < kFastK ? V : kFastK), ts);
+        // when the top_p crossing lies among them (never when the target exceeds the mass kCap
+        // candidates can hold, each weight being <= kFix).
+        const bool reachable = has_k || double(d.top_p) * double(total) <= double(kCap) * kFix;
+        const int c = reachable ? top_prefix(x, V, has_k ? d.top_k : int(V < kFastK ? V : kFastK), ts) : -1;
         if (c >= 0) {
           const int m = has_k ? d.top_k : c;
           for (int j = int(threadIdx.x); j < m; j += int(blockDim.x)) ts.cum[j] = w_of(key_id(ts.keys[j]));
@@ -477,19 +489,21 @@ __global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParam
         uint64_t kk = 0;  // top_k: the k-th key
         if (d.top_k > 0 && d.top_k < V) kk = select_key(V, 56, 0, double(d.top_k), false, key, all, one, s);
         auto in_k = [=](int64_t i) { return key(i) >= kk; };
-        unsigned long long local = 0;
-        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += in_k(i) ? w_of(i) : 0;
-        const unsigned long long zk = block_sum(local);
+        unsigned long long zk = total;  // (without top_k, in_k holds every id)
+        if (!have_total) {
+          unsigned long long local = 0;
+          for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += in_k(i) ? w_of(i) : 0;
+          zk = block_sum(local);
+        }
         uint64_t kp = kk;  // top_p: the first key at which the mass reaches top_p
-        if (d.top_p < 1.0f)
-          kp = select_key(V, 56, 0, double(d.top_p) * double(zk), false, key, in_k, w_of, s);
+        if (d.top_p < 1.0f) kp = select_key(V, 56, 0, double(d.top_p) * double(zk), false, key, in_k, wgt, s);
         const double z = double(zk) / kFix, floor = double(d.min_p) * (1.0 / z);
         const bool min_p = d.min_p > 0.0f;
         auto in_final = [=](int64_t i) { return key(i) >= kp && (!min_p || e_of(i) / z >= floor); };
-        local = 0;
-        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += in_final(i) ? w_of(i) : 0;
+        unsigned long long local = 0;
+        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) local += in_final(i) ? wgt(i) : 0;
         const unsigned long long kept = block_sum(local);
-        token = key_id(select_key(V, 56, 0, d.uniform * double(kept), true, key, in_final, w_of, s));
+        token = key_id(select_key(V, 56, 0, d.uniform * double(kept), true, key, in_final, wgt, s));
       }
     }
   }

@@ -10,6 +10,8 @@ namespace dsaserve::kernels::cuda {
 inline constexpr int kSampleMaxTopLogprobs = 20;
 // Largest vocabulary the kernels take (the fixed-point probability sums need V * 2^44 < 2^64).
 inline constexpr int64_t kSampleMaxVocab = int64_t(1) << 20;
+// Rows a call keeps weight caches for (8 bytes a token each); further rows recompute their weights.
+inline constexpr int32_t kSampleWeightCacheRows = 32;
 
 // One row's request. Offsets index the packed lists of SampleKernelParams.
 struct SampleRowDesc {
@@ -23,6 +25,7 @@ struct SampleRowDesc {
   int32_t seen_off, seen_n;    // distinct prompt + output tokens (repetition penalty)
   int32_t count_off, count_n;  // distinct output tokens and their counts (presence / frequency)
   int32_t ws_row;              // row of `ws` holding the processed logits; -1: the row has no penalty or bias
+  int32_t wc_row;              // row of `wcache` for the weights (top_p / min_p without top_k); -1: none
 };
 
 struct SampleKernelParams {
@@ -34,11 +37,13 @@ struct SampleKernelParams {
   const int32_t* seen_tok;
   const int32_t* count_tok;
   const int32_t* count_n;
-  float* ws;             // [rows with ws_row >= 0, vocab] processed logits
-  int32_t* out_token;    // [rows]
-  float* out_logprob;    // [rows]
-  int32_t* out_top_tok;  // [rows, kSampleMaxTopLogprobs]
-  float* out_top_lp;     // [rows, kSampleMaxTopLogprobs]
+  float* ws;                   // [rows with ws_row >= 0, vocab] processed logits
+  unsigned long long* wcache;  // [rows with wc_row >= 0, vocab] the rows' fixed-point weights, kept
+                               // between the radix select's passes
+  int32_t* out_token;          // [rows]
+  float* out_logprob;          // [rows]
+  int32_t* out_top_tok;        // [rows, kSampleMaxTopLogprobs]
+  float* out_top_lp;           // [rows, kSampleMaxTopLogprobs]
 };
 
 // Queues the penalty pass (rows with ws_row >= 0) and the sampling kernel (one block per row) on `stream`.
