@@ -2,6 +2,7 @@
 // into device buffers, launches sampling.cu's kernels and copies the tokens and log-probabilities back.
 #include "kernels/cuda/sampling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -153,6 +154,11 @@ std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const Samp
   Tensor out_dev = Tensor::empty({int64_t(out_n)}, DType::i32, Device::cuda);
   Tensor ws = ws_rows > 0 ? Tensor::empty({ws_rows, V}, DType::f32, Device::cuda) : Tensor();
   Tensor wc = wc_rows > 0 ? Tensor::empty({wc_rows, V}, DType::i64, Device::cuda) : Tensor();
+  // Small batches: a grid pre-pass splits each row over `parts` blocks (about two blocks an SM in all)
+  // for the row maximum and mass, so that R = 1 does not read the row with one SM.
+  const int32_t parts = R <= 64 ? int32_t(std::min<size_t>(128, (264 + R - 1) / R)) : 0;
+  // [rows * parts] each: weight sums (8 bytes), then maxima (4 bytes) and their ids (4 bytes).
+  Tensor part = parts > 0 ? Tensor::empty({int64_t(R) * parts * 2}, DType::i64, Device::cuda) : Tensor();
   DSA_CUDA_CHECK(
       cudaMemcpyAsync(in_dev.raw_data(), host_in.data(), in_bytes, cudaMemcpyHostToDevice, op_stream()));
 
@@ -172,6 +178,14 @@ std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const Samp
   p.bias_val = reinterpret_cast<const float*>(dev_in + desc_bytes + ints_bytes);
   p.ws = ws_rows > 0 ? ws.data<float>() : nullptr;
   p.wcache = wc_rows > 0 ? static_cast<unsigned long long*>(wc.raw_data()) : nullptr;
+  p.parts = parts;
+  if (parts > 0) {
+    uint8_t* pb = static_cast<uint8_t*>(part.raw_data());
+    const size_t n_part = R * size_t(parts);
+    p.part_w = reinterpret_cast<unsigned long long*>(pb);
+    p.part_v = reinterpret_cast<float*>(pb + n_part * 8);
+    p.part_i = reinterpret_cast<int32_t*>(pb + n_part * 12);
+  }
   p.out_token = dout;
   p.out_logprob = reinterpret_cast<float*>(dout + R);
   p.out_top_tok = dout + 2 * R;

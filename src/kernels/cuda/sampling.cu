@@ -36,6 +36,15 @@ __device__ __forceinline__ uint64_t sorted_key(float v, int64_t i) {
 }
 __device__ __forceinline__ int32_t key_id(uint64_t k) { return int32_t(0xffffffffu - uint32_t(k)); }
 
+// A token's probability weight relative to the row maximum mx (inv_t = 1 / temperature): exp in fp64
+// (the CPU's), and that as a 2^-44 fixed-point integer. One definition for every kernel.
+__device__ __forceinline__ double row_e(float v, double mx, double inv_t) {
+  return exp(__dmul_rn(__dsub_rn(double(v), mx), inv_t));
+}
+__device__ __forceinline__ uint64_t row_w(float v, double mx, double inv_t) {
+  return uint64_t(__double2ull_rn(row_e(v, mx, inv_t) * kFix));
+}
+
 struct SelectShared {
   unsigned long long mass[256];
   int cnt[256];
@@ -351,6 +360,130 @@ __global__ void sm90_sample_penalty_kernel(SampleKernelParams p) {
   }
 }
 
+// Id-order draw over [lo, hi), in two steps. chunk_sums: warp w's weight sum over its sub-chunk (16
+// sub-chunks in id order) into warp_mass[w]. chunk_draw (after it): the first id at which `before` + the
+// running weight exceeds `target` (the warp of the crossing sub-chunk rescans it 32 ids a step with a
+// warp prefix sum); -1 when none. blockDim.x == kThreads; every thread calls both.
+constexpr int kWarps = kThreads / 32;
+__device__ __forceinline__ int64_t sub_lo(int64_t lo, int64_t hi, int w) {
+  const int64_t cs = (hi - lo + kWarps - 1) / kWarps, a = lo + w * cs;
+  return a < hi ? a : hi;
+}
+template <class W>
+__device__ void chunk_sums(int64_t lo, int64_t hi, W w_of, unsigned long long* warp_mass) {
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  const int64_t a = sub_lo(lo, hi, warp), b = sub_lo(lo, hi, warp + 1);
+  unsigned long long local = 0;
+  for (int64_t i = a + lane; i < b; i += 32) local += w_of(i);
+  local = warp_sum(local);
+  __syncthreads();  // warp_mass may still be read by an earlier call
+  if (lane == 0) warp_mass[warp] = local;
+  __syncthreads();
+}
+template <class W>
+__device__ int32_t chunk_draw(int64_t lo, int64_t hi, unsigned long long before, double target, W w_of,
+                              const unsigned long long* warp_mass, int* drawn) {
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  int wf = kWarps;  // the sub-chunk of the crossing
+  for (int w = 0; w < kWarps && wf == kWarps; ++w) {
+    if (double(before + warp_mass[w]) > target) {
+      wf = w;
+    } else {
+      before += warp_mass[w];
+    }
+  }
+  if (wf == kWarps) return -1;
+  if (threadIdx.x == 0) *drawn = -1;
+  __syncthreads();
+  if (warp == wf) {
+    const int64_t a = sub_lo(lo, hi, wf), b = sub_lo(lo, hi, wf + 1);
+    unsigned long long run = before;
+    for (int64_t base = a; base < b; base += 32) {
+      const int64_t i = base + lane;
+      unsigned long long incl = i < b ? w_of(i) : 0ull;
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long y = __shfl_up_sync(kFull, incl, o);
+        if (lane >= o) incl += y;
+      }
+      const bool cross = (i < b) && (double(run + incl) > target);
+      const unsigned f = __ballot_sync(kFull, cross);
+      if (f != 0) {
+        if (lane == __ffs(int(f)) - 1) *drawn = int(i);
+        break;
+      }
+      run += __shfl_sync(kFull, incl, 31);
+    }
+  }
+  __syncthreads();
+  const int32_t t = *drawn;
+  __syncthreads();
+  return t;
+}
+
+constexpr int kPartThreads = 256;
+
+__device__ __forceinline__ const float* processed_row(const SampleKernelParams& p, const SampleRowDesc& d,
+                                                      int64_t r) {
+  return d.ws_row >= 0 ? p.ws + int64_t(d.ws_row) * p.vocab : p.logits + r * p.stride;
+}
+__device__ __forceinline__ void part_range(const SampleKernelParams& p, int b, int64_t& lo, int64_t& hi) {
+  const int64_t cs = (p.vocab + p.parts - 1) / p.parts;
+  lo = int64_t(b) * cs < p.vocab ? int64_t(b) * cs : p.vocab;
+  hi = lo + cs < p.vocab ? lo + cs : p.vocab;
+}
+// The row's (value, lower id) maximum from its chunk partials (the same pair as a whole-row argmax).
+__device__ __forceinline__ ValIdx parts_best(const SampleKernelParams& p, int64_t r) {
+  ValIdx best{-__int_as_float(0x7f800000), 0x7fffffff};
+  for (int b = 0; b < p.parts; ++b) {
+    const ValIdx c{p.part_v[r * p.parts + b], p.part_i[r * p.parts + b]};
+    if (better(c, best)) best = c;
+  }
+  return best;
+}
+
+// Block (chunk b, row r): the chunk's maximum.
+__global__ void __launch_bounds__(kPartThreads) sm90_sample_part_max_kernel(SampleKernelParams p) {
+  const int64_t r = blockIdx.y;
+  const int b = int(blockIdx.x);
+  const SampleRowDesc d = p.desc[r];
+  const float* x = processed_row(p, d, r);
+  int64_t lo, hi;
+  part_range(p, b, lo, hi);
+  ValIdx best{-__int_as_float(0x7f800000), 0x7fffffff};
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const ValIdx c{x[i], int32_t(i)};
+    if (better(c, best)) best = c;
+  }
+  best = block_argmax(best);
+  if (threadIdx.x == 0) {
+    p.part_v[r * p.parts + b] = best.v;
+    p.part_i[r * p.parts + b] = best.i;
+  }
+}
+
+// Block (chunk b, row r), rows with temperature > 0 and no top_k: the chunk's weight sum (and the
+// weights into the row's cache when it has one).
+__global__ void __launch_bounds__(kPartThreads) sm90_sample_part_mass_kernel(SampleKernelParams p) {
+  const int64_t r = blockIdx.y, V = p.vocab;
+  const int b = int(blockIdx.x);
+  const SampleRowDesc d = p.desc[r];
+  if (d.temperature <= 0.0f || (d.top_k > 0 && d.top_k < V)) return;
+  const float* x = processed_row(p, d, r);
+  const double mx = double(parts_best(p, r).v), inv_t = 1.0 / double(d.temperature);
+  unsigned long long* wc =
+      (d.wc_row >= 0 && p.wcache != nullptr) ? p.wcache + int64_t(d.wc_row) * V : nullptr;
+  int64_t lo, hi;
+  part_range(p, b, lo, hi);
+  unsigned long long local = 0;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const uint64_t w = row_w(x[i], mx, inv_t);
+    if (wc != nullptr) wc[i] = w;
+    local += w;
+  }
+  local = block_sum(local);
+  if (threadIdx.x == 0) p.part_w[r * p.parts + b] = local;
+}
+
 __global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParams p) {
   __shared__ SelectShared s;
   __shared__ TopShared ts;
@@ -366,63 +499,52 @@ __global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParam
   auto one = [](int64_t) { return uint64_t(1); };
 
   ValIdx best{neg_inf, 0x7fffffff};
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const ValIdx c{x[i], int32_t(i)};
-    if (better(c, best)) best = c;
+  if (p.parts > 0) {
+    best = parts_best(p, r);
+  } else {
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+      const ValIdx c{x[i], int32_t(i)};
+      if (better(c, best)) best = c;
+    }
+    best = block_argmax(best);
   }
-  best = block_argmax(best);
   int32_t token = best.i == 0x7fffffff ? 0 : best.i;
   if (d.temperature > 0.0f) {
     const double mx = double(best.v), inv_t = 1.0 / double(d.temperature);
-    auto e_of = [=](int64_t i) { return exp(__dmul_rn(__dsub_rn(double(x[i]), mx), inv_t)); };
-    auto w_of = [=](int64_t i) { return uint64_t(__double2ull_rn(e_of(i) * kFix)); };
+    auto e_of = [=](int64_t i) { return row_e(x[i], mx, inv_t); };
+    auto w_of = [=](int64_t i) { return row_w(x[i], mx, inv_t); };
     const bool filtered = (d.top_k > 0 && d.top_k < V) || d.top_p < 1.0f || d.min_p > 0.0f;
     if (!filtered) {
-      // In id order: warp w sums the ids of its chunk; the first chunk whose running end exceeds the
-      // target is rescanned 32 ids a step (a warp prefix sum) for the first id whose running sum does.
-      constexpr int kWarps = kThreads / 32;
-      const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
-      const int64_t chunk = (V + kWarps - 1) / kWarps;
-      const int64_t lo = warp * chunk < V ? warp * chunk : V, hi = lo + chunk < V ? lo + chunk : V;
-      unsigned long long local = 0;
-      for (int64_t i = lo + lane; i < hi; i += 32) local += w_of(i);
-      local = warp_sum(local);
-      if (lane == 0) warp_mass[warp] = local;
-      __syncthreads();
-      unsigned long long total = 0;
-      for (int w = 0; w < kWarps; ++w) total += warp_mass[w];
-      const double target = d.uniform * double(total);
-      int wf = kWarps;  // the chunk of the crossing
-      unsigned long long before = 0;
-      for (int w = 0; w < kWarps && wf == kWarps; ++w) {
-        if (double(before + warp_mass[w]) > target) {
-          wf = w;
-        } else {
-          before += warp_mass[w];
-        }
-      }
-      token = int32_t(V - 1);  // none: the last id (the CPU's fallback)
-      if (wf < kWarps) {
-        if (warp == wf) {
-          unsigned long long run = before;
-          for (int64_t base = lo; base < hi; base += 32) {
-            const int64_t i = base + lane;
-            unsigned long long incl = i < hi ? w_of(i) : 0ull;
-            for (int o = 1; o < 32; o <<= 1) {
-              const unsigned long long y = __shfl_up_sync(kFull, incl, o);
-              if (lane >= o) incl += y;
-            }
-            const bool cross = (i < hi) && (double(run + incl) > target);
-            const unsigned f = __ballot_sync(kFull, cross);
-            if (f != 0) {
-              if (lane == __ffs(int(f)) - 1) drawn = int(i);
-              break;
-            }
-            run += __shfl_sync(kFull, incl, 31);
+      // In id order: the first id at which the running weight exceeds u * total (none: the last id,
+      // the CPU's fallback). With the pre-pass, its chunk sums locate the chunk of the crossing.
+      token = int32_t(V - 1);
+      if (p.parts > 0) {
+        unsigned long long total = 0;
+        for (int b = 0; b < p.parts; ++b) total += p.part_w[r * p.parts + b];
+        const double target = d.uniform * double(total);
+        int cf = -1;
+        unsigned long long before = 0;
+        for (int b = 0; b < p.parts && cf < 0; ++b) {
+          const unsigned long long end = before + p.part_w[r * p.parts + b];
+          if (double(end) > target) {
+            cf = b;
+          } else {
+            before = end;
           }
         }
-        __syncthreads();
-        token = drawn;
+        if (cf >= 0) {
+          int64_t lo, hi;
+          part_range(p, cf, lo, hi);
+          chunk_sums(lo, hi, w_of, warp_mass);
+          const int32_t t = chunk_draw(lo, hi, before, target, w_of, warp_mass, &drawn);
+          if (t >= 0) token = t;
+        }
+      } else {
+        chunk_sums(0, V, w_of, warp_mass);
+        unsigned long long total = 0;
+        for (int w = 0; w < kWarps; ++w) total += warp_mass[w];
+        const int32_t t = chunk_draw(0, V, 0ull, d.uniform * double(total), w_of, warp_mass, &drawn);
+        if (t >= 0) token = t;
       }
     } else {
       auto key = [=](int64_t i) { return sorted_key(x[i], i); };
@@ -435,7 +557,9 @@ __global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParam
       bool done = false;
       const bool have_total = !has_k;
       unsigned long long total = 0;
-      if (have_total) {
+      if (have_total && p.parts > 0) {  // (the pre-pass filled wc too)
+        for (int b = 0; b < p.parts; ++b) total += p.part_w[r * p.parts + b];
+      } else if (have_total) {
         unsigned long long local = 0;
         for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
           const uint64_t w = w_of(i);
@@ -571,6 +695,12 @@ cudaError_t launch_sample_rows(const SampleKernelParams& p, cudaStream_t stream)
   if (p.rows == 0) return cudaSuccess;
   if (p.vocab <= 0 || p.vocab >= kSampleMaxVocab || p.rows > 0x7fffffff) return cudaErrorInvalidValue;
   if (p.ws != nullptr) sm90_sample_penalty_kernel<<<unsigned(p.rows), 256, 0, stream>>>(p);
+  if (p.parts > 0) {
+    if (p.rows > 65535 || p.parts > 65535) return cudaErrorInvalidValue;
+    const dim3 grid(unsigned(p.parts), unsigned(p.rows));
+    sm90_sample_part_max_kernel<<<grid, kPartThreads, 0, stream>>>(p);
+    sm90_sample_part_mass_kernel<<<grid, kPartThreads, 0, stream>>>(p);
+  }
   sm90_sample_kernel<<<unsigned(p.rows), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

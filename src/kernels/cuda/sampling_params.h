@@ -40,6 +40,14 @@ struct SampleKernelParams {
   float* ws;                   // [rows with ws_row >= 0, vocab] processed logits
   unsigned long long* wcache;  // [rows with wc_row >= 0, vocab] the rows' fixed-point weights, kept
                                // between the radix select's passes
+  // Grid pre-pass (small batches): each row split into `parts` chunks of ceil(vocab / parts) ids, one
+  // block each: the chunk's (value, lower id) maximum of the processed logits, then (rows with
+  // temperature > 0 and no top_k) the chunk's fixed-point weight sum. parts == 0: none (the sampling
+  // kernel makes these passes itself).
+  int32_t parts;
+  float* part_v;               // [rows, parts]
+  int32_t* part_i;             // [rows, parts]
+  unsigned long long* part_w;  // [rows, parts]
   int32_t* out_token;          // [rows]
   float* out_logprob;          // [rows]
   int32_t* out_top_tok;        // [rows, kSampleMaxTopLogprobs]
