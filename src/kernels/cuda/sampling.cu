@@ -634,13 +634,17 @@ __global__ void __launch_bounds__(kThreads) sm90_sample_kernel(SampleKernelParam
   if (threadIdx.x == 0) p.out_token[r] = token;
   if (!d.logprob && d.top_logprobs <= 0) return;
 
-  // Log-probabilities of the raw row (log_softmax of the unprocessed logits).
-  ValIdx rbest{neg_inf, 0x7fffffff};
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const ValIdx c{raw[i], int32_t(i)};
-    if (better(c, rbest)) rbest = c;
+  // Log-probabilities of the raw row (log_softmax of the unprocessed logits). Its maximum is the
+  // processed row's when the row has no penalty or bias.
+  ValIdx rbest = best;
+  if (x != raw) {
+    rbest = ValIdx{neg_inf, 0x7fffffff};
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+      const ValIdx c{raw[i], int32_t(i)};
+      if (better(c, rbest)) rbest = c;
+    }
+    rbest = block_argmax(rbest);
   }
-  rbest = block_argmax(rbest);
   const double rmx = double(rbest.v);
   double sum = 0;
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) sum += exp(__dsub_rn(double(raw[i]), rmx));
