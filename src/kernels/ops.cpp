@@ -1,7 +1,10 @@
 #include "kernels/ops.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "trace/trace.h"
@@ -198,6 +201,16 @@ Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const P
   DSA_KERNEL_SPAN("mla_attention_absorbed", q_lat);
   return backend(q_lat.device()).mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale);
 }
+Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
+                         double weight_scale) {
+  DSA_KERNEL_SPAN("indexer_topk", q);
+  return backend(q.device()).indexer_topk_rows(q, w, keys, topk, scale, weight_scale);
+}
+Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
+                          double scale) {
+  DSA_KERNEL_SPAN("mla_attention_absorbed", q_lat);
+  return backend(q_lat.device()).mla_attention_rows(q_lat, q_rope, kv, sel, scale);
+}
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                      int64_t start_pos, const Tensor& sel, double scale) {
   DSA_KERNEL_SPAN("attention_mha", q);
@@ -213,6 +226,90 @@ void check_attention_mha_shapes(const Tensor& q, const Tensor& k_nope, const Ten
   DSA_CHECK(k_nope.size(1) == nh && v.size(1) == nh && v.size(0) == S && k_rope.size(0) == S,
             "mha: k_nope {}, k_rope {}, v {} disagree", k_nope.describe(), k_rope.describe(), v.describe());
   DSA_CHECK(start_pos + T <= S, "mha: {} keys cannot serve positions up to {}", S, start_pos + T - 1);
+}
+
+namespace {
+
+// A request inside a PagedRows batch: rows [begin, end) of sequence seq at positions start_pos...
+struct RowRun {
+  int64_t begin = 0, end = 0, seq = 0, start_pos = 0;
+};
+
+// Splits the rows into runs of one sequence at consecutive positions; checks the host metadata.
+std::vector<RowRun> row_runs(const PagedRows& b, int64_t rows, const char* what) {
+  DSA_CHECK(int64_t(b.seq_host.size()) == rows && int64_t(b.len_host.size()) == rows,
+            "{}: {} rows but host metadata of {} / {} rows", what, rows, b.seq_host.size(),
+            b.len_host.size());
+  DSA_CHECK(b.page_table.defined() && b.page_table.dtype() == DType::i32 && b.page_table.dim() == 2,
+            "{}: page table must be i32 [num_seqs, max_pages], got {}", what,
+            b.page_table.defined() ? b.page_table.describe() : std::string("nothing"));
+  std::vector<RowRun> runs;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t s = b.seq_host[size_t(i)], n = b.len_host[size_t(i)];
+    DSA_CHECK(s >= 0 && s < b.page_table.size(0), "{}: row {} names sequence {} of {}", what, i, s,
+              b.page_table.size(0));
+    DSA_CHECK(n >= 1 && n <= b.max_len, "{}: row {} sees {} positions, max_len is {}", what, i, n, b.max_len);
+    if (!runs.empty() && runs.back().seq == s && runs.back().start_pos + (i - runs.back().begin) + 1 == n) {
+      runs.back().end = i + 1;
+    } else {
+      runs.push_back(RowRun{i, i + 1, s, n - 1});
+    }
+  }
+  return runs;
+}
+
+PagedSeq run_seq(const PagedRows& b, const RowRun& r) {
+  return PagedSeq{b.cache, b.page_table.select(0, r.seq), b.page_size};
+}
+
+}  // namespace
+
+Tensor Backend::indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk,
+                                  double scale, double weight_scale) {
+  const int64_t R = q.size(0);
+  DSA_CHECK(topk > 0, "indexer: topk {} must be positive", topk);
+  const std::vector<RowRun> runs = row_runs(keys, R, "indexer rows");
+  const int64_t kout = std::min(topk, keys.max_len);
+  Tensor out = Tensor::empty({R, kout}, DType::i32);  // assembled on the host
+  int32_t* o = out.data<int32_t>();
+  for (const RowRun& r : runs) {
+    const int64_t T = r.end - r.begin, S = r.start_pos + T;
+    if (S <= topk) {  // every row sees at most topk keys: all of them, no scoring
+      for (int64_t t = 0; t < T; ++t) {
+        int32_t* row = o + (r.begin + t) * kout;
+        for (int64_t j = 0; j < kout; ++j) row[j] = j <= r.start_pos + t ? int32_t(j) : -1;
+      }
+      continue;
+    }
+    const Tensor sel = indexer_topk(q.slice(0, r.begin, r.end), w.slice(0, r.begin, r.end), run_seq(keys, r),
+                                    r.start_pos, topk, scale, weight_scale);
+    const Tensor h = sel.device() == Device::cpu ? sel : sel.to(Device::cpu);  // [T, min(topk, S)]
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t* src = h.data<int32_t>() + t * h.stride(0);
+      int32_t* row = o + (r.begin + t) * kout;
+      for (int64_t j = 0; j < kout; ++j) row[j] = j < h.size(1) ? src[j] : -1;
+    }
+  }
+  return q.device() == Device::cpu ? out : out.to(q.device());
+}
+
+Tensor Backend::mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv,
+                                   const Tensor& sel, double scale) {
+  DSA_CHECK(q_lat.dim() == 3, "mla rows: q_lat must be [R, heads, kv_lora], got {}", q_lat.describe());
+  const int64_t R = q_lat.size(0), nh = q_lat.size(1), L = q_lat.size(2);
+  DSA_CHECK(!sel.defined() || (sel.dim() == 2 && sel.size(0) == R),
+            "mla rows: selection {} should have {} rows", sel.defined() ? sel.describe() : std::string(), R);
+  const std::vector<RowRun> runs = row_runs(kv, R, "mla rows");
+  Tensor out = Tensor::empty({R, nh, L}, DType::f32, q_lat.device());
+  for (const RowRun& r : runs) {
+    const int64_t T = r.end - r.begin;
+    const Tensor o = mla_attention_absorbed(q_lat.slice(0, r.begin, r.end), q_rope.slice(0, r.begin, r.end),
+                                            run_seq(kv, r), r.start_pos,
+                                            sel.defined() ? sel.slice(0, r.begin, r.end) : Tensor(), scale);
+    Tensor dst = out.slice(0, r.begin, r.end).view({T * nh, L});
+    copy_rows(dst, o.view({T * nh, L}));
+  }
+  return out;
 }
 
 void MoeRouteParams::validate(int64_t n_experts) const {

@@ -12,6 +12,7 @@
 //   (i32 [n_pages]) maps its position p to page_table[p / page_size].
 // - Top-k ties (indexer selection, expert routing, group choice, argmax) break toward the lower index.
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -63,6 +64,21 @@ struct PagedSeq {
   Tensor cache;
   Tensor page_table;  // i32 [n_pages]
   int64_t page_size = 64;
+};
+
+// A ragged batch of R query rows over one paged cache (many requests in one call): row i reads the page
+// table row row_seq[i] and sees positions 0..row_len[i]-1. A request's tokens are consecutive rows of one
+// sequence with lengths start_pos + 1, start_pos + 2, ...; a decode step has one row per request. The
+// metadata is the same for every layer of a step: build it once, swap only the cache.
+struct PagedRows {
+  Tensor cache;       // as PagedSeq::cache
+  Tensor page_table;  // i32 [num_seqs, max_pages] on the cache's device, rows contiguous
+  int64_t page_size = 64;
+  Tensor row_seq;  // i32 [R] on the cache's device
+  Tensor row_len;  // i32 [R] on the cache's device, each >= 1
+  // The same values on the host (backends without a batched kernel split the rows into requests).
+  std::span<const int32_t> seq_host, len_host;
+  int64_t max_len = 0;  // the largest row_len
 };
 
 // Expert routing result: per token the chosen experts and their weights.
@@ -129,6 +145,16 @@ Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int6
 // -1 = none) or, when sel is undefined, every position <= start_pos + t. Returns out_lat [T, nh, kv_lora].
 Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                               int64_t start_pos, const Tensor& sel, double scale);
+// indexer_topk for a ragged batch of rows (see PagedRows): q [R, ih, id], w [R, ih] -> i32
+// [R, min(topk, max_len)]; row i as indexer_topk gives it for its request (position row_len[i] - 1), its
+// top-k positions ascending, or all of 0..row_len[i]-1 when there are at most topk, padded with -1.
+Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
+                         double weight_scale);
+// mla_attention_absorbed for a ragged batch of rows: q_lat [R, nh, kv_lora], q_rope [R, nh, rope];
+// row i attends to sel[i] (i32 [R, k], -1 = none) or, when sel is undefined, to 0..row_len[i]-1.
+// Returns out_lat [R, nh, kv_lora], each row as mla_attention_absorbed gives it for its request.
+Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
+                          double scale);
 // Ordinary attention, MHA form, one request: q [T, nh, nope + rope] (nope first), keys [k_nope | k_rope]
 // with k_nope [S, nh, nope], the shared k_rope [S, rope], values v [S, nh, dv]. Key selection as in
 // mla_attention_absorbed. Returns [T, nh, dv].
@@ -169,6 +195,12 @@ class Backend {
                               int64_t topk, double scale, double weight_scale) = 0;
   virtual Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                                         int64_t start_pos, const Tensor& sel, double scale) = 0;
+  // The batched forms. The default splits the rows into requests (runs of one sequence at consecutive
+  // positions) and calls the one-request operators above: the CPU results are exactly theirs.
+  virtual Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk,
+                                   double scale, double weight_scale);
+  virtual Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv,
+                                    const Tensor& sel, double scale);
   virtual Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                                int64_t start_pos, const Tensor& sel, double scale) = 0;
   virtual Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) = 0;

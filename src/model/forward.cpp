@@ -69,9 +69,22 @@ struct Model::Step {
   const ForwardOptions* opt = nullptr;
   Tensor positions;                 // i32 [T]
   Tensor slots;                     // i32 [T]
-  std::vector<Tensor> page_tables;  // per request, i32 [n_pages]
-  std::vector<Tensor> sel;          // per request, i32 [T_r, k] or undefined (= every visible key)
+  Tensor page_table;                // i32 [R, max_pages], every request's pages (padded with page 0)
+  std::vector<Tensor> page_tables;  // per request, i32 [n_pages] (views of page_table)
+  // The step's tokens as ragged attention rows (one per token: its request and visible length), on the
+  // host and the device; built and uploaded once per step, the same for every layer.
+  std::vector<int32_t> row_seq_host, row_len_host;
+  Tensor row_seq, row_len;  // i32 [T]
+  int64_t max_len = 0;      // the longest request's keys
+  Tensor sel_rows;          // i32 [T, k] from the last full indexer layer, or undefined (= every key)
+  std::vector<Tensor> sel;  // per request, i32 [T_r, k] or undefined (= every visible key)
   bool have_sel = false;
+
+  // The rows over one layer's cache.
+  kernels::PagedRows rows(const Tensor& cache, int64_t page_size) const {
+    return kernels::PagedRows{cache,   page_table,   page_size,    row_seq,
+                              row_len, row_seq_host, row_len_host, max_len};
+  }
 };
 
 kernels::WeightRef Model::ref(const Linear& l) const {
@@ -170,17 +183,18 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
       shapes(span, {fmt::format("{} q x [{}, {}] . {} keys", T, ih, id, ctx),
                     fmt::format("[{}, {}] -> top-{}", T, ctx, c.index_topk)});
     }
+    // One call for every token of the step; rows that see at most index_topk keys get all of them
+    // (ascending, padded with -1), so when no request has more, the selection is left undefined.
+    st.sel_rows =
+        st.max_len <= c.index_topk
+            ? Tensor()
+            : ops::indexer_topk_rows(qi, wts, st.rows(cache.index_k[size_t(kv_layer)], cache.page_size),
+                                     c.index_topk, std::pow(double(id), -0.5), std::pow(double(ih), -0.5));
     for (int64_t r = 0; r < b.num_requests(); ++r) {
       const int64_t a0 = b.token_begin[size_t(r)], a1 = b.token_begin[size_t(r) + 1],
                     s0 = b.start_pos[size_t(r)];
-      if (s0 + (a1 - a0) <= c.index_topk) {
-        st.sel[size_t(r)] = Tensor();  // every row sees at most index_topk keys: attend to all of them
-        continue;
-      }
-      const kernels::PagedSeq keys{cache.index_k[size_t(kv_layer)], st.page_tables[size_t(r)],
-                                   cache.page_size};
-      st.sel[size_t(r)] = ops::indexer_topk(qi.slice(0, a0, a1), wts.slice(0, a0, a1), keys, s0, c.index_topk,
-                                            std::pow(double(id), -0.5), std::pow(double(ih), -0.5));
+      // A request whose rows see at most index_topk keys attends to all of them.
+      st.sel[size_t(r)] = s0 + (a1 - a0) <= c.index_topk ? Tensor() : st.sel_rows.slice(0, a0, a1);
     }
     st.have_sel = true;
   }
@@ -260,7 +274,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     }
     rope_q();
     // Attend over each request's latents -> out_lat [Ta, nh, L].
-    Tensor out_lat = Tensor::empty({Ta, nh, L}, DType::f32, h.device());
+    Tensor out_lat = Ta == T ? Tensor() : Tensor::empty({Ta, nh, L}, DType::f32, h.device());
     int64_t p0 = 0;
     std::optional<OpScope> attn_span(std::in_place, c.has_indexer() ? "sparse_mla" : "mla");
     if (attn_span->on()) {
@@ -269,15 +283,21 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
       shape(*attn_span, "{} q x {} heads x [{} + {}] . {} keys", Ta, nh, L, rope,
             c.has_indexer() ? std::min(c.index_topk, ctx) : ctx);
     }
-    for (int64_t r : absorbed) {
-      const int64_t Tr = b.num_new(r), s0 = b.start_pos[size_t(r)];
-      const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.page_tables[size_t(r)], cache.page_size};
-      const Tensor o = ops::mla_attention_absorbed(q_lat.slice(0, p0, p0 + Tr),
-                                                   qa.slice(0, p0, p0 + Tr).slice(2, nope, dq), seq, s0,
-                                                   st.sel[size_t(r)], scale);
-      Tensor dst = out_lat.slice(0, p0, p0 + Tr).view({Tr * nh, L});
-      ops::copy_rows(dst, o.view({Tr * nh, L}));
-      p0 += Tr;
+    if (Ta == T) {  // every token: one call for the step's rows
+      out_lat = ops::mla_attention_rows(q_lat, qa.slice(2, nope, dq),
+                                        st.rows(cache.kv[size_t(kv_layer)], cache.page_size),
+                                        c.has_indexer() ? st.sel_rows : Tensor(), scale);
+    } else {  // MHA requests took some tokens: one call per absorbed request
+      for (int64_t r : absorbed) {
+        const int64_t Tr = b.num_new(r), s0 = b.start_pos[size_t(r)];
+        const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.page_tables[size_t(r)], cache.page_size};
+        const Tensor o = ops::mla_attention_absorbed(q_lat.slice(0, p0, p0 + Tr),
+                                                     qa.slice(0, p0, p0 + Tr).slice(2, nope, dq), seq, s0,
+                                                     st.sel[size_t(r)], scale);
+        Tensor dst = out_lat.slice(0, p0, p0 + Tr).view({Tr * nh, L});
+        ops::copy_rows(dst, o.view({Tr * nh, L}));
+        p0 += Tr;
+      }
     }
     attn_span.reset();
     // o[h] = out_lat[h] @ W_UV[h]^T -> [Ta, nh, dv], then back to the requests' rows.
@@ -418,9 +438,33 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   st.opt = &opt;
   st.positions = i32_tensor(batch.positions.data(), T, dev);
   st.slots = i32_tensor(batch.out_cache_loc.data(), T, dev);
-  for (int64_t r = 0; r < batch.num_requests(); ++r) {
-    const auto pt = batch.pages(r);
-    st.page_tables.push_back(i32_tensor(pt.data(), int64_t(pt.size()), dev));
+  {
+    // Page tables and attention rows, packed once for every layer: [R, max_pages] and [T] each.
+    const int64_t R = batch.num_requests();
+    int64_t max_pages = 1;
+    for (int64_t r = 0; r < R; ++r) max_pages = std::max<int64_t>(max_pages, int64_t(batch.pages(r).size()));
+    std::vector<int32_t> pt(size_t(std::max<int64_t>(R, 1) * max_pages), 0);
+    for (int64_t r = 0; r < R; ++r) {
+      const auto p = batch.pages(r);
+      std::copy(p.begin(), p.end(), pt.begin() + r * max_pages);
+    }
+    st.page_table = i32_tensor(pt.data(), std::max<int64_t>(R, 1) * max_pages, dev)
+                        .view({std::max<int64_t>(R, 1), max_pages});
+    for (int64_t r = 0; r < R; ++r)
+      st.page_tables.push_back(st.page_table.select(0, r).slice(0, 0, int64_t(batch.pages(r).size())));
+    st.row_seq_host.resize(size_t(T));
+    st.row_len_host.resize(size_t(T));
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t a0 = batch.token_begin[size_t(r)], a1 = batch.token_begin[size_t(r) + 1],
+                    s0 = batch.start_pos[size_t(r)];
+      for (int64_t t = a0; t < a1; ++t) {
+        st.row_seq_host[size_t(t)] = int32_t(r);
+        st.row_len_host[size_t(t)] = int32_t(s0 + (t - a0) + 1);
+      }
+      st.max_len = std::max(st.max_len, s0 + (a1 - a0));
+    }
+    st.row_seq = i32_tensor(st.row_seq_host.data(), T, dev);
+    st.row_len = i32_tensor(st.row_len_host.data(), T, dev);
   }
   st.sel.resize(size_t(batch.num_requests()));
   const Tensor ids = i32_tensor(batch.input_ids.data(), T, dev);

@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <span>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "test_util.h"
@@ -198,6 +201,91 @@ TEST(Indexer, ShortRowsTakeEveryKeyAndTiesPreferLowerPositions) {
   EXPECT_EQ(std::vector<int32_t>(s, s + 4), (std::vector<int32_t>{0, -1, -1, -1}));     // position 0: 1 key
   EXPECT_EQ(std::vector<int32_t>(s + 12, s + 16), (std::vector<int32_t>{0, 1, 2, 3}));  // position 3: 4 keys
   EXPECT_EQ(std::vector<int32_t>(s + 24, s + 28), (std::vector<int32_t>{0, 1, 2, 3}));  // position 6: ties
+}
+
+// The batched ops (PagedRows) against one call per request: the same bits, rows of several requests
+// (prefill chunks and decode rows, some with at most topk keys) over one shared pool with shuffled pages.
+TEST(Batched, RowsEqualPerRequestCalls) {
+  std::mt19937 rng(12);
+  const int64_t ps = 4, ih = 4, id = 32, nh = 3, L = 16, R = 8, topk = 9;
+  const std::vector<std::pair<int64_t, int64_t>> reqs = {
+      {0, 5}, {20, 1}, {7, 3}, {37, 1}, {2, 1}};  // start, T
+  const int64_t pool = 40;
+  std::vector<int32_t> ids(static_cast<size_t>(pool));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  Tensor kcache = randn({pool * ps, id}, rng), lcache = randn({pool * ps, L + R}, rng);
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int32_t> seq, len;
+  int64_t used = 0, max_pages = 0, max_len = 0;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    const int64_t S = reqs[r].first + reqs[r].second, n = (S + ps - 1) / ps;
+    tables.emplace_back(ids.begin() + used, ids.begin() + used + n);
+    used += n;
+    max_pages = std::max(max_pages, n);
+    max_len = std::max(max_len, S);
+    for (int64_t t = 0; t < reqs[r].second; ++t) {
+      seq.push_back(int32_t(r));
+      len.push_back(int32_t(reqs[r].first + t + 1));
+    }
+  }
+  std::vector<int32_t> flat(reqs.size() * size_t(max_pages), 0);
+  for (size_t r = 0; r < reqs.size(); ++r)
+    std::copy(tables[r].begin(), tables[r].end(), flat.begin() + r * max_pages);
+  const Tensor table = i32(flat).view({int64_t(reqs.size()), max_pages});
+  const int64_t T = int64_t(seq.size());
+  const Tensor q = randn({T, ih, id}, rng), w = randn({T, ih}, rng);
+  const Tensor q_lat = randn({T, nh, L}, rng), q_rope = randn({T, nh, R}, rng);
+  const Tensor row_seq = i32(seq), row_len = i32(len);
+  const PagedRows krows{kcache, table, ps, row_seq, row_len, seq, len, max_len};
+  const PagedRows lrows{lcache, table, ps, row_seq, row_len, seq, len, max_len};
+  const double scale = 0.2, wscale = 0.7, ascale = 0.3;
+
+  const Tensor sel = indexer_topk_rows(q, w, krows, topk, scale, wscale);
+  ASSERT_EQ(sel.size(0), T);
+  ASSERT_EQ(sel.size(1), topk);
+  const Tensor out = mla_attention_rows(q_lat, q_rope, lrows, sel, ascale);
+  const Tensor dense = mla_attention_rows(q_lat, q_rope, lrows, Tensor(), ascale);
+  int64_t a0 = 0;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    const int64_t start = reqs[r].first, Tr = reqs[r].second, S = start + Tr, a1 = a0 + Tr;
+    const PagedSeq kseq{kcache, i32(tables[r]), ps}, lseq{lcache, i32(tables[r]), ps};
+    Tensor want_sel;  // per request: undefined (every key) when no row sees more than topk
+    if (S > topk)
+      want_sel = indexer_topk(q.slice(0, a0, a1), w.slice(0, a0, a1), kseq, start, topk, scale, wscale);
+    for (int64_t t = 0; t < Tr; ++t) {
+      std::vector<int32_t> expect;
+      for (int64_t j = 0; j < topk; ++j)
+        expect.push_back(want_sel.defined() ? want_sel.data<int32_t>()[t * topk + j]
+                                            : (j <= start + t ? int32_t(j) : -1));
+      const int32_t* row = sel.data<int32_t>() + (a0 + t) * topk;
+      EXPECT_EQ(std::vector<int32_t>(row, row + topk), expect) << "request " << r << " row " << t;
+    }
+    const Tensor o = mla_attention_absorbed(q_lat.slice(0, a0, a1), q_rope.slice(0, a0, a1), lseq, start,
+                                            want_sel, ascale);
+    const Tensor od = mla_attention_absorbed(q_lat.slice(0, a0, a1), q_rope.slice(0, a0, a1), lseq, start,
+                                             Tensor(), ascale);
+    const std::vector<float> got = out.slice(0, a0, a1).contiguous().to_f32_vector(),
+                             got_dense = dense.slice(0, a0, a1).contiguous().to_f32_vector();
+    EXPECT_EQ(got, o.to_f32_vector()) << "request " << r;  // bit-identical
+    EXPECT_EQ(got_dense, od.to_f32_vector()) << "request " << r;
+    a0 = a1;
+  }
+
+  // Bad metadata is a clear error.
+  std::vector<int32_t> bad_seq = seq;
+  bad_seq[0] = int32_t(reqs.size());
+  EXPECT_THROW(indexer_topk_rows(q, w, PagedRows{kcache, table, ps, row_seq, row_len, bad_seq, len, max_len},
+                                 topk, scale, wscale),
+               Error);
+  EXPECT_THROW(mla_attention_rows(q_lat, q_rope,
+                                  PagedRows{lcache, table, ps, row_seq, row_len,
+                                            std::span<const int32_t>(seq).first(2), len, max_len},
+                                  Tensor(), ascale),
+               Error);
+  EXPECT_THROW(mla_attention_rows(q_lat, q_rope, PagedRows{lcache, table, ps, row_seq, row_len, seq, len, 3},
+                                  Tensor(), ascale),
+               Error);  // rows longer than max_len
 }
 
 }  // namespace

@@ -47,6 +47,19 @@ class CudaBackend final : public Backend {
                                 int64_t start_pos, const Tensor& sel, double scale) override {
     return cuda::mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale);
   }
+  // Kernel-format caches: one launch of the ragged sm_90a kernel for the batch; f32 caches: per request.
+  Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk,
+                           double scale, double weight_scale) override {
+    if (keys.cache.defined() && keys.cache.dtype() == DType::bf16)
+      return cuda::indexer_topk_batch(q, w, keys, topk, scale, weight_scale);
+    return Backend::indexer_topk_rows(q, w, keys, topk, scale, weight_scale);
+  }
+  Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
+                            double scale) override {
+    if (kv.cache.defined() && kv.cache.dtype() != DType::f32)
+      return cuda::mla_attention_batch(q_lat, q_rope, kv, sel, scale);
+    return Backend::mla_attention_rows(q_lat, q_rope, kv, sel, scale);
+  }
   Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                        int64_t start_pos, const Tensor& sel, double scale) override {
     return cuda::attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);

@@ -28,6 +28,12 @@ Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int6
                     double scale, double weight_scale);
 Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                               int64_t start_pos, const Tensor& sel, double scale);
+// The batched ops over kernel-format caches (bf16 index keys; bf16 or FP8 latent cache): one launch of
+// the ragged sm_90a kernel for all the rows (kv.row_seq / row_len / page_table already on the GPU).
+Tensor indexer_topk_batch(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
+                          double weight_scale);
+Tensor mla_attention_batch(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
+                           double scale);
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                      int64_t start_pos, const Tensor& sel, double scale);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);

@@ -108,6 +108,18 @@ Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const P
   return out;
 }
 
+Tensor indexer_topk_batch(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
+                          double weight_scale) {
+  return indexer_topk_rows(q, w, keys.cache, keys.page_table, keys.page_size, keys.row_seq, keys.row_len,
+                           keys.max_len, topk, scale, weight_scale, op_stream());
+}
+
+Tensor mla_attention_batch(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
+                           double scale) {
+  return mla_decode(q_lat, q_rope, kv.cache, kv.page_table, kv.page_size, kv.row_seq, kv.row_len, kv.max_len,
+                    sel, scale, op_stream());
+}
+
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                      int64_t start_pos, const Tensor& sel, double scale) {
   const Rows3View qv = rows3_f32(q, "mha q");

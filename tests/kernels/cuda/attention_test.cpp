@@ -13,6 +13,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -417,6 +418,87 @@ TEST_F(CudaIndexerTopk, OpsContractPrefillRows) {
                 (long long)t, (long long)(start + t + 1), (long long)diff, gap,
                 diff == 0 || (diff > 0 && gap <= 1e-5) ? "ok" : "FAIL");
     EXPECT_TRUE(diff == 0 || (diff > 0 && gap <= 1e-5));
+  }
+}
+
+// The batched ops of ops.h (PagedRows: one launch for many requests) on the GPU vs the CPU backend on
+// ragged rows at real shapes: prefill chunks (rows of one request at consecutive positions) and decode
+// rows of requests above and below index_topk, over one shuffled pool; bf16 keys, bf16 and FP8 latents.
+TEST_F(CudaIndexerTopk, BatchedRowsOpsMatchCpu) {
+  Rng r(91);
+  const int64_t ih = 32, nh = 64, topk = 2048;
+  const std::vector<std::pair<int64_t, int64_t>> reqs = {
+      {3000, 4}, {1500, 1}, {9000, 1}, {100, 3}, {5000, 2}};
+  std::vector<int64_t> lens;
+  std::vector<int32_t> seq, len;
+  int64_t max_len = 0;
+  for (size_t b = 0; b < reqs.size(); ++b) {
+    lens.push_back(reqs[b].first + reqs[b].second);
+    max_len = std::max(max_len, lens.back());
+    for (int64_t t = 0; t < reqs[b].second; ++t) {
+      seq.push_back(int32_t(b));
+      len.push_back(int32_t(reqs[b].first + t + 1));
+    }
+  }
+  const int64_t R = int64_t(seq.size());
+  const Paging pg = make_paging(lens, r);
+  Tensor table_cpu = Tensor::empty({int64_t(lens.size()), pg.max_pages}, DType::i32);
+  std::copy(pg.pt.begin(), pg.pt.end(), table_cpu.data<int32_t>());
+  const Tensor table_gpu = pg.table_gpu();
+  Tensor seq_cpu = Tensor::empty({R}, DType::i32), len_cpu = Tensor::empty({R}, DType::i32);
+  std::copy(seq.begin(), seq.end(), seq_cpu.data<int32_t>());
+  std::copy(len.begin(), len.end(), len_cpu.data<int32_t>());
+  const Tensor seq_gpu = seq_cpu.to(Device::cuda), len_gpu = len_cpu.to(Device::cuda);
+
+  // Indexer: bf16 keys on the GPU, the same values in f32 on the CPU.
+  const Tensor keys = rand_bf16_values({pg.num_pages * kPage, kIndexerDim}, r, 1.0f);
+  Tensor keys_bf16 = Tensor::empty(keys.shape(), DType::bf16);
+  for (int64_t i = 0; i < keys.numel(); ++i) keys_bf16.data_u16()[i] = f32_to_bf16(keys.data<float>()[i]);
+  const Tensor q = rand_bf16_values({R, ih, kIndexerDim}, r, 1.0f);
+  const Tensor w = rand_bf16_values({R, ih}, r, 1.0f);
+  const Tensor got_sel = kernels::indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda),
+                                                    PagedRows{keys_bf16.to(Device::cuda), table_gpu, kPage,
+                                                              seq_gpu, len_gpu, seq, len, max_len},
+                                                    topk, 0.088, 0.17)
+                             .to(Device::cpu);
+  const Tensor ref_sel = kernels::indexer_topk_rows(
+      q, w, PagedRows{keys, table_cpu, kPage, seq_cpu, len_cpu, seq, len, max_len}, topk, 0.088, 0.17);
+  ASSERT_EQ(got_sel.shape(), ref_sel.shape());
+  ASSERT_EQ(got_sel.size(1), topk);
+  for (int64_t i = 0; i < R; ++i) {
+    double gap = 0;
+    const size_t b = size_t(seq[size_t(i)]);
+    auto key = [&](int64_t s) { return keys.data<float>() + pg.slot(b, s) * kIndexerDim; };
+    const int64_t diff =
+        check_selection(got_sel.data<int32_t>() + i * topk, ref_sel.data<int32_t>() + i * topk, topk,
+                        len[size_t(i)], q, w, i, key, 0.088, 0.17, &gap);
+    std::printf("RESULT indexer_topk_rows batched row=%lld ctx=%d differing=%lld worst_rel_gap=%.2g %s\n",
+                (long long)i, len[size_t(i)], (long long)diff, gap,
+                diff == 0 || (diff > 0 && gap <= 1e-5) ? "ok" : "FAIL");
+    EXPECT_TRUE(diff == 0 || (diff > 0 && gap <= 1e-5)) << "row " << i;
+  }
+
+  // MLA over the CPU selection (the same keys on both sides), and dense.
+  for (MlaKvFormat f : {MlaKvFormat::bf16, MlaKvFormat::fp8_e4m3}) {
+    const LatentCache cache = make_latent(pg.num_pages * kPage, f, r);
+    const Tensor q_lat = rand_bf16_values({R, nh, kMlaLatent}, r, 2.0f);
+    const Tensor q_rope = rand_bf16_values({R, nh, kMlaRope}, r, 2.0f);
+    for (bool sparse : {true, false}) {
+      const Tensor got = kernels::mla_attention_rows(
+                             q_lat.to(Device::cuda), q_rope.to(Device::cuda),
+                             PagedRows{cache.gpu, table_gpu, kPage, seq_gpu, len_gpu, seq, len, max_len},
+                             sparse ? ref_sel.to(Device::cuda) : Tensor(), 0.0625)
+                             .to(Device::cpu);
+      const Tensor ref = kernels::mla_attention_rows(
+          q_lat, q_rope, PagedRows{cache.decoded, table_cpu, kPage, seq_cpu, len_cpu, seq, len, max_len},
+          sparse ? ref_sel : Tensor(), 0.0625);
+      const Err e = compare(got.data<float>(), ref.data<float>(), R * nh * kMlaLatent);
+      std::printf(
+          "RESULT mla_attention_rows batched rows=%lld heads=%lld %s %s max_abs=%.3g rel=%.3g tol=1e-02 %s\n",
+          (long long)R, (long long)nh, fmt_name(f), sparse ? "sparse" : "dense", e.max_abs, e.rel(),
+          e.rel() <= 1e-2 ? "ok" : "FAIL");
+      EXPECT_LE(e.rel(), 1e-2);
+    }
   }
 }
 
