@@ -55,6 +55,29 @@ void check_distinct(std::span<const Id> list, int32_t (*id)(const Id&), std::vec
 
 size_t align8(size_t n) { return (n + 7) & ~size_t(7); }
 
+// Pinned host staging for the upload (which 0) and the download (1): per thread, grown as needed, never
+// freed. A call ends with its download, so the buffers are idle between calls; `pending` marks a call
+// that threw between its upload and its download (the next call then waits for the device first).
+struct Staging {
+  void* p[2] = {nullptr, nullptr};
+  size_t cap[2] = {0, 0};
+  bool pending = false;
+};
+thread_local Staging t_staging;
+
+uint8_t* staging(int which, size_t n) {
+  Staging& st = t_staging;
+  if (n > st.cap[which]) {
+    if (st.p[which] != nullptr) DSA_CUDA_CHECK(cudaFreeHost(st.p[which]));
+    st.p[which] = nullptr;
+    st.cap[which] = 0;
+    const size_t cap = std::max(n, size_t(1) << 16);
+    DSA_CUDA_CHECK(cudaMallocHost(&st.p[which], cap));
+    st.cap[which] = cap;
+  }
+  return static_cast<uint8_t*>(st.p[which]);
+}
+
 }  // namespace
 
 std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const SampleRequest> rows) {
@@ -137,16 +160,21 @@ std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const Samp
   const size_t ints_n = bias_tok.size() + seen.size() + count_tok.size() + count_n.size();
   const size_t ints_bytes = align8(ints_n * sizeof(int32_t));
   const size_t in_bytes = desc_bytes + ints_bytes + align8(bias_val.size() * sizeof(float));
-  std::vector<uint8_t> host_in(in_bytes, 0);
-  std::memcpy(host_in.data(), desc.data(), R * sizeof(SampleRowDesc));
-  int32_t* hi = reinterpret_cast<int32_t*>(host_in.data() + desc_bytes);
+  if (t_staging.pending) {
+    DSA_CUDA_CHECK(cudaDeviceSynchronize());
+    t_staging.pending = false;
+  }
+  uint8_t* host_in = staging(0, in_bytes);
+  std::memset(host_in, 0, in_bytes);
+  std::memcpy(host_in, desc.data(), R * sizeof(SampleRowDesc));
+  int32_t* hi = reinterpret_cast<int32_t*>(host_in + desc_bytes);
   const size_t o_bias = 0, o_seen = bias_tok.size(), o_ct = o_seen + seen.size(),
                o_cn = o_ct + count_tok.size();
   std::memcpy(hi + o_bias, bias_tok.data(), bias_tok.size() * sizeof(int32_t));
   std::memcpy(hi + o_seen, seen.data(), seen.size() * sizeof(int32_t));
   std::memcpy(hi + o_ct, count_tok.data(), count_tok.size() * sizeof(int32_t));
   std::memcpy(hi + o_cn, count_n.data(), count_n.size() * sizeof(int32_t));
-  std::memcpy(host_in.data() + desc_bytes + ints_bytes, bias_val.data(), bias_val.size() * sizeof(float));
+  std::memcpy(host_in + desc_bytes + ints_bytes, bias_val.data(), bias_val.size() * sizeof(float));
 
   // Outputs: tokens [R], logprobs [R], top ids [R, 20], top logprobs [R, 20] (4 bytes each).
   const size_t K = kSampleMaxTopLogprobs, out_n = R * (2 + 2 * K);
@@ -159,8 +187,8 @@ std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const Samp
   const int32_t parts = R <= 64 ? int32_t(std::min<size_t>(128, (264 + R - 1) / R)) : 0;
   // [rows * parts] each: weight sums (8 bytes), then maxima (4 bytes) and their ids (4 bytes).
   Tensor part = parts > 0 ? Tensor::empty({int64_t(R) * parts * 2}, DType::i64, Device::cuda) : Tensor();
-  DSA_CUDA_CHECK(
-      cudaMemcpyAsync(in_dev.raw_data(), host_in.data(), in_bytes, cudaMemcpyHostToDevice, op_stream()));
+  DSA_CUDA_CHECK(cudaMemcpyAsync(in_dev.raw_data(), host_in, in_bytes, cudaMemcpyHostToDevice, op_stream()));
+  t_staging.pending = true;
 
   uint8_t* dev_in = static_cast<uint8_t*>(in_dev.raw_data());
   const int32_t* di = reinterpret_cast<const int32_t*>(dev_in + desc_bytes);
@@ -192,8 +220,9 @@ std::vector<SampleOutput> sample_rows(const Tensor& logits, std::span<const Samp
   p.out_top_lp = reinterpret_cast<float*>(dout + 2 * R + R * K);
   check_launch(launch_sample_rows(p, op_stream()), "sample_rows");
 
-  std::vector<int32_t> host_out(out_n);
-  DSA_CUDA_CHECK(cudaMemcpy(host_out.data(), dout, out_n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  int32_t* host_out = reinterpret_cast<int32_t*>(staging(1, out_n * sizeof(int32_t)));
+  DSA_CUDA_CHECK(cudaMemcpy(host_out, dout, out_n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  t_staging.pending = false;
   std::vector<SampleOutput> res(R);
   for (size_t r = 0; r < R; ++r) {
     res[r].token = host_out[r];
