@@ -18,6 +18,7 @@
 
 #include "core/tensor.h"
 #include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/ops.h"
 
@@ -425,6 +426,7 @@ TEST_F(CudaIndexerTopk, OpsContractPrefillRows) {
 // ragged rows at real shapes: prefill chunks (rows of one request at consecutive positions) and decode
 // rows of requests above and below index_topk, over one shuffled pool; bf16 keys, bf16 and FP8 latents.
 TEST_F(CudaIndexerTopk, BatchedRowsOpsMatchCpu) {
+  install_backend();  // the ops.h entry points dispatch to the registered CUDA backend
   Rng r(91);
   const int64_t ih = 32, nh = 64, topk = 2048;
   const std::vector<std::pair<int64_t, int64_t>> reqs = {
