@@ -31,11 +31,12 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
   float* sW = reinterpret_cast<float*>(sQ + H * kLdK);
   uint32_t* sHist = reinterpret_cast<uint32_t*>(sW + H);
 
-  const int row = blockIdx.y;
+  // Rows on grid x (up to 2^31 - 1: a batched prefill can pass more than 65,535 rows), key chunks on y.
+  const int row = blockIdx.x;
   const int64_t seq = p.row_seq ? p.row_seq[row] : row;
   const int64_t n = seq >= 0 && seq < p.num_seqs ? p.row_len[row] : 0;
   if (n <= p.topk) return;  // the select kernel lists every position
-  const int64_t k0 = int64_t(blockIdx.x) * chunk;
+  const int64_t k0 = int64_t(blockIdx.y) * chunk;
   if (k0 >= n) return;
   const int64_t k1 = k0 + chunk < n ? k0 + chunk : n;
   const int n_tiles = int((k1 - k0 + kTileKeys - 1) / kTileKeys);
@@ -348,7 +349,9 @@ cudaError_t launch_scores(const IndexerTopkParams& p, cudaStream_t stream) {
   if (per < 2) per = 2;
   if (per > tiles) per = tiles;
   const int chunk = int(per * kTileKeys);
-  const dim3 grid(unsigned((p.max_len + chunk - 1) / chunk), unsigned(p.rows));
+  const int64_t chunks = (p.max_len + chunk - 1) / chunk;
+  if (chunks > 65535 || p.rows > 2147483647) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned(p.rows), unsigned(chunks));
   sm90_indexer_score_kernel<H><<<grid, kScoreThreads, smem, stream>>>(p, chunk);
   return cudaGetLastError();
 }

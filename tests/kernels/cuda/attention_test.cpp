@@ -422,6 +422,46 @@ TEST_F(CudaIndexerTopk, OpsContractPrefillRows) {
   }
 }
 
+// More rows than grid y allows (65,535): a batched prefill of 32 requests x 2048 tokens passes 65,536
+// rows to one indexer call. Every row reads the same 200-key sequence with its own visible length; a
+// sample of rows is checked against the CPU operator.
+TEST_F(CudaIndexerTopk, MoreRowsThanGridYLimit) {
+  Rng r(97);
+  const int64_t R = 66000, n = 200, ih = 32, topk = 64;
+  const Paging pg = make_paging({n}, r);
+  const Tensor keys = rand_bf16_values({pg.num_pages * kPage, kIndexerDim}, r, 1.0f);
+  Tensor keys_bf16 = Tensor::empty(keys.shape(), DType::bf16);
+  for (int64_t i = 0; i < keys.numel(); ++i) keys_bf16.data_u16()[i] = f32_to_bf16(keys.data<float>()[i]);
+  const Tensor q = rand_bf16_values({R, ih, kIndexerDim}, r, 1.0f);
+  const Tensor w = rand_bf16_values({R, ih}, r, 1.0f);
+  std::vector<int32_t> seq(static_cast<size_t>(R), 0), len(static_cast<size_t>(R), 0);
+  for (int64_t i = 0; i < R; ++i) len[size_t(i)] = int32_t(1 + (i * 7) % n);  // some rows <= topk, most above
+  const Tensor got =
+      indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda), keys_bf16.to(Device::cuda), pg.table_gpu(),
+                        kPage, gpu_i32(seq, {R}), gpu_i32(len, {R}), n, topk, 0.088, 0.17)
+          .to(Device::cpu);
+  ASSERT_EQ(got.shape(), (Shape{R, topk}));
+  int64_t checked = 0, bad = 0;
+  for (int64_t i = 0; i < R; i += 997) {
+    const int64_t vis = len[size_t(i)];
+    const Tensor qi = q.slice(0, i, i + 1), wi = w.slice(0, i, i + 1);
+    const Tensor ref = kernels::backend(Device::cpu)
+                           .indexer_topk(qi.contiguous(), wi.contiguous(),
+                                         PagedSeq{keys, pg.row_cpu(0), kPage}, vis - 1, topk, 0.088, 0.17);
+    auto key = [&](int64_t s) { return keys.data<float>() + pg.slot(0, s) * kIndexerDim; };
+    double gap = 0;
+    std::vector<int32_t> want(size_t(topk), -1);
+    for (int64_t j = 0; j < ref.size(1); ++j) want[size_t(j)] = ref.data<int32_t>()[j];
+    const int64_t diff = check_selection(got.data<int32_t>() + i * topk, want.data(), topk, vis, qi, wi, 0,
+                                         key, 0.088, 0.17, &gap);
+    bad += diff == 0 || (diff > 0 && gap <= 1e-5) ? 0 : 1;
+    ++checked;
+  }
+  std::printf("RESULT indexer_topk_rows rows=%lld (> 65535) checked=%lld bad=%lld %s\n", (long long)R,
+              (long long)checked, (long long)bad, bad == 0 ? "ok" : "FAIL");
+  EXPECT_EQ(bad, 0);
+}
+
 // The batched ops of ops.h (PagedRows: one launch for many requests) on the GPU vs the CPU backend on
 // ragged rows at real shapes: prefill chunks (rows of one request at consecutive positions) and decode
 // rows of requests above and below index_topk, over one shuffled pool; bf16 keys, bf16 and FP8 latents.
