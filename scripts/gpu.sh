@@ -8,28 +8,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dsaserve-gpu-out}
 mkdir -p "$OUT"
-PREFIX=/tmp/dsaserve-deps
-mkdir -p "$PREFIX"
-for f in .deps/debs/*.deb; do dpkg -x "$f" "$PREFIX" 2>/dev/null || { mkdir -p /tmp/x && (cd /tmp/x && ar x "$OLDPWD/$f" && tar -xf data.tar.* -C "$PREFIX"); }; done
-ARCHLIB=$PREFIX/usr/lib/x86_64-linux-gnu
-# Boost headers for the server (scripts/stage_boost.sh), unless the machine has its own.
-BOOST_ARGS=()
-if [ ! -f /usr/include/boost/version.hpp ] && [ -f .deps/boost-headers.tar.xz ]; then
-  tar -C "$PREFIX" -xJf .deps/boost-headers.tar.xz && BOOST_ARGS=(-DBoost_DIR="$ARCHLIB/cmake/Boost-1.74.0")
-fi
-export LD_LIBRARY_PATH="$ARCHLIB:${LD_LIBRARY_PATH:-}"
-export PATH="/usr/local/cuda/bin:$PATH"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-start=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSASERVE_BENCH=ON \
-  -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
-  -DGTest_DIR="$ARCHLIB/cmake/GTest" -Dfmt_DIR="$ARCHLIB/cmake/fmt" -Dspdlog_DIR="$ARCHLIB/cmake/spdlog" \
-  -DPCRE2_INCLUDE_DIR="$PREFIX/usr/include" -DPCRE2_LIBRARY="$ARCHLIB/libpcre2-8.so" \
-  -Dbenchmark_DIR="$ARCHLIB/cmake/benchmark" "${BOOST_ARGS[@]}" >"$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
+source scripts/gpu_build.sh
 # Targets: $GPU_TARGETS (default: the CUDA test binary), so work in progress elsewhere does not block.
-cmake --build build-gpu -j"$(nproc)" --target ${GPU_TARGETS:-cuda_kernels_test} >"$OUT/build.log" 2>&1 || { grep -E "error|Error" -A5 "$OUT/build.log" | head -60; exit 1; }
-echo "build: $(( $(date +%s) - start )) s"
-export DSASERVE_FIXTURES="$PWD/.fixtures"
+# shellcheck disable=SC2086
+gpu_build "$OUT" ${GPU_TARGETS:-cuda_kernels_test} || exit 1
 regex=${1:-Cuda}
 (cd build-gpu && ctest -R "$regex" --output-on-failure --timeout 600 -j1 ) >"$OUT/ctest.log" 2>&1
 rc=$?

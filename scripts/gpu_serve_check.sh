@@ -19,32 +19,13 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dsaserve-gpu-out}
 LOG=$OUT/serve
 mkdir -p "$LOG"
-PREFIX=/tmp/dsaserve-deps
-mkdir -p "$PREFIX"
-for f in .deps/debs/*.deb; do dpkg -x "$f" "$PREFIX" 2>/dev/null || { mkdir -p /tmp/x && (cd /tmp/x && ar x "$OLDPWD/$f" && tar -xf data.tar.* -C "$PREFIX"); }; done
-ARCHLIB=$PREFIX/usr/lib/x86_64-linux-gnu
-BOOST_ARGS=()
-if [ ! -f /usr/include/boost/version.hpp ]; then
-  [ -f .deps/boost-headers.tar.xz ] || { echo "no Boost on this machine and no .deps/boost-headers.tar.xz (run scripts/stage_boost.sh)"; exit 1; }
-  tar -C "$PREFIX" -xJf .deps/boost-headers.tar.xz && BOOST_ARGS=(-DBoost_DIR="$ARCHLIB/cmake/Boost-1.74.0")
-fi
-export LD_LIBRARY_PATH="$ARCHLIB:${LD_LIBRARY_PATH:-}"
-export PATH="/usr/local/cuda/bin:$PATH"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG/device.txt"
-
+source scripts/gpu_build.sh
 # 1. Build.
-start=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSASERVE_BENCH=ON \
-  -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
-  -DGTest_DIR="$ARCHLIB/cmake/GTest" -Dfmt_DIR="$ARCHLIB/cmake/fmt" -Dspdlog_DIR="$ARCHLIB/cmake/spdlog" \
-  -DPCRE2_INCLUDE_DIR="$PREFIX/usr/include" -DPCRE2_LIBRARY="$ARCHLIB/libpcre2-8.so" \
-  -Dbenchmark_DIR="$ARCHLIB/cmake/benchmark" "${BOOST_ARGS[@]}" >"$LOG/configure.log" 2>&1 ||
-  { tail -40 "$LOG/configure.log"; exit 1; }
-grep -q "server module" "$LOG/configure.log" && grep "server module" "$LOG/configure.log"
-cmake --build build-gpu -j"$(nproc)" --target dsaserve serve_cuda_test >"$LOG/build.log" 2>&1 ||
-  { grep -E "error|Error" -A5 "$LOG/build.log" | head -60; exit 1; }
-echo "=== build: $(( $(date +%s) - start )) s"
-export DSASERVE_FIXTURES="$PWD/.fixtures"
+if [ ! -f /usr/include/boost/version.hpp ] && [ ! -f .deps/boost-headers.tar.xz ]; then
+  echo "no Boost on this machine and no .deps/boost-headers.tar.xz (run scripts/stage_boost.sh)"
+  exit 1
+fi
+gpu_build "$LOG" dsaserve serve_cuda_test | sed 's/^build:/=== build:/' || exit 1
 BIN=$PWD/build-gpu/src/cli/dsaserve
 FIX=$PWD/.fixtures/models/realdims
 [ -f "$FIX/config.json" ] || echo "warning: $FIX missing (scripts/stage_fixtures.sh realdims): fixture tests skip"

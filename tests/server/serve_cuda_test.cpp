@@ -20,6 +20,7 @@
 #include <random>
 
 #include "io/safetensors.h"
+#include "model/golden_util.h"  // tests/model/: ids_of
 #include "server/server_process.h"  // tests/server/
 
 #ifdef DSASERVE_HAVE_CUDA
@@ -49,17 +50,6 @@ std::string test_device() {
 #define SKIP_WITHOUT_GPU()                    \
   if (test_device() == "cuda" && !have_gpu()) \
   GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine"
-
-std::vector<int32_t> ids_of(const Tensor& t) {
-  const int32_t* p = t.data<int32_t>();
-  return std::vector<int32_t>(p, p + t.numel());
-}
-
-double metric(const std::string& text, const std::string& name) {
-  const auto at = text.find("\n" + name + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + name.size() + 2));
-}
 
 std::string join_ids(const std::vector<int32_t>& ids) {
   std::string s;

@@ -10,23 +10,13 @@
 #include <random>
 
 #include "io/safetensors.h"
+#include "model/golden_util.h"  // tests/model/: ids_of
 #include "server/server_process.h"  // tests/server/
 
 namespace dsaserve::testing {
 namespace {
 
 using nlohmann::json;
-
-std::vector<int32_t> ids_of(const Tensor& t) {
-  const int32_t* p = t.data<int32_t>();
-  return std::vector<int32_t>(p, p + t.numel());
-}
-
-double metric(const std::string& text, const std::string& name) {
-  const auto at = text.find("\n" + name + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + name.size() + 2));
-}
 
 // Every Serve test runs against two servers: overlap scheduling on (the default) and off
 // (--disable-overlap-schedule); each is started by the first test that needs it.

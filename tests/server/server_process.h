@@ -135,4 +135,11 @@ class ServerProcess {
   std::thread reader_;
 };
 
+// The value of the Prometheus sample `name` in a /metrics body (-1 when absent).
+inline double metric(const std::string& text, const std::string& name) {
+  const auto at = text.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + name.size() + 2));
+}
+
 }  // namespace dsaserve::testing

@@ -50,6 +50,13 @@ Tensor rand_bf16_values(const Shape& shape, Rng& r, float amp) {
   return t;
 }
 
+// A bf16 CPU copy of an f32 CPU tensor (exact when its values are bf16-rounded).
+Tensor bf16_copy(const Tensor& f32) {
+  Tensor t = Tensor::empty(f32.shape(), DType::bf16);
+  for (int64_t i = 0; i < f32.numel(); ++i) t.data_u16()[i] = f32_to_bf16(f32.data<float>()[i]);
+  return t;
+}
+
 // Pages of a ragged batch scattered over a shuffled pool; page_table [B, max_pages] (unused: 0).
 struct Paging {
   std::vector<int64_t> lens;
@@ -398,8 +405,7 @@ TEST_F(CudaIndexerTopk, OpsContractPrefillRows) {
   const int64_t T = 4, start = 3000, n = start + T, ih = 32;
   const Paging pg = make_paging({n}, r);
   const Tensor keys = rand_bf16_values({pg.num_pages * kPage, kIndexerDim}, r, 1.0f);
-  Tensor keys_bf16 = Tensor::empty(keys.shape(), DType::bf16);
-  for (int64_t i = 0; i < keys.numel(); ++i) keys_bf16.data_u16()[i] = f32_to_bf16(keys.data<float>()[i]);
+  const Tensor keys_bf16 = bf16_copy(keys);
   const Tensor q = rand_bf16_values({T, ih, kIndexerDim}, r, 1.0f);
   const Tensor w = rand_bf16_values({T, ih}, r, 1.0f);
   const Tensor got =
@@ -430,8 +436,7 @@ TEST_F(CudaIndexerTopk, MoreRowsThanGridYLimit) {
   const int64_t R = 66000, n = 200, ih = 32, topk = 64;
   const Paging pg = make_paging({n}, r);
   const Tensor keys = rand_bf16_values({pg.num_pages * kPage, kIndexerDim}, r, 1.0f);
-  Tensor keys_bf16 = Tensor::empty(keys.shape(), DType::bf16);
-  for (int64_t i = 0; i < keys.numel(); ++i) keys_bf16.data_u16()[i] = f32_to_bf16(keys.data<float>()[i]);
+  const Tensor keys_bf16 = bf16_copy(keys);
   const Tensor q = rand_bf16_values({R, ih, kIndexerDim}, r, 1.0f);
   const Tensor w = rand_bf16_values({R, ih}, r, 1.0f);
   std::vector<int32_t> seq(static_cast<size_t>(R), 0), len(static_cast<size_t>(R), 0);
@@ -494,8 +499,7 @@ TEST_F(CudaIndexerTopk, BatchedRowsOpsMatchCpu) {
 
   // Indexer: bf16 keys on the GPU, the same values in f32 on the CPU.
   const Tensor keys = rand_bf16_values({pg.num_pages * kPage, kIndexerDim}, r, 1.0f);
-  Tensor keys_bf16 = Tensor::empty(keys.shape(), DType::bf16);
-  for (int64_t i = 0; i < keys.numel(); ++i) keys_bf16.data_u16()[i] = f32_to_bf16(keys.data<float>()[i]);
+  const Tensor keys_bf16 = bf16_copy(keys);
   const Tensor q = rand_bf16_values({R, ih, kIndexerDim}, r, 1.0f);
   const Tensor w = rand_bf16_values({R, ih}, r, 1.0f);
   const Tensor got_sel = kernels::indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda),
