@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <random>
 
 #include "core/error.h"
 
@@ -205,6 +206,100 @@ TEST(Sampler, ConstraintMasksGreedyAndSampledDrawsLogprobsStayRaw) {
   }
   AllowSet none(std::vector<bool>(8, false));
   EXPECT_THROW(sample(x, p, st, scratch, &none), Error);
+}
+
+// issue 6: the fast paths (greedy argmax read in place, the unfiltered temperature draw without a
+// candidate list) pick exactly the tokens of the reference definitions.
+
+// The reference greedy pick: a scan that moves on only to a strictly larger value.
+int32_t reference_argmax(const std::vector<float>& x) {
+  int32_t best = 0;
+  for (size_t i = 1; i < x.size(); ++i) {
+    if (x[i] > x[size_t(best)]) best = int32_t(i);
+  }
+  return best;
+}
+
+TEST(SamplerFastPath, GreedyEqualsTheReferenceScanOnTiesNaNsInfinitiesAndOddSizes) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  SamplingParams p;
+  p.temperature = 0;
+  SamplingParams biased = p;  // a zero bias takes the copy path: same logits, other code
+  biased.logit_bias = {{0, 0.0f}};
+  std::vector<std::vector<float>> rows = {
+      {0.f},         {nan, 5.f, 7.f},      {1.f, nan, 7.f, nan, 7.f}, {-inf, -inf, -inf}, {-0.0f, 0.0f, -1.f},
+      {0.0f, -0.0f}, {3.f, inf, 2.f, inf},
+  };
+  std::mt19937 rng(3);
+  for (size_t n : {1, 15, 16, 17, 31, 33, 100, 1000, 154880}) {
+    std::vector<float> x(n);
+    std::uniform_int_distribution<int> small(-4, 4);  // many ties
+    for (float& v : x) v = float(small(rng));
+    rows.push_back(x);
+    x[n - 1] = 9.f;  // the maximum in the scalar tail / last lane
+    rows.push_back(x);
+    std::normal_distribution<float> nd;
+    for (float& v : x) v = nd(rng);
+    rows.push_back(x);
+  }
+  std::vector<float> scratch;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SamplerState st(1, {});
+    EXPECT_EQ(sample(rows[i], p, st, scratch).token, reference_argmax(rows[i])) << "row " << i;
+    if (!std::isnan(rows[i][0])) {
+      EXPECT_EQ(sample(rows[i], biased, st, scratch).token, reference_argmax(rows[i])) << "row " << i;
+    }
+  }
+}
+
+TEST(SamplerFastPath, UnfilteredTemperatureDrawEqualsTheDistributionScan) {
+  std::mt19937 rng(5);
+  std::vector<float> scratch;
+  for (int64_t V : {8, 1000, 32768}) {
+    std::vector<float> x(static_cast<size_t>(V));
+    std::normal_distribution<float> nd(0.f, 3.f);
+    for (float& v : x) v = nd(rng);
+    for (float t : {0.3f, 1.0f, 1.7f}) {
+      SamplingParams p;
+      p.temperature = t;
+      SamplingParams biased = p;
+      biased.logit_bias = {{1, 0.0f}};
+      for (uint64_t seed = 0; seed < 20; ++seed) {
+        SamplerState st(seed, {});
+        SamplerState ref = st;  // the same next uniform
+        const std::vector<double> dist = sampling_distribution(x, p, ref);
+        const double u = ref.uniform();
+        int32_t want = int32_t(V - 1);
+        double cum = 0;
+        for (size_t i = 0; i < dist.size(); ++i) {
+          cum += dist[i];
+          if (u < cum) {
+            want = int32_t(i);
+            break;
+          }
+        }
+        SamplerState st2 = st;
+        EXPECT_EQ(sample(x, p, st, scratch).token, want) << "V " << V << " T " << t << " seed " << seed;
+        EXPECT_EQ(sample(x, biased, st2, scratch).token, want) << "V " << V << " T " << t << " seed " << seed;
+      }
+    }
+  }
+}
+
+TEST(SamplerFastPath, UntrackedStateDrawsTheSameAndKeepsNoHistory) {
+  const std::vector<int32_t> prompt = {3, 3, 5};
+  SamplerState tracked(9, prompt), untracked(9, prompt, false);
+  EXPECT_EQ(tracked.seen().size(), 2u);
+  EXPECT_TRUE(untracked.seen().empty());
+  untracked.record(4);
+  tracked.record(4);
+  EXPECT_TRUE(untracked.output_counts().empty());
+  EXPECT_EQ(tracked.output_counts().at(4), 1);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(tracked.uniform(), untracked.uniform());
+  SamplingParams p;
+  EXPECT_FALSE(uses_token_history(p));
+  p.presence_penalty = 0.5f;
+  EXPECT_TRUE(uses_token_history(p));
 }
 
 }  // namespace

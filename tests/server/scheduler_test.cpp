@@ -12,6 +12,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace dsaserve::runtime {
 namespace {
@@ -229,6 +230,51 @@ TEST_P(SchedulerTest, PresampledRowsGiveTheSameOutputsAsSamplingInside) {
       for (const auto& [id, toks] : outputs[1]) EXPECT_EQ(toks.size(), 9u) << id;
     }
   }
+}
+
+// issue 6: sample_rows() draws the rows in parallel; each token equals a sequential sample() from the
+// request's own state, items that do not sample this step get no result.
+TEST(SchedulerSampleRows, ParallelRowsEqualSequentialSamples) {
+  set_num_threads(4);
+  constexpr int64_t kRowVocab = 8192;  // 8 rows per parallel task: 40 rows in 5 tasks
+  SchedulerConfig cfg;
+  cfg.max_prefill_tokens = 4096;
+  cfg.chunked_prefill_size = 8;  // the 20-token prompt is chunked: its first item does not sample
+  Harness h(256, 4, cfg, false);
+  h.temperature = 1.0f;
+  std::mt19937 rng(11);
+  for (uint64_t id = 1; id <= 40; ++id)
+    h.add(id, random_prompt(rng, id == 7 ? 20 : 1 + int64_t(rng() % 6)), 4);
+  std::vector<StepOutput> out;
+  ScheduleBatch b = h.sched.schedule(out);
+  ASSERT_EQ(b.items.size(), 40u);
+  h.sched.commit(b);
+  std::vector<SamplerState> before;
+  for (const ScheduledRequest& s : b.items) before.push_back(h.sched.find(s.id)->sampler);
+  std::vector<float> logits(b.items.size() * size_t(kRowVocab));
+  std::normal_distribution<float> nd(0.f, 2.f);
+  for (float& x : logits) x = nd(rng);
+  std::vector<SampleResult> results;
+  std::vector<SampleRow> rows;
+  h.sched.sample_rows(b, logits, kRowVocab, results, rows);
+  ASSERT_EQ(rows.size(), b.items.size());
+  std::vector<float> scratch;
+  int64_t sampled = 0;
+  for (size_t k = 0; k < b.items.size(); ++k) {
+    EXPECT_EQ(rows[k].logits.data(), logits.data() + k * size_t(kRowVocab));
+    if (!b.items[k].sample) {
+      EXPECT_EQ(rows[k].sampled, nullptr) << "item " << k;
+      continue;
+    }
+    ASSERT_EQ(rows[k].sampled, &results[k]);
+    const Request& r = *h.sched.find(b.items[k].id);
+    const int32_t want = sample(rows[k].logits, r.params, before[k], scratch).token;
+    EXPECT_EQ(results[k].token, want) << "item " << k;
+    ++sampled;
+  }
+  EXPECT_EQ(sampled, 39);
+  h.sched.process(b, rows, out);
+  EXPECT_EQ(int64_t(out.size()), sampled);
 }
 
 TEST(SchedulerPresampled, RowCountAndItemIndexAreChecked) {

@@ -142,7 +142,9 @@ void Engine::drain_inputs(std::vector<StepOutput>& out) {
       out.push_back(std::move(o));
       continue;
     }
-    r->sampler = SamplerState(r->params.seed ? *r->params.seed : seed_counter_++, r->tokens);
+    // Without penalties the sampler keeps no token history (no per-token map updates).
+    r->sampler = SamplerState(r->params.seed ? *r->params.seed : seed_counter_++, r->tokens,
+                              uses_token_history(r->params));
     if (scheduler_->find(r->id) != nullptr) {
       StepOutput o;
       o.id = g.id;

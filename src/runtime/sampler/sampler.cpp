@@ -78,12 +78,59 @@ void apply_constraint(TokenConstraint& c, std::vector<float>& x) {
   DSA_CHECK(any, "sampler: the request's grammar allows no next token");
 }
 
+// The first index of the largest value (NaNs never win, except x[0] = NaN, which returns 0: the result
+// of a scan that moves on only to a strictly larger value). Two passes that the compiler vectorises: the
+// maximum in kLanes independent lanes, then the first index holding it.
 int32_t argmax(std::span<const float> x) {
-  int32_t best = 0;
-  for (size_t i = 1; i < x.size(); ++i) {
-    if (x[i] > x[size_t(best)]) best = int32_t(i);
+  const size_t n = x.size();
+  if (n == 0 || std::isnan(x[0])) return 0;
+  constexpr size_t kLanes = 16;
+  float lane[kLanes];
+  for (float& l : lane) l = -std::numeric_limits<float>::infinity();
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
   }
-  return best;
+  float m = x[0];
+  for (float l : lane) m = l > m ? l : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (size_t k = 0; k < n; ++k) {
+    if (x[k] == m) return int32_t(k);
+  }
+  return 0;  // not reached: m is one of the values
+}
+
+// No logit_bias and no penalty that changes a logit: the raw row is the processed one.
+bool no_processing(const SamplingParams& p) {
+  return p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f;
+}
+
+bool filtered(std::span<const float> x, const SamplingParams& p) {
+  return (p.top_k > 0 && p.top_k < int64_t(x.size())) || p.top_p < 1.0f || p.min_p > 0.0f;
+}
+
+// A temperature draw over every token (no top_k / top_p / min_p) with the uniform `u`: the token
+// candidates() + the cumulative scan in sample() pick, computed the same way (each probability is
+// exp((x - max) / T) / sum in double, accumulated in id order) without the [vocab] candidate list: the
+// exponentials go to a per-thread buffer, reused between calls.
+int32_t draw_unfiltered(std::span<const float> x, const SamplingParams& p, double u) {
+  thread_local std::vector<double> e;
+  const size_t V = x.size();
+  const double inv_t = 1.0 / double(p.temperature);
+  const float mx = x[size_t(argmax(x))];
+  e.resize(V);
+  double sum = 0;
+  for (size_t i = 0; i < V; ++i) {
+    e[i] = std::exp((double(x[i]) - mx) * inv_t);
+    sum += e[i];
+  }
+  double cum = 0;
+  for (size_t i = 0; i < V; ++i) {
+    cum += e[i] / sum;
+    if (u < cum) return int32_t(i);
+  }
+  return int32_t(V - 1);
 }
 
 // The candidates a temperature draw chooses from, most likely first, with normalised probabilities.
@@ -167,13 +214,16 @@ void fill_logprobs(std::span<const float> logits, const SamplingParams& p, Sampl
 
 }  // namespace
 
-SamplerState::SamplerState(uint64_t seed, std::span<const int32_t> prompt) {
+SamplerState::SamplerState(uint64_t seed, std::span<const int32_t> prompt, bool track_tokens)
+    : track_(track_tokens) {
   uint64_t x = seed;
   for (uint64_t& s : s_) s = splitmix64(x);
+  if (!track_) return;
   for (int32_t t : prompt) ++seen_[t];
 }
 
 void SamplerState::record(int32_t token) {
+  if (!track_) return;
   ++output_counts_[token];
   ++seen_[token];
 }
@@ -193,13 +243,20 @@ double SamplerState::uniform() {
 SampleResult sample(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
                     std::vector<float>& scratch, TokenConstraint* constraint) {
   DSA_CHECK(!logits.empty(), "sampler: empty logits");
-  process_logits(logits, params, state, scratch);
-  if (constraint != nullptr) apply_constraint(*constraint, scratch);
+  // Without bias, penalties or a constraint the raw row is read in place (no copy of [vocab] floats).
+  std::span<const float> x = logits;
+  if (constraint != nullptr || !no_processing(params)) {
+    process_logits(logits, params, state, scratch);
+    if (constraint != nullptr) apply_constraint(*constraint, scratch);
+    x = scratch;
+  }
   SampleResult r;
   if (params.temperature <= 0.0f) {
-    r.token = argmax(scratch);
+    r.token = argmax(x);
+  } else if (!filtered(x, params)) {
+    r.token = draw_unfiltered(x, params, state.uniform());
   } else {
-    const auto c = candidates(scratch, params);
+    const auto c = candidates(x, params);
     const double u = state.uniform();
     double cum = 0;
     r.token = c.back().first;

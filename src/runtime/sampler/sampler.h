@@ -32,8 +32,10 @@ struct SampleResult {
 class SamplerState {
  public:
   SamplerState() = default;
-  // `prompt` feeds the repetition penalty's set; `seed` the generator.
-  SamplerState(uint64_t seed, std::span<const int32_t> prompt);
+  // `prompt` feeds the repetition penalty's set; `seed` the generator. `track_tokens` false: no token
+  // history is kept (seen() and output_counts() stay empty, record() does nothing): for a request whose
+  // params use none (!uses_token_history(params)), so that it pays no per-token map updates.
+  SamplerState(uint64_t seed, std::span<const int32_t> prompt, bool track_tokens = true);
   // Records a token the request produced (for the penalties).
   void record(int32_t token);
   // Uniform in [0, 1).
@@ -44,9 +46,15 @@ class SamplerState {
 
  private:
   uint64_t s_[4] = {1, 2, 3, 4};
+  bool track_ = true;
   std::unordered_map<int32_t, int32_t> output_counts_;  // token -> times generated
   std::unordered_map<int32_t, int32_t> seen_;           // prompt + output tokens (repetition penalty)
 };
+
+// The params read the request's token history (repetition, presence or frequency penalty).
+inline bool uses_token_history(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
 
 // Samples from `logits` [vocab]. `scratch` is reused between calls to avoid allocations. `constraint`
 // (optional) masks the candidates; it is not advanced here (the caller accepts the result).

@@ -1,10 +1,12 @@
 #include "runtime/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <exception>
 #include <limits>
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace dsaserve::runtime {
 
@@ -319,9 +321,44 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const float> logit
                         std::vector<StepOutput>& out) {
   DSA_CHECK(int64_t(logits.size()) == int64_t(batch.items.size()) * vocab,
             "scheduler: {} logits for {} requests of vocab {}", logits.size(), batch.items.size(), vocab);
-  std::vector<SampleRow> rows(batch.items.size());
-  for (size_t k = 0; k < rows.size(); ++k) rows[k].logits = logits.subspan(k * size_t(vocab), size_t(vocab));
-  process(batch, rows, out);
+  sample_rows(batch, logits, vocab, sample_results_, sample_rows_);
+  process(batch, sample_rows_, out);
+}
+
+void Scheduler::sample_rows(const ScheduleBatch& batch, std::span<const float> logits, int64_t vocab,
+                            std::vector<SampleResult>& results, std::vector<SampleRow>& rows) {
+  DSA_CHECK(int64_t(logits.size()) == int64_t(batch.items.size()) * vocab,
+            "scheduler: {} logits for {} requests of vocab {}", logits.size(), batch.items.size(), vocab);
+  const size_t n = batch.items.size();
+  results.resize(n);
+  rows.assign(n, SampleRow{});
+  // The rows to sample here: each reads only its request's params and sampler state, so they are drawn
+  // in parallel (per-thread scratch) with the tokens of a sequential pass.
+  sample_reqs_.assign(n, nullptr);
+  for (size_t k = 0; k < n; ++k) {
+    rows[k].logits = logits.subspan(k * size_t(vocab), size_t(vocab));
+    Request* r = sampling_request(batch, k);
+    if (r != nullptr && r->params.constraint == nullptr) sample_reqs_[k] = r;
+  }
+  std::vector<std::exception_ptr> errors(n);
+  // About 64K logits per task: small vocabularies batch rows, a real one (154,880) samples a row each.
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, vocab));
+  parallel_for(int64_t(n), grain, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> scratch;
+    for (int64_t k = b; k < e; ++k) {
+      Request* r = sample_reqs_[size_t(k)];
+      if (r == nullptr) continue;
+      try {
+        results[size_t(k)] = sample(rows[size_t(k)].logits, r->params, r->sampler, scratch);
+      } catch (...) {
+        errors[size_t(k)] = std::current_exception();
+      }
+    }
+  });
+  for (size_t k = 0; k < n; ++k) {
+    if (errors[k]) std::rethrow_exception(errors[k]);
+    if (sample_reqs_[k] != nullptr) rows[k].sampled = &results[k];
+  }
 }
 
 void Scheduler::process(const ScheduleBatch& batch, std::span<const SampleRow> rows,
@@ -375,7 +412,7 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const SampleRow> r
     o.id = r.id;
     o.token = res.token;
     o.logprob = res.logprob;
-    o.top_logprobs = res.top;
+    o.top_logprobs = std::move(res.top);
     o.prompt_tokens = r.prompt_len;
     o.cached_tokens = r.cached_tokens;
     o.completion_tokens = r.num_output();

@@ -116,6 +116,12 @@ class Scheduler {
   // (finished, aborted) are skipped.
   void process(const ScheduleBatch& batch, std::span<const float> logits, int64_t vocab,
                std::vector<StepOutput>& out);
+  // The CPU sampler's part of process(`logits`): rows[k].logits = item k's row, and for every item that
+  // samples, is alive and has no constraint, results[k] = its sample (drawn from the request's sampler
+  // state exactly as process() would) with rows[k].sampled pointing at it. Constrained rows are left to
+  // process(batch, rows, out). `results` and `rows` are resized to the batch (reused between steps).
+  void sample_rows(const ScheduleBatch& batch, std::span<const float> logits, int64_t vocab,
+                   std::vector<SampleResult>& results, std::vector<SampleRow>& rows);
   // The same with one SampleRow per item; a presampled row takes the stop/output handling of a row
   // sampled here (a request with a constraint must be sampled here: its row needs `logits`).
   void process(const ScheduleBatch& batch, std::span<const SampleRow> rows, std::vector<StepOutput>& out);
@@ -165,6 +171,9 @@ class Scheduler {
   // the back is the retraction victim.
   std::vector<Request*> running_;
   std::vector<float> scratch_;
+  std::vector<SampleResult> sample_results_;  // process(logits)'s rows, reused between steps
+  std::vector<SampleRow> sample_rows_;
+  std::vector<Request*> sample_reqs_;  // sample_rows(): the rows sampled there
   int64_t num_retractions_ = 0;
   int64_t admitted_prompt_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
