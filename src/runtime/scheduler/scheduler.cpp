@@ -341,8 +341,9 @@ void Scheduler::sample_rows(const ScheduleBatch& batch, std::span<const float> l
     if (r != nullptr && r->params.constraint == nullptr) sample_reqs_[k] = r;
   }
   std::vector<std::exception_ptr> errors(n);
-  // About 64K logits per task: small vocabularies batch rows, a real one (154,880) samples a row each.
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, vocab));
+  // About 16K logits per task (a temperature row of 1,024 costs ~5 us of exponentials): small
+  // vocabularies batch rows, a real one (154,880) samples a row per task.
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, vocab));
   parallel_for(int64_t(n), grain, [&](int64_t b, int64_t e) {
     thread_local std::vector<float> scratch;
     for (int64_t k = b; k < e; ++k) {
