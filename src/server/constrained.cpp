@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <string_view>
 
 #include "grammar/structural_tag.h"
 
@@ -46,6 +47,22 @@ int64_t reasoning_budget(int64_t max_new_tokens) {
   return b;
 }
 
+grammar::ReasoningPrefix reasoning_prefix(const GenerationSpec& spec, bool reasoning,
+                                          const std::string& prompt_text) {
+  // A template that closes the reasoning block itself (thinking off by default, e.g. DeepSeek V3.1's
+  // "...<｜Assistant｜></think>") leaves no reasoning for the model to write.
+  std::string_view tail(prompt_text);
+  while (!tail.empty() &&
+         (tail.back() == ' ' || tail.back() == '\n' || tail.back() == '\r' || tail.back() == '\t'))
+    tail.remove_suffix(1);
+  const bool closed_in_prompt = tail.ends_with("</think>");
+  grammar::ReasoningPrefix prefix;
+  prefix.enabled = spec.chat && reasoning && !thinking_disabled(spec) && !closed_in_prompt;
+  prefix.opened_in_prompt = prefix.enabled && chat::prompt_opens_reasoning(prompt_text);
+  prefix.max_tokens = reasoning_budget(spec.params.max_new_tokens);
+  return prefix;
+}
+
 std::shared_ptr<const grammar::CompiledGrammar> request_grammar(grammar::GrammarBackend* backend,
                                                                 const GenerationSpec& spec,
                                                                 chat::ToolCallFormat tool_format,
@@ -74,12 +91,8 @@ std::shared_ptr<const grammar::CompiledGrammar> request_grammar(grammar::Grammar
   } catch (const std::exception& e) {
     throw ApiError(400, e.what(), forced_call ? "tools" : "response_format");
   }
-  grammar::ReasoningPrefix prefix;
-  prefix.enabled = spec.chat && reasoning && !thinking_disabled(spec);
-  prefix.opened_in_prompt = prefix.enabled && chat::prompt_opens_reasoning(prompt_text);
-  prefix.max_tokens = reasoning_budget(spec.params.max_new_tokens);
   try {
-    return backend->compile(grammar::structural_tag(format, prefix));
+    return backend->compile(grammar::structural_tag(format, reasoning_prefix(spec, reasoning, prompt_text)));
   } catch (const std::exception& e) {
     throw ApiError(400, fmt::format("cannot build the grammar for {}: {}", param, e.what()),
                    forced_call                             ? "tools"

@@ -10,6 +10,7 @@
 
 #include "chat/output_parser.h"
 #include "grammar/grammar.h"
+#include "grammar/structural_tag.h"
 #include "server/openai.h"
 
 namespace dsaserve::server {
@@ -23,6 +24,12 @@ std::unique_ptr<grammar::GrammarBackend> make_grammar_backend(const tokenizer::T
 // The reasoning block of a forced call may use at most this share of max_tokens (a power of two, so
 // that nearby max_tokens values share one compiled grammar): the call itself still fits.
 int64_t reasoning_budget(int64_t max_new_tokens);
+
+// The reasoning block a constrained chat request starts with: on with a reasoning parser (`reasoning`)
+// unless chat_template_kwargs turn thinking off or the rendered prompt already ends the block
+// (`</think>`); `opened_in_prompt` when the prompt opened it.
+grammar::ReasoningPrefix reasoning_prefix(const GenerationSpec& spec, bool reasoning,
+                                          const std::string& prompt_text);
 
 // The compiled grammar `spec` needs, or null when its output is free. `backend` may be null (no grammar
 // support: a constrained request is then a 400). `reasoning`: a --reasoning-parser is set. Throws

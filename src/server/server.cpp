@@ -211,7 +211,15 @@ class Server {
     if (draining_) throw ApiError(503, "the server is shutting down", "", "server_error");
     nlohmann::ordered_json body;  // key order kept (tools and schemas reach the template and grammar as sent)
     try {
-      body = nlohmann::ordered_json::parse(req.body());
+      // Nesting is bounded: the request's values are copied and walked recursively afterwards (templates,
+      // schemas, the grammar compiler), so a deeply nested body must not reach them.
+      static constexpr int kMaxDepth = 64;
+      body = nlohmann::ordered_json::parse(
+          req.body(), [](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json&) {
+            if (depth > kMaxDepth)
+              throw ApiError(400, fmt::format("the body nests more than {} levels", kMaxDepth));
+            return true;
+          });
     } catch (const json::parse_error& e) {
       throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
     }
@@ -263,11 +271,12 @@ class Server {
                      "max_tokens", "invalid_request_error", "context_length_exceeded");
     }
     if (!spec.max_tokens_given) spec.params.max_new_tokens = chat ? room : std::min<int64_t>(16, room);
-    spec.grammar = request_grammar(grammar_.get(), spec, ctx_.tool_format, ctx_.reasoning, prompt_text);
     if (ctx_.active_jobs >= cfg_.engine.scheduler.max_running_requests + cfg_.max_queued_requests) {
       throw ApiError(503, fmt::format("the server is overloaded ({} requests in flight)", ctx_.active_jobs),
                      "", "server_error");
     }
+    // (After the overload check: compiling a grammar is the costliest step of admission.)
+    spec.grammar = request_grammar(grammar_.get(), spec, ctx_.tool_format, ctx_.reasoning, prompt_text);
     auto job = std::make_shared<Job>(ctx_, std::move(spec), std::move(prompt), std::move(prompt_text), s,
                                      path, arrival);
     s->set_job(job);

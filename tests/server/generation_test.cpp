@@ -10,6 +10,7 @@
 
 #include "grammar/structural_tag.h"
 #include "server/builtin.h"
+#include "server/constrained.h"
 
 namespace dsaserve::server {
 namespace {
@@ -201,6 +202,23 @@ TEST(RequestBody, KeyOrderReachesTheTemplateAndTheGrammar) {
   EXPECT_LT(call.find("zeta"), call.find("alpha")) << call;
   const std::string js = grammar::json_format(s.response_schema).dump();
   EXPECT_LT(js.find("zz"), js.find("aa")) << js;
+}
+
+// A forced call's reasoning block: on with a reasoning parser, off when the request turns thinking off or
+// the template already closed the block in the prompt (DeepSeek V3.1-style "</think>" default).
+TEST(ReasoningPrefix, FollowsTheParserTheKwargsAndThePrompt) {
+  const json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
+  const GenerationSpec on = parse_chat_request({{"messages", msgs}, {"max_tokens", 100}}, 512);
+  EXPECT_TRUE(reasoning_prefix(on, true, "<|user|>hi<|assistant|>").enabled);
+  EXPECT_EQ(reasoning_prefix(on, true, "<|user|>hi<|assistant|>").max_tokens, 32);
+  EXPECT_FALSE(reasoning_prefix(on, true, "<|user|>hi<|assistant|>").opened_in_prompt);
+  EXPECT_TRUE(reasoning_prefix(on, true, "<|user|>hi<|assistant|><think>").opened_in_prompt);
+  EXPECT_FALSE(reasoning_prefix(on, false, "<|user|>hi<|assistant|>").enabled);
+  EXPECT_FALSE(reasoning_prefix(on, true, "<｜User｜>hi<｜Assistant｜></think>").enabled);
+  EXPECT_FALSE(reasoning_prefix(on, true, "<|assistant|><think></think>\n").enabled);
+  const GenerationSpec off =
+      parse_chat_request({{"messages", msgs}, {"chat_template_kwargs", {{"enable_thinking", false}}}}, 512);
+  EXPECT_FALSE(reasoning_prefix(off, true, "<|user|>hi<|assistant|>").enabled);
 }
 
 }  // namespace dsaserve::server

@@ -10,7 +10,7 @@
 #include <random>
 
 #include "io/safetensors.h"
-#include "model/golden_util.h"  // tests/model/: ids_of
+#include "model/golden_util.h"      // tests/model/: ids_of
 #include "server/server_process.h"  // tests/server/
 
 namespace dsaserve::testing {
@@ -275,6 +275,10 @@ TEST_P(Serve, BadRequestsGetOpenAIErrors) {
     }
   };
   expect_error("/v1/completions", "{not json", 400, "");
+  // Deep nesting is refused while parsing (later stages walk values recursively).
+  expect_error("/v1/completions",
+               R"({"prompt": "x", "stop": )" + std::string(100000, '[') + std::string(100000, ']') + "}", 400,
+               "");
   expect_error("/v1/completions", R"({"prompt": "x", "temperature": "hot"})", 400, "temperature");
   expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": -1})", 400, "max_tokens");
   expect_error("/v1/completions", R"({"prompt": [1, 99999]})", 400, "prompt");
