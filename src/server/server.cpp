@@ -412,6 +412,10 @@ int run_server(const ServerConfig& in) {
   const double page_bytes =
       double(model::KvCache::bytes_per_token(model->config(), model->num_mtp_layers() > 0, kv_dtype) *
              cfg.engine.page_size);
+  const int64_t model_ctx = model->config().max_position_embeddings;
+  cfg.engine.scheduler.max_context =
+      cfg.context_length > 0 ? std::min(cfg.context_length, model_ctx > 0 ? model_ctx : cfg.context_length)
+                             : model_ctx;
   if (cfg.engine.kv_pages <= 0) {
     DSA_CHECK(cfg.mem_fraction_static > 0 && cfg.mem_fraction_static < 1,
               "--mem-fraction-static must be in (0, 1) when --kv-pages is not given, got {}",
@@ -424,8 +428,8 @@ int run_server(const ServerConfig& in) {
       const auto& sc = cfg.engine.scheduler;
       const int64_t step_tokens =
           std::max<int64_t>(sc.max_prefill_tokens, sc.chunked_prefill_size) + sc.max_running_requests;
-      const int64_t workspace =
-          runtime::activation_workspace_bytes(model->config(), step_tokens, sc.max_running_requests);
+      const int64_t workspace = runtime::activation_workspace_bytes(model->config(), step_tokens,
+                                                                    sc.max_running_requests, sc.max_context);
       kv_bytes = cfg.mem_fraction_static * double(mem.free) - double(workspace);
       fmt::print(
           "dsaserve serve: device memory {:.2f} GiB free of {:.2f} GiB after the weights ({:.2f} GiB) and "
@@ -444,10 +448,6 @@ int run_server(const ServerConfig& in) {
       runtime::kv_cache_dtype_name(kv_dtype), cfg.engine.kv_pages, cfg.engine.page_size,
       double(cfg.engine.kv_pages) * page_bytes / kGiB);
   std::fflush(stdout);
-  const int64_t model_ctx = model->config().max_position_embeddings;
-  cfg.engine.scheduler.max_context =
-      cfg.context_length > 0 ? std::min(cfg.context_length, model_ctx > 0 ? model_ctx : cfg.context_length)
-                             : model_ctx;
   if (int64_t(tok->vocab_size()) > model->config().vocab_size) {
     fmt::print(stderr, "dsaserve serve: warning: the tokenizer has {} ids, the model's vocabulary {}\n",
                tok->vocab_size(), model->config().vocab_size);

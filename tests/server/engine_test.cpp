@@ -11,6 +11,7 @@
 
 #include "common/fixtures.h"
 #include "io/safetensors.h"
+#include "runtime/engine/device.h"
 
 namespace dsaserve::runtime {
 namespace {
@@ -272,4 +273,19 @@ TEST(Engine, OverlapScheduleOnTheEngineThread) {
 }
 
 }  // namespace
+// The KV pool on a GPU is sized from free memory less this workspace: buffers that grow with the context
+// (indexer scores, a prefill's MHA-form keys and values) count, at GLM-5.3's widths.
+TEST(DeviceWorkspace, GrowsWithTheContext) {
+  DSA_FIXTURE_PATH(path, "configs/glm-5.3.json");
+  const model::ModelConfig c = model::ModelConfig::from_file(path);
+  const int64_t tokens = 16384 + 64, requests = 64;
+  const int64_t short_ctx = runtime::activation_workspace_bytes(c, tokens, requests, 1);
+  const int64_t long_ctx = runtime::activation_workspace_bytes(c, tokens, requests, 131072);
+  const int64_t mha =
+      int64_t(131071) * c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) * 4;
+  EXPECT_GE(long_ctx - short_ctx, mha);                       // per-head K/V of the whole context
+  EXPECT_LE(long_ctx - short_ctx, mha + (int64_t(1) << 30));  // + indexer scores, capped at 1 GiB
+  EXPECT_GT(short_ctx, int64_t(1) << 30);
+}
+
 }  // namespace dsaserve::runtime

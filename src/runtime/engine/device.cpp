@@ -111,9 +111,11 @@ DeviceMemory device_memory(Device d) {
   return m;
 }
 
-int64_t activation_workspace_bytes(const model::ModelConfig& c, int64_t tokens, int64_t requests) {
+int64_t activation_workspace_bytes(const model::ModelConfig& c, int64_t tokens, int64_t requests,
+                                   int64_t context) {
   tokens = std::max<int64_t>(tokens, 1);
   requests = std::max<int64_t>(requests, 1);
+  context = std::max<int64_t>(context, 1);
   const int64_t heads = c.num_attention_heads;
   const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
   // f32 values per new token alive within one layer (a generous sum, not a peak analysis): residual and
@@ -125,7 +127,13 @@ int64_t activation_workspace_bytes(const model::ModelConfig& c, int64_t tokens, 
                             c.n_routed_experts;
   const int64_t logits = requests * c.vocab_size;
   const int64_t fixed = int64_t(1) << 30;  // cuBLASLt workspaces, kernel scratch, size-class rounding
-  return 2 * 4 * (tokens * per_token + logits) + fixed;
+  // Growing with the context: the indexer's f32 scores of the step's rows against the longest context
+  // (the batched GPU indexer stays under 1 GiB, else it scores request by request, each chunk against
+  // its own context), and a prefill in MHA form expanding one request's latent context into per-head
+  // f32 keys and values.
+  const int64_t scores = std::min<int64_t>(tokens * context * 4, int64_t(1) << 30);
+  const int64_t mha = context * heads * (qk + c.v_head_dim) * 4;
+  return 2 * 4 * (tokens * per_token + logits) + scores + mha + fixed;
 }
 
 double warm_up(const model::Model& m, model::KvCacheDtype kv_dtype, int64_t prompt_tokens) {

@@ -43,10 +43,12 @@ struct DeviceMemory {
 DeviceMemory device_memory(Device d);
 
 // A bound on the activations of one step that are alive at once (bytes): hidden states, attention and
-// MoE intermediates for `tokens` new tokens, the logits of `requests` rows, plus a fixed allowance for
-// cuBLASLt workspaces and allocator rounding. Used to keep that much free when sizing the KV pool from
-// free device memory.
-int64_t activation_workspace_bytes(const model::ModelConfig& cfg, int64_t tokens, int64_t requests);
+// MoE intermediates for `tokens` new tokens, the logits of `requests` rows, the buffers that grow with
+// the `context` length (the indexer's scores of the step's rows, a prefill's MHA-form keys and values),
+// plus a fixed allowance for cuBLASLt workspaces and allocator rounding. Used to keep that much free
+// when sizing the KV pool from free device memory.
+int64_t activation_workspace_bytes(const model::ModelConfig& cfg, int64_t tokens, int64_t requests,
+                                   int64_t context);
 
 // Runs one prefill of `prompt_tokens` tokens and one decode step on a throwaway cache (then frees it), so
 // that the first request does not pay for kernel loading, cuBLASLt heuristics and allocator growth.
