@@ -8,19 +8,13 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/random.h"
 #include "io/safetensors.h"
 #include "server/builtin_config.h"
 
 namespace dsaserve::server {
 
 namespace {
-
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 uint64_t hash_name(const std::string& s, uint64_t seed) {
   uint64_t h = 1469598103934665603ULL ^ seed;

@@ -20,7 +20,7 @@
 #include <random>
 
 #include "io/safetensors.h"
-#include "model/golden_util.h"  // tests/model/: ids_of
+#include "model/golden_util.h"      // tests/model/: ids_of
 #include "server/server_process.h"  // tests/server/
 
 #ifdef DSASERVE_HAVE_CUDA

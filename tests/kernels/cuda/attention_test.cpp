@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
@@ -30,12 +31,7 @@ constexpr int64_t kPage = 64;
 struct Rng {
   uint64_t s;
   explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 7) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return splitmix64(s); }
   float uniform() { return float(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [-1, 1)
   int64_t below(int64_t n) { return int64_t(next() % uint64_t(n)); }
 };
