@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/elementwise_params.h"
+#include "kernels/cuda/gemm_small_params.h"
 #include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
@@ -51,6 +52,8 @@ struct Lt {
   std::unordered_map<const void*, WeightCache> dequant;     // key: fp8 weight data
   std::unordered_map<const void*, WeightCache> as_f32;      // key: weight data (fp32 precision mode)
   GemmPrecision precision = GemmPrecision::fast;
+  int64_t fp8_small_max_tokens = kFp8SmallMaxTokens;
+  uint32_t* small_counters = nullptr;  // kFp8SmallCounters zeros for the split small-T kernel
   GemmStats stats;
 };
 
@@ -303,10 +306,63 @@ void gemm_dense(const RowView& x, const void* a_ptr, bool a_f32, bool trans_a, i
   count(a_f32 ? &GemmStats::f32_calls : &GemmStats::bf16_calls);
 }
 
+int64_t fp8_small_max_tokens() {
+  Lt& l = lt();
+  std::lock_guard<std::mutex> lock(l.mu);
+  return l.fp8_small_max_tokens;
+}
+
+// The FP8 recipe's arithmetic for T <= kFp8SmallMaxTokens tokens with the weight-streaming kernel
+// (gemm_small_params.h): activations quantised as for cuBLASLt, f32 output written in place.
+void fp8_small(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
+  const int64_t T = x.rows, K = x.cols, N = r1 - r0;
+  const int64_t Tp = T <= 8 ? 8 : T <= 16 ? 16 : 32;
+  Lt& l = lt();
+  uint32_t* counters = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(l.mu);
+    if (l.small_counters == nullptr) {  // once, zeroed; each split launch leaves it zero
+      DSA_CUDA_CHECK(cudaMalloc(&l.small_counters, size_t(kFp8SmallCounters) * sizeof(uint32_t)));
+      DSA_CUDA_CHECK(cudaMemset(l.small_counters, 0, size_t(kFp8SmallCounters) * sizeof(uint32_t)));
+    }
+    counters = l.small_counters;
+  }
+  Tensor xq = Tensor::empty({Tp, K}, DType::u8, Device::cuda);
+  Tensor xs = Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda);
+  check_launch(launch_quant_fp8({x.p, xq.data_u8(), xs.data<float>(), T, Tp, K, x.stride}, op_stream()),
+               "linear: fp8 activation quantisation");
+  Fp8SmallGemmParams p{};
+  p.w = static_cast<const uint8_t*>(w.weight.raw_data()) + r0 * K;
+  p.w_scale = static_cast<const float*>(w.scale_inv.raw_data());
+  p.row0 = r0;
+  p.w_scale_ld = w.scale_inv.size(1);
+  p.xq = xq.data_u8();
+  p.x_scale = xs.data<float>();
+  p.out = o.p;
+  p.out_stride = o.stride;
+  p.T = T;
+  p.Tp = Tp;
+  p.N = N;
+  p.K = K;
+  p.splits = fp8_small_gemm_splits(N, K);
+  Tensor partial;
+  if (p.splits > 1) {
+    partial = Tensor::empty({p.splits, T, N}, DType::f32, Device::cuda);
+    p.partial = partial.data<float>();
+    p.counters = counters;
+  }
+  check_launch(launch_fp8_small_gemm(p, op_stream()), "linear: fp8 small-T GEMM");
+  count(&GemmStats::fp8_small_calls);
+}
+
 // The FP8 recipe; false when the shape is outside it (the caller falls back).
 bool gemm_fp8(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
   const int64_t T = x.rows, K = x.cols, N = r1 - r0;
   if (w.block_n != 128 || w.block_k != 128 || K % 128 != 0 || r0 % 128 != 0 || N % 8 != 0) return false;
+  if (T <= fp8_small_max_tokens()) {
+    fp8_small(x, w, r0, r1, o);
+    return true;
+  }
   const int64_t Tp = (T + 3) / 4 * 4;
   const WeightCache& sc = padded_scales(w);
   const uint8_t* a_ptr = static_cast<const uint8_t*>(w.weight.raw_data()) + r0 * K;
@@ -378,6 +434,14 @@ GemmPrecision gemm_precision() {
   Lt& l = lt();
   std::lock_guard<std::mutex> lock(l.mu);
   return l.precision;
+}
+
+void set_fp8_small_max_tokens(int64_t t) {
+  DSA_CHECK(t >= 0 && t <= kFp8SmallMaxTokens, "fp8 small-T GEMM: at most {} tokens, got {}",
+            kFp8SmallMaxTokens, t);
+  Lt& l = lt();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.fp8_small_max_tokens = t;
 }
 
 GemmStats gemm_stats() {

@@ -7,8 +7,11 @@
 // - FP8 weights with 128x128 block scales: the activations are quantised per token per 128-group
 //   (e4m3, scale = amax / 448) and multiplied with cuBLASLt's block-scaled FP8 GEMM (docs/GPU.md recipe:
 //   A = W with BLK128x128 scales padded to rows of a multiple of 4, B = X with VEC128 scales [K/128][T],
-//   D bf16), then widened to f32. Shapes outside the recipe (K % 128, row slices not on a 128 boundary,
-//   other block sizes) and linear_t use the weight dequantised once to bf16 (cached per weight).
+//   D bf16), then widened to f32. Up to set_fp8_small_max_tokens() tokens (default 32: decode batches)
+//   the same quantised arithmetic runs in a weight-streaming tensor-core kernel instead
+//   (gemm_small_params.h; f32 output, no bf16 rounding of D). Shapes outside the recipe (K % 128, row slices
+//   not on a 128 boundary, other block sizes) and linear_t use the weight dequantised once to bf16 (cached
+//   per weight).
 // - f32 weights: an f32 GEMM (no TF32).
 // Heuristics are looked up once per (kind, shape, leading dimensions, alignment) and cached.
 #include <cstdint>
@@ -33,14 +36,18 @@ enum class GemmPrecision { fast, fp32 };
 void set_gemm_precision(GemmPrecision p);
 GemmPrecision gemm_precision();
 
+// Token counts up to `t` (0..32) take the small-T FP8 kernel; 0 sends every FP8 GEMM to cuBLASLt.
+void set_fp8_small_max_tokens(int64_t t);
+
 struct GemmStats {
-  int64_t plans = 0;         // cached cuBLASLt heuristics
-  int64_t fp8_calls = 0;     // block-scaled FP8 GEMMs
-  int64_t bf16_calls = 0;    // bf16 GEMMs (split ones count once)
-  int64_t f32_calls = 0;     // f32 GEMMs
-  int64_t dequantised = 0;   // FP8 weights held dequantised to bf16 (fallback path)
-  int64_t failed_plans = 0;  // shapes cuBLASLt had no algorithm for (fallback path)
-  std::string last_failure;  // the last of them, described
+  int64_t plans = 0;            // cached cuBLASLt heuristics
+  int64_t fp8_calls = 0;        // block-scaled FP8 GEMMs through cuBLASLt
+  int64_t fp8_small_calls = 0;  // block-scaled FP8 GEMMs through the small-T kernel
+  int64_t bf16_calls = 0;       // bf16 GEMMs (split ones count once)
+  int64_t f32_calls = 0;        // f32 GEMMs
+  int64_t dequantised = 0;      // FP8 weights held dequantised to bf16 (fallback path)
+  int64_t failed_plans = 0;     // shapes cuBLASLt had no algorithm for (fallback path)
+  std::string last_failure;     // the last of them, described
 };
 GemmStats gemm_stats();
 // Drops the per-weight caches (padded FP8 scales, dequantised weights) and the references they hold.

@@ -131,9 +131,10 @@ Tensor activations(int64_t T, int64_t K, uint64_t seed) {
 double check_linear(const std::string& name, const WeightRef& w, const WeightRef& w_d, int64_t r0, int64_t r1,
                     int64_t T, uint64_t seed, double& worst_exact) {
   const Tensor x = activations(T, w.cols(), seed);
-  const int64_t fp8_before = gemm_stats().fp8_calls;
+  auto fp8_calls = [] { return gemm_stats().fp8_calls + gemm_stats().fp8_small_calls; };
+  const int64_t fp8_before = fp8_calls();
   const Tensor got = kernels::linear(x.to(Device::cuda), w_d, r0, r1).to(Device::cpu);
-  const bool ran_fp8 = gemm_stats().fp8_calls > fp8_before;
+  const bool ran_fp8 = fp8_calls() > fp8_before;
   cpu::set_fp8_emulation({});
   const Tensor exact = cpu::linear(x, w, r0, r1, {});
   cpu::Fp8Emulation e;
@@ -172,7 +173,7 @@ TEST_F(CudaFp8Emulation, LinearMatchesCpuEmulation) {
   double worst = 0.0, worst_exact = 0.0;
   for (const Shape& s : shapes) {
     const WeightRef w = rand_weight(s.n, s.k, DType::f8e4m3fn, 31 + uint64_t(s.n + s.k)), w_d = to_cuda(w);
-    for (int64_t T : {1, 33, 257})
+    for (int64_t T : {1, 17, 32, 33, 257})  // <= 32: the small-T kernel; above: cuBLASLt
       worst = std::max(worst, check_linear(s.name, w, w_d, 0, -1, T, 100 + uint64_t(T), worst_exact));
     clear_gemm_caches();
   }

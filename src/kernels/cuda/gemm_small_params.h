@@ -1,0 +1,37 @@
+#pragma once
+// Block-scaled FP8 GEMM for few tokens (decode batches, T <= kFp8SmallMaxTokens): out[t][n] =
+// sum over 128-blocks kb of (sum_k xq[t][k] w[n][k]) * w_scale[n / 128][kb] * x_scale[kb][t], the same
+// arithmetic as the cuBLASLt recipe (activations quantised per token per 128-group by launch_quant_fp8),
+// with f32 outputs (no bf16 D). Weight-read bound: each CTA streams a 128-row slice of W once over its
+// K range through tensor cores (mma.sync m16n8k32 e4m3); the activations sit in shared memory. K is
+// split over CTAs when the row slices alone would not fill the GPU; the partial sums are added in a fixed
+// order by the last CTA of each slice (deterministic, one launch).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsaserve::kernels::cuda {
+
+inline constexpr int64_t kFp8SmallMaxTokens = 32;
+// Row slices (of 128 rows) a split launch can count: the size of the counters buffer.
+inline constexpr int64_t kFp8SmallCounters = int64_t(1) << 16;
+
+struct Fp8SmallGemmParams {
+  const uint8_t* w;      // [N, K] e4m3 codes (row 0 = output feature 0 of this call), contiguous
+  const float* w_scale;  // row n's scales at w_scale[((row0 + n) / 128) * w_scale_ld + kb]
+  int64_t row0, w_scale_ld;
+  const uint8_t* xq;     // [Tp, K] e4m3 codes (rows >= T are zero)
+  const float* x_scale;  // [K / 128, Tp]
+  float* out;            // [T, N] f32, row stride out_stride
+  int64_t out_stride;
+  int64_t T, Tp, N, K;  // Tp in {8, 16, 32}, Tp >= T; K % 128 == 0
+  float* partial;       // [splits, T, N] f32 scratch (splits > 1)
+  uint32_t* counters;   // [kFp8SmallCounters] zero on entry, left zero on exit (splits > 1)
+  int splits;           // CTAs along K (1 = no split)
+};
+
+// The K split launch_fp8_small_gemm would use for N output features and K inputs.
+int fp8_small_gemm_splits(int64_t N, int64_t K);
+cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stream);
+
+}  // namespace dsaserve::kernels::cuda

@@ -1,0 +1,213 @@
+// The small-T block-scaled FP8 GEMM (gemm_small.cu): the kernel against the exact arithmetic it
+// implements (sum over 128-blocks of code products x weight scale x activation scale, in double on the
+// host from the quantised activations the GPU produced), for token counts 1..32 across the three tile
+// widths, output widths that are not multiples of 16 or 128, row slices, with and without the split over
+// K; then linear() through it against linear() through cuBLASLt (the same quantised arithmetic, bf16
+// output) at GLM-5.3 shapes, with both timings printed. Skips without a GPU.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cuda/backend.h"
+#include "kernels/cuda/elementwise_params.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm_small_params.h"
+#include "kernels/cuda/runtime.h"
+#include "op_test_util.h"
+
+namespace dsaserve::kernels::cuda {
+namespace {
+
+using testing::rand_f32;
+using testing::rand_weight;
+using testing::row_rel_error;
+using testing::to_cuda;
+
+class CudaFp8SmallGemm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (device_count() == 0)
+      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
+    install_backend();
+    set_gemm_precision(GemmPrecision::fast);
+  }
+  void TearDown() override {
+    if (device_count() > 0) set_fp8_small_max_tokens(kFp8SmallMaxTokens);
+  }
+};
+
+// Runs the kernel directly on W rows [r0, r0 + N) and checks every output against the exact sum.
+// Returns the worst |got - want| / sum|terms|.
+double check_kernel(int64_t N_total, int64_t K, int64_t r0, int64_t N, int64_t T, int splits, uint64_t seed) {
+  const WeightRef w = rand_weight(N_total, K, DType::f8e4m3fn, seed), wd = to_cuda(w);
+  const Tensor x = rand_f32({T, K}, seed + 1, 2.0f);
+  const int64_t Tp = T <= 8 ? 8 : T <= 16 ? 16 : 32;
+  const Tensor xd = x.to(Device::cuda);
+  Tensor xq = Tensor::empty({Tp, K}, DType::u8, Device::cuda);
+  Tensor xs = Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda);
+  EXPECT_EQ(launch_quant_fp8({xd.data<float>(), xq.data_u8(), xs.data<float>(), T, Tp, K, K}, nullptr),
+            cudaSuccess);
+  Tensor out = Tensor::empty({T, N}, DType::f32, Device::cuda);
+  Tensor partial = Tensor::empty({std::max(splits, 1), T, N}, DType::f32, Device::cuda);
+  uint32_t* counters = nullptr;
+  EXPECT_EQ(cudaMalloc(&counters, size_t(kFp8SmallCounters) * 4), cudaSuccess);
+  EXPECT_EQ(cudaMemset(counters, 0, size_t(kFp8SmallCounters) * 4), cudaSuccess);
+  Fp8SmallGemmParams p{};
+  p.w = static_cast<const uint8_t*>(wd.weight.raw_data()) + r0 * K;
+  p.w_scale = wd.scale_inv.data<float>();
+  p.row0 = r0;
+  p.w_scale_ld = wd.scale_inv.size(1);
+  p.xq = xq.data_u8();
+  p.x_scale = xs.data<float>();
+  p.out = out.data<float>();
+  p.out_stride = N;
+  p.T = T;
+  p.Tp = Tp;
+  p.N = N;
+  p.K = K;
+  p.partial = partial.data<float>();
+  p.counters = counters;
+  p.splits = splits;
+  // Twice: the split's counters must be left at zero by the first launch.
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint32_t> cnt(size_t((N + 127) / 128));
+  EXPECT_EQ(cudaMemcpy(cnt.data(), counters, cnt.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(counters);
+  for (uint32_t c : cnt) EXPECT_EQ(c, 0u) << "a split launch left a counter set";
+
+  const Tensor q = xq.to(Device::cpu), s = xs.to(Device::cpu), got = out.to(Device::cpu);
+  const uint8_t* wc = w.weight.data_u8();
+  const float* ws = w.scale_inv.data<float>();
+  const int64_t kb_n = K / 128, ws_ld = w.scale_inv.size(1);
+  double worst = 0.0;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t n = 0; n < N; ++n) {
+      double want = 0.0, mag = 0.0;
+      for (int64_t kb = 0; kb < kb_n; ++kb) {
+        double blk = 0.0, blk_abs = 0.0;
+        for (int64_t k = kb * 128; k < kb * 128 + 128; ++k) {
+          const double v =
+              double(f8e4m3fn_to_f32(q.data_u8()[t * K + k])) * double(f8e4m3fn_to_f32(wc[(r0 + n) * K + k]));
+          blk += v;
+          blk_abs += std::fabs(v);
+        }
+        const double sc = double(ws[((r0 + n) / 128) * ws_ld + kb]) * double(s.data<float>()[kb * Tp + t]);
+        want += blk * sc;
+        mag += blk_abs * std::fabs(sc);
+      }
+      const double d = std::fabs(double(got.data<float>()[t * N + n]) - want) / std::max(mag, 1e-30);
+      worst = std::max(worst, d);
+    }
+  }
+  fmt::print("RESULT op=fp8_small_gemm_exact N={} K={} r0={} T={} splits={} max_err_rel_to_abs_sum={:.3g}\n",
+             N, K, r0, T, splits, worst);
+  return worst;
+}
+
+TEST_F(CudaFp8SmallGemm, KernelIsTheExactBlockScaledSum) {
+  struct Case {
+    int64_t n_total, k, r0, n;
+    int splits;
+  };
+  // f32 accumulation of exact e4m3 products: ~1e-6 of the sum of magnitudes.
+  constexpr double kTol = 2e-5;
+  const Case cases[] = {{576, 1024, 0, 576, 1},  {576, 1024, 0, 576, 3},  {200, 512, 0, 200, 4},
+                        {384, 768, 128, 256, 2}, {1000, 256, 0, 1000, 1}, {2048, 6144, 0, 2048, 8},
+                        {130, 384, 0, 130, 3}};
+  for (const Case& c : cases)
+    for (int64_t T : {1, 3, 8, 9, 16, 17, 31, 32})
+      EXPECT_LE(check_kernel(c.n_total, c.k, c.r0, c.n, T, c.splits, 7 + uint64_t(c.n + T)), kTol)
+          << "N " << c.n << " K " << c.k << " r0 " << c.r0 << " T " << T << " splits " << c.splits;
+}
+
+TEST_F(CudaFp8SmallGemm, BadParametersAreRejected) {
+  Fp8SmallGemmParams p{};
+  p.T = 4;
+  p.Tp = 8;
+  p.N = 128;
+  p.K = 100;  // not a multiple of 128
+  p.splits = 1;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  p.K = 128;
+  p.Tp = 12;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  p.Tp = 8;
+  p.splits = 2;  // no scratch
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  cudaGetLastError();
+}
+
+// Median microseconds of fn over 30 runs (CUDA events).
+template <class F>
+double time_us(F&& fn) {
+  for (int i = 0; i < 3; ++i) fn();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<double> us;
+  for (int i = 0; i < 30; ++i) {
+    cudaEventRecord(a);
+    fn();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    us.push_back(ms * 1e3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+TEST_F(CudaFp8SmallGemm, LinearMatchesCublasLtPathAtGlmShapes) {
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  };
+  const Shape shapes[] = {{"q_a_proj", 2048, 6144},    {"q_b_proj", 64 * 256, 2048},
+                          {"kv_a_proj", 576, 6144},    {"o_proj", 6144, 64 * 256},
+                          {"expert_gate", 2048, 6144}, {"expert_down", 6144, 2048},
+                          {"lm_head", 154880, 6144}};
+  double worst = 0.0;
+  for (const Shape& s : shapes) {
+    const WeightRef w = to_cuda(rand_weight(s.n, s.k, DType::f8e4m3fn, 71 + uint64_t(s.n)));
+    for (int64_t T : {1, 8, 32}) {
+      const Tensor x = rand_f32({T, s.k}, 5 + uint64_t(T)).to(Device::cuda);
+      Tensor a = Tensor::empty({T, s.n}, DType::f32, Device::cuda), b = a.clone();
+      set_fp8_small_max_tokens(kFp8SmallMaxTokens);
+      const int64_t small_before = gemm_stats().fp8_small_calls;
+      kernels::linear(x, w, 0, -1, a);
+      EXPECT_GT(gemm_stats().fp8_small_calls, small_before) << s.name << " T=" << T;
+      const double us_small = time_us([&] { kernels::linear(x, w, 0, -1, a); });
+      set_fp8_small_max_tokens(0);
+      const int64_t lt_before = gemm_stats().fp8_calls;
+      kernels::linear(x, w, 0, -1, b);
+      EXPECT_GT(gemm_stats().fp8_calls, lt_before) << s.name << " T=" << T;
+      const double us_lt = time_us([&] { kernels::linear(x, w, 0, -1, b); });
+      // cuBLASLt rounds its output to bf16 (2^-9 relative) and sums in another order.
+      const double d = row_rel_error(a, b);
+      worst = std::max(worst, d);
+      const double bytes = double(s.n * s.k) + 4.0 * double(T * (s.k + s.n));
+      const double floor_us = bytes / 4.3e12 * 1e6;
+      fmt::print(
+          "RESULT op=fp8_linear_small_vs_cublaslt {:<12} T={:<3} N={} K={} small_us={:.1f} "
+          "cublaslt_us={:.1f} "
+          "floor_us={:.2f} small_ratio={:.2f} cublaslt_ratio={:.2f} max_row_rel_diff={:.3g}\n",
+          s.name, T, s.n, s.k, us_small, us_lt, floor_us, floor_us / us_small, floor_us / us_lt, d);
+    }
+    clear_gemm_caches();
+  }
+  EXPECT_LE(worst, 8e-3);
+}
+
+}  // namespace
+}  // namespace dsaserve::kernels::cuda
