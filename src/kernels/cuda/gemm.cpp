@@ -24,16 +24,23 @@ namespace {
   } while (0)
 
 constexpr size_t kWorkspace = size_t(32) << 20;
+// Heuristic candidates kept per plan; products of at least kTuneFlops are timed once, candidate by
+// candidate, on their first call (outside graph capture) and the fastest is kept.
+constexpr int kCandidates = 8;
+constexpr double kTuneFlops = 2e10;
 
 // Column-major view of the row-major product: D[M, N] (M = output features, N = tokens, ld = row stride
 // of Y) = op(A)[M, K] B[K, N].
-enum class Kind : int64_t { bf16_tn, bf16_nn, f32_tn, f32_nn, fp8_tn };
+// fp8_tn: FP8 operands, bf16 D; fp8_tn_f32: FP8 operands, f32 D (no rounding, no widening pass).
+enum class Kind : int64_t { bf16_tn, bf16_nn, f32_tn, f32_nn, fp8_tn, fp8_tn_f32 };
 using PlanKey = std::array<int64_t, 10>;  // kind, M, N, K, lda, ldb, ldd, align a, b, d
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's best few, best first
+  bool tuned = false;                            // algo picked by timing the candidates
   bool ok = false;
 };
 
@@ -81,19 +88,20 @@ const Plan& plan_for(const PlanKey& key) {
   if (it != l.plans.end()) return it->second;
   const Kind kind = Kind(key[0]);
   const int64_t M = key[1], N = key[2], K = key[3], lda = key[4], ldb = key[5], ldd = key[6];
-  const bool trans_a = kind == Kind::bf16_tn || kind == Kind::f32_tn || kind == Kind::fp8_tn;
+  const bool fp8 = kind == Kind::fp8_tn || kind == Kind::fp8_tn_f32;
+  const bool trans_a = kind == Kind::bf16_tn || kind == Kind::f32_tn || fp8;
   cudaDataType_t in_type = CUDA_R_16BF, d_type = CUDA_R_32F;
   if (kind == Kind::f32_tn || kind == Kind::f32_nn) in_type = CUDA_R_32F;
-  if (kind == Kind::fp8_tn) {
+  if (fp8) {
     in_type = CUDA_R_8F_E4M3;
-    d_type = CUDA_R_16BF;
+    d_type = kind == Kind::fp8_tn ? CUDA_R_16BF : CUDA_R_32F;
   }
   Plan p;
   DSA_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
   DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  if (kind == Kind::fp8_tn) {
+  if (fp8) {
     const cublasLtMatmulMatrixScale_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
                                       bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
@@ -115,7 +123,7 @@ const Plan& plan_for(const PlanKey& key) {
   DSA_LT_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   const uint32_t aa = uint32_t(key[7]), ab = uint32_t(key[8]), ad = uint32_t(key[9]);
-  if (kind != Kind::fp8_tn) {  // FP8 operands are fresh 256-byte aligned buffers: the probe's defaults
+  if (!fp8) {  // FP8 operands are fresh 256-byte aligned buffers: the probe's defaults
     DSA_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa,
                                                       sizeof aa));
     DSA_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab,
@@ -125,14 +133,16 @@ const Plan& plan_for(const PlanKey& key) {
     DSA_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad,
                                                       sizeof ad));
   }
-  cublasLtMatmulHeuristicResult_t h{};
+  std::array<cublasLtMatmulHeuristicResult_t, kCandidates> h{};
   int got = 0;
   const cublasStatus_t s =
-      cublasLtMatmulAlgoGetHeuristic(l.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &h, &got);
+      cublasLtMatmulAlgoGetHeuristic(l.handle, p.desc, p.a, p.b, p.d, p.d, pref, kCandidates, h.data(), &got);
   cublasLtMatmulPreferenceDestroy(pref);
   p.ok = s == CUBLAS_STATUS_SUCCESS && got > 0;
   if (p.ok) {
-    p.algo = h.algo;
+    p.algo = h[0].algo;
+    for (int i = 0; i < got; ++i)
+      if (h[size_t(i)].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(h[size_t(i)].algo);
   } else {
     ++l.stats.failed_plans;
     l.stats.last_failure =
@@ -143,9 +153,9 @@ const Plan& plan_for(const PlanKey& key) {
   return l.plans.emplace(key, p).first->second;
 }
 
-// D = alpha op(A) B + beta D.
-void run(const Plan& p, const void* A, const void* B, void* D, float beta, const float* a_scale = nullptr,
-         const float* b_scale = nullptr) {
+// D = alpha op(A) B + beta D with `algo`.
+cublasStatus_t launch(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* A, const void* B, void* D,
+                      float beta, const float* a_scale, const float* b_scale) {
   Lt& l = lt();
   if (a_scale) {
     DSA_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
@@ -154,8 +164,49 @@ void run(const Plan& p, const void* A, const void* B, void* D, float beta, const
                                                 sizeof b_scale));
   }
   const float alpha = 1.0f;
-  DSA_LT_CHECK(cublasLtMatmul(l.handle, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
-                              l.workspace, kWorkspace, op_stream()));
+  return cublasLtMatmul(l.handle, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &algo, l.workspace,
+                        kWorkspace, op_stream());
+}
+
+// Times each heuristic candidate of a large product once (3 runs each after one warm-up, CUDA events)
+// and keeps the fastest. Not while the stream is being captured into a graph (that needs a host wait).
+void tune(const Plan& cp, double flops, const void* A, const void* B, void* D, const float* a_scale,
+          const float* b_scale) {
+  if (cp.tuned || flops < kTuneFlops || cp.candidates.size() < 2) return;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(op_stream(), &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return;
+  Lt& l = lt();
+  std::lock_guard<std::mutex> lock(l.mu);
+  Plan& p = const_cast<Plan&>(cp);  // plans live in the map; only algo / tuned change, under the lock
+  if (p.tuned) return;
+  cudaEvent_t e0, e1;
+  DSA_CUDA_CHECK(cudaEventCreate(&e0));
+  DSA_CUDA_CHECK(cudaEventCreate(&e1));
+  float best = -1.0f;
+  for (const cublasLtMatmulAlgo_t& a : p.candidates) {
+    if (launch(p, a, A, B, D, 0.0f, a_scale, b_scale) != CUBLAS_STATUS_SUCCESS) continue;
+    DSA_CUDA_CHECK(cudaEventRecord(e0, op_stream()));
+    bool ok = true;
+    for (int i = 0; i < 3 && ok; ++i)
+      ok = launch(p, a, A, B, D, 0.0f, a_scale, b_scale) == CUBLAS_STATUS_SUCCESS;
+    DSA_CUDA_CHECK(cudaEventRecord(e1, op_stream()));
+    DSA_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    DSA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (ok && (best < 0.0f || ms < best)) {
+      best = ms;
+      p.algo = a;
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  p.tuned = true;
+  ++l.stats.tuned_plans;
+}
+
+void run(const Plan& p, const void* A, const void* B, void* D, float beta, const float* a_scale = nullptr,
+         const float* b_scale = nullptr) {
+  DSA_LT_CHECK(launch(p, p.algo, A, B, D, beta, a_scale, b_scale));
 }
 
 void count(int64_t GemmStats::*field) {
@@ -300,6 +351,7 @@ void gemm_dense(const RowView& x, const void* a_ptr, bool a_f32, bool trans_a, i
     p = &plan_for(key_for(d, M));
     DSA_CHECK(p->ok, "{}: cuBLASLt has no algorithm for [{}, {}] x [{}, {}]", what, T, K, K, M);
   }
+  tune(*p, 2.0 * double(M) * double(T) * double(K), a_ptr, b_ptr, d, nullptr, nullptr);
   run(*p, a_ptr, b_ptr, d, 0.0f);
   if (split) run(*p, a_ptr, lo.raw_data(), d, 1.0f);
   if (tmp.defined()) cast_rows(d, false, M, o.p, false, o.stride, T, M, what);
@@ -368,15 +420,33 @@ bool gemm_fp8(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, cons
   const uint8_t* a_ptr = static_cast<const uint8_t*>(w.weight.raw_data()) + r0 * K;
   Tensor xq = Tensor::empty({Tp, K}, DType::u8, Device::cuda);
   Tensor xs = Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda);
-  Tensor d = Tensor::empty({Tp, N}, DType::bf16, Device::cuda);
-  const Plan& p = plan_for(PlanKey{int64_t(Kind::fp8_tn), N, Tp, K, K, K, N, alignment(a_ptr, K),
-                                   alignment(xq.raw_data(), K), alignment(d.raw_data(), N * 2)});
-  if (!p.ok) return false;
+  const float* a_scale = sc.data.data<float>() + (r0 / 128) * sc.ld;
+  const double flops = 2.0 * double(N) * double(Tp) * double(K);
+  // f32 D straight into the output when it holds the padded token count; else into a packed buffer.
+  const bool direct = Tp == T;
+  Tensor d32 = direct ? Tensor() : Tensor::empty({Tp, N}, DType::f32, Device::cuda);
+  float* d32_ptr = direct ? o.p : d32.data<float>();
+  const int64_t ld32 = direct ? o.stride : N;
+  const Plan& p32 = plan_for(PlanKey{int64_t(Kind::fp8_tn_f32), N, Tp, K, K, K, ld32, alignment(a_ptr, K),
+                                     alignment(xq.raw_data(), K), alignment(d32_ptr, ld32 * 4)});
+  Tensor d16;
+  const Plan* p = &p32;
+  if (!p32.ok) {  // no f32-output algorithm: bf16 D, widened afterwards
+    d16 = Tensor::empty({Tp, N}, DType::bf16, Device::cuda);
+    p = &plan_for(PlanKey{int64_t(Kind::fp8_tn), N, Tp, K, K, K, N, alignment(a_ptr, K),
+                          alignment(xq.raw_data(), K), alignment(d16.raw_data(), N * 2)});
+    if (!p->ok) return false;
+  }
   check_launch(launch_quant_fp8({x.p, xq.data_u8(), xs.data<float>(), T, Tp, K, x.stride}, op_stream()),
                "linear: fp8 activation quantisation");
-  const float* a_scale = sc.data.data<float>() + (r0 / 128) * sc.ld;
-  run(p, a_ptr, xq.raw_data(), d.raw_data(), 0.0f, a_scale, xs.data<float>());
-  cast_rows(d.raw_data(), true, N, o.p, false, o.stride, T, N, "linear: fp8 output");
+  void* d_ptr = p32.ok ? static_cast<void*>(d32_ptr) : d16.raw_data();
+  tune(*p, flops, a_ptr, xq.raw_data(), d_ptr, a_scale, xs.data<float>());
+  run(*p, a_ptr, xq.raw_data(), d_ptr, 0.0f, a_scale, xs.data<float>());
+  if (!p32.ok) {
+    cast_rows(d16.raw_data(), true, N, o.p, false, o.stride, T, N, "linear: fp8 output");
+  } else if (!direct) {
+    cast_rows(d32_ptr, false, N, o.p, false, o.stride, T, N, "linear: fp8 output");
+  }
   count(&GemmStats::fp8_calls);
   return true;
 }

@@ -7,13 +7,14 @@
 // - FP8 weights with 128x128 block scales: the activations are quantised per token per 128-group
 //   (e4m3, scale = amax / 448) and multiplied with cuBLASLt's block-scaled FP8 GEMM (docs/GPU.md recipe:
 //   A = W with BLK128x128 scales padded to rows of a multiple of 4, B = X with VEC128 scales [K/128][T],
-//   D bf16), then widened to f32. Up to set_fp8_small_max_tokens() tokens (default 32: decode batches)
-//   the same quantised arithmetic runs in a weight-streaming tensor-core kernel instead
-//   (gemm_small_params.h; f32 output, no bf16 rounding of D). Shapes outside the recipe (K % 128, row slices
-//   not on a 128 boundary, other block sizes) and linear_t use the weight dequantised once to bf16 (cached
-//   per weight).
+//   D f32 where cuBLASLt has an algorithm for it, else bf16 widened to f32). Up to
+//   set_fp8_small_max_tokens() tokens (default 32: decode batches) the same quantised arithmetic runs in
+//   a weight-streaming tensor-core kernel instead (gemm_small_params.h; f32 output). Shapes outside the
+//   recipe (K % 128, row slices not on a 128 boundary, other block sizes) and linear_t use the weight
+//   dequantised once to bf16 (cached per weight).
 // - f32 weights: an f32 GEMM (no TF32).
-// Heuristics are looked up once per (kind, shape, leading dimensions, alignment) and cached.
+// Heuristics are looked up once per (kind, shape, leading dimensions, alignment) and cached; products
+// of >= 2e10 FLOPs time the heuristic's best 8 algorithms on their first call and keep the fastest.
 #include <cstdint>
 #include <string>
 
@@ -41,6 +42,7 @@ void set_fp8_small_max_tokens(int64_t t);
 
 struct GemmStats {
   int64_t plans = 0;            // cached cuBLASLt heuristics
+  int64_t tuned_plans = 0;      // plans whose algorithm was picked by timing the heuristic's candidates
   int64_t fp8_calls = 0;        // block-scaled FP8 GEMMs through cuBLASLt
   int64_t fp8_small_calls = 0;  // block-scaled FP8 GEMMs through the small-T kernel
   int64_t bf16_calls = 0;       // bf16 GEMMs (split ones count once)

@@ -294,10 +294,12 @@ TEST_F(CudaOps, Linear) {
   }
   const GemmStats st = gemm_stats();
   fmt::print(
-      "RESULT op=gemm_paths fp8_block_scaled_calls={} bf16_calls={} f32_calls={} "
-      "fp8_weights_dequantised={} failed_plans={} {}\n",
-      st.fp8_calls, st.bf16_calls, st.f32_calls, st.dequantised, st.failed_plans, st.last_failure);
+      "RESULT op=gemm_paths fp8_block_scaled_calls={} fp8_small_t_calls={} bf16_calls={} f32_calls={} "
+      "fp8_weights_dequantised={} tuned_plans={} failed_plans={} {}\n",
+      st.fp8_calls, st.fp8_small_calls, st.bf16_calls, st.f32_calls, st.dequantised, st.tuned_plans,
+      st.failed_plans, st.last_failure);
   EXPECT_GT(st.fp8_calls, 0) << "the FP8 block-scaled cuBLASLt path never ran";
+  EXPECT_GT(st.fp8_small_calls, 0) << "the small-T FP8 kernel never ran";
   // f32 weights (exact-ish f32 GEMM): a router in f32.
   const WeightRef wf = rand_weight(256, kH, DType::f32, 77), wf_d = to_cuda(wf);
   for (int64_t T : kTokens) {
