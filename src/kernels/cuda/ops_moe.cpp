@@ -14,14 +14,14 @@
 // Routing ids outside [0, E): the host path throws dsaserve::Error (it reads the count back anyway). The
 // device path cannot look without a host sync: it drops such pairs (they add nothing to their token),
 // never touches memory with them, and counts them on the device (moe_take_dropped_pairs).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise_params.h"
@@ -164,9 +164,17 @@ ExpertTable build_table(const std::vector<MlpRef>& experts, std::vector<const vo
   return t;
 }
 
+// What a call needs of the table (a copy: another thread may rebuild the cached entry meanwhile).
+struct TableView {
+  Tensor table;
+  DType dtype;
+  int64_t hidden, inter, block_n, block_k;
+  std::string unusable;
+};
+
 // The table of `experts`: cached per (first weight, count), rebuilt when any pointer changed. Building
 // uploads with a synchronous copy, which capture forbids: the eager warm-up before a capture builds it.
-const ExpertTable& expert_table(const std::vector<MlpRef>& experts, bool capturing) {
+TableView expert_table(const std::vector<MlpRef>& experts, bool capturing) {
   static std::mutex mu;
   static std::map<std::pair<const void*, size_t>, ExpertTable> cache;
   std::vector<const void*> ptrs = pointers_of(experts);
@@ -176,13 +184,13 @@ const ExpertTable& expert_table(const std::vector<MlpRef>& experts, bool capturi
   const bool same = t.ptrs == ptrs && (t.table.defined() || !t.unusable.empty()) && g0.weight.defined() &&
                     g0.weight.dtype() == t.dtype && g0.rows() == t.inter && g0.cols() == t.hidden &&
                     g0.block_n == t.block_n && g0.block_k == t.block_k;
-  if (same) return t;
+  if (same) return {t.table, t.dtype, t.hidden, t.inter, t.block_n, t.block_k, t.unusable};
   DSA_CHECK(!capturing,
             "moe_experts: these {} experts were never run before the CUDA graph capture (run the step once "
             "eagerly first: the expert table is uploaded then)",
             experts.size());
   t = build_table(experts, std::move(ptrs));
-  return t;
+  return {t.table, t.dtype, t.hidden, t.inter, t.block_n, t.block_k, t.unusable};
 }
 
 MoeWeightType weight_type(DType dt) {
@@ -203,7 +211,7 @@ struct PlanLayout {
   int64_t size() const { return pos() + pairs; }
 };
 
-void device_experts(const RowView& xv, const Routing& routing, const ExpertTable& tab, const int32_t* plan,
+void device_experts(const RowView& xv, const Routing& routing, const TableView& tab, const int32_t* plan,
                     const PlanLayout& l, int64_t K, Tensor& out) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
   DSA_CHECK(tab.hidden == H, "moe_experts: experts take {} features, the input has {}", tab.hidden, H);
@@ -372,7 +380,7 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
         T <= kDeviceMaxTokens || 6.0 * double(l.pairs) * double(H) * I <= kDeviceFlopsPerExpert * double(E);
   }
   if (device) {
-    const ExpertTable& tab = expert_table(experts, capturing);
+    const TableView tab = expert_table(experts, capturing);
     if (tab.unusable.empty()) {
       device_experts(xv, routing, tab, pd, l, K, out);
       return out;
