@@ -308,6 +308,8 @@ TEST_F(CudaMoe, OutOfRangeIds) {
 void capture_and_replay(const std::string& name, int64_t T, int64_t K, int64_t E, int64_t H, int64_t I,
                         int64_t sets, DType dt) {
   const ExpertSet s = make_experts(sets, E, H, I, dt, 8000 + uint64_t(H));
+  // The uploads above ran on the legacy stream, which a non-blocking stream does not wait for.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaStream_t st = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
   Tensor x_d = Tensor::empty({T, H}, DType::f32, Device::cuda);
