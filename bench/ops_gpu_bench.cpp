@@ -3,6 +3,8 @@
 // operator shows), the bytes it must move and the FLOPs it must do, the floor from the measured ceilings
 // of docs/GPU.md (4.3 TB/s; 797 TFLOP/s bf16, 1434 TFLOP/s FP8, 67 TFLOP/s fp32 for non-tensor work) and
 // floor / time. Weights are filled on the GPU with a constant pattern (values do not change GEMM speed).
+// moe_experts rows: "dev" is the device-grouped path (decode, CUDA-graph capturable), "host" the
+// host-grouped cuBLASLt path, "auto" what moe_experts picks (the host path at 4096 tokens).
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -16,6 +18,7 @@
 
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe_params.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/ops.h"
@@ -172,33 +175,52 @@ int main() {
     }
   }
   {
-    // Routed experts: 256 FP8 experts (2048 x 6144), top-8 of a random routing.
+    // Routed experts at GLM-5.3 shapes: 256 experts (2048 x 6144), top-8 of a random routing, FP8 and bf16
+    // weights; both paths of moe_experts at decode sizes (dev: device-grouped kernels, no host sync; host:
+    // per-expert cuBLASLt GEMMs), the automatic choice at 4096 (the host path). Bytes: the weights of the
+    // experts that received tokens + the activations read and written (x, out).
+    namespace kc = dsaserve::kernels::cuda;
     constexpr int64_t kE = 256, kI = 2048, kTopK = 8;
-    std::vector<ops::MlpRef> experts;
-    for (int64_t e = 0; e < kE; ++e)
-      experts.push_back({weight(kI, kH, DType::f8e4m3fn), weight(kI, kH, DType::f8e4m3fn),
-                         weight(kH, kI, DType::f8e4m3fn)});
-    std::mt19937 r(11);
-    for (int64_t T : kTs) {
-      Tensor ids = Tensor::empty({T, kTopK}, DType::i32);
-      std::vector<bool> used(kE, false);
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<int32_t> all(kE);
-        std::iota(all.begin(), all.end(), 0);
-        std::shuffle(all.begin(), all.end(), r);
-        for (int64_t k = 0; k < kTopK; ++k) {
-          ids.data<int32_t>()[t * kTopK + k] = all[size_t(k)];
-          used[size_t(all[size_t(k)])] = true;
+    for (DType dt : {DType::f8e4m3fn, DType::bf16}) {
+      std::vector<ops::MlpRef> experts;
+      for (int64_t e = 0; e < kE; ++e)
+        experts.push_back({weight(kI, kH, dt), weight(kI, kH, dt), weight(kH, kI, dt)});
+      std::mt19937 r(11);
+      for (int64_t T : kTs) {
+        if (dt == DType::bf16 && T > 256) continue;
+        Tensor ids = Tensor::empty({T, kTopK}, DType::i32);
+        std::vector<bool> used(kE, false);
+        for (int64_t t = 0; t < T; ++t) {
+          std::vector<int32_t> all(kE);
+          std::iota(all.begin(), all.end(), 0);
+          std::shuffle(all.begin(), all.end(), r);
+          for (int64_t k = 0; k < kTopK; ++k) {
+            ids.data<int32_t>()[t * kTopK + k] = all[size_t(k)];
+            used[size_t(all[size_t(k)])] = true;
+          }
         }
+        const int64_t active = std::count(used.begin(), used.end(), true);
+        const ops::Routing routing{ids.to(Device::cuda), rand_gpu({T, kTopK}, 12)};
+        const Tensor x = rand_gpu({T, kH}, 13);
+        const double wbytes = double(active * 3 * kI * kH) * (dt == DType::bf16 ? 2 : 1);
+        const struct {
+          const char* tag;
+          kc::MoePath path;
+        } paths[] = {
+            {"dev", kc::MoePath::device}, {"host", kc::MoePath::host}, {"auto", kc::MoePath::automatic}};
+        for (const auto& pa : paths) {
+          if ((T > 256) != (pa.path == kc::MoePath::automatic)) continue;
+          kc::set_moe_path(pa.path);
+          row(fmt::format("moe_experts {} {} 256x8", dt == DType::bf16 ? "bf16" : "fp8", pa.tag), T,
+              fmt::format("[{},{},{}]x8", T, kH, kI),
+              time_us([&] { ops::moe_experts(x, routing, experts); }, 2, 10),
+              wbytes + 4.0 * double(T * kH * 2), 2.0 * double(T * kTopK * 3 * kI * kH),
+              dt == DType::bf16 ? kBf16 : kFp8);
+        }
+        kc::set_moe_path(kc::MoePath::automatic);
       }
-      const int64_t active = std::count(used.begin(), used.end(), true);
-      const ops::Routing routing{ids.to(Device::cuda), rand_gpu({T, kTopK}, 12)};
-      const Tensor x = rand_gpu({T, kH}, 13);
-      row("moe_experts fp8 256x8", T, fmt::format("[{},{},{}]x8", T, kH, kI),
-          time_us([&] { ops::moe_experts(x, routing, experts); }, 2, 10),
-          double(active * 3 * kI * kH) + 4.0 * double(T * kH * 2), 2.0 * double(T * kTopK * 3 * kI * kH),
-          kFp8);
     }
+    dsaserve::kernels::cuda::clear_gemm_caches();
   }
   {
     // Absorbed MLA over a DSA selection of 2048 keys (the plain kernel; the fast one is CUDA path part 2).

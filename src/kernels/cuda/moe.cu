@@ -88,7 +88,8 @@ __global__ void sm90_moe_combine_kernel(MoeCombineParams p) {
   for (int64_t t = blockIdx.y; t < p.tokens; t += gridDim.y) {
     float acc = 0.0f;
     for (int64_t k = 0; k < p.top_k; ++k) {
-      acc += p.weights[t * p.top_k + k] * p.y[int64_t(p.pos[t * p.top_k + k]) * p.cols + c];
+      const int32_t m = p.pos[t * p.top_k + k];
+      if (m >= 0) acc += p.weights[t * p.top_k + k] * p.y[int64_t(m) * p.cols + c];
     }
     p.out[t * p.cols + c] = acc;
   }

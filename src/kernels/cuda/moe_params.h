@@ -21,14 +21,82 @@ struct MoeRouteKernelParams {
 };
 cudaError_t launch_moe_route(const MoeRouteKernelParams& p, cudaStream_t stream);
 
-// out[t] = sum_k weights[t, k] * y[pos[t, k]] (the expert outputs packed by expert).
+// out[t] = sum_k weights[t, k] * y[pos[t, k]] (the expert outputs packed by expert); pairs with pos < 0
+// (dropped by the grouping) add nothing.
 struct MoeCombineParams {
   const float* y;        // [tokens * top_k, cols] contiguous
-  const int32_t* pos;    // [tokens, top_k] row of y holding expert k's output of token t
+  const int32_t* pos;    // [tokens, top_k] row of y holding expert k's output of token t, or -1
   const float* weights;  // [tokens, top_k]
   float* out;            // [tokens, cols] contiguous
   int64_t tokens, top_k, cols;
 };
 cudaError_t launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream);
+
+// Device-side grouping of the routing (moe_grouped.cu): the (token, expert) pairs packed by expert, pairs
+// of one expert in pair order (token order), so packed row m of expert e lies in [offsets[e], offsets[e+1]).
+// One block; its size depends on the number of experts only (experts <= 1024). A pair whose id lies
+// outside [0, experts) is dropped (pos = -1: it adds nothing to its token), counted in header[1] and in a
+// process-wide counter (moe_take_dropped_pairs): out-of-range ids never index memory.
+struct MoeGroupParams {
+  const int32_t* ids;  // [pairs] = [tokens, top_k] expert of pair i = (token i / top_k, slot i % top_k)
+  int32_t* header;     // [4]: active experts, dropped pairs, one dropped id, 0
+  int32_t* offsets;    // [experts + 1] exclusive prefix sum of counts
+  int32_t* counts;     // [experts] pairs per expert
+  int32_t* active;     // [experts] experts with pairs, ascending; the first header[0] are set
+  int32_t* rows;       // [pairs] token of packed row m (the first offsets[experts] are set)
+  int32_t* pos;        // [pairs] packed row of pair i, -1 when dropped
+  int64_t pairs, top_k;
+  int experts;
+};
+cudaError_t launch_moe_group(const MoeGroupParams& p, cudaStream_t stream);
+
+// Pairs dropped by launch_moe_group since the last call (ids outside [0, experts)); resets the count.
+// Synchronises the device: call it at a sync point (tests, end of a step), never while capturing.
+cudaError_t moe_take_dropped_pairs(int64_t* count);
+
+// One expert's weights as stored (device pointers): gate / up [inter, hidden], down [hidden, inter].
+// FP8 weights carry f32 block scales [ceil(rows / block_n), ceil(cols / block_k)]; null otherwise.
+struct MoeExpertWeights {
+  const void* gate;
+  const void* up;
+  const void* down;
+  const float* gate_scale;  // may be null (not fp8)
+  const float* up_scale;    // may be null (not fp8)
+  const float* down_scale;  // may be null (not fp8)
+};
+
+enum class MoeWeightType : int32_t { f32 = 0, bf16 = 1, fp8 = 2 };
+
+// The grouped expert GEMMs for few rows per expert (decode). A persistent grid walks the work items
+// (active expert slot, tile of output columns); slots >= header[0] are never visited, so experts without
+// rows are never read. A warp owns a few output columns and streams their weight rows once per group of
+// `group_rows` packed rows (16-byte loads along k, f32 accumulation, warp-shuffle reduction).
+//   gate_up: act[m, n] = silu(x[rows[m]] . gate[e][n]) * (x[rows[m]] . up[e][n]),  n < inter
+//   down:    y[m, n] = act[m] . down[e][n],                                          n < hidden
+// Requires: the reduction width (hidden for gate_up, inter for down) a multiple of 16 / weight bytes,
+// block_k a multiple of 16 (fp8), 16-byte aligned rows of `in` (in_stride % 4 == 0).
+struct MoeExpertGemmParams {
+  const MoeExpertWeights* table;  // [experts] device table
+  const int32_t* header;          // [4] of the grouping (header[0] = active experts)
+  const int32_t* offsets;         // [experts + 1]
+  const int32_t* active;          // [experts]
+  const int32_t* in_rows;         // [pairs] input row of packed row m (gate_up: tokens), or null (row m)
+  const float* in;                // [*, n_in] row stride in_stride
+  float* out;                     // [pairs, n_out] contiguous, packed by expert
+  int64_t in_stride, n_in, n_out;
+  int experts;
+  int block_n, block_k;  // fp8 scale blocks
+  MoeWeightType wtype;
+  bool gate_up;    // true: gate and up with SiLU-mul (n_in = hidden, n_out = inter); false: down
+  int group_rows;  // rows held in registers at once: 2, 4 or 8 (any count is correct; tunes speed)
+};
+cudaError_t launch_moe_expert_gemm(const MoeExpertGemmParams& p, cudaStream_t stream);
+
+// Host controls of moe_experts (ops_moe.cpp). automatic: the device-grouped path when the op stream is
+// capturing or the expert GEMMs are small (see ops_moe.cpp), else the host-grouped cuBLASLt path.
+// device / host force one path (tests, benchmarks); capture always takes the device path.
+enum class MoePath : int32_t { automatic = 0, device = 1, host = 2 };
+void set_moe_path(MoePath p);
+MoePath moe_path();
 
 }  // namespace dsaserve::kernels::cuda

@@ -1,9 +1,27 @@
-// Host wrappers of the MoE operators. moe_experts groups the (token, expert) pairs by expert on the host
-// (the routing is copied back: one small transfer), gathers the tokens once into a buffer packed by
-// expert, runs each active expert's three GEMMs on its slice (experts without tokens are never read),
-// SiLU-mul over the whole buffer, and combines the weighted outputs per token in one kernel.
+// Host wrappers of the MoE operators.
+//
+// moe_experts groups the (token, expert) pairs by expert on the device (moe_grouped.cu: counts, offsets,
+// packed rows in token order, the list of active experts), then takes one of two paths:
+// - device path (decode; always while the op stream is being captured into a CUDA graph): two grouped
+//   kernels (gate + up + SiLU-mul, then down) that visit only the active experts and read each one's
+//   weights once per group of rows, then the weighted combine. No host synchronisation, launch
+//   configurations that depend on shapes only; the experts' weight pointers reach the kernels through a
+//   small device table built on first use (outside capture) and cached per experts vector.
+// - host path (prefill): the expert offsets (E + 5 integers) come back to the host, then one cuBLASLt
+//   GEMM per active expert and matrix on its slice of the gathered tokens, SiLU-mul, the combine.
+// Both paths read only the experts that received tokens.
+//
+// Routing ids outside [0, E): the host path throws dsaserve::Error (it reads the count back anyway). The
+// device path cannot look without a host sync: it drops such pairs (they add nothing to their token),
+// never touches memory with them, and counts them on the device (moe_take_dropped_pairs).
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise_params.h"
@@ -39,41 +57,233 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
   return r;
 }
 
-Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) {
-  const RowView xv = rows_f32(x, "moe_experts input");
-  const int64_t T = xv.rows, H = xv.cols, E = int64_t(experts.size());
-  DSA_CHECK(routing.ids.defined() && routing.weights.defined() && routing.ids.dim() == 2 &&
-                routing.ids.size(0) == T && routing.ids.is_contiguous() && routing.weights.dim() == 2 &&
-                routing.weights.is_contiguous() && routing.weights.size(0) == T &&
-                routing.weights.size(1) == routing.ids.size(1) && routing.ids.dtype() == DType::i32 &&
-                routing.weights.dtype() == DType::f32 && routing.weights.device() == Device::cuda,
-            "moe_experts: routing does not match {} tokens", T);
-  const int64_t K = routing.ids.size(1);
-  Tensor out = Tensor::empty({T, H}, DType::f32, Device::cuda);
-  if (T == 0) return out;
-  const std::vector<int32_t> ids = i32_to_host(routing.ids);
-  // Pairs grouped by expert, tokens in order within an expert.
-  std::vector<int64_t> count(size_t(E) + 1, 0);
-  for (int64_t i = 0; i < T * K; ++i) {
-    const int32_t e = ids[size_t(i)];
-    DSA_CHECK(e >= 0 && e < E, "moe_experts: expert {} of token {} outside [0, {})", e, i / K, E);
-    ++count[size_t(e) + 1];
+namespace {
+
+std::atomic<int32_t> g_moe_path{int32_t(MoePath::automatic)};
+
+// Device path below this many tokens whatever the shapes: at GLM-5.3 widths (256 experts, top-8) 256
+// tokens put ~8 rows on each expert, where the grouped kernels are still near the weight-streaming floor
+// (FP8: ~19 weight bytes per SM clock at 4.3 TB/s against 128 f32 FMAs per clock leaves room for ~5 rows
+// at full speed, ~2x the floor at 8 rows) while the host path pays ~12 launches per active expert.
+constexpr int64_t kDeviceMaxTokens = 256;
+// Above that, the device path still wins while an expert's three GEMMs cost less on the CUDA cores than
+// the host path's launches for it (~50 us: about 1.5 GFLOP at the ~30 TFLOP/s the kernels reach).
+constexpr double kDeviceFlopsPerExpert = 1.5e9;
+
+bool stream_capturing() {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(op_stream(), &st) != cudaSuccess) {
+    cudaGetLastError();
+    return true;  // e.g. the legacy stream while another stream captures: no host sync either way
   }
-  for (int64_t e = 0; e < E; ++e) count[size_t(e) + 1] += count[size_t(e)];
-  // host buffer: rows [M] (token of packed row m), then pos [T * K] (packed row of pair (t, k))
-  const int64_t M = T * K;
-  std::vector<int32_t> host(size_t(2 * M));
-  std::vector<int64_t> fill(count.begin(), count.end() - 1);
-  for (int64_t i = 0; i < M; ++i) {
-    const int64_t m = fill[size_t(ids[size_t(i)])]++;
-    host[size_t(m)] = int32_t(i / K);
-    host[size_t(M + i)] = int32_t(m);
+  return st != cudaStreamCaptureStatusNone;
+}
+
+// The experts' weights as the kernels see them, checked once and uploaded once per experts vector.
+struct ExpertTable {
+  std::vector<const void*> ptrs;  // 6 per expert: gate, up, down, their scales (null unless fp8)
+  DType dtype = DType::f32;
+  int64_t hidden = 0, inter = 0, block_n = 128, block_k = 128;
+  std::string unusable;  // why the device path cannot run these experts; empty when it can
+  Tensor table;          // CUDA u8 [experts * sizeof(MoeExpertWeights)]
+};
+
+std::vector<const void*> pointers_of(const std::vector<MlpRef>& experts) {
+  std::vector<const void*> v;
+  v.reserve(experts.size() * 6);
+  for (const MlpRef& m : experts) {
+    for (const WeightRef* w : {&m.gate, &m.up, &m.down})
+      v.push_back(w->weight.defined() ? w->weight.raw_data() : nullptr);
+    for (const WeightRef* w : {&m.gate, &m.up, &m.down})
+      v.push_back(w->scale_inv.defined() ? w->scale_inv.raw_data() : nullptr);
   }
-  Tensor idx = Tensor::empty({2 * M}, DType::i32);
-  std::memcpy(idx.raw_data(), host.data(), host.size() * sizeof(int32_t));
-  idx = idx.to(Device::cuda);
-  const int32_t* rows_d = static_cast<const int32_t*>(idx.raw_data());
-  const int32_t* pos_d = rows_d + M;
+  return v;
+}
+
+// Why `w` cannot be a [rows, cols] weight of the device path (same dtype and blocks as the table), or "".
+std::string weight_problem(const WeightRef& w, int64_t rows, int64_t cols, const ExpertTable& t) {
+  if (!w.weight.defined() || w.weight.device() != Device::cuda || w.weight.dim() != 2 ||
+      !w.weight.is_contiguous())
+    return "a weight is not a contiguous 2-D CUDA tensor";
+  if (w.weight.dtype() != t.dtype) return "the experts' weights differ in dtype";
+  if (w.rows() != rows || w.cols() != cols)
+    return fmt::format("a weight is {}, expected [{}, {}]", w.weight.describe(), rows, cols);
+  if (reinterpret_cast<uintptr_t>(w.weight.raw_data()) % 16 != 0) return "a weight is not 16-byte aligned";
+  if (t.dtype != DType::f8e4m3fn) return "";
+  if (w.block_n != t.block_n || w.block_k != t.block_k) return "the experts' fp8 blocks differ";
+  const int64_t sn = (rows + w.block_n - 1) / w.block_n, sk = (cols + w.block_k - 1) / w.block_k;
+  if (!w.scale_inv.defined() || w.scale_inv.device() != Device::cuda || w.scale_inv.dtype() != DType::f32 ||
+      !w.scale_inv.is_contiguous() || w.scale_inv.dim() != 2 || w.scale_inv.size(0) != sn ||
+      w.scale_inv.size(1) != sk)
+    return fmt::format("an fp8 weight needs a CUDA f32 scale_inv [{}, {}]", sn, sk);
+  return "";
+}
+
+ExpertTable build_table(const std::vector<MlpRef>& experts, std::vector<const void*> ptrs) {
+  ExpertTable t;
+  t.ptrs = std::move(ptrs);
+  const WeightRef& g0 = experts[0].gate;
+  if (!g0.weight.defined() || g0.weight.dim() != 2) {
+    t.unusable = "expert 0 has no gate weight";
+    return t;
+  }
+  t.dtype = g0.weight.dtype();
+  t.inter = g0.rows();
+  t.hidden = g0.cols();
+  t.block_n = g0.block_n;
+  t.block_k = g0.block_k;
+  const int64_t v = t.dtype == DType::f8e4m3fn ? 16 : t.dtype == DType::bf16 ? 8 : 4;
+  if (t.dtype != DType::f8e4m3fn && t.dtype != DType::bf16 && t.dtype != DType::f32) {
+    t.unusable = fmt::format("weights of dtype {}", dtype_name(t.dtype));
+  } else if (t.hidden % v != 0 || t.inter % v != 0) {
+    t.unusable = fmt::format("hidden {} / intermediate {} not multiples of {}", t.hidden, t.inter, v);
+  } else if (t.dtype == DType::f8e4m3fn && (t.block_n <= 0 || t.block_k <= 0 || t.block_k % 16 != 0)) {
+    t.unusable = fmt::format("fp8 blocks {}x{}", t.block_n, t.block_k);
+  }
+  for (size_t e = 0; e < experts.size() && t.unusable.empty(); ++e) {
+    const MlpRef& m = experts[e];
+    std::string why = weight_problem(m.gate, t.inter, t.hidden, t);
+    if (why.empty()) why = weight_problem(m.up, t.inter, t.hidden, t);
+    if (why.empty()) why = weight_problem(m.down, t.hidden, t.inter, t);
+    if (!why.empty()) t.unusable = fmt::format("expert {}: {}", e, why);
+  }
+  if (!t.unusable.empty()) return t;
+  std::vector<MoeExpertWeights> host(experts.size());
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const void* const* p = t.ptrs.data() + 6 * e;
+    host[e] = {p[0],
+               p[1],
+               p[2],
+               static_cast<const float*>(p[3]),
+               static_cast<const float*>(p[4]),
+               static_cast<const float*>(p[5])};
+  }
+  Tensor h = Tensor::empty({int64_t(host.size() * sizeof(MoeExpertWeights))}, DType::u8);
+  std::memcpy(h.raw_data(), host.data(), host.size() * sizeof(MoeExpertWeights));
+  t.table = h.to(Device::cuda);
+  return t;
+}
+
+// What a call needs of the table (a copy: another thread may rebuild the cached entry meanwhile).
+struct TableView {
+  Tensor table;
+  DType dtype;
+  int64_t hidden, inter, block_n, block_k;
+  std::string unusable;
+};
+
+// The table of `experts`: cached per (first weight, count), rebuilt when any pointer changed. Building
+// uploads with a synchronous copy, which capture forbids: the eager warm-up before a capture builds it.
+TableView expert_table(const std::vector<MlpRef>& experts, bool capturing) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, size_t>, ExpertTable> cache;
+  std::vector<const void*> ptrs = pointers_of(experts);
+  std::lock_guard<std::mutex> lock(mu);
+  ExpertTable& t = cache[{ptrs[0], experts.size()}];
+  const WeightRef& g0 = experts[0].gate;
+  const bool same = t.ptrs == ptrs && (t.table.defined() || !t.unusable.empty()) && g0.weight.defined() &&
+                    g0.weight.dtype() == t.dtype && g0.rows() == t.inter && g0.cols() == t.hidden &&
+                    g0.block_n == t.block_n && g0.block_k == t.block_k;
+  if (same) return {t.table, t.dtype, t.hidden, t.inter, t.block_n, t.block_k, t.unusable};
+  DSA_CHECK(!capturing,
+            "moe_experts: these {} experts were never run before the CUDA graph capture (run the step once "
+            "eagerly first: the expert table is uploaded then)",
+            experts.size());
+  t = build_table(experts, std::move(ptrs));
+  return {t.table, t.dtype, t.hidden, t.inter, t.block_n, t.block_k, t.unusable};
+}
+
+MoeWeightType weight_type(DType dt) {
+  return dt == DType::f8e4m3fn ? MoeWeightType::fp8
+         : dt == DType::bf16   ? MoeWeightType::bf16
+                               : MoeWeightType::f32;
+}
+
+// Offsets (in i32) of the parts of the grouping's output buffer.
+struct PlanLayout {
+  int64_t experts, pairs;
+  int64_t header() const { return 0; }
+  int64_t offsets() const { return 4; }
+  int64_t counts() const { return offsets() + experts + 1; }
+  int64_t active() const { return counts() + experts; }
+  int64_t rows() const { return active() + experts; }
+  int64_t pos() const { return rows() + pairs; }
+  int64_t size() const { return pos() + pairs; }
+};
+
+void device_experts(const RowView& xv, const Routing& routing, const TableView& tab, const int32_t* plan,
+                    const PlanLayout& l, int64_t K, Tensor& out) {
+  const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
+  DSA_CHECK(tab.hidden == H, "moe_experts: experts take {} features, the input has {}", tab.hidden, H);
+  const int32_t* rows_d = plan + l.rows();
+  MoeExpertGemmParams p{};
+  p.experts = int(E);
+  p.header = plan + l.header();
+  p.offsets = plan + l.offsets();
+  p.active = plan + l.active();
+  p.block_n = int(tab.block_n);
+  p.block_k = int(tab.block_k);
+  p.wtype = weight_type(tab.dtype);
+  // Rows held in registers: the mean rows per expert rounded up to 2, 4 or 8 (shapes only).
+  const int64_t mean = (M + E - 1) / E;
+  p.group_rows = mean <= 2 ? 2 : mean <= 4 ? 4 : 8;
+  p.table = static_cast<const MoeExpertWeights*>(tab.table.raw_data());
+  Tensor xg;
+  if (reinterpret_cast<uintptr_t>(xv.p) % 16 == 0 && xv.stride % 4 == 0) {
+    p.in = xv.p;
+    p.in_stride = xv.stride;
+    p.in_rows = rows_d;
+  } else {  // unaligned rows: gather the tokens packed by expert first
+    xg = Tensor::empty({M, H}, DType::f32, Device::cuda);
+    RowsParams g{};
+    g.src = xv.p;
+    g.dst = xg.raw_data();
+    g.rows = M;
+    g.cols = H;
+    g.src_stride = xv.stride;
+    g.dst_stride = H;
+    g.op = RowOp::copy;
+    g.src_rows = rows_d;
+    g.page_size = 1;
+    check_launch(launch_rows(g, op_stream()), "moe_experts gather");
+    p.in = xg.data<float>();
+    p.in_stride = H;
+    p.in_rows = nullptr;
+  }
+  Tensor act = Tensor::empty({M, I}, DType::f32, Device::cuda);  // [M, I] silu(gate) * up, packed by expert
+  p.out = act.data<float>();
+  p.n_in = H;
+  p.n_out = I;
+  p.gate_up = true;
+  check_launch(launch_moe_expert_gemm(p, op_stream()), "moe_experts gate/up");
+  Tensor y = Tensor::empty({M, H}, DType::f32, Device::cuda);  // [M, H] expert outputs, packed by expert
+  p.in = act.data<float>();
+  p.in_stride = I;
+  p.in_rows = nullptr;
+  p.out = y.data<float>();
+  p.n_in = I;
+  p.n_out = H;
+  p.gate_up = false;
+  check_launch(launch_moe_expert_gemm(p, op_stream()), "moe_experts down");
+  check_launch(
+      launch_moe_combine({y.data<float>(), plan + l.pos(),
+                          static_cast<const float*>(routing.weights.raw_data()), out.data<float>(), T, K, H},
+                         op_stream()),
+      "moe_experts combine");
+}
+
+void host_experts(const RowView& xv, const Routing& routing, const std::vector<MlpRef>& experts,
+                  const int32_t* plan, const PlanLayout& l, int64_t K, Tensor& out) {
+  const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs;
+  // One small copy back: the header and the expert offsets.
+  std::vector<int32_t> h(size_t(l.counts()));
+  check_launch(
+      cudaMemcpyAsync(h.data(), plan, h.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, op_stream()),
+      "moe_experts offsets");
+  check_launch(cudaStreamSynchronize(op_stream()), "moe_experts offsets");
+  DSA_CHECK(h[1] == 0, "moe_experts: expert {} outside [0, {}) ({} of {} pairs)", h[2], E, h[1], M);
+  const int32_t* off = h.data() + l.offsets();
+  const int32_t* rows_d = plan + l.rows();
 
   Tensor xg = Tensor::empty({M, H}, DType::f32, Device::cuda);  // [M, H] tokens packed by expert
   {
@@ -91,7 +301,7 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
   }
   int64_t I = -1;
   for (int64_t e = 0; e < E; ++e) {
-    if (count[size_t(e) + 1] == count[size_t(e)]) continue;
+    if (off[e + 1] == off[e]) continue;
     const int64_t ie = experts[size_t(e)].gate.rows();
     DSA_CHECK(I < 0 || I == ie, "moe_experts: experts of different widths ({} and {})", I, ie);
     I = ie;
@@ -99,7 +309,7 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
   Tensor gate = Tensor::empty({M, I}, DType::f32, Device::cuda),
          up = Tensor::empty({M, I}, DType::f32, Device::cuda);
   for (int64_t e = 0; e < E; ++e) {
-    const int64_t m0 = count[size_t(e)], m1 = count[size_t(e) + 1];
+    const int64_t m0 = off[e], m1 = off[e + 1];
     if (m0 == m1) continue;
     const MlpRef& mlp = experts[size_t(e)];
     const Tensor xe = xg.slice(0, m0, m1);
@@ -109,7 +319,7 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
   const Tensor act = cuda::silu_mul(gate, up);  // [M, I]
   Tensor y = Tensor::empty({M, H}, DType::f32, Device::cuda);
   for (int64_t e = 0; e < E; ++e) {
-    const int64_t m0 = count[size_t(e)], m1 = count[size_t(e) + 1];
+    const int64_t m0 = off[e], m1 = off[e + 1];
     if (m0 == m1) continue;
     const MlpRef& mlp = experts[size_t(e)];
     DSA_CHECK(mlp.down.rows() == H, "moe_experts: expert {} returns {} features, expected {}", e,
@@ -117,10 +327,68 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
     cuda::linear(act.slice(0, m0, m1), mlp.down, 0, -1, y.slice(0, m0, m1));
   }
   check_launch(
-      launch_moe_combine({y.data<float>(), pos_d, static_cast<const float*>(routing.weights.raw_data()),
-                          out.data<float>(), T, K, H},
+      launch_moe_combine({y.data<float>(), plan + l.pos(),
+                          static_cast<const float*>(routing.weights.raw_data()), out.data<float>(), T, K, H},
                          op_stream()),
       "moe_experts combine");
+}
+
+}  // namespace
+
+void set_moe_path(MoePath p) { g_moe_path.store(int32_t(p)); }
+MoePath moe_path() { return MoePath(g_moe_path.load()); }
+
+Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) {
+  const RowView xv = rows_f32(x, "moe_experts input");
+  const int64_t T = xv.rows, H = xv.cols, E = int64_t(experts.size());
+  DSA_CHECK(routing.ids.defined() && routing.weights.defined() && routing.ids.dim() == 2 &&
+                routing.ids.size(0) == T && routing.ids.is_contiguous() && routing.weights.dim() == 2 &&
+                routing.weights.is_contiguous() && routing.weights.size(0) == T &&
+                routing.weights.size(1) == routing.ids.size(1) && routing.ids.dtype() == DType::i32 &&
+                routing.ids.device() == Device::cuda && routing.weights.dtype() == DType::f32 &&
+                routing.weights.device() == Device::cuda,
+            "moe_experts: routing does not match {} tokens", T);
+  DSA_CHECK(E >= 1 && E <= 1024, "moe_experts: {} experts (1..1024 supported)", E);
+  const int64_t K = routing.ids.size(1);
+  Tensor out = Tensor::empty({T, H}, DType::f32, Device::cuda);
+  if (T == 0 || K == 0) {
+    if (T > 0) check_launch(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), op_stream()), "moe_experts");
+    return out;
+  }
+  const PlanLayout l{E, T * K};
+  Tensor plan = Tensor::empty({l.size()}, DType::i32, Device::cuda);
+  int32_t* pd = plan.data<int32_t>();
+  MoeGroupParams g{routing.ids.data<int32_t>(),
+                   pd + l.header(),
+                   pd + l.offsets(),
+                   pd + l.counts(),
+                   pd + l.active(),
+                   pd + l.rows(),
+                   pd + l.pos(),
+                   l.pairs,
+                   K,
+                   int(E)};
+  check_launch(launch_moe_group(g, op_stream()), "moe_experts grouping");
+
+  const bool capturing = stream_capturing();
+  const MoePath path = moe_path();
+  bool device = capturing || path == MoePath::device;
+  if (!device && path == MoePath::automatic) {
+    const WeightRef& g0 = experts[0].gate;
+    const double I = g0.weight.defined() ? double(g0.rows()) : 0.0;
+    device =
+        T <= kDeviceMaxTokens || 6.0 * double(l.pairs) * double(H) * I <= kDeviceFlopsPerExpert * double(E);
+  }
+  if (device) {
+    const TableView tab = expert_table(experts, capturing);
+    if (tab.unusable.empty()) {
+      device_experts(xv, routing, tab, pd, l, K, out);
+      return out;
+    }
+    DSA_CHECK(!capturing && path != MoePath::device,
+              "moe_experts: the device path cannot run these experts: {}", tab.unusable);
+  }
+  host_experts(xv, routing, experts, pd, l, K, out);
   return out;
 }
 

@@ -1,0 +1,389 @@
+// The MoE experts on the GPU: the device grouping of the routing against a host reference, moe_experts on
+// both paths (device-grouped kernels, host-grouped cuBLASLt) against the CPU op at GLM-5.3 shapes (hidden
+// 6144, moe_intermediate 2048, 256 experts top-8) and realdims shapes (hidden 256, 16 experts top-4,
+// intermediate 128), dropped out-of-range ids, and a CUDA-graph capture replayed with new routings.
+//
+// GLM-5.3 shapes: the 256 experts share 16 distinct weight sets (expert e uses set e % 16; random weights
+// for 256 experts would take minutes to make), so the kernels still see 256 experts' pointers; the CPU
+// reference runs the 16 sets with the ids taken mod 16 (the same products, summed in another order).
+// Tolerances (per row ||diff||_2 / ||ref||_2): the device path multiplies the exactly dequantised weights
+// with the f32 activations like the CPU, 1e-4; the host path rounds activations to bf16 / FP8, 1e-2 / 5e-2.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+#include "kernels/cuda/backend.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe_params.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/views.h"
+#include "op_test_util.h"
+
+namespace dsaserve::kernels::cuda {
+namespace {
+
+using namespace testing;
+
+constexpr double kTolDevice = 1e-4, kTolBf16 = 1e-2, kTolFp8 = 5e-2;
+
+class CudaMoe : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (device_count() == 0)
+      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
+    install_backend();
+  }
+  void TearDown() override {
+    if (device_count() == 0) return;
+    set_moe_path(MoePath::automatic);
+    clear_gemm_caches();
+  }
+};
+
+const char* dtype_tag(DType dt) { return dt == DType::bf16 ? "bf16" : dt == DType::f32 ? "f32" : "fp8"; }
+
+// ---- device grouping ------------------------------------------------------------------------------------
+
+struct GroupRef {
+  std::vector<int32_t> counts, offsets, active, rows, pos;
+  int32_t dropped = 0;
+};
+
+GroupRef group_on_host(const std::vector<int32_t>& ids, int64_t K, int64_t E) {
+  GroupRef g;
+  g.counts.assign(size_t(E), 0);
+  for (int32_t e : ids) {
+    if (e >= 0 && e < E)
+      ++g.counts[size_t(e)];
+    else
+      ++g.dropped;
+  }
+  g.offsets.assign(size_t(E) + 1, 0);
+  for (int64_t e = 0; e < E; ++e) {
+    g.offsets[size_t(e) + 1] = g.offsets[size_t(e)] + g.counts[size_t(e)];
+    if (g.counts[size_t(e)] > 0) g.active.push_back(int32_t(e));
+  }
+  std::vector<int32_t> fill(g.offsets.begin(), g.offsets.end() - 1);
+  g.rows.assign(size_t(g.offsets.back()), -1);
+  g.pos.assign(ids.size(), -1);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t e = ids[i];
+    if (e < 0 || e >= E) continue;
+    const int32_t m = fill[size_t(e)]++;
+    g.rows[size_t(m)] = int32_t(int64_t(i) / K);
+    g.pos[i] = m;
+  }
+  return g;
+}
+
+// Runs launch_moe_group on `ids` and checks every output against the host reference.
+void check_grouping(const std::string& name, const std::vector<int32_t>& ids, int64_t K, int64_t E) {
+  const int64_t M = int64_t(ids.size());
+  Tensor ids_h = Tensor::empty({M}, DType::i32);
+  std::copy(ids.begin(), ids.end(), ids_h.data<int32_t>());
+  const Tensor ids_d = ids_h.to(Device::cuda);
+  // header [4], offsets [E + 1], counts [E], active [E], rows [M], pos [M]
+  const int64_t n = 4 + (E + 1) + 2 * E + 2 * M;
+  Tensor buf = Tensor::empty({n}, DType::i32, Device::cuda);
+  int32_t* d = buf.data<int32_t>();
+  MoeGroupParams p{ids_d.data<int32_t>(), d, d + 4, d + 4 + E + 1, d + 4 + 2 * E + 1, d + 4 + 3 * E + 1,
+                   d + 4 + 3 * E + 1 + M, M, K,     int(E)};
+  ASSERT_EQ(launch_moe_group(p, op_stream()), cudaSuccess) << name;
+  const Tensor h = buf.to(Device::cpu);
+  const int32_t* o = h.data<int32_t>();
+  const GroupRef want = group_on_host(ids, K, E);
+  int64_t bad = 0;
+  const int32_t n_active = o[0];
+  bad += n_active != int32_t(want.active.size());
+  bad += o[1] != want.dropped;
+  for (int64_t e = 0; e <= E; ++e) bad += o[4 + e] != want.offsets[size_t(e)];
+  for (int64_t e = 0; e < E; ++e) bad += o[4 + E + 1 + e] != want.counts[size_t(e)];
+  for (size_t a = 0; a < want.active.size() && int32_t(a) < n_active; ++a)
+    bad += o[4 + 2 * E + 1 + int64_t(a)] != want.active[a];
+  for (size_t m = 0; m < want.rows.size(); ++m) bad += o[4 + 3 * E + 1 + int64_t(m)] != want.rows[m];
+  for (int64_t i = 0; i < M; ++i) bad += o[4 + 3 * E + 1 + M + i] != want.pos[size_t(i)];
+  fmt::print(
+      "RESULT op=moe_group {:<24} pairs={:<6} experts={:<5} active={:<4} dropped={:<3} mismatches={} {}\n",
+      name, M, E, n_active, o[1], bad, bad == 0 ? "ok" : "FAIL");
+  EXPECT_EQ(bad, 0) << name;
+}
+
+TEST_F(CudaMoe, GroupingMatchesHostReference) {
+  struct Case {
+    const char* name;
+    int64_t T, K, E;
+    int kind;  // 0 distinct experts per token, 1 independent draws (repeats within a token), 2 all to one
+  };
+  const Case cases[] = {{"glm T=1", 1, 8, 256, 0},
+                        {"glm T=3", 3, 8, 256, 0},
+                        {"glm T=37", 37, 8, 256, 0},
+                        {"glm T=256", 256, 8, 256, 0},
+                        {"glm T=256 repeats", 256, 8, 256, 1},
+                        {"glm T=256 one expert", 256, 8, 256, 2},
+                        {"glm T=4096", 4096, 8, 256, 0},
+                        {"realdims T=300", 300, 4, 16, 1},
+                        {"e=1024 T=77", 77, 8, 1024, 0},
+                        {"e=1 T=5", 5, 1, 1, 2},
+                        {"few experts ties", 200, 8, 3, 1}};
+  for (const Case& c : cases) {
+    std::vector<int32_t> ids(size_t(c.T * c.K));
+    Rng r(uint64_t(c.T * 131 + c.E));
+    for (int64_t t = 0; t < c.T; ++t) {
+      std::vector<int32_t> all(size_t(c.E));
+      std::iota(all.begin(), all.end(), 0);
+      for (int64_t k = 0; k < c.K; ++k) {
+        int32_t v = 0;
+        if (c.kind == 0 && c.K <= c.E) {
+          std::swap(all[size_t(k)], all[size_t(k + r.below(c.E - k))]);
+          v = all[size_t(k)];
+        } else if (c.kind == 1) {
+          v = int32_t(r.below(c.E));
+        } else {
+          v = int32_t(std::min<int64_t>(5, c.E - 1));
+        }
+        ids[size_t(t * c.K + k)] = v;
+      }
+    }
+    check_grouping(c.name, ids, c.K, c.E);
+  }
+  // Out-of-range ids are dropped (pos -1) and counted.
+  int64_t before = 0;
+  ASSERT_EQ(moe_take_dropped_pairs(&before), cudaSuccess);
+  std::vector<int32_t> ids(64 * 8);
+  Rng r(5);
+  for (auto& v : ids) v = int32_t(r.below(256));
+  ids[3] = -1;
+  ids[100] = 256;
+  ids[511] = 1 << 30;
+  check_grouping("glm T=64 3 bad ids", ids, 8, 256);
+  int64_t dropped = 0;
+  ASSERT_EQ(moe_take_dropped_pairs(&dropped), cudaSuccess);
+  EXPECT_EQ(dropped, 3);
+}
+
+// ---- moe_experts ----------------------------------------------------------------------------------------
+
+struct ExpertSet {
+  std::vector<MlpRef> cpu, gpu;  // cpu: the distinct sets; gpu: `experts` entries, expert e -> set e % sets
+};
+
+ExpertSet make_experts(int64_t sets, int64_t experts, int64_t H, int64_t I, DType dt, uint64_t seed) {
+  ExpertSet s;
+  std::vector<MlpRef> distinct;
+  for (int64_t i = 0; i < sets; ++i) {
+    MlpRef m{rand_weight(I, H, dt, seed + 3 * uint64_t(i)), rand_weight(I, H, dt, seed + 3 * uint64_t(i) + 1),
+             rand_weight(H, I, dt, seed + 3 * uint64_t(i) + 2)};
+    distinct.push_back({to_cuda(m.gate), to_cuda(m.up), to_cuda(m.down)});
+    s.cpu.push_back(std::move(m));
+  }
+  for (int64_t e = 0; e < experts; ++e) s.gpu.push_back(distinct[size_t(e % sets)]);
+  return s;
+}
+
+// Top-K routing over E experts with positive router-like weights; kind as in the grouping test.
+Routing make_routing(int64_t T, int64_t K, int64_t E, int kind, uint64_t seed) {
+  Routing r{Tensor::empty({T, K}, DType::i32), rand_f32({T, K}, seed)};
+  for (int64_t i = 0; i < T * K; ++i) r.weights.data<float>()[i] = 0.55f + 0.45f * r.weights.data<float>()[i];
+  Rng rng(seed);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> all(static_cast<size_t>(E));
+    std::iota(all.begin(), all.end(), 0);
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t v = 7 % int32_t(E);
+      if (kind == 0) {
+        std::swap(all[size_t(k)], all[size_t(k + rng.below(E - k))]);
+        v = all[size_t(k)];
+      } else if (kind == 1) {
+        v = int32_t(rng.below(E));
+      }
+      r.ids.data<int32_t>()[t * K + k] = v;
+    }
+  }
+  return r;
+}
+
+// The CPU reference over the distinct sets (ids mod sets).
+Tensor reference(const Tensor& x, const Routing& r, const ExpertSet& s) {
+  Routing m{r.ids.clone(), r.weights};
+  const int32_t sets = int32_t(s.cpu.size());
+  for (int64_t i = 0; i < m.ids.numel(); ++i) m.ids.data<int32_t>()[i] %= sets;
+  return backend(Device::cpu).moe_experts(x, m, s.cpu);
+}
+
+Tensor run_path(MoePath path, const Tensor& x_d, const Routing& r_d, const ExpertSet& s) {
+  set_moe_path(path);
+  Tensor out = cuda_backend().moe_experts(x_d, r_d, s.gpu);
+  set_moe_path(MoePath::automatic);
+  return out.to(Device::cpu);
+}
+
+// Both paths against the CPU op and against each other.
+void check_both_paths(const std::string& name, const Tensor& x, const Routing& r, const ExpertSet& s,
+                      DType dt, bool host_path = true) {
+  const Tensor x_d = x.to(Device::cuda);
+  const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
+  const Tensor want = reference(x, r, s);
+  const Tensor dev = run_path(MoePath::device, x_d, r_d, s);
+  report_gemm(name + " device", shape_str(x.shape()), dev, want, kTolDevice);
+  if (!host_path) return;
+  const Tensor host = run_path(MoePath::host, x_d, r_d, s);
+  const double tol = dt == DType::f8e4m3fn ? kTolFp8 : dt == DType::bf16 ? kTolBf16 : kTolDevice;
+  report_gemm(name + " host", shape_str(x.shape()), host, want, tol);
+  report_gemm(name + " device~host", shape_str(x.shape()), dev, host, tol);
+}
+
+TEST_F(CudaMoe, GlmShapesBothPaths) {
+  constexpr int64_t kH = 6144, kI = 2048, kE = 256, kK = 8, kSets = 16;
+  for (DType dt : {DType::f8e4m3fn, DType::bf16}) {
+    const ExpertSet s = make_experts(kSets, kE, kH, kI, dt, 5000);
+    for (int64_t T : {1, 3, 32, 256}) {
+      if (dt == DType::bf16 && T > 32) continue;  // the CPU reference is the slow part
+      const Routing r = make_routing(T, kK, kE, 0, 5100 + uint64_t(T));
+      const Tensor x = rand_f32({T, kH}, 5200 + uint64_t(T));
+      check_both_paths(fmt::format("moe_experts glm {} T={}", dtype_tag(dt), T), x, r, s, dt);
+    }
+    clear_gemm_caches();
+  }
+}
+
+TEST_F(CudaMoe, RealdimsShapesAllDtypesAndRoutings) {
+  constexpr int64_t kH = 256, kI = 128, kE = 16, kK = 4;
+  for (DType dt : {DType::f8e4m3fn, DType::bf16, DType::f32}) {
+    const ExpertSet s = make_experts(kE, kE, kH, kI, dt, 6000);
+    for (int64_t T : {1, 5, 64, 300}) {
+      for (int kind : {0, 1, 2}) {
+        const Routing r = make_routing(T, kK, kE, kind, 6100 + uint64_t(T * 3 + kind));
+        const Tensor x = rand_f32({T, kH}, 6200 + uint64_t(T));
+        check_both_paths(fmt::format("moe_experts realdims {} T={} kind={}", dtype_tag(dt), T, kind), x, r, s,
+                         dt);
+      }
+    }
+    // Input rows that are not 16-byte aligned (a view one column in): the device path gathers them first.
+    const Tensor wide = rand_f32({33, kH + 1}, 6300);
+    const Tensor x = wide.slice(1, 1, kH + 1);
+    const Routing r = make_routing(33, kK, kE, 0, 6301);
+    check_both_paths(fmt::format("moe_experts realdims {} unaligned", dtype_tag(dt)), x.contiguous(), r, s,
+                     dt, false);
+    const Tensor x_d = wide.to(Device::cuda).slice(1, 1, kH + 1);
+    const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
+    report_gemm(fmt::format("moe_experts realdims {} unaligned view", dtype_tag(dt)), "[33,256]",
+                run_path(MoePath::device, x_d, r_d, s), reference(x.contiguous(), r, s), kTolDevice);
+    clear_gemm_caches();
+  }
+}
+
+// Out-of-range ids: the device path drops those pairs (they add nothing) and counts them; the host path
+// throws.
+TEST_F(CudaMoe, OutOfRangeIds) {
+  constexpr int64_t kH = 256, kI = 128, kE = 16, kK = 4, kT = 9;
+  const ExpertSet s = make_experts(kE, kE, kH, kI, DType::bf16, 7000);
+  Routing r = make_routing(kT, kK, kE, 0, 7001);
+  const Tensor x = rand_f32({kT, kH}, 7002);
+  r.ids.data<int32_t>()[1] = -3;
+  r.ids.data<int32_t>()[17] = int32_t(kE);
+  const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
+  int64_t dropped = 0;
+  ASSERT_EQ(moe_take_dropped_pairs(&dropped), cudaSuccess);
+  const Tensor got = run_path(MoePath::device, x.to(Device::cuda), r_d, s);
+  ASSERT_EQ(moe_take_dropped_pairs(&dropped), cudaSuccess);
+  EXPECT_EQ(dropped, 2);
+  Routing clean{r.ids.clone(), r.weights.clone()};
+  for (int64_t i : {1, 17}) {
+    clean.ids.data<int32_t>()[i] = 0;
+    clean.weights.data<float>()[i] = 0.0f;
+  }
+  report_gemm("moe_experts dropped ids", "[9,256]", got, reference(x, clean, s), kTolDevice);
+  set_moe_path(MoePath::host);
+  EXPECT_THROW(cuda_backend().moe_experts(x.to(Device::cuda), r_d, s.gpu), Error);
+  set_moe_path(MoePath::automatic);
+  ASSERT_EQ(moe_take_dropped_pairs(&dropped), cudaSuccess);
+}
+
+// Captures moe_experts on a non-blocking stream (OpStreamScope points the ops at it) and replays the graph
+// with routings and inputs written into the same device buffers: each replay equals an eager call
+// bit for bit, and the CPU op within tolerance.
+void capture_and_replay(const std::string& name, int64_t T, int64_t K, int64_t E, int64_t H, int64_t I,
+                        int64_t sets, DType dt) {
+  const ExpertSet s = make_experts(sets, E, H, I, dt, 8000 + uint64_t(H));
+  // The uploads above ran on the legacy stream, which a non-blocking stream does not wait for.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  Tensor x_d = Tensor::empty({T, H}, DType::f32, Device::cuda);
+  const Routing r_d{Tensor::empty({T, K}, DType::i32, Device::cuda),
+                    Tensor::empty({T, K}, DType::f32, Device::cuda)};
+  auto upload = [&](const Tensor& x, const Routing& r) {
+    ASSERT_EQ(cudaMemcpyAsync(x_d.raw_data(), x.raw_data(), x.nbytes(), cudaMemcpyHostToDevice, st),
+              cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpyAsync(r_d.ids.raw_data(), r.ids.raw_data(), r.ids.nbytes(), cudaMemcpyHostToDevice, st),
+        cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(r_d.weights.raw_data(), r.weights.raw_data(), r.weights.nbytes(),
+                              cudaMemcpyHostToDevice, st),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  };
+  auto eager = [&] {
+    OpStreamScope scope(st);
+    set_moe_path(MoePath::device);  // large T would take the host path eagerly
+    Tensor out = cuda_backend().moe_experts(x_d, r_d, s.gpu);
+    set_moe_path(MoePath::automatic);
+    Tensor h = Tensor::empty(out.shape(), DType::f32);
+    EXPECT_EQ(cudaMemcpyAsync(h.raw_data(), out.raw_data(), out.nbytes(), cudaMemcpyDeviceToHost, st),
+              cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    return h;
+  };
+  // Warm-up: builds the expert table and fills the allocator's free lists with this call's sizes.
+  const Routing r0 = make_routing(T, K, E, 0, 8100);
+  const Tensor x0 = rand_f32({T, H}, 8101);
+  upload(x0, r0);
+  eager();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  Tensor out_g;
+  {
+    OpStreamScope scope(st);
+    set_moe_path(MoePath::host);  // capture takes the device path whatever is asked
+    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    out_g = cuda_backend().moe_experts(x_d, r_d, s.gpu);
+    ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess) << name << ": capture failed";
+    set_moe_path(MoePath::automatic);
+  }
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int round = 0; round < 4; ++round) {
+    const int kind = round % 3;  // distinct, repeats, all tokens to one expert
+    const Routing r = make_routing(T, K, E, kind, 8200 + uint64_t(round));
+    const Tensor x = rand_f32({T, H}, 8300 + uint64_t(round));
+    upload(x, r);
+    ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    Tensor got = Tensor::empty({T, H}, DType::f32);
+    ASSERT_EQ(cudaMemcpyAsync(got.raw_data(), out_g.raw_data(), out_g.nbytes(), cudaMemcpyDeviceToHost, st),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    const Tensor want = eager();
+    const double diff = row_rel_error(got, want);
+    fmt::print("RESULT op=moe_graph {:<30} round={} kind={} replay_vs_eager_max_rel={:.3g} {}\n", name, round,
+               kind, diff, diff == 0.0 ? "ok" : "FAIL");
+    EXPECT_EQ(diff, 0.0) << name << " round " << round;
+    report_gemm(fmt::format("moe_graph {} r{}", name, round), shape_str(x.shape()), got, reference(x, r, s),
+                kTolDevice);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
+TEST_F(CudaMoe, GraphCaptureReplaysWithNewRoutings) {
+  capture_and_replay("realdims fp8 T=7", 7, 4, 16, 256, 128, 16, DType::f8e4m3fn);
+  capture_and_replay("realdims bf16 T=64", 64, 4, 16, 256, 128, 16, DType::bf16);
+  // A large T (the host path's range when eager) captured: the device path all the same.
+  capture_and_replay("realdims bf16 T=2048", 2048, 4, 16, 256, 128, 16, DType::bf16);
+  capture_and_replay("glm fp8 T=8", 8, 8, 256, 6144, 2048, 4, DType::f8e4m3fn);
+}
+
+}  // namespace
+}  // namespace dsaserve::kernels::cuda
