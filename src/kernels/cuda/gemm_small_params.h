@@ -17,12 +17,12 @@ inline constexpr int64_t kFp8SmallMaxTokens = 32;
 inline constexpr int64_t kFp8SmallCounters = int64_t(1) << 16;
 
 struct Fp8SmallGemmParams {
-  const uint8_t* w;      // [N, K] e4m3 codes (row 0 = output feature 0 of this call), contiguous
-  const float* w_scale;  // row n's scales at w_scale[((row0 + n) / 128) * w_scale_ld + kb]
-  int64_t row0, w_scale_ld;
-  const uint8_t* xq;     // [Tp, K] e4m3 codes (rows >= T are zero)
-  const float* x_scale;  // [K / 128, Tp]
-  float* out;            // [T, N] f32, row stride out_stride
+  const uint8_t* w;          // [N, K] e4m3 codes (row 0 = output feature 0 of this call), contiguous
+  const float* w_scale;      // row n's scales at w_scale[((row0 + n) / 128) * w_scale_ld + kb]
+  int64_t row0, w_scale_ld;  // row0 % 128 == 0 (each CTA's 128 rows share one scale row)
+  const uint8_t* xq;         // [Tp, K] e4m3 codes (rows >= T are zero)
+  const float* x_scale;      // [K / 128, Tp]
+  float* out;                // [T, N] f32, row stride out_stride
   int64_t out_stride;
   int64_t T, Tp, N, K;  // Tp in {8, 16, 32}, Tp >= T; K % 128 == 0
   float* partial;       // [splits, T, N] f32 scratch (splits > 1)

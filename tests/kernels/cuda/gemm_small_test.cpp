@@ -3,7 +3,8 @@
 // host from the quantised activations the GPU produced), for token counts 1..32 across the three tile
 // widths, output widths that are not multiples of 16 or 128, row slices, with and without the split over
 // K; then linear() through it against linear() through cuBLASLt (the same quantised arithmetic) at
-// GLM-5.3 shapes, with both timings printed. Skips without a GPU.
+// GLM-5.3 shapes, timed eagerly and as CUDA-graph replays (which leave out the host's launch overhead).
+// Skips without a GPU.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemm_small_params.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/views.h"
 #include "op_test_util.h"
 
 namespace dsaserve::kernels::cuda {
@@ -168,6 +170,40 @@ double time_us(F&& fn) {
   return us[us.size() / 2];
 }
 
+// GPU microseconds per call of fn: 20 calls captured into a CUDA graph on a non-blocking stream, the
+// graph replayed 5 times (no host launch overhead: what a decode step's graph pays).
+template <class F>
+double graph_us(F&& fn) {
+  cudaStream_t s = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  {
+    OpStreamScope scope(s);
+    EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    for (int i = 0; i < 20; ++i) fn();
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+  }
+  EXPECT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaGraphLaunch(ge, s);
+  cudaEventRecord(a, s);
+  for (int i = 0; i < 5; ++i) cudaGraphLaunch(ge, s);
+  cudaEventRecord(b, s);
+  cudaEventSynchronize(b);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  return double(ms) * 1e3 / 100.0;
+}
+
 TEST_F(CudaFp8SmallGemm, LinearMatchesCublasLtPathAtGlmShapes) {
   struct Shape {
     const char* name;
@@ -188,21 +224,25 @@ TEST_F(CudaFp8SmallGemm, LinearMatchesCublasLtPathAtGlmShapes) {
       kernels::linear(x, w, 0, -1, a);
       EXPECT_GT(gemm_stats().fp8_small_calls, small_before) << s.name << " T=" << T;
       const double us_small = time_us([&] { kernels::linear(x, w, 0, -1, a); });
+      const double g_small = graph_us([&] { kernels::linear(x, w, 0, -1, a); });
       set_fp8_small_max_tokens(0);
       const int64_t lt_before = gemm_stats().fp8_calls;
       kernels::linear(x, w, 0, -1, b);
       EXPECT_GT(gemm_stats().fp8_calls, lt_before) << s.name << " T=" << T;
       const double us_lt = time_us([&] { kernels::linear(x, w, 0, -1, b); });
+      const double g_lt = graph_us([&] { kernels::linear(x, w, 0, -1, b); });
       // cuBLASLt sums in another order (and rounds its output to bf16 where it has no f32-output algorithm).
       const double d = row_rel_error(a, b);
       worst = std::max(worst, d);
       const double bytes = double(s.n * s.k) + 4.0 * double(T * (s.k + s.n));
       const double floor_us = bytes / 4.3e12 * 1e6;
       fmt::print(
-          "RESULT op=fp8_linear_small_vs_cublaslt {:<12} T={:<3} N={} K={} small_us={:.1f} "
-          "cublaslt_us={:.1f} "
-          "floor_us={:.2f} small_ratio={:.2f} cublaslt_ratio={:.2f} max_row_rel_diff={:.3g}\n",
-          s.name, T, s.n, s.k, us_small, us_lt, floor_us, floor_us / us_small, floor_us / us_lt, d);
+          "RESULT op=fp8_linear_small_vs_cublaslt {:<12} T={:<3} N={} K={} eager_us small={:.1f} "
+          "cublaslt={:.1f} | "
+          "graph_us small={:.1f} cublaslt={:.1f} floor_us={:.2f} ratio small={:.2f} cublaslt={:.2f} | "
+          "max_row_rel_diff={:.3g}\n",
+          s.name, T, s.n, s.k, us_small, us_lt, g_small, g_lt, floor_us, floor_us / g_small, floor_us / g_lt,
+          d);
     }
     clear_gemm_caches();
   }
