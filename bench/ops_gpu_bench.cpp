@@ -21,6 +21,7 @@
 #include "kernels/cuda/moe_params.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/views.h"
 #include "kernels/ops.h"
 
 namespace ops = dsaserve::kernels;
@@ -88,6 +89,40 @@ double time_us(const std::function<void()>& fn, int warm = 3, int iters = 20) {
   return us[us.size() / 2];
 }
 
+// Microseconds of fn on the GPU alone: 20 calls captured into a CUDA graph on a non-blocking stream,
+// replayed 5 times (no host launch overhead, as in a decode step's graph). fn must be capturable (run it
+// eagerly once first: lazy weight caches and plans are built then).
+double graph_us(const std::function<void()>& fn) {
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaDeviceSynchronize();
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  {
+    dsaserve::kernels::cuda::OpStreamScope scope(s);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    for (int i = 0; i < 20; ++i) fn();
+    if (cudaStreamEndCapture(s, &g) != cudaSuccess) return -1.0;
+  }
+  if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) return -1.0;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaGraphLaunch(ge, s);
+  cudaEventRecord(a, s);
+  for (int i = 0; i < 5; ++i) cudaGraphLaunch(ge, s);
+  cudaEventRecord(b, s);
+  cudaEventSynchronize(b);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  return double(ms) * 1e3 / 100.0;
+}
+
 void row(const std::string& op, int64_t T, const std::string& shape, double us, double bytes, double flops,
          double peak) {
   const double floor_us = std::max(bytes / kHbm, flops / peak) * 1e6;
@@ -128,6 +163,30 @@ int main() {
         row(fmt::format("linear {} {}", dt == DType::bf16 ? "bf16" : "fp8", g.name), T,
             fmt::format("[{},{},{}]", T, g.k, g.n), us, wb + 4.0 * double(T * (g.k + g.n)),
             2.0 * double(T * g.n * g.k), dt == DType::bf16 ? kBf16 : kFp8);
+      }
+    }
+  }
+  // The FP8 linear in its two steps (the activation quantisation, an elementwise pass a producer could
+  // fuse, and the block-scaled GEMM on quantised activations), and for T <= 256 the whole linear as a
+  // CUDA-graph replay (GPU time without the host's launch overhead).
+  for (const G& g : gemms) {
+    const ops::WeightRef w = weight(g.n, g.k, DType::f8e4m3fn);
+    for (int64_t T : kTs) {
+      const Tensor x = rand_gpu({T, g.k}, 1);
+      Tensor out = Tensor::empty({T, g.n}, DType::f32, Device::cuda);
+      namespace kc = dsaserve::kernels::cuda;
+      const double uq = time_us([&] { kc::quantize_fp8_activations(x); });
+      row(fmt::format("fp8 act quant {}", g.name), T, fmt::format("[{},{}]", T, g.k), uq,
+          5.0 * double(T * g.k) + 4.0 * double(T * g.k / 128), 0, kF32);
+      const kc::Fp8Activations a = kc::quantize_fp8_activations(x);
+      const double ug = time_us([&] { kc::gemm_linear_fp8(a, w, 0, g.n, out); });
+      row(fmt::format("fp8 gemm-only {}", g.name), T, fmt::format("[{},{},{}]", T, g.k, g.n), ug,
+          double(g.n * g.k) + double(T * g.k) + 4.0 * double(T * g.n), 2.0 * double(T * g.n * g.k), kFp8);
+      if (T <= 256) {
+        ops::linear(x, w, 0, -1, out);
+        const double ul = graph_us([&] { ops::linear(x, w, 0, -1, out); });
+        row(fmt::format("linear fp8 {} (graph)", g.name), T, fmt::format("[{},{},{}]", T, g.k, g.n), ul,
+            double(g.n * g.k) + 4.0 * double(T * (g.k + g.n)), 2.0 * double(T * g.n * g.k), kFp8);
       }
     }
   }

@@ -364,11 +364,22 @@ int64_t fp8_small_max_tokens() {
   return l.fp8_small_max_tokens;
 }
 
+// The recipe's activation quantisation of f32 rows (x.cols % 128 == 0).
+Fp8Activations quantise_rows(const RowView& x) {
+  const int64_t T = x.rows, K = x.cols;
+  const int64_t Tp = T <= fp8_small_max_tokens() ? (T <= 8 ? 8 : T <= 16 ? 16 : 32) : (T + 3) / 4 * 4;
+  Fp8Activations a{Tensor::empty({Tp, K}, DType::u8, Device::cuda),
+                   Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda), T};
+  check_launch(
+      launch_quant_fp8({x.p, a.codes.data_u8(), a.scales.data<float>(), T, Tp, K, x.stride}, op_stream()),
+      "linear: fp8 activation quantisation");
+  return a;
+}
+
 // The FP8 recipe's arithmetic for T <= kFp8SmallMaxTokens tokens with the weight-streaming kernel
-// (gemm_small_params.h): activations quantised as for cuBLASLt, f32 output written in place.
-void fp8_small(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
-  const int64_t T = x.rows, K = x.cols, N = r1 - r0;
-  const int64_t Tp = T <= 8 ? 8 : T <= 16 ? 16 : 32;
+// (gemm_small_params.h), f32 output written in place.
+void fp8_small(const Fp8Activations& a, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
+  const int64_t T = a.rows, K = a.codes.size(1), N = r1 - r0;
   Lt& l = lt();
   uint32_t* counters = nullptr;
   {
@@ -379,21 +390,17 @@ void fp8_small(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, con
     }
     counters = l.small_counters;
   }
-  Tensor xq = Tensor::empty({Tp, K}, DType::u8, Device::cuda);
-  Tensor xs = Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda);
-  check_launch(launch_quant_fp8({x.p, xq.data_u8(), xs.data<float>(), T, Tp, K, x.stride}, op_stream()),
-               "linear: fp8 activation quantisation");
   Fp8SmallGemmParams p{};
   p.w = static_cast<const uint8_t*>(w.weight.raw_data()) + r0 * K;
   p.w_scale = static_cast<const float*>(w.scale_inv.raw_data());
   p.row0 = r0;
   p.w_scale_ld = w.scale_inv.size(1);
-  p.xq = xq.data_u8();
-  p.x_scale = xs.data<float>();
+  p.xq = static_cast<const uint8_t*>(a.codes.raw_data());
+  p.x_scale = a.scales.data<float>();
   p.out = o.p;
   p.out_stride = o.stride;
   p.T = T;
-  p.Tp = Tp;
+  p.Tp = a.codes.size(0);
   p.N = N;
   p.K = K;
   p.splits = fp8_small_gemm_splits(N, K);
@@ -407,19 +414,22 @@ void fp8_small(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, con
   count(&GemmStats::fp8_small_calls);
 }
 
-// The FP8 recipe; false when the shape is outside it (the caller falls back).
-bool gemm_fp8(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
-  const int64_t T = x.rows, K = x.cols, N = r1 - r0;
-  if (w.block_n != 128 || w.block_k != 128 || K % 128 != 0 || r0 % 128 != 0 || N % 8 != 0) return false;
-  if (T <= fp8_small_max_tokens()) {
-    fp8_small(x, w, r0, r1, o);
+bool fp8_recipe_applies(const WeightRef& w, int64_t K, int64_t r0, int64_t N) {
+  return w.block_n == 128 && w.block_k == 128 && K % 128 == 0 && r0 % 128 == 0 && N % 8 == 0;
+}
+
+// The FP8 recipe's GEMM on quantised activations; false when cuBLASLt has no plan (caller falls back).
+bool gemm_fp8_quantised(const Fp8Activations& act, const WeightRef& w, int64_t r0, int64_t r1,
+                        const RowView& o) {
+  const int64_t T = act.rows, K = act.codes.size(1), N = r1 - r0, Tp = act.codes.size(0);
+  if (T <= kFp8SmallMaxTokens && T <= fp8_small_max_tokens() && (Tp == 8 || Tp == 16 || Tp == 32)) {
+    fp8_small(act, w, r0, r1, o);
     return true;
   }
-  const int64_t Tp = (T + 3) / 4 * 4;
   const WeightCache& sc = padded_scales(w);
   const uint8_t* a_ptr = static_cast<const uint8_t*>(w.weight.raw_data()) + r0 * K;
-  Tensor xq = Tensor::empty({Tp, K}, DType::u8, Device::cuda);
-  Tensor xs = Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda);
+  const void* xq = act.codes.raw_data();
+  const float* xs = act.scales.data<float>();
   const float* a_scale = sc.data.data<float>() + (r0 / 128) * sc.ld;
   const double flops = 2.0 * double(N) * double(Tp) * double(K);
   // f32 D straight into the output when it holds the padded token count; else into a packed buffer.
@@ -428,20 +438,18 @@ bool gemm_fp8(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, cons
   float* d32_ptr = direct ? o.p : d32.data<float>();
   const int64_t ld32 = direct ? o.stride : N;
   const Plan& p32 = plan_for(PlanKey{int64_t(Kind::fp8_tn_f32), N, Tp, K, K, K, ld32, alignment(a_ptr, K),
-                                     alignment(xq.raw_data(), K), alignment(d32_ptr, ld32 * 4)});
+                                     alignment(xq, K), alignment(d32_ptr, ld32 * 4)});
   Tensor d16;
   const Plan* p = &p32;
   if (!p32.ok) {  // no f32-output algorithm: bf16 D, widened afterwards
     d16 = Tensor::empty({Tp, N}, DType::bf16, Device::cuda);
-    p = &plan_for(PlanKey{int64_t(Kind::fp8_tn), N, Tp, K, K, K, N, alignment(a_ptr, K),
-                          alignment(xq.raw_data(), K), alignment(d16.raw_data(), N * 2)});
+    p = &plan_for(PlanKey{int64_t(Kind::fp8_tn), N, Tp, K, K, K, N, alignment(a_ptr, K), alignment(xq, K),
+                          alignment(d16.raw_data(), N * 2)});
     if (!p->ok) return false;
   }
-  check_launch(launch_quant_fp8({x.p, xq.data_u8(), xs.data<float>(), T, Tp, K, x.stride}, op_stream()),
-               "linear: fp8 activation quantisation");
   void* d_ptr = p32.ok ? static_cast<void*>(d32_ptr) : d16.raw_data();
-  tune(*p, flops, a_ptr, xq.raw_data(), d_ptr, a_scale, xs.data<float>());
-  run(*p, a_ptr, xq.raw_data(), d_ptr, 0.0f, a_scale, xs.data<float>());
+  tune(*p, flops, a_ptr, xq, d_ptr, a_scale, xs);
+  run(*p, a_ptr, xq, d_ptr, 0.0f, a_scale, xs);
   if (!p32.ok) {
     cast_rows(d16.raw_data(), true, N, o.p, false, o.stride, T, N, "linear: fp8 output");
   } else if (!direct) {
@@ -449,6 +457,12 @@ bool gemm_fp8(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, cons
   }
   count(&GemmStats::fp8_calls);
   return true;
+}
+
+// The FP8 recipe; false when the shape is outside it (the caller falls back).
+bool gemm_fp8(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
+  if (!fp8_recipe_applies(w, x.cols, r0, r1 - r0)) return false;
+  return gemm_fp8_quantised(quantise_rows(x), w, r0, r1, o);
 }
 
 }  // namespace
@@ -492,6 +506,26 @@ void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
                                            : w.weight;
   const void* a_ptr = static_cast<const char*>(a.raw_data()) + r0 * C * (f32 ? 4 : 2);
   gemm_dense(xv, a_ptr, f32, false, C, C, ov, false, "linear_t");
+}
+
+Fp8Activations quantize_fp8_activations(const Tensor& x) {
+  const RowView xv = rows_f32(x, "fp8 activations");
+  DSA_CHECK(xv.cols % 128 == 0, "fp8 activations: {} features, not a multiple of 128", xv.cols);
+  return quantise_rows(xv);
+}
+
+void gemm_linear_fp8(const Fp8Activations& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out) {
+  check_weight(w, "linear_fp8");
+  DSA_CHECK(w.weight.dtype() == DType::f8e4m3fn, "linear_fp8: weight {} is not FP8", w.weight.describe());
+  DSA_CHECK(a.codes.defined() && a.codes.dim() == 2 && a.codes.size(1) == w.cols() && a.scales.defined() &&
+                a.rows <= a.codes.size(0),
+            "linear_fp8: activations do not match weight {}", w.weight.describe());
+  const RowView ov = rows_f32(out, "linear_fp8 output");
+  const int64_t N = r1 - r0;
+  DSA_CHECK(ov.rows == a.rows && ov.cols == N, "linear_fp8: output {} should be [{}, {}]", out.describe(),
+            a.rows, N);
+  DSA_CHECK(fp8_recipe_applies(w, w.cols(), r0, N) && gemm_fp8_quantised(a, w, r0, r1, ov),
+            "linear_fp8: rows [{}, {}) of {} are outside the FP8 recipe", r0, r1, w.weight.describe());
 }
 
 void set_gemm_precision(GemmPrecision p) {

@@ -30,6 +30,17 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
 // out [T, C] = x [T, r1 - r0] @ W[r0:r1] (W [rows, C]).
 void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
 
+// The FP8 recipe split in its two steps (benchmarks time them apart; producers can share one
+// quantisation between several linears): the activations quantised per token per 128-group, and the
+// block-scaled GEMM on them (the same result as gemm_linear on the f32 rows).
+struct Fp8Activations {
+  Tensor codes;   // u8 [Tp, K] e4m3 (rows >= `rows` zero)
+  Tensor scales;  // f32 [K / 128, Tp]
+  int64_t rows = 0;
+};
+Fp8Activations quantize_fp8_activations(const Tensor& x);
+void gemm_linear_fp8(const Fp8Activations& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
+
 // fast (the default): as above. fp32: every weight is dequantised once to f32 (cached per weight) and
 // multiplied in f32 with f32 activations: a reference-precision mode for accuracy checks (the GPU forward
 // then follows the CPU reference closely), at several times the memory and time.
