@@ -154,6 +154,22 @@ Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tenso
   if (span_.on()) linear_args(span_, x, w, r0, r1);
   return backend(x.device()).linear(x, w, r0, r1, std::move(out));
 }
+std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws) {
+  trace::Scope span_("linear_multi", "kernel");
+  if (span_.on()) {
+    double flops = 0, bytes = 0;
+    const int64_t T = x.dim() > 0 ? x.numel() / x.size(-1) : 0;
+    for (const WeightRef& w : ws) {
+      flops += 2.0 * double(T) * double(w.rows()) * double(w.cols());
+      bytes += double(w.rows()) * double(w.cols()) * double(dtype_size(w.weight.dtype()));
+    }
+    span_.arg("x", shape_of(x))
+        .arg("weights", int64_t(ws.size()))
+        .arg("flops", flops)
+        .arg("weight_bytes", bytes);
+  }
+  return backend(x.device()).linear_multi(x, ws);
+}
 Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
   trace::Scope span_("linear_t", "kernel");
   if (span_.on()) linear_args(span_, x, w, r0, r1);
@@ -263,6 +279,13 @@ PagedSeq run_seq(const PagedRows& b, const RowRun& r) {
 }
 
 }  // namespace
+
+std::vector<Tensor> Backend::linear_multi(const Tensor& x, const std::vector<WeightRef>& ws) {
+  std::vector<Tensor> out;
+  out.reserve(ws.size());
+  for (const WeightRef& w : ws) out.push_back(linear(x, w, 0, w.rows(), Tensor()));
+  return out;
+}
 
 Tensor Backend::indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk,
                                   double scale, double weight_scale) {

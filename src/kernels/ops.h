@@ -111,6 +111,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps)
 // y = x @ W[r0:r1]^T: x [T, in] -> [T, r1 - r0]. r1 < 0 means all rows. When `out` is given
 // ([T, r1 - r0] view, last dim contiguous) the result is written there and `out` is returned.
 Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0 = 0, int64_t r1 = -1, Tensor out = {});
+// linear(x, W_i) for each weight: the parts of a projection that share their input (q_a and kv_a, gate
+// and up). The results are linear()'s; a backend may share work between the parts (the CUDA backend
+// quantises x once for all its FP8 weights).
+std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws);
 // y = x @ W[r0:r1]: x [T, r1 - r0] -> [T, in] (the transposed product; MLA's absorbed W_UK).
 Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out = {});
 
@@ -183,6 +187,8 @@ class Backend {
   virtual Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) = 0;
   virtual Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) = 0;
   virtual Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) = 0;
+  // The default calls linear() for each weight.
+  virtual std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws);
   virtual void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) = 0;
   virtual Tensor silu_mul(const Tensor& gate, const Tensor& up) = 0;
   virtual Tensor argmax(const Tensor& x) = 0;

@@ -120,8 +120,9 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   Tensor q_a, ckv;
   {
     OpScope span("qkv_a_proj");
-    q_a = ops::linear(h, ref(aw.q_a_proj));
-    ckv = ops::linear(h, ref(aw.kv_a_proj));
+    std::vector<Tensor> parts = ops::linear_multi(h, {ref(aw.q_a_proj), ref(aw.kv_a_proj)});
+    q_a = std::move(parts[0]);
+    ckv = std::move(parts[1]);
     shape(span, "[{}, {}] x [{}, {}]^T", T, h.size(1), q_a.size(1) + ckv.size(1), h.size(1));
   }
   Tensor q_resid, kv;
@@ -159,8 +160,9 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     }
     {
       OpScope span("indexer_wk_weights_proj");
-      ki_raw = ops::linear(h, ref(iw.wk));         // [T, id]
-      wts = ops::linear(h, ref(iw.weights_proj));  // [T, ih]
+      std::vector<Tensor> parts = ops::linear_multi(h, {ref(iw.wk), ref(iw.weights_proj)});
+      ki_raw = std::move(parts[0]);  // [T, id]
+      wts = std::move(parts[1]);     // [T, ih]
       shape(span, "[{}, {}] x [{}, {}]^T", T, h.size(1), ki_raw.size(1) + wts.size(1), h.size(1));
     }
     {
@@ -330,8 +332,9 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h) const {
     Tensor g, u, a;
     {
       OpScope span(names[0]);
-      g = ops::linear(h, ref(m.gate));
-      u = ops::linear(h, ref(m.up));
+      std::vector<Tensor> parts = ops::linear_multi(h, {ref(m.gate), ref(m.up)});
+      g = std::move(parts[0]);
+      u = std::move(parts[1]);
       shape(span, "[{}, {}] x [{}, {}]^T", h.size(0), h.size(1), g.size(1) + u.size(1), h.size(1));
     }
     {

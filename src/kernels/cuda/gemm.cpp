@@ -6,6 +6,7 @@
 #include <array>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "kernels/cuda/check.h"
@@ -506,6 +507,34 @@ void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
                                            : w.weight;
   const void* a_ptr = static_cast<const char*>(a.raw_data()) + r0 * C * (f32 ? 4 : 2);
   gemm_dense(xv, a_ptr, f32, false, C, C, ov, false, "linear_t");
+}
+
+std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightRef>& ws) {
+  DSA_CHECK(x.defined() && x.dim() == 2, "linear_multi: input must be 2-D, got {}",
+            x.defined() ? x.describe() : "nothing");
+  const int64_t T = x.size(0);
+  std::vector<Tensor> out;
+  out.reserve(ws.size());
+  int64_t fp8 = 0;
+  for (const WeightRef& w : ws) {
+    check_weight(w, "linear_multi");
+    out.push_back(Tensor::empty({T, w.rows()}, DType::f32, Device::cuda));
+    if (w.weight.dtype() == DType::f8e4m3fn && fp8_recipe_applies(w, x.size(1), 0, w.rows())) ++fp8;
+  }
+  const bool share = fp8 >= 2 && T > 0 && gemm_precision() == GemmPrecision::fast;
+  std::optional<Fp8Activations> act;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const WeightRef& w = ws[i];
+    if (share && w.weight.dtype() == DType::f8e4m3fn && fp8_recipe_applies(w, x.size(1), 0, w.rows())) {
+      const RowView xv = rows_f32(x, "linear_multi input");
+      DSA_CHECK(xv.cols == w.cols(), "linear_multi: input {} does not match weight {}", x.describe(),
+                w.weight.describe());
+      if (!act) act = quantise_rows(xv);
+      if (gemm_fp8_quantised(*act, w, 0, w.rows(), rows_f32(out[i], "linear_multi output"))) continue;
+    }
+    gemm_linear(x, w, 0, w.rows(), out[i]);
+  }
+  return out;
 }
 
 Fp8Activations quantize_fp8_activations(const Tensor& x) {

@@ -27,6 +27,9 @@ inline constexpr int64_t kSplitMaxRows = 512;
 
 // out [T, r1 - r0] = x [T, K] @ W[r0:r1]^T. `out` is an f32 CUDA row view.
 void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
+// gemm_linear(x, W_i) for each weight into new tensors [T, W_i rows], with one activation quantisation
+// shared by the FP8 ones (same results as separate calls).
+std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightRef>& ws);
 // out [T, C] = x [T, r1 - r0] @ W[r0:r1] (W [rows, C]).
 void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
 

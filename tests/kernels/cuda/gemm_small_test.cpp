@@ -249,5 +249,27 @@ TEST_F(CudaFp8SmallGemm, LinearMatchesCublasLtPathAtGlmShapes) {
   EXPECT_LE(worst, 8e-3);
 }
 
+// linear_multi shares one activation quantisation between FP8 weights: the results are linear()'s, bit
+// for bit (same codes, same GEMM), mixed with a bf16 weight, small and large T.
+TEST_F(CudaFp8SmallGemm, LinearMultiEqualsSeparateLinears) {
+  const WeightRef a = to_cuda(rand_weight(2048, 1024, DType::f8e4m3fn, 3)),
+                  b = to_cuda(rand_weight(576, 1024, DType::f8e4m3fn, 4)),
+                  c = to_cuda(rand_weight(64, 1024, DType::bf16, 5));
+  for (int64_t T : {1, 7, 32, 300}) {
+    const Tensor x = rand_f32({T, 1024}, 9 + uint64_t(T)).to(Device::cuda);
+    const std::vector<Tensor> got = kernels::linear_multi(x, {a, b, c});
+    ASSERT_EQ(got.size(), 3u);
+    const Tensor want[] = {kernels::linear(x, a), kernels::linear(x, b), kernels::linear(x, c)};
+    for (size_t i = 0; i < 3; ++i) {
+      const std::vector<float> g = got[i].to(Device::cpu).to_f32_vector(),
+                               w = want[i].to(Device::cpu).to_f32_vector();
+      ASSERT_EQ(g.size(), w.size());
+      int64_t diff = 0;
+      for (size_t j = 0; j < g.size(); ++j) diff += g[j] != w[j];
+      EXPECT_EQ(diff, 0) << "part " << i << " T=" << T;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsaserve::kernels::cuda
