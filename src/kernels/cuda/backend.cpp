@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/indexer_topk_params.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/views.h"
 
@@ -50,12 +51,12 @@ class CudaBackend final : public Backend {
   // Kernel-format caches: one launch of the ragged sm_90a kernel for the batch; f32 caches: per request.
   Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk,
                            double scale, double weight_scale) override {
-    // One launch scores every row against the longest context: an f32 [rows, max_len] buffer. When that
-    // is large (a long prefill chunk sharing a step with a long-context decode), score request by request
-    // instead, each against its own context.
+    // One launch scores every row against the longest context: an f32 [rows, max_len] buffer plus ~20 KB
+    // of select workspace a row. When that is large (a long prefill chunk sharing a step with a
+    // long-context decode), score request by request instead, each against its own context.
     constexpr int64_t kMaxScoreBytes = int64_t(1) << 30;
-    const bool fits = q.size(0) * (keys.max_len + 4) * 4 <= kMaxScoreBytes;
-    if (keys.cache.defined() && keys.cache.dtype() == DType::bf16 && fits)
+    const bool fits = q.size(0) * (keys.max_len + 4 + kIndexerHistWords + 8) * 4 <= kMaxScoreBytes;
+    if (keys.cache.defined() && keys.cache.dtype() != DType::f32 && fits)
       return cuda::indexer_topk_batch(q, w, keys, topk, scale, weight_scale);
     return Backend::indexer_topk_rows(q, w, keys, topk, scale, weight_scale);
   }

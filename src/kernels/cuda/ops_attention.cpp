@@ -1,5 +1,5 @@
 // Host wrappers of the attention operators: the DSA indexer top-k, absorbed MLA and MHA attention. Over
-// kernel-format caches (bf16 index keys; bf16 or FP8 latent cache) they run the sm_90a kernels
+// kernel-format caches (bf16 or FP8 index keys; bf16 or FP8 latent cache) they run the sm_90a kernels
 // (attention_kernels.h); over f32 caches the plain kernels of attention.cu / indexer.cu.
 #include <algorithm>
 
@@ -29,7 +29,7 @@ KeySelection selection(const Tensor& sel, int64_t T, int64_t start_pos, const ch
 
 Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
                     double scale, double weight_scale) {
-  if (keys.cache.defined() && keys.cache.dtype() == DType::bf16) {
+  if (keys.cache.defined() && keys.cache.dtype() != DType::f32) {  // bf16 or FP8 u8 [slots, 132]
     return indexer_topk_sm90(q, w, keys, start_pos, topk, scale, weight_scale);
   }
   const Rows3View qv = rows3_f32(q, "indexer q");
