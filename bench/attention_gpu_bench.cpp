@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/indexer_topk_params.h"
@@ -230,9 +231,8 @@ void bench_indexer(void* flush) {
         p.scores = dev_alloc<float>(size_t(B * ctx));
         p.splits = indexer_select_splits(B, ctx, indexer_num_sms(), &p.split_len);
         uint32_t* work = dev_alloc<uint32_t>(size_t(indexer_workspace_words(B, p.splits)));
-        p.hist = work;
-        p.state = reinterpret_cast<IndexerSelectState*>(work + B * kIndexerHistWords);
-        p.counts = work + B * (kIndexerHistWords + 8);
+        p.rows = B;
+        indexer_workspace_pointers(p, work);
         p.out = dev_alloc<int32_t>(size_t(B * topk));
         p.rows = B;
         p.heads = ih;
@@ -280,7 +280,7 @@ void bench_indexer(void* flush) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::printf("attention_gpu_bench: no CUDA device, nothing to measure\n");
@@ -291,8 +291,10 @@ int main() {
   std::printf("## attention_gpu_bench on %s (%d SMs); floor = max(bytes / 4.3 TB/s, FLOPs / 797 TFLOP/s)\n",
               prop.name, prop.multiProcessorCount);
   void* flush = dev_alloc<unsigned char>(kFlushBytes);
-  bench_indexer(flush);
-  bench_mla(prop.multiProcessorCount, flush);
+  // An argument picks one table: "indexer" or "mla" (default: both).
+  const std::string only = argc > 1 ? argv[1] : "";
+  if (only.empty() || only == "indexer") bench_indexer(flush);
+  if (only.empty() || only == "mla") bench_mla(prop.multiProcessorCount, flush);
   CK(cudaFree(flush));
   return 0;
 }

@@ -264,9 +264,6 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
   p.row_seq = d.row_seq;
   p.row_len = row_len.data<int32_t>();
   p.scores = scores.data<float>();
-  p.hist = words;
-  p.state = reinterpret_cast<IndexerSelectState*>(words + R * kIndexerHistWords);
-  p.counts = words + R * (kIndexerHistWords + int64_t(sizeof(IndexerSelectState) / 4));
   p.out = out.data<int32_t>();
   p.rows = R;
   p.heads = ih;
@@ -285,6 +282,7 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
   p.max_len = max_len;
   p.splits = splits;
   p.split_len = split_len;
+  indexer_workspace_pointers(p, words);
   p.scale = float(scale);
   p.weight_scale = float(weight_scale);
   p.key_format = format;

@@ -51,11 +51,15 @@ class CudaBackend final : public Backend {
   // Kernel-format caches: one launch of the ragged sm_90a kernel for the batch; f32 caches: per request.
   Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk,
                            double scale, double weight_scale) override {
-    // One launch scores every row against the longest context: an f32 [rows, max_len] buffer plus ~20 KB
-    // of select workspace a row. When that is large (a long prefill chunk sharing a step with a
+    // One launch scores every row against the longest context: an f32 [rows, max_len] buffer plus the
+    // select workspace (8 KB a row). When that is large (a long prefill chunk sharing a step with a
     // long-context decode), score request by request instead, each against its own context.
     constexpr int64_t kMaxScoreBytes = int64_t(1) << 30;
-    const bool fits = q.size(0) * (keys.max_len + 4 + kIndexerHistWords + 8) * 4 <= kMaxScoreBytes;
+    const int64_t rows = q.size(0);
+    int64_t split_len = 0;
+    const int64_t splits = indexer_select_splits(rows, keys.max_len, indexer_num_sms(), &split_len);
+    const bool fits =
+        rows * (keys.max_len + 4) * 4 + indexer_workspace_words(rows, splits) * 4 <= kMaxScoreBytes;
     if (keys.cache.defined() && keys.cache.dtype() != DType::f32 && fits)
       return cuda::indexer_topk_batch(q, w, keys, topk, scale, weight_scale);
     return Backend::indexer_topk_rows(q, w, keys, topk, scale, weight_scale);

@@ -20,8 +20,9 @@
 // scale multiplies its dot products afterwards: relu(scale * k_scale * (q . code)).
 //
 // Select: the score kernel writes the f32 scores and, fused, a 2048-bin histogram of their top 11
-// order-preserving bits (digit 1). Four passes follow, each a grid of rows x splits CTAs (CTA j of a row
-// takes keys [j * split_len, (j + 1) * split_len)), merging through global memory:
+// order-preserving bits (digit 1). Four passes follow. With splits == 1 (many rows, or short ones) one CTA
+// per row runs them all in shared memory. Otherwise each pass is a grid of rows x splits CTAs (CTA j of a
+// row takes keys [j * split_len, (j + 1) * split_len)) merging through global memory:
 //   1. resolve digit 1 (the bin holding the k-th largest key), histogram digit 2 (bits 20..10) of its keys;
 //   2. resolve digit 2, histogram digit 3 (bits 9..0);
 //   3. resolve digit 3: tau, the exact k-th largest key, and take_eq, how many keys equal to tau to take
@@ -38,6 +39,10 @@ inline constexpr int kIndexerDim = 128;        // index_head_dim
 inline constexpr int kIndexerHistBins = 2048;  // first radix digit: 11 bits
 // Histogram words per row: digit 1 (2048 bins, bits 31..21), digit 2 (2048, bits 20..10), digit 3 (1024).
 inline constexpr int kIndexerHistWords = 2048 + 2048 + 1024;
+// Row stride of the histogram workspace: digit 1 only when one CTA per row selects in shared memory.
+__host__ __device__ constexpr int64_t indexer_hist_stride(int64_t splits) {
+  return splits > 1 ? kIndexerHistWords : kIndexerHistBins;
+}
 inline constexpr int kIndexerFp8RowBytes = kIndexerDim + 4;  // 128 codes + one f32 scale per token
 
 enum class IndexerKeyFormat : int { bf16 = 0, fp8_e4m3 = 1 };
@@ -78,9 +83,11 @@ struct IndexerTopkParams {
   const int32_t* row_len;     // [rows] i32 visible keys of each row, not null
   float* scores;   // [rows, score_stride] f32 workspace (score_stride >= max_len, a multiple of 4; 16-byte
                    // aligned), not null
-  uint32_t* hist;  // [rows, kIndexerHistWords] u32 workspace (the digits' histograms), zeroed by the launch
-  IndexerSelectState* state;  // [rows] workspace
-  uint32_t* counts;           // [rows, splits, 2] u32 workspace: keys > tau, keys == tau of each CTA
+  uint32_t* hist;  // [rows, indexer_hist_stride(splits)] u32 workspace (the digits' histograms), zeroed by
+                   // the launch
+  IndexerSelectState* state;  // [rows] workspace; splits == 1: may be null
+  uint32_t* counts;           // [rows, splits, 2] u32 workspace: keys > tau, keys == tau of each CTA; splits
+                              // == 1: may be null
   int32_t* out;               // [rows, out_stride] i32, out_k columns written, not null
   int64_t rows, heads;        // heads: 32 or 64
   int64_t q_s0, q_s1, w_s0;
@@ -99,9 +106,11 @@ struct IndexerTopkParams {
 // Select CTAs per row for (rows, max_len), and in *split_len the keys of each (a multiple of 16384,
 // splits * split_len >= max_len): a pure function of its inputs and the SM count, never of row contents.
 int64_t indexer_select_splits(int64_t rows, int64_t max_len, int num_sms, int64_t* split_len);
-// u32 words of the select workspace: hist [rows, kIndexerHistWords], then state [rows] (8 words each),
-// then counts [rows, splits, 2].
+// u32 words of the select workspace: hist [rows, indexer_hist_stride(splits)], then (splits > 1) state
+// [rows] (8 words each) and counts [rows, splits, 2]. indexer_workspace_pointers lays them out.
 int64_t indexer_workspace_words(int64_t rows, int64_t splits);
+// Sets p.hist, p.state and p.counts inside `words` (indexer_workspace_words(p.rows, p.splits) of them).
+void indexer_workspace_pointers(IndexerTopkParams& p, uint32_t* words);
 // The SM count of the current device (132 when it cannot be read).
 int indexer_num_sms();
 

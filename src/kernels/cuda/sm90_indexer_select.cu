@@ -103,20 +103,109 @@ __device__ __forceinline__ void flush_hist(const uint32_t* sHist, uint32_t* g, i
   }
 }
 
-// Pass PASS (0..3 = passes 1..4 of indexer_topk_params.h) for CTA (row, split).
+// Copies nb bins of the global histogram g into sHist, then select_bin(need).
+__device__ __forceinline__ void load_select(const uint32_t* g, int nb, uint32_t need, uint32_t* sHist,
+                                            uint32_t* scratch, uint32_t* res) {
+  for (int i = threadIdx.x; i < nb; i += kThreads) sHist[i] = g[i];
+  __syncthreads();
+  select_bin(sHist, nb, need, scratch, res);
+}
+
+// sHist[0..nb) = histogram of (key >> shift) & (nb - 1) over the keys of [c0, c1) with key >> match_shift
+// == match. Starts and ends with a barrier.
+__device__ __forceinline__ void hist_digit(const float* srow, int64_t c0, int64_t c1, int match_shift,
+                                           uint32_t match, int shift, int nb, uint32_t* sHist) {
+  __syncthreads();
+  for (int i = threadIdx.x; i < nb; i += kThreads) sHist[i] = 0;
+  __syncthreads();
+  const uint32_t mask = uint32_t(nb - 1);
+  sweep(srow, c0, c1, [&](uint32_t key) {
+    if ((key >> match_shift) == match) atomicAdd(&sHist[(key >> shift) & mask], 1u);
+  });
+  __syncthreads();
+}
+
+// Writes the selected positions of [c0, c1) in order: keys > tau, and keys == tau while fewer than
+// take_eq of them come before (over the row). gt_run / eq_run: such keys of the row before c0.
+__device__ void write_selected(const float* srow, int64_t c0, int64_t c1, uint32_t tau, uint32_t take_eq,
+                               uint32_t gt_run, uint32_t eq_run, int32_t* out, uint32_t* scratch) {
+  for (int64_t base = c0; base < c1; base += kSweep) {
+    const int64_t i0 = base + int64_t(threadIdx.x) * kPerThread;
+    uint32_t keys[16];
+    load_keys16(srow, i0, c1, keys);
+    uint32_t gt = 0, eq = 0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      gt += (i0 + j < c1 && keys[j] > tau) ? 1u : 0u;
+      eq += (i0 + j < c1 && keys[j] == tau) ? 1u : 0u;
+    }
+    const uint32_t packed = gt | (eq << 16);  // block totals <= 16384 per field
+    uint32_t total;
+    const uint32_t excl = block_scan(packed, scratch, total) - packed;
+    uint32_t gt_before = gt_run + (excl & 0xffffu), eq_before = eq_run + (excl >> 16);
+    if (gt + eq > 0) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        if (i0 + j >= c1) break;
+        if (keys[j] > tau) {
+          out[gt_before + (eq_before < take_eq ? eq_before : take_eq)] = int32_t(i0 + j);
+          ++gt_before;
+        } else if (keys[j] == tau) {
+          if (eq_before < take_eq) out[gt_before + eq_before] = int32_t(i0 + j);
+          ++eq_before;
+        }
+      }
+    }
+    gt_run += total & 0xffffu;
+    eq_run += total >> 16;
+  }
+}
+
+// The visible keys of `row` (0 for a row naming no valid sequence).
+__device__ __forceinline__ int64_t row_keys(const IndexerTopkParams& p, int row) {
+  const int64_t seq = p.row_seq ? p.row_seq[row] : row;
+  return seq >= 0 && seq < p.num_seqs ? p.row_len[row] : 0;
+}
+
+// Rows of at most topk keys: every position, then -1.
+__device__ __forceinline__ void write_all(const IndexerTopkParams& p, int64_t n, int32_t* out) {
+  for (int64_t j = threadIdx.x; j < p.out_k; j += kThreads) out[j] = j < n ? int32_t(j) : -1;
+}
+
+// splits == 1: one CTA per row runs all four passes in shared memory (hist: digit 1 only, row stride 2048).
+__global__ void __launch_bounds__(kThreads) sm90_indexer_select_row_kernel(const IndexerTopkParams p) {
+  __shared__ uint32_t sHist[kIndexerHistBins];
+  __shared__ uint32_t scratch[32];
+  __shared__ uint32_t res[2];
+  const int row = blockIdx.x;
+  const int64_t n = row_keys(p, row);
+  int32_t* out = p.out + int64_t(row) * p.out_stride;
+  if (n <= p.topk) return write_all(p, n, out);
+  const uint32_t K = uint32_t(p.topk);
+  const float* srow = p.scores + int64_t(row) * p.score_stride;
+  load_select(p.hist + int64_t(row) * kIndexerHistBins, kIndexerHistBins, K, sHist, scratch, res);
+  const uint32_t b1 = res[0], above1 = res[1];
+  hist_digit(srow, 0, n, 21, b1, 10, kIndexerHistBins, sHist);
+  select_bin(sHist, kIndexerHistBins, K - above1, scratch, res);
+  const uint32_t prefix = (b1 << 11) | res[0], above2 = above1 + res[1];
+  hist_digit(srow, 0, n, 10, prefix, 0, 1024, sHist);
+  select_bin(sHist, 1024, K - above2, scratch, res);
+  const uint32_t tau = (prefix << 10) | res[0], take_eq = K - above2 - res[1];
+  write_selected(srow, 0, n, tau, take_eq, 0, 0, out, scratch);
+}
+
+// splits > 1: pass PASS (0..3 = passes 1..4 of indexer_topk_params.h) for CTA (row, split); hist row
+// stride kIndexerHistWords.
 template <int PASS>
 __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(const IndexerTopkParams p) {
   __shared__ uint32_t sHist[kIndexerHistBins];
   __shared__ uint32_t scratch[32];
   __shared__ uint32_t res[2];
   const int row = blockIdx.x, split = blockIdx.y, tid = threadIdx.x;
-  const int64_t seq = p.row_seq ? p.row_seq[row] : row;
-  const int64_t n = seq >= 0 && seq < p.num_seqs ? p.row_len[row] : 0;
+  const int64_t n = row_keys(p, row);
   int32_t* out = p.out + int64_t(row) * p.out_stride;
-  if (n <= p.topk) {  // every position, then -1 (written once, by the last pass's first CTA)
-    if (PASS == 3 && split == 0) {
-      for (int64_t j = tid; j < p.out_k; j += kThreads) out[j] = j < n ? int32_t(j) : -1;
-    }
+  if (n <= p.topk) {  // written once, by the last pass's first CTA
+    if (PASS == 3 && split == 0) write_all(p, n, out);
     return;
   }
   const int64_t c0 = int64_t(split) * p.split_len;
@@ -130,45 +219,29 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(cons
 
   if constexpr (PASS == 0) {
     // Digit 1 from the score kernel's histogram; histogram digit 2 of the keys in its bin.
-    for (int i = tid; i < kIndexerHistBins; i += kThreads) sHist[i] = hist[i];
-    __syncthreads();
-    select_bin(sHist, kIndexerHistBins, K, scratch, res);
+    load_select(hist, kIndexerHistBins, K, sHist, scratch, res);
     const uint32_t b1 = res[0];
     if (writer) {
       st->b1 = b1;
       st->above1 = res[1];
     }
-    for (int i = tid; i < kIndexerHistBins; i += kThreads) sHist[i] = 0;
-    __syncthreads();
-    sweep(srow, c0, c1, [&](uint32_t key) {
-      if ((key >> 21) == b1) atomicAdd(&sHist[(key >> 10) & 0x7ffu], 1u);
-    });
-    __syncthreads();
+    hist_digit(srow, c0, c1, 21, b1, 10, kIndexerHistBins, sHist);
     flush_hist(sHist, hist + kHist2, kIndexerHistBins);
   } else if constexpr (PASS == 1) {
     // Digit 2; histogram digit 3 of the keys with the 22-bit prefix.
     const uint32_t b1 = st->b1, above1 = st->above1;
-    for (int i = tid; i < kIndexerHistBins; i += kThreads) sHist[i] = hist[kHist2 + i];
-    __syncthreads();
-    select_bin(sHist, kIndexerHistBins, K - above1, scratch, res);
+    load_select(hist + kHist2, kIndexerHistBins, K - above1, sHist, scratch, res);
     const uint32_t prefix = (b1 << 11) | res[0];
     if (writer) {
       st->prefix2 = prefix;
       st->above2 = above1 + res[1];
     }
-    for (int i = tid; i < 1024; i += kThreads) sHist[i] = 0;
-    __syncthreads();
-    sweep(srow, c0, c1, [&](uint32_t key) {
-      if ((key >> 10) == prefix) atomicAdd(&sHist[key & 0x3ffu], 1u);
-    });
-    __syncthreads();
+    hist_digit(srow, c0, c1, 10, prefix, 0, 1024, sHist);
     flush_hist(sHist, hist + kHist3, 1024);
   } else if constexpr (PASS == 2) {
     // Digit 3: tau and take_eq; this CTA's keys above and equal to tau.
     const uint32_t prefix = st->prefix2, above = st->above2;
-    for (int i = tid; i < 1024; i += kThreads) sHist[i] = hist[kHist3 + i];
-    __syncthreads();
-    select_bin(sHist, 1024, K - above, scratch, res);
+    load_select(hist + kHist3, 1024, K - above, sHist, scratch, res);
     const uint32_t tau = (prefix << 10) | res[0];
     if (writer) {
       st->tau = tau;
@@ -188,7 +261,7 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(cons
       c[1] = eq_total;
     }
   } else {
-    // Ordered write: positions with key > tau, and the first take_eq (over the row) with key == tau.
+    // Ordered write, after the keys of the CTAs before this one.
     const uint32_t tau = st->tau, take_eq = st->take_eq;
     if (tid < 32) {
       uint32_t g = 0, e = 0;
@@ -208,37 +281,7 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(cons
       }
     }
     __syncthreads();
-    uint32_t gt_run = res[0], eq_run = res[1];
-    for (int64_t base = c0; base < c1; base += kSweep) {
-      const int64_t i0 = base + int64_t(tid) * kPerThread;
-      uint32_t keys[16];
-      load_keys16(srow, i0, c1, keys);
-      uint32_t gt = 0, eq = 0;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        gt += (i0 + j < c1 && keys[j] > tau) ? 1u : 0u;
-        eq += (i0 + j < c1 && keys[j] == tau) ? 1u : 0u;
-      }
-      const uint32_t packed = gt | (eq << 16);  // block totals <= 16384 per field
-      uint32_t total;
-      const uint32_t excl = block_scan(packed, scratch, total) - packed;
-      uint32_t gt_before = gt_run + (excl & 0xffffu), eq_before = eq_run + (excl >> 16);
-      if (gt + eq > 0) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          if (i0 + j >= c1) break;
-          if (keys[j] > tau) {
-            out[gt_before + (eq_before < take_eq ? eq_before : take_eq)] = int32_t(i0 + j);
-            ++gt_before;
-          } else if (keys[j] == tau) {
-            if (eq_before < take_eq) out[gt_before + eq_before] = int32_t(i0 + j);
-            ++eq_before;
-          }
-        }
-      }
-      gt_run += total & 0xffffu;
-      eq_run += total >> 16;
-    }
+    write_selected(srow, c0, c1, tau, take_eq, res[0], res[1], out, scratch);
   }
 }
 
@@ -255,7 +298,17 @@ int64_t indexer_select_splits(int64_t rows, int64_t max_len, int num_sms, int64_
 }
 
 int64_t indexer_workspace_words(int64_t rows, int64_t splits) {
+  if (splits <= 1) return rows * kIndexerHistBins;
   return rows * (kIndexerHistWords + int64_t(sizeof(IndexerSelectState) / 4)) + rows * splits * 2;
+}
+
+void indexer_workspace_pointers(IndexerTopkParams& p, uint32_t* words) {
+  p.hist = words;
+  p.state = nullptr;
+  p.counts = nullptr;
+  if (p.splits <= 1) return;
+  p.state = reinterpret_cast<IndexerSelectState*>(words + p.rows * kIndexerHistWords);
+  p.counts = words + p.rows * (kIndexerHistWords + int64_t(sizeof(IndexerSelectState) / 4));
 }
 
 cudaError_t launch_indexer_select(const IndexerTopkParams& p, cudaStream_t stream) {
@@ -263,6 +316,10 @@ cudaError_t launch_indexer_select(const IndexerTopkParams& p, cudaStream_t strea
   if (p.splits < 1 || p.splits > 65535 || p.split_len % kSweep != 0 || p.splits * p.split_len < p.max_len ||
       p.rows > 2147483647)
     return cudaErrorInvalidValue;
+  if (p.splits == 1) {
+    sm90_indexer_select_row_kernel<<<unsigned(p.rows), kThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
   const dim3 grid(unsigned(p.rows), unsigned(p.splits));
   if (p.max_len > p.topk) {
     sm90_indexer_select_pass_kernel<0><<<grid, kThreads, 0, stream>>>(p);

@@ -153,13 +153,12 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
     float sc0 = scale, sc1 = scale;  // per key row g and g + 8 of this warp
     if constexpr (FP8) {
       // Rows warp * 16 + g and + 8: bytes [32 c4, 32 c4 + 32), word kk = the A fragment of k-step kk.
-      uint32_t w0[8], w1[8];
       const unsigned char* r0 = stage + (warp * 16 + g) * kLdK8 + c4 * 32;
       const unsigned char* r1 = r0 + 8 * kLdK8;
-      *reinterpret_cast<uint4*>(w0) = *reinterpret_cast<const uint4*>(r0);
-      *reinterpret_cast<uint4*>(w0 + 4) = *reinterpret_cast<const uint4*>(r0 + 16);
-      *reinterpret_cast<uint4*>(w1) = *reinterpret_cast<const uint4*>(r1);
-      *reinterpret_cast<uint4*>(w1 + 4) = *reinterpret_cast<const uint4*>(r1 + 16);
+      const uint4 x0 = *reinterpret_cast<const uint4*>(r0), x1 = *reinterpret_cast<const uint4*>(r0 + 16);
+      const uint4 y0 = *reinterpret_cast<const uint4*>(r1), y1 = *reinterpret_cast<const uint4*>(r1 + 16);
+      const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      const uint32_t w1[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
       const float* ks = reinterpret_cast<const float*>(stage + kTileKeys * kLdK8);
       sc0 = scale * ks[warp * 16 + g];
       sc1 = scale * ks[warp * 16 + g + 8];
@@ -201,7 +200,7 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
     }
   }
   __syncthreads();
-  uint32_t* ghist = p.hist + int64_t(row) * kIndexerHistWords;
+  uint32_t* ghist = p.hist + int64_t(row) * indexer_hist_stride(p.splits);
   for (int i = tid; i < kIndexerHistBins; i += kScoreThreads) {
     if (sHist[i]) atomicAdd(&ghist[i], sHist[i]);
   }
@@ -248,9 +247,10 @@ cudaError_t launch_indexer_topk_fused(const IndexerTopkParams& p, cudaStream_t s
   if ((p.heads != 32 && p.heads != 64) || p.topk < 1 || p.out_k > p.topk || p.score_stride % 4 != 0 ||
       p.splits < 1 || p.splits * p.split_len < p.max_len)
     return cudaErrorInvalidValue;
-  cudaError_t e = cudaMemsetAsync(p.hist, 0, size_t(p.rows) * kIndexerHistWords * 4, stream);
-  if (e != cudaSuccess) return e;
   if (p.max_len > p.topk) {
+    cudaError_t e =
+        cudaMemsetAsync(p.hist, 0, size_t(p.rows) * size_t(indexer_hist_stride(p.splits)) * 4, stream);
+    if (e != cudaSuccess) return e;
     const bool fp8 = p.key_format == IndexerKeyFormat::fp8_e4m3;
     if (p.heads == 32) {
       e = fp8 ? launch_scores<32, true>(p, stream) : launch_scores<32, false>(p, stream);

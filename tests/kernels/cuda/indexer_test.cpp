@@ -152,9 +152,6 @@ TEST_F(CudaIndexerFp8, ScoresWithinQuantisationBound) {
   p.page_table = pt.data<int32_t>();
   p.row_len = len.data<int32_t>();
   p.scores = scores.data<float>();
-  p.hist = reinterpret_cast<uint32_t*>(work.data<int32_t>());
-  p.state = reinterpret_cast<IndexerSelectState*>(p.hist + kIndexerHistWords);
-  p.counts = p.hist + kIndexerHistWords + 8;
   p.out = out.data<int32_t>();
   p.rows = 1;
   p.heads = ih;
@@ -171,6 +168,7 @@ TEST_F(CudaIndexerFp8, ScoresWithinQuantisationBound) {
   p.max_len = n;
   p.splits = splits;
   p.split_len = split_len;
+  indexer_workspace_pointers(p, reinterpret_cast<uint32_t*>(work.data<int32_t>()));
   p.scale = float(scale);
   p.weight_scale = float(ws);
   p.key_format = IndexerKeyFormat::fp8_e4m3;
