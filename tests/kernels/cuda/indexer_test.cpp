@@ -264,6 +264,58 @@ TEST_F(CudaIndexerFp8, TopkRaggedBatchMatchesCpuOnSameKeys) {
 }
 TEST_F(CudaIndexerFp8, TopkSixtyFourHeads) { run_fp8_topk({4000, 65536}, 64, 104); }
 
+// The ops.h entry points with an FP8 index-key cache (the CUDA backend's dispatch): the batched rows of a
+// prefill chunk and a decode row (one launch), and the per-request op, against the CPU on the same keys.
+TEST_F(CudaIndexerFp8, OpsDispatchBatchedAndPerRequest) {
+  install_backend();
+  Rng r(105);
+  const int64_t ih = 32, topk = 2048;
+  const std::vector<int64_t> lens = {3003, 2600};
+  const Paging pg = make_paging(lens, r);
+  const int64_t slots = pg.num_pages * kPage;
+  const Tensor bytes = kernels::cpu::indexer_key_fp8_encode(rand_keys(slots, r));
+  const Tensor deq = kernels::cpu::indexer_key_fp8_decode(bytes);
+  const Tensor cache = bytes.to(Device::cuda);
+  // Rows: request 0 prefills positions 3000..3002, request 1 decodes position 2599.
+  const std::vector<int32_t> seq = {0, 0, 0, 1}, len = {3001, 3002, 3003, 2600};
+  const int64_t R = 4, max_len = 3003;
+  const Tensor q = rand_bf16_values({R, ih, kIndexerDim}, r, 1.0f);
+  const Tensor w = rand_bf16_values({R, ih}, r, 1.0f);
+  Tensor table_cpu = Tensor::empty({2, pg.max_pages}, DType::i32);
+  std::copy(pg.pt.begin(), pg.pt.end(), table_cpu.data<int32_t>());
+  const Tensor got = kernels::indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda),
+                                                PagedRows{cache, pg.table_gpu(), kPage, gpu_i32(seq, {R}),
+                                                          gpu_i32(len, {R}), seq, len, max_len},
+                                                topk, 0.088, 0.17)
+                         .to(Device::cpu);
+  const Tensor got_req0 =
+      kernels::indexer_topk(q.slice(0, 0, 3).contiguous().to(Device::cuda),
+                            w.slice(0, 0, 3).contiguous().to(Device::cuda),
+                            PagedSeq{cache, pg.row_cpu(0).to(Device::cuda), kPage}, 3000, topk, 0.088, 0.17)
+          .to(Device::cpu);
+  ASSERT_EQ(got.shape(), (Shape{R, topk}));
+  ASSERT_EQ(got_req0.shape(), (Shape{3, topk}));
+  int64_t bad = 0;
+  for (int64_t i = 0; i < R; ++i) {
+    const size_t b = size_t(seq[size_t(i)]);
+    const Tensor qi = q.slice(0, i, i + 1).contiguous(), wi = w.slice(0, i, i + 1).contiguous();
+    const Tensor ref =
+        kernels::backend(Device::cpu)
+            .indexer_topk(qi, wi, PagedSeq{deq, pg.row_cpu(b), kPage}, len[size_t(i)] - 1, topk, 0.088, 0.17);
+    auto key = [&](int64_t s) { return deq.data<float>() + pg.slot(b, s) * kIndexerDim; };
+    for (int pass = 0; pass < (i < 3 ? 2 : 1); ++pass) {
+      const int32_t* g = pass == 0 ? got.data<int32_t>() + i * topk : got_req0.data<int32_t>() + i * topk;
+      double gap = 0;
+      const int64_t diff =
+          check_selection(g, ref.data<int32_t>(), topk, len[size_t(i)], qi, wi, 0, key, 0.088, 0.17, &gap);
+      bad += diff == 0 || (diff > 0 && gap <= 1e-5) ? 0 : 1;
+    }
+  }
+  std::printf("RESULT indexer_topk_fp8 ops dispatch (batched rows + per request) rows=%lld bad=%lld %s\n",
+              (long long)R, (long long)bad, bad == 0 ? "ok" : "FAIL");
+  EXPECT_EQ(bad, 0);
+}
+
 // Few rows with long contexts: the select spreads each row over many CTAs. Keys bf16; with `ties` only
 // 97 distinct key rows, so runs of equal scores straddle every CTA boundary.
 void run_long_rows(const std::vector<int64_t>& lens, uint64_t seed, bool ties) {
