@@ -237,7 +237,8 @@ Tensor indexer_key_cache_gather(const Tensor& cache, const Tensor& page_table, i
 
 Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
                          int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
-                         int64_t topk, double scale, double weight_scale, cudaStream_t stream) {
+                         int64_t topk, double scale, double weight_scale, cudaStream_t stream,
+                         std::span<const int32_t> row_len_host) {
   check_gpu(q, DType::f32, 3, "indexer q");
   check_gpu(w, DType::f32, 2, "indexer weights");
   const IndexerKeyFormat format = indexer_key_format(cache);
@@ -250,8 +251,19 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
   const int64_t out_k = std::min(topk, max_len);
   Tensor out = Tensor::empty({R, out_k}, DType::i32, Device::cuda);
   if (R == 0 || out_k == 0) return out;
+  // Scores: packed (only the rows with more than topk keys, offsets computed on the device) when the host
+  // knows the row lengths, else dense [R, max_len].
+  const bool packed = int64_t(row_len_host.size()) == R && max_len > topk;
+  if (packed) {
+    for (int32_t n : row_len_host)
+      DSA_CHECK(n >= 0 && n <= max_len, "indexer: row length {} outside [0, {}]", n, max_len);
+  }
   const int64_t score_stride = std::max<int64_t>(4, (max_len + 3) / 4 * 4);
-  Tensor scores = Tensor::empty({R, score_stride}, DType::f32, Device::cuda);
+  const int64_t score_elems = max_len <= topk ? 0  // no row is scored
+                              : packed        ? indexer_packed_score_elems(row_len_host.data(), R, topk)
+                                              : R * score_stride;
+  Tensor scores = Tensor::empty({std::max<int64_t>(4, score_elems)}, DType::f32, Device::cuda);
+  Tensor offsets = packed ? Tensor::empty({R}, DType::i64, Device::cuda) : Tensor();
   int64_t split_len = 0;
   const int64_t splits = indexer_select_splits(R, max_len, indexer_num_sms(), &split_len);
   Tensor work = Tensor::empty({indexer_workspace_words(R, splits)}, DType::i32, Device::cuda);
@@ -264,6 +276,7 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
   p.row_seq = d.row_seq;
   p.row_len = row_len.data<int32_t>();
   p.scores = scores.data<float>();
+  p.score_offsets = packed ? offsets.data<int64_t>() : nullptr;
   p.out = out.data<int32_t>();
   p.rows = R;
   p.heads = ih;
@@ -299,7 +312,7 @@ Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys,
   for (int64_t t = 0; t < T; ++t) len[size_t(t)] = int32_t(start_pos + t + 1);
   const Tensor pt = keys.page_table.view({1, keys.page_table.size(0)});
   return indexer_topk_rows(q, w, keys.cache, pt, keys.page_size, gpu_i32(seq), gpu_i32(len), start_pos + T,
-                           topk, scale, weight_scale, op_stream());
+                           topk, scale, weight_scale, op_stream(), len);
 }
 
 }  // namespace dsaserve::kernels::cuda

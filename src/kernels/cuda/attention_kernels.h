@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 
 #include "core/tensor.h"
 #include "kernels/cuda/indexer_topk_params.h"
@@ -63,10 +64,13 @@ Tensor indexer_key_cache_gather(const Tensor& cache, const Tensor& page_table, i
 // Lightning indexer + top-k for R query rows: q f32 [R, ih, 128] (ih 32 or 64), w f32 [R, ih], cache
 // bf16 [slots, 128] or FP8 u8 [slots, 132], page table / row_seq / row_len / max_len as for mla_decode.
 // -> i32 [R, min(topk, max_len)]: ascending positions, or 0..n-1 padded with -1 when n <= topk.
-// Workspace: f32 [R, max_len] scores plus indexer_workspace_words(R, splits) u32 (~20 KB a row).
+// row_len_host: the same lengths on the host, or empty. Workspace: the f32 scores of the rows with more
+// than topk keys packed (given row_len_host; the offsets are computed on the device), else dense [R,
+// max_len]; plus indexer_workspace_words(R, splits) u32 (8 KB a row).
 Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
                          int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
-                         int64_t topk, double scale, double weight_scale, cudaStream_t stream = nullptr);
+                         int64_t topk, double scale, double weight_scale, cudaStream_t stream = nullptr,
+                         std::span<const int32_t> row_len_host = {});
 
 // The ops.h contract of indexer_topk for one request (keys.cache bf16 [slots, 128] or FP8 u8 [slots, 132]).
 Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos,

@@ -81,8 +81,12 @@ struct IndexerTopkParams {
   const int32_t* page_table;  // [num_seqs, pt_stride] i32, not null
   const int32_t* row_seq;     // [rows] i32 sequence (page-table row) of each query row; null: r -> r
   const int32_t* row_len;     // [rows] i32 visible keys of each row, not null
-  float* scores;   // [rows, score_stride] f32 workspace (score_stride >= max_len, a multiple of 4; 16-byte
-                   // aligned), not null
+  float* scores;  // f32 workspace (16-byte aligned), not null: dense [rows, score_stride] (score_stride >=
+                  // max_len, a multiple of 4), or packed when score_offsets is set
+  int64_t* score_offsets;  // [rows] i64 workspace, or null (dense). Set: the launch computes on the device
+                           // each row's offset in `scores`, packing only the rows with more than topk keys
+                           // (row_len rounded up to 4 floats each); scores then needs
+                           // indexer_packed_score_elems(row lengths) floats
   uint32_t* hist;  // [rows, indexer_hist_stride(splits)] u32 workspace (the digits' histograms), zeroed by
                    // the launch
   IndexerSelectState* state;  // [rows] workspace; splits == 1: may be null
@@ -114,9 +118,25 @@ void indexer_workspace_pointers(IndexerTopkParams& p, uint32_t* words);
 // The SM count of the current device (132 when it cannot be read).
 int indexer_num_sms();
 
-// Zeroes the histograms, then runs the score kernel and the select passes on `stream`.
+// Floats of the packed score buffer for these row lengths: sum over rows with n > topk of n rounded up to 4.
+inline int64_t indexer_packed_score_elems(const int32_t* row_len, int64_t rows, int64_t topk) {
+  int64_t s = 0;
+  for (int64_t r = 0; r < rows; ++r) s += row_len[r] > topk ? (int64_t(row_len[r]) + 3) / 4 * 4 : 0;
+  return s;
+}
+
+// Zeroes the histograms, (packed scores) computes the row offsets, then runs the score kernel and the
+// select passes on `stream`.
 cudaError_t launch_indexer_topk_fused(const IndexerTopkParams& p, cudaStream_t stream);
 // The four select passes alone (after the score kernel has written scores and digit 1).
 cudaError_t launch_indexer_select(const IndexerTopkParams& p, cudaStream_t stream);
+// p.score_offsets[r] = the packed offset of row r (one CTA scans row_len; rows naming no valid sequence
+// count as empty). Part of launch_indexer_topk_fused.
+cudaError_t launch_indexer_score_offsets(const IndexerTopkParams& p, cudaStream_t stream);
+
+// The scores of row r.
+__host__ __device__ inline float* indexer_row_scores(const IndexerTopkParams& p, int64_t r) {
+  return p.scores + (p.score_offsets ? p.score_offsets[r] : r * p.score_stride);
+}
 
 }  // namespace dsaserve::kernels::cuda

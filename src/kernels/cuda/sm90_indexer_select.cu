@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_row_kernel(const
   int32_t* out = p.out + int64_t(row) * p.out_stride;
   if (n <= p.topk) return write_all(p, n, out);
   const uint32_t K = uint32_t(p.topk);
-  const float* srow = p.scores + int64_t(row) * p.score_stride;
+  const float* srow = indexer_row_scores(p, row);
   load_select(p.hist + int64_t(row) * kIndexerHistBins, kIndexerHistBins, K, sHist, scratch, res);
   const uint32_t b1 = res[0], above1 = res[1];
   hist_digit(srow, 0, n, 21, b1, 10, kIndexerHistBins, sHist);
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(cons
   if (c0 >= n) return;
   const int64_t c1 = c0 + p.split_len < n ? c0 + p.split_len : n;
   const uint32_t K = uint32_t(p.topk);
-  const float* srow = p.scores + int64_t(row) * p.score_stride;
+  const float* srow = indexer_row_scores(p, row);
   uint32_t* hist = p.hist + int64_t(row) * kIndexerHistWords;
   IndexerSelectState* st = p.state + row;
   const bool writer = split == 0 && tid == 0;
@@ -285,7 +285,50 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(cons
   }
 }
 
+// One CTA: exclusive prefix sum over the rows of each row's packed size (n > topk: n rounded up to 4).
+__global__ void __launch_bounds__(kThreads) sm90_indexer_offsets_kernel(const IndexerTopkParams p) {
+  __shared__ int64_t warp_sums[32];
+  __shared__ int64_t carry;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int64_t base = 0; base < p.rows; base += kThreads) {
+    const int64_t r = base + threadIdx.x;
+    const int64_t n = r < p.rows ? row_keys(p, int(r)) : 0;
+    const int64_t v = n > p.topk ? (n + 3) / 4 * 4 : 0;
+    int64_t incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int64_t y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+      int64_t s = warp_sums[lane];
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int64_t y = __shfl_up_sync(0xffffffffu, s, o);
+        if (lane >= o) s += y;
+      }
+      warp_sums[lane] = s;  // inclusive over warps
+    }
+    __syncthreads();
+    const int64_t before = carry + (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
+    if (r < p.rows) p.score_offsets[r] = before;
+    __syncthreads();  // everyone has read carry and warp_sums
+    if (threadIdx.x == 0) carry += warp_sums[31];
+    __syncthreads();
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_indexer_score_offsets(const IndexerTopkParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || !p.score_offsets) return cudaSuccess;
+  sm90_indexer_offsets_kernel<<<1, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 int64_t indexer_select_splits(int64_t rows, int64_t max_len, int num_sms, int64_t* split_len) {
   const int64_t units = max_len > kSweep ? (max_len + kSweep - 1) / kSweep : 1;

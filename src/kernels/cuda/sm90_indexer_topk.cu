@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
     wl[nt][1] = sW[nt * 8 + 2 * c4 + 1];
   }
   const float scale = p.scale;
-  float* srow = p.scores + int64_t(row) * p.score_stride;
+  float* srow = indexer_row_scores(p, row);
 
   for (int t = 0; t < n_tiles; ++t) {
     mma::cp_async_wait<kStages - 2>();
@@ -244,12 +244,14 @@ int indexer_num_sms() { return num_sms(); }
 
 cudaError_t launch_indexer_topk_fused(const IndexerTopkParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
-  if ((p.heads != 32 && p.heads != 64) || p.topk < 1 || p.out_k > p.topk || p.score_stride % 4 != 0 ||
-      p.splits < 1 || p.splits * p.split_len < p.max_len)
+  if ((p.heads != 32 && p.heads != 64) || p.topk < 1 || p.out_k > p.topk ||
+      (!p.score_offsets && p.score_stride % 4 != 0) || p.splits < 1 || p.splits * p.split_len < p.max_len)
     return cudaErrorInvalidValue;
   if (p.max_len > p.topk) {
     cudaError_t e =
         cudaMemsetAsync(p.hist, 0, size_t(p.rows) * size_t(indexer_hist_stride(p.splits)) * 4, stream);
+    if (e != cudaSuccess) return e;
+    e = launch_indexer_score_offsets(p, stream);
     if (e != cudaSuccess) return e;
     const bool fp8 = p.key_format == IndexerKeyFormat::fp8_e4m3;
     if (p.heads == 32) {

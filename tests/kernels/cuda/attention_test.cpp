@@ -247,12 +247,23 @@ void run_indexer_batch(const std::vector<int64_t>& lens, int64_t ih, uint64_t se
   const double scale = 1.0 / std::sqrt(128.0), ws = 1.0 / std::sqrt(double(ih));
   std::vector<int32_t> len32(lens.begin(), lens.end());
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  // Dense scores ([B, max_len]), and packed (the host passes the lengths; offsets computed on the device).
   const Tensor got =
       indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda), keys_bf16.to(Device::cuda), pg.table_gpu(),
                         kPage, {}, gpu_i32(len32, {B}), max_len, topk, scale, ws)
           .to(Device::cpu);
+  const Tensor got_packed =
+      indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda), keys_bf16.to(Device::cuda), pg.table_gpu(),
+                        kPage, {}, gpu_i32(len32, {B}), max_len, topk, scale, ws, nullptr, len32)
+          .to(Device::cpu);
   const int64_t out_k = std::min(topk, max_len);
   ASSERT_EQ(got.size(1), out_k);
+  ASSERT_EQ(got_packed.shape(), got.shape());
+  const bool same_packed =
+      std::equal(got.data<int32_t>(), got.data<int32_t>() + B * out_k, got_packed.data<int32_t>());
+  std::printf("RESULT indexer_topk packed scores == dense scores batch=%lld %s\n", (long long)B,
+              same_packed ? "ok" : "FAIL");
+  EXPECT_TRUE(same_packed) << "packed and dense score layouts select differently";
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = lens[size_t(b)];
     const Tensor ref =
@@ -314,7 +325,8 @@ TEST_F(CudaIndexerTopk, OpsContractPrefillRows) {
 
 // More rows than grid y allows (65,535): a batched prefill of 32 requests x 2048 tokens passes 65,536
 // rows to one indexer call. Every row reads the same 200-key sequence with its own visible length; a
-// sample of rows is checked against the CPU operator.
+// sample of rows is checked against the CPU operator. The host passes the lengths, so the scores are
+// packed (the device computes the offsets of the 66,000 rows).
 TEST_F(CudaIndexerTopk, MoreRowsThanGridYLimit) {
   Rng r(97);
   const int64_t R = 66000, n = 200, ih = 32, topk = 64;
@@ -327,7 +339,7 @@ TEST_F(CudaIndexerTopk, MoreRowsThanGridYLimit) {
   for (int64_t i = 0; i < R; ++i) len[size_t(i)] = int32_t(1 + (i * 7) % n);  // some rows <= topk, most above
   const Tensor got =
       indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda), keys_bf16.to(Device::cuda), pg.table_gpu(),
-                        kPage, gpu_i32(seq, {R}), gpu_i32(len, {R}), n, topk, 0.088, 0.17)
+                        kPage, gpu_i32(seq, {R}), gpu_i32(len, {R}), n, topk, 0.088, 0.17, nullptr, len)
           .to(Device::cpu);
   ASSERT_EQ(got.shape(), (Shape{R, topk}));
   int64_t checked = 0, bad = 0;

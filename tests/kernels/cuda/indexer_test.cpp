@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -337,9 +338,11 @@ void run_long_rows(const std::vector<int64_t>& lens, uint64_t seed, bool ties) {
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
   int64_t split_len = 0;
   const int64_t splits = indexer_select_splits(B, max_len, indexer_num_sms(), &split_len);
+  // Two rows or more: packed scores (host lengths given), one row: dense.
   const Tensor got =
       indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda), bf16_copy(keys).to(Device::cuda),
-                        pg.table_gpu(), kPage, {}, gpu_i32(len32, {B}), max_len, topk, scale, ws)
+                        pg.table_gpu(), kPage, {}, gpu_i32(len32, {B}), max_len, topk, scale, ws, nullptr,
+                        B > 1 ? std::span<const int32_t>(len32) : std::span<const int32_t>())
           .to(Device::cpu);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = lens[size_t(b)];
