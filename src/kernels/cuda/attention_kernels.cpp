@@ -252,8 +252,9 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
   Tensor out = Tensor::empty({R, out_k}, DType::i32, Device::cuda);
   if (R == 0 || out_k == 0) return out;
   // Scores: packed (only the rows with more than topk keys, offsets computed on the device) when the host
-  // knows the row lengths, else dense [R, max_len].
-  const bool packed = int64_t(row_len_host.size()) == R && max_len > topk;
+  // knows the row lengths, else dense [R, max_len] (one row: the same, without the offsets launch).
+  const bool packed =
+      R > 1 && int64_t(row_len_host.size()) == R && max_len > topk;  // one row: dense is packed
   if (packed) {
     for (int32_t n : row_len_host)
       DSA_CHECK(n >= 0 && n <= max_len, "indexer: row length {} outside [0, {}]", n, max_len);
