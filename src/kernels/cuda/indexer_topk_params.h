@@ -1,6 +1,6 @@
 #pragma once
 // Plain parameters of the lightning indexer kernels: the FP8 index-key store (sm90_indexer_cache.cu), the
-// scores (sm90_indexer_score.cu) and the exact top-k select (sm90_indexer_select.cu).
+// scores and the fused launch (sm90_indexer_topk.cu) and the exact top-k select (sm90_indexer_select.cu).
 //
 // For query row r (one decode token of a request, or one prefill token) with n = row_len[r] visible
 // keys: score[s] = sum_h w[r,h] * weight_scale * relu(scale * q[r,h] . k[s]) for s < n, keys read
@@ -28,7 +28,8 @@
 //   3. resolve digit 3: tau, the exact k-th largest key, and take_eq, how many keys equal to tau to take
 //      (the lowest positions first); count each CTA's keys > tau and == tau;
 //   4. each CTA adds the counts of the CTAs before it and writes its selected positions in order.
-// Launch sizes depend only on (rows, max_len), never on row contents (CUDA-graph safe).
+// Launch sizes depend only on (rows, max_len), never on row contents (CUDA-graph safe; the packed score
+// buffer below is sized by the caller from the row lengths, the dense one by rows x max_len).
 #include <cuda_runtime.h>
 
 #include <cstdint>
