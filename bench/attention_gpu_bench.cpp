@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/indexer_topk_params.h"
@@ -169,84 +170,117 @@ void bench_mla(int num_sms, void* flush) {
   CK(cudaFree(cache_fp8));
 }
 
+// Fills n bytes at dst with `pattern` repeated (one upload, then device-to-device doubling).
+void fill_device(void* dst, size_t n, const std::vector<unsigned char>& pattern) {
+  const size_t first = std::min(n, pattern.size());
+  CK(cudaMemcpy(dst, pattern.data(), first, cudaMemcpyHostToDevice));
+  for (size_t done = first; done < n;) {
+    const size_t c = std::min(done, n - done);
+    CK(cudaMemcpy(static_cast<char*>(dst) + done, dst, c, cudaMemcpyDeviceToDevice));
+    done += c;
+  }
+}
+
+// The indexer + top-2048 at batch B and context ctx over a bf16 or FP8 key cache. Bytes: the key cache
+// rows read (bf16 256, FP8 132 per key), q, w and the output; the score and select times are measured
+// apart (select = full - scores alone).
 void bench_indexer(void* flush) {
-  header("### lightning indexer + top-2048 (32 heads x 128, bf16 K cache), one query row per request");
+  header("### lightning indexer + top-2048 (32 heads x 128), one query row per request");
   std::mt19937_64 rng(2);
   const int64_t ih = 32, topk = 2048;
-  for (int64_t B : {1, 32, 128}) {
-    for (int64_t ctx : {4096, 32768, 131072}) {
-      const int64_t pages = ctx / kPage, slots = B * ctx;
-      void* cache = dev_alloc<unsigned char>(size_t(slots) * kIndexerDim * 2);
-      // Random bf16 keys in [-1, 1): fill one page on the host and copy it around the cache in chunks.
-      std::vector<uint16_t> chunk(size_t(kPage * 1024) * kIndexerDim);
-      for (auto& x : chunk) {
-        const float v = float(int64_t(rng() % 2001) - 1000) * 1e-3f;
-        uint32_t u;
-        std::memcpy(&u, &v, 4);
-        x = uint16_t(u >> 16);
+  for (IndexerKeyFormat f : {IndexerKeyFormat::bf16, IndexerKeyFormat::fp8_e4m3}) {
+    const bool fp8 = f == IndexerKeyFormat::fp8_e4m3;
+    for (int64_t B : {1, 8, 32, 64}) {
+      for (int64_t ctx : {4096, 32768, 131072, 1048576}) {
+        if (ctx > 131072 && B > 8) continue;
+        const int64_t pages = ctx / kPage, slots = B * ctx;
+        const size_t row_bytes = fp8 ? kIndexerFp8RowBytes : kIndexerDim * 2;
+        void* cache = dev_alloc<unsigned char>(size_t(slots) * row_bytes);
+        // Random keys: bf16 in [-1, 1), or e4m3 codes (no NaN: exponent < 15) with scales in [0.01, 0.02).
+        std::vector<unsigned char> codes(size_t(kPage * 1024) * kIndexerDim * 2);
+        if (fp8) {
+          for (auto& x : codes) x = static_cast<unsigned char>(rng() & 0xf7u);
+          fill_device(cache, size_t(slots) * kIndexerDim, codes);
+          std::vector<float> sc(size_t(kPage * 1024));
+          for (auto& x : sc) x = 0.01f + float(rng() % 1000) * 1e-5f;
+          std::vector<unsigned char> scb(sc.size() * 4);
+          std::memcpy(scb.data(), sc.data(), scb.size());
+          fill_device(static_cast<char*>(cache) + slots * kIndexerDim, size_t(slots) * 4, scb);
+        } else {
+          for (size_t i = 0; i < codes.size(); i += 2) {
+            const float v = float(int64_t(rng() % 2001) - 1000) * 1e-3f;
+            uint32_t u;
+            std::memcpy(&u, &v, 4);
+            codes[i] = static_cast<unsigned char>(u >> 16);
+            codes[i + 1] = static_cast<unsigned char>(u >> 24);
+          }
+          fill_device(cache, size_t(slots) * kIndexerDim * 2, codes);
+        }
+        std::vector<int32_t> perm(static_cast<size_t>(B * pages)), len(static_cast<size_t>(B), int32_t(ctx));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        std::vector<float> q(size_t(B * ih * kIndexerDim)), w(size_t(B * ih));
+        for (auto& x : q) x = float(int64_t(rng() % 2001) - 1000) * 1e-3f;
+        for (auto& x : w) x = float(int64_t(rng() % 2001) - 1000) * 1e-3f;
+        IndexerTopkParams p{};
+        p.q = upload(q);
+        p.w = upload(w);
+        p.cache = cache;
+        p.page_table = upload(perm);
+        p.row_len = upload(len);
+        p.scores = dev_alloc<float>(size_t(B * ctx));
+        p.splits = indexer_select_splits(B, ctx, indexer_num_sms(), &p.split_len);
+        uint32_t* work = dev_alloc<uint32_t>(size_t(indexer_workspace_words(B, p.splits)));
+        p.rows = B;
+        indexer_workspace_pointers(p, work);
+        p.out = dev_alloc<int32_t>(size_t(B * topk));
+        p.rows = B;
+        p.heads = ih;
+        p.q_s0 = ih * kIndexerDim;
+        p.q_s1 = kIndexerDim;
+        p.w_s0 = ih;
+        p.num_seqs = B;
+        p.pt_cols = pages;
+        p.pt_stride = pages;
+        p.page_size = kPage;
+        p.num_slots = slots;
+        p.score_stride = ctx;
+        p.out_stride = topk;
+        p.out_k = topk;
+        p.topk = topk;
+        p.max_len = ctx;
+        p.scale = 0.088f;
+        p.weight_scale = 0.177f;
+        p.key_format = f;
+        const double us = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
+        p.scores_only = true;
+        const double us_scores = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
+        p.scores_only = false;
+        const double bytes =
+            double(slots) * double(row_bytes) + double(B * ih) * (kIndexerDim + 1) * 4 + double(B * topk) * 4;
+        const double flops = double(slots) * double(ih) * kIndexerDim * 2;
+        char name[192];
+        std::snprintf(name, sizeof name,
+                      "indexer+top-k %s batch=%lld ctx=%lld (scores %.1f us, select %.1f us, %lld CTAs/row)",
+                      fp8 ? "fp8" : "bf16", (long long)B, (long long)ctx, us_scores, us - us_scores,
+                      (long long)p.splits);
+        row(name, us, bytes, flops);
+        CK(cudaFree(cache));
+        CK(cudaFree(const_cast<float*>(p.q)));
+        CK(cudaFree(const_cast<float*>(p.w)));
+        CK(cudaFree(const_cast<int32_t*>(p.page_table)));
+        CK(cudaFree(const_cast<int32_t*>(p.row_len)));
+        CK(cudaFree(p.scores));
+        CK(cudaFree(work));
+        CK(cudaFree(p.out));
       }
-      for (int64_t s = 0; s < slots; s += kPage * 1024) {
-        const int64_t n = std::min<int64_t>(kPage * 1024, slots - s);
-        CK(cudaMemcpy(static_cast<char*>(cache) + s * kIndexerDim * 2, chunk.data(),
-                      size_t(n) * kIndexerDim * 2, cudaMemcpyHostToDevice));
-      }
-      std::vector<int32_t> perm(static_cast<size_t>(B * pages)), len(static_cast<size_t>(B), int32_t(ctx));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng);
-      std::vector<float> q(size_t(B * ih * kIndexerDim)), w(size_t(B * ih));
-      for (auto& x : q) x = float(int64_t(rng() % 2001) - 1000) * 1e-3f;
-      for (auto& x : w) x = float(int64_t(rng() % 2001) - 1000) * 1e-3f;
-      IndexerTopkParams p{};
-      p.q = upload(q);
-      p.w = upload(w);
-      p.cache = cache;
-      p.page_table = upload(perm);
-      p.row_len = upload(len);
-      p.scores = dev_alloc<float>(size_t(B * ctx));
-      p.hist = dev_alloc<uint32_t>(size_t(B * kIndexerHistBins));
-      p.out = dev_alloc<int32_t>(size_t(B * topk));
-      p.rows = B;
-      p.heads = ih;
-      p.q_s0 = ih * kIndexerDim;
-      p.q_s1 = kIndexerDim;
-      p.w_s0 = ih;
-      p.num_seqs = B;
-      p.pt_cols = pages;
-      p.pt_stride = pages;
-      p.page_size = kPage;
-      p.num_slots = slots;
-      p.score_stride = ctx;
-      p.out_stride = topk;
-      p.out_k = topk;
-      p.topk = topk;
-      p.max_len = ctx;
-      p.scale = 0.088f;
-      p.weight_scale = 0.177f;
-      const double us = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
-      p.scores_only = true;
-      const double us_scores = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
-      p.scores_only = false;
-      const double bytes = double(slots) * kIndexerDim * 2;  // the floor: reading the indexer cache once
-      const double flops = double(slots) * double(ih) * kIndexerDim * 2;
-      char name[128];
-      std::snprintf(name, sizeof name, "indexer+top-k batch=%lld ctx=%lld (scores alone %.1f us)",
-                    (long long)B, (long long)ctx, us_scores);
-      row(name, us, bytes, flops);
-      CK(cudaFree(cache));
-      CK(cudaFree(const_cast<float*>(p.q)));
-      CK(cudaFree(const_cast<float*>(p.w)));
-      CK(cudaFree(const_cast<int32_t*>(p.page_table)));
-      CK(cudaFree(const_cast<int32_t*>(p.row_len)));
-      CK(cudaFree(p.scores));
-      CK(cudaFree(p.hist));
-      CK(cudaFree(p.out));
     }
   }
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::printf("attention_gpu_bench: no CUDA device, nothing to measure\n");
@@ -257,8 +291,10 @@ int main() {
   std::printf("## attention_gpu_bench on %s (%d SMs); floor = max(bytes / 4.3 TB/s, FLOPs / 797 TFLOP/s)\n",
               prop.name, prop.multiProcessorCount);
   void* flush = dev_alloc<unsigned char>(kFlushBytes);
-  bench_indexer(flush);
-  bench_mla(prop.multiProcessorCount, flush);
+  // An argument picks one table: "indexer" or "mla" (default: both).
+  const std::string only = argc > 1 ? argv[1] : "";
+  if (only.empty() || only == "indexer") bench_indexer(flush);
+  if (only.empty() || only == "mla") bench_mla(prop.multiProcessorCount, flush);
   CK(cudaFree(flush));
   return 0;
 }

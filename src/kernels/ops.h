@@ -60,7 +60,8 @@ std::vector<float> rope_inv_freq(const RopeParams& p);
 struct PagedSeq {
   // [num_slots, dim] f32 (every backend). The CUDA backend also takes kernel-format caches, served by
   // its sm_90a kernels: the MLA latent cache as bf16 [slots, 576] or FP8 u8 [slots, 656] (paged_store
-  // of whole [T, 576] rows for FP8) and the indexer keys as bf16 [slots, 128]; paged_gather returns f32.
+  // of whole [T, 576] rows for FP8) and the indexer keys as bf16 [slots, 128] or FP8 u8 [slots, 132]
+  // (paged_store of whole [T, 128] rows, quantised per token); paged_gather returns f32.
   Tensor cache;
   Tensor page_table;  // i32 [n_pages]
   int64_t page_size = 64;

@@ -172,6 +172,8 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
       const Tensor ki = ops::layer_norm(ki_raw, iw.k_norm_weight, iw.k_norm_bias, c.indexer_norm_eps);
       Tensor ki_pe = ki.view({T, 1, id}).slice(2, 0, rope);
       ops::rope_inplace(ki_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
+      // f32 / bf16 caches copy the rows; an FP8 cache (u8 [slots, 132]) quantises each key (128 e4m3 codes
+      // + one f32 scale, kernels/cuda/indexer_topk_params.h).
       ops::paged_store(cache.index_k[size_t(kv_layer)], st.slots, ki);
       shape(span, "[{}, {}] q + [{}, {}] k -> {} B/token", T, ih * id, T, ki.size(1),
             bytes_per_token(cache.index_k[size_t(kv_layer)], cache));

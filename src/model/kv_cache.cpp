@@ -22,7 +22,21 @@ int64_t latent_row_bytes(const ModelConfig& cfg, KvCacheDtype d) {
   return 0;
 }
 int64_t index_row_bytes(const ModelConfig& cfg, KvCacheDtype d) {
-  return cfg.index_head_dim * (d == KvCacheDtype::f32 ? 4 : 2);
+  switch (d) {
+    case KvCacheDtype::f32: return cfg.index_head_dim * 4;
+    case KvCacheDtype::bf16: return cfg.index_head_dim * 2;
+    case KvCacheDtype::fp8_e4m3: return cfg.index_head_dim + 4;  // e4m3 codes + one f32 scale
+  }
+  return 0;
+}
+// An empty index-key tensor of `slots` slots in the format of `d` (see kv_cache.h).
+Tensor index_keys(const ModelConfig& cfg, int64_t slots, KvCacheDtype d, Device device) {
+  switch (d) {
+    case KvCacheDtype::f32: return Tensor::zeros({slots, cfg.index_head_dim}, DType::f32, device);
+    case KvCacheDtype::bf16: return Tensor::zeros({slots, cfg.index_head_dim}, DType::bf16, device);
+    case KvCacheDtype::fp8_e4m3: return Tensor::zeros({slots, index_row_bytes(cfg, d)}, DType::u8, device);
+  }
+  return Tensor();
 }
 KvCacheDtype& cuda_default() {
   static KvCacheDtype d = KvCacheDtype::bf16;
@@ -68,10 +82,7 @@ KvCache KvCache::create(const ModelConfig& cfg, int64_t num_pages, int64_t page_
                        ? Tensor::zeros({slots, latent_row_bytes(cfg, d)}, DType::u8, device)
                        : Tensor::zeros({slots, cfg.kv_cache_dim()},
                                        d == KvCacheDtype::f32 ? DType::f32 : DType::bf16, device));
-    c.index_k.push_back(has_own_indexer(cfg, l)
-                            ? Tensor::zeros({slots, cfg.index_head_dim},
-                                            d == KvCacheDtype::f32 ? DType::f32 : DType::bf16, device)
-                            : Tensor());
+    c.index_k.push_back(has_own_indexer(cfg, l) ? index_keys(cfg, slots, d, device) : Tensor());
   }
   return c;
 }

@@ -6,8 +6,11 @@
 //
 // Cache dtypes: f32 everywhere on the CPU. On CUDA the latent cache is bf16 [slots, kv_lora + rope] or
 // FP8 (u8 [slots, kv_lora + 16 + 2 * rope]: e4m3 latent codes, one f32 scale per 128 values, bf16 rope
-// key: the layout of kernels/cuda/mla_decode_params.h) and the index keys bf16, which the CUDA backend
-// serves with its sm_90a attention kernels; an f32 CUDA cache runs its plain stand-in kernels.
+// key: the layout of kernels/cuda/mla_decode_params.h). Index keys follow the latent cache's dtype: bf16
+// [slots, index_head_dim], or FP8 as u8 [slots, index_head_dim + 4] holding e4m3 codes [slots, dim] followed
+// by one f32 scale per slot (scale = amax / 448; kernels/cuda/indexer_topk_params.h; the CPU twin of the
+// quantisation is kernels/cpu/indexer_key_fp8.h). The CUDA backend serves these formats with its sm_90a
+// kernels; an f32 CUDA cache runs its plain stand-in kernels.
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -27,17 +30,18 @@ KvCacheDtype default_cuda_kv_dtype();
 struct KvCache {
   int64_t page_size = 64;
   int64_t num_pages = 0;
-  KvCacheDtype dtype = KvCacheDtype::f32;  // of the latent cache (index keys: f32 if this is, else bf16)
+  KvCacheDtype dtype = KvCacheDtype::f32;  // of the latent cache and the index keys
   // [num_layers + num_mtp_layers] tensors of [num_pages * page_size, kv_lora + rope] f32 (or see above).
   std::vector<Tensor> kv;
-  // Same indexing; [num_pages * page_size, index_head_dim] f32 (bf16) for layers with their own indexer,
-  // undefined for "shared" layers (and everywhere for models without an indexer).
+  // Same indexing; [num_pages * page_size, index_head_dim] f32 (bf16; FP8: u8 [.., index_head_dim + 4]) for
+  // layers with their own indexer, undefined for "shared" layers (and everywhere for models without one).
   std::vector<Tensor> index_k;
 
   int64_t num_slots() const { return num_pages * page_size; }
   // Bytes of all the cache tensors.
   int64_t bytes() const;
-  // Bytes one token occupies across all layers.
+  // Bytes one token occupies across all layers (FP8: 656 latent + 132 index-key bytes per layer at GLM-5
+  // widths).
   static int64_t bytes_per_token(const ModelConfig& cfg, bool with_mtp,
                                  KvCacheDtype dtype = KvCacheDtype::f32);
 

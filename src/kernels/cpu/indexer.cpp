@@ -1,11 +1,14 @@
-// The DSA indexer on the CPU: weighted ReLU scores of every visible key, causal top-k per query.
+// The DSA indexer on the CPU: weighted ReLU scores of every visible key, causal top-k per query; and the
+// FP8 index-key format (indexer_key_fp8.h).
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
 
 #include "core/parallel.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/indexer_key_fp8.h"
 
 namespace dsaserve::kernels::cpu {
 
@@ -82,6 +85,45 @@ Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int6
     }
     (*observer)("indexer_topk", scores, out);
   }
+  return out;
+}
+
+}  // namespace dsaserve::kernels::cpu
+
+namespace dsaserve::kernels::cpu {
+
+float indexer_key_fp8_quantize(const float* k, int64_t dim, uint8_t* codes) {
+  float amax = 0.0f;
+  for (int64_t d = 0; d < dim; ++d) amax = std::fmax(amax, std::fabs(k[d]));  // fmaxf: a NaN does not win
+  const float s = fp8_act_scale(amax);
+  fp8_quantize(k, dim, s, codes);
+  return s;
+}
+
+Tensor indexer_key_fp8_encode(const Tensor& keys) {
+  const Rows kr = as_rows(keys, "indexer_key_fp8_encode keys");
+  const int64_t n = kr.rows, dim = kr.cols;
+  Tensor out = Tensor::zeros({n, dim + 4}, DType::u8);
+  uint8_t* codes = out.data_u8();
+  float* scales = reinterpret_cast<float*>(codes + n * dim);  // 4-byte aligned: n * dim is a multiple of 4
+  DSA_CHECK(dim % 4 == 0, "indexer_key_fp8_encode: key width {} should be a multiple of 4", dim);
+  for (int64_t i = 0; i < n; ++i) scales[i] = indexer_key_fp8_quantize(kr.row(i), dim, codes + i * dim);
+  return out;
+}
+
+Tensor indexer_key_fp8_decode(const Tensor& cache) {
+  DSA_CHECK(cache.defined() && cache.device() == Device::cpu && cache.dtype() == DType::u8 &&
+                cache.dim() == 2 && cache.is_contiguous() && cache.size(1) > 4 &&
+                (cache.size(1) - 4) % 4 == 0,
+            "indexer_key_fp8_decode: expected a contiguous CPU u8 [n, dim + 4] cache, got {}",
+            cache.defined() ? cache.describe() : std::string("nothing"));
+  const int64_t n = cache.size(0), dim = cache.size(1) - 4;
+  const uint8_t* codes = cache.data_u8();
+  const float* scales = reinterpret_cast<const float*>(codes + n * dim);
+  Tensor out = Tensor::empty({n, dim}, DType::f32);
+  float* o = out.data<float>();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < dim; ++d) o[i * dim + d] = f8e4m3fn_to_f32(codes[i * dim + d]) * scales[i];
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/indexer_topk_params.h"
+#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 
@@ -189,26 +190,85 @@ Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, co
                     scale);
 }
 
+Tensor indexer_key_cache_empty(int64_t num_slots, IndexerKeyFormat format) {
+  DSA_CHECK(num_slots > 0, "indexer key cache: {} slots", num_slots);
+  return format == IndexerKeyFormat::bf16
+             ? Tensor::empty({num_slots, kIndexerDim}, DType::bf16, Device::cuda)
+             : Tensor::empty({num_slots, kIndexerFp8RowBytes}, DType::u8, Device::cuda);
+}
+
+IndexerKeyFormat indexer_key_format(const Tensor& cache) {
+  DSA_CHECK(cache.defined() && cache.device() == Device::cuda && cache.dim() == 2 && cache.is_contiguous(),
+            "indexer key cache: expected a contiguous 2-D CUDA tensor, got {}",
+            cache.defined() ? cache.describe() : std::string("nothing"));
+  if (cache.dtype() == DType::bf16 && cache.size(1) == kIndexerDim) return IndexerKeyFormat::bf16;
+  DSA_CHECK(cache.dtype() == DType::u8 && cache.size(1) == kIndexerFp8RowBytes,
+            "indexer key cache {}: expected bf16 [slots, {}] or FP8 u8 [slots, {}]", cache.describe(),
+            kIndexerDim, kIndexerFp8RowBytes);
+  return IndexerKeyFormat::fp8_e4m3;
+}
+
+void indexer_key_cache_store(Tensor& cache, const Tensor& slots, const Tensor& src, cudaStream_t stream) {
+  DSA_CHECK(indexer_key_format(cache) == IndexerKeyFormat::fp8_e4m3,
+            "indexer_key_cache_store: expected an FP8 index-key cache u8 [slots, {}], got {}",
+            kIndexerFp8RowBytes, cache.describe());
+  check_gpu(src, DType::f32, 2, "indexer key store source");
+  check_gpu(slots, DType::i32, 1, "indexer key store slots");
+  DSA_CHECK(src.size(1) == kIndexerDim && slots.size(0) == src.size(0),
+            "indexer_key_cache_store: source {} should be [n, {}] with one slot each, slots {}",
+            src.describe(), kIndexerDim, slots.describe());
+  IndexerKeyStoreParams p{src.data<float>(), slots.data<int32_t>(), cache.raw_data(),
+                          src.size(0),       src.stride(0),         cache.size(0)};
+  DSA_CUDA_CHECK(launch_indexer_key_store(p, stream));
+}
+
+Tensor indexer_key_cache_gather(const Tensor& cache, const Tensor& page_table, int64_t page_size, int64_t n,
+                                cudaStream_t stream) {
+  const IndexerKeyFormat f = indexer_key_format(cache);
+  check_gpu(page_table, DType::i32, 1, "indexer key gather page table");
+  DSA_CHECK(page_size > 0 && n >= 0 && n <= page_table.size(0) * page_size,
+            "indexer key gather: {} positions with {} pages of {}", n, page_table.size(0), page_size);
+  Tensor out = Tensor::empty({n, kIndexerDim}, DType::f32, Device::cuda);
+  IndexerKeyGatherParams p{
+      cache.raw_data(), page_table.data<int32_t>(), out.data<float>(), n, page_size, cache.size(0), f};
+  DSA_CUDA_CHECK(launch_indexer_key_gather(p, stream));
+  return out;
+}
+
 Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
                          int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
-                         int64_t topk, double scale, double weight_scale, cudaStream_t stream) {
+                         int64_t topk, double scale, double weight_scale, cudaStream_t stream,
+                         std::span<const int32_t> row_len_host) {
   check_gpu(q, DType::f32, 3, "indexer q");
   check_gpu(w, DType::f32, 2, "indexer weights");
-  check_gpu(cache, DType::bf16, 2, "indexer key cache");
+  const IndexerKeyFormat format = indexer_key_format(cache);
   const int64_t R = q.size(0), ih = q.size(1);
   DSA_CHECK(q.size(2) == kIndexerDim && (ih == 32 || ih == 64), "indexer: q {} should be [R, 32 or 64, {}]",
             q.describe(), kIndexerDim);
   DSA_CHECK(w.size(0) == R && w.size(1) == ih, "indexer: weights {} should be [{}, {}]", w.describe(), R, ih);
-  DSA_CHECK(cache.size(1) == kIndexerDim && cache.is_contiguous(),
-            "indexer: key cache {} should be [slots, {}]", cache.describe(), kIndexerDim);
   DSA_CHECK(topk > 0, "indexer: topk {} must be positive", topk);
   const RowDesc d = check_rows(page_table, page_size, row_seq, row_len, R, max_len, "indexer");
   const int64_t out_k = std::min(topk, max_len);
   Tensor out = Tensor::empty({R, out_k}, DType::i32, Device::cuda);
   if (R == 0 || out_k == 0) return out;
+  // Scores: packed (only the rows with more than topk keys, offsets computed on the device) when the host
+  // knows the row lengths, else dense [R, max_len] (one row: the same, without the offsets launch).
+  const bool packed =
+      R > 1 && int64_t(row_len_host.size()) == R && max_len > topk;  // one row: dense is packed
+  if (packed) {
+    for (int32_t n : row_len_host)
+      DSA_CHECK(n >= 0 && n <= max_len, "indexer: row length {} outside [0, {}]", n, max_len);
+  }
   const int64_t score_stride = std::max<int64_t>(4, (max_len + 3) / 4 * 4);
-  Tensor scores = Tensor::empty({R, score_stride}, DType::f32, Device::cuda);
-  Tensor hist = Tensor::empty({R, kIndexerHistBins}, DType::i32, Device::cuda);
+  const int64_t score_elems = max_len <= topk ? 0  // no row is scored
+                              : packed        ? indexer_packed_score_elems(row_len_host.data(), R, topk)
+                                              : R * score_stride;
+  Tensor scores = Tensor::empty({std::max<int64_t>(4, score_elems)}, DType::f32, Device::cuda);
+  Tensor offsets = packed ? Tensor::empty({R}, DType::i64, Device::cuda) : Tensor();
+  int64_t split_len = 0;
+  const int64_t splits = indexer_select_splits(R, max_len, indexer_num_sms(), &split_len);
+  Tensor work = Tensor::empty({indexer_workspace_words(R, splits)}, DType::i32, Device::cuda);
+  uint32_t* words = reinterpret_cast<uint32_t*>(work.data<int32_t>());
   IndexerTopkParams p{};
   p.q = q.data<float>();
   p.w = w.data<float>();
@@ -217,7 +277,7 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
   p.row_seq = d.row_seq;
   p.row_len = row_len.data<int32_t>();
   p.scores = scores.data<float>();
-  p.hist = reinterpret_cast<uint32_t*>(hist.data<int32_t>());
+  p.score_offsets = packed ? offsets.data<int64_t>() : nullptr;
   p.out = out.data<int32_t>();
   p.rows = R;
   p.heads = ih;
@@ -234,8 +294,12 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
   p.out_k = out_k;
   p.topk = topk;
   p.max_len = max_len;
+  p.splits = splits;
+  p.split_len = split_len;
+  indexer_workspace_pointers(p, words);
   p.scale = float(scale);
   p.weight_scale = float(weight_scale);
+  p.key_format = format;
   DSA_CUDA_CHECK(launch_indexer_topk_fused(p, stream));
   return out;
 }
@@ -249,7 +313,7 @@ Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys,
   for (int64_t t = 0; t < T; ++t) len[size_t(t)] = int32_t(start_pos + t + 1);
   const Tensor pt = keys.page_table.view({1, keys.page_table.size(0)});
   return indexer_topk_rows(q, w, keys.cache, pt, keys.page_size, gpu_i32(seq), gpu_i32(len), start_pos + T,
-                           topk, scale, weight_scale);
+                           topk, scale, weight_scale, op_stream(), len);
 }
 
 }  // namespace dsaserve::kernels::cuda

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 
 #include "core/tensor.h"
 #include "kernels/cuda/indexer_topk_params.h"
@@ -43,14 +44,35 @@ Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache
 Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                                    int64_t start_pos, const Tensor& sel, double scale);
 
+// An empty index-key cache of num_slots slots on the GPU: bf16 [slots, 128] or the FP8 format u8
+// [slots, 132] (codes [slots, 128] e4m3, then scales [slots] f32: indexer_topk_params.h).
+Tensor indexer_key_cache_empty(int64_t num_slots, IndexerKeyFormat format);
+// The format of an index-key cache tensor (bf16 [*, 128] or u8 [*, 132]); throws for anything else.
+IndexerKeyFormat indexer_key_format(const Tensor& cache);
+// The FP8 index-key store: cache[slots[i]] = quantised src[i]. cache u8 [num_slots, 132] (FP8 format),
+// src f32 [n, 128] (last dim contiguous, any row stride), slots i32 [n] (outside [0, num_slots): skipped),
+// all on the GPU. Per key: scale = amax / 448 (1 when not positive), codes e4m3_satfinite(k / scale);
+// bit-identical to kernels/cpu/indexer_key_fp8.h. A fused kernel can call indexer_key_store_fp8_warp
+// (sm90_indexer_fp8.cuh) instead.
+void indexer_key_cache_store(Tensor& cache, const Tensor& slots, const Tensor& src,
+                             cudaStream_t stream = nullptr);
+// The first n positions of one request's index keys as f32 [n, 128] (FP8: codes times the key's scale);
+// page_table i32 [>= ceil(n / page_size)] on the GPU (its page ids must be valid: not checked here).
+Tensor indexer_key_cache_gather(const Tensor& cache, const Tensor& page_table, int64_t page_size, int64_t n,
+                                cudaStream_t stream = nullptr);
+
 // Lightning indexer + top-k for R query rows: q f32 [R, ih, 128] (ih 32 or 64), w f32 [R, ih], cache
-// bf16 [slots, 128], page table / row_seq / row_len / max_len as for mla_decode.
+// bf16 [slots, 128] or FP8 u8 [slots, 132], page table / row_seq / row_len / max_len as for mla_decode.
 // -> i32 [R, min(topk, max_len)]: ascending positions, or 0..n-1 padded with -1 when n <= topk.
+// row_len_host: the same lengths on the host, or empty. Workspace: the f32 scores of the rows with more
+// than topk keys packed (given row_len_host; the offsets are computed on the device), else dense [R,
+// max_len]; plus indexer_workspace_words(R, splits) u32 (8 KB a row).
 Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
                          int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
-                         int64_t topk, double scale, double weight_scale, cudaStream_t stream = nullptr);
+                         int64_t topk, double scale, double weight_scale, cudaStream_t stream = nullptr,
+                         std::span<const int32_t> row_len_host = {});
 
-// The ops.h contract of indexer_topk for one request (keys.cache bf16 [slots, 128] on the GPU).
+// The ops.h contract of indexer_topk for one request (keys.cache bf16 [slots, 128] or FP8 u8 [slots, 132]).
 Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos,
                          int64_t topk, double scale, double weight_scale);
 

@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/indexer_topk_params.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/views.h"
 
@@ -53,12 +54,20 @@ class CudaBackend final : public Backend {
   // Kernel-format caches: one launch of the ragged sm_90a kernel for the batch; f32 caches: per request.
   Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk,
                            double scale, double weight_scale) override {
-    // One launch scores every row against the longest context: an f32 [rows, max_len] buffer. When that
-    // is large (a long prefill chunk sharing a step with a long-context decode), score request by request
-    // instead, each against its own context.
+    // One launch for every row: the scores of the rows with more than topk keys packed (offsets computed
+    // on the device) plus the select workspace (8 KB a row). When that exceeds 1 GiB (e.g. long prefill
+    // chunks of many requests at long contexts), score request by request instead, which bounds the peak
+    // by the largest request.
     constexpr int64_t kMaxScoreBytes = int64_t(1) << 30;
-    const bool fits = q.size(0) * (keys.max_len + 4) * 4 <= kMaxScoreBytes;
-    if (keys.cache.defined() && keys.cache.dtype() == DType::bf16 && fits)
+    const int64_t rows = q.size(0);
+    int64_t split_len = 0;
+    const int64_t splits = indexer_select_splits(rows, keys.max_len, indexer_num_sms(), &split_len);
+    const bool host_lens = int64_t(keys.len_host.size()) == rows;
+    const int64_t score_elems =
+        host_lens ? indexer_packed_score_elems(keys.len_host.data(), rows, topk) : rows * (keys.max_len + 4);
+    const bool fits =
+        score_elems * 4 + rows * 8 + indexer_workspace_words(rows, splits) * 4 <= kMaxScoreBytes;
+    if (keys.cache.defined() && keys.cache.dtype() != DType::f32 && fits)
       return cuda::indexer_topk_batch(q, w, keys, topk, scale, weight_scale);
     return Backend::indexer_topk_rows(q, w, keys, topk, scale, weight_scale);
   }

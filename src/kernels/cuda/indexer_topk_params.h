@@ -1,15 +1,35 @@
 #pragma once
-// Plain parameters of the lightning indexer + top-k kernels (sm90_indexer_topk.cu).
+// Plain parameters of the lightning indexer kernels: the FP8 index-key store (sm90_indexer_cache.cu), the
+// scores and the fused launch (sm90_indexer_topk.cu) and the exact top-k select (sm90_indexer_select.cu).
 //
 // For query row r (one decode token of a request, or one prefill token) with n = row_len[r] visible
 // keys: score[s] = sum_h w[r,h] * weight_scale * relu(scale * q[r,h] . k[s]) for s < n, keys read
-// from the paged indexer K cache (bf16 [slots, 128]). The output row holds the top `topk` positions
-// (ties toward the lower position), ascending; rows with n <= topk list 0..n-1 and pad with -1.
+// from the paged indexer K cache. The output row holds the top `topk` positions (ties toward the lower
+// position), ascending; rows with n <= topk list 0..n-1 and pad with -1.
 //
-// Two kernels: the score kernel (tensor cores: a tile of 128 keys times all heads per warp step) writes
-// the f32 scores and, fused, a 2048-bin histogram of their top 11 order-preserving bits; the select
-// kernel (one block per row) finds the exact k-th score by radix refinement of that histogram over the
-// candidates of its bin, then writes the selection in position order with a block-wide scan.
+// Index-key cache formats (slot = page_table[pos / page_size] * page_size + pos % page_size):
+//   bf16: [num_slots, 128] bf16, one row per slot.
+//   fp8:  a u8 tensor [num_slots, 132] holding num_slots * 132 bytes, laid out as two arrays (not one row
+//         per slot, so that every row of codes is 128-byte aligned): codes [num_slots, 128] e4m3 at byte 0,
+//         then scales [num_slots] f32 at byte num_slots * 128. key[s][d] = e4m3(code[s][d]) * scale[s];
+//         scale = amax(|k[s]|) / 448, or 1 when that is not positive (all zeros, or an f32-subnormal amax
+//         whose quotient underflows); code = e4m3_satfinite(k / scale), round to nearest even.
+//
+// Scores: tensor cores, a tile of 128 keys times all heads per warp step, q rounded to bf16, fp32
+// accumulation. FP8 keys go into the MMA as their exact e4m3 values (e4m3 -> bf16 is exact) and each key's
+// scale multiplies its dot products afterwards: relu(scale * k_scale * (q . code)).
+//
+// Select: the score kernel writes the f32 scores and, fused, a 2048-bin histogram of their top 11
+// order-preserving bits (digit 1). Four passes follow. With splits == 1 (many rows, or short ones) one CTA
+// per row runs them all in shared memory. Otherwise each pass is a grid of rows x splits CTAs (CTA j of a
+// row takes keys [j * split_len, (j + 1) * split_len)) merging through global memory:
+//   1. resolve digit 1 (the bin holding the k-th largest key), histogram digit 2 (bits 20..10) of its keys;
+//   2. resolve digit 2, histogram digit 3 (bits 9..0);
+//   3. resolve digit 3: tau, the exact k-th largest key, and take_eq, how many keys equal to tau to take
+//      (the lowest positions first); count each CTA's keys > tau and == tau;
+//   4. each CTA adds the counts of the CTAs before it and writes its selected positions in order.
+// Launch sizes depend only on (rows, max_len), never on row contents (CUDA-graph safe; the packed score
+// buffer below is sized by the caller from the row lengths, the dense one by rows x max_len).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -18,30 +38,106 @@ namespace dsaserve::kernels::cuda {
 
 inline constexpr int kIndexerDim = 128;        // index_head_dim
 inline constexpr int kIndexerHistBins = 2048;  // first radix digit: 11 bits
+// Histogram words per row: digit 1 (2048 bins, bits 31..21), digit 2 (2048, bits 20..10), digit 3 (1024).
+inline constexpr int kIndexerHistWords = 2048 + 2048 + 1024;
+// Row stride of the histogram workspace: digit 1 only when one CTA per row selects in shared memory.
+__host__ __device__ constexpr int64_t indexer_hist_stride(int64_t splits) {
+  return splits > 1 ? kIndexerHistWords : kIndexerHistBins;
+}
+inline constexpr int kIndexerFp8RowBytes = kIndexerDim + 4;  // 128 codes + one f32 scale per token
+
+enum class IndexerKeyFormat : int { bf16 = 0, fp8_e4m3 = 1 };
+
+// cache[slots[i]] = src[i] quantised to the FP8 index-key format above (one warp per row).
+struct IndexerKeyStoreParams {
+  const float* src;      // [n, 128] f32, row stride src_stride (elements), not null
+  const int32_t* slots;  // [n] i32 slot per row, not null; slots outside [0, num_slots) are skipped
+  void* cache;           // FP8 index-key cache of num_slots slots (num_slots * 132 bytes), not null
+  int64_t n, src_stride, num_slots;
+};
+cudaError_t launch_indexer_key_store(const IndexerKeyStoreParams& p, cudaStream_t stream);
+
+// out[i] = the cached key of position i as f32, through the page table (the per-request gather).
+struct IndexerKeyGatherParams {
+  const void* cache;          // index-key cache of num_slots slots in `format`, not null
+  const int32_t* page_table;  // [ceil(n / page_size)] i32 pages (range-checked by the host), not null
+  float* out;                 // [n, 128] f32 contiguous, not null
+  int64_t n, page_size, num_slots;
+  IndexerKeyFormat format;
+};
+cudaError_t launch_indexer_key_gather(const IndexerKeyGatherParams& p, cudaStream_t stream);
+
+// Per-row results of the select passes, written by CTA 0 of the row in pass 1..3 (read by later passes).
+struct IndexerSelectState {
+  uint32_t b1, above1;       // pass 1: digit 1, keys in higher digit-1 bins
+  uint32_t prefix2, above2;  // pass 2: digits 1-2, keys with a higher 22-bit prefix
+  uint32_t tau, take_eq;     // pass 3: the k-th largest key, keys equal to it to take
+  uint32_t pad[2];
+};
 
 struct IndexerTopkParams {
   const float* q;             // [rows, heads, 128] f32, strides q_s0, q_s1 (elements), not null
   const float* w;             // [rows, heads] f32, row stride w_s0, not null
-  const void* cache;          // [num_slots, 128] bf16 indexer K cache, not null
+  const void* cache;          // index-key cache of num_slots slots in `key_format` (see above), not null
   const int32_t* page_table;  // [num_seqs, pt_stride] i32, not null
   const int32_t* row_seq;     // [rows] i32 sequence (page-table row) of each query row; null: r -> r
   const int32_t* row_len;     // [rows] i32 visible keys of each row, not null
-  float* scores;   // [rows, score_stride] f32 workspace (score_stride >= max_len, a multiple of 4; 16-byte
-                   // aligned), not null
-  uint32_t* hist;  // [rows, 2048] u32 workspace, not null (zeroed by the launch)
-  int32_t* out;    // [rows, out_stride] i32, out_k columns written, not null
-  int64_t rows, heads;  // heads: 32 or 64
+  float* scores;  // f32 workspace (16-byte aligned), not null: dense [rows, score_stride] (score_stride >=
+                  // max_len, a multiple of 4), or packed when score_offsets is set
+  int64_t* score_offsets;  // [rows] i64 workspace, or null (dense). Set: the launch computes on the device
+                           // each row's offset in `scores`, packing only the rows with more than topk keys
+                           // (row_len rounded up to 4 floats each); scores then needs
+                           // indexer_packed_score_elems(row lengths) floats
+  uint32_t* hist;  // [rows, indexer_hist_stride(splits)] u32 workspace (the digits' histograms), zeroed by
+                   // the launch
+  IndexerSelectState* state;  // [rows] workspace; splits == 1: may be null
+  uint32_t* counts;           // [rows, splits, 2] u32 workspace: keys > tau, keys == tau of each CTA; splits
+                              // == 1: may be null
+  int32_t* out;               // [rows, out_stride] i32, out_k columns written, not null
+  int64_t rows, heads;        // heads: 32 or 64
   int64_t q_s0, q_s1, w_s0;
   int64_t num_seqs, pt_cols, pt_stride;  // page table rows, pages per row, row stride
   int64_t page_size, num_slots;
   int64_t score_stride, out_stride, out_k;  // out_k = min(topk, max_len)
   int64_t topk;
-  int64_t max_len;  // host bound on row_len (sizes the grid)
+  int64_t max_len;  // host bound on row_len (sizes the grids)
+  int64_t splits;   // select CTAs per row (indexer_select_splits); split_len keys each
+  int64_t split_len;
   float scale, weight_scale;
+  IndexerKeyFormat key_format;
   bool scores_only;  // benchmarks: run only the score kernel (the selection is not written)
 };
 
-// Zeroes the histogram, then runs the score and select kernels on `stream`.
+// Select CTAs per row for (rows, max_len), and in *split_len the keys of each (a multiple of 16384,
+// splits * split_len >= max_len): a pure function of its inputs and the SM count, never of row contents.
+int64_t indexer_select_splits(int64_t rows, int64_t max_len, int num_sms, int64_t* split_len);
+// u32 words of the select workspace: hist [rows, indexer_hist_stride(splits)], then (splits > 1) state
+// [rows] (8 words each) and counts [rows, splits, 2]. indexer_workspace_pointers lays them out.
+int64_t indexer_workspace_words(int64_t rows, int64_t splits);
+// Sets p.hist, p.state and p.counts inside `words` (indexer_workspace_words(p.rows, p.splits) of them).
+void indexer_workspace_pointers(IndexerTopkParams& p, uint32_t* words);
+// The SM count of the current device (132 when it cannot be read).
+int indexer_num_sms();
+
+// Floats of the packed score buffer for these row lengths: sum over rows with n > topk of n rounded up to 4.
+inline int64_t indexer_packed_score_elems(const int32_t* row_len, int64_t rows, int64_t topk) {
+  int64_t s = 0;
+  for (int64_t r = 0; r < rows; ++r) s += row_len[r] > topk ? (int64_t(row_len[r]) + 3) / 4 * 4 : 0;
+  return s;
+}
+
+// Zeroes the histograms, (packed scores) computes the row offsets, then runs the score kernel and the
+// select passes on `stream`.
 cudaError_t launch_indexer_topk_fused(const IndexerTopkParams& p, cudaStream_t stream);
+// The four select passes alone (after the score kernel has written scores and digit 1).
+cudaError_t launch_indexer_select(const IndexerTopkParams& p, cudaStream_t stream);
+// p.score_offsets[r] = the packed offset of row r (one CTA scans row_len; rows naming no valid sequence
+// count as empty). Part of launch_indexer_topk_fused.
+cudaError_t launch_indexer_score_offsets(const IndexerTopkParams& p, cudaStream_t stream);
+
+// The scores of row r.
+__host__ __device__ inline float* indexer_row_scores(const IndexerTopkParams& p, int64_t r) {
+  return p.scores + (p.score_offsets ? p.score_offsets[r] : r * p.score_stride);
+}
 
 }  // namespace dsaserve::kernels::cuda

@@ -1,5 +1,5 @@
 // Host wrappers of the attention operators: the DSA indexer top-k, absorbed MLA and MHA attention. Over
-// kernel-format caches (bf16 index keys; bf16 or FP8 latent cache) they run the sm_90a kernels
+// kernel-format caches (bf16 or FP8 index keys; bf16 or FP8 latent cache) they run the sm_90a kernels
 // (attention_kernels.h); over f32 caches the plain kernels of attention.cu / indexer.cu.
 #include <algorithm>
 
@@ -29,7 +29,7 @@ KeySelection selection(const Tensor& sel, int64_t T, int64_t start_pos, const ch
 
 Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
                     double scale, double weight_scale) {
-  if (keys.cache.defined() && keys.cache.dtype() == DType::bf16) {
+  if (keys.cache.defined() && keys.cache.dtype() != DType::f32) {  // bf16 or FP8 u8 [slots, 132]
     return indexer_topk_sm90(q, w, keys, start_pos, topk, scale, weight_scale);
   }
   const Rows3View qv = rows3_f32(q, "indexer q");
@@ -111,7 +111,7 @@ Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const P
 Tensor indexer_topk_batch(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
                           double weight_scale) {
   return indexer_topk_rows(q, w, keys.cache, keys.page_table, keys.page_size, keys.row_seq, keys.row_len,
-                           keys.max_len, topk, scale, weight_scale, op_stream());
+                           keys.max_len, topk, scale, weight_scale, op_stream(), keys.len_host);
 }
 
 Tensor mla_attention_batch(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,

@@ -196,7 +196,11 @@ Bf16View rows_bf16(const Tensor& t, const char* what) {
 void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) {
   if (cache.defined() && cache.dtype() == DType::u8) {
     check_indices(slots, cache.size(0), "paged_store slots");
-    mla_kv_cache_store(cache, slots, src, op_stream());
+    if (cache.dim() == 2 && cache.size(1) == kIndexerFp8RowBytes) {
+      indexer_key_cache_store(cache, slots, src, op_stream());  // FP8 index keys
+    } else {
+      mla_kv_cache_store(cache, slots, src, op_stream());
+    }
     return;
   }
   const RowView s = rows_f32(src, "paged_store source");
@@ -236,6 +240,10 @@ void check_pages(const PagedSeq& seq, int64_t n, int64_t cache_rows, const char*
 // 576]).
 Tensor paged_gather(const PagedSeq& seq, int64_t n) {
   if (seq.cache.defined() && seq.cache.dtype() == DType::u8) {
+    if (seq.cache.dim() == 2 && seq.cache.size(1) == kIndexerFp8RowBytes) {  // FP8 index keys
+      check_pages(seq, n, seq.cache.size(0), "paged_gather");
+      return indexer_key_cache_gather(seq.cache, seq.page_table, seq.page_size, n, op_stream());
+    }
     return mla_kv_cache_gather(seq.cache, seq.page_table, seq.page_size, n, op_stream());
   }
   const bool bf16 = seq.cache.defined() && seq.cache.dtype() == DType::bf16;

@@ -18,6 +18,7 @@
 
 #include "core/random.h"
 #include "core/tensor.h"
+#include "indexer_test_util.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/runtime.h"
@@ -26,79 +27,7 @@
 namespace dsaserve::kernels::cuda {
 namespace {
 
-constexpr int64_t kPage = 64;
-
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 7) {}
-  uint64_t next() { return splitmix64(s); }
-  float uniform() { return float(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [-1, 1)
-  int64_t below(int64_t n) { return int64_t(next() % uint64_t(n)); }
-};
-
-float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
-
-// f32 CPU tensor of U(-amp, amp) values rounded to bf16 (so the kernels' bf16 inputs are exact).
-Tensor rand_bf16_values(const Shape& shape, Rng& r, float amp) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = round_bf16(r.uniform() * amp);
-  return t;
-}
-
-// A bf16 CPU copy of an f32 CPU tensor (exact when its values are bf16-rounded).
-Tensor bf16_copy(const Tensor& f32) {
-  Tensor t = Tensor::empty(f32.shape(), DType::bf16);
-  for (int64_t i = 0; i < f32.numel(); ++i) t.data_u16()[i] = f32_to_bf16(f32.data<float>()[i]);
-  return t;
-}
-
-// Pages of a ragged batch scattered over a shuffled pool; page_table [B, max_pages] (unused: 0).
-struct Paging {
-  std::vector<int64_t> lens;
-  int64_t max_pages = 1, num_pages = 0;
-  std::vector<int32_t> pt;
-  int64_t slot(size_t b, int64_t pos) const {
-    return int64_t(pt[b * size_t(max_pages) + size_t(pos / kPage)]) * kPage + pos % kPage;
-  }
-  Tensor table_gpu() const {
-    Tensor t = Tensor::empty({int64_t(lens.size()), max_pages}, DType::i32);
-    std::copy(pt.begin(), pt.end(), t.data<int32_t>());
-    return t.to(Device::cuda);
-  }
-  Tensor row_cpu(size_t b) const {
-    Tensor t = Tensor::empty({max_pages}, DType::i32);
-    std::copy_n(pt.begin() + ptrdiff_t(b * size_t(max_pages)), max_pages, t.data<int32_t>());
-    return t;
-  }
-};
-
-Paging make_paging(const std::vector<int64_t>& lens, Rng& r) {
-  Paging pg;
-  pg.lens = lens;
-  int64_t used = 0;
-  for (int64_t n : lens) {
-    pg.max_pages = std::max(pg.max_pages, (n + kPage - 1) / kPage);
-    used += (n + kPage - 1) / kPage;
-  }
-  pg.num_pages = used + 3;
-  std::vector<int32_t> perm(size_t(pg.num_pages));
-  std::iota(perm.begin(), perm.end(), 0);
-  for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[size_t(r.below(int64_t(i)))]);
-  pg.pt.assign(lens.size() * size_t(pg.max_pages), 0);
-  size_t next = 0;
-  for (size_t b = 0; b < lens.size(); ++b) {
-    for (int64_t j = 0; j < (lens[b] + kPage - 1) / kPage; ++j)
-      pg.pt[b * size_t(pg.max_pages) + size_t(j)] = perm[next++];
-  }
-  return pg;
-}
-
-Tensor gpu_i32(const std::vector<int32_t>& v, const Shape& shape) {
-  Tensor t = Tensor::empty(shape, DType::i32);
-  std::copy(v.begin(), v.end(), t.data<int32_t>());
-  return t.to(Device::cuda);
-}
+using namespace test_util;
 
 struct Err {
   double max_abs = 0, ref_max = 0;
@@ -298,47 +227,6 @@ class CudaIndexerTopk : public ::testing::Test {
   }
 };
 
-// Exact score in double of key position s for query row t (for judging near-ties).
-double exact_score(const Tensor& q, const Tensor& w, int64_t t, const float* key, double scale, double ws) {
-  const int64_t ih = q.size(1);
-  double acc = 0;
-  for (int64_t h = 0; h < ih; ++h) {
-    const float* qh = q.data<float>() + (t * ih + h) * kIndexerDim;
-    double d = 0;
-    for (int j = 0; j < kIndexerDim; ++j) d += double(qh[j]) * double(key[j]);
-    d *= scale;
-    if (d > 0) acc += d * double(w.data<float>()[t * ih + h]) * ws;
-  }
-  return acc;
-}
-
-// GPU selection row vs the CPU op's row: identical, or differing only where the exact scores tie within
-// float rounding. Returns the number of differing positions (-1 when invalid).
-int64_t check_selection(const int32_t* got, const int32_t* want, int64_t k, int64_t n, const Tensor& q,
-                        const Tensor& w, int64_t t, const std::function<const float*(int64_t)>& key,
-                        double scale, double ws, double* worst_gap) {
-  std::vector<int32_t> g(got, got + k), c(want, want + k);
-  for (int64_t j = 0; j < k; ++j) {
-    if (j > 0 && g[size_t(j)] >= 0 && g[size_t(j)] <= g[size_t(j - 1)]) return -1;  // ascending, distinct
-    if (g[size_t(j)] >= n || (g[size_t(j)] < 0 && j < std::min(k, n))) return -1;
-  }
-  std::vector<int32_t> only_g, only_c;
-  std::sort(g.begin(), g.end());
-  std::sort(c.begin(), c.end());
-  std::set_difference(g.begin(), g.end(), c.begin(), c.end(), std::back_inserter(only_g));
-  std::set_difference(c.begin(), c.end(), g.begin(), g.end(), std::back_inserter(only_c));
-  *worst_gap = 0;
-  for (int32_t x : only_g) {
-    for (int32_t y : only_c) {
-      const double sx = exact_score(q, w, t, key(x), scale, ws), sy = exact_score(q, w, t, key(y), scale, ws);
-      // Equal scores must go to the lower position; otherwise only float rounding may separate them.
-      if (sx == sy && x > y) *worst_gap = INFINITY;
-      *worst_gap = std::max(*worst_gap, (sy - sx) / std::max(1e-30, std::fabs(sy)));
-    }
-  }
-  return int64_t(only_g.size());
-}
-
 void run_indexer_batch(const std::vector<int64_t>& lens, int64_t ih, uint64_t seed, bool ties) {
   Rng r(seed);
   const Paging pg = make_paging(lens, r);
@@ -359,12 +247,23 @@ void run_indexer_batch(const std::vector<int64_t>& lens, int64_t ih, uint64_t se
   const double scale = 1.0 / std::sqrt(128.0), ws = 1.0 / std::sqrt(double(ih));
   std::vector<int32_t> len32(lens.begin(), lens.end());
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  // Dense scores ([B, max_len]), and packed (the host passes the lengths; offsets computed on the device).
   const Tensor got =
       indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda), keys_bf16.to(Device::cuda), pg.table_gpu(),
                         kPage, {}, gpu_i32(len32, {B}), max_len, topk, scale, ws)
           .to(Device::cpu);
+  const Tensor got_packed =
+      indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda), keys_bf16.to(Device::cuda), pg.table_gpu(),
+                        kPage, {}, gpu_i32(len32, {B}), max_len, topk, scale, ws, nullptr, len32)
+          .to(Device::cpu);
   const int64_t out_k = std::min(topk, max_len);
   ASSERT_EQ(got.size(1), out_k);
+  ASSERT_EQ(got_packed.shape(), got.shape());
+  const bool same_packed =
+      std::equal(got.data<int32_t>(), got.data<int32_t>() + B * out_k, got_packed.data<int32_t>());
+  std::printf("RESULT indexer_topk packed scores == dense scores batch=%lld %s\n", (long long)B,
+              same_packed ? "ok" : "FAIL");
+  EXPECT_TRUE(same_packed) << "packed and dense score layouts select differently";
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = lens[size_t(b)];
     const Tensor ref =
@@ -426,7 +325,8 @@ TEST_F(CudaIndexerTopk, OpsContractPrefillRows) {
 
 // More rows than grid y allows (65,535): a batched prefill of 32 requests x 2048 tokens passes 65,536
 // rows to one indexer call. Every row reads the same 200-key sequence with its own visible length; a
-// sample of rows is checked against the CPU operator.
+// sample of rows is checked against the CPU operator. The host passes the lengths, so the scores are
+// packed (the device computes the offsets of the 66,000 rows).
 TEST_F(CudaIndexerTopk, MoreRowsThanGridYLimit) {
   Rng r(97);
   const int64_t R = 66000, n = 200, ih = 32, topk = 64;
@@ -439,7 +339,7 @@ TEST_F(CudaIndexerTopk, MoreRowsThanGridYLimit) {
   for (int64_t i = 0; i < R; ++i) len[size_t(i)] = int32_t(1 + (i * 7) % n);  // some rows <= topk, most above
   const Tensor got =
       indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda), keys_bf16.to(Device::cuda), pg.table_gpu(),
-                        kPage, gpu_i32(seq, {R}), gpu_i32(len, {R}), n, topk, 0.088, 0.17)
+                        kPage, gpu_i32(seq, {R}), gpu_i32(len, {R}), n, topk, 0.088, 0.17, nullptr, len)
           .to(Device::cpu);
   ASSERT_EQ(got.shape(), (Shape{R, topk}));
   int64_t checked = 0, bad = 0;
