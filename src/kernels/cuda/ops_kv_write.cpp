@@ -6,7 +6,6 @@
 #include <mutex>
 #include <tuple>
 
-#include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kv_write_params.h"
 #include "kernels/cuda/views.h"
@@ -50,13 +49,16 @@ bool vec_ok(const Tensor& w, int64_t n) {
 
 bool mla_kv_write_fused(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
                         const RopeParams& rope, Tensor& cache, const Tensor& slots) {
-  if (!cache.defined() || cache.device() != Device::cuda || cache.dtype() == DType::f32) return false;
-  const MlaKvFormat f = mla_kv_format(cache);  // throws for anything but bf16 [*, 576] / u8 [*, 656]
+  // The kernel formats (bf16 [slots, 576], FP8 u8 [slots, 656]) of 512 + 64 rows only; anything else
+  // (the f32 stand-in cache) takes the unfused sequence.
+  if (!cache.defined() || cache.device() != Device::cuda || cache.dim() != 2 || !cache.is_contiguous())
+    return false;
+  const bool bf16 = cache.dtype() == DType::bf16 && cache.size(1) == kMlaDim;
+  const bool fp8 = cache.dtype() == DType::u8 && cache.size(1) == kMlaFp8RowBytes;
+  if (!(bf16 || fp8) || ckv.size(1) != kMlaDim || rope.dim != kMlaRope) return false;
+  const MlaKvFormat f = bf16 ? MlaKvFormat::bf16 : MlaKvFormat::fp8_e4m3;
   const int64_t T = ckv.size(0);
-  DSA_CHECK(ckv.device() == Device::cuda && ckv.dim() == 2 && ckv.dtype() == DType::f32 &&
-                ckv.size(1) == kMlaDim && rope.dim == kMlaRope,
-            "mla_kv_write: the {}-value cache rows need ckv f32 [T, {}] and rope {}, got {} and rope {}",
-            kMlaDim, kMlaDim, kMlaRope, ckv.describe(), rope.dim);
+  DSA_CHECK(ckv.device() == Device::cuda, "mla_kv_write: ckv {} must be on the GPU", ckv.describe());
   DSA_CHECK(vec_ok(norm_w, kMlaLatent), "mla_kv_write: norm weight {} should be a CUDA bf16/f32 [{}]",
             norm_w.describe(), kMlaLatent);
   DSA_CHECK(on_gpu_i32(positions, T) && on_gpu_i32(slots, T),
