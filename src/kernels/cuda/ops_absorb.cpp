@@ -15,7 +15,6 @@
 // holds both within 1e-2 of the CPU, per row L2). GemmPrecision::fp32: f32 weights (cached) and the f32
 // activations read in place.
 #include <cublasLt.h>
-#include <fmt/format.h>
 
 #include <array>
 #include <map>
