@@ -174,18 +174,19 @@ Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out = {});
 // [h P + P - dv, (h + 1) P) of kv_b. out_lat [T, nh, L] -> [T, nh, dv] (into `out`, a [T, nh, dv] view
 // with a contiguous last dim, when given).
 Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out = {});
-// The MLA KV cache write of T tokens: ckv [T, L + rope] f32 (h @ kv_a^T, not modified);
-// cache[slots[t]] = [rms_norm(ckv[t, :L]) * norm_w | RoPE(ckv[t, L:]) at positions[t]] (rope.dim = rope,
-// interleaved per `rope`). cache as PagedSeq::cache (f32 [slots, L + rope], or the CUDA kernel formats),
-// slots i32 [T].
-void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
-                  const RopeParams& rope, Tensor& cache, const Tensor& slots);
 // The shape rules of absorb_q (q = true: x is q_nope, `d` unused) and absorb_v (x is out_lat, d = dv)
 // (every backend checks through this; throws dsaserve::Error).
 struct AbsorbDims {
   int64_t tokens = 0, heads = 0, nope = 0, dv = 0, latent = 0, per_head = 0;  // per_head = nope + dv
 };
 AbsorbDims absorb_dims(const Tensor& x, const WeightRef& kv_b, bool q, int64_t d);
+// The MLA KV cache write of T tokens: ckv [T, L + rope] f32 (h @ kv_a^T, not modified);
+// cache[slots[t]] = [rms_norm(ckv[t, :L]) * norm_w | RoPE(ckv[t, L:]) at positions[t]] (rope.dim = rope,
+// interleaved per `rope`). cache as PagedSeq::cache (f32 [slots, L + rope], or the CUDA kernel formats),
+// slots i32 [T]. A slot outside the cache throws, except on the CUDA kernel-format caches (one fused
+// kernel, no host sync), where that token's row is skipped.
+void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
+                  const RopeParams& rope, Tensor& cache, const Tensor& slots);
 // The DSA indexer key write: k [T, id] f32 (h @ wk^T, not modified); cache[slots[t]] = layer_norm(k[t]) *
 // norm_w + norm_b with RoPE on its first rope.dim channels (rope first). cache f32 or bf16 [slots, id].
 void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,

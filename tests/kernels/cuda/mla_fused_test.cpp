@@ -173,6 +173,15 @@ TEST_F(CudaMlaFused, KvWriteThroughTheOpAndF32Fallback) {
   kernels::mla_kv_write(ckv, w, 1e-6, pos, rp, f32_ref, sl);
   report("mla_kv_write f32 cache", fmt::format("[{}, {}]", T, kL + kRope), row_rel_error(f32_d, f32_ref),
          1e-5);
+  // Kernel formats: slots outside the cache are skipped on the device (no host check), the rest written.
+  for (MlaKvFormat f : {MlaKvFormat::bf16, MlaKvFormat::fp8_e4m3}) {
+    Tensor c = mla_kv_cache_empty(128, f), blank = mla_kv_cache_empty(128, f);
+    cudaMemset(c.raw_data(), 0, c.nbytes());
+    cudaMemset(blank.raw_data(), 0, blank.nbytes());
+    kernels::mla_kv_write(ckv.slice(0, 0, 3).contiguous().to(Device::cuda), w.to(Device::cuda), 1e-6,
+                          i32({1, 2, 3}, Device::cuda), rp, c, i32({-1, 128, 3}, Device::cuda));
+    EXPECT_EQ(differing_rows(c, blank), 1) << "only slot 3 is in the cache";
+  }
 }
 
 TEST_F(CudaMlaFused, IndexerKWriteEqualsUnfusedBf16) {
