@@ -19,6 +19,7 @@
 #include <array>
 #include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "kernels/cuda/check.h"
@@ -225,6 +226,12 @@ bool batched(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_s
   return true;
 }
 
+void check_out(const Tensor& out, int64_t T, int64_t nh, int64_t n, const char* what) {
+  DSA_CHECK(out.defined() && out.dim() == 3 && out.size(0) == T && out.size(1) == nh && out.size(2) == n,
+            "{}: output {} should be [{}, {}, {}]", what,
+            out.defined() ? out.describe() : std::string("nothing"), T, nh, n);
+}
+
 bool weight_ok(const WeightRef& w) {
   const DType dt = w.weight.dtype();
   return w.weight.device() == Device::cuda && w.weight.is_contiguous() &&
@@ -235,6 +242,7 @@ bool weight_ok(const WeightRef& w) {
 
 bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out) {
   const AbsorbDims a = absorb_dims(q_nope, kv_b, true, 0);
+  check_out(out, a.tokens, a.heads, a.latent, "absorb_q");
   if (!weight_ok(kv_b) || q_nope.device() != Device::cuda) return false;
   const bool f32 = gemm_precision() == GemmPrecision::fp32;
   const Tensor w = dense_weight(kv_b, f32);
@@ -244,6 +252,7 @@ bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out) 
 
 bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out) {
   const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
+  check_out(out, a.tokens, a.heads, a.dv, "absorb_v");
   if (!weight_ok(kv_b) || out_lat.device() != Device::cuda) return false;
   const bool f32 = gemm_precision() == GemmPrecision::fp32;
   const Tensor w = dense_weight(kv_b, f32);
