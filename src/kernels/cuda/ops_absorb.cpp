@@ -9,9 +9,9 @@
 // with D the output's head slice (ldd = token stride, batch stride = head stride).
 //
 // Numerics (GemmPrecision::fast): the f32 activations are rounded to bf16 (one conversion kernel into a
-// packed [T, nh, K] buffer), bf16 x bf16 products accumulate in fp32, f32 output; FP8 weights enter as
-// their bf16 dequantisation. This is the per-head linear_t path's arithmetic; the per-head v_up linear
-// used a two-term bf16 split of the activations (its N <= 512 rule), which this drops (the GPU test
+// packed [T, nh, K] buffer, absorb.cu), bf16 x bf16 products accumulate in fp32, f32 output; FP8 weights
+// enter as their bf16 dequantisation. This is the per-head linear_t path's arithmetic; the per-head v_up
+// linear used a two-term bf16 split of the activations (its N <= 512 rule), which this drops (the GPU test
 // holds both within 1e-2 of the CPU, per row L2). GemmPrecision::fp32: f32 weights (cached) and the f32
 // activations read in place.
 #include <cublasLt.h>
@@ -22,6 +22,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "kernels/cuda/absorb_params.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise_params.h"
@@ -206,17 +207,23 @@ bool batched(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_s
           align_of(b_ptr, {ldb * es, sb * es}), align_of(out.raw_data(), {ldd * 4, sd * 4})});
   if (!pl.ok) return false;
   if (!f32) {
-    RowsParams p{};
-    p.src = x.raw_data();
-    p.dst = packed.raw_data();
-    p.rows = T * nh;
-    p.cols = K;
-    p.src_stride = x.stride(1);
-    p.dst_stride = K;
-    p.dst_bf16 = true;
-    p.op = RowOp::copy;
-    p.page_size = 1;
-    check_launch(launch_rows(p, op_stream()), what);
+    const float* xp = static_cast<const float*>(x.raw_data());
+    const CastBf16Params c{xp, packed.data_u16(), T * nh, K, x.stride(1)};
+    if (K % 4 == 0 && x.stride(1) % 4 == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0) {
+      check_launch(launch_cast_bf16_x4(c, op_stream()), what);
+    } else {  // the scalar row conversion (same rounding)
+      RowsParams p{};
+      p.src = xp;
+      p.dst = packed.raw_data();
+      p.rows = T * nh;
+      p.cols = K;
+      p.src_stride = x.stride(1);
+      p.dst_stride = K;
+      p.dst_bf16 = true;
+      p.op = RowOp::copy;
+      p.page_size = 1;
+      check_launch(launch_rows(p, op_stream()), what);
+    }
   }
   State& s = state();
   const float alpha = 1.0f, beta = 0.0f;
