@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/moe_params.h"
@@ -129,6 +130,91 @@ void row(const std::string& op, int64_t T, const std::string& shape, double us, 
   fmt::print("| {:<24} | {:>5} | {:<22} | {:>10.1f} | {:>8.1f} | {:>8.1f} | {:>9.2f} | {:>5.2f} |\n", op, T,
              shape, us, bytes / (us * 1e-6) / 1e9, flops / (us * 1e-6) / 1e12, floor_us, floor_us / us);
   std::fflush(stdout);
+}
+
+// MLA's batched absorbed projections (one strided-batched GEMM over the heads) beside the per-head loop
+// they replace, at GLM-5.3's 64 heads and per-rank 16 / 8; and the fused KV-cache writes beside the
+// unfused op sequences. Bytes: bf16 weights read once, f32 activations in and out; cache writes: the f32
+// rows read, the cache rows written.
+void bench_mla_fused(const int64_t* Ts, size_t nT) {
+  for (int64_t nh : {int64_t(64), int64_t(16), int64_t(8)}) {
+    const ops::WeightRef kv_b = weight(nh * (kNope + kV), kKvLora, DType::bf16);
+    for (size_t i = 0; i < nT; ++i) {
+      const int64_t T = Ts[i];
+      const Tensor q = rand_gpu({T, nh, kNope + kRope}, 21), lat = rand_gpu({T, nh, kKvLora}, 22);
+      const Tensor q_nope = q.slice(2, 0, kNope);
+      Tensor q_lat = Tensor::empty({T, nh, kKvLora}, DType::f32, Device::cuda);
+      Tensor o = Tensor::empty({T, nh, kV}, DType::f32, Device::cuda);
+      const double qb = 2.0 * double(nh * kNope * kKvLora) + 4.0 * double(T * nh * (kNope + kKvLora));
+      const double vb = 2.0 * double(nh * kV * kKvLora) + 4.0 * double(T * nh * (kKvLora + kV));
+      const double qf = 2.0 * double(T * nh * kNope * kKvLora), vf = 2.0 * double(T * nh * kKvLora * kV);
+      const std::string qs = fmt::format("{}x[{},{},{}]", nh, T, kNope, kKvLora),
+                        vs = fmt::format("{}x[{},{},{}]", nh, T, kKvLora, kV);
+      row(fmt::format("absorb_q {}h", nh), T, qs, time_us([&] { ops::absorb_q(q_nope, kv_b, q_lat); }), qb,
+          qf, kBf16);
+      row(fmt::format("absorb_q {}h per-head", nh), T, qs, time_us([&] {
+            for (int64_t h = 0; h < nh; ++h) {
+              const int64_t base = h * (kNope + kV);
+              ops::linear_t(q_nope.select(1, h), kv_b, base, base + kNope, q_lat.select(1, h));
+            }
+          }),
+          qb, qf, kBf16);
+      row(fmt::format("absorb_v {}h", nh), T, vs, time_us([&] { ops::absorb_v(lat, kv_b, kV, o); }), vb, vf,
+          kBf16);
+      row(fmt::format("absorb_v {}h per-head", nh), T, vs, time_us([&] {
+            for (int64_t h = 0; h < nh; ++h) {
+              const int64_t base = h * (kNope + kV) + kNope;
+              ops::linear(lat.select(1, h), kv_b, base, base + kV, o.select(1, h));
+            }
+          }),
+          vb, vf, kBf16);
+    }
+  }
+  namespace kc = dsaserve::kernels::cuda;
+  const Tensor wn = filled({kKvLora}, DType::bf16, 0x3f), wi = filled({128}, DType::bf16, 0x3f),
+               bi = filled({128}, DType::bf16, 0x00);
+  ops::RopeParams rp;
+  rp.dim = kRope;
+  rp.theta = 1e6;
+  for (size_t i = 0; i < nT; ++i) {
+    const int64_t T = Ts[i], pool = 64 * (T / 64 + 2);
+    std::vector<int32_t> slots(static_cast<size_t>(T)), pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      slots[size_t(t)] = int32_t((t * 67) % pool);  // scattered over the pages (67 is prime to the pool)
+      pos[size_t(t)] = int32_t(1000 + t);
+    }
+    const Tensor sl = i32_gpu(slots), ps = i32_gpu(pos);
+    const Tensor ckv = rand_gpu({T, kKvLora + kRope}, 23), k = rand_gpu({T, 128}, 24);
+    for (auto f : {kc::MlaKvFormat::bf16, kc::MlaKvFormat::fp8_e4m3}) {
+      Tensor cache = kc::mla_kv_cache_empty(pool, f);
+      const bool bf = f == kc::MlaKvFormat::bf16;
+      const double bytes = 4.0 * double(T * (kKvLora + kRope)) + double(T * (bf ? 1152 : 656));
+      row(fmt::format("mla_kv_write {}", bf ? "bf16" : "fp8"), T, fmt::format("[{},{}]", T, kKvLora + kRope),
+          time_us([&] { ops::mla_kv_write(ckv, wn, 1e-6, ps, rp, cache, sl); }), bytes, 0, kF32);
+      row(fmt::format("mla_kv_write {} unfused", bf ? "bf16" : "fp8"), T,
+          fmt::format("[{},{}]", T, kKvLora + kRope), time_us([&] {
+            Tensor c2 = Tensor::empty({T, kKvLora + kRope}, DType::f32, Device::cuda);
+            ops::copy_rows(c2, ckv);
+            Tensor k_pe = c2.view({T, 1, kKvLora + kRope}).slice(2, kKvLora, kKvLora + kRope);
+            ops::rope_inplace(k_pe, ps, rp);
+            Tensor l = c2.slice(1, 0, kKvLora);
+            ops::copy_rows(l, ops::rms_norm(ckv.slice(1, 0, kKvLora), wn, 1e-6));
+            ops::paged_store(cache, sl, c2);
+          }),
+          bytes, 0, kF32);
+    }
+    Tensor icache = Tensor::empty({pool, 128}, DType::bf16, Device::cuda);
+    const double ib = 4.0 * double(T * 128) + 2.0 * double(T * 128);
+    row("indexer_k_write bf16", T, fmt::format("[{},128]", T),
+        time_us([&] { ops::indexer_k_write(k, wi, bi, 1e-6, ps, rp, icache, sl); }), ib, 0, kF32);
+    row("indexer_k_write unfused", T, fmt::format("[{},128]", T), time_us([&] {
+          const Tensor ki = ops::layer_norm(k, wi, bi, 1e-6);
+          Tensor ki_pe = ki.view({T, 1, 128}).slice(2, 0, kRope);
+          ops::rope_inplace(ki_pe, ps, rp);
+          ops::paged_store(icache, sl, ki);
+        }),
+        ib, 0, kF32);
+  }
 }
 
 }  // namespace
@@ -339,6 +425,7 @@ int main() {
       }
     }
   }
+  bench_mla_fused(kTs, sizeof(kTs) / sizeof(kTs[0]));
   const auto st = dsaserve::kernels::cuda::gemm_stats();
   fmt::print(
       "GEMM paths: {} FP8 block-scaled calls, {} bf16, {} f32, {} FP8 weights dequantised (fallback), {} "

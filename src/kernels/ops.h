@@ -169,6 +169,34 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
 void check_attention_mha_shapes(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                                 int64_t start_pos);
 
+// ---- MLA fused / batched operators (their Backend defaults run the unfused sequence of ops above) ----
+
+// MLA's absorbed query projection for every head in one call: q_lat[t, h] = q_nope[t, h] @ W_UK[h], where
+// W_UK[h] = rows [h P, h P + nope) of kv_b [nh P, L] (P = kv_b.rows() / nh = nope + dv per head, nope
+// first). q_nope [T, nh, nope] (a view, last dim contiguous) -> [T, nh, L] (into `out` when given).
+Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out = {});
+// MLA's absorbed output projection for every head: o[t, h] = out_lat[t, h] @ W_UV[h]^T, W_UV[h] = rows
+// [h P + P - dv, (h + 1) P) of kv_b. out_lat [T, nh, L] -> [T, nh, dv] (into `out`, a [T, nh, dv] view
+// with a contiguous last dim, when given).
+Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out = {});
+// The shape rules of absorb_q (q = true: x is q_nope, `d` unused) and absorb_v (x is out_lat, d = dv)
+// (every backend checks through this; throws dsaserve::Error).
+struct AbsorbDims {
+  int64_t tokens = 0, heads = 0, nope = 0, dv = 0, latent = 0, per_head = 0;  // per_head = nope + dv
+};
+AbsorbDims absorb_dims(const Tensor& x, const WeightRef& kv_b, bool q, int64_t d);
+// The MLA KV cache write of T tokens: ckv [T, L + rope] f32 (h @ kv_a^T, not modified);
+// cache[slots[t]] = [rms_norm(ckv[t, :L]) * norm_w | RoPE(ckv[t, L:]) at positions[t]] (rope.dim = rope,
+// interleaved per `rope`). cache as PagedSeq::cache (f32 [slots, L + rope], or the CUDA kernel formats),
+// slots i32 [T]. A slot outside the cache throws, except on the CUDA kernel-format caches (one fused
+// kernel, no host sync), where that token's row is skipped.
+void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
+                  const RopeParams& rope, Tensor& cache, const Tensor& slots);
+// The DSA indexer key write: k [T, id] f32 (h @ wk^T, not modified); cache[slots[t]] = layer_norm(k[t]) *
+// norm_w + norm_b with RoPE on its first rope.dim channels (rope first). cache f32 or bf16 [slots, id].
+void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
+                     const Tensor& positions, const RopeParams& rope, Tensor& cache, const Tensor& slots);
+
 // Router: logits f32 [T, E]; s = sigmoid(logits); choice = s + bias; grouped top-k; weights = s of the
 // chosen, normalised (+1e-20) when asked, times routed_scaling_factor.
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
@@ -210,6 +238,16 @@ class Backend {
                                     const Tensor& sel, double scale);
   virtual Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                                int64_t start_pos, const Tensor& sel, double scale) = 0;
+  // The MLA fused / batched forms. The defaults run the unfused sequence through this backend's own
+  // operators (per-head linear_t / linear; rms_norm, rope_inplace, copy_rows, paged_store; layer_norm,
+  // rope_inplace, paged_store): the CPU results are exactly those of the sequence.
+  virtual Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out);
+  virtual Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out);
+  virtual void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
+                            const RopeParams& rope, Tensor& cache, const Tensor& slots);
+  virtual void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
+                               const Tensor& positions, const RopeParams& rope, Tensor& cache,
+                               const Tensor& slots);
   virtual Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) = 0;
   virtual Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) = 0;
 };

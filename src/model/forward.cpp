@@ -125,27 +125,22 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     ckv = std::move(parts[1]);
     shape(span, "[{}, {}] x [{}, {}]^T", T, h.size(1), q_a.size(1) + ckv.size(1), h.size(1));
   }
-  Tensor q_resid, kv;
+  Tensor q_resid;
   {
     OpScope span("q_a_layernorm");
     q_resid = ops::rms_norm(q_a, aw.q_a_layernorm, kLoraEps);  // [T, q_lora]
     shape(span, "[{}, {}]", T, q_resid.size(1));
   }
   {
-    OpScope span("kv_a_layernorm");
-    kv = ops::rms_norm(ckv.slice(1, 0, L), aw.kv_a_layernorm, kLoraEps);  // [T, L]
-    shape(span, "[{}, {}]", T, kv.size(1));
-  }
-  {
-    // kv normalised, k_rope rotated; one whole-row store of [kv | k_rope] (the FP8 cache quantises whole
-    // rows); ckv is ours to overwrite.
-    OpScope span("kv_cache_write");
-    Tensor k_pe = ckv.view({T, 1, L + rope}).slice(2, L, L + rope);  // [T, 1, rope] view, rotated in place
-    ops::rope_inplace(k_pe, st.positions, rope_params(c, true));
-    Tensor ckv_lat = ckv.slice(1, 0, L);
-    ops::copy_rows(ckv_lat, kv);
-    ops::paged_store(cache.kv[size_t(kv_layer)], st.slots, ckv);
-    shape(span, "[{}, {}] -> {} B/token", T, ckv.size(1), bytes_per_token(cache.kv[size_t(kv_layer)], cache));
+    // One fused op: kv = RMSNorm(c[:, :L]) * kv_a_layernorm, k_rope = RoPE(c[:, L:]), and the row
+    // [kv | k_rope] stored at the step's slots (the FP8 cache quantises whole rows). Nothing reads kv
+    // afterwards but the cache.
+    OpScope span("kv_a_layernorm+kv_cache_write");
+    ops::mla_kv_write(ckv, aw.kv_a_layernorm, kLoraEps, st.positions, rope_params(c, true),
+                      cache.kv[size_t(kv_layer)], st.slots);
+    shapes(span,
+           {fmt::format("[{}, {}]", T, L), fmt::format("[{}, {}] -> {} B/token", T, ckv.size(1),
+                                                       bytes_per_token(cache.kv[size_t(kv_layer)], cache))});
   }
 
   // DSA indexer (full layers): top-k key positions per query; shared layers reuse the last selection.
@@ -169,13 +164,12 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
       OpScope span("indexer_k_cache_write");
       Tensor qi_pe = qi.slice(2, 0, rope);
       ops::rope_inplace(qi_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
-      const Tensor ki = ops::layer_norm(ki_raw, iw.k_norm_weight, iw.k_norm_bias, c.indexer_norm_eps);
-      Tensor ki_pe = ki.view({T, 1, id}).slice(2, 0, rope);
-      ops::rope_inplace(ki_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
-      // f32 / bf16 caches copy the rows; an FP8 cache (u8 [slots, 132]) quantises each key (128 e4m3 codes
-      // + one f32 scale, kernels/cuda/indexer_topk_params.h).
-      ops::paged_store(cache.index_k[size_t(kv_layer)], st.slots, ki);
-      shape(span, "[{}, {}] q + [{}, {}] k -> {} B/token", T, ih * id, T, ki.size(1),
+      // ki = LayerNorm(ki_raw), RoPE on its rope part (first), stored at the step's slots: one op (an FP8
+      // cache, u8 [slots, 132], quantises each key: 128 e4m3 codes + one f32 scale).
+      ops::indexer_k_write(ki_raw, iw.k_norm_weight, iw.k_norm_bias, c.indexer_norm_eps, st.positions,
+                           rope_params(c, c.indexer_rope_interleaved), cache.index_k[size_t(kv_layer)],
+                           st.slots);
+      shape(span, "[{}, {}] q + [{}, {}] k -> {} B/token", T, ih * id, T, ki_raw.size(1),
             bytes_per_token(cache.index_k[size_t(kv_layer)], cache));
     }
     // Scores and top-k are one kernel (requests with at most index_topk keys skip it).
@@ -268,12 +262,8 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
       qa = Ta == T ? q
                    : ops::gather_rows(q.view({T, nh * dq}), i32_tensor(abs_rows.data(), Ta, h.device()))
                          .view({Ta, nh, dq});  // [Ta, nh, dq]
-      // q_lat[h] = q_nope[h] @ W_UK[h] -> [Ta, nh, L]
-      q_lat = Tensor::empty({Ta, nh, L}, DType::f32, h.device());
-      for (int64_t hd = 0; hd < nh; ++hd) {
-        const int64_t base = hd * (nope + dv);
-        ops::linear_t(qa.select(1, hd).slice(1, 0, nope), kv_b, base, base + nope, q_lat.select(1, hd));
-      }
+      // q_lat[h] = q_nope[h] @ W_UK[h] -> [Ta, nh, L], every head in one batched op
+      q_lat = ops::absorb_q(qa.slice(2, 0, nope), kv_b);
       shape(span, "{} x [{}, {}] x [{}, {}]", nh, Ta, nope, nope, L);
     }
     rope_q();
@@ -307,11 +297,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     // o[h] = out_lat[h] @ W_UV[h]^T -> [Ta, nh, dv], then back to the requests' rows.
     OpScope span("v_up_absorb");
     shape(span, "{} x [{}, {}] x [{}, {}]", nh, Ta, L, L, dv);
-    Tensor oa = Ta == T ? attn : Tensor::empty({Ta, nh, dv}, DType::f32, h.device());
-    for (int64_t hd = 0; hd < nh; ++hd) {
-      const int64_t base = hd * (nope + dv) + nope;
-      ops::linear(out_lat.select(1, hd), kv_b, base, base + dv, oa.select(1, hd));
-    }
+    Tensor oa = ops::absorb_v(out_lat, kv_b, dv, Ta == T ? attn : Tensor());  // every head in one op
     if (Ta != T) {
       p0 = 0;
       for (int64_t r : absorbed) {

@@ -77,6 +77,30 @@ class CudaBackend final : public Backend {
       return cuda::mla_attention_batch(q_lat, q_rope, kv, sel, scale);
     return Backend::mla_attention_rows(q_lat, q_rope, kv, sel, scale);
   }
+  // MLA fused / batched ops: one kernel (or one batched GEMM) where it applies, else the unfused default.
+  Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out) override {
+    const AbsorbDims a = absorb_dims(q_nope, kv_b, true, 0);
+    if (!out.defined()) out = Tensor::empty({a.tokens, a.heads, a.latent}, DType::f32, Device::cuda);
+    if (absorb_q_batched(q_nope, kv_b, out)) return out;
+    return Backend::absorb_q(q_nope, kv_b, std::move(out));
+  }
+  Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out) override {
+    const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
+    if (!out.defined()) out = Tensor::empty({a.tokens, a.heads, a.dv}, DType::f32, Device::cuda);
+    if (absorb_v_batched(out_lat, kv_b, dv, out)) return out;
+    return Backend::absorb_v(out_lat, kv_b, dv, std::move(out));
+  }
+  void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
+                    const RopeParams& rope, Tensor& cache, const Tensor& slots) override {
+    if (!mla_kv_write_fused(ckv, norm_w, eps, positions, rope, cache, slots))
+      Backend::mla_kv_write(ckv, norm_w, eps, positions, rope, cache, slots);
+  }
+  void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
+                       const Tensor& positions, const RopeParams& rope, Tensor& cache,
+                       const Tensor& slots) override {
+    if (!indexer_k_write_fused(k, norm_w, norm_b, eps, positions, rope, cache, slots))
+      Backend::indexer_k_write(k, norm_w, norm_b, eps, positions, rope, cache, slots);
+  }
   Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                        int64_t start_pos, const Tensor& sel, double scale) override {
     return cuda::attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);

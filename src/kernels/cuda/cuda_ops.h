@@ -39,6 +39,26 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts);
 
+// The fused KV-cache writes (ops.h mla_kv_write / indexer_k_write) over kernel-format caches: the MLA
+// latent cache bf16 [slots, 576] or FP8 u8 [slots, 656], the indexer keys bf16 [slots, id <= 1024]. One
+// launch, no host sync (slots outside the cache are skipped on the device, not reported). Return false,
+// doing nothing, where they do not apply (f32 stand-in caches, other index-key formats, unaligned views):
+// the caller runs the unfused sequence.
+bool mla_kv_write_fused(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
+                        const RopeParams& rope, Tensor& cache, const Tensor& slots);
+bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
+                           const Tensor& positions, const RopeParams& rope, Tensor& cache,
+                           const Tensor& slots);
+// The batched absorbed projections (ops.h absorb_q / absorb_v) as one cuBLASLt strided-batched GEMM over
+// the heads (plus one bf16 conversion of the activations; none in GemmPrecision::fp32). The weight is
+// read in place when bf16 or f32; an FP8 kv_b is dequantised to bf16 once (cached per weight, like
+// gemm.cpp's fallback). Return false where they do not apply (activation views whose heads are not evenly
+// strided, a shape cuBLASLt has no algorithm for): the caller runs the per-head loop.
+bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out);
+bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out);
+// Drops the cached dequantised / f32 copies of kv_b weights.
+void clear_absorb_caches();
+
 // Checks a request's page table (copied to the host) covers n positions with pages inside the cache.
 void check_pages(const PagedSeq& seq, int64_t n, int64_t cache_rows, const char* what);
 
