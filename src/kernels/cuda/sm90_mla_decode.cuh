@@ -23,6 +23,74 @@ namespace dsaserve::kernels::cuda::mla_detail {
 constexpr int kThreads = 256;
 constexpr int kLd = kMlaDim + 8;  // bf16 elements per shared row: 1168 bytes, ldmatrix conflict-free
 
+// Q rows h0 .. h0 + kRows - 1 of query row `row` as bf16 into sQ [kRows, kLd] (rows past the last head are
+// zero). Each thread has 9 float4 loads in flight at a time (kRows * 144 / 256 per thread in all), so the
+// load latency is paid kRows / 16 times rather than once per element group.
+template <int kRows>
+__device__ __forceinline__ void load_q_rows(__nv_bfloat16* sQ, const MlaDecodeParams& p, int row, int64_t h0,
+                                            int tid) {
+  constexpr int kVec = kMlaDim / 4;  // float4 per head row
+  constexpr int kPer = kRows * kVec / kThreads;
+  constexpr int kBatch = 9;
+  static_assert(kRows * kVec % kThreads == 0 && kPer % kBatch == 0, "q load shape");
+  const bool vec =
+      ((reinterpret_cast<uintptr_t>(p.q_lat) | reinterpret_cast<uintptr_t>(p.q_rope)) & 15) == 0 &&
+      ((p.ql_s0 | p.ql_s1 | p.qr_s0 | p.qr_s1) & 3) == 0;
+  for (int b0 = 0; b0 < kPer; b0 += kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = tid + (b0 + j) * kThreads;
+      const int r = i / kVec, c = (i % kVec) * 4;
+      const int64_t h = h0 + r;
+      v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (h < p.heads) {
+        const float* src = c < kMlaLatent ? p.q_lat + row * p.ql_s0 + h * p.ql_s1 + c
+                                          : p.q_rope + row * p.qr_s0 + h * p.qr_s1 + (c - kMlaLatent);
+        if (vec)
+          v[j] = __ldg(reinterpret_cast<const float4*>(src));
+        else
+          v[j] = make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = tid + (b0 + j) * kThreads;
+      const int r = i / kVec, c = (i % kVec) * 4;
+      uint2 packed;
+      packed.x = mma::pack_bf16(v[j].x, v[j].y);
+      packed.y = mma::pack_bf16(v[j].z, v[j].w);
+      *reinterpret_cast<uint2*>(sQ + r * kLd + c) = packed;
+    }
+  }
+}
+
+// FP8 rows of one tile (kBn rows of kMlaFp8RowBytes in shared memory) -> bf16 rows [kBn, kLd]: latent codes
+// times their block scale, rope values copied.
+template <int kBn>
+__device__ __forceinline__ void dequant_fp8_tile(__nv_bfloat16* sKv, const unsigned char* raw, int tid) {
+  for (int i = tid; i < kBn * 72; i += kThreads) {
+    const int r = i / 72, c = i % 72;
+    const unsigned char* rr = raw + r * kMlaFp8RowBytes;
+    if (c < 64) {
+      const uint2 codes = *reinterpret_cast<const uint2*>(rr + c * 8);
+      const float sc = *reinterpret_cast<const float*>(rr + kMlaLatent + (c / 16) * 4);
+      const uint32_t w[2] = {codes.x, codes.y};
+      uint32_t o[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((w[j / 2] >> ((j % 2) * 16)) & 0xffff);
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+        o[j] = mma::pack_bf16(f.x * sc, f.y * sc);
+      }
+      *reinterpret_cast<uint4*>(sKv + r * kLd + c * 8) = make_uint4(o[0], o[1], o[2], o[3]);
+    } else {
+      *reinterpret_cast<uint4*>(sKv + r * kLd + kMlaLatent + (c - 64) * 8) =
+          *reinterpret_cast<const uint4*>(rr + kMlaLatent + 16 + (c - 64) * 16);
+    }
+  }
+}
+
 template <int RG, bool kFp8>
 struct Cfg {
   static constexpr int kRows = RG * 16;          // head rows of a block
@@ -108,22 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
   int32_t pg_a = fetch_page(pos_a);
   int64_t pos_b = fetch_pos(C::kStages);  // the one after
 
-  // Q rows of this head group as bf16 (rows past the last head are zero).
-  for (int i = tid; i < C::kRows * (kMlaDim / 4); i += kThreads) {
-    const int r = i / (kMlaDim / 4), c = (i % (kMlaDim / 4)) * 4;
-    const int64_t h = h0 + r;
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    if (h < p.heads) {
-      const float* src = c < kMlaLatent ? p.q_lat + row * p.ql_s0 + h * p.ql_s1 + c
-                                        : p.q_rope + row * p.qr_s0 + h * p.qr_s1 + (c - kMlaLatent);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = src[j];
-    }
-    uint2 packed;
-    packed.x = mma::pack_bf16(v[0], v[1]);
-    packed.y = mma::pack_bf16(v[2], v[3]);
-    *reinterpret_cast<uint2*>(sQ + r * kLd + c) = packed;
-  }
+  load_q_rows<C::kRows>(sQ, p, row, h0, tid);
 
   float oacc[32][4];
 #pragma unroll
@@ -142,27 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
     const int st = t % C::kStages;
     const __nv_bfloat16* kv;
     if constexpr (kFp8) {
-      const unsigned char* raw = sRaw + size_t(st) * C::kBn * C::kRawBytes;
-      for (int i = tid; i < C::kBn * 72; i += kThreads) {
-        const int r = i / 72, c = i % 72;
-        const unsigned char* rr = raw + r * C::kRawBytes;
-        if (c < 64) {
-          const uint2 codes = *reinterpret_cast<const uint2*>(rr + c * 8);
-          const float sc = *reinterpret_cast<const float*>(rr + kMlaLatent + (c / 16) * 4);
-          const uint32_t w[2] = {codes.x, codes.y};
-          uint32_t o[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((w[j / 2] >> ((j % 2) * 16)) & 0xffff);
-            const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-            o[j] = mma::pack_bf16(f.x * sc, f.y * sc);
-          }
-          *reinterpret_cast<uint4*>(sKv + r * kLd + c * 8) = make_uint4(o[0], o[1], o[2], o[3]);
-        } else {
-          *reinterpret_cast<uint4*>(sKv + r * kLd + kMlaLatent + (c - 64) * 8) =
-              *reinterpret_cast<const uint4*>(rr + kMlaLatent + 16 + (c - 64) * 16);
-        }
-      }
+      dequant_fp8_tile<C::kBn>(sKv, sRaw + size_t(st) * C::kBn * C::kRawBytes, tid);
       __syncthreads();
       kv = sKv;
     } else {
@@ -339,5 +372,7 @@ cudaError_t launch_decode_kernel(const MlaDecodeParams& p, cudaStream_t stream) 
 
 cudaError_t launch_decode_bf16(const MlaDecodeParams& p, cudaStream_t stream);
 cudaError_t launch_decode_fp8(const MlaDecodeParams& p, cudaStream_t stream);
+// Kernel v2 (sm90_mla_decode_v2.cu): 16 heads a block, both cache formats.
+cudaError_t launch_decode_v2(const MlaDecodeParams& p, cudaStream_t stream);
 
 }  // namespace dsaserve::kernels::cuda::mla_detail

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -212,8 +213,10 @@ void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat 
       src_ok = es.rel() <= tol_src;
     }
     std::printf(
-        "RESULT mla_decode kv=%s %s heads=%lld ctx=%lld batch=%lld max_abs=%.3g rel=%.3g tol=%.0e%s %s\n",
-        fmt_name(f), topk > 0 ? ("sparse_top" + std::to_string(topk)).c_str() : "dense", (long long)nh,
+        "RESULT mla_decode kernel=v%d kv=%s %s heads=%lld ctx=%lld batch=%lld max_abs=%.3g rel=%.3g "
+        "tol=%.0e%s %s\n",
+        mla_decode_kernel(nh, 0), fmt_name(f),
+        topk > 0 ? ("sparse_top" + std::to_string(topk)).c_str() : "dense", (long long)nh,
         (long long)lens[size_t(b)], (long long)B, e.max_abs, e.rel(), tol, extra.c_str(),
         e.rel() <= tol && src_ok ? "ok" : "FAIL");
     EXPECT_LE(e.rel(), tol) << "row " << b << " ctx " << lens[size_t(b)];
@@ -239,6 +242,43 @@ TEST_F(CudaMlaDecode, SingleRequestManySplits) {  // batch 1: the split-K path w
   run_decode_batch({131072}, 16, MlaKvFormat::bf16, 2048, 52);
   run_decode_batch({8191}, 8, MlaKvFormat::bf16, 0, 53);
   run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 54);  // two head groups of 64
+}
+
+// Both decode kernels whatever the default for the head count (DSASERVE_MLA_DECODE_KERNEL, restored after).
+class MlaKernelOverride {
+ public:
+  explicit MlaKernelOverride(const char* kernel) {
+    const char* old = std::getenv("DSASERVE_MLA_DECODE_KERNEL");
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    ::setenv("DSASERVE_MLA_DECODE_KERNEL", kernel, 1);
+  }
+  ~MlaKernelOverride() {
+    if (had_)
+      ::setenv("DSASERVE_MLA_DECODE_KERNEL", old_.c_str(), 1);
+    else
+      ::unsetenv("DSASERVE_MLA_DECODE_KERNEL");
+  }
+  MlaKernelOverride(const MlaKernelOverride&) = delete;
+  MlaKernelOverride& operator=(const MlaKernelOverride&) = delete;
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST_F(CudaMlaDecode, BothKernelsAllHeadCounts) {
+  for (const char* k : {"v1", "v2"}) {
+    MlaKernelOverride o(k);
+    for (int64_t nh : {64, 16, 8}) {
+      run_decode_batch({1, 63, 65, 2049, 32768}, nh, MlaKvFormat::bf16, 2048, 71 + uint64_t(nh));
+      run_decode_batch({2, 64, 129, 4096}, nh, MlaKvFormat::fp8_e4m3, 2048, 72 + uint64_t(nh));
+    }
+    run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 73);  // several head groups
+    run_decode_batch({1000, 8191}, 8, MlaKvFormat::bf16, 0, 74);  // dense
+    run_decode_batch({131072}, 16, MlaKvFormat::bf16, 2048, 75);  // batch 1: many splits + combine
+    run_decode_batch({130}, 24, MlaKvFormat::bf16, 0, 76);        // a partial last head group
+  }
 }
 
 // The ops.h contract (T rows of one request at start_pos + t, causal, with a selection holding -1).
