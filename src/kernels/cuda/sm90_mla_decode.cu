@@ -192,6 +192,7 @@ int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms
 cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.heads == 0) return cudaSuccess;
   if (p.splits < 1 || (p.splits > 1 && (!p.partial_out || !p.partial_lse))) return cudaErrorInvalidValue;
+  if (p.page_size <= 0 || p.page_size > 0x7fffffff) return cudaErrorInvalidValue;  // kernels split in 32 bits
   const cudaError_t e = mla_decode_kernel(p.heads, p.kernel) == 2 ? mla_detail::launch_decode_v2(p, stream)
                         : p.format == MlaKvFormat::bf16           ? mla_detail::launch_decode_bf16(p, stream)
                                                                   : mla_detail::launch_decode_fp8(p, stream);

@@ -143,38 +143,48 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
   // Tiles of latent rows are gathered into the stages (invalid keys: zero rows, marked invalid); each
   // thread copies 16-byte pieces of one row of every tile. The key's position (from the selection)
   // and its page are loaded two and one tiles ahead, so the dependent index loads overlap the
-  // tensor-core work instead of stalling each tile.
+  // tensor-core work instead of stalling each tile. Positions are < 2^31 (row_len is i32): one 32-bit
+  // division per key splits a position into page and offset.
   constexpr int kTpr = kThreads / C::kBn;  // threads per row
   const int my_r = tid / kTpr, my_sub = tid % kTpr;
-  auto fetch_pos = [&](int u) -> int64_t {
+  const bool ps32 = p.page_size > 0 && p.page_size <= 0x7fffffff;
+  const uint32_t ps = ps32 ? uint32_t(p.page_size) : 1u;
+  auto fetch_pos = [&](int u) -> int64_t {  // -1: no key
     const int64_t li = k_begin + int64_t(u) * C::kBn + my_r;
     if (u >= n_tiles || li >= k_end) return -1;
-    return p.sel ? p.sel[int64_t(row) * p.sel_stride + li] : li;
+    const int64_t pos = p.sel ? int64_t(p.sel[int64_t(row) * p.sel_stride + li]) : li;
+    return pos >= 0 && pos < n_vis && ps32 ? pos : -1;
   };
-  auto pos_ok = [&](int64_t pos) { return pos >= 0 && pos < n_vis && pos / p.page_size < p.pt_cols; };
-  auto fetch_page = [&](int64_t pos) -> int32_t {
-    return pos_ok(pos) ? p.page_table[seq * p.pt_stride + pos / p.page_size] : -1;
+  struct Slot {
+    int32_t page;  // page id, or -1 (no key)
+    int32_t off;   // position within the page
   };
-  auto issue = [&](int st, int64_t pos, int32_t pg) {
-    const int64_t slot = int64_t(pg) * p.page_size + (pos >= 0 ? pos % p.page_size : 0);
-    const bool ok = pos_ok(pos) && pg >= 0 && slot < p.num_slots;
+  auto fetch_page = [&](int64_t pos) -> Slot {
+    if (pos < 0) return {-1, 0};
+    const uint32_t pi = uint32_t(pos) / ps;
+    if (int64_t(pi) >= p.pt_cols) return {-1, 0};
+    return {p.page_table[seq * p.pt_stride + pi], int32_t(uint32_t(pos) - pi * ps)};
+  };
+  auto issue = [&](int st, Slot s) {
+    const int64_t slot = int64_t(s.page) * p.page_size + s.off;
+    const bool ok = s.page >= 0 && slot < p.num_slots;
     const unsigned char* src = ok ? cache + slot * C::kSrcBytes : cache;
     unsigned char* dst = sRaw + (size_t(st) * C::kBn + my_r) * C::kRawBytes;
-    for (int c = my_sub; c < C::kSrcBytes / 16; c += kTpr)
-      mma::cp_async16(dst + c * 16, src + c * 16, ok ? 16 : 0);
+    constexpr int kPieces = C::kSrcBytes / 16;
+#pragma unroll
+    for (int j = 0; j < (kPieces + kTpr - 1) / kTpr; ++j) {
+      const int c = my_sub + j * kTpr;
+      if (kPieces % kTpr == 0 || c < kPieces) mma::cp_async16(dst + c * 16, src + c * 16, ok ? 16 : 0);
+    }
     if (my_sub == 0) sValid[st * C::kBn + my_r] = ok ? 1 : 0;
   };
 
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < n_tiles) {
-      const int64_t pos = fetch_pos(s);
-      issue(s, pos, fetch_page(pos));
-    }
+    if (s < n_tiles) issue(s, fetch_page(fetch_pos(s)));
     mma::cp_async_commit();
   }
-  int64_t pos_a = fetch_pos(C::kStages - 1);  // the tile issued next
-  int32_t pg_a = fetch_page(pos_a);
-  int64_t pos_b = fetch_pos(C::kStages);  // the one after
+  Slot slot_a = fetch_page(fetch_pos(C::kStages - 1));  // the tile issued next
+  int64_t pos_b = fetch_pos(C::kStages);                // the one after
 
   load_q_rows<C::kRows>(sQ, p, row, h0, tid);
 
@@ -187,10 +197,9 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
   for (int t = 0; t < n_tiles; ++t) {
     mma::cp_async_wait<C::kStages - 2>();
     __syncthreads();
-    if (t + C::kStages - 1 < n_tiles) issue((t + C::kStages - 1) % C::kStages, pos_a, pg_a);
+    if (t + C::kStages - 1 < n_tiles) issue((t + C::kStages - 1) % C::kStages, slot_a);
     mma::cp_async_commit();
-    pos_a = pos_b;
-    pg_a = fetch_page(pos_b);
+    slot_a = fetch_page(pos_b);
     pos_b = fetch_pos(t + C::kStages + 1);
     const int st = t % C::kStages;
     const __nv_bfloat16* kv;
@@ -262,12 +271,14 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
     }
     l0 = l0 * al0 + rs0;
     l1 = l1 * al1 + rs1;
+    if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {  // the running max moved in some row
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      oacc[i][0] *= al0;
-      oacc[i][1] *= al0;
-      oacc[i][2] *= al1;
-      oacc[i][3] *= al1;
+      for (int i = 0; i < 32; ++i) {
+        oacc[i][0] *= al0;
+        oacc[i][1] *= al0;
+        oacc[i][2] *= al1;
+        oacc[i][3] *= al1;
+      }
     }
     // O += P V over this warp's keys and its 256 output columns.
     const __nv_bfloat16* vb =

@@ -3,8 +3,8 @@
 // merge of key sub-groups.
 //
 // Block = (query row, group of 16 heads, key split); 256 threads = 8 warps. Per tile of 64 keys:
-//   1. the tile's latent rows arrive by cp.async (issued kStages - 1 tiles ahead; FP8 rows are then
-//      dequantised once into a bf16 tile);
+//   1. the tile's latent rows arrive by cp.async through a ring of half tiles (32 keys) that runs 1.5
+//      (bf16) or 2 (FP8) tiles ahead; FP8 rows are then dequantised once into a bf16 tile;
 //   2. warp w computes the scores of keys 8w .. 8w+7 for the 16 heads over all 576 dimensions (36
 //      m16n8k16 MMAs in 4 independent accumulator chains, Q and K fed by ldmatrix) and stores them, scaled
 //      to the log2 domain and masked, as f32 into a [16, 64] score tile;
@@ -12,7 +12,8 @@
 //      (identical) online-softmax update of the 16 rows, and accumulates O[:, 64w .. 64w+63] += P V.
 // Per tile and warp: 54 ldmatrix.x4 + 36 MMAs (Q K^T), 16 ldmatrix.x4.trans + 32 MMAs (P V), 2 barriers
 // (3 with FP8). Shared-memory reads per tile ~316 KB (Q 147, K 74, scores 37, V 74) against 74 KB of
-// HBM bytes, well inside the SM's shared-memory bandwidth.
+// HBM bytes, well inside the SM's shared-memory bandwidth. Heads past 16 take more blocks (grid.y), each
+// reading the rows again (through L2).
 #include "kernels/cuda/sm90_mla_decode.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
@@ -21,18 +22,19 @@ namespace {
 
 template <bool kFp8>
 struct Cfg2 {
-  static constexpr int kRows = 16;  // heads of a block (one MMA row tile)
-  static constexpr int kBn = 64;    // keys per tile (8 per warp)
-  static constexpr int kStages = kFp8 ? 3 : 2;
-  static constexpr int kLdS = kBn + 8;  // f32 per score row: conflict-free float2 stores and loads
+  static constexpr int kRows = 16;             // heads of a block (one MMA row tile)
+  static constexpr int kBn = 64;               // keys per tile (8 per warp)
+  static constexpr int kHalf = 32;             // keys per ring slot (half a tile)
+  static constexpr int kSlots = kFp8 ? 6 : 5;  // ring slots: kSlots - 2 halves in flight while a tile runs
+  static constexpr int kLdS = kBn + 8;         // f32 per score row: conflict-free float2 stores and loads
   static constexpr int kRawBytes = kFp8 ? kMlaFp8RowBytes : kLd * 2;
   static constexpr int kSrcBytes = kFp8 ? kMlaFp8RowBytes : kMlaBf16RowBytes;
   static constexpr size_t kQBytes = size_t(kRows) * kLd * 2;
   static constexpr size_t kRawOff = kQBytes;
-  static constexpr size_t kKvOff = kRawOff + size_t(kStages) * kBn * kRawBytes;
+  static constexpr size_t kKvOff = kRawOff + size_t(kSlots) * kHalf * kRawBytes;
   static constexpr size_t kSOff = kKvOff + (kFp8 ? size_t(kBn) * kLd * 2 : 0);
   static constexpr size_t kValidOff = kSOff + size_t(kRows) * kLdS * 4;
-  static constexpr size_t kSmem = kValidOff + size_t(kStages) * kBn * 4;
+  static constexpr size_t kSmem = kValidOff + size_t(kSlots) * kHalf * 4;
   static_assert(kSmem <= 227 * 1024, "shared memory");
   static_assert(kRawOff % 16 == 0 && kKvOff % 16 == 0 && kSOff % 16 == 0 && kRawBytes % 16 == 0, "alignment");
 };
@@ -61,18 +63,21 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
   const int64_t k_begin = int64_t(split) * chunk;
   const int64_t k_end = k_begin + chunk < n_list ? k_begin + chunk : n_list;
   const int n_tiles = k_end > k_begin ? int((k_end - k_begin + C::kBn - 1) / C::kBn) : 0;
+  const int n_halves = 2 * n_tiles;
   const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
 
-  // Gather: 4 threads per key row, 16-byte pieces. A key's position (from the selection) is loaded two
-  // tiles ahead and its page one tile ahead, so the dependent index loads overlap the tensor-core work.
-  // Positions are < 2^31 (row_len is i32), so the page split is one 32-bit division per key and tile.
-  constexpr int kTpr = kThreads / C::kBn;
+  // Gather into a ring of kSlots half tiles (half u -> slot u % kSlots): 8 threads per key row, 16-byte
+  // pieces. Tile t reads halves 2t, 2t+1; at its start halves up to 2t + kSlots - 1 are issued, so
+  // kSlots - 2 halves are in flight while it runs. A key's position (from the selection) is loaded one
+  // tile before its page and its page one tile before its copy, so the dependent index loads overlap the
+  // tensor-core work. Positions are < 2^31 (row_len is i32): one 32-bit division per key.
+  constexpr int kTpr = kThreads / C::kHalf;
   const int my_r = tid / kTpr, my_sub = tid % kTpr;
   const bool ps32 = p.page_size > 0 && p.page_size <= 0x7fffffff;
   const uint32_t ps = ps32 ? uint32_t(p.page_size) : 1u;
   auto fetch_pos = [&](int u) -> int64_t {  // -1: no key
-    const int64_t li = k_begin + int64_t(u) * C::kBn + my_r;
-    if (u >= n_tiles || li >= k_end) return -1;
+    const int64_t li = k_begin + int64_t(u) * C::kHalf + my_r;
+    if (u >= n_halves || li >= k_end) return -1;
     const int64_t pos = p.sel ? int64_t(p.sel[int64_t(row) * p.sel_stride + li]) : li;
     return pos >= 0 && pos < n_vis && ps32 ? pos : -1;
   };
@@ -86,26 +91,27 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
     if (int64_t(pi) >= p.pt_cols) return {-1, 0};
     return {p.page_table[seq * p.pt_stride + pi], int32_t(uint32_t(pos) - pi * ps)};
   };
-  auto issue = [&](int st, Slot s) {
-    const int64_t slot = int64_t(s.page) * p.page_size + s.off;
-    const bool ok = s.page >= 0 && slot < p.num_slots;
-    const unsigned char* src = ok ? cache + slot * C::kSrcBytes : cache;
-    unsigned char* dst = sRaw + (size_t(st) * C::kBn + my_r) * C::kRawBytes;
-    constexpr int kPieces = C::kSrcBytes / 16;
+  auto issue = [&](int u, Slot s) {  // half u, when it exists; always one commit group
+    if (u < n_halves) {
+      const int sl = u % C::kSlots;
+      const int64_t slot = int64_t(s.page) * p.page_size + s.off;
+      const bool ok = s.page >= 0 && slot < p.num_slots;
+      const unsigned char* src = ok ? cache + slot * C::kSrcBytes : cache;
+      unsigned char* dst = sRaw + (size_t(sl) * C::kHalf + my_r) * C::kRawBytes;
+      constexpr int kPieces = C::kSrcBytes / 16;
 #pragma unroll
-    for (int j = 0; j < (kPieces + kTpr - 1) / kTpr; ++j) {
-      const int c = my_sub + j * kTpr;
-      if (kPieces % kTpr == 0 || c < kPieces) mma::cp_async16(dst + c * 16, src + c * 16, ok ? 16 : 0);
+      for (int j = 0; j < (kPieces + kTpr - 1) / kTpr; ++j) {
+        const int c = my_sub + j * kTpr;
+        if (kPieces % kTpr == 0 || c < kPieces) mma::cp_async16(dst + c * 16, src + c * 16, ok ? 16 : 0);
+      }
+      if (my_sub == 0) sValid[sl * C::kHalf + my_r] = ok ? 1 : 0;
     }
-    if (my_sub == 0) sValid[st * C::kBn + my_r] = ok ? 1 : 0;
+    mma::cp_async_commit();
   };
 
-  for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < n_tiles) issue(s, fetch_page(fetch_pos(s)));
-    mma::cp_async_commit();
-  }
-  Slot slot_a = fetch_page(fetch_pos(C::kStages - 1));  // the tile issued next
-  int64_t pos_b = fetch_pos(C::kStages);                // the one after
+  for (int u = 0; u < C::kSlots - 2; ++u) issue(u, fetch_page(fetch_pos(u)));
+  Slot slot_a0 = fetch_page(fetch_pos(C::kSlots - 2)), slot_a1 = fetch_page(fetch_pos(C::kSlots - 1));
+  int64_t pos_b0 = fetch_pos(C::kSlots), pos_b1 = fetch_pos(C::kSlots + 1);
 
   load_q_rows<C::kRows>(sQ, p, row, h0, tid);
 
@@ -116,34 +122,41 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
   const float sl2 = p.scale * 1.4426950408889634f;
 
   // ldmatrix row addresses. Q: rows lane & 15, 8 columns at (lane >> 4) * 8 (A fragment of 16 dims).
-  // K: key 8 warp + (lane & 7), 8 dims at (lane >> 3) * 8 (B fragments of two 16-dim steps).
-  // V: key (lane & 7) + ((lane >> 3) & 1) * 8, columns 64 warp + (lane >> 4) * 8 (transposed B fragments).
+  // K: key 8 (warp & 3) + (lane & 7) of half warp / 4, 8 dims at (lane >> 3) * 8 (B fragments of two
+  // 16-dim steps). V: key (lane & 7) + ((lane >> 3) & 1) * 8 of a 16-key step, columns 64 warp +
+  // (lane >> 4) * 8 (transposed B fragments).
   const __nv_bfloat16* qa = sQ + (lane & 15) * kLd + (lane >> 4) * 8;
-  const int k_off = (warp * 8 + (lane & 7)) * kLd + (lane >> 3) * 8;
+  const int k_off = ((warp & 3) * 8 + (lane & 7)) * kLd + (lane >> 3) * 8;
   const int v_off = ((lane & 7) + ((lane >> 3) & 1) * 8) * kLd + warp * 64 + (lane >> 4) * 8;
 
   for (int t = 0; t < n_tiles; ++t) {
-    mma::cp_async_wait<C::kStages - 2>();
-    __syncthreads();  // tile t visible; every warp is done with tile t - 1 (its stage, sKv and sS)
-    if (t + C::kStages - 1 < n_tiles) issue((t + C::kStages - 1) % C::kStages, slot_a);
-    mma::cp_async_commit();
-    slot_a = fetch_page(pos_b);
-    pos_b = fetch_pos(t + C::kStages + 1);
-    const int st = t % C::kStages;
-    const __nv_bfloat16* kv;
+    // Committed so far: halves 0 .. 2t + kSlots - 3; this tile needs 0 .. 2t + 1.
+    mma::cp_async_wait<C::kSlots - 4>();
+    __syncthreads();  // halves 2t, 2t+1 visible; every warp is done with tile t - 1 (its slots, sKv, sS)
+    issue(2 * t + C::kSlots - 2, slot_a0);  // into the slots of halves 2t - 2, 2t - 1
+    issue(2 * t + C::kSlots - 1, slot_a1);
+    slot_a0 = fetch_page(pos_b0);
+    slot_a1 = fetch_page(pos_b1);
+    pos_b0 = fetch_pos(2 * t + C::kSlots + 2);
+    pos_b1 = fetch_pos(2 * t + C::kSlots + 3);
+    const int sl0 = (2 * t) % C::kSlots, sl1 = (2 * t + 1) % C::kSlots;
+    const __nv_bfloat16 *kv0, *kv1;  // keys 0..31 and 32..63 of the tile, rows of kLd
     if constexpr (kFp8) {
-      dequant_fp8_tile<C::kBn>(sKv, sRaw + size_t(st) * C::kBn * C::kRawBytes, tid);
+      dequant_fp8_tile<C::kHalf>(sKv, sRaw + size_t(sl0) * C::kHalf * C::kRawBytes, tid);
+      dequant_fp8_tile<C::kHalf>(sKv + C::kHalf * kLd, sRaw + size_t(sl1) * C::kHalf * C::kRawBytes, tid);
       __syncthreads();
-      kv = sKv;
+      kv0 = sKv;
+      kv1 = sKv + C::kHalf * kLd;
     } else {
-      kv = reinterpret_cast<const __nv_bfloat16*>(sRaw + size_t(st) * C::kBn * C::kRawBytes);
+      kv0 = reinterpret_cast<const __nv_bfloat16*>(sRaw + size_t(sl0) * C::kHalf * C::kRawBytes);
+      kv1 = reinterpret_cast<const __nv_bfloat16*>(sRaw + size_t(sl1) * C::kHalf * C::kRawBytes);
     }
 
     // S[16, 8 keys of this warp] over 576 dims: two 16-dim steps per B load, 4 accumulator chains.
     float sacc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.f;
-    const __nv_bfloat16* kb = kv + k_off;
+    const __nv_bfloat16* kb = (warp < 4 ? kv0 : kv1) + k_off;
 #pragma unroll
     for (int kp = 0; kp < kMlaDim / 32; ++kp) {
       uint32_t b[4], a0[4], a1[4];
@@ -155,7 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
     }
     {
       const int key = warp * 8 + 2 * c4;
-      const bool v0 = sValid[st * C::kBn + key] != 0, v1 = sValid[st * C::kBn + key + 1] != 0;
+      const int* valid = sValid + (warp < 4 ? sl0 : sl1) * C::kHalf + (warp & 3) * 8 + 2 * c4;
+      const bool v0 = valid[0] != 0, v1 = valid[1] != 0;
       float s[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[e] = (sacc[0][e] + sacc[1][e] + sacc[2][e] + sacc[3][e]) * sl2;
@@ -225,13 +239,13 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
       oacc[i][3] *= al1;
     }
     // O[:, 64 warp ..] += P V over the tile's 64 keys.
-    const __nv_bfloat16* vb = kv + v_off;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
+      const __nv_bfloat16* vb = (j < 2 ? kv0 : kv1) + (j & 1) * 16 * kLd + v_off;
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t b[4];
-        mma::ldsm_x4_trans(b, vb + j * 16 * kLd + np * 16);
+        mma::ldsm_x4_trans(b, vb + np * 16);
         mma::mma_bf16(oacc[2 * np], pa[j], b[0], b[1]);
         mma::mma_bf16(oacc[2 * np + 1], pa[j], b[2], b[3]);
       }
