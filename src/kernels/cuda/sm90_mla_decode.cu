@@ -80,9 +80,12 @@ __global__ void sm90_mla_cache_gather_kernel(const MlaCacheGatherParams p) {
 // out[r, h] = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max) over the splits of (r, h). 128 threads of
 // 4 columns; the split weights go through shared memory 128 at a time, and the partial rows are read with
 // 8 loads in flight per thread (every split writes its partial row, zeros when it saw no key).
+// Launched as a programmatic dependent of the decode kernel: it may start while the decode grid drains
+// and waits (griddepcontrol.wait) until that grid has finished and its writes are visible.
 __global__ void __launch_bounds__(128) sm90_mla_combine_kernel(const MlaDecodeParams p) {
   __shared__ float s_w[128];
   __shared__ float s_max[4];
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int64_t r = blockIdx.x, h = blockIdx.y;
   const int tid = threadIdx.x, c = tid * 4;
   const float* lse = p.partial_lse + r * p.splits * p.heads + h;
@@ -197,7 +200,19 @@ cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
                         : p.format == MlaKvFormat::bf16           ? mla_detail::launch_decode_bf16(p, stream)
                                                                   : mla_detail::launch_decode_fp8(p, stream);
   if (e != cudaSuccess || p.splits == 1) return e;
-  sm90_mla_combine_kernel<<<dim3(unsigned(p.rows), unsigned(p.heads)), 128, 0, stream>>>(p);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(p.rows), unsigned(p.heads));
+  cfg.blockDim = dim3(128);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (cudaLaunchKernelEx(&cfg, sm90_mla_combine_kernel, p) == cudaSuccess) return cudaSuccess;
+  (void)cudaGetLastError();  // no programmatic launch here: an ordinary one
+  sm90_mla_combine_kernel<<<cfg.gridDim, cfg.blockDim, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -305,6 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  mma::grid_launch_dependents();  // the combine kernel may start launching (it waits for this grid)
   mma::cp_async_wait<0>();
   __syncthreads();
   const int r0 = rg * 16 + g, r1 = r0 + 8;

@@ -251,7 +251,8 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
       }
     }
   }
-  mma::cp_async_wait<0>();  // nothing may be left in flight into shared memory at exit
+  mma::grid_launch_dependents();  // the combine kernel may start launching (it waits for this grid)
+  mma::cp_async_wait<0>();        // nothing may be left in flight into shared memory at exit
 
   // Every warp holds the same row statistics; the row sums are spread over the 4 lanes of a row.
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);

@@ -48,4 +48,10 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Programmatic dependent launch (sm_90): lets a grid launched with programmatic stream serialization
+// start early; it must still griddepcontrol.wait before reading this grid's results. No-op otherwise.
+__device__ __forceinline__ void grid_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+}
+
 }  // namespace dsaserve::kernels::cuda::mma
