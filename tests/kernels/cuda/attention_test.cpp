@@ -281,6 +281,84 @@ TEST_F(CudaMlaDecode, BothKernelsAllHeadCounts) {
   }
 }
 
+// A decode step captured in a CUDA graph (split combine included, launched as a programmatic dependent)
+// replays to exactly the direct launch's output, for both kernels.
+TEST_F(CudaMlaDecode, GraphCaptureMatchesDirectLaunch) {
+  int num_sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (int kernel : {1, 2}) {
+    for (int64_t nh : {64, 16}) {
+      Rng r(81 + uint64_t(nh) + uint64_t(kernel));
+      const std::vector<int64_t> lens = {2049, 64, 5000};
+      const int64_t B = int64_t(lens.size()), topk = 2048;
+      const Paging pg = make_paging(lens, r);
+      const LatentCache cache = make_latent(pg.num_pages * kPage, MlaKvFormat::bf16, r);
+      const Tensor q_lat = rand_bf16_values({B, nh, kMlaLatent}, r, 2.0f).to(Device::cuda);
+      const Tensor q_rope = rand_bf16_values({B, nh, kMlaRope}, r, 2.0f).to(Device::cuda);
+      std::vector<int32_t> sel(size_t(B * topk)), len32(lens.begin(), lens.end());
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < topk; ++j)
+          sel[size_t(b * topk + j)] = int32_t(r.below(lens[size_t(b)] + 8)) - 4;
+      const Tensor table = pg.table_gpu(), sel_gpu = gpu_i32(sel, {B, topk}), len_gpu = gpu_i32(len32, {B});
+      MlaDecodeParams p{};
+      p.q_lat = q_lat.data<float>();
+      p.q_rope = q_rope.data<float>();
+      p.ql_s0 = nh * kMlaLatent;
+      p.ql_s1 = kMlaLatent;
+      p.qr_s0 = nh * kMlaRope;
+      p.qr_s1 = kMlaRope;
+      p.cache = cache.gpu.raw_data();
+      p.page_table = table.data<int32_t>();
+      p.row_len = len_gpu.data<int32_t>();
+      p.sel = sel_gpu.data<int32_t>();
+      p.sel_k = p.sel_stride = topk;
+      p.rows = B;
+      p.heads = nh;
+      p.num_seqs = B;
+      p.pt_cols = p.pt_stride = pg.max_pages;
+      p.page_size = kPage;
+      p.num_slots = cache.gpu.size(0);
+      p.max_keys = topk;
+      p.kernel = kernel;
+      p.splits = mla_decode_splits(B, nh, p.max_keys, num_sms, kernel);
+      p.scale = 0.0625f;
+      p.format = MlaKvFormat::bf16;
+      const Tensor out = Tensor::empty({B, nh, kMlaLatent}, DType::f32, Device::cuda);
+      const Tensor part = Tensor::empty({B, p.splits, nh, kMlaLatent}, DType::f32, Device::cuda);
+      const Tensor lse = Tensor::empty({B, p.splits, nh}, DType::f32, Device::cuda);
+      p.out = out.data<float>();
+      p.partial_out = part.data<float>();
+      p.partial_lse = lse.data<float>();
+      cudaStream_t st = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+      ASSERT_EQ(launch_mla_decode(p, st), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      const Tensor direct = out.to(Device::cpu);
+      ASSERT_EQ(cudaMemsetAsync(p.out, 0xff, size_t(B * nh * kMlaLatent) * 4, st), cudaSuccess);
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      const cudaError_t le = launch_mla_decode(p, st);
+      ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+      ASSERT_EQ(le, cudaSuccess);
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      const Tensor replay = out.to(Device::cpu);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(st);
+      const bool same =
+          std::memcmp(direct.data<float>(), replay.data<float>(), size_t(B * nh * kMlaLatent) * 4) == 0;
+      const Err e = compare(replay.data<float>(), direct.data<float>(), B * nh * kMlaLatent);
+      std::printf(
+          "RESULT mla_decode graph replay kernel=v%d heads=%lld batch=%lld splits=%d max_abs=%.3g %s\n",
+          kernel, (long long)nh, (long long)B, p.splits, e.max_abs, same ? "ok (bitwise)" : "FAIL");
+      EXPECT_TRUE(same) << "kernel v" << kernel << " heads " << nh;
+    }
+  }
+}
+
 // The ops.h contract (T rows of one request at start_pos + t, causal, with a selection holding -1).
 TEST_F(CudaMlaDecode, OpsContractPrefillRows) {
   Rng r(61);
