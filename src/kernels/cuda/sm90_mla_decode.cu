@@ -159,17 +159,19 @@ cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t 
 }
 
 int mla_decode_kernel(int64_t heads, int requested) {
-  if (requested == 1 || requested == 2) return requested;
+  if (requested >= 1 && requested <= 3) return requested;
   const char* env = std::getenv("DSASERVE_MLA_DECODE_KERNEL");  // read on every call: tests switch it
   if (env && std::strcmp(env, "v1") == 0) return 1;
   if (env && std::strcmp(env, "v2") == 0) return 2;
+  if (env && std::strcmp(env, "v3") == 0) return 3;
   return heads <= 16 ? 2 : 1;
 }
 
 int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms, int kernel) {
-  const bool v2 = mla_decode_kernel(heads, kernel) == 2;
-  const int64_t rows_per_block = v2 || heads <= 16 ? 16 : 64;
-  const int64_t tile = v2 || heads <= 16 ? 64 : 32;
+  const int k = mla_decode_kernel(heads, kernel);
+  const bool by16 = k == 2 || (k == 1 && heads <= 16);  // v2, or v1 on its 16-head instantiation
+  const int64_t rows_per_block = by16 ? 16 : 64;
+  const int64_t tile = by16 ? 64 : 32;
   const int64_t base = rows * ((heads + rows_per_block - 1) / rows_per_block);
   int64_t max_split = (max_keys + tile - 1) / tile;  // at least one tile per split
   if (max_split > 64) max_split = 64;
@@ -196,9 +198,11 @@ cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.heads == 0) return cudaSuccess;
   if (p.splits < 1 || (p.splits > 1 && (!p.partial_out || !p.partial_lse))) return cudaErrorInvalidValue;
   if (p.page_size <= 0 || p.page_size > 0x7fffffff) return cudaErrorInvalidValue;  // kernels split in 32 bits
-  const cudaError_t e = mla_decode_kernel(p.heads, p.kernel) == 2 ? mla_detail::launch_decode_v2(p, stream)
-                        : p.format == MlaKvFormat::bf16           ? mla_detail::launch_decode_bf16(p, stream)
-                                                                  : mla_detail::launch_decode_fp8(p, stream);
+  const int kernel = mla_decode_kernel(p.heads, p.kernel);
+  const cudaError_t e = kernel == 2                     ? mla_detail::launch_decode_v2(p, stream)
+                        : kernel == 3                   ? mla_detail::launch_decode_v3(p, stream)
+                        : p.format == MlaKvFormat::bf16 ? mla_detail::launch_decode_bf16(p, stream)
+                                                        : mla_detail::launch_decode_fp8(p, stream);
   if (e != cudaSuccess || p.splits == 1) return e;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(p.rows), unsigned(p.heads));

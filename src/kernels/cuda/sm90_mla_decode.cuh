@@ -23,12 +23,12 @@ namespace dsaserve::kernels::cuda::mla_detail {
 constexpr int kThreads = 256;
 constexpr int kLd = kMlaDim + 8;  // bf16 elements per shared row: 1168 bytes, ldmatrix conflict-free
 
-// Q rows h0 .. h0 + kRows - 1 of query row `row` as bf16 into sQ [kRows, kLd] (rows past the last head are
-// zero). Each thread has 9 float4 loads in flight at a time (kRows * 144 / 256 per thread in all), so the
-// load latency is paid kRows / 16 times rather than once per element group.
-template <int kRows>
-__device__ __forceinline__ void load_q_rows(__nv_bfloat16* sQ, const MlaDecodeParams& p, int row, int64_t h0,
-                                            int tid) {
+// Q rows h0 .. h0 + kRows - 1 of query row `row` as bf16 into shared memory (rows past the last head are
+// zero): dst(r, c) is where the 4 values (r, c .. c+3) go (c % 4 == 0). Each thread has 9 float4 loads in
+// flight at a time (kRows * 144 / 256 per thread in all), so the load latency is paid kRows / 16 times
+// rather than once per element group.
+template <int kRows, class Dst>
+__device__ __forceinline__ void load_q_rows(Dst dst, const MlaDecodeParams& p, int row, int64_t h0, int tid) {
   constexpr int kVec = kMlaDim / 4;  // float4 per head row
   constexpr int kPer = kRows * kVec / kThreads;
   constexpr int kBatch = 9;
@@ -60,7 +60,7 @@ __device__ __forceinline__ void load_q_rows(__nv_bfloat16* sQ, const MlaDecodePa
       uint2 packed;
       packed.x = mma::pack_bf16(v[j].x, v[j].y);
       packed.y = mma::pack_bf16(v[j].z, v[j].w);
-      *reinterpret_cast<uint2*>(sQ + r * kLd + c) = packed;
+      *reinterpret_cast<uint2*>(dst(r, c)) = packed;
     }
   }
 }
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
   Slot slot_a = fetch_page(fetch_pos(C::kStages - 1));  // the tile issued next
   int64_t pos_b = fetch_pos(C::kStages);                // the one after
 
-  load_q_rows<C::kRows>(sQ, p, row, h0, tid);
+  load_q_rows<C::kRows>([&](int r, int c) { return sQ + r * kLd + c; }, p, row, h0, tid);
 
   float oacc[32][4];
 #pragma unroll
@@ -386,5 +386,7 @@ cudaError_t launch_decode_bf16(const MlaDecodeParams& p, cudaStream_t stream);
 cudaError_t launch_decode_fp8(const MlaDecodeParams& p, cudaStream_t stream);
 // Kernel v2 (sm90_mla_decode_v2.cu): 16 heads a block, both cache formats.
 cudaError_t launch_decode_v2(const MlaDecodeParams& p, cudaStream_t stream);
+// Kernel v3 (sm90_mla_decode_v3.cu): 64 heads a block, Q K^T by wgmma, both cache formats.
+cudaError_t launch_decode_v3(const MlaDecodeParams& p, cudaStream_t stream);
 
 }  // namespace dsaserve::kernels::cuda::mla_detail

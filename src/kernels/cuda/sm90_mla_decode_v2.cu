@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
   Slot slot_a0 = fetch_page(fetch_pos(C::kSlots - 2)), slot_a1 = fetch_page(fetch_pos(C::kSlots - 1));
   int64_t pos_b0 = fetch_pos(C::kSlots), pos_b1 = fetch_pos(C::kSlots + 1);
 
-  load_q_rows<C::kRows>(sQ, p, row, h0, tid);
+  load_q_rows<C::kRows>([&](int r, int c) { return sQ + r * kLd + c; }, p, row, h0, tid);
 
   float oacc[8][4];  // O[g / g+8][64 warp + 8 i + 2 c4 ..]
 #pragma unroll

@@ -54,4 +54,46 @@ __device__ __forceinline__ void grid_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
 }
 
+// ---- wgmma (sm_90a warpgroup MMA) ----
+// Shared-memory matrix descriptor of a K-major bf16 operand in the 128-byte-swizzle canonical layout:
+// rows of 64 values (128 bytes) whose 16-byte chunk j sits at chunk j ^ (row % 8), 8-row groups 1024
+// bytes apart (the stride byte offset), groups 1024-byte aligned. `addr` is the byte address of the
+// operand's first row at its first k column (a k offset of 16 values inside the 64 adds 32 bytes).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins accumulator registers at this point of the program (no use of them moves above, no write below).
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Orders this thread's earlier generic-proxy shared-memory writes (st.shared, cp.async) before later
+// async-proxy reads (wgmma operands), once a barrier follows.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// d[64 x 32] (+)= A[64 x 16] B[16 x 32] for the warpgroup, A and B K-major in shared memory (descriptors),
+// bf16 in, f32 accumulate; accumulate = 0 overwrites d. Thread layout of d (warp w of the warpgroup,
+// g = lane / 4, c = lane % 4): d[4i + e] is row 16w + g + 8 (e / 2), column 8i + 2c + e % 2.
+__device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                                     int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 }  // namespace dsaserve::kernels::cuda::mma
