@@ -142,13 +142,13 @@ void bench_mla(int num_sms, void* flush) {
       p.scale = 0.0625f;
       p.format = f;
       p.out = dev_alloc<float>(size_t(B * nh * kMlaLatent));
-      // The default kernel for the head count, and (at one context per shape) the others to compare (v3,
-      // 64 heads a block, only above 16 heads).
+      // The default kernel for the head count, and (at one context per shape) the others to compare (v3
+      // and v4, 64 heads a block, only above 16 heads).
       const int dflt = mla_decode_kernel(nh, 0);
-      const int kernels[4] = {dflt, 1, 2, 3};
-      for (int ki = 0; ki < 4; ++ki) {
+      const int kernels[5] = {dflt, 1, 2, 3, 4};
+      for (int ki = 0; ki < 5; ++ki) {
         const int kernel = kernels[ki];
-        if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel == 3 && nh <= 16)))
+        if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel >= 3 && nh <= 16)))
           continue;
         p.kernel = kernel;
         p.splits = mla_decode_splits(B, nh, p.max_keys, num_sms, kernel);

@@ -159,11 +159,12 @@ cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t 
 }
 
 int mla_decode_kernel(int64_t heads, int requested) {
-  if (requested >= 1 && requested <= 3) return requested;
+  if (requested >= 1 && requested <= 4) return requested;
   const char* env = std::getenv("DSASERVE_MLA_DECODE_KERNEL");  // read on every call: tests switch it
   if (env && std::strcmp(env, "v1") == 0) return 1;
   if (env && std::strcmp(env, "v2") == 0) return 2;
   if (env && std::strcmp(env, "v3") == 0) return 3;
+  if (env && std::strcmp(env, "v4") == 0) return 4;
   return heads <= 16 ? 2 : 1;
 }
 
@@ -200,7 +201,7 @@ cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.page_size <= 0 || p.page_size > 0x7fffffff) return cudaErrorInvalidValue;  // kernels split in 32 bits
   const int kernel = mla_decode_kernel(p.heads, p.kernel);
   const cudaError_t e = kernel == 2                     ? mla_detail::launch_decode_v2(p, stream)
-                        : kernel == 3                   ? mla_detail::launch_decode_v3(p, stream)
+                        : kernel >= 3                   ? mla_detail::launch_decode_v3(p, kernel == 4, stream)
                         : p.format == MlaKvFormat::bf16 ? mla_detail::launch_decode_bf16(p, stream)
                                                         : mla_detail::launch_decode_fp8(p, stream);
   if (e != cudaSuccess || p.splits == 1) return e;

@@ -386,7 +386,8 @@ cudaError_t launch_decode_bf16(const MlaDecodeParams& p, cudaStream_t stream);
 cudaError_t launch_decode_fp8(const MlaDecodeParams& p, cudaStream_t stream);
 // Kernel v2 (sm90_mla_decode_v2.cu): 16 heads a block, both cache formats.
 cudaError_t launch_decode_v2(const MlaDecodeParams& p, cudaStream_t stream);
-// Kernel v3 (sm90_mla_decode_v3.cu): 64 heads a block, Q K^T by wgmma, both cache formats.
-cudaError_t launch_decode_v3(const MlaDecodeParams& p, cudaStream_t stream);
+// Kernels v3 / v4 (sm90_mla_decode_v3.cu): 64 heads a block, Q K^T by wgmma; P V by mma.sync (v3) or by
+// wgmma (v4, pv_wgmma); both cache formats.
+cudaError_t launch_decode_v3(const MlaDecodeParams& p, bool pv_wgmma, cudaStream_t stream);
 
 }  // namespace dsaserve::kernels::cuda::mla_detail

@@ -1,5 +1,5 @@
-// Sparse MLA decode, kernel v3 (bf16 and FP8 latent caches): 64 heads a block like v1, with Q K^T on
-// warpgroup MMAs (wgmma) reading Q and the key tile straight from shared memory.
+// Sparse MLA decode, kernels v3 and v4 (bf16 and FP8 latent caches): 64 heads a block like v1, with Q K^T
+// (v3) or Q K^T and P V (v4) on warpgroup MMAs (wgmma) reading Q and the latent tile from shared memory.
 //
 // Block = (query row, group of 64 heads, key split); 256 threads = 2 warpgroups. Per tile of 32 keys:
 //   1. the tile's latent rows arrive by cp.async (3 stages) in the 128-byte-swizzle K-major layout that
@@ -8,10 +8,11 @@
 //   2. warpgroup w computes the partial scores S_w[64 heads, 32 keys] over dimensions 288w .. 288w+287
 //      (18 wgmma m64n32k16); warp r of a warpgroup holds heads 16r .. 16r+15, the same rows as warp r of
 //      the other warpgroup, and the two swap their partial sums through shared memory;
-//   3. online softmax in f32 (log2 domain), then O[16 heads, 256w ..] += P V on mma.sync, V fed by
-//      ldmatrix.trans from the swizzled tile (conflict-free).
-// Shared-memory reads per tile: Q 74 KB + K 37 KB by the tensor cores, 16 KB of partial sums, 128 KB of V
-// (v1: ~300 KB of ldmatrix traffic for Q K^T alone).
+//   3. online softmax in f32 (log2 domain), then O[64 heads, 256w ..] += P V: v3 on mma.sync per warp
+//      (16 heads), V fed by ldmatrix.trans from the swizzled tile (conflict-free); v4 as two wgmma
+//      m64n256k16 per warpgroup with P from registers and V read N-major from the same tile.
+// Shared-memory reads per tile: Q 74 KB + K 37 KB by the tensor cores, 16 KB of partial sums, V 128 KB
+// (v3) or 32 KB (v4); v1 reads ~300 KB through ldmatrix for Q K^T alone.
 #include "kernels/cuda/sm90_mla_decode.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
@@ -69,7 +70,7 @@ __device__ __forceinline__ void dequant_fp8_swizzled(unsigned char* tile, const 
   }
 }
 
-template <bool kFp8>
+template <bool kFp8, bool kPvWgmma>
 __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v3_kernel(const MlaDecodeParams p) {
   using C = Cfg3<kFp8>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -247,21 +248,40 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v3_kernel(const M
         oacc[i][3] *= al1;
       }
     }
-    // O += P V over the tile's 32 keys and this warpgroup's 256 output columns (chunks 32 wg ..).
+    // O += P V over the tile's 32 keys and this warpgroup's 256 output columns (column blocks 4 wg ..).
+    uint32_t a[2][4];  // P as A fragments of the two 16-key steps
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      uint32_t a[4];
-      a[0] = mma::pack_bf16(sacc[2 * j][0], sacc[2 * j][1]);
-      a[1] = mma::pack_bf16(sacc[2 * j][2], sacc[2 * j][3]);
-      a[2] = mma::pack_bf16(sacc[2 * j + 1][0], sacc[2 * j + 1][1]);
-      a[3] = mma::pack_bf16(sacc[2 * j + 1][2], sacc[2 * j + 1][3]);
-      const int key = j * 16 + key_l;
+      a[j][0] = mma::pack_bf16(sacc[2 * j][0], sacc[2 * j][1]);
+      a[j][1] = mma::pack_bf16(sacc[2 * j][2], sacc[2 * j][3]);
+      a[j][2] = mma::pack_bf16(sacc[2 * j + 1][0], sacc[2 * j + 1][1]);
+      a[j][3] = mma::pack_bf16(sacc[2 * j + 1][2], sacc[2 * j + 1][3]);
+    }
+    if constexpr (kPvWgmma) {
+      // Two wgmma m64n256k16 with P from registers and V N-major from the swizzled tile: 64-column
+      // stripes 32 x 128 bytes apart, the 16 keys of step j at row 16j.
+      mma::wgmma_fence_operands(oacc);
+      mma::wgmma_fence();
 #pragma unroll
-      for (int np = 0; np < 16; ++np) {
-        uint32_t b[4];
-        mma::ldsm_x4_trans(b, tile + swz(C::kBn, key, wg * 32 + np * 2 + (lane >> 4)));
-        mma::mma_bf16(oacc[2 * np], a, b[0], b[1]);
-        mma::mma_bf16(oacc[2 * np + 1], a, b[2], b[3]);
+      for (int j = 0; j < 2; ++j)
+        mma::wgmma_m64n256k16_bf16_rs(
+            oacc, a[j],
+            mma::wgmma_desc_sw128_mn(t_addr + uint32_t(wg * 4 * C::kBn * 128 + j * 16 * 128), C::kBn * 128),
+            1);
+      mma::wgmma_commit();
+      mma::wgmma_wait<0>();
+      mma::wgmma_fence_operands(oacc);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int key = j * 16 + key_l;
+#pragma unroll
+        for (int np = 0; np < 16; ++np) {
+          uint32_t b[4];
+          mma::ldsm_x4_trans(b, tile + swz(C::kBn, key, wg * 32 + np * 2 + (lane >> 4)));
+          mma::mma_bf16(oacc[2 * np], a[j], b[0], b[1]);
+          mma::mma_bf16(oacc[2 * np + 1], a[j], b[2], b[3]);
+        }
       }
     }
   }
@@ -299,21 +319,25 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v3_kernel(const M
   }
 }
 
-template <bool kFp8>
+template <bool kFp8, bool kPvWgmma>
 cudaError_t launch_v3(const MlaDecodeParams& p, cudaStream_t stream) {
   using C = Cfg3<kFp8>;
   static const cudaError_t e = cudaFuncSetAttribute(
-      sm90_mla_decode_v3_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem));
+      sm90_mla_decode_v3_kernel<kFp8, kPvWgmma>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem));
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(p.rows), unsigned((p.heads + C::kRows - 1) / C::kRows), unsigned(p.splits));
-  sm90_mla_decode_v3_kernel<kFp8><<<grid, kThreads, C::kSmem, stream>>>(p);
+  sm90_mla_decode_v3_kernel<kFp8, kPvWgmma><<<grid, kThreads, C::kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t launch_decode_v3(const MlaDecodeParams& p, cudaStream_t stream) {
-  return p.format == MlaKvFormat::bf16 ? launch_v3<false>(p, stream) : launch_v3<true>(p, stream);
+cudaError_t launch_decode_v3(const MlaDecodeParams& p, bool pv_wgmma, cudaStream_t stream) {
+  if (pv_wgmma)
+    return p.format == MlaKvFormat::bf16 ? launch_v3<false, true>(p, stream)
+                                         : launch_v3<true, true>(p, stream);
+  return p.format == MlaKvFormat::bf16 ? launch_v3<false, false>(p, stream)
+                                       : launch_v3<true, false>(p, stream);
 }
 
 }  // namespace dsaserve::kernels::cuda::mla_detail

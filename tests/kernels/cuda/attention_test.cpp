@@ -281,9 +281,10 @@ TEST_F(CudaMlaDecode, BothKernelsAllHeadCounts) {
   }
 }
 
-// Kernel v3 (64 heads a block, Q K^T by wgmma from swizzled shared memory), all head counts and formats.
-TEST_F(CudaMlaDecode, WgmmaKernelV3) {
-  MlaKernelOverride o("v3");
+// Kernels v3 and v4 (64 heads a block, Q K^T and, in v4, P V by wgmma from swizzled shared memory), all
+// head counts and formats.
+void run_wgmma_kernel_cases(const char* kernel) {
+  MlaKernelOverride o(kernel);
   for (int64_t nh : {64, 16}) {
     run_decode_batch({1, 63, 65, 2049, 32768}, nh, MlaKvFormat::bf16, 2048, 91 + uint64_t(nh));
     run_decode_batch({2, 64, 129, 4096}, nh, MlaKvFormat::fp8_e4m3, 2048, 92 + uint64_t(nh));
@@ -293,13 +294,15 @@ TEST_F(CudaMlaDecode, WgmmaKernelV3) {
   run_decode_batch({131072}, 64, MlaKvFormat::bf16, 2048, 95);   // batch 1: many splits + combine
   run_decode_batch({130}, 24, MlaKvFormat::bf16, 0, 96);         // a partial head group
 }
+TEST_F(CudaMlaDecode, WgmmaKernelV3) { run_wgmma_kernel_cases("v3"); }
+TEST_F(CudaMlaDecode, WgmmaKernelV4) { run_wgmma_kernel_cases("v4"); }
 
 // A decode step captured in a CUDA graph (split combine included, launched as a programmatic dependent)
 // replays to exactly the direct launch's output, for every kernel.
 TEST_F(CudaMlaDecode, GraphCaptureMatchesDirectLaunch) {
   int num_sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  for (int kernel : {1, 2, 3}) {
+  for (int kernel : {1, 2, 3, 4}) {
     for (int64_t nh : {64, 16}) {
       Rng r(81 + uint64_t(nh) + uint64_t(kernel));
       const std::vector<int64_t> lens = {2049, 64, 5000};
