@@ -1,5 +1,7 @@
 #pragma once
-// The sparse MLA decode kernel template (absorbed form). Instantiated in sm90_mla_decode_{bf16,fp8}.cu.
+// The sparse MLA decode kernel template v1 (absorbed form), instantiated in sm90_mla_decode_{bf16,fp8}.cu,
+// and the helpers shared with kernels v2 (sm90_mla_decode_v2.cu: 16 heads a block, keys split across
+// warps; the default for <= 16 heads) and v3 / v4 (sm90_mla_decode_v3.cu: 64 heads a block on wgmma).
 //
 // Block = (query row, head group, key split); 256 threads = 8 warps. A head group is kRows = 16 * RG
 // heads (RG = 1 for <= 16 heads, RG = 4 for 64). Warp w owns head rows rg*16.., output columns
@@ -11,6 +13,11 @@
 //   3. online softmax in fp32 (log2 domain), then O += P V with V = the tile's first 512 columns.
 // The key sub-groups (RG = 1) are merged through shared memory at the end; the block writes either the
 // final rows or, with several splits, a partial row and its log-sum-exp for the combine kernel.
+// Budget of a 32-key tile at RG = 4, per warp: 54 ldmatrix.x4 + 72 MMAs (Q K^T over 288 dims), 16 f32
+// stores + loads (partial-sum swap), 16 exp2, 128 FMULs (O rescale, skipped while no row max moves),
+// 32 ldmatrix.x4.trans + 64 MMAs (P V); 2 barriers (3 with FP8). Per SM that is ~350 KB of ldmatrix
+// traffic (Q 74, K 147, V 131) for 37 KB of HBM bytes: ~2750 cycles of shared-memory bandwidth against
+// ~2070 cycles of the SM's HBM share, so at 64 heads v1 is bound by shared memory, not HBM.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
