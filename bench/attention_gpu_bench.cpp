@@ -140,30 +140,40 @@ void bench_mla(int num_sms, void* flush) {
       p.page_size = kPage;
       p.num_slots = pool_slots;
       p.max_keys = cs.sparse ? topk : cs.ctx;
-      p.splits = mla_decode_splits(B, nh, p.max_keys, num_sms);
       p.scale = 0.0625f;
       p.format = f;
       p.out = dev_alloc<float>(size_t(B * nh * kMlaLatent));
-      p.partial_out = dev_alloc<float>(size_t(B * p.splits * nh * kMlaLatent));
-      p.partial_lse = dev_alloc<float>(size_t(B * p.splits * nh));
-      const double us = time_us([&] { CK(launch_mla_decode(p, nullptr)); }, flush);
-      const double keys = double(B) * double(p.max_keys);
-      const double row_bytes = f == MlaKvFormat::bf16 ? kMlaBf16RowBytes : kMlaFp8RowBytes;
-      const double bytes =
-          keys * (row_bytes + (cs.sparse ? 4 : 0)) + double(B * nh) * (kMlaDim + kMlaLatent) * 4;
-      const double flops = keys * double(nh) * 2.0 * (kMlaDim + kMlaLatent);
-      char name[160];
-      std::snprintf(name, sizeof name, "%s kv=%s heads=%lld batch=%lld ctx=%lld splits=%d",
-                    cs.sparse ? "sparse top-2048" : "dense", f == MlaKvFormat::bf16 ? "bf16" : "fp8",
-                    (long long)nh, (long long)B, (long long)cs.ctx, p.splits);
-      row(name, us, bytes, flops);
+      // The default kernel for the head count, and (at one context per shape) the others to compare (v3
+      // and v4, 64 heads a block, only above 16 heads).
+      const int dflt = mla_decode_kernel(nh, 0);
+      const int kernels[5] = {dflt, 1, 2, 3, 4};
+      for (int ki = 0; ki < 5; ++ki) {
+        const int kernel = kernels[ki];
+        if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel >= 3 && nh <= 16)))
+          continue;
+        p.kernel = kernel;
+        p.splits = mla_decode_splits(B, nh, p.max_keys, num_sms, kernel);
+        p.partial_out = dev_alloc<float>(size_t(B * p.splits * nh * kMlaLatent));
+        p.partial_lse = dev_alloc<float>(size_t(B * p.splits * nh));
+        const double us = time_us([&] { CK(launch_mla_decode(p, nullptr)); }, flush);
+        const double keys = double(B) * double(p.max_keys);
+        const double row_bytes = f == MlaKvFormat::bf16 ? kMlaBf16RowBytes : kMlaFp8RowBytes;
+        const double bytes =
+            keys * (row_bytes + (cs.sparse ? 4 : 0)) + double(B * nh) * (kMlaDim + kMlaLatent) * 4;
+        const double flops = keys * double(nh) * 2.0 * (kMlaDim + kMlaLatent);
+        char name[160];
+        std::snprintf(name, sizeof name, "%s kv=%s heads=%lld batch=%lld ctx=%lld kernel=v%d splits=%d",
+                      cs.sparse ? "sparse top-2048" : "dense", f == MlaKvFormat::bf16 ? "bf16" : "fp8",
+                      (long long)nh, (long long)B, (long long)cs.ctx, kernel, p.splits);
+        row(name, us, bytes, flops);
+        CK(cudaFree(p.partial_out));
+        CK(cudaFree(p.partial_lse));
+      }
       CK(cudaFree(dq));
       CK(cudaFree(dpt));
       CK(cudaFree(dlen));
       CK(cudaFree(dsel));
       CK(cudaFree(p.out));
-      CK(cudaFree(p.partial_out));
-      CK(cudaFree(p.partial_lse));
     }
   }
   CK(cudaFree(cache_bf16));

@@ -3,6 +3,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels/cuda/mla_decode_params.h"
 #include "kernels/cuda/sm90_mla_decode.cuh"
 
@@ -74,27 +77,65 @@ __global__ void sm90_mla_cache_gather_kernel(const MlaCacheGatherParams p) {
   for (int c = lane; c < kMlaRope; c += 32) dst[kMlaLatent + c] = __bfloat162float(rope[c]);
 }
 
-// out[r, h] = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max) over the splits of (r, h).
+// out[r, h] = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max) over the splits of (r, h). 128 threads of
+// 4 columns; the split weights go through shared memory 128 at a time, and the partial rows are read with
+// 8 loads in flight per thread (every split writes its partial row, zeros when it saw no key).
+// Launched as a programmatic dependent of the decode kernel: it may start while the decode grid drains
+// and waits (griddepcontrol.wait) until that grid has finished and its writes are visible.
 __global__ void __launch_bounds__(128) sm90_mla_combine_kernel(const MlaDecodeParams p) {
+  __shared__ float s_w[128];
+  __shared__ float s_max[4];
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int64_t r = blockIdx.x, h = blockIdx.y;
-  const int c = threadIdx.x * 4;
+  const int tid = threadIdx.x, c = tid * 4;
+  const float* lse = p.partial_lse + r * p.splits * p.heads + h;
   float mx = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.partial_lse[(r * p.splits + s) * p.heads + h]);
+  for (int s = tid; s < p.splits; s += 128) mx = fmaxf(mx, lse[int64_t(s) * p.heads]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((tid & 31) == 0) s_max[tid >> 5] = mx;
+  __syncthreads();
+  mx = fmaxf(fmaxf(s_max[0], s_max[1]), fmaxf(s_max[2], s_max[3]));
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float den = 0.f;
-  if (mx != -INFINITY) {
-    for (int s = 0; s < p.splits; ++s) {
-      const float lse = p.partial_lse[(r * p.splits + s) * p.heads + h];
-      if (lse == -INFINITY) continue;
-      const float w = exp2f(lse - mx);
-      const float4 v = *reinterpret_cast<const float4*>(p.partial_out +
-                                                        ((r * p.splits + s) * p.heads + h) * kMlaLatent + c);
-      acc.x += w * v.x;
-      acc.y += w * v.y;
-      acc.z += w * v.z;
-      acc.w += w * v.w;
-      den += w;
+  const float* part = p.partial_out + (r * p.splits * p.heads + h) * kMlaLatent + c;
+  const int64_t split_stride = p.heads * kMlaLatent;
+  for (int s0 = 0; s0 < p.splits; s0 += 128) {
+    const int n = p.splits - s0 < 128 ? p.splits - s0 : 128;
+    if (tid < n) {
+      const float l = lse[int64_t(s0 + tid) * p.heads];
+      s_w[tid] = mx == -INFINITY || l == -INFINITY ? 0.f : exp2f(l - mx);
     }
+    __syncthreads();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+      float4 v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = *reinterpret_cast<const float4*>(part + (s0 + i + j) * split_stride);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float w = s_w[i + j];
+        if (w > 0.f) {
+          acc.x += w * v[j].x;
+          acc.y += w * v[j].y;
+          acc.z += w * v[j].z;
+          acc.w += w * v[j].w;
+          den += w;
+        }
+      }
+    }
+    for (; i < n; ++i) {
+      const float w = s_w[i];
+      if (w > 0.f) {
+        const float4 v = *reinterpret_cast<const float4*>(part + (s0 + i) * split_stride);
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        acc.z += w * v.z;
+        acc.w += w * v.w;
+        den += w;
+      }
+    }
+    __syncthreads();  // s_w is rewritten by the next group of splits
   }
   const float inv = den > 0.f ? 1.f / den : 0.f;
   *reinterpret_cast<float4*>(p.out + (r * p.heads + h) * kMlaLatent + c) =
@@ -117,9 +158,21 @@ cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t 
   return cudaGetLastError();
 }
 
-int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms) {
-  const int64_t rows_per_block = heads <= 16 ? 16 : 64;
-  const int64_t tile = heads <= 16 ? 64 : 32;
+int mla_decode_kernel(int64_t heads, int requested) {
+  if (requested >= 1 && requested <= 4) return requested;
+  const char* env = std::getenv("DSASERVE_MLA_DECODE_KERNEL");  // read on every call: tests switch it
+  if (env && std::strcmp(env, "v1") == 0) return 1;
+  if (env && std::strcmp(env, "v2") == 0) return 2;
+  if (env && std::strcmp(env, "v3") == 0) return 3;
+  if (env && std::strcmp(env, "v4") == 0) return 4;
+  return heads <= 16 ? 2 : 1;
+}
+
+int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms, int kernel) {
+  const int k = mla_decode_kernel(heads, kernel);
+  const bool by16 = k == 2 || (k == 1 && heads <= 16);  // v2, or v1 on its 16-head instantiation
+  const int64_t rows_per_block = by16 ? 16 : 64;
+  const int64_t tile = by16 ? 64 : 32;
   const int64_t base = rows * ((heads + rows_per_block - 1) / rows_per_block);
   int64_t max_split = (max_keys + tile - 1) / tile;  // at least one tile per split
   if (max_split > 64) max_split = 64;
@@ -145,10 +198,26 @@ int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms
 cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.heads == 0) return cudaSuccess;
   if (p.splits < 1 || (p.splits > 1 && (!p.partial_out || !p.partial_lse))) return cudaErrorInvalidValue;
-  const cudaError_t e = p.format == MlaKvFormat::bf16 ? mla_detail::launch_decode_bf16(p, stream)
-                                                      : mla_detail::launch_decode_fp8(p, stream);
+  if (p.page_size <= 0 || p.page_size > 0x7fffffff) return cudaErrorInvalidValue;  // kernels split in 32 bits
+  const int kernel = mla_decode_kernel(p.heads, p.kernel);
+  const cudaError_t e = kernel == 2                     ? mla_detail::launch_decode_v2(p, stream)
+                        : kernel >= 3                   ? mla_detail::launch_decode_v3(p, kernel == 4, stream)
+                        : p.format == MlaKvFormat::bf16 ? mla_detail::launch_decode_bf16(p, stream)
+                                                        : mla_detail::launch_decode_fp8(p, stream);
   if (e != cudaSuccess || p.splits == 1) return e;
-  sm90_mla_combine_kernel<<<dim3(unsigned(p.rows), unsigned(p.heads)), 128, 0, stream>>>(p);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(p.rows), unsigned(p.heads));
+  cfg.blockDim = dim3(128);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (cudaLaunchKernelEx(&cfg, sm90_mla_combine_kernel, p) == cudaSuccess) return cudaSuccess;
+  (void)cudaGetLastError();  // no programmatic launch here: an ordinary one
+  sm90_mla_combine_kernel<<<cfg.gridDim, cfg.blockDim, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,7 @@
 #pragma once
-// The sparse MLA decode kernel template (absorbed form). Instantiated in sm90_mla_decode_{bf16,fp8}.cu.
+// The sparse MLA decode kernel template v1 (absorbed form), instantiated in sm90_mla_decode_{bf16,fp8}.cu,
+// and the helpers shared with kernels v2 (sm90_mla_decode_v2.cu: 16 heads a block, keys split across
+// warps; the default for <= 16 heads) and v3 / v4 (sm90_mla_decode_v3.cu: 64 heads a block on wgmma).
 //
 // Block = (query row, head group, key split); 256 threads = 8 warps. A head group is kRows = 16 * RG
 // heads (RG = 1 for <= 16 heads, RG = 4 for 64). Warp w owns head rows rg*16.., output columns
@@ -11,6 +13,11 @@
 //   3. online softmax in fp32 (log2 domain), then O += P V with V = the tile's first 512 columns.
 // The key sub-groups (RG = 1) are merged through shared memory at the end; the block writes either the
 // final rows or, with several splits, a partial row and its log-sum-exp for the combine kernel.
+// Budget of a 32-key tile at RG = 4, per warp: 54 ldmatrix.x4 + 72 MMAs (Q K^T over 288 dims), 16 f32
+// stores + loads (partial-sum swap), 16 exp2, 128 FMULs (O rescale, skipped while no row max moves),
+// 32 ldmatrix.x4.trans + 64 MMAs (P V); 2 barriers (3 with FP8). Per SM that is ~350 KB of ldmatrix
+// traffic (Q 74, K 147, V 131) for 37 KB of HBM bytes: ~2750 cycles of shared-memory bandwidth against
+// ~2070 cycles of the SM's HBM share, so at 64 heads v1 is bound by shared memory, not HBM.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -22,6 +29,74 @@ namespace dsaserve::kernels::cuda::mla_detail {
 
 constexpr int kThreads = 256;
 constexpr int kLd = kMlaDim + 8;  // bf16 elements per shared row: 1168 bytes, ldmatrix conflict-free
+
+// Q rows h0 .. h0 + kRows - 1 of query row `row` as bf16 into shared memory (rows past the last head are
+// zero): dst(r, c) is where the 4 values (r, c .. c+3) go (c % 4 == 0). Each thread has 9 float4 loads in
+// flight at a time (kRows * 144 / 256 per thread in all), so the load latency is paid kRows / 16 times
+// rather than once per element group.
+template <int kRows, class Dst>
+__device__ __forceinline__ void load_q_rows(Dst dst, const MlaDecodeParams& p, int row, int64_t h0, int tid) {
+  constexpr int kVec = kMlaDim / 4;  // float4 per head row
+  constexpr int kPer = kRows * kVec / kThreads;
+  constexpr int kBatch = 9;
+  static_assert(kRows * kVec % kThreads == 0 && kPer % kBatch == 0, "q load shape");
+  const bool vec =
+      ((reinterpret_cast<uintptr_t>(p.q_lat) | reinterpret_cast<uintptr_t>(p.q_rope)) & 15) == 0 &&
+      ((p.ql_s0 | p.ql_s1 | p.qr_s0 | p.qr_s1) & 3) == 0;
+  for (int b0 = 0; b0 < kPer; b0 += kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = tid + (b0 + j) * kThreads;
+      const int r = i / kVec, c = (i % kVec) * 4;
+      const int64_t h = h0 + r;
+      v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (h < p.heads) {
+        const float* src = c < kMlaLatent ? p.q_lat + row * p.ql_s0 + h * p.ql_s1 + c
+                                          : p.q_rope + row * p.qr_s0 + h * p.qr_s1 + (c - kMlaLatent);
+        if (vec)
+          v[j] = __ldg(reinterpret_cast<const float4*>(src));
+        else
+          v[j] = make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = tid + (b0 + j) * kThreads;
+      const int r = i / kVec, c = (i % kVec) * 4;
+      uint2 packed;
+      packed.x = mma::pack_bf16(v[j].x, v[j].y);
+      packed.y = mma::pack_bf16(v[j].z, v[j].w);
+      *reinterpret_cast<uint2*>(dst(r, c)) = packed;
+    }
+  }
+}
+
+// FP8 rows of one tile (kBn rows of kMlaFp8RowBytes in shared memory) -> bf16 rows [kBn, kLd]: latent codes
+// times their block scale, rope values copied.
+template <int kBn>
+__device__ __forceinline__ void dequant_fp8_tile(__nv_bfloat16* sKv, const unsigned char* raw, int tid) {
+  for (int i = tid; i < kBn * 72; i += kThreads) {
+    const int r = i / 72, c = i % 72;
+    const unsigned char* rr = raw + r * kMlaFp8RowBytes;
+    if (c < 64) {
+      const uint2 codes = *reinterpret_cast<const uint2*>(rr + c * 8);
+      const float sc = *reinterpret_cast<const float*>(rr + kMlaLatent + (c / 16) * 4);
+      const uint32_t w[2] = {codes.x, codes.y};
+      uint32_t o[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((w[j / 2] >> ((j % 2) * 16)) & 0xffff);
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+        o[j] = mma::pack_bf16(f.x * sc, f.y * sc);
+      }
+      *reinterpret_cast<uint4*>(sKv + r * kLd + c * 8) = make_uint4(o[0], o[1], o[2], o[3]);
+    } else {
+      *reinterpret_cast<uint4*>(sKv + r * kLd + kMlaLatent + (c - 64) * 8) =
+          *reinterpret_cast<const uint4*>(rr + kMlaLatent + 16 + (c - 64) * 16);
+    }
+  }
+}
 
 template <int RG, bool kFp8>
 struct Cfg {
@@ -75,55 +150,50 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
   // Tiles of latent rows are gathered into the stages (invalid keys: zero rows, marked invalid); each
   // thread copies 16-byte pieces of one row of every tile. The key's position (from the selection)
   // and its page are loaded two and one tiles ahead, so the dependent index loads overlap the
-  // tensor-core work instead of stalling each tile.
+  // tensor-core work instead of stalling each tile. Positions are < 2^31 (row_len is i32): one 32-bit
+  // division per key splits a position into page and offset.
   constexpr int kTpr = kThreads / C::kBn;  // threads per row
   const int my_r = tid / kTpr, my_sub = tid % kTpr;
-  auto fetch_pos = [&](int u) -> int64_t {
+  const bool ps32 = p.page_size > 0 && p.page_size <= 0x7fffffff;
+  const uint32_t ps = ps32 ? uint32_t(p.page_size) : 1u;
+  auto fetch_pos = [&](int u) -> int64_t {  // -1: no key
     const int64_t li = k_begin + int64_t(u) * C::kBn + my_r;
     if (u >= n_tiles || li >= k_end) return -1;
-    return p.sel ? p.sel[int64_t(row) * p.sel_stride + li] : li;
+    const int64_t pos = p.sel ? int64_t(p.sel[int64_t(row) * p.sel_stride + li]) : li;
+    return pos >= 0 && pos < n_vis && ps32 ? pos : -1;
   };
-  auto pos_ok = [&](int64_t pos) { return pos >= 0 && pos < n_vis && pos / p.page_size < p.pt_cols; };
-  auto fetch_page = [&](int64_t pos) -> int32_t {
-    return pos_ok(pos) ? p.page_table[seq * p.pt_stride + pos / p.page_size] : -1;
+  struct Slot {
+    int32_t page;  // page id, or -1 (no key)
+    int32_t off;   // position within the page
   };
-  auto issue = [&](int st, int64_t pos, int32_t pg) {
-    const int64_t slot = int64_t(pg) * p.page_size + (pos >= 0 ? pos % p.page_size : 0);
-    const bool ok = pos_ok(pos) && pg >= 0 && slot < p.num_slots;
+  auto fetch_page = [&](int64_t pos) -> Slot {
+    if (pos < 0) return {-1, 0};
+    const uint32_t pi = uint32_t(pos) / ps;
+    if (int64_t(pi) >= p.pt_cols) return {-1, 0};
+    return {p.page_table[seq * p.pt_stride + pi], int32_t(uint32_t(pos) - pi * ps)};
+  };
+  auto issue = [&](int st, Slot s) {
+    const int64_t slot = int64_t(s.page) * p.page_size + s.off;
+    const bool ok = s.page >= 0 && slot < p.num_slots;
     const unsigned char* src = ok ? cache + slot * C::kSrcBytes : cache;
     unsigned char* dst = sRaw + (size_t(st) * C::kBn + my_r) * C::kRawBytes;
-    for (int c = my_sub; c < C::kSrcBytes / 16; c += kTpr)
-      mma::cp_async16(dst + c * 16, src + c * 16, ok ? 16 : 0);
+    constexpr int kPieces = C::kSrcBytes / 16;
+#pragma unroll
+    for (int j = 0; j < (kPieces + kTpr - 1) / kTpr; ++j) {
+      const int c = my_sub + j * kTpr;
+      if (kPieces % kTpr == 0 || c < kPieces) mma::cp_async16(dst + c * 16, src + c * 16, ok ? 16 : 0);
+    }
     if (my_sub == 0) sValid[st * C::kBn + my_r] = ok ? 1 : 0;
   };
 
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < n_tiles) {
-      const int64_t pos = fetch_pos(s);
-      issue(s, pos, fetch_page(pos));
-    }
+    if (s < n_tiles) issue(s, fetch_page(fetch_pos(s)));
     mma::cp_async_commit();
   }
-  int64_t pos_a = fetch_pos(C::kStages - 1);  // the tile issued next
-  int32_t pg_a = fetch_page(pos_a);
-  int64_t pos_b = fetch_pos(C::kStages);  // the one after
+  Slot slot_a = fetch_page(fetch_pos(C::kStages - 1));  // the tile issued next
+  int64_t pos_b = fetch_pos(C::kStages);                // the one after
 
-  // Q rows of this head group as bf16 (rows past the last head are zero).
-  for (int i = tid; i < C::kRows * (kMlaDim / 4); i += kThreads) {
-    const int r = i / (kMlaDim / 4), c = (i % (kMlaDim / 4)) * 4;
-    const int64_t h = h0 + r;
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    if (h < p.heads) {
-      const float* src = c < kMlaLatent ? p.q_lat + row * p.ql_s0 + h * p.ql_s1 + c
-                                        : p.q_rope + row * p.qr_s0 + h * p.qr_s1 + (c - kMlaLatent);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = src[j];
-    }
-    uint2 packed;
-    packed.x = mma::pack_bf16(v[0], v[1]);
-    packed.y = mma::pack_bf16(v[2], v[3]);
-    *reinterpret_cast<uint2*>(sQ + r * kLd + c) = packed;
-  }
+  load_q_rows<C::kRows>([&](int r, int c) { return sQ + r * kLd + c; }, p, row, h0, tid);
 
   float oacc[32][4];
 #pragma unroll
@@ -134,35 +204,14 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
   for (int t = 0; t < n_tiles; ++t) {
     mma::cp_async_wait<C::kStages - 2>();
     __syncthreads();
-    if (t + C::kStages - 1 < n_tiles) issue((t + C::kStages - 1) % C::kStages, pos_a, pg_a);
+    if (t + C::kStages - 1 < n_tiles) issue((t + C::kStages - 1) % C::kStages, slot_a);
     mma::cp_async_commit();
-    pos_a = pos_b;
-    pg_a = fetch_page(pos_b);
+    slot_a = fetch_page(pos_b);
     pos_b = fetch_pos(t + C::kStages + 1);
     const int st = t % C::kStages;
     const __nv_bfloat16* kv;
     if constexpr (kFp8) {
-      const unsigned char* raw = sRaw + size_t(st) * C::kBn * C::kRawBytes;
-      for (int i = tid; i < C::kBn * 72; i += kThreads) {
-        const int r = i / 72, c = i % 72;
-        const unsigned char* rr = raw + r * C::kRawBytes;
-        if (c < 64) {
-          const uint2 codes = *reinterpret_cast<const uint2*>(rr + c * 8);
-          const float sc = *reinterpret_cast<const float*>(rr + kMlaLatent + (c / 16) * 4);
-          const uint32_t w[2] = {codes.x, codes.y};
-          uint32_t o[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((w[j / 2] >> ((j % 2) * 16)) & 0xffff);
-            const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-            o[j] = mma::pack_bf16(f.x * sc, f.y * sc);
-          }
-          *reinterpret_cast<uint4*>(sKv + r * kLd + c * 8) = make_uint4(o[0], o[1], o[2], o[3]);
-        } else {
-          *reinterpret_cast<uint4*>(sKv + r * kLd + kMlaLatent + (c - 64) * 8) =
-              *reinterpret_cast<const uint4*>(rr + kMlaLatent + 16 + (c - 64) * 16);
-        }
-      }
+      dequant_fp8_tile<C::kBn>(sKv, sRaw + size_t(st) * C::kBn * C::kRawBytes, tid);
       __syncthreads();
       kv = sKv;
     } else {
@@ -229,12 +278,14 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
     }
     l0 = l0 * al0 + rs0;
     l1 = l1 * al1 + rs1;
+    if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {  // the running max moved in some row
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      oacc[i][0] *= al0;
-      oacc[i][1] *= al0;
-      oacc[i][2] *= al1;
-      oacc[i][3] *= al1;
+      for (int i = 0; i < 32; ++i) {
+        oacc[i][0] *= al0;
+        oacc[i][1] *= al0;
+        oacc[i][2] *= al1;
+        oacc[i][3] *= al1;
+      }
     }
     // O += P V over this warp's keys and its 256 output columns.
     const __nv_bfloat16* vb =
@@ -261,6 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_kernel(const MlaD
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  mma::grid_launch_dependents();  // the combine kernel may start launching (it waits for this grid)
   mma::cp_async_wait<0>();
   __syncthreads();
   const int r0 = rg * 16 + g, r1 = r0 + 8;
@@ -339,5 +391,10 @@ cudaError_t launch_decode_kernel(const MlaDecodeParams& p, cudaStream_t stream) 
 
 cudaError_t launch_decode_bf16(const MlaDecodeParams& p, cudaStream_t stream);
 cudaError_t launch_decode_fp8(const MlaDecodeParams& p, cudaStream_t stream);
+// Kernel v2 (sm90_mla_decode_v2.cu): 16 heads a block, both cache formats.
+cudaError_t launch_decode_v2(const MlaDecodeParams& p, cudaStream_t stream);
+// Kernels v3 / v4 (sm90_mla_decode_v3.cu): 64 heads a block, Q K^T by wgmma; P V by mma.sync (v3) or by
+// wgmma (v4, pv_wgmma); both cache formats.
+cudaError_t launch_decode_v3(const MlaDecodeParams& p, bool pv_wgmma, cudaStream_t stream);
 
 }  // namespace dsaserve::kernels::cuda::mla_detail

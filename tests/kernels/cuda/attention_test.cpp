@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -141,8 +142,10 @@ void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat 
       src_ok = es.rel() <= tol_src;
     }
     std::printf(
-        "RESULT mla_decode kv=%s %s heads=%lld ctx=%lld batch=%lld max_abs=%.3g rel=%.3g tol=%.0e%s %s\n",
-        fmt_name(f), topk > 0 ? ("sparse_top" + std::to_string(topk)).c_str() : "dense", (long long)nh,
+        "RESULT mla_decode kernel=v%d kv=%s %s heads=%lld ctx=%lld batch=%lld max_abs=%.3g rel=%.3g "
+        "tol=%.0e%s %s\n",
+        mla_decode_kernel(nh, 0), fmt_name(f),
+        topk > 0 ? ("sparse_top" + std::to_string(topk)).c_str() : "dense", (long long)nh,
         (long long)lens[size_t(b)], (long long)B, e.max_abs, e.rel(), tol, extra.c_str(),
         e.rel() <= tol && src_ok ? "ok" : "FAIL");
     EXPECT_LE(e.rel(), tol) << "row " << b << " ctx " << lens[size_t(b)];
@@ -168,6 +171,157 @@ TEST_F(CudaMlaDecode, SingleRequestManySplits) {  // batch 1: the split-K path w
   run_decode_batch({131072}, 16, MlaKvFormat::bf16, 2048, 52);
   run_decode_batch({8191}, 8, MlaKvFormat::bf16, 0, 53);
   run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 54);  // two head groups of 64
+}
+
+// Both decode kernels whatever the default for the head count (DSASERVE_MLA_DECODE_KERNEL, restored after).
+class MlaKernelOverride {
+ public:
+  explicit MlaKernelOverride(const char* kernel) {
+    const char* old = std::getenv("DSASERVE_MLA_DECODE_KERNEL");
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    ::setenv("DSASERVE_MLA_DECODE_KERNEL", kernel, 1);
+  }
+  ~MlaKernelOverride() {
+    if (had_)
+      ::setenv("DSASERVE_MLA_DECODE_KERNEL", old_.c_str(), 1);
+    else
+      ::unsetenv("DSASERVE_MLA_DECODE_KERNEL");
+  }
+  MlaKernelOverride(const MlaKernelOverride&) = delete;
+  MlaKernelOverride& operator=(const MlaKernelOverride&) = delete;
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST_F(CudaMlaDecode, BothKernelsAllHeadCounts) {
+  for (const char* k : {"v1", "v2"}) {
+    MlaKernelOverride o(k);
+    for (int64_t nh : {64, 16, 8}) {
+      run_decode_batch({1, 63, 65, 2049, 32768}, nh, MlaKvFormat::bf16, 2048, 71 + uint64_t(nh));
+      run_decode_batch({2, 64, 129, 4096}, nh, MlaKvFormat::fp8_e4m3, 2048, 72 + uint64_t(nh));
+    }
+    run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 73);  // several head groups
+    run_decode_batch({1000, 8191}, 8, MlaKvFormat::bf16, 0, 74);  // dense
+    run_decode_batch({131072}, 16, MlaKvFormat::bf16, 2048, 75);  // batch 1: many splits + combine
+    run_decode_batch({130}, 24, MlaKvFormat::bf16, 0, 76);        // a partial last head group
+  }
+}
+
+// A decode step captured in a CUDA graph (split combine included, launched as a programmatic dependent)
+// replays to exactly the direct launch's output.
+void check_graph_replay(int kernel, int64_t nh) {
+  int num_sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  Rng r(81 + uint64_t(nh) + uint64_t(kernel));
+  const std::vector<int64_t> lens = {2049, 64, 5000};
+  const int64_t B = int64_t(lens.size()), topk = 2048;
+  const Paging pg = make_paging(lens, r);
+  const LatentCache cache = make_latent(pg.num_pages * kPage, MlaKvFormat::bf16, r);
+  const Tensor q_lat = rand_bf16_values({B, nh, kMlaLatent}, r, 2.0f).to(Device::cuda);
+  const Tensor q_rope = rand_bf16_values({B, nh, kMlaRope}, r, 2.0f).to(Device::cuda);
+  std::vector<int32_t> sel(size_t(B * topk)), len32(lens.begin(), lens.end());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < topk; ++j) sel[size_t(b * topk + j)] = int32_t(r.below(lens[size_t(b)] + 8)) - 4;
+  const Tensor table = pg.table_gpu(), sel_gpu = gpu_i32(sel, {B, topk}), len_gpu = gpu_i32(len32, {B});
+  MlaDecodeParams p{};
+  p.q_lat = q_lat.data<float>();
+  p.q_rope = q_rope.data<float>();
+  p.ql_s0 = nh * kMlaLatent;
+  p.ql_s1 = kMlaLatent;
+  p.qr_s0 = nh * kMlaRope;
+  p.qr_s1 = kMlaRope;
+  p.cache = cache.gpu.raw_data();
+  p.page_table = table.data<int32_t>();
+  p.row_len = len_gpu.data<int32_t>();
+  p.sel = sel_gpu.data<int32_t>();
+  p.sel_k = p.sel_stride = topk;
+  p.rows = B;
+  p.heads = nh;
+  p.num_seqs = B;
+  p.pt_cols = p.pt_stride = pg.max_pages;
+  p.page_size = kPage;
+  p.num_slots = cache.gpu.size(0);
+  p.max_keys = topk;
+  p.kernel = kernel;
+  p.splits = mla_decode_splits(B, nh, p.max_keys, num_sms, kernel);
+  p.scale = 0.0625f;
+  p.format = MlaKvFormat::bf16;
+  const Tensor out = Tensor::empty({B, nh, kMlaLatent}, DType::f32, Device::cuda);
+  const Tensor part = Tensor::empty({B, p.splits, nh, kMlaLatent}, DType::f32, Device::cuda);
+  const Tensor lse = Tensor::empty({B, p.splits, nh}, DType::f32, Device::cuda);
+  p.out = out.data<float>();
+  p.partial_out = part.data<float>();
+  p.partial_lse = lse.data<float>();
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(launch_mla_decode(p, st), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  const Tensor direct = out.to(Device::cpu);
+  ASSERT_EQ(cudaMemsetAsync(p.out, 0xff, size_t(B * nh * kMlaLatent) * 4, st), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const cudaError_t le = launch_mla_decode(p, st);
+  ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+  ASSERT_EQ(le, cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  const Tensor replay = out.to(Device::cpu);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  const bool same =
+      std::memcmp(direct.data<float>(), replay.data<float>(), size_t(B * nh * kMlaLatent) * 4) == 0;
+  const Err e = compare(replay.data<float>(), direct.data<float>(), B * nh * kMlaLatent);
+  std::printf("RESULT mla_decode graph replay kernel=v%d heads=%lld batch=%lld splits=%d max_abs=%.3g %s\n",
+              kernel, (long long)nh, (long long)B, p.splits, e.max_abs, same ? "ok (bitwise)" : "FAIL");
+  EXPECT_TRUE(same) << "kernel v" << kernel << " heads " << nh;
+}
+
+TEST_F(CudaMlaDecode, GraphCaptureMatchesDirectLaunch) {
+  for (int kernel : {1, 2})
+    for (int64_t nh : {64, 16}) check_graph_replay(kernel, nh);
+}
+
+// Runs `body` in a fresh process (gtest's threadsafe death-test style re-executes this binary for the
+// current test alone), so that an experimental kernel which faults cannot poison the CUDA context of the
+// tests after it; fails when the body had a failure or did not exit normally.
+template <class F>
+void run_isolated(F&& body) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        body();
+        std::fflush(stdout);
+        std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// Kernels v3 and v4 (64 heads a block, Q K^T and, in v4, P V by wgmma from swizzled shared memory), all
+// head counts and formats, and their graph replay.
+void run_wgmma_kernel_cases(const char* kernel) {
+  MlaKernelOverride o(kernel);
+  for (int64_t nh : {64, 16}) {
+    run_decode_batch({1, 63, 65, 2049, 32768}, nh, MlaKvFormat::bf16, 2048, 91 + uint64_t(nh));
+    run_decode_batch({2, 64, 129, 4096}, nh, MlaKvFormat::fp8_e4m3, 2048, 92 + uint64_t(nh));
+  }
+  run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 93);   // two head groups
+  run_decode_batch({1000, 8191}, 64, MlaKvFormat::bf16, 0, 94);  // dense
+  run_decode_batch({131072}, 64, MlaKvFormat::bf16, 2048, 95);   // batch 1: many splits + combine
+  run_decode_batch({130}, 24, MlaKvFormat::bf16, 0, 96);         // a partial head group
+  const int k = kernel[1] - '0';
+  for (int64_t nh : {64, 16}) check_graph_replay(k, nh);
+}
+TEST_F(CudaMlaDecode, WgmmaKernelV3) {
+  run_isolated([] { run_wgmma_kernel_cases("v3"); });
+}
+TEST_F(CudaMlaDecode, WgmmaKernelV4) {
+  run_isolated([] { run_wgmma_kernel_cases("v4"); });
 }
 
 // The ops.h contract (T rows of one request at start_pos + t, causal, with a selection holding -1).
