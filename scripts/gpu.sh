@@ -17,7 +17,10 @@ regex=${1:-Cuda}
 rc=$?
 # Per-test measured numbers: every GPU test prints lines starting with "RESULT " (op, error, timing).
 grep -h "^RESULT " "$OUT/ctest.log" build-gpu/Testing/Temporary/LastTest.log 2>/dev/null | sort -u > "$OUT/results.txt"
-for b in build-gpu/bench/*_gpu_bench; do [ -x "$b" ] && "$b" | tee -a "$OUT/bench.txt"; done
+# GPU_BENCH=0 skips the benchmarks (run them separately, e.g. each under its own timeout).
+if [ "${GPU_BENCH:-1}" = 1 ]; then
+  for b in build-gpu/bench/*_gpu_bench; do [ -x "$b" ] && "$b" | tee -a "$OUT/bench.txt"; done
+fi
 echo "=== GPU tests ($regex): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 grep -E "Passed|Failed|Skipped|\*\*\*" "$OUT/ctest.log" | sed 's/^ *//' | head -80
 [ -s "$OUT/results.txt" ] && { echo "=== results"; cat "$OUT/results.txt"; }
