@@ -60,7 +60,7 @@ struct Lt {
   std::unordered_map<const void*, WeightCache> dequant;     // key: fp8 weight data
   std::unordered_map<const void*, WeightCache> as_f32;      // key: weight data (fp32 precision mode)
   GemmPrecision precision = GemmPrecision::fast;
-  int64_t fp8_small_max_tokens = kFp8SmallMaxTokens;
+  int64_t fp8_small_max_tokens = kFp8SmallDefaultTokens;
   uint32_t* small_counters = nullptr;  // kFp8SmallCounters zeros for the split small-T kernel
   GemmStats stats;
 };

@@ -8,7 +8,7 @@
 //   (e4m3, scale = amax / 448) and multiplied with cuBLASLt's block-scaled FP8 GEMM (docs/GPU.md recipe:
 //   A = W with BLK128x128 scales padded to rows of a multiple of 4, B = X with VEC128 scales [K/128][T],
 //   D f32 where cuBLASLt has an algorithm for it, else bf16 widened to f32). Up to
-//   set_fp8_small_max_tokens() tokens (default 32: decode batches) the same quantised arithmetic runs in
+//   set_fp8_small_max_tokens() tokens (default 8: small decode batches) the same quantised arithmetic runs in
 //   a weight-streaming tensor-core kernel instead (gemm_small_params.h; f32 output). Shapes outside the
 //   recipe (K % 128, row slices not on a 128 boundary, other block sizes) and linear_t use the weight
 //   dequantised once to bf16 (cached per weight).
@@ -51,7 +51,8 @@ enum class GemmPrecision { fast, fp32 };
 void set_gemm_precision(GemmPrecision p);
 GemmPrecision gemm_precision();
 
-// Token counts up to `t` (0..32) take the small-T FP8 kernel; 0 sends every FP8 GEMM to cuBLASLt.
+// Token counts up to `t` (0..32, default 8) take the small-T FP8 kernel; 0 sends every FP8 GEMM to
+// cuBLASLt.
 void set_fp8_small_max_tokens(int64_t t);
 
 struct GemmStats {

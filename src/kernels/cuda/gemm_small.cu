@@ -174,7 +174,7 @@ cudaError_t launch_nt(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t strea
 int fp8_small_gemm_splits(int64_t N, int64_t K) {
   const int64_t ctas = (N + kRows - 1) / kRows, kb = K / 128;
   if (kb <= 1 || ctas >= kTargetCtas || ctas > kMaxCounters) return 1;
-  int64_t s = (kTargetCtas + ctas - 1) / ctas;
+  int64_t s = kTargetCtas / ctas;  // whole waves: one CTA more than the slots would double the time
   if (s > kb) s = kb;
   const int64_t per = (kb + s - 1) / s;
   return int((kb + per - 1) / per);  // every split gets at least one K block

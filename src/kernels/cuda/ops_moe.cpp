@@ -61,14 +61,16 @@ namespace {
 
 std::atomic<int32_t> g_moe_path{int32_t(MoePath::automatic)};
 
-// Device path below this many tokens whatever the shapes: at GLM-5.3 widths (256 experts, top-8) 256
-// tokens put ~8 rows on each expert, where the grouped kernels are still near the weight-streaming floor
-// (FP8: ~19 weight bytes per SM clock at 4.3 TB/s against 128 f32 FMAs per clock leaves room for ~5 rows
-// at full speed, ~2x the floor at 8 rows) while the host path pays ~12 launches per active expert.
-constexpr int64_t kDeviceMaxTokens = 256;
+// Device path while the experts get at most this many rows each on average (pairs <= rows x E). Measured
+// on the H200 at GLM-5.3 widths (256 experts, top-8, FP8): 1 row per expert (T = 32) 2.9 ms on the
+// device against 6.1 ms on the host path; 8 rows (T = 256) 27.1 ms against 11.4 ms: the grouped kernels
+// multiply on the CUDA cores at ~6 TFLOP/s, so their cost grows with the rows while the host path's is
+// mostly its ~12 launches per active expert.
+constexpr int64_t kDeviceMaxRowsPerExpert = 2;
 // Above that, the device path still wins while an expert's three GEMMs cost less on the CUDA cores than
-// the host path's launches for it (~50 us: about 1.5 GFLOP at the ~30 TFLOP/s the kernels reach).
-constexpr double kDeviceFlopsPerExpert = 1.5e9;
+// the host path's launches for it (~50 us: about 0.3 GFLOP at the ~6 TFLOP/s the kernels reach; narrow
+// models such as realdims stay on the device path).
+constexpr double kDeviceFlopsPerExpert = 3e8;
 
 bool stream_capturing() {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
@@ -376,8 +378,8 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
   if (!device && path == MoePath::automatic) {
     const WeightRef& g0 = experts[0].gate;
     const double I = g0.weight.defined() ? double(g0.rows()) : 0.0;
-    device =
-        T <= kDeviceMaxTokens || 6.0 * double(l.pairs) * double(H) * I <= kDeviceFlopsPerExpert * double(E);
+    device = l.pairs <= kDeviceMaxRowsPerExpert * E ||
+             6.0 * double(l.pairs) * double(H) * I <= kDeviceFlopsPerExpert * double(E);
   }
   if (device) {
     const TableView tab = expert_table(experts, capturing);

@@ -40,7 +40,7 @@ class CudaFp8SmallGemm : public ::testing::Test {
     set_gemm_precision(GemmPrecision::fast);
   }
   void TearDown() override {
-    if (device_count() > 0) set_fp8_small_max_tokens(kFp8SmallMaxTokens);
+    if (device_count() > 0) set_fp8_small_max_tokens(kFp8SmallDefaultTokens);
   }
 };
 

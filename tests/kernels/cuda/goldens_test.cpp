@@ -181,6 +181,11 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
     // at the fixtures' small margins (measured 96.5%, the flipped rows are the ones fast GEMMs move).
     const bool strict = exact && !real_kernels;
     const double row_tol = strict ? 1e-3 : kv_dtype == KvCacheDtype::fp8_e4m3 ? 1e-1 : tol;
+    // An FP8 KV cache also stores the index keys in FP8 (128 e4m3 + one scale per token, the reference
+    // deployment's layout). Their rounding moves indexer scores by more than the fixtures' decision margins
+    // (~0.01), and the MTP layer, whose rows see the fewest keys, flips the most selections: its median row
+    // error with FP8 KV alone (fp32 GEMMs) went from 0.088 (bf16 index keys) to 0.14 on the H200.
+    const double mtp_tol = kv_dtype == KvCacheDtype::fp8_e4m3 && !strict ? 2e-1 : row_tol;
     for (size_t mi = 0; mi < all.size(); ++mi) {
       const Mode& mode = all[mi];
       if (exact && mi != 0 && mi != 4) continue;
@@ -267,7 +272,7 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
       } else {
         EXPECT_LE(med, row_tol) << mode.name;
         if (!errs_mtp.empty()) {
-          EXPECT_LE(median(errs_mtp), row_tol) << mode.name << " MTP";
+          EXPECT_LE(median(errs_mtp), mtp_tol) << mode.name << " MTP";
         }
       }
     }

@@ -28,6 +28,10 @@ namespace {
 using namespace testing;
 
 constexpr double kTolDevice = 1e-4, kTolBf16 = 1e-2, kTolFp8 = 5e-2;
+// realdims widths (hidden 256, intermediate 128): each output sums one or two 128-groups, so the FP8
+// rounding of the activations (up to 2^-4 per element, twice: expert input and SiLU output) does not
+// average out; measured up to 9.3e-2 on the H200 for the host path.
+constexpr double kTolFp8Narrow = 1.2e-1;
 
 class CudaMoe : public ::testing::Test {
  protected:
@@ -230,7 +234,9 @@ void check_both_paths(const std::string& name, const Tensor& x, const Routing& r
   report_gemm(name + " device", shape_str(x.shape()), dev, want, kTolDevice);
   if (!host_path) return;
   const Tensor host = run_path(MoePath::host, x_d, r_d, s);
-  const double tol = dt == DType::f8e4m3fn ? kTolFp8 : dt == DType::bf16 ? kTolBf16 : kTolDevice;
+  const double tol = dt == DType::f8e4m3fn ? (x.size(1) <= 256 ? kTolFp8Narrow : kTolFp8)
+                     : dt == DType::bf16   ? kTolBf16
+                                           : kTolDevice;
   report_gemm(name + " host", shape_str(x.shape()), host, want, tol);
   report_gemm(name + " device~host", shape_str(x.shape()), dev, host, tol);
 }
