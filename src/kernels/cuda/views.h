@@ -37,7 +37,8 @@ Tensor out_or_new(Tensor out, int64_t rows, int64_t cols, const char* what);
 // Throws when a launch (or an earlier asynchronous error) failed.
 void check_launch(cudaError_t e, const char* what);
 
-// The stream every operator runs on (the legacy default stream: ordered with cudaMemcpy and the allocator).
-inline cudaStream_t op_stream() { return nullptr; }
+// The stream every operator runs on: the legacy default stream (null: ordered with cudaMemcpy and the
+// allocator), or this thread's capture stream inside a GraphCapture (graph.h).
+cudaStream_t op_stream();
 
 }  // namespace dsaserve::kernels::cuda
