@@ -80,8 +80,14 @@ struct Model::Step {
   std::vector<Tensor> sel;  // per request, i32 [T_r, k] or undefined (= every visible key)
   bool have_sel = false;
 
+  // Whether the kernels may see row_seq_host / row_len_host. Not with pre-uploaded inputs (CUDA graphs):
+  // a captured kernel must not size its work from the capture batch's rows, which replays change.
+  bool host_rows = true;
+
   // The rows over one layer's cache.
   kernels::PagedRows rows(const Tensor& cache, int64_t page_size) const {
+    if (!host_rows)
+      return kernels::PagedRows{cache, page_table, page_size, row_seq, row_len, {}, {}, max_len};
     return kernels::PagedRows{cache,   page_table,   page_size,    row_seq,
                               row_len, row_seq_host, row_len_host, max_len};
   }
@@ -475,6 +481,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     st.row_seq = in.row_seq;
     st.row_len = in.row_len;
     st.max_len = in.max_len;
+    st.host_rows = false;
   } else {
     // Page tables and attention rows, packed once for every layer: [R, max_pages] and [T] each.
     st.positions = i32_tensor(batch.positions.data(), T, dev);

@@ -7,13 +7,16 @@
 
 namespace dsaserve::kernels::cuda {
 
-namespace {
-thread_local cudaStream_t t_capture_stream = nullptr;  // this thread's capture, or null
-}  // namespace
-
-cudaStream_t op_stream() { return t_capture_stream; }
-
-bool capturing() { return t_capture_stream != nullptr; }
+bool capturing() {
+  const cudaStream_t s = op_stream();
+  if (s == nullptr) return false;  // the legacy stream: eager work (the common case, no CUDA call)
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return st != cudaStreamCaptureStatusNone;  // active, or invalidated by an illegal call (still inside)
+}
 
 CudaGraph::CudaGraph(cudaGraph_t graph, cudaGraphExec_t exec) : graph_(graph), exec_(exec) {}
 
@@ -51,7 +54,7 @@ void CudaGraph::replay() const {
 }
 
 GraphCapture::GraphCapture() {
-  DSA_CHECK(t_capture_stream == nullptr, "CUDA graph capture: this thread is already capturing");
+  DSA_CHECK(!capturing(), "CUDA graph capture: this thread is already capturing");
   DSA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) {
@@ -60,11 +63,11 @@ GraphCapture::GraphCapture() {
     fail("CUDA graph capture: cudaStreamBeginCapture failed: {}", cudaGetErrorString(e));
   }
   open_ = true;
-  t_capture_stream = stream_;
+  scope_ = std::make_unique<OpStreamScope>(stream_);
 }
 
 void GraphCapture::end_capture(cudaGraph_t* graph) {
-  t_capture_stream = nullptr;
+  scope_.reset();  // this thread's operators go back to the legacy stream
   open_ = false;
   cudaGraph_t g = nullptr;
   const cudaError_t e = cudaStreamEndCapture(stream_, &g);

@@ -2,8 +2,8 @@
 // CUDA graph capture for the operator backend.
 //
 // Every operator launches on op_stream() (views.h): the legacy default stream, except on a thread inside
-// a GraphCapture, where it is that capture's own non-blocking stream. Capture uses
-// cudaStreamCaptureModeThreadLocal, so other threads keep running eager work meanwhile. While a thread
+// a GraphCapture, where it is that capture's own non-blocking stream (installed with OpStreamScope). Capture
+// uses cudaStreamCaptureModeThreadLocal, so other threads keep running eager work meanwhile. While a thread
 // captures, the caching allocator (allocator.h) serves that thread from the graph pool: memory shared by
 // every captured graph and never handed to eager work, so a graph's intermediates stay valid for its
 // replays. Graphs replay one at a time on the legacy stream (ordered with all other work), so they may
@@ -16,9 +16,12 @@
 
 #include <memory>
 
+#include "kernels/cuda/views.h"
+
 namespace dsaserve::kernels::cuda {
 
-// Whether this thread is capturing a graph (its op_stream() is a capture stream).
+// Whether this thread's op_stream() is being captured into a graph (a GraphCapture, or any capture of a
+// stream installed with OpStreamScope).
 bool capturing();
 
 // An instantiated graph: replay() launches it on the legacy default stream (asynchronous).
@@ -59,6 +62,7 @@ class GraphCapture {
  private:
   void end_capture(cudaGraph_t* graph);
   cudaStream_t stream_ = nullptr;
+  std::unique_ptr<OpStreamScope> scope_;
   bool open_ = false;
 };
 

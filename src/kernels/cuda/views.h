@@ -37,8 +37,27 @@ Tensor out_or_new(Tensor out, int64_t rows, int64_t cols, const char* what);
 // Throws when a launch (or an earlier asynchronous error) failed.
 void check_launch(cudaError_t e, const char* what);
 
-// The stream every operator runs on: the legacy default stream (null: ordered with cudaMemcpy and the
-// allocator), or this thread's capture stream inside a GraphCapture (graph.h).
-cudaStream_t op_stream();
+namespace detail {
+inline thread_local cudaStream_t op_stream_override = nullptr;
+}
+
+// The stream every operator runs on: the legacy default stream (ordered with cudaMemcpy and the
+// allocator) unless this thread installed another one with OpStreamScope.
+inline cudaStream_t op_stream() { return detail::op_stream_override; }
+
+// While alive, this thread's operators run on `s` (e.g. a stream being captured into a CUDA graph); the
+// previous stream comes back on destruction.
+class OpStreamScope {
+ public:
+  explicit OpStreamScope(cudaStream_t s) : prev_(detail::op_stream_override) {
+    detail::op_stream_override = s;
+  }
+  ~OpStreamScope() { detail::op_stream_override = prev_; }
+  OpStreamScope(const OpStreamScope&) = delete;
+  OpStreamScope& operator=(const OpStreamScope&) = delete;
+
+ private:
+  cudaStream_t prev_;
+};
 
 }  // namespace dsaserve::kernels::cuda

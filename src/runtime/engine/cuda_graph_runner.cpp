@@ -61,6 +61,7 @@ struct CudaGraphRunner::Impl {
 
   Impl(const model::Model& m, model::KvCache& c) : model(m), cache(c) {}
   ~Impl() {
+    if (!graphs.empty()) cudaDeviceSynchronize();  // no replay in flight while its graph is destroyed
     graphs.clear();
     if (uploaded != nullptr) {
       cudaEventSynchronize(uploaded);
@@ -168,8 +169,10 @@ CudaGraphRunner::CudaGraphRunner(const model::Model& model, model::KvCache& cach
   m.log = log;
   const bool on_cuda = model.weights().embed_tokens.device() == Device::cuda && !cache.kv.empty() &&
                        cache.kv[0].device() == Device::cuda;
-  m.usable = max_bs > 0 && on_cuda && cache.kv[0].dtype() != DType::f32 &&
-             opt.attention != model::AttentionForm::mha;
+  // Decode tokens must take the absorbed form (the MHA form sizes its work from the host-side context).
+  const bool absorbed = opt.attention == model::AttentionForm::absorbed ||
+                        (opt.attention == model::AttentionForm::automatic && opt.mha_min_tokens > 1);
+  m.usable = max_bs > 0 && on_cuda && cache.kv[0].dtype() != DType::f32 && absorbed;
   if (!m.usable) return;
   DSA_CHECK(scratch_page >= 0 && scratch_page < cache.num_pages,
             "CUDA graphs: scratch page {} outside the cache's {} pages", scratch_page, cache.num_pages);

@@ -32,8 +32,8 @@ class CudaGraphRunner {
   // `cache` must hold `scratch_page`, a page no request ever owns (padding rows write there). `opt`: the
   // forward options of eager steps (attention form; all_logits must be false). Graphs run only when the
   // model and cache are on CUDA with a bf16 / FP8 latent cache (the f32 stand-in cache takes per-request
-  // host paths) and the attention form is not forced to MHA; otherwise run() always declines. `log`:
-  // print capture lines to stdout.
+  // host paths) and decode tokens take the absorbed attention form; otherwise run() always declines.
+  // `log`: print capture lines to stdout (a failed capture's warning always goes to stderr).
   CudaGraphRunner(const model::Model& model, model::KvCache& cache, int32_t scratch_page, int64_t max_bs,
                   model::ForwardOptions opt, bool log = true);
   ~CudaGraphRunner();
