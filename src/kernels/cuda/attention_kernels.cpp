@@ -5,9 +5,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/graph.h"
 #include "kernels/cuda/indexer_topk_params.h"
-#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 
@@ -62,9 +60,8 @@ RowDesc check_rows(const Tensor& page_table, int64_t page_size, const Tensor& ro
   return d;
 }
 
-// i32 [n] on the GPU from host values (a pageable upload: never inside a graph capture).
+// i32 [n] on the GPU from host values.
 Tensor gpu_i32(const std::vector<int32_t>& v) {
-  DSA_CHECK(!capturing(), "per-request attention rows are uploaded from the host: not capturable");
   Tensor t = Tensor::empty({int64_t(v.size())}, DType::i32);
   std::copy(v.begin(), v.end(), t.data<int32_t>());
   return t.to(Device::cuda);
@@ -189,7 +186,7 @@ Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, co
   for (int64_t t = 0; t < T; ++t) len[size_t(t)] = int32_t(start_pos + t + 1);
   const Tensor pt = kv.page_table.view({1, kv.page_table.size(0)});
   return mla_decode(q_lat, q_rope, kv.cache, pt, kv.page_size, gpu_i32(seq), gpu_i32(len), start_pos + T, sel,
-                    scale, op_stream());
+                    scale);
 }
 
 Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
@@ -252,7 +249,7 @@ Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys,
   for (int64_t t = 0; t < T; ++t) len[size_t(t)] = int32_t(start_pos + t + 1);
   const Tensor pt = keys.page_table.view({1, keys.page_table.size(0)});
   return indexer_topk_rows(q, w, keys.cache, pt, keys.page_size, gpu_i32(seq), gpu_i32(len), start_pos + T,
-                           topk, scale, weight_scale, op_stream());
+                           topk, scale, weight_scale);
 }
 
 }  // namespace dsaserve::kernels::cuda
