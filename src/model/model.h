@@ -34,8 +34,9 @@ struct StepTensors {
   Tensor ids, positions, slots;  // i32 [T]
   Tensor page_table;             // i32 [R, max_pages], each request's pages first
   Tensor row_seq, row_len;       // i32 [T]: each token's request and visible length
-  // The kernels' context capacity: >= every request's length, and on the same side of index_topk as the
-  // longest one (it picks whether the indexer runs); max_pages * page_size >= max_len.
+  // The kernels' context capacity: >= every request's length; max_pages * page_size >= max_len. It picks
+  // whether the indexer runs (max_len > index_topk), so a caller keeps it on the side of index_topk of
+  // the batches it stands for (a graph captured on padding rows replays real ones).
   int64_t max_len = 0;
 };
 
