@@ -465,10 +465,10 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     const StepTensors& in = *opt.inputs;
     DSA_CHECK(in.ids.defined() && in.ids.size(0) == T && in.positions.size(0) == T && in.slots.size(0) == T &&
                   in.row_seq.size(0) == T && in.row_len.size(0) == T && in.page_table.dim() == 2 &&
-                  in.page_table.size(0) == std::max<int64_t>(R, 1) && in.page_table.size(1) >= max_pages,
-              "forward: pre-uploaded step inputs do not match the batch ({} tokens, {} requests, {} pages)",
-              T, R, max_pages);
-    // (Whether the indexer runs follows max_len: the caller picks it on the side of index_topk it wants.)
+                  in.page_table.size(0) == std::max<int64_t>(R, 1),
+              "forward: pre-uploaded step inputs do not match the batch ({} tokens, {} requests)", T, R);
+    // The page table holds the pages of max_len positions (a request's table may list more, reserved
+    // ahead). Whether the indexer runs follows max_len: the caller picks its side of index_topk.
     DSA_CHECK(in.max_len >= st.max_len && in.page_table.size(1) * batch.page_size >= in.max_len,
               "forward: context capacity {} is below the batch's longest request ({} tokens) or beyond its "
               "page table ({} pages)",
@@ -480,7 +480,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     st.row_seq = in.row_seq;
     st.row_len = in.row_len;
     st.max_len = in.max_len;
-    st.host_rows = false;
+    st.host_rows = dev == Device::cpu;  // the CPU backend splits rows by request on the host (no capture)
   } else {
     // Page tables and attention rows, packed once for every layer: [R, max_pages] and [T] each.
     st.positions = i32_tensor(batch.positions.data(), T, dev);
@@ -496,8 +496,10 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     st.row_len = i32_tensor(st.row_len_host.data(), T, dev);
     ids = i32_tensor(batch.input_ids.data(), T, dev);
   }
-  for (int64_t r = 0; r < R; ++r)
-    st.page_tables.push_back(st.page_table.select(0, r).slice(0, 0, int64_t(batch.pages(r).size())));
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t n = std::min<int64_t>(int64_t(batch.pages(r).size()), st.page_table.size(1));
+    st.page_tables.push_back(st.page_table.select(0, r).slice(0, 0, n));
+  }
   st.sel.resize(size_t(R));
 
   // Trace context: the plan's step and pass names, from the requests' state (a one-token prompt or chunk

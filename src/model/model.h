@@ -26,10 +26,10 @@ enum class AttentionForm { automatic, mha, absorbed };
 
 // A step's inputs already on the model's device (CUDA graph capture and replay: runtime/engine/
 // cuda_graph_runner.h). When given, the forward reads these instead of uploading the batch's, so it makes
-// no host->device copy, and the operators get no host copy of the attention rows (kernels::PagedRows'
-// host spans stay empty: a captured kernel must not size its work from them); the batch still describes
-// the step's shape (requests, tokens, page counts). Needs a backend with batched row kernels (CUDA with
-// bf16 / FP8 caches).
+// no host->device copy, and on a device the operators get no host copy of the attention rows
+// (kernels::PagedRows' host spans stay empty: a captured kernel must not size its work from them, so the
+// device needs batched row kernels: CUDA with bf16 / FP8 caches); the batch still describes the step's
+// shape (requests, tokens, page counts) and must match the inputs.
 struct StepTensors {
   Tensor ids, positions, slots;  // i32 [T]
   Tensor page_table;             // i32 [R, max_pages], each request's pages first

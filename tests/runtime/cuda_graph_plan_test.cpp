@@ -1,11 +1,14 @@
-// The host side of CUDA-graph decode steps: bucket choice, eligibility, padding and input packing.
+// The host side of CUDA-graph decode steps: bucket choice, eligibility, padding and input packing, and
+// (on the CPU) that a padded, packed step computes the eager step's logits.
 #include "runtime/engine/cuda_graph_plan.h"
 
 #include <gtest/gtest.h>
 
 #include <vector>
 
+#include "common/fixtures.h"
 #include "core/error.h"
+#include "model/model.h"
 
 namespace dsaserve::runtime {
 namespace {
@@ -143,6 +146,85 @@ TEST(CudaGraphPlan, PacksRequestsThenPadding) {
   std::vector<int32_t> small(4);
   EXPECT_THROW(pack_decode_inputs(b, k, scratch, small), Error);
   EXPECT_THROW(pack_decode_inputs(decode_batch({5, 5, 5, 5, 5}), k, scratch, buf), Error);
+}
+
+// What a graph computes, on the CPU: the forward of the padded batch over the packed inputs (the
+// pre-uploaded path of Model::forward, context capacity = the bucket) gives the eager step's logits in its
+// first B rows, bit for bit, and its padding rows write only the scratch page.
+TEST(CudaGraphPlan, PackedPaddedStepEqualsTheEagerStepOnTheCpu) {
+  DSA_FIXTURE_PATH(dir, "models/tiny");
+  const auto m = model::Model::load(dir, false);
+  const model::ModelConfig& c = m->config();
+  ASSERT_GT(c.index_topk, 0);
+  const int64_t ps = 16, V = c.vocab_size;
+  // Three requests on both sides of index_topk (tiny: 12), pages interleaved; the last page is scratch.
+  const std::vector<int64_t> cached = {4, 11, 29};
+  const int64_t per_req = 3, R = int64_t(cached.size()), pages = R * per_req + 1;
+  const int32_t scratch = int32_t(pages - 1);
+  model::KvCache cache = m->make_cache(pages, ps);
+  std::vector<std::vector<int32_t>> tables(cached.size());
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < per_req; ++i) tables[size_t(r)].push_back(int32_t(i * R + r));
+  model::ForwardOptions fo;
+  fo.all_logits = false;
+  {
+    ForwardBatch pre;
+    pre.page_size = ps;
+    for (int64_t r = 0; r < R; ++r) {
+      std::vector<int32_t> ids;
+      for (int64_t p = 0; p < cached[size_t(r)]; ++p) ids.push_back(int32_t((r * 31 + p * 7 + 1) % V));
+      pre.add_request(ids, 0, tables[size_t(r)]);
+    }
+    (void)m->forward(pre, cache, fo);
+  }
+  ForwardBatch b;
+  b.page_size = ps;
+  for (int64_t r = 0; r < R; ++r) {
+    const int32_t tok = int32_t(100 + r);
+    b.add_request(std::span<const int32_t>(&tok, 1), cached[size_t(r)], tables[size_t(r)], true);
+  }
+  const Tensor eager = m->forward(b, cache, fo).logits;  // [3, V]
+  GraphPlanConfig cfg;
+  cfg.max_bs = 8;
+  cfg.index_topk = c.index_topk;
+  cfg.page_size = ps;
+  const auto k = decode_graph_key(b, cfg);
+  ASSERT_TRUE(k.has_value());
+  EXPECT_EQ(*k, (GraphKey{4, 32}));
+  const DecodeInputLayout L = decode_input_layout(*k, ps);
+  Tensor buf = Tensor::empty({L.size()}, DType::i32);
+  pack_decode_inputs(b, *k, scratch, std::span<int32_t>(buf.data<int32_t>(), size_t(L.size())));
+  model::StepTensors in;
+  in.ids = buf.slice(0, L.ids(), L.ids() + k->bs);
+  in.positions = buf.slice(0, L.positions(), L.positions() + k->bs);
+  in.slots = buf.slice(0, L.slots(), L.slots() + k->bs);
+  in.row_seq = buf.slice(0, L.row_seq(), L.row_seq() + k->bs);
+  in.row_len = buf.slice(0, L.row_len(), L.row_len() + k->bs);
+  in.page_table = buf.slice(0, L.page_table(), L.page_table() + k->bs * L.pages).view({k->bs, L.pages});
+  in.max_len = k->ctx;
+  // The batch the graph stands for: the requests, then a padding row (what padding_batch holds).
+  ForwardBatch padded = b;
+  const int32_t zero = 0;
+  padded.add_request(std::span<const int32_t>(&zero, 1), 0, std::span<const int32_t>(&scratch, 1), true);
+  // Other pages must not change: remember one of a request's pages in the first layer's cache.
+  const std::vector<float> before = cache.kv[0].to_f32_vector();
+  model::ForwardOptions go = fo;
+  go.inputs = &in;
+  const Tensor graph = m->forward(padded, cache, go).logits;  // [4, V]
+  ASSERT_EQ(graph.size(0), 4);
+  const std::vector<float> e = eager.to_f32_vector(), g = graph.to_f32_vector();
+  for (int64_t i = 0; i < R * V; ++i)
+    ASSERT_EQ(e[size_t(i)], g[size_t(i)]) << "row " << i / V << " col " << i % V;
+  // Only the scratch page changed (the requests' new tokens were rewritten with the same values).
+  const std::vector<float> after = cache.kv[0].to_f32_vector();
+  const int64_t row = cache.kv[0].size(1);
+  for (int64_t slot = 0; slot < (pages - 1) * ps; ++slot) {
+    for (int64_t j = 0; j < row; ++j)
+      ASSERT_EQ(before[size_t(slot * row + j)], after[size_t(slot * row + j)]) << "slot " << slot;
+  }
+  // A capacity below the batch's longest request is refused.
+  in.max_len = 16;
+  EXPECT_THROW((void)m->forward(padded, cache, go), Error);
 }
 
 }  // namespace
