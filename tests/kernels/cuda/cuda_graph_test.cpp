@@ -95,12 +95,15 @@ TEST(CudaGraph, CapturedOpsReplayOnNewInputs) {
 TEST(CudaGraph, PoolBlocksStayInThePool) {
   SKIP_WITHOUT_GPU();
   const int64_t n = 3 * 1024 * 1024 + 17;  // a size class of its own
+  const Tensor x = Tensor::zeros({4, 64}, DType::f32, Device::cuda);
+  const Tensor w = Tensor::zeros({64}, DType::f32, Device::cuda);
   void* pooled = nullptr;
   {
     cuda::GraphCapture cap;
     const Tensor t = Tensor::empty({n}, DType::f32, Device::cuda);
     pooled = t.raw_data();
-    (void)cap.finish();
+    (void)kernels::rms_norm(x, w, 1e-6);  // (a graph with a node)
+    EXPECT_TRUE(cap.finish().valid());
   }  // t went back to the graph pool
   const int64_t pool_bytes = cuda::allocator_stats().graph_pool_bytes;
   EXPECT_GE(pool_bytes, int64_t(n * 4));
@@ -113,7 +116,8 @@ TEST(CudaGraph, PoolBlocksStayInThePool) {
     cuda::GraphCapture cap;
     const Tensor t = Tensor::empty({n}, DType::f32, Device::cuda);
     EXPECT_EQ(t.raw_data(), pooled) << "a later capture reuses the pool's free block";
-    (void)cap.finish();
+    (void)kernels::rms_norm(x, w, 1e-6);
+    EXPECT_TRUE(cap.finish().valid());
   }
   EXPECT_EQ(cuda::allocator_stats().graph_pool_bytes, pool_bytes);
 }
