@@ -1,13 +1,19 @@
 // dsaserve generate --model DIR (--prompt-ids 1,2,3 | --prompt-ids-file F) --max-new-tokens N
 //                   [--temperature T --top-k K --top-p P --min-p M --seed S] [--page-size P] [--threads N]
 //                   [--device cpu|cuda] [--kv-cache-dtype auto|bf16|fp8_e4m3|f32]
+//                   [--cuda-graph-max-bs N | --disable-cuda-graph]
 // Continues a token prompt on the CPU or GPU (one prefill, then one decode step per token) and prints the
-// new token ids as JSON: {"output_ids": [...], ...timings}. Greedy (argmax, ties to the lowest id) unless a
-// sampling flag is given; sampling uses the runtime sampler (runtime/sampler).
+// new token ids as JSON: {"output_ids": [...], ...timings}. On CUDA the decode steps replay a captured
+// CUDA graph (runtime/engine/cuda_graph_runner.h) unless --disable-cuda-graph (or --cuda-graph-max-bs 0).
+// Greedy (argmax, ties to the lowest id) unless a sampling flag is given; sampling uses the runtime sampler
+// (runtime/sampler).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "cli/command.h"
 #include "cli/token_ids.h"
@@ -15,16 +21,52 @@
 #include "core/parallel.h"
 #include "kernels/ops.h"
 #include "model/score.h"
+#include "runtime/engine/cuda_graph_runner.h"
 #include "runtime/engine/device.h"
 #include "runtime/sampler/sampler.h"
 
 namespace dsaserve::cli {
 namespace {
 
+// model::generate_tokens with the decode steps replayed through a CUDA graph (batch 1): the cache has one
+// page more, the padding rows' scratch page (unused at batch 1, but the runner needs one). Returns the
+// tokens; `replays` counts the steps that replayed.
+std::vector<int32_t> generate_with_graphs(const model::Model& m, std::span<const int32_t> prompt,
+                                          int64_t max_new,
+                                          const std::function<int32_t(std::span<const float>)>& pick,
+                                          int64_t page_size, int64_t& replays) {
+  const int64_t total = int64_t(prompt.size()) + max_new, V = m.config().vocab_size;
+  const int64_t pages = (total + page_size - 1) / page_size;
+  model::KvCache cache = m.make_cache(pages + 1, page_size);
+  std::vector<int32_t> table(static_cast<size_t>(pages));
+  std::iota(table.begin(), table.end(), 0);
+  model::ForwardOptions fo;
+  fo.all_logits = false;
+  runtime::CudaGraphRunner graphs(m, cache, int32_t(pages), 1, fo, false);
+  std::vector<int32_t> out, step(prompt.begin(), prompt.end());
+  int64_t pos = 0;
+  while (int64_t(out.size()) < max_new) {
+    model::ForwardBatch batch;
+    batch.page_size = page_size;
+    batch.add_request(step, pos, table, pos > 0);
+    std::optional<Tensor> g = graphs.run(batch);
+    replays += g ? 1 : 0;
+    const Tensor logits = (g ? *g : m.forward(batch, cache, fo).logits).to(Device::cpu);  // [1, V]
+    const int32_t next = pick(std::span<const float>(logits.data<float>(), size_t(V)));
+    if (next < 0) break;
+    DSA_CHECK(next < V, "generate: picked token {} outside the vocabulary of {}", next, V);
+    pos += int64_t(step.size());
+    step.assign(1, next);
+    out.push_back(next);
+  }
+  return out;
+}
+
 CommandRun setup(CLI::App& sub) {
   struct Opts {
     std::string model, prompt, prompt_file, device = "cpu", kv_cache_dtype = "auto";
-    int64_t max_new = 16, page_size = 64;
+    int64_t max_new = 16, page_size = 64, cuda_graph_max_bs = 256;
+    bool disable_cuda_graph = false;
     int threads = 0;
     float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
     int32_t top_k = 0;
@@ -48,6 +90,11 @@ CommandRun setup(CLI::App& sub) {
                  "KV cache dtype: auto (bf16 on cuda when the sm_90a kernels fit the model, else f32), bf16, "
                  "fp8_e4m3 (cuda) or f32")
       ->capture_default_str();
+  sub.add_option("--cuda-graph-max-bs", o->cuda_graph_max_bs,
+                 "with --device cuda: replay the decode steps through a captured CUDA graph (0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub.add_flag("--disable-cuda-graph", o->disable_cuda_graph, "run every step eagerly (no CUDA graphs)");
   return [o, temp, topk, topp, minp, seed]() -> int {
     DSA_CHECK(!o->prompt.empty() || !o->prompt_file.empty(),
               "generate: give the prompt with --prompt-ids or --prompt-ids-file");
@@ -81,17 +128,22 @@ CommandRun setup(CLI::App& sub) {
     std::vector<float> scratch;
     const auto t1 = std::chrono::steady_clock::now();
     std::vector<int32_t> out;
-    if (!sampling) {
+    // Greedy: the first maximum (ties to the lowest id, like kernels::argmax and greedy_generate).
+    const std::function<int32_t(std::span<const float>)> pick = [&](std::span<const float> logits) {
+      if (!sampling) return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const runtime::SampleResult r = runtime::sample(logits, sp, state, scratch);
+      state.record(r.token);
+      return int32_t(r.token);
+    };
+    const bool graphs = device == Device::cuda && !o->disable_cuda_graph && o->cuda_graph_max_bs > 0 &&
+                        kv_dtype != model::KvCacheDtype::f32;
+    int64_t replays = 0;
+    if (graphs) {
+      out = generate_with_graphs(*model, prompt, o->max_new, pick, o->page_size, replays);
+    } else if (!sampling) {
       out = model::greedy_generate(*model, prompt, o->max_new, o->page_size);
     } else {
-      out = model::generate_tokens(
-          *model, prompt, o->max_new,
-          [&](std::span<const float> logits) {
-            const runtime::SampleResult r = runtime::sample(logits, sp, state, scratch);
-            state.record(r.token);
-            return r.token;
-          },
-          o->page_size);
+      out = model::generate_tokens(*model, prompt, o->max_new, pick, o->page_size);
     }
     const auto t2 = std::chrono::steady_clock::now();
     const double load_s = std::chrono::duration<double>(t1 - t0).count();
@@ -104,6 +156,7 @@ CommandRun setup(CLI::App& sub) {
                      {"load_seconds", load_s},
                      {"upload_seconds", upload_s},
                      {"generate_seconds", run_s},
+                     {"cuda_graph_replays", replays},
                      {"threads", num_threads()}};
     fmt::print("{}\n", j.dump());
     return 0;

@@ -58,6 +58,13 @@ CommandRun setup(CLI::App& sub) {
                  "KV cache dtype: auto (bf16 on cuda when the sm_90a kernels fit the model, else f32), bf16, "
                  "fp8_e4m3 (cuda) or f32")
       ->capture_default_str();
+  sub.add_option("--cuda-graph-max-bs", cfg->engine.cuda_graph_max_bs,
+                 "with --device cuda: replay captured CUDA graphs for decode batches of up to this many "
+                 "requests (capped by --max-running-requests; 0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  auto disable_graphs = std::make_shared<bool>(false);
+  sub.add_flag("--disable-cuda-graph", *disable_graphs, "run every step eagerly (no CUDA graphs)");
   sub.add_flag(
       "--disable-radix-cache", [cfg](int64_t) { cfg->engine.enable_prefix_cache = false; },
       "no prefix cache");
@@ -88,7 +95,10 @@ CommandRun setup(CLI::App& sub) {
       ->capture_default_str();
   sub.add_flag("--check-integrity", cfg->engine.check_integrity,
                "check scheduler/KV invariants every step (debug)");
-  return [cfg] { return server::run_server(*cfg); };
+  return [cfg, disable_graphs] {
+    if (*disable_graphs) cfg->engine.cuda_graph_max_bs = 0;
+    return server::run_server(*cfg);
+  };
 }
 #else
 CommandRun setup(CLI::App& sub) {

@@ -80,8 +80,14 @@ struct Model::Step {
   std::vector<Tensor> sel;  // per request, i32 [T_r, k] or undefined (= every visible key)
   bool have_sel = false;
 
+  // Whether the kernels may see row_seq_host / row_len_host. Not with pre-uploaded inputs (CUDA graphs):
+  // a captured kernel must not size its work from the capture batch's rows, which replays change.
+  bool host_rows = true;
+
   // The rows over one layer's cache.
   kernels::PagedRows rows(const Tensor& cache, int64_t page_size) const {
+    if (!host_rows)
+      return kernels::PagedRows{cache, page_table, page_size, row_seq, row_len, {}, {}, max_len};
     return kernels::PagedRows{cache,   page_table,   page_size,    row_seq,
                               row_len, row_seq_host, row_len_host, max_len};
   }
@@ -385,7 +391,9 @@ ForwardOutput Model::finish(const Tensor& hidden, const kernels::WeightRef& head
                             const ForwardOptions& opt) const {
   ForwardOutput out;
   OpScope span("lm_head");
-  if (opt.all_logits) {
+  // A decode step's last tokens are all of its tokens (one per request): no gather.
+  const bool one_per_request = b.num_tokens() == b.num_requests();
+  if (opt.all_logits || one_per_request) {
     out.logits = ops::linear(hidden, head);
   } else {
     std::vector<int32_t> last;
@@ -427,13 +435,47 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   Step st;
   st.batch = &batch;
   st.opt = &opt;
-  st.positions = i32_tensor(batch.positions.data(), T, dev);
-  st.slots = i32_tensor(batch.out_cache_loc.data(), T, dev);
-  {
+  const int64_t R = batch.num_requests();
+  // The attention rows on the host (one per token: its request and visible length), for every layer.
+  st.row_seq_host.resize(size_t(T));
+  st.row_len_host.resize(size_t(T));
+  int64_t max_pages = 1;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t a0 = batch.token_begin[size_t(r)], a1 = batch.token_begin[size_t(r) + 1],
+                  s0 = batch.start_pos[size_t(r)];
+    for (int64_t t = a0; t < a1; ++t) {
+      st.row_seq_host[size_t(t)] = int32_t(r);
+      st.row_len_host[size_t(t)] = int32_t(s0 + (t - a0) + 1);
+    }
+    st.max_len = std::max(st.max_len, s0 + (a1 - a0));
+    max_pages = std::max<int64_t>(max_pages, int64_t(batch.pages(r).size()));
+  }
+  Tensor ids;
+  if (opt.inputs != nullptr) {
+    // Pre-uploaded (CUDA graphs): no copies; the capacity max_len replaces the batch's own.
+    const StepTensors& in = *opt.inputs;
+    DSA_CHECK(in.ids.defined() && in.ids.size(0) == T && in.positions.size(0) == T && in.slots.size(0) == T &&
+                  in.row_seq.size(0) == T && in.row_len.size(0) == T && in.page_table.dim() == 2 &&
+                  in.page_table.size(0) == std::max<int64_t>(R, 1),
+              "forward: pre-uploaded step inputs do not match the batch ({} tokens, {} requests)", T, R);
+    // The page table holds the pages of max_len positions (a request's table may list more, reserved
+    // ahead). Whether the indexer runs follows max_len: the caller picks its side of index_topk.
+    DSA_CHECK(in.max_len >= st.max_len && in.page_table.size(1) * batch.page_size >= in.max_len,
+              "forward: context capacity {} is below the batch's longest request ({} tokens) or beyond its "
+              "page table ({} pages)",
+              in.max_len, st.max_len, in.page_table.size(1));
+    ids = in.ids;
+    st.positions = in.positions;
+    st.slots = in.slots;
+    st.page_table = in.page_table;
+    st.row_seq = in.row_seq;
+    st.row_len = in.row_len;
+    st.max_len = in.max_len;
+    st.host_rows = dev == Device::cpu;  // the CPU backend splits rows by request on the host (no capture)
+  } else {
     // Page tables and attention rows, packed once for every layer: [R, max_pages] and [T] each.
-    const int64_t R = batch.num_requests();
-    int64_t max_pages = 1;
-    for (int64_t r = 0; r < R; ++r) max_pages = std::max<int64_t>(max_pages, int64_t(batch.pages(r).size()));
+    st.positions = i32_tensor(batch.positions.data(), T, dev);
+    st.slots = i32_tensor(batch.out_cache_loc.data(), T, dev);
     std::vector<int32_t> pt(size_t(std::max<int64_t>(R, 1) * max_pages), 0);
     for (int64_t r = 0; r < R; ++r) {
       const auto p = batch.pages(r);
@@ -441,24 +483,15 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     }
     st.page_table = i32_tensor(pt.data(), std::max<int64_t>(R, 1) * max_pages, dev)
                         .view({std::max<int64_t>(R, 1), max_pages});
-    for (int64_t r = 0; r < R; ++r)
-      st.page_tables.push_back(st.page_table.select(0, r).slice(0, 0, int64_t(batch.pages(r).size())));
-    st.row_seq_host.resize(size_t(T));
-    st.row_len_host.resize(size_t(T));
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t a0 = batch.token_begin[size_t(r)], a1 = batch.token_begin[size_t(r) + 1],
-                    s0 = batch.start_pos[size_t(r)];
-      for (int64_t t = a0; t < a1; ++t) {
-        st.row_seq_host[size_t(t)] = int32_t(r);
-        st.row_len_host[size_t(t)] = int32_t(s0 + (t - a0) + 1);
-      }
-      st.max_len = std::max(st.max_len, s0 + (a1 - a0));
-    }
     st.row_seq = i32_tensor(st.row_seq_host.data(), T, dev);
     st.row_len = i32_tensor(st.row_len_host.data(), T, dev);
+    ids = i32_tensor(batch.input_ids.data(), T, dev);
   }
-  st.sel.resize(size_t(batch.num_requests()));
-  const Tensor ids = i32_tensor(batch.input_ids.data(), T, dev);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t n = std::min<int64_t>(int64_t(batch.pages(r).size()), st.page_table.size(1));
+    st.page_tables.push_back(st.page_table.select(0, r).slice(0, 0, n));
+  }
+  st.sel.resize(size_t(R));
 
   // Trace context: the plan's step and pass names, from the requests' state (a one-token prompt or chunk
   // is a prefill; a step of decoding requests only is a decode).

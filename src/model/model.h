@@ -24,11 +24,28 @@ namespace dsaserve::model {
 // numbers; `automatic` uses MHA for requests with at least mha_min_tokens new tokens.
 enum class AttentionForm { automatic, mha, absorbed };
 
+// A step's inputs already on the model's device (CUDA graph capture and replay: runtime/engine/
+// cuda_graph_runner.h). When given, the forward reads these instead of uploading the batch's, so it makes
+// no host->device copy, and on a device the operators get no host copy of the attention rows
+// (kernels::PagedRows' host spans stay empty: a captured kernel must not size its work from them, so the
+// device needs batched row kernels: CUDA with bf16 / FP8 caches); the batch still describes the step's
+// shape (requests, tokens, page counts) and must match the inputs.
+struct StepTensors {
+  Tensor ids, positions, slots;  // i32 [T]
+  Tensor page_table;             // i32 [R, max_pages], each request's pages first
+  Tensor row_seq, row_len;       // i32 [T]: each token's request and visible length
+  // The kernels' context capacity: >= every request's length; max_pages * page_size >= max_len. It picks
+  // whether the indexer runs (max_len > index_topk), so a caller keeps it on the side of index_topk of
+  // the batches it stands for (a graph captured on padding rows replays real ones).
+  int64_t max_len = 0;
+};
+
 struct ForwardOptions {
   AttentionForm attention = AttentionForm::automatic;
   int64_t mha_min_tokens = 256;
-  bool all_logits = true;    // logits of every token; false: only each request's last token
-  bool keep_hidden = false;  // also return the final normed hidden states (the MTP layer's input)
+  bool all_logits = true;               // logits of every token; false: only each request's last token
+  bool keep_hidden = false;             // also return the final normed hidden states (the MTP layer's input)
+  const StepTensors* inputs = nullptr;  // pre-uploaded inputs (see StepTensors); null: upload the batch's
 };
 
 struct ForwardOutput {

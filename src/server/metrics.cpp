@@ -79,6 +79,8 @@ std::string ServerMetrics::render(const runtime::EngineStats& e, int64_t active_
           e.prefill_tokens);
   counter("dsaserve_engine_generated_tokens_total", "Tokens sampled by the engine.", e.generated_tokens);
   counter("dsaserve_engine_steps_total", "Model steps run.", e.steps);
+  counter("dsaserve_cuda_graph_replays_total", "Decode steps that replayed a captured CUDA graph.",
+          e.cuda_graph_replays);
   counter("dsaserve_retractions_total", "Requests retracted for lack of KV pages.", e.retractions);
   gauge("dsaserve_engine_busy_seconds_total", "Seconds spent in engine steps.", e.busy_seconds);
   gauge("dsaserve_scheduler_seconds_total", "Of which the scheduler's own CPU time.", e.schedule_seconds);

@@ -76,6 +76,8 @@ class Server {
     };
   }
 
+  runtime::EngineStats engine_stats() const { return engine_->stats(); }
+
   int run() {
     const tcp::endpoint ep(net::ip::make_address(cfg_.host), static_cast<unsigned short>(cfg_.port));
     acceptor_.open(ep.protocol());
@@ -486,10 +488,12 @@ int run_server(const ServerConfig& in) {
     Server server(cfg, std::move(model), std::move(*tok), std::move(chat_tmpl), std::move(chat_tools));
     const auto t_ready = std::chrono::steady_clock::now();
     const auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    const runtime::EngineStats es = server.engine_stats();
     fmt::print(
         "dsaserve serve: loaded in {:.2f} s (load {:.2f} s, upload {:.2f} s, warm-up {:.2f} s, "
-        "KV alloc {:.2f} s)\n",
-        secs(t0, t_ready), secs(t0, t_loaded), secs(t_loaded, t_uploaded), warm_s, secs(t_kv, t_ready));
+        "KV alloc {:.2f} s, CUDA graphs {:.2f} s: {} captured)\n",
+        secs(t0, t_ready), secs(t0, t_loaded), secs(t_loaded, t_uploaded), warm_s,
+        secs(t_kv, t_ready) - es.cuda_graph_seconds, es.cuda_graph_seconds, es.cuda_graphs);
     rc = server.run();
   }  // the engine has stopped: nothing records any more
   if (recorder) {

@@ -71,5 +71,22 @@ TEST(KvPool, AllocateGrowFreeAndIntegrity) {
   EXPECT_EQ(pool.free_pages(), 6);
 }
 
+// The CUDA graph runner's scratch page: the cache's last page, outside the pool.
+TEST(KvPool, ReservedPagesStayOutsideThePool) {
+  KvPool pool(model::KvCache::create(small_config(), 6, 4, false), 1);
+  EXPECT_EQ(pool.num_pages(), 5);
+  EXPECT_EQ(pool.cache().num_pages, 6);
+  EXPECT_EQ(pool.reserved_page(0), 5);
+  EXPECT_THROW(pool.reserved_page(1), Error);
+  const std::vector<int32_t> all = pool.allocate(5);
+  EXPECT_EQ(std::set<int32_t>(all.begin(), all.end()), (std::set<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_FALSE(pool.can_allocate(1));
+  const std::vector<int32_t> scratch{5};
+  EXPECT_THROW(pool.free(scratch), Error);  // never the pool's to take back
+  pool.free(all);
+  pool.check_integrity();
+  EXPECT_THROW(KvPool(model::KvCache::create(small_config(), 2, 4, false), 2), Error);
+}
+
 }  // namespace
 }  // namespace dsaserve::runtime

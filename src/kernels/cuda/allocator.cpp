@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/graph.h"
+#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 
@@ -18,6 +20,7 @@ class CachingAllocator final : public DeviceAllocator {
  public:
   std::shared_ptr<void> allocate(size_t bytes) override {
     const size_t size = allocation_size_class(bytes);
+    if (capturing()) return allocate_graph(size);
     void* p = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -39,6 +42,11 @@ class CachingAllocator final : public DeviceAllocator {
   }
 
   void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) override {
+    DSA_CHECK(
+        !capturing(),
+        "a synchronous {} byte copy ({} -> {}) inside a CUDA graph capture: an operator on the captured "
+        "path reads device data back or uploads host data (not capturable)",
+        bytes, device_name(src_dev), device_name(dst_dev));
     const cudaMemcpyKind kind =
         src_dev == Device::cpu ? (dst_dev == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
                                : (dst_dev == Device::cpu ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
@@ -46,7 +54,7 @@ class CachingAllocator final : public DeviceAllocator {
   }
 
   void memset_zero(void* dst, size_t bytes) override {
-    DSA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, nullptr));
+    DSA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, op_stream()));
   }
 
   AllocatorStats stats() {
@@ -60,6 +68,37 @@ class CachingAllocator final : public DeviceAllocator {
   }
 
  private:
+  // Under capture: the graph pool's free list, else a new block (cudaMalloc is legal during capture in
+  // relaxed mode; the graph only records the address). Pool blocks return to the pool only.
+  std::shared_ptr<void> allocate_graph(size_t size) {
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = graph_free_.find(size);
+      if (it != graph_free_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+      }
+    }
+    if (p == nullptr) {
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      DSA_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      const cudaError_t e = cudaMalloc(&p, size);
+      DSA_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        fail("CUDA graph pool: allocation of {} bytes failed: {}", size, cudaGetErrorString(e));
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.device_mallocs;
+      stats_.graph_pool_bytes += int64_t(size);
+    }
+    return std::shared_ptr<void>(p, [this, size](void* q) {
+      std::lock_guard<std::mutex> lock(mu_);
+      graph_free_[size].push_back(q);
+    });
+  }
+
   void* device_malloc(size_t size) {
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, size);
@@ -100,6 +139,8 @@ class CachingAllocator final : public DeviceAllocator {
 
   std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;
+  // The graph pool's free blocks (graph.h): never released, never handed to eager allocations.
+  std::map<size_t, std::vector<void*>> graph_free_;
   AllocatorStats stats_;
 };
 

@@ -7,6 +7,10 @@
 // default stream, so a freed block handed out again is only touched by work queued after the work that
 // used it before: reuse needs no events. When cudaMalloc fails the free lists are released and the
 // allocation retried once.
+//
+// A thread that is capturing a CUDA graph (graph.h) allocates from the graph pool instead: blocks that
+// captured graphs use at replay, so they are never given to eager work and never freed (only to the
+// pool's own free lists, which later captures reuse).
 #include <cstddef>
 #include <cstdint>
 
@@ -19,7 +23,8 @@ struct AllocatorStats {
   int64_t bytes_in_use = 0;    // size-class bytes held by live tensors
   int64_t bytes_cached = 0;    // bytes on the free lists
   int64_t peak_in_use = 0;
-  int64_t hits = 0;  // allocations served from a free list
+  int64_t hits = 0;              // allocations served from a free list
+  int64_t graph_pool_bytes = 0;  // bytes reserved by the graph pool (never released)
 };
 
 // The size class of a request of `bytes` (what is actually reserved).

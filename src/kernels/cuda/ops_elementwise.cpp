@@ -7,6 +7,7 @@
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise_params.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
@@ -27,7 +28,10 @@ RowsParams rows_params(const void* src, int64_t src_stride, void* dst, int64_t d
   return p;
 }
 
+// Range checks that read indices back to the host; skipped under graph capture (a device->host copy is
+// illegal there: the graph runner validates its batches on the host before every replay).
 void check_indices(const Tensor& idx, int64_t bound, const char* what) {
+  if (capturing()) return;
   const std::vector<int32_t> v = i32_to_host(idx);
   for (size_t i = 0; i < v.size(); ++i) {
     DSA_CHECK(v[i] >= 0 && v[i] < bound, "{}: index {} at {} outside [0, {})", what, v[i], i, bound);
@@ -44,6 +48,9 @@ const float* inv_freq_on_device(const RopeParams& p) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(key);
   if (it == cache->end()) {
+    DSA_CHECK(!capturing(),
+              "rope: inverse frequencies first needed inside a CUDA graph capture (run one eager "
+              "step of the same model before capturing)");
     const std::vector<float> inv = rope_inv_freq(p);
     const Tensor host = Tensor::from_vector(inv, {int64_t(inv.size())});
     it = cache->emplace(key, host.to(Device::cuda)).first;
@@ -78,10 +85,12 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
             "embedding: table must be a contiguous 2-D CUDA bf16/f32 tensor");
   const int32_t* id = i32_vec(ids, "embedding ids");
   const int64_t T = ids.size(0), V = table.size(0), H = table.size(1);
-  const std::vector<int32_t> host = i32_to_host(ids);
-  for (int64_t t = 0; t < T; ++t) {
-    DSA_CHECK(host[size_t(t)] >= 0 && host[size_t(t)] < V, "token id {} at index {} is out of range [0, {})",
-              host[size_t(t)], t, V);
+  if (!capturing()) {  // under capture the caller has checked the ids on the host
+    const std::vector<int32_t> host = i32_to_host(ids);
+    for (int64_t t = 0; t < T; ++t) {
+      DSA_CHECK(host[size_t(t)] >= 0 && host[size_t(t)] < V,
+                "token id {} at index {} is out of range [0, {})", host[size_t(t)], t, V);
+    }
   }
   Tensor out = Tensor::empty({T, H}, DType::f32, Device::cuda);
   check_launch(launch_embedding({table.raw_data(), id, out.data<float>(), T, H, table.dtype() == DType::bf16},
@@ -228,7 +237,7 @@ void check_pages(const PagedSeq& seq, int64_t n, int64_t cache_rows, const char*
             (n + seq.page_size - 1) / seq.page_size, n_pages);
   const int64_t used = (n + seq.page_size - 1) / seq.page_size;
   const int64_t total_pages = cache_rows / seq.page_size;
-  if (used == 0) return;
+  if (used == 0 || capturing()) return;
   const std::vector<int32_t> pages = i32_to_host(seq.page_table.slice(0, 0, used));
   for (int64_t i = 0; i < used; ++i) {
     DSA_CHECK(pages[size_t(i)] >= 0 && pages[size_t(i)] < total_pages,

@@ -1,5 +1,6 @@
 #include "runtime/engine/engine.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 
@@ -34,11 +35,16 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
   DSA_CHECK(cfg_.page_size > 0, "--page-size must be positive, got {}", cfg_.page_size);
   // The KV cache lives where the model's weights do (see runtime/engine/device.h); the engine only ever
   // moves page ids, so prefix reuse, retraction and aborts need no device copies.
+  // CUDA graphs need one KV page no request owns (their padding rows write there): the cache's last.
+  const bool graphs = cfg_.cuda_graph_max_bs > 0 && cuda_graphs_built() &&
+                      model_->weights().embed_tokens.device() == Device::cuda;
+  const int64_t cache_pages = cfg_.kv_pages + (graphs ? 1 : 0);
   pool_ = std::make_unique<KvPool>(
-      cfg_.kv_dtype ? model::KvCache::create(model_->config(), cfg_.kv_pages, cfg_.page_size,
+      cfg_.kv_dtype ? model::KvCache::create(model_->config(), cache_pages, cfg_.page_size,
                                              model_->num_mtp_layers() > 0,
                                              model_->weights().embed_tokens.device(), cfg_.kv_dtype)
-                    : model_->make_cache(cfg_.kv_pages, cfg_.page_size));
+                    : model_->make_cache(cache_pages, cfg_.page_size),
+      graphs ? 1 : 0);
   cache_ = std::make_unique<RadixCache>(*pool_, cfg_.enable_prefix_cache);
   if (cfg_.scheduler.max_context <= 0) cfg_.scheduler.max_context = model_->config().max_position_embeddings;
   scheduler_ = std::make_unique<Scheduler>(cfg_.scheduler, *pool_, *cache_);
@@ -48,8 +54,19 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
     DSA_CHECK(model_->weights().embed_tokens.device() == Device::cuda,
               "--sampling-device gpu needs the model on the CUDA device (--device cuda)");
   }
+  std::unique_ptr<CudaGraphRunner> graph_runner;
+  if (graphs) {
+    // No bucket above the running batch's limit: larger batches never occur.
+    const int64_t max_bs = cfg_.scheduler.max_running_requests > 0
+                               ? std::min(cfg_.cuda_graph_max_bs, cfg_.scheduler.max_running_requests)
+                               : cfg_.cuda_graph_max_bs;
+    graph_runner = std::make_unique<CudaGraphRunner>(*model_, pool_->cache(), pool_->reserved_page(0), max_bs,
+                                                     cfg_.forward);
+    stats_.cuda_graph_seconds = graph_runner->capture_all();
+    stats_.cuda_graphs = graph_runner->stats().graphs;
+  }
   runner_ = std::make_unique<ForwardModelRunner>(*model_, pool_->cache(), cfg_.forward, cfg_.overlap_schedule,
-                                                 cfg_.sample_on_device);
+                                                 cfg_.sample_on_device, std::move(graph_runner));
   stats_.kv_pages_total = pool_->num_pages();
   stats_.kv_pages_free = pool_->free_pages();
   seed_counter_ = std::random_device{}();
@@ -290,6 +307,7 @@ bool Engine::step() {
     stats_.busy_seconds += seconds_since(t0);
     stats_.schedule_seconds += sched_s;
     stats_.launch_gap_seconds = runner_->gap_seconds();
+    stats_.cuda_graph_replays = runner_->graph_replays();
   }
   publish(out);
   trace::Recorder* rec = trace::active();

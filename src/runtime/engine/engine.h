@@ -45,6 +45,10 @@ struct EngineConfig {
   bool sample_on_device = false;
   // The KV cache's dtype (on the model's device); unset: the device's default (model::KvCache::create).
   std::optional<model::KvCacheDtype> kv_dtype;
+  // CUDA graphs for decode batches of up to this many requests (--cuda-graph-max-bs; 0 or
+  // --disable-cuda-graph: off). Used when the model is on CUDA with a bf16 / FP8 KV cache; the cache then
+  // has one page more than kv_pages, outside the pool (padding rows write there). See cuda_graph_runner.h.
+  int64_t cuda_graph_max_bs = 256;
 };
 
 struct GenerateRequest {
@@ -72,6 +76,9 @@ struct EngineStats {
   // The model's idle time between back-to-back steps (a step's end to the next one's start, measured by
   // the runner): what the engine thread's own work costs the device. Overlap hides schedule + build.
   double launch_gap_seconds = 0;
+  int64_t cuda_graphs = 0;         // decode graphs captured at start-up
+  double cuda_graph_seconds = 0;   // their capture time (start-up)
+  int64_t cuda_graph_replays = 0;  // steps that replayed a graph
 };
 
 class Engine {

@@ -11,8 +11,14 @@
 namespace dsaserve::runtime {
 
 ForwardModelRunner::ForwardModelRunner(const model::Model& model, model::KvCache& cache,
-                                       model::ForwardOptions opt, bool async, bool logits_on_device)
-    : model_(model), cache_(cache), opt_(opt), async_(async), logits_on_device_(logits_on_device) {
+                                       model::ForwardOptions opt, bool async, bool logits_on_device,
+                                       std::unique_ptr<CudaGraphRunner> graphs)
+    : model_(model),
+      cache_(cache),
+      opt_(opt),
+      async_(async),
+      logits_on_device_(logits_on_device),
+      graphs_(std::move(graphs)) {
   if (async_) thread_ = std::thread([this] { worker(); });
 }
 
@@ -33,9 +39,20 @@ void ForwardModelRunner::run(const model::ForwardBatch& fb) {
   }
   Tensor logits;
   std::exception_ptr err;
+  bool replayed = false;
+  // The step's logits where the forward computed them: a graph replay, else the eager forward.
+  auto forward = [&] {
+    if (graphs_) {
+      if (std::optional<Tensor> g = graphs_->run(fb)) {
+        replayed = true;
+        return std::move(*g);
+      }
+    }
+    return model_.forward(fb, cache_, opt_).logits;
+  };
   try {
     if (logits_on_device_) {
-      logits = model_.forward(fb, cache_, opt_).logits;
+      logits = forward();
 #ifdef DSASERVE_HAVE_CUDA
       // The step ends when its kernels have run (as the host copy would make it): errors surface here.
       if (logits.device() == Device::cuda) {
@@ -44,7 +61,7 @@ void ForwardModelRunner::run(const model::ForwardBatch& fb) {
       }
 #endif
     } else {
-      logits = model_.forward(fb, cache_, opt_).logits.to(Device::cpu).contiguous();  // no copy on the CPU
+      logits = forward().to(Device::cpu).contiguous();  // no copy on the CPU
     }
   } catch (...) {
     err = std::current_exception();
@@ -54,12 +71,18 @@ void ForwardModelRunner::run(const model::ForwardBatch& fb) {
   error_ = err;
   done_ = true;
   chained_ = true;
+  graph_replays_ += replayed ? 1 : 0;
   last_finish_ = std::chrono::steady_clock::now();
 }
 
 double ForwardModelRunner::gap_seconds() {
   std::lock_guard<std::mutex> lk(mu_);
   return gap_s_;
+}
+
+int64_t ForwardModelRunner::graph_replays() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return graph_replays_;
 }
 
 void ForwardModelRunner::idle() {

@@ -16,6 +16,7 @@
 
 #include "core/tensor.h"
 #include "model/model.h"
+#include "runtime/engine/cuda_graph_runner.h"
 
 namespace dsaserve::runtime {
 
@@ -31,6 +32,8 @@ class ModelRunner {
   // idle() says the engine has no work, so the next start does not count.
   virtual double gap_seconds() = 0;
   virtual void idle() = 0;
+  // Steps that replayed a CUDA graph so far.
+  virtual int64_t graph_replays() { return 0; }
 };
 
 // Model::forward on the model's device (CPU, or CUDA with the weights uploaded and a CUDA KV cache).
@@ -38,13 +41,14 @@ class ModelRunner {
 // inline. The results are the same. On CUDA the worker thread needs no per-thread setup: the process
 // uses device 0 (every host thread's default) and the backend queues every kernel on the legacy default
 // stream, which orders them against the other threads' work (weights, warm-up); the logits copy to the
-// host ends the step, so wait() returns only finished results.
+// host ends the step, so wait() returns only finished results. With a CudaGraphRunner, the decode steps
+// it accepts replay captured graphs (cuda_graph_runner.h); every other step runs Model::forward.
 class ForwardModelRunner final : public ModelRunner {
  public:
   // `logits_on_device`: wait() returns the logits where the forward computed them (the step still ends
   // with a device synchronisation), for a sampler on the device; else they are copied to the host.
   ForwardModelRunner(const model::Model& model, model::KvCache& cache, model::ForwardOptions opt, bool async,
-                     bool logits_on_device = false);
+                     bool logits_on_device = false, std::unique_ptr<CudaGraphRunner> graphs = nullptr);
   ~ForwardModelRunner() override;
   ForwardModelRunner(const ForwardModelRunner&) = delete;
   ForwardModelRunner& operator=(const ForwardModelRunner&) = delete;
@@ -53,6 +57,7 @@ class ForwardModelRunner final : public ModelRunner {
   Tensor wait() override;
   double gap_seconds() override;
   void idle() override;
+  int64_t graph_replays() override;
 
  private:
   void run(const model::ForwardBatch& fb);
@@ -63,6 +68,7 @@ class ForwardModelRunner final : public ModelRunner {
   model::ForwardOptions opt_;
   bool async_;
   bool logits_on_device_;
+  std::unique_ptr<CudaGraphRunner> graphs_;  // used by the thread that runs the steps
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -75,6 +81,7 @@ class ForwardModelRunner final : public ModelRunner {
   bool chained_ = false;  // a step finished and the engine was not idle since
   std::chrono::steady_clock::time_point last_finish_;
   double gap_s_ = 0;
+  int64_t graph_replays_ = 0;
   std::thread thread_;
 };
 

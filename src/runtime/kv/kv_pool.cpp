@@ -6,12 +6,19 @@
 
 namespace dsaserve::runtime {
 
-KvPool::KvPool(model::KvCache cache) : cache_(std::move(cache)) {
+KvPool::KvPool(model::KvCache cache, int64_t reserved) : cache_(std::move(cache)), reserved_(reserved) {
   DSA_CHECK(cache_.num_pages > 0 && cache_.page_size > 0, "KV pool: {} pages of {} tokens", cache_.num_pages,
             cache_.page_size);
-  free_.resize(static_cast<size_t>(cache_.num_pages));
+  DSA_CHECK(reserved >= 0 && reserved < cache_.num_pages, "KV pool: {} reserved of {} pages", reserved,
+            cache_.num_pages);
+  free_.resize(static_cast<size_t>(num_pages()));
   std::iota(free_.rbegin(), free_.rend(), 0);
-  used_.assign(size_t(cache_.num_pages), false);
+  used_.assign(size_t(num_pages()), false);
+}
+
+int32_t KvPool::reserved_page(int64_t i) const {
+  DSA_CHECK(i >= 0 && i < reserved_, "KV pool: reserved page {} of {}", i, reserved_);
+  return int32_t(num_pages() + i);
 }
 
 std::vector<int32_t> KvPool::allocate(int64_t n) {

@@ -12,10 +12,14 @@ namespace dsaserve::runtime {
 
 class KvPool {
  public:
-  explicit KvPool(model::KvCache cache);
+  // The cache's last `reserved` pages stay outside the pool (no request ever gets them; the CUDA graph
+  // runner's padding rows write there): num_pages() is the cache's pages less those.
+  explicit KvPool(model::KvCache cache, int64_t reserved = 0);
 
   int64_t page_size() const { return cache_.page_size; }
-  int64_t num_pages() const { return cache_.num_pages; }
+  int64_t num_pages() const { return cache_.num_pages - reserved_; }
+  // The cache page id of reserved page i (0 <= i < reserved).
+  int32_t reserved_page(int64_t i) const;
   int64_t free_pages() const { return int64_t(free_.size()); }
   // Pages needed to hold `tokens` positions.
   int64_t pages_for(int64_t tokens) const { return (tokens + page_size() - 1) / page_size(); }
@@ -35,6 +39,7 @@ class KvPool {
 
  private:
   model::KvCache cache_;
+  int64_t reserved_ = 0;
   std::vector<int32_t> free_;  // a stack; the lowest ids are handed out first
   std::vector<bool> used_;
 };

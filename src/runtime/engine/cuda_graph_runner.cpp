@@ -1,0 +1,249 @@
+#include "runtime/engine/cuda_graph_runner.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+#include "core/error.h"
+#include "trace/trace.h"
+
+#ifdef DSASERVE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/graph.h"
+#endif
+
+namespace dsaserve::runtime {
+
+#ifdef DSASERVE_HAVE_CUDA
+
+namespace {
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail("CUDA graphs: {}: {}", what, cudaGetErrorString(e));
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One captured graph and its static inputs (i32, packed as DecodeInputLayout).
+struct Entry {
+  DecodeInputLayout layout;
+  Tensor inputs;            // i32 [layout.size()] on the device
+  model::StepTensors step;  // views of `inputs`
+  kernels::cuda::CudaGraph graph;
+};
+
+}  // namespace
+
+struct CudaGraphRunner::Impl {
+  const model::Model& model;
+  model::KvCache& cache;
+  int32_t scratch = -1;
+  GraphPlanConfig plan;
+  model::ForwardOptions opt;
+  bool log = true;
+  bool usable = false;  // the model and cache allow graphs (constructor)
+  bool disabled = false;
+  std::map<GraphKey, std::unique_ptr<Entry>> graphs;
+  Tensor out;                 // f32 [max_bs, vocab]: every graph writes its logits here (replays are serial)
+  int32_t* pinned = nullptr;  // the host side of the one upload per replay
+  int64_t pinned_n = 0;
+  cudaEvent_t uploaded = nullptr;  // the last upload from `pinned` (the buffer is reused after it)
+  int64_t replays = 0;
+  double capture_s = 0;
+
+  Impl(const model::Model& m, model::KvCache& c) : model(m), cache(c) {}
+  ~Impl() {
+    if (!graphs.empty()) cudaDeviceSynchronize();  // no replay in flight while its graph is destroyed
+    graphs.clear();
+    if (uploaded != nullptr) {
+      cudaEventSynchronize(uploaded);
+      cudaEventDestroy(uploaded);
+    }
+    if (pinned != nullptr) cudaFreeHost(pinned);
+  }
+
+  std::span<int32_t> host_buffer(int64_t n) {
+    if (n > pinned_n) {
+      cuda_check(cudaEventSynchronize(uploaded), "waiting for the last upload");
+      if (pinned != nullptr) cuda_check(cudaFreeHost(pinned), "cudaFreeHost");
+      pinned = nullptr;
+      cuda_check(
+          cudaHostAlloc(reinterpret_cast<void**>(&pinned), size_t(n) * sizeof(int32_t), cudaHostAllocDefault),
+          "cudaHostAlloc");
+      pinned_n = n;
+    }
+    return {pinned, size_t(n)};
+  }
+
+  // Packs `fb` into the pinned buffer and queues its upload into e's inputs (legacy stream).
+  void upload(const model::ForwardBatch& fb, const GraphKey& k, Entry& e) {
+    cuda_check(cudaEventSynchronize(uploaded), "waiting for the last upload");  // pinned is free again
+    const std::span<int32_t> buf = host_buffer(e.layout.size());
+    pack_decode_inputs(fb, k, scratch, buf);
+    cuda_check(cudaMemcpyAsync(e.inputs.raw_data(), buf.data(), buf.size() * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, nullptr),
+               "uploading the step inputs");
+    cuda_check(cudaEventRecord(uploaded, nullptr), "cudaEventRecord");
+  }
+
+  Entry& capture(const GraphKey& k, bool lazy) {
+    if (auto it = graphs.find(k); it != graphs.end()) return *it->second;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto e = std::make_unique<Entry>();
+    e->layout = decode_input_layout(k, cache.page_size);
+    const DecodeInputLayout& L = e->layout;
+    e->inputs = Tensor::empty({L.size()}, DType::i32, Device::cuda);
+    auto part = [&](int64_t off, int64_t n) { return e->inputs.slice(0, off, off + n); };
+    e->step.ids = part(L.ids(), k.bs);
+    e->step.positions = part(L.positions(), k.bs);
+    e->step.slots = part(L.slots(), k.bs);
+    e->step.row_seq = part(L.row_seq(), k.bs);
+    e->step.row_len = part(L.row_len(), k.bs);
+    e->step.page_table = part(L.page_table(), k.bs * L.pages).view({k.bs, L.pages});
+    e->step.max_len = k.ctx;
+    const model::ForwardBatch pad = padding_batch(k, scratch, cache.page_size);
+    upload(pad, k, *e);
+    model::ForwardOptions o = opt;
+    o.all_logits = false;
+    o.keep_hidden = false;
+    o.inputs = &e->step;
+    // One eager run of the same shapes (writes only the scratch page): lazily made device data (RoPE
+    // tables, GEMM plans and weight caches) exists before the capture, which may not create it.
+    (void)model.forward(pad, cache, o);
+    cuda_check(cudaDeviceSynchronize(), "the eager run before a capture");
+    {
+      kernels::cuda::GraphCapture cap;
+      {
+        const model::ForwardOutput fo = model.forward(pad, cache, o);
+        Tensor dst = out.slice(0, 0, k.bs);
+        kernels::copy_rows(dst, fo.logits);
+      }  // the step's pool blocks go back to the graph pool (shared by every graph)
+      e->graph = cap.finish();
+    }
+    const double s = seconds_since(t0);
+    capture_s += s;
+    if (log) {
+      fmt::print("dsaserve: CUDA graph {}captured: decode batch {} x context {} ({} nodes) in {:.1f} ms\n",
+                 lazy ? "lazily " : "", k.bs, k.ctx, e->graph.num_nodes(), s * 1e3);
+      std::fflush(stdout);
+    }
+    return *graphs.emplace(k, std::move(e)).first->second;
+  }
+
+  // A failed capture turns graphs off (the step and later ones run eagerly).
+  bool try_capture(const GraphKey& k, bool lazy) {
+    try {
+      capture(k, lazy);
+      return true;
+    } catch (const std::exception& ex) {
+      disabled = true;
+      graphs.clear();
+      fmt::print(
+          "dsaserve: warning: CUDA graph capture of decode batch {} x context {} failed, running "
+          "eagerly from now on: {}\n",
+          k.bs, k.ctx, ex.what());
+      std::fflush(stdout);
+      return false;
+    }
+  }
+};
+
+CudaGraphRunner::CudaGraphRunner(const model::Model& model, model::KvCache& cache, int32_t scratch_page,
+                                 int64_t max_bs, model::ForwardOptions opt, bool log)
+    : impl_(std::make_unique<Impl>(model, cache)) {
+  Impl& m = *impl_;
+  const model::ModelConfig& c = model.config();
+  m.scratch = scratch_page;
+  m.plan.max_bs = max_bs;
+  m.plan.index_topk = c.has_indexer() ? c.index_topk : 0;
+  m.plan.page_size = cache.page_size;
+  m.opt = opt;
+  m.log = log;
+  const bool on_cuda = model.weights().embed_tokens.device() == Device::cuda && !cache.kv.empty() &&
+                       cache.kv[0].device() == Device::cuda;
+  // Decode tokens must take the absorbed form (the MHA form sizes its work from the host-side context).
+  const bool absorbed = opt.attention == model::AttentionForm::absorbed ||
+                        (opt.attention == model::AttentionForm::automatic && opt.mha_min_tokens > 1);
+  m.usable = max_bs > 0 && on_cuda && cache.kv[0].dtype() != DType::f32 && absorbed;
+  if (!m.usable) return;
+  DSA_CHECK(scratch_page >= 0 && scratch_page < cache.num_pages,
+            "CUDA graphs: scratch page {} outside the cache's {} pages", scratch_page, cache.num_pages);
+  cuda_check(cudaEventCreateWithFlags(&m.uploaded, cudaEventDisableTiming), "cudaEventCreate");
+  m.out = Tensor::empty({max_bs, c.vocab_size}, DType::f32, Device::cuda);
+}
+
+CudaGraphRunner::~CudaGraphRunner() = default;
+
+bool CudaGraphRunner::enabled() const { return impl_->usable && !impl_->disabled; }
+
+std::optional<GraphKey> CudaGraphRunner::key_for(const model::ForwardBatch& fb) const {
+  if (!enabled() || trace::active() != nullptr) return std::nullopt;
+  return decode_graph_key(fb, impl_->plan);
+}
+
+double CudaGraphRunner::capture_all() {
+  if (!enabled() || trace::active() != nullptr) return 0;  // traced steps run eagerly
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t ctx = context_bucket(1, impl_->plan.index_topk, impl_->plan.page_size);
+  for (int64_t bs : batch_buckets(impl_->plan.max_bs)) {
+    if (!impl_->try_capture(GraphKey{bs, ctx}, false)) break;
+  }
+  return seconds_since(t0);
+}
+
+void CudaGraphRunner::capture(const GraphKey& k) {
+  DSA_CHECK(enabled(), "CUDA graphs are off for this model / cache");
+  impl_->capture(k, false);
+}
+
+std::optional<Tensor> CudaGraphRunner::run(const model::ForwardBatch& fb) {
+  const std::optional<GraphKey> k = key_for(fb);
+  if (!k) return std::nullopt;
+  Impl& m = *impl_;
+  fb.validate(m.model.config().vocab_size, m.cache.num_pages);  // the graph's ops skip their host checks
+  DSA_CHECK(fb.page_size == m.cache.page_size, "batch page size {} differs from the cache's {}", fb.page_size,
+            m.cache.page_size);
+  if (m.graphs.find(*k) == m.graphs.end() && !m.try_capture(*k, true)) return std::nullopt;
+  Entry& e = *m.graphs.at(*k);
+  m.upload(fb, *k, e);
+  e.graph.replay();
+  ++m.replays;
+  const int64_t B = fb.num_requests();
+  Tensor logits = Tensor::empty({B, m.out.size(1)}, DType::f32, Device::cuda);
+  kernels::copy_rows(logits, m.out.slice(0, 0, B));  // before the next replay overwrites `out`
+  return logits;
+}
+
+CudaGraphStats CudaGraphRunner::stats() const {
+  return CudaGraphStats{int64_t(impl_->graphs.size()), impl_->replays, impl_->capture_s, !enabled()};
+}
+
+bool cuda_graphs_built() { return true; }
+
+#else  // no CUDA: graphs never run
+
+struct CudaGraphRunner::Impl {};
+
+CudaGraphRunner::CudaGraphRunner(const model::Model&, model::KvCache&, int32_t, int64_t,
+                                 model::ForwardOptions, bool)
+    : impl_(std::make_unique<Impl>()) {}
+CudaGraphRunner::~CudaGraphRunner() = default;
+bool CudaGraphRunner::enabled() const { return false; }
+std::optional<GraphKey> CudaGraphRunner::key_for(const model::ForwardBatch&) const { return std::nullopt; }
+double CudaGraphRunner::capture_all() { return 0; }
+void CudaGraphRunner::capture(const GraphKey&) { fail("CUDA graphs: this dsaserve was built without CUDA"); }
+std::optional<Tensor> CudaGraphRunner::run(const model::ForwardBatch&) { return std::nullopt; }
+CudaGraphStats CudaGraphRunner::stats() const { return CudaGraphStats{0, 0, 0, true}; }
+bool cuda_graphs_built() { return false; }
+
+#endif
+
+}  // namespace dsaserve::runtime
