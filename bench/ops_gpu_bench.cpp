@@ -19,10 +19,10 @@
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/moe_params.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/sampling.h"
-#include "kernels/cuda/views.h"
 #include "kernels/ops.h"
 
 namespace ops = dsaserve::kernels;
@@ -88,40 +88,6 @@ double time_us(const std::function<void()>& fn, int warm = 3, int iters = 20) {
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
-}
-
-// Microseconds of fn on the GPU alone: 20 calls captured into a CUDA graph on a non-blocking stream,
-// replayed 5 times (no host launch overhead, as in a decode step's graph). fn must be capturable (run it
-// eagerly once first: lazy weight caches and plans are built then).
-double graph_us(const std::function<void()>& fn) {
-  cudaStream_t s = nullptr;
-  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  cudaDeviceSynchronize();
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t ge = nullptr;
-  {
-    dsaserve::kernels::cuda::OpStreamScope scope(s);
-    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
-    for (int i = 0; i < 20; ++i) fn();
-    if (cudaStreamEndCapture(s, &g) != cudaSuccess) return -1.0;
-  }
-  if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) return -1.0;
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  cudaGraphLaunch(ge, s);
-  cudaEventRecord(a, s);
-  for (int i = 0; i < 5; ++i) cudaGraphLaunch(ge, s);
-  cudaEventRecord(b, s);
-  cudaEventSynchronize(b);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
-  return double(ms) * 1e3 / 100.0;
 }
 
 void row(const std::string& op, int64_t T, const std::string& shape, double us, double bytes, double flops,
@@ -270,7 +236,7 @@ int main() {
           double(g.n * g.k) + double(T * g.k) + 4.0 * double(T * g.n), 2.0 * double(T * g.n * g.k), kFp8);
       if (T <= 256) {
         ops::linear(x, w, 0, -1, out);
-        const double ul = graph_us([&] { ops::linear(x, w, 0, -1, out); });
+        const double ul = kc::graph_time_us([&] { ops::linear(x, w, 0, -1, out); });
         row(fmt::format("linear fp8 {} (graph)", g.name), T, fmt::format("[{},{},{}]", T, g.k, g.n), ul,
             double(g.n * g.k) + 4.0 * double(T * (g.k + g.n)), 2.0 * double(T * g.n * g.k), kFp8);
       }

@@ -12,8 +12,10 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 
 #include "cli/command.h"
 #include "cli/token_ids.h"
@@ -35,31 +37,20 @@ std::vector<int32_t> generate_with_graphs(const model::Model& m, std::span<const
                                           int64_t max_new,
                                           const std::function<int32_t(std::span<const float>)>& pick,
                                           int64_t page_size, int64_t& replays) {
-  const int64_t total = int64_t(prompt.size()) + max_new, V = m.config().vocab_size;
-  const int64_t pages = (total + page_size - 1) / page_size;
-  model::KvCache cache = m.make_cache(pages + 1, page_size);
-  std::vector<int32_t> table(static_cast<size_t>(pages));
-  std::iota(table.begin(), table.end(), 0);
-  model::ForwardOptions fo;
-  fo.all_logits = false;
-  runtime::CudaGraphRunner graphs(m, cache, int32_t(pages), 1, fo, false);
-  std::vector<int32_t> out, step(prompt.begin(), prompt.end());
-  int64_t pos = 0;
-  while (int64_t(out.size()) < max_new) {
-    model::ForwardBatch batch;
-    batch.page_size = page_size;
-    batch.add_request(step, pos, table, pos > 0);
-    std::optional<Tensor> g = graphs.run(batch);
-    replays += g ? 1 : 0;
-    const Tensor logits = (g ? *g : m.forward(batch, cache, fo).logits).to(Device::cpu);  // [1, V]
-    const int32_t next = pick(std::span<const float>(logits.data<float>(), size_t(V)));
-    if (next < 0) break;
-    DSA_CHECK(next < V, "generate: picked token {} outside the vocabulary of {}", next, V);
-    pos += int64_t(step.size());
-    step.assign(1, next);
-    out.push_back(next);
-  }
-  return out;
+  std::shared_ptr<runtime::CudaGraphRunner> graphs;
+  return model::generate_tokens(
+      m, prompt, max_new, pick, page_size, 1, [&](model::KvCache& cache, int64_t pages) -> model::StepFn {
+        model::ForwardOptions fo;
+        fo.all_logits = false;
+        graphs = std::make_shared<runtime::CudaGraphRunner>(m, cache, int32_t(pages), 1, fo, false);
+        return [&](const model::ForwardBatch& b, model::KvCache& c, const model::ForwardOptions& o) {
+          if (std::optional<Tensor> g = graphs->run(b)) {
+            ++replays;
+            return *g;
+          }
+          return m.forward(b, c, o).logits;
+        };
+      });
 }
 
 CommandRun setup(CLI::App& sub) {

@@ -105,4 +105,28 @@ CudaGraph GraphCapture::finish() {
   return CudaGraph(g, exec);
 }
 
+double graph_time_us(const std::function<void()>& fn, int calls, int replays) {
+  DSA_CHECK(calls > 0 && replays > 0, "graph_time_us: {} calls x {} replays", calls, replays);
+  DSA_CUDA_CHECK(cudaDeviceSynchronize());
+  CudaGraph g;
+  {
+    GraphCapture capture;
+    for (int i = 0; i < calls; ++i) fn();
+    g = capture.finish();
+  }
+  cudaEvent_t a = nullptr, b = nullptr;
+  DSA_CUDA_CHECK(cudaEventCreate(&a));
+  DSA_CUDA_CHECK(cudaEventCreate(&b));
+  g.replay();
+  DSA_CUDA_CHECK(cudaEventRecord(a, nullptr));
+  for (int i = 0; i < replays; ++i) g.replay();
+  DSA_CUDA_CHECK(cudaEventRecord(b, nullptr));
+  DSA_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0.0f;
+  DSA_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(ms) * 1e3 / (double(calls) * double(replays));
+}
+
 }  // namespace dsaserve::kernels::cuda

@@ -19,8 +19,8 @@
 #include "kernels/cuda/elementwise_params.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemm_small_params.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/runtime.h"
-#include "kernels/cuda/views.h"
 #include "op_test_util.h"
 
 namespace dsaserve::kernels::cuda {
@@ -170,40 +170,6 @@ double time_us(F&& fn) {
   return us[us.size() / 2];
 }
 
-// GPU microseconds per call of fn: 20 calls captured into a CUDA graph on a non-blocking stream, the
-// graph replayed 5 times (no host launch overhead: what a decode step's graph pays).
-template <class F>
-double graph_us(F&& fn) {
-  cudaStream_t s = nullptr;
-  EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t ge = nullptr;
-  {
-    OpStreamScope scope(s);
-    EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    for (int i = 0; i < 20; ++i) fn();
-    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
-  }
-  EXPECT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  cudaGraphLaunch(ge, s);
-  cudaEventRecord(a, s);
-  for (int i = 0; i < 5; ++i) cudaGraphLaunch(ge, s);
-  cudaEventRecord(b, s);
-  cudaEventSynchronize(b);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
-  return double(ms) * 1e3 / 100.0;
-}
-
 TEST_F(CudaFp8SmallGemm, LinearMatchesCublasLtPathAtGlmShapes) {
   struct Shape {
     const char* name;
@@ -224,13 +190,13 @@ TEST_F(CudaFp8SmallGemm, LinearMatchesCublasLtPathAtGlmShapes) {
       kernels::linear(x, w, 0, -1, a);
       EXPECT_GT(gemm_stats().fp8_small_calls, small_before) << s.name << " T=" << T;
       const double us_small = time_us([&] { kernels::linear(x, w, 0, -1, a); });
-      const double g_small = graph_us([&] { kernels::linear(x, w, 0, -1, a); });
+      const double g_small = graph_time_us([&] { kernels::linear(x, w, 0, -1, a); });
       set_fp8_small_max_tokens(0);
       const int64_t lt_before = gemm_stats().fp8_calls;
       kernels::linear(x, w, 0, -1, b);
       EXPECT_GT(gemm_stats().fp8_calls, lt_before) << s.name << " T=" << T;
       const double us_lt = time_us([&] { kernels::linear(x, w, 0, -1, b); });
-      const double g_lt = graph_us([&] { kernels::linear(x, w, 0, -1, b); });
+      const double g_lt = graph_time_us([&] { kernels::linear(x, w, 0, -1, b); });
       // cuBLASLt sums in another order (and rounds its output to bf16 where it has no f32-output algorithm).
       const double d = row_rel_error(a, b);
       worst = std::max(worst, d);
