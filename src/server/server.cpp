@@ -430,8 +430,13 @@ int run_server(const ServerConfig& in) {
       const auto& sc = cfg.engine.scheduler;
       const int64_t step_tokens =
           std::max<int64_t>(sc.max_prefill_tokens, sc.chunked_prefill_size) + sc.max_running_requests;
+      // CUDA graphs (when on) keep their own pool: one decode step of the largest batch bucket.
+      const int64_t graph_bs = cfg.engine.cuda_graph_max_bs > 0 && kv_dtype != model::KvCacheDtype::f32
+                                   ? std::min(cfg.engine.cuda_graph_max_bs, sc.max_running_requests)
+                                   : 0;
       const int64_t workspace = runtime::activation_workspace_bytes(model->config(), step_tokens,
-                                                                    sc.max_running_requests, sc.max_context);
+                                                                    sc.max_running_requests, sc.max_context) +
+                                runtime::cuda_graph_pool_bytes(model->config(), graph_bs, sc.max_context);
       kv_bytes = cfg.mem_fraction_static * double(mem.free) - double(workspace);
       fmt::print(
           "dsaserve serve: device memory {:.2f} GiB free of {:.2f} GiB after the weights ({:.2f} GiB) and "

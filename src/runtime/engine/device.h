@@ -49,6 +49,10 @@ DeviceMemory device_memory(Device d);
 // when sizing the KV pool from free device memory.
 int64_t activation_workspace_bytes(const model::ModelConfig& cfg, int64_t tokens, int64_t requests,
                                    int64_t context);
+// A bound on the CUDA-graph pool (decode graphs up to `max_bs` requests of at most `context` positions):
+// one decode step's intermediates, logits and indexer scores, which the graphs keep apart from the eager
+// steps' memory (the graph runner caps bs x context bucket at 2^27, so the scores stay under 512 MiB).
+int64_t cuda_graph_pool_bytes(const model::ModelConfig& cfg, int64_t max_bs, int64_t context);
 
 // Runs one prefill of `prompt_tokens` tokens and one decode step on a throwaway cache (then frees it), so
 // that the first request does not pay for kernel loading, cuBLASLt heuristics and allocator growth.
