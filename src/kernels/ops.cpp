@@ -154,7 +154,7 @@ Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tenso
   if (span_.on()) linear_args(span_, x, w, r0, r1);
   return backend(x.device()).linear(x, w, r0, r1, std::move(out));
 }
-std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws) {
+std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q) {
   trace::Scope span_("linear_multi", "kernel");
   if (span_.on()) {
     double flops = 0, bytes = 0;
@@ -168,7 +168,15 @@ std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& 
         .arg("flops", flops)
         .arg("weight_bytes", bytes);
   }
-  return backend(x.device()).linear_multi(x, ws);
+  return backend(x.device()).linear_multi(x, ws, q);
+}
+Tensor rms_norm_fp8(const Tensor& x, const Tensor& w, double eps, Fp8Act& q) {
+  DSA_KERNEL_SPAN("rms_norm", x);
+  return backend(x.device()).norm_fp8(nullptr, x, w, eps, q);
+}
+Tensor add_rms_norm_fp8(Tensor& residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) {
+  DSA_KERNEL_SPAN("add_rms_norm", x);
+  return backend(x.device()).norm_fp8(&residual, x, w, eps, q);
 }
 Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
   trace::Scope span_("linear_t", "kernel");
@@ -280,7 +288,12 @@ PagedSeq run_seq(const PagedRows& b, const RowRun& r) {
 
 }  // namespace
 
-std::vector<Tensor> Backend::linear_multi(const Tensor& x, const std::vector<WeightRef>& ws) {
+Tensor Backend::norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) {
+  q = Fp8Act{};
+  return residual ? add_rms_norm(*residual, x, w, eps) : rms_norm(x, w, eps);
+}
+
+std::vector<Tensor> Backend::linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act*) {
   std::vector<Tensor> out;
   out.reserve(ws.size());
   for (const WeightRef& w : ws) out.push_back(linear(x, w, 0, w.rows(), Tensor()));

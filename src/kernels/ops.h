@@ -98,6 +98,16 @@ struct MoeRouteParams {
   void validate(int64_t n_experts) const;
 };
 
+// An activation's FP8 copy in the CUDA backend's GEMM recipe (codes u8 [Tp, K] e4m3, scales f32 [K / 128,
+// Tp]; rows >= `rows` are padding), made by the operator that produced the activation so that the FP8
+// linears reading it skip their own quantisation pass. Empty where a backend makes none (the CPU).
+struct Fp8Act {
+  Tensor codes;
+  Tensor scales;
+  int64_t rows = 0;
+  bool defined() const { return codes.defined(); }
+};
+
 // ---- operators ----
 
 // table [V, H] (bf16 | f32), ids i32 [T] -> f32 [T, H]. Ids out of range throw.
@@ -106,6 +116,10 @@ Tensor embedding(const Tensor& table, const Tensor& ids);
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 // residual [T, D] += x (in place), returns rms_norm(residual).
 Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps);
+// rms_norm / add_rms_norm that also leave the output's FP8 copy in `q` where the backend has one (CUDA,
+// D % 128 == 0); the returned tensor is the plain op's, bit for bit.
+Tensor rms_norm_fp8(const Tensor& x, const Tensor& w, double eps, Fp8Act& q);
+Tensor add_rms_norm_fp8(Tensor& residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q);
 // x [T, D] -> (x - mean) / sqrt(var + eps) * w + b (biased variance, like torch).
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
 
@@ -115,7 +129,9 @@ Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0 = 0, int64_t r1 = 
 // linear(x, W_i) for each weight: the parts of a projection that share their input (q_a and kv_a, gate
 // and up). The results are linear()'s; a backend may share work between the parts (the CUDA backend
 // quantises x once for all its FP8 weights).
-std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws);
+// `q`: x's FP8 copy from its producer (rms_norm_fp8), used instead of quantising x again.
+std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws,
+                                 const Fp8Act* q = nullptr);
 // y = x @ W[r0:r1]: x [T, r1 - r0] -> [T, in] (the transposed product; MLA's absorbed W_UK).
 Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out = {});
 
@@ -216,8 +232,11 @@ class Backend {
   virtual Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) = 0;
   virtual Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) = 0;
   virtual Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) = 0;
-  // The default calls linear() for each weight.
-  virtual std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws);
+  // The default calls linear() for each weight (ignoring q).
+  virtual std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws,
+                                           const Fp8Act* q);
+  // The default runs rms_norm / add_rms_norm (residual non-null) and leaves q empty.
+  virtual Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q);
   virtual void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) = 0;
   virtual Tensor silu_mul(const Tensor& gate, const Tensor& up) = 0;
   virtual Tensor argmax(const Tensor& x) = 0;

@@ -111,8 +111,8 @@ KvCache Model::make_cache(int64_t num_pages, int64_t page_size) const {
   return KvCache::create(cfg_, num_pages, page_size, !w_.mtp.empty(), w_.embed_tokens.device());
 }
 
-Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_indexer, const Tensor& h, Step& st,
-                        KvCache& cache) const {
+Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_indexer, const Tensor& h,
+                        const kernels::Fp8Act& hq, Step& st, KvCache& cache) const {
   const ModelConfig& c = cfg_;
   const AttentionWeights& aw = lw.attn;
   const ForwardBatch& b = *st.batch;
@@ -126,15 +126,18 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   Tensor q_a, ckv;
   {
     OpScope span("qkv_a_proj");
-    std::vector<Tensor> parts = ops::linear_multi(h, {ref(aw.q_a_proj), ref(aw.kv_a_proj)});
+    std::vector<Tensor> parts = ops::linear_multi(h, {ref(aw.q_a_proj), ref(aw.kv_a_proj)}, &hq);
     q_a = std::move(parts[0]);
     ckv = std::move(parts[1]);
     shape(span, "[{}, {}] x [{}, {}]^T", T, h.size(1), q_a.size(1) + ckv.size(1), h.size(1));
   }
   Tensor q_resid;
+  kernels::Fp8Act q_resid_q;
   {
     OpScope span("q_a_layernorm");
-    q_resid = ops::rms_norm(q_a, aw.q_a_layernorm, kLoraEps);  // [T, q_lora]
+    // [T, q_lora], and its FP8 copy for q_b and the indexer's wq_b when those are FP8
+    q_resid = aw.q_b_proj.is_fp8() ? ops::rms_norm_fp8(q_a, aw.q_a_layernorm, kLoraEps, q_resid_q)
+                                   : ops::rms_norm(q_a, aw.q_a_layernorm, kLoraEps);
     shape(span, "[{}, {}]", T, q_resid.size(1));
   }
   {
@@ -156,12 +159,13 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     Tensor qi, ki_raw, wts;
     {
       OpScope span("indexer_wq_b");
-      qi = ops::linear(q_resid, ref(iw.wq_b)).view({T, ih, id});  // rope first, then the rest
+      qi = ops::linear_multi(q_resid, {ref(iw.wq_b)}, &q_resid_q)[0].view(
+          {T, ih, id});  // rope first, then the rest
       shape(span, "[{}, {}] x [{}, {}]^T", T, q_resid.size(1), ih * id, q_resid.size(1));
     }
     {
       OpScope span("indexer_wk_weights_proj");
-      std::vector<Tensor> parts = ops::linear_multi(h, {ref(iw.wk), ref(iw.weights_proj)});
+      std::vector<Tensor> parts = ops::linear_multi(h, {ref(iw.wk), ref(iw.weights_proj)}, &hq);
       ki_raw = std::move(parts[0]);  // [T, id]
       wts = std::move(parts[1]);     // [T, ih]
       shape(span, "[{}, {}] x [{}, {}]^T", T, h.size(1), ki_raw.size(1) + wts.size(1), h.size(1));
@@ -209,7 +213,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   Tensor q;
   {
     OpScope span("q_b_proj");
-    q = ops::linear(q_resid, ref(aw.q_b_proj)).view({T, nh, dq});
+    q = ops::linear_multi(q_resid, {ref(aw.q_b_proj)}, &q_resid_q)[0].view({T, nh, dq});
     shape(span, "[{}, {}] x [{}, {}]^T", T, q_resid.size(1), nh * dq, q_resid.size(1));
   }
   bool q_roped = false;
@@ -320,13 +324,13 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   return out;
 }
 
-Tensor Model::mlp(const LayerWeights& lw, const Tensor& h) const {
+Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act& hq) const {
   // names: {gate_up, act, down} span names ("mlp_*" or "shared_expert_*").
   auto dense = [&](const MlpWeights& m, const char* const* names) {
     Tensor g, u, a;
     {
       OpScope span(names[0]);
-      std::vector<Tensor> parts = ops::linear_multi(h, {ref(m.gate), ref(m.up)});
+      std::vector<Tensor> parts = ops::linear_multi(h, {ref(m.gate), ref(m.up)}, &hq);
       g = std::move(parts[0]);
       u = std::move(parts[1]);
       shape(span, "[{}, {}] x [{}, {}]^T", h.size(0), h.size(1), g.size(1) + u.size(1), h.size(1));
@@ -519,22 +523,35 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   auto run_layer = [&](const LayerWeights& lw, int64_t kv_layer, bool own_indexer, LayerRun& run) {
     std::optional<trace::LayerScope> layer_span;
     if (trace::active() != nullptr) layer_span.emplace(kv_layer, kind_name(lw, kv_layer));
+    // The norms also write their output's FP8 copy where FP8 linears read it (CUDA; none on the CPU).
+    const MlpWeights* dense_in = lw.mlp_type == MlpType::dense ? &*lw.mlp
+                                 : lw.moe->shared_experts      ? &*lw.moe->shared_experts
+                                                               : nullptr;
+    const bool fp8_attn_in = lw.attn.q_a_proj.is_fp8(), fp8_mlp_in = dense_in && dense_in->gate.is_fp8();
     Tensor h;
+    kernels::Fp8Act hq, h2q;
     {
       OpScope span("input_layernorm");
-      h = run.pending.defined()
-              ? ops::add_rms_norm(run.residual, run.pending, lw.input_layernorm, c.rms_norm_eps)
-              : ops::rms_norm(run.residual, lw.input_layernorm, c.rms_norm_eps);
+      if (run.pending.defined()) {
+        h = fp8_attn_in
+                ? ops::add_rms_norm_fp8(run.residual, run.pending, lw.input_layernorm, c.rms_norm_eps, hq)
+                : ops::add_rms_norm(run.residual, run.pending, lw.input_layernorm, c.rms_norm_eps);
+      } else {
+        h = fp8_attn_in ? ops::rms_norm_fp8(run.residual, lw.input_layernorm, c.rms_norm_eps, hq)
+                        : ops::rms_norm(run.residual, lw.input_layernorm, c.rms_norm_eps);
+      }
       shape(span, "[{}, {}]", h.size(0), h.size(1));
     }
-    const Tensor a = attention(lw, kv_layer, own_indexer, h, st, cache);
+    const Tensor a = attention(lw, kv_layer, own_indexer, h, hq, st, cache);
     Tensor h2;
     {
       OpScope span("post_attention_layernorm");
-      h2 = ops::add_rms_norm(run.residual, a, lw.post_attention_layernorm, c.rms_norm_eps);
+      h2 = fp8_mlp_in
+               ? ops::add_rms_norm_fp8(run.residual, a, lw.post_attention_layernorm, c.rms_norm_eps, h2q)
+               : ops::add_rms_norm(run.residual, a, lw.post_attention_layernorm, c.rms_norm_eps);
       shape(span, "[{}, {}]", h2.size(0), h2.size(1));
     }
-    run.pending = mlp(lw, h2);
+    run.pending = mlp(lw, h2, h2q);
   };
   // Head and tail ops carry the kind "head" / "tail" (the plan's keys for them); layer -1.
 

@@ -75,9 +75,10 @@ class Model {
 
  private:
   struct Step;  // per-forward state (forward.cpp)
-  Tensor attention(const LayerWeights& lw, int64_t kv_layer, bool own_indexer, const Tensor& h, Step& st,
-                   KvCache& cache) const;
-  Tensor mlp(const LayerWeights& lw, const Tensor& h) const;
+  // hq / the mlp's q: h's FP8 copy from its norm (empty where the backend made none).
+  Tensor attention(const LayerWeights& lw, int64_t kv_layer, bool own_indexer, const Tensor& h,
+                   const kernels::Fp8Act& hq, Step& st, KvCache& cache) const;
+  Tensor mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act& hq) const;
   Tensor decoder_layers(Tensor x, Step& st, KvCache& cache, bool mtp, int64_t k) const;
   ForwardOutput finish(const Tensor& hidden, const kernels::WeightRef& head, const ForwardBatch& batch,
                        const ForwardOptions& opt) const;

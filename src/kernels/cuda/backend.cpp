@@ -25,8 +25,12 @@ class CudaBackend final : public Backend {
   Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
     return cuda::linear(x, w, r0, r1, std::move(out));
   }
-  std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws) override {
-    return gemm_linear_multi(x, ws);
+  std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws,
+                                   const Fp8Act* q) override {
+    return gemm_linear_multi(x, ws, q);
+  }
+  Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) override {
+    return cuda::norm_fp8(residual, x, w, eps, q);
   }
   Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
     return cuda::linear_t(x, w, r0, r1, std::move(out));

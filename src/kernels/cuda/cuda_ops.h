@@ -13,6 +13,9 @@ namespace dsaserve::kernels::cuda {
 Tensor embedding(const Tensor& table, const Tensor& ids);
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps);
+// rms_norm / add_rms_norm (residual non-null) writing the output's FP8 copy in the same kernel when the
+// rows allow it (16-byte aligned, width % 128 == 0, fast GEMM precision); q stays empty otherwise.
+Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q);
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
 Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out);
 Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out);

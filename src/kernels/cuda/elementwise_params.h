@@ -17,7 +17,15 @@ struct RmsNormParams {
   int64_t rows, cols, x_stride, res_stride;
   bool weight_bf16;
   double eps;
+  // Optional FP8 copy of `out` in the GEMM recipe's activation format (launch_quant_fp8's codes and scales,
+  // bit for bit): q_codes [q_rows_pad, cols] e4m3, q_scales [cols / 128, q_rows_pad]; rows >= `rows` are
+  // padding (codes 0, scale 1). Needs rms_norm_fp8_fusable(); null q_codes: no copy.
+  uint8_t* q_codes;
+  float* q_scales;
+  int64_t q_rows_pad;
 };
+// Whether launch_rms_norm can also write the FP8 copy of these rows (the vectorised path, cols % 128 == 0).
+bool rms_norm_fp8_fusable(const RmsNormParams& p);
 cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
 
 // out = (x - mean) / sqrt(var + eps) * w + b (biased variance, fp64 statistics).

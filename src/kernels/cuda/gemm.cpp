@@ -359,6 +359,16 @@ void gemm_dense(const RowView& x, const void* a_ptr, bool a_f32, bool trans_a, i
   count(a_f32 ? &GemmStats::f32_calls : &GemmStats::bf16_calls);
 }
 
+int64_t fp8_small_max_tokens();
+
+}  // namespace
+
+int64_t fp8_act_rows(int64_t T) {
+  return T <= fp8_small_max_tokens() ? (T <= 8 ? 8 : T <= 16 ? 16 : 32) : (T + 3) / 4 * 4;
+}
+
+namespace {
+
 int64_t fp8_small_max_tokens() {
   Lt& l = lt();
   std::lock_guard<std::mutex> lock(l.mu);
@@ -368,7 +378,7 @@ int64_t fp8_small_max_tokens() {
 // The recipe's activation quantisation of f32 rows (x.cols % 128 == 0).
 Fp8Activations quantise_rows(const RowView& x) {
   const int64_t T = x.rows, K = x.cols;
-  const int64_t Tp = T <= fp8_small_max_tokens() ? (T <= 8 ? 8 : T <= 16 ? 16 : 32) : (T + 3) / 4 * 4;
+  const int64_t Tp = fp8_act_rows(T);
   Fp8Activations a{Tensor::empty({Tp, K}, DType::u8, Device::cuda),
                    Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda), T};
   check_launch(
@@ -509,7 +519,7 @@ void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
   gemm_dense(xv, a_ptr, f32, false, C, C, ov, false, "linear_t");
 }
 
-std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightRef>& ws) {
+std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q) {
   DSA_CHECK(x.defined() && x.dim() == 2, "linear_multi: input must be 2-D, got {}",
             x.defined() ? x.describe() : "nothing");
   const int64_t T = x.size(0);
@@ -521,8 +531,12 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
     out.push_back(Tensor::empty({T, w.rows()}, DType::f32, Device::cuda));
     if (w.weight.dtype() == DType::f8e4m3fn && fp8_recipe_applies(w, x.size(1), 0, w.rows())) ++fp8;
   }
-  const bool share = fp8 >= 2 && T > 0 && gemm_precision() == GemmPrecision::fast;
+  // A producer's copy is used when it has the layout quantise_rows would make (same codes, bit for bit).
+  const bool given = q != nullptr && q->defined() && q->rows == T && q->codes.dim() == 2 &&
+                     q->codes.size(0) == fp8_act_rows(T) && q->codes.size(1) == x.size(1);
+  const bool share = (fp8 >= 2 || (fp8 >= 1 && given)) && T > 0 && gemm_precision() == GemmPrecision::fast;
   std::optional<Fp8Activations> act;
+  if (share && given) act = *q;
   for (size_t i = 0; i < ws.size(); ++i) {
     const WeightRef& w = ws[i];
     if (share && w.weight.dtype() == DType::f8e4m3fn && fp8_recipe_applies(w, x.size(1), 0, w.rows())) {

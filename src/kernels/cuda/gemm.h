@@ -29,18 +29,19 @@ inline constexpr int64_t kSplitMaxRows = 512;
 void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
 // gemm_linear(x, W_i) for each weight into new tensors [T, W_i rows], with one activation quantisation
 // shared by the FP8 ones (same results as separate calls).
-std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightRef>& ws);
+// `q`: x's FP8 copy (rows and Tp as fp8_act_rows) from its producer, used instead of quantising x.
+std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightRef>& ws,
+                                      const Fp8Act* q = nullptr);
 // out [T, C] = x [T, r1 - r0] @ W[r0:r1] (W [rows, C]).
 void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
 
 // The FP8 recipe split in its two steps (benchmarks time them apart; producers can share one
 // quantisation between several linears): the activations quantised per token per 128-group, and the
 // block-scaled GEMM on them (the same result as gemm_linear on the f32 rows).
-struct Fp8Activations {
-  Tensor codes;   // u8 [Tp, K] e4m3 (rows >= `rows` zero)
-  Tensor scales;  // f32 [K / 128, Tp]
-  int64_t rows = 0;
-};
+using Fp8Activations =
+    Fp8Act;  // kernels/ops.h: codes u8 [Tp, K] e4m3 (rows >= `rows` zero), scales [K/128, Tp]
+// The padded row count Tp the recipe uses for T tokens (8/16/32 on the small-T path, else T rounded up to 4).
+int64_t fp8_act_rows(int64_t T);
 Fp8Activations quantize_fp8_activations(const Tensor& x);
 void gemm_linear_fp8(const Fp8Activations& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
 

@@ -2,6 +2,8 @@
 // RMSNorm of rows whose width is a multiple of 4 (<= 8192) and whose views are 16-byte aligned keeps the
 // row in registers (float4 loads, up to 8 per thread) between the sum of squares and the scaling, so x
 // (and the residual) are read from global memory once; other rows take the scalar two-pass kernel.
+#include <cuda_fp8.h>
+
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/elementwise_params.h"
 
@@ -41,6 +43,13 @@ template <int kVec>
 __global__ void __launch_bounds__(kVecThreads) sm90_rms_norm_vec_kernel(RmsNormParams p) {
   const int64_t row = blockIdx.x;
   const int64_t n4 = p.cols / 4;
+  if (row >= p.rows) {  // FP8 padding rows (q_rows_pad > rows): codes 0, scale 1, as launch_quant_fp8
+    for (int64_t i = threadIdx.x; i < n4; i += kVecThreads)
+      reinterpret_cast<uchar4*>(p.q_codes + row * p.cols)[i] = make_uchar4(0, 0, 0, 0);
+    for (int64_t g = threadIdx.x; g < p.cols / 128; g += kVecThreads)
+      p.q_scales[g * p.q_rows_pad + row] = 1.0f;
+    return;
+  }
   const float4* x = reinterpret_cast<const float4*>(p.x + row * p.x_stride);
   float4* res = p.residual ? reinterpret_cast<float4*>(p.residual + row * p.res_stride) : nullptr;
   float4 v[kVec], r4[kVec];
@@ -77,7 +86,24 @@ __global__ void __launch_bounds__(kVecThreads) sm90_rms_norm_vec_kernel(RmsNormP
     const int64_t i = threadIdx.x + int64_t(j) * kVecThreads;
     if (i < n4) {
       const float4 w = load4_any(p.weight, p.weight_bf16, i);
-      out[i] = make_float4(w.x * (v[j].x * r), w.y * (v[j].y * r), w.z * (v[j].z * r), w.w * (v[j].w * r));
+      const float4 o =
+          make_float4(w.x * (v[j].x * r), w.y * (v[j].y * r), w.z * (v[j].z * r), w.w * (v[j].w * r));
+      out[i] = o;
+      if (p.q_codes) {
+        // Warp w at step j holds columns [128 (w + 8j), +128): one quantisation group (cols % 128 == 0,
+        // so a warp is wholly inside or outside the row). The rule of launch_quant_fp8, bit for bit.
+        float m = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+        m = warp_max(m);
+        float s = m / 448.0f;
+        if (!(s > 0.0f)) s = 1.0f;
+        uchar4 c;
+        c.x = __nv_cvt_float_to_fp8(o.x / s, __NV_SATFINITE, __NV_E4M3);
+        c.y = __nv_cvt_float_to_fp8(o.y / s, __NV_SATFINITE, __NV_E4M3);
+        c.z = __nv_cvt_float_to_fp8(o.z / s, __NV_SATFINITE, __NV_E4M3);
+        c.w = __nv_cvt_float_to_fp8(o.w / s, __NV_SATFINITE, __NV_E4M3);
+        reinterpret_cast<uchar4*>(p.q_codes + row * p.cols)[i] = c;
+        if ((threadIdx.x & 31) == 0) p.q_scales[(i * 4 / 128) * p.q_rows_pad + row] = s;
+      }
     }
   }
 }
@@ -108,11 +134,15 @@ __global__ void sm90_layer_norm_kernel(LayerNormParams p) {
 
 }  // namespace
 
+bool rms_norm_fp8_fusable(const RmsNormParams& p) { return rms_norm_vectorizable(p) && p.cols % 128 == 0; }
+
 cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
+  if (p.q_codes && (!rms_norm_fp8_fusable(p) || p.q_scales == nullptr || p.q_rows_pad < p.rows))
+    return cudaErrorInvalidValue;
   if (rms_norm_vectorizable(p)) {
     const int64_t per_thread = (p.cols / 4 + kVecThreads - 1) / kVecThreads;
-    const unsigned grid = unsigned(p.rows);
+    const unsigned grid = unsigned(p.q_codes ? p.q_rows_pad : p.rows);
     if (per_thread <= 1) {
       sm90_rms_norm_vec_kernel<1><<<grid, kVecThreads, 0, stream>>>(p);
     } else if (per_thread <= 2) {

@@ -7,6 +7,7 @@
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise_params.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/graph.h"
 #include "kernels/cuda/views.h"
 
@@ -58,7 +59,8 @@ const float* inv_freq_on_device(const RopeParams& p) {
   return it->second.data<float>();
 }
 
-Tensor norm_common(const Tensor& x, Tensor* residual, const Tensor& w, double eps, const char* what) {
+Tensor norm_common(const Tensor& x, Tensor* residual, const Tensor& w, double eps, const char* what,
+                   Fp8Act* q = nullptr) {
   const RowView xv = rows_f32(x, what);
   RowView rv{};
   if (residual) {
@@ -73,6 +75,17 @@ Tensor norm_common(const Tensor& x, Tensor* residual, const Tensor& w, double ep
                   xv.rows,      xv.cols,
                   xv.stride,    rv.stride,
                   wb,           eps};
+  if (q) {
+    *q = Fp8Act{};
+    if (rms_norm_fp8_fusable(p) && gemm_precision() == GemmPrecision::fast) {
+      const int64_t Tp = fp8_act_rows(xv.rows);
+      *q = Fp8Act{Tensor::empty({Tp, xv.cols}, DType::u8, Device::cuda),
+                  Tensor::empty({xv.cols / 128, Tp}, DType::f32, Device::cuda), xv.rows};
+      p.q_codes = q->codes.data_u8();
+      p.q_scales = q->scales.data<float>();
+      p.q_rows_pad = Tp;
+    }
+  }
   check_launch(launch_rms_norm(p, op_stream()), what);
   return out;
 }
@@ -105,6 +118,10 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
 
 Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) {
   return norm_common(x, &residual, w, eps, "add_rms_norm");
+}
+
+Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) {
+  return norm_common(x, residual, w, eps, residual ? "add_rms_norm" : "rms_norm", &q);
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/dtype.h"
@@ -235,6 +236,44 @@ TEST_F(CudaFp8SmallGemm, LinearMultiEqualsSeparateLinears) {
       EXPECT_EQ(diff, 0) << "part " << i << " T=" << T;
     }
   }
+}
+
+// The norms' FP8 copy (rms_norm_fp8 / add_rms_norm_fp8) is the recipe's quantisation of the norm output
+// bit for bit (codes, scales, padding rows), the output equals the plain norm's, and linear_multi with the
+// copy equals linear() without it.
+TEST_F(CudaFp8SmallGemm, NormFp8CopyIsTheQuantisationOfItsOutput) {
+  auto bits_equal = [](const Tensor& a, const Tensor& b) {
+    const Tensor x = a.to(Device::cpu).contiguous(), y = b.to(Device::cpu).contiguous();
+    return x.nbytes() == y.nbytes() && std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
+  };
+  for (int64_t K : {256, 2048, 6144}) {
+    const Tensor w = testing::rand_bf16({K}, 3 + uint64_t(K));
+    const Tensor wd = w.to(Device::cuda);
+    const WeightRef lin = to_cuda(rand_weight(384, K, DType::f8e4m3fn, 5 + uint64_t(K)));
+    for (int64_t T : {1, 7, 33, 300}) {
+      const Tensor x = rand_f32({T, K}, 11 + uint64_t(T + K), 3.0f).to(Device::cuda);
+      const Tensor r0 = rand_f32({T, K}, 13 + uint64_t(T + K)).to(Device::cuda);
+      for (bool add : {false, true}) {
+        Tensor res_a = r0.clone(), res_b = r0.clone();
+        Fp8Act q;
+        const Tensor plain = add ? kernels::add_rms_norm(res_a, x, wd, 1e-6) : kernels::rms_norm(x, wd, 1e-6);
+        const Tensor fused =
+            add ? kernels::add_rms_norm_fp8(res_b, x, wd, 1e-6, q) : kernels::rms_norm_fp8(x, wd, 1e-6, q);
+        ASSERT_TRUE(q.defined()) << "K " << K << " T " << T;
+        EXPECT_TRUE(bits_equal(plain, fused)) << "norm output K " << K << " T " << T << " add " << add;
+        if (add) {
+          EXPECT_TRUE(bits_equal(res_a, res_b)) << "residual K " << K << " T " << T;
+        }
+        const Fp8Act want = quantize_fp8_activations(plain);
+        EXPECT_EQ(q.rows, T);
+        EXPECT_TRUE(bits_equal(q.codes, want.codes)) << "codes K " << K << " T " << T << " add " << add;
+        EXPECT_TRUE(bits_equal(q.scales, want.scales)) << "scales K " << K << " T " << T << " add " << add;
+        EXPECT_TRUE(bits_equal(kernels::linear_multi(fused, {lin}, &q)[0], kernels::linear(plain, lin)))
+            << "linear with the copy, K " << K << " T " << T;
+      }
+    }
+  }
+  fmt::print("RESULT op=rms_norm_fp8_copy K=256,2048,6144 T=1,7,33,300 bitwise == quantize(norm) ok\n");
 }
 
 }  // namespace
