@@ -28,8 +28,10 @@
 //   3. resolve digit 3: tau, the exact k-th largest key, and take_eq, how many keys equal to tau to take
 //      (the lowest positions first); count each CTA's keys > tau and == tau;
 //   4. each CTA adds the counts of the CTAs before it and writes its selected positions in order.
-// Launch sizes depend only on (rows, max_len), never on row contents (CUDA-graph safe; the packed score
-// buffer below is sized by the caller from the row lengths, the dense one by rows x max_len).
+// With splits > 1 the four passes run by default as one cooperative launch with grid barriers between them
+// (IndexerSelectPath below). Launch sizes depend only on (rows, max_len) and the device, never on row
+// contents (CUDA-graph safe; the packed score buffer below is sized by the caller from the row lengths, the
+// dense one by rows x max_len).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -75,6 +77,15 @@ struct IndexerSelectState {
   uint32_t pad[2];
 };
 
+// How the select runs. row: splits == 1, one CTA per row, one launch. With splits > 1: passes, the four
+// passes as four dependent launches (grid rows x splits); cooperative, the same four passes in one
+// cooperative launch (grid min(rows x splits, co-resident CTAs from the occupancy API), CTAs loop over the
+// (row, split) pairs, grid barriers between the passes). Identical output. automatic: the process default
+// (indexer_set_default_select_path), itself automatic unless set: kIndexerSelectPathDefault.
+enum class IndexerSelectPath : int { automatic = 0, row = 1, passes = 2, cooperative = 3 };
+// The default with splits > 1. Revert to the four launches with one line: IndexerSelectPath::passes.
+inline constexpr IndexerSelectPath kIndexerSelectPathDefault = IndexerSelectPath::cooperative;
+
 struct IndexerTopkParams {
   const float* q;             // [rows, heads, 128] f32, strides q_s0, q_s1 (elements), not null
   const float* w;             // [rows, heads] f32, row stride w_s0, not null
@@ -105,8 +116,24 @@ struct IndexerTopkParams {
   int64_t split_len;
   float scale, weight_scale;
   IndexerKeyFormat key_format;
-  bool scores_only;  // benchmarks: run only the score kernel (the selection is not written)
+  bool scores_only;               // benchmarks: run only the score kernel (the selection is not written)
+  IndexerSelectPath select_path;  // automatic (zero) unless a test or benchmark forces one
 };
+
+// The path launch_indexer_select takes for p: row when p.splits == 1; else cooperative when asked (or by
+// default) and the device supports cooperative launches and max_len > topk; else passes.
+IndexerSelectPath indexer_select_path(const IndexerTopkParams& p);
+// "row", "passes", "coop" or "auto".
+const char* indexer_select_path_name(IndexerSelectPath path);
+// CTAs of the cooperative select grid for p: min(rows x splits, SMs x co-resident CTAs per SM).
+int64_t indexer_select_coop_grid(const IndexerTopkParams& p);
+// Co-resident CTAs of the cooperative select kernel on the current device (0: no cooperative launch);
+// computed once.
+int indexer_select_coop_capacity();
+// The process-wide path used when p.select_path is automatic (tests and benchmarks compare the paths;
+// not thread-safe: set it before launching).
+IndexerSelectPath indexer_default_select_path();
+void indexer_set_default_select_path(IndexerSelectPath path);
 
 // Select CTAs per row for (rows, max_len), and in *split_len the keys of each (a multiple of 16384,
 // splits * split_len >= max_len): a pure function of its inputs and the SM count, never of row contents.

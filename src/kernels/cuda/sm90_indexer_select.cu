@@ -1,6 +1,8 @@
 // The exact top-k select of the lightning indexer: four radix passes over the f32 scores, each a grid of
 // rows x splits CTAs that merge histograms and counts through global memory (indexer_topk_params.h), so
 // that a few rows with long contexts spread over many SMs.
+#include <cooperative_groups.h>
+
 #include "kernels/cuda/indexer_topk_params.h"
 
 namespace dsaserve::kernels::cuda {
@@ -106,7 +108,8 @@ __device__ __forceinline__ void flush_hist(const uint32_t* sHist, uint32_t* g, i
 // Copies nb bins of the global histogram g into sHist, then select_bin(need).
 __device__ __forceinline__ void load_select(const uint32_t* g, int nb, uint32_t need, uint32_t* sHist,
                                             uint32_t* scratch, uint32_t* res) {
-  for (int i = threadIdx.x; i < nb; i += kThreads) sHist[i] = g[i];
+  // L2 loads: in the cooperative kernel other CTAs wrote g during this launch (atomics, at L2).
+  for (int i = threadIdx.x; i < nb; i += kThreads) sHist[i] = __ldcg(g + i);
   __syncthreads();
   select_bin(sHist, nb, need, scratch, res);
 }
@@ -195,13 +198,13 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_row_kernel(const
 }
 
 // splits > 1: pass PASS (0..3 = passes 1..4 of indexer_topk_params.h) for CTA (row, split); hist row
-// stride kIndexerHistWords.
+// stride kIndexerHistWords. Reads what earlier passes wrote (state, histograms, counts) through L2, so
+// that it also holds after a grid barrier inside one launch. Starts with a barrier (sHist may be in use).
 template <int PASS>
-__global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(const IndexerTopkParams p) {
-  __shared__ uint32_t sHist[kIndexerHistBins];
-  __shared__ uint32_t scratch[32];
-  __shared__ uint32_t res[2];
-  const int row = blockIdx.x, split = blockIdx.y, tid = threadIdx.x;
+__device__ void select_pass(const IndexerTopkParams& p, int row, int split, uint32_t* sHist,
+                            uint32_t* scratch, uint32_t* res) {
+  __syncthreads();
+  const int tid = threadIdx.x;
   const int64_t n = row_keys(p, row);
   int32_t* out = p.out + int64_t(row) * p.out_stride;
   if (n <= p.topk) {  // written once, by the last pass's first CTA
@@ -229,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(cons
     flush_hist(sHist, hist + kHist2, kIndexerHistBins);
   } else if constexpr (PASS == 1) {
     // Digit 2; histogram digit 3 of the keys with the 22-bit prefix.
-    const uint32_t b1 = st->b1, above1 = st->above1;
+    const uint32_t b1 = __ldcg(&st->b1), above1 = __ldcg(&st->above1);
     load_select(hist + kHist2, kIndexerHistBins, K - above1, sHist, scratch, res);
     const uint32_t prefix = (b1 << 11) | res[0];
     if (writer) {
@@ -240,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(cons
     flush_hist(sHist, hist + kHist3, 1024);
   } else if constexpr (PASS == 2) {
     // Digit 3: tau and take_eq; this CTA's keys above and equal to tau.
-    const uint32_t prefix = st->prefix2, above = st->above2;
+    const uint32_t prefix = __ldcg(&st->prefix2), above = __ldcg(&st->above2);
     load_select(hist + kHist3, 1024, K - above, sHist, scratch, res);
     const uint32_t tau = (prefix << 10) | res[0];
     if (writer) {
@@ -262,13 +265,13 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(cons
     }
   } else {
     // Ordered write, after the keys of the CTAs before this one.
-    const uint32_t tau = st->tau, take_eq = st->take_eq;
+    const uint32_t tau = __ldcg(&st->tau), take_eq = __ldcg(&st->take_eq);
     if (tid < 32) {
       uint32_t g = 0, e = 0;
       for (int i = tid; i < split; i += 32) {
         const uint32_t* c = p.counts + (int64_t(row) * p.splits + i) * 2;
-        g += c[0];
-        e += c[1];
+        g += __ldcg(c);
+        e += __ldcg(c + 1);
       }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) {
@@ -283,6 +286,38 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(cons
     __syncthreads();
     write_selected(srow, c0, c1, tau, take_eq, res[0], res[1], out, scratch);
   }
+}
+
+// The four passes as four launches (grid rows x splits).
+template <int PASS>
+__global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(const IndexerTopkParams p) {
+  __shared__ uint32_t sHist[kIndexerHistBins];
+  __shared__ uint32_t scratch[32];
+  __shared__ uint32_t res[2];
+  select_pass<PASS>(p, blockIdx.x, blockIdx.y, sHist, scratch, res);
+}
+
+// The four passes in one cooperative launch: a 1-D grid of G <= rows x splits co-resident CTAs (the
+// cooperative launch guarantees co-residency or fails); CTA b runs the virtual CTAs (row, split) = (v /
+// splits, v % splits) for v = b, b + G, ... of each pass, and a grid barrier (which orders memory: the
+// histogram atomics, state and counts of a pass are visible to every CTA after it) separates the passes.
+// Same per-CTA work, same order of writes within a row: the output is identical to the four launches'.
+__global__ void __launch_bounds__(kThreads) sm90_indexer_select_coop_kernel(const IndexerTopkParams p) {
+  __shared__ uint32_t sHist[kIndexerHistBins];
+  __shared__ uint32_t scratch[32];
+  __shared__ uint32_t res[2];
+  cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+  const int64_t virt = p.rows * p.splits;
+  auto each = [&](auto&& f) {
+    for (int64_t v = blockIdx.x; v < virt; v += gridDim.x) f(int(v / p.splits), int(v % p.splits));
+  };
+  each([&](int row, int split) { select_pass<0>(p, row, split, sHist, scratch, res); });
+  grid.sync();
+  each([&](int row, int split) { select_pass<1>(p, row, split, sHist, scratch, res); });
+  grid.sync();
+  each([&](int row, int split) { select_pass<2>(p, row, split, sHist, scratch, res); });
+  grid.sync();
+  each([&](int row, int split) { select_pass<3>(p, row, split, sHist, scratch, res); });
 }
 
 // One CTA: exclusive prefix sum over the rows of each row's packed size (n > topk: n rounded up to 4).
@@ -354,14 +389,77 @@ void indexer_workspace_pointers(IndexerTopkParams& p, uint32_t* words) {
   p.counts = words + p.rows * (kIndexerHistWords + int64_t(sizeof(IndexerSelectState) / 4));
 }
 
+int indexer_select_coop_capacity() {
+  static const int capacity = [] {
+    int dev = 0, coop = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sm90_indexer_select_coop_kernel, kThreads,
+                                                      0) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return coop ? sms * per_sm : 0;
+  }();
+  return capacity;
+}
+
+IndexerSelectPath indexer_select_path(const IndexerTopkParams& p) {
+  if (p.splits <= 1) return IndexerSelectPath::row;
+  IndexerSelectPath want =
+      p.select_path == IndexerSelectPath::automatic ? indexer_default_select_path() : p.select_path;
+  if (want == IndexerSelectPath::automatic) want = kIndexerSelectPathDefault;
+  if (want == IndexerSelectPath::cooperative && p.max_len > p.topk && indexer_select_coop_capacity() > 0)
+    return IndexerSelectPath::cooperative;
+  return IndexerSelectPath::passes;
+}
+
+int64_t indexer_select_coop_grid(const IndexerTopkParams& p) {
+  const int64_t virt = p.rows * p.splits, cap = indexer_select_coop_capacity();
+  return virt < cap ? virt : cap;
+}
+
+const char* indexer_select_path_name(IndexerSelectPath path) {
+  switch (path) {
+    case IndexerSelectPath::row: return "row";
+    case IndexerSelectPath::passes: return "passes";
+    case IndexerSelectPath::cooperative: return "coop";
+    default: return "auto";
+  }
+}
+
+namespace {
+IndexerSelectPath g_default_select_path = IndexerSelectPath::automatic;
+}  // namespace
+
+IndexerSelectPath indexer_default_select_path() { return g_default_select_path; }
+void indexer_set_default_select_path(IndexerSelectPath path) { g_default_select_path = path; }
+
 cudaError_t launch_indexer_select(const IndexerTopkParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.splits < 1 || p.splits > 65535 || p.split_len % kSweep != 0 || p.splits * p.split_len < p.max_len ||
       p.rows > 2147483647)
     return cudaErrorInvalidValue;
-  if (p.splits == 1) {
+  const IndexerSelectPath path = indexer_select_path(p);
+  if (path == IndexerSelectPath::row) {
     sm90_indexer_select_row_kernel<<<unsigned(p.rows), kThreads, 0, stream>>>(p);
     return cudaGetLastError();
+  }
+  if (path == IndexerSelectPath::cooperative) {
+    // One launch, grid sized by the occupancy API (clamped to rows x splits): a pure function of (rows,
+    // max_len) and the device. Capturable in CUDA graphs; the grid barrier's state is the driver's.
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(indexer_select_coop_grid(p)));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, sm90_indexer_select_coop_kernel, p);
   }
   const dim3 grid(unsigned(p.rows), unsigned(p.splits));
   if (p.max_len > p.topk) {

@@ -13,6 +13,9 @@ namespace {
 constexpr int kScoreThreads = 256;
 constexpr int kTileKeys = 128;  // 8 warps x 16 keys
 constexpr int kStages = 2;
+// Fewest 128-key tiles per score CTA. Key chunks per CTA = ceil(rows x tiles / (2 x SMs)) tiles, at
+// least this: 1 lets a short batch-1 row spread over more CTAs (4K keys: 32 CTAs, was 16 with 2).
+constexpr int64_t kScoreMinTilesPerCta = 1;
 constexpr int kLdK = kIndexerDim + 8;    // bf16 per shared row: 272 bytes, ldmatrix conflict-free
 constexpr int kLdK8 = kIndexerDim + 16;  // FP8 bytes per shared row: 144, 16-byte loads conflict-free
 
@@ -228,7 +231,7 @@ cudaError_t launch_scores(const IndexerTopkParams& p, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   const int64_t tiles = (p.max_len + kTileKeys - 1) / kTileKeys;
   int64_t per = (p.rows * tiles + 2 * num_sms() - 1) / (2 * num_sms());
-  if (per < 2) per = 2;
+  if (per < kScoreMinTilesPerCta) per = kScoreMinTilesPerCta;
   if (per > tiles) per = tiles;
   const int chunk = int(per * kTileKeys);
   const int64_t chunks = (p.max_len + chunk - 1) / chunk;
