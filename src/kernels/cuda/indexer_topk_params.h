@@ -85,6 +85,9 @@ struct IndexerSelectState {
 enum class IndexerSelectPath : int { automatic = 0, row = 1, passes = 2, cooperative = 3 };
 // The default with splits > 1. Revert to the four launches with one line: IndexerSelectPath::passes.
 inline constexpr IndexerSelectPath kIndexerSelectPathDefault = IndexerSelectPath::cooperative;
+// The row select (splits == 1) is launched as a programmatic dependent of the score kernel (its launch
+// overlaps the score grid's tail). false: an ordinary launch.
+inline constexpr bool kIndexerSelectRowPdl = true;
 
 struct IndexerTopkParams {
   const float* q;             // [rows, heads, 128] f32, strides q_s0, q_s1 (elements), not null

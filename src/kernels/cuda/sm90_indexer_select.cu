@@ -176,10 +176,14 @@ __device__ __forceinline__ void write_all(const IndexerTopkParams& p, int64_t n,
 }
 
 // splits == 1: one CTA per row runs all four passes in shared memory (hist: digit 1 only, row stride 2048).
+// Launched as a programmatic dependent of the score kernel (which triggers after its last tile): it may
+// start while the score grid drains, and waits (griddepcontrol.wait: that grid finished, its writes
+// visible) before reading anything. Without the launch attribute the wait is a no-op.
 __global__ void __launch_bounds__(kThreads) sm90_indexer_select_row_kernel(const IndexerTopkParams p) {
   __shared__ uint32_t sHist[kIndexerHistBins];
   __shared__ uint32_t scratch[32];
   __shared__ uint32_t res[2];
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int row = blockIdx.x;
   const int64_t n = row_keys(p, row);
   int32_t* out = p.out + int64_t(row) * p.out_stride;
@@ -443,6 +447,20 @@ cudaError_t launch_indexer_select(const IndexerTopkParams& p, cudaStream_t strea
     return cudaErrorInvalidValue;
   const IndexerSelectPath path = indexer_select_path(p);
   if (path == IndexerSelectPath::row) {
+    if (kIndexerSelectRowPdl) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(unsigned(p.rows));
+      cfg.blockDim = dim3(kThreads);
+      cfg.dynamicSmemBytes = 0;
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      if (cudaLaunchKernelEx(&cfg, sm90_indexer_select_row_kernel, p) == cudaSuccess) return cudaSuccess;
+      (void)cudaGetLastError();  // no programmatic launch here: an ordinary one
+    }
     sm90_indexer_select_row_kernel<<<unsigned(p.rows), kThreads, 0, stream>>>(p);
     return cudaGetLastError();
   }

@@ -202,6 +202,9 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
       }
     }
   }
+  // A programmatically dependent row select may launch once every CTA got here; it still waits for this
+  // grid to finish (griddepcontrol.wait) before reading the scores and the histogram.
+  mma::grid_launch_dependents();
   __syncthreads();
   uint32_t* ghist = p.hist + int64_t(row) * indexer_hist_stride(p.splits);
   for (int i = tid; i < kIndexerHistBins; i += kScoreThreads) {
