@@ -490,6 +490,36 @@ TEST_F(CudaIndexerSelect, CooperativeGridLoopsOverRowSplits) {
   EXPECT_EQ(cpu_diff, 0);
 }
 
+// The select path depends only on (rows, max_len, topk), the forced path and the device: one CTA per row
+// when splits == 1; with splits > 1 the cooperative launch where the device has one (else the four
+// launches, as on a machine without a GPU), never for rows that need no select pass.
+TEST(IndexerSelectPathChoice, PicksByShapeAndDevice) {
+  IndexerTopkParams p{};
+  p.rows = 1;
+  p.topk = 2048;
+  p.max_len = 131072;
+  p.splits = indexer_select_splits(p.rows, p.max_len, 132, &p.split_len);
+  ASSERT_EQ(p.splits, 8);
+  const bool coop = indexer_select_coop_capacity() > 0;
+  EXPECT_EQ(indexer_select_path(p), coop ? IndexerSelectPath::cooperative : IndexerSelectPath::passes);
+  if (coop) {
+    EXPECT_EQ(indexer_select_coop_grid(p), std::min<int64_t>(8, indexer_select_coop_capacity()));
+  }
+  p.select_path = IndexerSelectPath::passes;
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::passes);
+  p.select_path = IndexerSelectPath::automatic;
+  indexer_set_default_select_path(IndexerSelectPath::passes);
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::passes);
+  indexer_set_default_select_path(IndexerSelectPath::automatic);
+  p.max_len = 2048;  // no row has more than topk keys: only the last pass runs
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::passes);
+  p.splits = 1;
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row);
+  EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::cooperative), "coop");
+  EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::passes), "passes");
+  EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::row), "row");
+}
+
 TEST(IndexerSelectSplits, DependOnlyOnRowsAndLength) {
   int64_t len = 0;
   EXPECT_EQ(indexer_select_splits(1, 131072, 132, &len), 8);
