@@ -193,8 +193,9 @@ void fill_device(void* dst, size_t n, const std::vector<unsigned char>& pattern)
 
 // The indexer + top-2048 at batch B and context ctx over a bf16 or FP8 key cache. Bytes: the key cache
 // rows read (bf16 256, FP8 132 per key), q, w and the output; the score and select times are measured
-// apart (select = full - scores alone). Each name says which select path ran (row: one CTA per row;
-// coop: the four passes in one cooperative launch of `grid` CTAs; passes: four launches).
+// apart (select = full - scores alone). Each name says which select path ran (row_fused: in the score
+// kernel's last CTA of each row; row: a select kernel of one CTA per row; coop: the four passes in one
+// cooperative launch of `grid` CTAs; passes: four launches).
 void bench_indexer(void* flush) {
   header("### lightning indexer + top-2048 (32 heads x 128), one query row per request");
   std::mt19937_64 rng(2);
@@ -269,9 +270,9 @@ void bench_indexer(void* flush) {
         const double bytes =
             double(slots) * double(row_bytes) + double(B * ih) * (kIndexerDim + 1) * 4 + double(B * topk) * 4;
         const double flops = double(slots) * double(ih) * kIndexerDim * 2;
-        // The default select path, and with several CTAs per row also the four-launch one for comparison.
-        std::vector<IndexerSelectPath> paths{IndexerSelectPath::automatic};
-        if (p.splits > 1) paths.push_back(IndexerSelectPath::passes);
+        // The default select path, and for comparison the old one (four launches, or the row kernel).
+        const std::vector<IndexerSelectPath> paths{
+            IndexerSelectPath::automatic, p.splits > 1 ? IndexerSelectPath::passes : IndexerSelectPath::row};
         for (IndexerSelectPath path : paths) {
           p.select_path = path;
           const IndexerSelectPath ran = indexer_select_path(p);

@@ -82,9 +82,15 @@ struct IndexerSelectState {
 // cooperative launch (grid min(rows x splits, co-resident CTAs from the occupancy API), CTAs loop over the
 // (row, split) pairs, grid barriers between the passes). Identical output. automatic: the process default
 // (indexer_set_default_select_path), itself automatic unless set: kIndexerSelectPathDefault.
-enum class IndexerSelectPath : int { automatic = 0, row = 1, passes = 2, cooperative = 3 };
+// With splits == 1: row, the row select kernel (a second launch); row_fused, no second launch: the score
+// kernel's CTAs count themselves done per row (a counter in the workspace, zeroed with the histograms)
+// and the last CTA of each row runs that row's select (256 threads) after the others' scores and histogram
+// atomics are visible (threadfence before the count, L2 loads after). Identical output to row.
+enum class IndexerSelectPath : int { automatic = 0, row = 1, passes = 2, cooperative = 3, row_fused = 4 };
 // The default with splits > 1. Revert to the four launches with one line: IndexerSelectPath::passes.
 inline constexpr IndexerSelectPath kIndexerSelectPathDefault = IndexerSelectPath::cooperative;
+// The default with splits == 1. Revert to the select kernel with one line: IndexerSelectPath::row.
+inline constexpr IndexerSelectPath kIndexerRowSelectDefault = IndexerSelectPath::row_fused;
 // The row select (splits == 1) is launched as a programmatic dependent of the score kernel (its launch
 // overlaps the score grid's tail). false: an ordinary launch.
 inline constexpr bool kIndexerSelectRowPdl = true;
@@ -107,6 +113,8 @@ struct IndexerTopkParams {
   IndexerSelectState* state;  // [rows] workspace; splits == 1: may be null
   uint32_t* counts;           // [rows, splits, 2] u32 workspace: keys > tau, keys == tau of each CTA; splits
                               // == 1: may be null
+  uint32_t* row_done;         // [rows] u32 workspace (splits == 1): score CTAs done per row (row_fused),
+                              // zeroed by the launch with the histograms; splits > 1: may be null
   int32_t* out;               // [rows, out_stride] i32, out_k columns written, not null
   int64_t rows, heads;        // heads: 32 or 64
   int64_t q_s0, q_s1, w_s0;
@@ -123,10 +131,11 @@ struct IndexerTopkParams {
   IndexerSelectPath select_path;  // automatic (zero) unless a test or benchmark forces one
 };
 
-// The path launch_indexer_select takes for p: row when p.splits == 1; else cooperative when asked (or by
-// default) and the device supports cooperative launches and max_len > topk; else passes.
+// The path p's select takes. splits == 1: row_fused when asked (or by default), max_len > topk and not
+// scores_only, else row. splits > 1: cooperative when asked (or by default), the device supports
+// cooperative launches and max_len > topk, else passes. Forced paths of the other kind mean the default.
 IndexerSelectPath indexer_select_path(const IndexerTopkParams& p);
-// "row", "passes", "coop" or "auto".
+// "row", "row_fused", "passes", "coop" or "auto".
 const char* indexer_select_path_name(IndexerSelectPath path);
 // CTAs of the cooperative select grid for p: min(rows x splits, SMs x co-resident CTAs per SM).
 int64_t indexer_select_coop_grid(const IndexerTopkParams& p);
@@ -141,10 +150,13 @@ void indexer_set_default_select_path(IndexerSelectPath path);
 // Select CTAs per row for (rows, max_len), and in *split_len the keys of each (a multiple of 16384,
 // splits * split_len >= max_len): a pure function of its inputs and the SM count, never of row contents.
 int64_t indexer_select_splits(int64_t rows, int64_t max_len, int num_sms, int64_t* split_len);
-// u32 words of the select workspace: hist [rows, indexer_hist_stride(splits)], then (splits > 1) state
-// [rows] (8 words each) and counts [rows, splits, 2]. indexer_workspace_pointers lays them out.
+// u32 words of the select workspace: hist [rows, indexer_hist_stride(splits)], then splits == 1: row_done
+// [rows]; splits > 1: state [rows] (8 words each) and counts [rows, splits, 2]. indexer_workspace_pointers
+// lays them out; the first indexer_zeroed_words of them are zeroed by each launch.
+int64_t indexer_zeroed_words(int64_t rows, int64_t splits);
 int64_t indexer_workspace_words(int64_t rows, int64_t splits);
-// Sets p.hist, p.state and p.counts inside `words` (indexer_workspace_words(p.rows, p.splits) of them).
+// Sets p.hist, p.row_done, p.state and p.counts inside `words` (indexer_workspace_words(p.rows, p.splits) of
+// them).
 void indexer_workspace_pointers(IndexerTopkParams& p, uint32_t* words);
 // The SM count of the current device (132 when it cannot be read).
 int indexer_num_sms();

@@ -1,7 +1,8 @@
 // The FP8 index-key cache (store bit-exact against the CPU quantiser, gather, scores within the
 // quantisation bound, top-k against the CPU operator on the same FP8 keys) and the multi-CTA select on few
 // long rows (batch 1 and 2 up to 262,149 keys, exact ties across CTA boundaries, bf16 and FP8 keys), run
-// both as one cooperative launch and as four launches (identical outputs). Every case prints a "RESULT "
+// both as one cooperative launch and as four launches, or with one CTA per row fused into the score
+// kernel and as the row kernel (identical outputs). Every case prints a "RESULT "
 // line. Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -372,8 +373,12 @@ void run_long_rows(const std::vector<int64_t>& lens, uint64_t seed, bool ties, b
     return indexer_topk_rows(qg, wg, cache, pt, kPage, {}, lg, max_len, topk, scale, ws, nullptr,
                              B > 1 ? std::span<const int32_t>(len32) : std::span<const int32_t>());
   };
-  const Tensor got = topk_with_path(IndexerSelectPath::cooperative, run);
-  const Tensor got_passes = topk_with_path(IndexerSelectPath::passes, run);
+  // The new path (cooperative with several CTAs per row, else fused into the score kernel) and the old.
+  const IndexerSelectPath path_new =
+                              splits > 1 ? IndexerSelectPath::cooperative : IndexerSelectPath::row_fused,
+                          path_old = splits > 1 ? IndexerSelectPath::passes : IndexerSelectPath::row;
+  const Tensor got = topk_with_path(path_new, run);
+  const Tensor got_passes = topk_with_path(path_old, run);
   const int64_t out_k = std::min(topk, max_len);
   ASSERT_EQ(got.size(1), out_k);
   IndexerTopkParams probe{};
@@ -381,7 +386,8 @@ void run_long_rows(const std::vector<int64_t>& lens, uint64_t seed, bool ties, b
   probe.max_len = max_len;
   probe.topk = topk;
   probe.splits = splits;
-  probe.select_path = IndexerSelectPath::cooperative;
+  probe.select_path = path_new;
+  probe.row_done = reinterpret_cast<uint32_t*>(&probe);  // any non-null: the fused path is possible
   const IndexerSelectPath ran = indexer_select_path(probe);
   const int64_t vs_passes = count_differing(got, got_passes);
   for (int64_t b = 0; b < B; ++b) {
@@ -403,15 +409,16 @@ void run_long_rows(const std::vector<int64_t>& lens, uint64_t seed, bool ties, b
     std::printf(
         "RESULT indexer_topk_long_rows %s ctx=%lld batch=%lld splits=%lld split_len=%lld select=%s "
         "grid=%lld%s "
-        "differing=%lld worst_rel_gap=%.2g coop_vs_passes_differing=%lld %s\n",
+        "differing=%lld worst_rel_gap=%.2g vs_%s_differing=%lld %s\n",
         fp8 ? "fp8" : "bf16", (long long)n, (long long)B, (long long)splits, (long long)split_len,
         indexer_select_path_name(ran),
         (long long)(ran == IndexerSelectPath::cooperative ? indexer_select_coop_grid(probe) : 0),
-        ties ? " ties" : "", (long long)diff, gap, (long long)vs_passes,
+        ties ? " ties" : "", (long long)diff, gap, indexer_select_path_name(path_old), (long long)vs_passes,
         ok && vs_passes == 0 ? "ok" : "FAIL");
     EXPECT_TRUE(ok) << "row " << b << " ctx " << n << " differing " << diff;
   }
-  EXPECT_EQ(vs_passes, 0) << "the cooperative select differs from the four-launch select";
+  EXPECT_EQ(vs_passes, 0) << "select " << indexer_select_path_name(ran) << " differs from "
+                          << indexer_select_path_name(path_old);
 }
 
 TEST_F(CudaIndexerSelect, BatchOne4K) { run_long_rows({4096}, 114, false); }
@@ -423,13 +430,14 @@ TEST_F(CudaIndexerSelect, BatchOneExactTiesAcrossSplits) { run_long_rows({150001
 TEST_F(CudaIndexerSelect, Fp8BatchOne128K) { run_long_rows({131072}, 117, false, true); }
 TEST_F(CudaIndexerSelect, Fp8BatchTwoRaggedTies) { run_long_rows({70001, 2049}, 118, true, true); }
 
-// More (row, split) pairs than co-resident CTAs (200 rows x 2 splits > 2 CTAs of 1024 threads per SM x
-// 132 SMs), so each cooperative CTA loops over several of them: 200 query rows of different lengths
-// (0, <= topk, up to 40,000) over one shared sequence. The cooperative output must equal the four
-// launches' bit for bit; a few rows are also checked against the CPU operator.
-TEST_F(CudaIndexerSelect, CooperativeGridLoopsOverRowSplits) {
-  Rng r(119);
-  const int64_t ih = 32, topk = 2048, B = 200, max_len = 40000;
+// 200 query rows of different lengths (0, <= topk, up to max_len) over one shared sequence; the new select
+// path must equal the old one bit for bit, and a few rows are also checked against the CPU operator.
+// max_len 40,000: 2 CTAs per row, more (row, split) pairs than co-resident CTAs (200 x 2 > 2 CTAs of 1024
+// threads per SM x 132 SMs), so each cooperative CTA loops over several. max_len 16,384: one CTA per row,
+// the select fused into the score kernel (the last score CTA of each row selects) vs the row kernel.
+void run_many_rows(int64_t max_len, uint64_t seed) {
+  Rng r(seed);
+  const int64_t ih = 32, topk = 2048, B = 200;
   const Paging pg = make_paging({max_len}, r);
   const Tensor keys = rand_bf16_values({pg.num_pages * kPage, kIndexerDim}, r, 1.0f);
   const Tensor q = rand_bf16_values({B, ih, kIndexerDim}, r, 1.0f);
@@ -441,6 +449,7 @@ TEST_F(CudaIndexerSelect, CooperativeGridLoopsOverRowSplits) {
                                      : int32_t(r.below(max_len) + 1);
   }
   len32[2] = int32_t(max_len);
+  len32[3] = int32_t(topk + 1);
   const double scale = 1.0 / std::sqrt(128.0), ws = 1.0 / std::sqrt(double(ih));
   const Tensor qg = q.to(Device::cuda), wg = w.to(Device::cuda), cache = bf16_copy(keys).to(Device::cuda),
                pt = pg.table_gpu(), lg = gpu_i32(len32, {B}), sg = gpu_i32(seq, {B});
@@ -448,18 +457,22 @@ TEST_F(CudaIndexerSelect, CooperativeGridLoopsOverRowSplits) {
     return indexer_topk_rows(qg, wg, cache, pt, kPage, sg, lg, max_len, topk, scale, ws, nullptr,
                              std::span<const int32_t>(len32));
   };
-  const Tensor got = topk_with_path(IndexerSelectPath::cooperative, run);
-  const Tensor got_passes = topk_with_path(IndexerSelectPath::passes, run);
   int64_t split_len = 0;
   IndexerTopkParams probe{};
   probe.rows = B;
   probe.max_len = max_len;
   probe.topk = topk;
   probe.splits = indexer_select_splits(B, max_len, indexer_num_sms(), &split_len);
-  probe.select_path = IndexerSelectPath::cooperative;
+  probe.row_done = reinterpret_cast<uint32_t*>(&probe);  // any non-null: the fused path is possible
+  const bool split = probe.splits > 1;
+  const IndexerSelectPath path_new = split ? IndexerSelectPath::cooperative : IndexerSelectPath::row_fused,
+                          path_old = split ? IndexerSelectPath::passes : IndexerSelectPath::row;
+  probe.select_path = path_new;
   const IndexerSelectPath ran = indexer_select_path(probe);
   const int64_t grid = ran == IndexerSelectPath::cooperative ? indexer_select_coop_grid(probe) : 0;
-  const int64_t vs_passes = count_differing(got, got_passes);
+  const Tensor got = topk_with_path(path_new, run);
+  const Tensor got_old = topk_with_path(path_old, run);
+  const int64_t vs_old = count_differing(got, got_old);
   int64_t cpu_diff = 0;
   for (int64_t b : {1, 2, 3, 7}) {
     const int64_t n = len32[size_t(b)];
@@ -476,23 +489,26 @@ TEST_F(CudaIndexerSelect, CooperativeGridLoopsOverRowSplits) {
                                       scale, ws, &gap);
     if (!(d == 0 || (d > 0 && gap <= 1e-5))) ++cpu_diff;
   }
+  const bool loops = !split || grid < B * probe.splits;
   std::printf(
-      "RESULT indexer_select_coop_grid_loops rows=%lld max_len=%lld splits=%lld select=%s grid=%lld "
-      "capacity=%d coop_vs_passes_differing=%lld cpu_rows_bad=%lld %s\n",
+      "RESULT indexer_select_many_rows rows=%lld max_len=%lld splits=%lld select=%s grid=%lld capacity=%d "
+      "vs_%s_differing=%lld cpu_rows_bad=%lld %s\n",
       (long long)B, (long long)max_len, (long long)probe.splits, indexer_select_path_name(ran),
-      (long long)grid, indexer_select_coop_capacity(), (long long)vs_passes, (long long)cpu_diff,
-      vs_passes == 0 && cpu_diff == 0 && ran == IndexerSelectPath::cooperative && grid < B * probe.splits
-          ? "ok"
-          : "FAIL");
-  EXPECT_EQ(ran, IndexerSelectPath::cooperative) << "no cooperative launch on this device?";
-  EXPECT_LT(grid, B * probe.splits) << "the grid does not loop: the case tests nothing new";
-  EXPECT_EQ(vs_passes, 0);
+      (long long)grid, indexer_select_coop_capacity(), indexer_select_path_name(path_old), (long long)vs_old,
+      (long long)cpu_diff, vs_old == 0 && cpu_diff == 0 && ran == path_new && loops ? "ok" : "FAIL");
+  EXPECT_EQ(ran, path_new) << "no cooperative launch on this device?";
+  EXPECT_TRUE(loops) << "the cooperative grid does not loop: the case tests nothing new";
+  EXPECT_EQ(vs_old, 0);
   EXPECT_EQ(cpu_diff, 0);
 }
 
-// The select path depends only on (rows, max_len, topk), the forced path and the device: one CTA per row
-// when splits == 1; with splits > 1 the cooperative launch where the device has one (else the four
-// launches, as on a machine without a GPU), never for rows that need no select pass.
+TEST_F(CudaIndexerSelect, CooperativeGridLoopsOverRowSplits) { run_many_rows(40000, 119); }
+TEST_F(CudaIndexerSelect, FusedRowSelectManyRows) { run_many_rows(16384, 120); }
+
+// The select path depends only on (rows, max_len, topk), the forced path and the device: with splits == 1
+// fused into the score kernel (when there is one and the workspace has the counters), else the row
+// kernel; with splits > 1 the cooperative launch where the device has one (else the four launches, as on
+// a machine without a GPU), never for rows that need no select pass.
 TEST(IndexerSelectPathChoice, PicksByShapeAndDevice) {
   IndexerTopkParams p{};
   p.rows = 1;
@@ -514,7 +530,20 @@ TEST(IndexerSelectPathChoice, PicksByShapeAndDevice) {
   p.max_len = 2048;  // no row has more than topk keys: only the last pass runs
   EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::passes);
   p.splits = 1;
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row);  // no score kernel to fuse into
+  p.max_len = 16384;
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row);  // no row_done counters
+  uint32_t counter = 0;
+  p.row_done = &counter;
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row_fused);
+  p.scores_only = true;
   EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row);
+  p.scores_only = false;
+  p.select_path = IndexerSelectPath::row;
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row);
+  p.select_path = IndexerSelectPath::cooperative;  // the other kind: the default
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row_fused);
+  EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::row_fused), "row_fused");
   EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::cooperative), "coop");
   EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::passes), "passes");
   EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::row), "row");
