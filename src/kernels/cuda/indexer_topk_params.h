@@ -28,10 +28,10 @@
 //   3. resolve digit 3: tau, the exact k-th largest key, and take_eq, how many keys equal to tau to take
 //      (the lowest positions first); count each CTA's keys > tau and == tau;
 //   4. each CTA adds the counts of the CTAs before it and writes its selected positions in order.
-// With splits > 1 the four passes run by default as one cooperative launch with grid barriers between them
-// (IndexerSelectPath below). Launch sizes depend only on (rows, max_len) and the device, never on row
-// contents (CUDA-graph safe; the packed score buffer below is sized by the caller from the row lengths, the
-// dense one by rows x max_len).
+// By default the four passes run as one cooperative launch with grid barriers between them (splits > 1),
+// or inside the score kernel (splits == 1): IndexerSelectPath below. Launch sizes depend only on (rows,
+// max_len) and the device, never on row contents (CUDA-graph safe; the packed score buffer below is sized by
+// the caller from the row lengths, the dense one by rows x max_len).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -77,15 +77,15 @@ struct IndexerSelectState {
   uint32_t pad[2];
 };
 
-// How the select runs. row: splits == 1, one CTA per row, one launch. With splits > 1: passes, the four
-// passes as four dependent launches (grid rows x splits); cooperative, the same four passes in one
-// cooperative launch (grid min(rows x splits, co-resident CTAs from the occupancy API), CTAs loop over the
-// (row, split) pairs, grid barriers between the passes). Identical output. automatic: the process default
-// (indexer_set_default_select_path), itself automatic unless set: kIndexerSelectPathDefault.
-// With splits == 1: row, the row select kernel (a second launch); row_fused, no second launch: the score
+// How the select runs (every path gives the same output). With splits == 1: row, the row select kernel
+// (a second launch, programmatic dependent of the score kernel); row_fused, no second launch: the score
 // kernel's CTAs count themselves done per row (a counter in the workspace, zeroed with the histograms)
-// and the last CTA of each row runs that row's select (256 threads) after the others' scores and histogram
-// atomics are visible (threadfence before the count, L2 loads after). Identical output to row.
+// and the last CTA of each row runs that row's select (256 threads) once the others' scores and histogram
+// atomics are visible (threadfence before the count, L2 loads after). With splits > 1: passes, the four
+// passes as four dependent launches (grid rows x splits); cooperative, the same four passes in one
+// cooperative launch (grid min(rows x splits, co-resident CTAs from the occupancy API), each CTA loops
+// over (row, split) pairs, grid barriers between the passes). automatic: the process default
+// (indexer_set_default_select_path), itself automatic unless set: the two constants below.
 enum class IndexerSelectPath : int { automatic = 0, row = 1, passes = 2, cooperative = 3, row_fused = 4 };
 // The default with splits > 1. Revert to the four launches with one line: IndexerSelectPath::passes.
 inline constexpr IndexerSelectPath kIndexerSelectPathDefault = IndexerSelectPath::cooperative;
