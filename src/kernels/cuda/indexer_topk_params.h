@@ -94,6 +94,9 @@ inline constexpr IndexerSelectPath kIndexerRowSelectDefault = IndexerSelectPath:
 // The row select (splits == 1) is launched as a programmatic dependent of the score kernel (its launch
 // overlaps the score grid's tail). false: an ordinary launch.
 inline constexpr bool kIndexerSelectRowPdl = true;
+// With packed scores the score kernel is launched as a programmatic dependent of the offsets kernel
+// (which triggers at once; the score kernel waits before reading the offsets). false: an ordinary launch.
+inline constexpr bool kIndexerScorePdl = true;
 
 struct IndexerTopkParams {
   const float* q;             // [rows, heads, 128] f32, strides q_s0, q_s1 (elements), not null

@@ -158,9 +158,12 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_coop_kernel(cons
 }
 
 // One CTA: exclusive prefix sum over the rows of each row's packed size (n > topk: n rounded up to 4).
+// Lets the score kernel (a programmatic dependent) launch at once: it waits for this grid before it reads
+// the offsets.
 __global__ void __launch_bounds__(kThreads) sm90_indexer_offsets_kernel(const IndexerTopkParams p) {
   __shared__ int64_t warp_sums[32];
   __shared__ int64_t carry;
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();

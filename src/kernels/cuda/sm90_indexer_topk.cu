@@ -45,6 +45,12 @@ __host__ __device__ constexpr int fp8_dim_of(int L) {
   return ((L % 8) / 2) * 32 + (L / 16) * 4 + ((L % 16) / 8) * 2 + (L % 2);
 }
 
+// Waits until the grid this one programmatically depends on has finished and its writes are visible
+// (griddepcontrol.wait; a no-op without a programmatic launch).
+__device__ __forceinline__ void grid_dependency_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
 // fuse (IndexerSelectPath::row_fused, splits == 1): the last CTA of each row to finish runs the row's
 // select; CTA 0 of a row with at most topk keys writes its positions.
 template <int H, bool FP8>
@@ -62,8 +68,10 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
   const int64_t seq = p.row_seq ? p.row_seq[row] : row;
   const int64_t n = seq >= 0 && seq < p.num_seqs ? p.row_len[row] : 0;
   if (n <= p.topk) {  // the select lists every position
-    if (fuse && blockIdx.y == 0)
+    if (fuse && blockIdx.y == 0) {
+      grid_dependency_wait();
       indexer_select::write_all<kScoreThreads>(p, n, p.out + int64_t(row) * p.out_stride);
+    }
     return;
   }
   const int64_t k0 = int64_t(blockIdx.y) * chunk;
@@ -148,6 +156,9 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
     wl[nt][1] = sW[nt * 8 + 2 * c4 + 1];
   }
   const float scale = p.scale;
+  // Launched as a programmatic dependent of the offsets kernel (packed scores): everything above reads
+  // only what was written before that kernel started; the offsets and everything below come after this.
+  grid_dependency_wait();
   float* srow = indexer_row_scores(p, row);
 
   for (int t = 0; t < n_tiles; ++t) {
@@ -265,6 +276,21 @@ cudaError_t launch_scores(const IndexerTopkParams& p, bool fuse, cudaStream_t st
   const int64_t chunks = (p.max_len + chunk - 1) / chunk;
   if (chunks > 65535 || p.rows > 2147483647) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(p.rows), unsigned(chunks));
+  if (kIndexerScorePdl && p.score_offsets) {  // after the offsets kernel: overlap its launch and run
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kScoreThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, sm90_indexer_score_kernel<H, FP8>, p, chunk, fuse) == cudaSuccess)
+      return cudaSuccess;
+    (void)cudaGetLastError();  // no programmatic launch here: an ordinary one
+  }
   sm90_indexer_score_kernel<H, FP8><<<grid, kScoreThreads, smem, stream>>>(p, chunk, fuse);
   return cudaGetLastError();
 }
