@@ -330,7 +330,9 @@ cudaError_t launch_indexer_select(const IndexerTopkParams& p, cudaStream_t strea
     attr[0].val.cooperative = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, sm90_indexer_select_coop_kernel, p);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, sm90_indexer_select_coop_kernel, p);
+    if (e != cudaErrorCooperativeLaunchTooLarge) return e;
+    (void)cudaGetLastError();  // fewer co-resident CTAs than the occupancy API said (MPS, ...): four launches
   }
   const dim3 grid(unsigned(p.rows), unsigned(p.splits));
   if (p.max_len > p.topk) {
