@@ -327,7 +327,7 @@ struct SelectPathScope {
   SelectPathScope& operator=(const SelectPathScope&) = delete;
 };
 
-// The selection of indexer_topk_rows with the split select forced to `path`.
+// The selection of `run` (an indexer_topk_rows call) with the select forced to `path`.
 Tensor topk_with_path(IndexerSelectPath path, const std::function<Tensor()>& run) {
   SelectPathScope scope(path);
   return run().to(Device::cpu);
@@ -342,8 +342,9 @@ int64_t count_differing(const Tensor& a, const Tensor& b) {
 
 // Few rows with long contexts: the select spreads each row over many CTAs. Keys bf16 (or FP8: the CPU
 // reference then uses the decoded FP8 keys); with `ties` only 97 distinct key rows, so runs of equal
-// scores straddle every CTA boundary. Runs the cooperative select and the four-launch one: their outputs
-// must be identical, and match the CPU operator.
+// scores straddle every CTA boundary. Runs the new select path and the old one (several CTAs per row:
+// cooperative vs four launches; one: fused into the score kernel vs the row kernel): their outputs must
+// be identical, and match the CPU operator.
 void run_long_rows(const std::vector<int64_t>& lens, uint64_t seed, bool ties, bool fp8 = false) {
   Rng r(seed);
   const int64_t ih = 32, topk = 2048, B = int64_t(lens.size());
