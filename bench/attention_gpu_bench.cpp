@@ -193,7 +193,9 @@ void fill_device(void* dst, size_t n, const std::vector<unsigned char>& pattern)
 
 // The indexer + top-2048 at batch B and context ctx over a bf16 or FP8 key cache. Bytes: the key cache
 // rows read (bf16 256, FP8 132 per key), q, w and the output; the score and select times are measured
-// apart (select = full - scores alone).
+// apart (select = full - scores alone). Each name says which select path ran (row_fused: in the score
+// kernel's last CTA of each row; row: a select kernel of one CTA per row; coop: the four passes in one
+// cooperative launch of `grid` CTAs; passes: four launches).
 void bench_indexer(void* flush) {
   header("### lightning indexer + top-2048 (32 heads x 128), one query row per request");
   std::mt19937_64 rng(2);
@@ -262,19 +264,32 @@ void bench_indexer(void* flush) {
         p.scale = 0.088f;
         p.weight_scale = 0.177f;
         p.key_format = f;
-        const double us = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
         p.scores_only = true;
         const double us_scores = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
         p.scores_only = false;
         const double bytes =
             double(slots) * double(row_bytes) + double(B * ih) * (kIndexerDim + 1) * 4 + double(B * topk) * 4;
         const double flops = double(slots) * double(ih) * kIndexerDim * 2;
-        char name[192];
-        std::snprintf(name, sizeof name,
-                      "indexer+top-k %s batch=%lld ctx=%lld (scores %.1f us, select %.1f us, %lld CTAs/row)",
-                      fp8 ? "fp8" : "bf16", (long long)B, (long long)ctx, us_scores, us - us_scores,
-                      (long long)p.splits);
-        row(name, us, bytes, flops);
+        // The default select path, and for comparison the old one (four launches, or the row kernel).
+        const std::vector<IndexerSelectPath> paths{
+            IndexerSelectPath::automatic, p.splits > 1 ? IndexerSelectPath::passes : IndexerSelectPath::row};
+        for (IndexerSelectPath path : paths) {
+          p.select_path = path;
+          const IndexerSelectPath ran = indexer_select_path(p);
+          const double us = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
+          char grid[32] = "";
+          if (ran == IndexerSelectPath::cooperative)
+            std::snprintf(grid, sizeof grid, " grid=%lld", (long long)indexer_select_coop_grid(p));
+          char name[224];
+          std::snprintf(
+              name, sizeof name,
+              "indexer+top-k %s batch=%lld ctx=%lld select=%s%s (scores %.1f us, select %.1f us, %lld "
+              "CTAs/row)",
+              fp8 ? "fp8" : "bf16", (long long)B, (long long)ctx, indexer_select_path_name(ran), grid,
+              us_scores, us - us_scores, (long long)p.splits);
+          row(name, us, bytes, flops);
+        }
+        p.select_path = IndexerSelectPath::automatic;
         CK(cudaFree(cache));
         CK(cudaFree(const_cast<float*>(p.q)));
         CK(cudaFree(const_cast<float*>(p.w)));

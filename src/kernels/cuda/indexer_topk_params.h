@@ -28,8 +28,10 @@
 //   3. resolve digit 3: tau, the exact k-th largest key, and take_eq, how many keys equal to tau to take
 //      (the lowest positions first); count each CTA's keys > tau and == tau;
 //   4. each CTA adds the counts of the CTAs before it and writes its selected positions in order.
-// Launch sizes depend only on (rows, max_len), never on row contents (CUDA-graph safe; the packed score
-// buffer below is sized by the caller from the row lengths, the dense one by rows x max_len).
+// By default the four passes run as one cooperative launch with grid barriers between them (splits > 1),
+// or inside the score kernel (splits == 1): IndexerSelectPath below. Launch sizes depend only on (rows,
+// max_len) and the device, never on row contents (CUDA-graph safe; the packed score buffer below is sized by
+// the caller from the row lengths, the dense one by rows x max_len).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -75,6 +77,27 @@ struct IndexerSelectState {
   uint32_t pad[2];
 };
 
+// How the select runs (every path gives the same output). With splits == 1: row, the row select kernel
+// (a second launch, programmatic dependent of the score kernel); row_fused, no second launch: the score
+// kernel's CTAs count themselves done per row (a counter in the workspace, zeroed with the histograms)
+// and the last CTA of each row runs that row's select (256 threads) once the others' scores and histogram
+// atomics are visible (threadfence before the count, L2 loads after). With splits > 1: passes, the four
+// passes as four dependent launches (grid rows x splits); cooperative, the same four passes in one
+// cooperative launch (grid min(rows x splits, co-resident CTAs from the occupancy API), each CTA loops
+// over (row, split) pairs, grid barriers between the passes). automatic: the process default
+// (indexer_set_default_select_path), itself automatic unless set: the two constants below.
+enum class IndexerSelectPath : int { automatic = 0, row = 1, passes = 2, cooperative = 3, row_fused = 4 };
+// The default with splits > 1. Revert to the four launches with one line: IndexerSelectPath::passes.
+inline constexpr IndexerSelectPath kIndexerSelectPathDefault = IndexerSelectPath::cooperative;
+// The default with splits == 1. Revert to the select kernel with one line: IndexerSelectPath::row.
+inline constexpr IndexerSelectPath kIndexerRowSelectDefault = IndexerSelectPath::row_fused;
+// The row select (splits == 1) is launched as a programmatic dependent of the score kernel (its launch
+// overlaps the score grid's tail). false: an ordinary launch.
+inline constexpr bool kIndexerSelectRowPdl = true;
+// With packed scores the score kernel is launched as a programmatic dependent of the offsets kernel
+// (which triggers at once; the score kernel waits before reading the offsets). false: an ordinary launch.
+inline constexpr bool kIndexerScorePdl = true;
+
 struct IndexerTopkParams {
   const float* q;             // [rows, heads, 128] f32, strides q_s0, q_s1 (elements), not null
   const float* w;             // [rows, heads] f32, row stride w_s0, not null
@@ -93,6 +116,8 @@ struct IndexerTopkParams {
   IndexerSelectState* state;  // [rows] workspace; splits == 1: may be null
   uint32_t* counts;           // [rows, splits, 2] u32 workspace: keys > tau, keys == tau of each CTA; splits
                               // == 1: may be null
+  uint32_t* row_done;         // [rows] u32 workspace (splits == 1): score CTAs done per row (row_fused),
+                              // zeroed by the launch with the histograms; splits > 1: may be null
   int32_t* out;               // [rows, out_stride] i32, out_k columns written, not null
   int64_t rows, heads;        // heads: 32 or 64
   int64_t q_s0, q_s1, w_s0;
@@ -105,16 +130,36 @@ struct IndexerTopkParams {
   int64_t split_len;
   float scale, weight_scale;
   IndexerKeyFormat key_format;
-  bool scores_only;  // benchmarks: run only the score kernel (the selection is not written)
+  bool scores_only;               // benchmarks: run only the score kernel (the selection is not written)
+  IndexerSelectPath select_path;  // automatic (zero) unless a test or benchmark forces one
 };
+
+// The path p's select takes. splits == 1: row_fused when asked (or by default), max_len > topk and not
+// scores_only, else row. splits > 1: cooperative when asked (or by default), the device supports
+// cooperative launches and max_len > topk, else passes. Forced paths of the other kind mean the default.
+IndexerSelectPath indexer_select_path(const IndexerTopkParams& p);
+// "row", "row_fused", "passes", "coop" or "auto".
+const char* indexer_select_path_name(IndexerSelectPath path);
+// CTAs of the cooperative select grid for p: min(rows x splits, SMs x co-resident CTAs per SM).
+int64_t indexer_select_coop_grid(const IndexerTopkParams& p);
+// Co-resident CTAs of the cooperative select kernel on the current device (0: no cooperative launch);
+// computed once.
+int indexer_select_coop_capacity();
+// The process-wide path used when p.select_path is automatic (tests and benchmarks compare the paths;
+// not thread-safe: set it before launching).
+IndexerSelectPath indexer_default_select_path();
+void indexer_set_default_select_path(IndexerSelectPath path);
 
 // Select CTAs per row for (rows, max_len), and in *split_len the keys of each (a multiple of 16384,
 // splits * split_len >= max_len): a pure function of its inputs and the SM count, never of row contents.
 int64_t indexer_select_splits(int64_t rows, int64_t max_len, int num_sms, int64_t* split_len);
-// u32 words of the select workspace: hist [rows, indexer_hist_stride(splits)], then (splits > 1) state
-// [rows] (8 words each) and counts [rows, splits, 2]. indexer_workspace_pointers lays them out.
+// u32 words of the select workspace: hist [rows, indexer_hist_stride(splits)], then splits == 1: row_done
+// [rows]; splits > 1: state [rows] (8 words each) and counts [rows, splits, 2]. indexer_workspace_pointers
+// lays them out; the first indexer_zeroed_words of them are zeroed by each launch.
+int64_t indexer_zeroed_words(int64_t rows, int64_t splits);
 int64_t indexer_workspace_words(int64_t rows, int64_t splits);
-// Sets p.hist, p.state and p.counts inside `words` (indexer_workspace_words(p.rows, p.splits) of them).
+// Sets p.hist, p.row_done, p.state and p.counts inside `words` (indexer_workspace_words(p.rows, p.splits) of
+// them).
 void indexer_workspace_pointers(IndexerTopkParams& p, uint32_t* words);
 // The SM count of the current device (132 when it cannot be read).
 int indexer_num_sms();

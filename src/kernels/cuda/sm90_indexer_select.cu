@@ -1,211 +1,51 @@
 // The exact top-k select of the lightning indexer: four radix passes over the f32 scores, each a grid of
 // rows x splits CTAs that merge histograms and counts through global memory (indexer_topk_params.h), so
 // that a few rows with long contexts spread over many SMs.
+#include <cooperative_groups.h>
+
 #include "kernels/cuda/indexer_topk_params.h"
+#include "kernels/cuda/sm90_indexer_select.cuh"
 
 namespace dsaserve::kernels::cuda {
 
 namespace {
 
+using namespace indexer_select;
+
 constexpr int kThreads = 1024;
-constexpr int kPerThread = 16;                              // keys per thread per sweep step
 constexpr int64_t kSweep = int64_t(kThreads) * kPerThread;  // 16384 keys: also the split unit
 constexpr int kHist2 = kIndexerHistBins;                    // offsets of digits 2 and 3 in a row's hist
 constexpr int kHist3 = 2 * kIndexerHistBins;
 
-// Order-preserving map of a float to u32 (the score kernel normalised -0 to +0).
-__device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Inclusive block scan of one u32 per thread (kThreads threads); also returns the total.
-__device__ uint32_t block_scan(uint32_t v, uint32_t* scratch, uint32_t& total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const uint32_t y = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += y;
-  }
-  if (lane == 31) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    uint32_t s = scratch[lane];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const uint32_t y = __shfl_up_sync(0xffffffffu, s, o);
-      if (lane >= o) s += y;
-    }
-    scratch[lane] = s;
-  }
-  __syncthreads();
-  total = scratch[31];
-  const uint32_t r = v + (warp > 0 ? scratch[warp - 1] : 0u);
-  __syncthreads();
-  return r;
-}
-
-// Finds bin b of hist[nb] (nb a multiple of kThreads) with above(b) < need <= above(b) + hist[b],
-// above(b) = sum of the bins above b. Result in res[0] (bin), res[1] (above); ends with a barrier.
-__device__ void select_bin(const uint32_t* hist, int nb, uint32_t need, uint32_t* scratch, uint32_t* res) {
-  const int per = nb / kThreads;
-  const int top = nb - 1 - int(threadIdx.x) * per;  // this thread's bins: top, top-1, ...
-  uint32_t local = 0;
-  for (int j = 0; j < per; ++j) local += hist[top - j];
-  uint32_t total;
-  uint32_t above = block_scan(local, scratch, total) - local;
-  for (int j = 0; j < per; ++j) {
-    const uint32_t h = hist[top - j];
-    if (above < need && above + h >= need) {
-      res[0] = uint32_t(top - j);
-      res[1] = above;
-    }
-    above += h;
-  }
-  __syncthreads();
-}
-
-// keys[j] = order_key(srow[i0 + j]) for the 16 scores from i0 (16-byte loads; from `end` on: 0).
-__device__ __forceinline__ void load_keys16(const float* srow, int64_t i0, int64_t end,
-                                            uint32_t (&keys)[16]) {
-  if (i0 + 16 <= end) {
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const float4 f = *reinterpret_cast<const float4*>(srow + i0 + 4 * v);
-      keys[4 * v] = order_key(f.x);
-      keys[4 * v + 1] = order_key(f.y);
-      keys[4 * v + 2] = order_key(f.z);
-      keys[4 * v + 3] = order_key(f.w);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) keys[j] = i0 + j < end ? order_key(srow[i0 + j]) : 0u;
-  }
-}
-
-// f(key) for every key of positions [c0, c1) (c0 a multiple of 4), 16 per thread per step.
-template <class F>
-__device__ __forceinline__ void sweep(const float* srow, int64_t c0, int64_t c1, F&& f) {
-  for (int64_t i0 = c0 + int64_t(threadIdx.x) * kPerThread; i0 < c1; i0 += kSweep) {
-    uint32_t keys[16];
-    load_keys16(srow, i0, c1, keys);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      if (i0 + j < c1) f(keys[j]);
-    }
-  }
-}
-
-// Adds the nb bins of sHist to the global histogram g (nonzero bins only).
-__device__ __forceinline__ void flush_hist(const uint32_t* sHist, uint32_t* g, int nb) {
-  for (int i = threadIdx.x; i < nb; i += kThreads) {
-    if (sHist[i]) atomicAdd(&g[i], sHist[i]);
-  }
-}
-
-// Copies nb bins of the global histogram g into sHist, then select_bin(need).
-__device__ __forceinline__ void load_select(const uint32_t* g, int nb, uint32_t need, uint32_t* sHist,
-                                            uint32_t* scratch, uint32_t* res) {
-  for (int i = threadIdx.x; i < nb; i += kThreads) sHist[i] = g[i];
-  __syncthreads();
-  select_bin(sHist, nb, need, scratch, res);
-}
-
-// sHist[0..nb) = histogram of (key >> shift) & (nb - 1) over the keys of [c0, c1) with key >> match_shift
-// == match. Starts and ends with a barrier.
-__device__ __forceinline__ void hist_digit(const float* srow, int64_t c0, int64_t c1, int match_shift,
-                                           uint32_t match, int shift, int nb, uint32_t* sHist) {
-  __syncthreads();
-  for (int i = threadIdx.x; i < nb; i += kThreads) sHist[i] = 0;
-  __syncthreads();
-  const uint32_t mask = uint32_t(nb - 1);
-  sweep(srow, c0, c1, [&](uint32_t key) {
-    if ((key >> match_shift) == match) atomicAdd(&sHist[(key >> shift) & mask], 1u);
-  });
-  __syncthreads();
-}
-
-// Writes the selected positions of [c0, c1) in order: keys > tau, and keys == tau while fewer than
-// take_eq of them come before (over the row). gt_run / eq_run: such keys of the row before c0.
-__device__ void write_selected(const float* srow, int64_t c0, int64_t c1, uint32_t tau, uint32_t take_eq,
-                               uint32_t gt_run, uint32_t eq_run, int32_t* out, uint32_t* scratch) {
-  for (int64_t base = c0; base < c1; base += kSweep) {
-    const int64_t i0 = base + int64_t(threadIdx.x) * kPerThread;
-    uint32_t keys[16];
-    load_keys16(srow, i0, c1, keys);
-    uint32_t gt = 0, eq = 0;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      gt += (i0 + j < c1 && keys[j] > tau) ? 1u : 0u;
-      eq += (i0 + j < c1 && keys[j] == tau) ? 1u : 0u;
-    }
-    const uint32_t packed = gt | (eq << 16);  // block totals <= 16384 per field
-    uint32_t total;
-    const uint32_t excl = block_scan(packed, scratch, total) - packed;
-    uint32_t gt_before = gt_run + (excl & 0xffffu), eq_before = eq_run + (excl >> 16);
-    if (gt + eq > 0) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        if (i0 + j >= c1) break;
-        if (keys[j] > tau) {
-          out[gt_before + (eq_before < take_eq ? eq_before : take_eq)] = int32_t(i0 + j);
-          ++gt_before;
-        } else if (keys[j] == tau) {
-          if (eq_before < take_eq) out[gt_before + eq_before] = int32_t(i0 + j);
-          ++eq_before;
-        }
-      }
-    }
-    gt_run += total & 0xffffu;
-    eq_run += total >> 16;
-  }
-}
-
-// The visible keys of `row` (0 for a row naming no valid sequence).
-__device__ __forceinline__ int64_t row_keys(const IndexerTopkParams& p, int row) {
-  const int64_t seq = p.row_seq ? p.row_seq[row] : row;
-  return seq >= 0 && seq < p.num_seqs ? p.row_len[row] : 0;
-}
-
-// Rows of at most topk keys: every position, then -1.
-__device__ __forceinline__ void write_all(const IndexerTopkParams& p, int64_t n, int32_t* out) {
-  for (int64_t j = threadIdx.x; j < p.out_k; j += kThreads) out[j] = j < n ? int32_t(j) : -1;
-}
-
 // splits == 1: one CTA per row runs all four passes in shared memory (hist: digit 1 only, row stride 2048).
+// Launched as a programmatic dependent of the score kernel (which triggers after its last tile): it may
+// start while the score grid drains, and waits (griddepcontrol.wait: that grid finished, its writes
+// visible) before reading anything. Without the launch attribute the wait is a no-op.
 __global__ void __launch_bounds__(kThreads) sm90_indexer_select_row_kernel(const IndexerTopkParams p) {
   __shared__ uint32_t sHist[kIndexerHistBins];
   __shared__ uint32_t scratch[32];
   __shared__ uint32_t res[2];
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int row = blockIdx.x;
   const int64_t n = row_keys(p, row);
   int32_t* out = p.out + int64_t(row) * p.out_stride;
-  if (n <= p.topk) return write_all(p, n, out);
-  const uint32_t K = uint32_t(p.topk);
-  const float* srow = indexer_row_scores(p, row);
-  load_select(p.hist + int64_t(row) * kIndexerHistBins, kIndexerHistBins, K, sHist, scratch, res);
-  const uint32_t b1 = res[0], above1 = res[1];
-  hist_digit(srow, 0, n, 21, b1, 10, kIndexerHistBins, sHist);
-  select_bin(sHist, kIndexerHistBins, K - above1, scratch, res);
-  const uint32_t prefix = (b1 << 11) | res[0], above2 = above1 + res[1];
-  hist_digit(srow, 0, n, 10, prefix, 0, 1024, sHist);
-  select_bin(sHist, 1024, K - above2, scratch, res);
-  const uint32_t tau = (prefix << 10) | res[0], take_eq = K - above2 - res[1];
-  write_selected(srow, 0, n, tau, take_eq, 0, 0, out, scratch);
+  if (n <= p.topk) return write_all<kThreads>(p, n, out);
+  select_row<kThreads>(p, p.hist + int64_t(row) * kIndexerHistBins, indexer_row_scores(p, row), n, out, sHist,
+                       scratch, res);
 }
 
 // splits > 1: pass PASS (0..3 = passes 1..4 of indexer_topk_params.h) for CTA (row, split); hist row
-// stride kIndexerHistWords.
+// stride kIndexerHistWords. Reads what earlier passes wrote (state, histograms, counts) through L2, so
+// that it also holds after a grid barrier inside one launch. Starts with a barrier (sHist may be in use).
 template <int PASS>
-__global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(const IndexerTopkParams p) {
-  __shared__ uint32_t sHist[kIndexerHistBins];
-  __shared__ uint32_t scratch[32];
-  __shared__ uint32_t res[2];
-  const int row = blockIdx.x, split = blockIdx.y, tid = threadIdx.x;
+__device__ void select_pass(const IndexerTopkParams& p, int row, int split, uint32_t* sHist,
+                            uint32_t* scratch, uint32_t* res) {
+  __syncthreads();
+  const int tid = threadIdx.x;
   const int64_t n = row_keys(p, row);
   int32_t* out = p.out + int64_t(row) * p.out_stride;
   if (n <= p.topk) {  // written once, by the last pass's first CTA
-    if (PASS == 3 && split == 0) write_all(p, n, out);
+    if (PASS == 3 && split == 0) write_all<kThreads>(p, n, out);
     return;
   }
   const int64_t c0 = int64_t(split) * p.split_len;
@@ -219,42 +59,42 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(cons
 
   if constexpr (PASS == 0) {
     // Digit 1 from the score kernel's histogram; histogram digit 2 of the keys in its bin.
-    load_select(hist, kIndexerHistBins, K, sHist, scratch, res);
+    load_select<kThreads>(hist, kIndexerHistBins, K, sHist, scratch, res);
     const uint32_t b1 = res[0];
     if (writer) {
       st->b1 = b1;
       st->above1 = res[1];
     }
-    hist_digit(srow, c0, c1, 21, b1, 10, kIndexerHistBins, sHist);
-    flush_hist(sHist, hist + kHist2, kIndexerHistBins);
+    hist_digit<kThreads>(srow, c0, c1, 21, b1, 10, kIndexerHistBins, sHist);
+    flush_hist<kThreads>(sHist, hist + kHist2, kIndexerHistBins);
   } else if constexpr (PASS == 1) {
     // Digit 2; histogram digit 3 of the keys with the 22-bit prefix.
-    const uint32_t b1 = st->b1, above1 = st->above1;
-    load_select(hist + kHist2, kIndexerHistBins, K - above1, sHist, scratch, res);
+    const uint32_t b1 = __ldcg(&st->b1), above1 = __ldcg(&st->above1);
+    load_select<kThreads>(hist + kHist2, kIndexerHistBins, K - above1, sHist, scratch, res);
     const uint32_t prefix = (b1 << 11) | res[0];
     if (writer) {
       st->prefix2 = prefix;
       st->above2 = above1 + res[1];
     }
-    hist_digit(srow, c0, c1, 10, prefix, 0, 1024, sHist);
-    flush_hist(sHist, hist + kHist3, 1024);
+    hist_digit<kThreads>(srow, c0, c1, 10, prefix, 0, 1024, sHist);
+    flush_hist<kThreads>(sHist, hist + kHist3, 1024);
   } else if constexpr (PASS == 2) {
     // Digit 3: tau and take_eq; this CTA's keys above and equal to tau.
-    const uint32_t prefix = st->prefix2, above = st->above2;
-    load_select(hist + kHist3, 1024, K - above, sHist, scratch, res);
+    const uint32_t prefix = __ldcg(&st->prefix2), above = __ldcg(&st->above2);
+    load_select<kThreads>(hist + kHist3, 1024, K - above, sHist, scratch, res);
     const uint32_t tau = (prefix << 10) | res[0];
     if (writer) {
       st->tau = tau;
       st->take_eq = K - above - res[1];  // >= 1
     }
     uint32_t gt = 0, eq = 0;
-    sweep(srow, c0, c1, [&](uint32_t key) {
+    sweep<kThreads>(srow, c0, c1, [&](uint32_t key) {
       gt += key > tau ? 1u : 0u;
       eq += key == tau ? 1u : 0u;
     });
     uint32_t gt_total, eq_total;
-    block_scan(gt, scratch, gt_total);
-    block_scan(eq, scratch, eq_total);
+    block_scan<kThreads>(gt, scratch, gt_total);
+    block_scan<kThreads>(eq, scratch, eq_total);
     if (tid == 0) {
       uint32_t* c = p.counts + (int64_t(row) * p.splits + split) * 2;
       c[0] = gt_total;
@@ -262,13 +102,13 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(cons
     }
   } else {
     // Ordered write, after the keys of the CTAs before this one.
-    const uint32_t tau = st->tau, take_eq = st->take_eq;
+    const uint32_t tau = __ldcg(&st->tau), take_eq = __ldcg(&st->take_eq);
     if (tid < 32) {
       uint32_t g = 0, e = 0;
       for (int i = tid; i < split; i += 32) {
         const uint32_t* c = p.counts + (int64_t(row) * p.splits + i) * 2;
-        g += c[0];
-        e += c[1];
+        g += __ldcg(c);
+        e += __ldcg(c + 1);
       }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) {
@@ -281,14 +121,49 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(cons
       }
     }
     __syncthreads();
-    write_selected(srow, c0, c1, tau, take_eq, res[0], res[1], out, scratch);
+    write_selected<kThreads>(srow, c0, c1, tau, take_eq, res[0], res[1], out, scratch);
   }
 }
 
+// The four passes as four launches (grid rows x splits).
+template <int PASS>
+__global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(const IndexerTopkParams p) {
+  __shared__ uint32_t sHist[kIndexerHistBins];
+  __shared__ uint32_t scratch[32];
+  __shared__ uint32_t res[2];
+  select_pass<PASS>(p, blockIdx.x, blockIdx.y, sHist, scratch, res);
+}
+
+// The four passes in one cooperative launch: a 1-D grid of G <= rows x splits co-resident CTAs (the
+// cooperative launch guarantees co-residency or fails); CTA b runs the virtual CTAs (row, split) = (v /
+// splits, v % splits) for v = b, b + G, ... of each pass, and a grid barrier (which orders memory: the
+// histogram atomics, state and counts of a pass are visible to every CTA after it) separates the passes.
+// Same per-CTA work, same order of writes within a row: the output is identical to the four launches'.
+__global__ void __launch_bounds__(kThreads) sm90_indexer_select_coop_kernel(const IndexerTopkParams p) {
+  __shared__ uint32_t sHist[kIndexerHistBins];
+  __shared__ uint32_t scratch[32];
+  __shared__ uint32_t res[2];
+  cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+  const int64_t virt = p.rows * p.splits;
+  auto each = [&](auto&& f) {
+    for (int64_t v = blockIdx.x; v < virt; v += gridDim.x) f(int(v / p.splits), int(v % p.splits));
+  };
+  each([&](int row, int split) { select_pass<0>(p, row, split, sHist, scratch, res); });
+  grid.sync();
+  each([&](int row, int split) { select_pass<1>(p, row, split, sHist, scratch, res); });
+  grid.sync();
+  each([&](int row, int split) { select_pass<2>(p, row, split, sHist, scratch, res); });
+  grid.sync();
+  each([&](int row, int split) { select_pass<3>(p, row, split, sHist, scratch, res); });
+}
+
 // One CTA: exclusive prefix sum over the rows of each row's packed size (n > topk: n rounded up to 4).
+// Lets the score kernel (a programmatic dependent) launch at once: it waits for this grid before it reads
+// the offsets.
 __global__ void __launch_bounds__(kThreads) sm90_indexer_offsets_kernel(const IndexerTopkParams p) {
   __shared__ int64_t warp_sums[32];
   __shared__ int64_t carry;
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
@@ -340,8 +215,12 @@ int64_t indexer_select_splits(int64_t rows, int64_t max_len, int num_sms, int64_
   return (units + per - 1) / per;
 }
 
+int64_t indexer_zeroed_words(int64_t rows, int64_t splits) {
+  return splits <= 1 ? rows * (kIndexerHistBins + 1) : rows * kIndexerHistWords;
+}
+
 int64_t indexer_workspace_words(int64_t rows, int64_t splits) {
-  if (splits <= 1) return rows * kIndexerHistBins;
+  if (splits <= 1) return rows * (kIndexerHistBins + 1);
   return rows * (kIndexerHistWords + int64_t(sizeof(IndexerSelectState) / 4)) + rows * splits * 2;
 }
 
@@ -349,19 +228,111 @@ void indexer_workspace_pointers(IndexerTopkParams& p, uint32_t* words) {
   p.hist = words;
   p.state = nullptr;
   p.counts = nullptr;
-  if (p.splits <= 1) return;
+  p.row_done = nullptr;
+  if (p.splits <= 1) {
+    p.row_done = words + p.rows * kIndexerHistBins;
+    return;
+  }
   p.state = reinterpret_cast<IndexerSelectState*>(words + p.rows * kIndexerHistWords);
   p.counts = words + p.rows * (kIndexerHistWords + int64_t(sizeof(IndexerSelectState) / 4));
 }
+
+int indexer_select_coop_capacity() {
+  static const int capacity = [] {
+    int dev = 0, coop = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sm90_indexer_select_coop_kernel, kThreads,
+                                                      0) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return coop ? sms * per_sm : 0;
+  }();
+  return capacity;
+}
+
+IndexerSelectPath indexer_select_path(const IndexerTopkParams& p) {
+  IndexerSelectPath want =
+      p.select_path == IndexerSelectPath::automatic ? indexer_default_select_path() : p.select_path;
+  if (p.splits <= 1) {
+    if (want != IndexerSelectPath::row && want != IndexerSelectPath::row_fused)
+      want = kIndexerRowSelectDefault;
+    return want == IndexerSelectPath::row_fused && p.max_len > p.topk && !p.scores_only && p.row_done
+               ? IndexerSelectPath::row_fused
+               : IndexerSelectPath::row;
+  }
+  if (want != IndexerSelectPath::passes && want != IndexerSelectPath::cooperative)
+    want = kIndexerSelectPathDefault;
+  if (want == IndexerSelectPath::cooperative && p.max_len > p.topk && indexer_select_coop_capacity() > 0)
+    return IndexerSelectPath::cooperative;
+  return IndexerSelectPath::passes;
+}
+
+int64_t indexer_select_coop_grid(const IndexerTopkParams& p) {
+  const int64_t virt = p.rows * p.splits, cap = indexer_select_coop_capacity();
+  return virt < cap ? virt : cap;
+}
+
+const char* indexer_select_path_name(IndexerSelectPath path) {
+  switch (path) {
+    case IndexerSelectPath::row: return "row";
+    case IndexerSelectPath::row_fused: return "row_fused";
+    case IndexerSelectPath::passes: return "passes";
+    case IndexerSelectPath::cooperative: return "coop";
+    default: return "auto";
+  }
+}
+
+namespace {
+IndexerSelectPath g_default_select_path = IndexerSelectPath::automatic;
+}  // namespace
+
+IndexerSelectPath indexer_default_select_path() { return g_default_select_path; }
+void indexer_set_default_select_path(IndexerSelectPath path) { g_default_select_path = path; }
 
 cudaError_t launch_indexer_select(const IndexerTopkParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.splits < 1 || p.splits > 65535 || p.split_len % kSweep != 0 || p.splits * p.split_len < p.max_len ||
       p.rows > 2147483647)
     return cudaErrorInvalidValue;
-  if (p.splits == 1) {
+  const IndexerSelectPath path = indexer_select_path(p);
+  // row_fused here: launch_indexer_topk_fused did not fuse (this launch runs alone), so the row kernel.
+  if (path == IndexerSelectPath::row || path == IndexerSelectPath::row_fused) {
+    if (kIndexerSelectRowPdl) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(unsigned(p.rows));
+      cfg.blockDim = dim3(kThreads);
+      cfg.dynamicSmemBytes = 0;
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      if (cudaLaunchKernelEx(&cfg, sm90_indexer_select_row_kernel, p) == cudaSuccess) return cudaSuccess;
+      (void)cudaGetLastError();  // no programmatic launch here: an ordinary one
+    }
     sm90_indexer_select_row_kernel<<<unsigned(p.rows), kThreads, 0, stream>>>(p);
     return cudaGetLastError();
+  }
+  if (path == IndexerSelectPath::cooperative) {
+    // One launch, grid sized by the occupancy API (clamped to rows x splits): a pure function of (rows,
+    // max_len) and the device. Capturable in CUDA graphs; the grid barrier's state is the driver's.
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(indexer_select_coop_grid(p)));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, sm90_indexer_select_coop_kernel, p);
+    if (e != cudaErrorCooperativeLaunchTooLarge) return e;
+    (void)cudaGetLastError();  // fewer co-resident CTAs than the occupancy API said (MPS, ...): four launches
   }
   const dim3 grid(unsigned(p.rows), unsigned(p.splits));
   if (p.max_len > p.topk) {

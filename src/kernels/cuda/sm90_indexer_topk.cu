@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/indexer_topk_params.h"
 #include "kernels/cuda/sm90_indexer_fp8.cuh"
+#include "kernels/cuda/sm90_indexer_select.cuh"
 #include "kernels/cuda/sm90_mma.cuh"
 
 namespace dsaserve::kernels::cuda {
@@ -13,6 +14,9 @@ namespace {
 constexpr int kScoreThreads = 256;
 constexpr int kTileKeys = 128;  // 8 warps x 16 keys
 constexpr int kStages = 2;
+// Fewest 128-key tiles per score CTA. Key chunks per CTA = ceil(rows x tiles / (2 x SMs)) tiles, at
+// least this: 1 lets a short batch-1 row spread over more CTAs (4K keys: 32 CTAs, was 16 with 2).
+constexpr int64_t kScoreMinTilesPerCta = 1;
 constexpr int kLdK = kIndexerDim + 8;    // bf16 per shared row: 272 bytes, ldmatrix conflict-free
 constexpr int kLdK8 = kIndexerDim + 16;  // FP8 bytes per shared row: 144, 16-byte loads conflict-free
 
@@ -41,9 +45,17 @@ __host__ __device__ constexpr int fp8_dim_of(int L) {
   return ((L % 8) / 2) * 32 + (L / 16) * 4 + ((L % 16) / 8) * 2 + (L % 2);
 }
 
+// Waits until the grid this one programmatically depends on has finished and its writes are visible
+// (griddepcontrol.wait; a no-op without a programmatic launch).
+__device__ __forceinline__ void grid_dependency_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+// fuse (IndexerSelectPath::row_fused, splits == 1): the last CTA of each row to finish runs the row's
+// select; CTA 0 of a row with at most topk keys writes its positions.
 template <int H, bool FP8>
 __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
-    sm90_indexer_score_kernel(const IndexerTopkParams p, int chunk) {
+    sm90_indexer_score_kernel(const IndexerTopkParams p, int chunk, bool fuse) {
   constexpr int NT = H / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* sStage = smem;
@@ -55,7 +67,13 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
   const int row = blockIdx.x;
   const int64_t seq = p.row_seq ? p.row_seq[row] : row;
   const int64_t n = seq >= 0 && seq < p.num_seqs ? p.row_len[row] : 0;
-  if (n <= p.topk) return;  // the select lists every position
+  if (n <= p.topk) {  // the select lists every position
+    if (fuse && blockIdx.y == 0) {
+      grid_dependency_wait();
+      indexer_select::write_all<kScoreThreads>(p, n, p.out + int64_t(row) * p.out_stride);
+    }
+    return;
+  }
   const int64_t k0 = int64_t(blockIdx.y) * chunk;
   if (k0 >= n) return;
   const int64_t k1 = k0 + chunk < n ? k0 + chunk : n;
@@ -138,6 +156,9 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
     wl[nt][1] = sW[nt * 8 + 2 * c4 + 1];
   }
   const float scale = p.scale;
+  // Launched as a programmatic dependent of the offsets kernel (packed scores): everything above reads
+  // only what was written before that kernel started; the offsets and everything below come after this.
+  grid_dependency_wait();
   float* srow = indexer_row_scores(p, row);
 
   for (int t = 0; t < n_tiles; ++t) {
@@ -199,11 +220,32 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
       }
     }
   }
+  // A programmatically dependent row select may launch once every CTA got here; it still waits for this
+  // grid to finish (griddepcontrol.wait) before reading the scores and the histogram.
+  mma::grid_launch_dependents();
   __syncthreads();
   uint32_t* ghist = p.hist + int64_t(row) * indexer_hist_stride(p.splits);
   for (int i = tid; i < kIndexerHistBins; i += kScoreThreads) {
     if (sHist[i]) atomicAdd(&ghist[i], sHist[i]);
   }
+  if (!fuse) return;
+  // Last CTA of the row (threadfence-reduction pattern): every thread's score stores and histogram atomics
+  // are ordered before its CTA's count; the CTA that brings the count to the row's CTA total selects,
+  // reading through L2 (load_keys16 / load_select use ld.global.cg).
+  __shared__ uint32_t s_scratch[32];
+  __shared__ uint32_t s_res[2];
+  __shared__ int s_last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const uint32_t ctas = uint32_t((n + chunk - 1) / chunk);  // CTAs of this row that did not return early
+    s_last = atomicAdd(&p.row_done[row], 1u) == ctas - 1 ? 1 : 0;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  indexer_select::select_row<kScoreThreads>(p, ghist, srow, n, p.out + int64_t(row) * p.out_stride, sHist,
+                                            s_scratch, s_res);
 }
 
 int num_sms() {
@@ -220,7 +262,7 @@ int num_sms() {
 }
 
 template <int H, bool FP8>
-cudaError_t launch_scores(const IndexerTopkParams& p, cudaStream_t stream) {
+cudaError_t launch_scores(const IndexerTopkParams& p, bool fuse, cudaStream_t stream) {
   const size_t smem =
       size_t(kStages) * stage_bytes<FP8>() + size_t(H) * kLdK * 2 + H * 4 + kIndexerHistBins * 4;
   static const cudaError_t e = cudaFuncSetAttribute(sm90_indexer_score_kernel<H, FP8>,
@@ -228,13 +270,28 @@ cudaError_t launch_scores(const IndexerTopkParams& p, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   const int64_t tiles = (p.max_len + kTileKeys - 1) / kTileKeys;
   int64_t per = (p.rows * tiles + 2 * num_sms() - 1) / (2 * num_sms());
-  if (per < 2) per = 2;
+  if (per < kScoreMinTilesPerCta) per = kScoreMinTilesPerCta;
   if (per > tiles) per = tiles;
   const int chunk = int(per * kTileKeys);
   const int64_t chunks = (p.max_len + chunk - 1) / chunk;
   if (chunks > 65535 || p.rows > 2147483647) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(p.rows), unsigned(chunks));
-  sm90_indexer_score_kernel<H, FP8><<<grid, kScoreThreads, smem, stream>>>(p, chunk);
+  if (kIndexerScorePdl && p.score_offsets) {  // after the offsets kernel: overlap its launch and run
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kScoreThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, sm90_indexer_score_kernel<H, FP8>, p, chunk, fuse) == cudaSuccess)
+      return cudaSuccess;
+    (void)cudaGetLastError();  // no programmatic launch here: an ordinary one
+  }
+  sm90_indexer_score_kernel<H, FP8><<<grid, kScoreThreads, smem, stream>>>(p, chunk, fuse);
   return cudaGetLastError();
 }
 
@@ -247,21 +304,22 @@ cudaError_t launch_indexer_topk_fused(const IndexerTopkParams& p, cudaStream_t s
   if ((p.heads != 32 && p.heads != 64) || p.topk < 1 || p.out_k > p.topk ||
       (!p.score_offsets && p.score_stride % 4 != 0) || p.splits < 1 || p.splits * p.split_len < p.max_len)
     return cudaErrorInvalidValue;
+  const bool fuse = indexer_select_path(p) == IndexerSelectPath::row_fused;  // implies max_len > topk
   if (p.max_len > p.topk) {
-    cudaError_t e =
-        cudaMemsetAsync(p.hist, 0, size_t(p.rows) * size_t(indexer_hist_stride(p.splits)) * 4, stream);
+    // The histograms and (splits == 1) the row_done counters, contiguous.
+    cudaError_t e = cudaMemsetAsync(p.hist, 0, size_t(indexer_zeroed_words(p.rows, p.splits)) * 4, stream);
     if (e != cudaSuccess) return e;
     e = launch_indexer_score_offsets(p, stream);
     if (e != cudaSuccess) return e;
     const bool fp8 = p.key_format == IndexerKeyFormat::fp8_e4m3;
     if (p.heads == 32) {
-      e = fp8 ? launch_scores<32, true>(p, stream) : launch_scores<32, false>(p, stream);
+      e = fp8 ? launch_scores<32, true>(p, fuse, stream) : launch_scores<32, false>(p, fuse, stream);
     } else {
-      e = fp8 ? launch_scores<64, true>(p, stream) : launch_scores<64, false>(p, stream);
+      e = fp8 ? launch_scores<64, true>(p, fuse, stream) : launch_scores<64, false>(p, fuse, stream);
     }
     if (e != cudaSuccess) return e;
   }
-  if (p.scores_only) return cudaSuccess;
+  if (p.scores_only || fuse) return cudaSuccess;  // fused: the score kernel selected
   return launch_indexer_select(p, stream);
 }
 

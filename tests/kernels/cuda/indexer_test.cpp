@@ -1,7 +1,9 @@
 // The FP8 index-key cache (store bit-exact against the CPU quantiser, gather, scores within the
 // quantisation bound, top-k against the CPU operator on the same FP8 keys) and the multi-CTA select on few
-// long rows (batch 1 and 2 up to 262,149 keys, exact ties across CTA boundaries). Every case prints a
-// "RESULT " line. Skips without a GPU.
+// long rows (batch 1 and 2 up to 262,149 keys, exact ties across CTA boundaries, bf16 and FP8 keys), run
+// both as one cooperative launch and as four launches, or with one CTA per row fused into the score
+// kernel and as the row kernel (identical outputs). Every case prints a "RESULT "
+// line. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -317,9 +319,33 @@ TEST_F(CudaIndexerFp8, OpsDispatchBatchedAndPerRequest) {
   EXPECT_EQ(bad, 0);
 }
 
-// Few rows with long contexts: the select spreads each row over many CTAs. Keys bf16; with `ties` only
-// 97 distinct key rows, so runs of equal scores straddle every CTA boundary.
-void run_long_rows(const std::vector<int64_t>& lens, uint64_t seed, bool ties) {
+// Sets the process-wide select path for one scope (IndexerSelectPath in indexer_topk_params.h).
+struct SelectPathScope {
+  explicit SelectPathScope(IndexerSelectPath path) { indexer_set_default_select_path(path); }
+  ~SelectPathScope() { indexer_set_default_select_path(IndexerSelectPath::automatic); }
+  SelectPathScope(const SelectPathScope&) = delete;
+  SelectPathScope& operator=(const SelectPathScope&) = delete;
+};
+
+// The selection of `run` (an indexer_topk_rows call) with the select forced to `path`.
+Tensor topk_with_path(IndexerSelectPath path, const std::function<Tensor()>& run) {
+  SelectPathScope scope(path);
+  return run().to(Device::cpu);
+}
+
+// Positions where two selections differ (both [rows, k] i32 CPU).
+int64_t count_differing(const Tensor& a, const Tensor& b) {
+  int64_t d = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) d += a.data<int32_t>()[i] != b.data<int32_t>()[i] ? 1 : 0;
+  return d;
+}
+
+// Few rows with long contexts: the select spreads each row over many CTAs. Keys bf16 (or FP8: the CPU
+// reference then uses the decoded FP8 keys); with `ties` only 97 distinct key rows, so runs of equal
+// scores straddle every CTA boundary. Runs the new select path and the old one (several CTAs per row:
+// cooperative vs four launches; one: fused into the score kernel vs the row kernel): their outputs must
+// be identical, and match the CPU operator.
+void run_long_rows(const std::vector<int64_t>& lens, uint64_t seed, bool ties, bool fp8 = false) {
   Rng r(seed);
   const int64_t ih = 32, topk = 2048, B = int64_t(lens.size());
   const Paging pg = make_paging(lens, r);
@@ -331,6 +357,9 @@ void run_long_rows(const std::vector<int64_t>& lens, uint64_t seed, bool ties) {
         std::copy_n(keys.data<float>() + (s % 97) * kIndexerDim, kIndexerDim,
                     keys.data<float>() + pg.slot(b, s) * kIndexerDim);
   }
+  const Tensor fp8_bytes = fp8 ? kernels::cpu::indexer_key_fp8_encode(keys) : Tensor();
+  const Tensor ref_keys = fp8 ? kernels::cpu::indexer_key_fp8_decode(fp8_bytes) : keys;
+  const Tensor cache = fp8 ? fp8_bytes.to(Device::cuda) : bf16_copy(keys).to(Device::cuda);
   const Tensor q = rand_bf16_values({B, ih, kIndexerDim}, r, 1.0f);
   const Tensor w = rand_bf16_values({B, ih}, r, 1.0f);
   const double scale = 1.0 / std::sqrt(128.0), ws = 1.0 / std::sqrt(double(ih));
@@ -338,36 +367,188 @@ void run_long_rows(const std::vector<int64_t>& lens, uint64_t seed, bool ties) {
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
   int64_t split_len = 0;
   const int64_t splits = indexer_select_splits(B, max_len, indexer_num_sms(), &split_len);
+  const Tensor qg = q.to(Device::cuda), wg = w.to(Device::cuda), pt = pg.table_gpu(),
+               lg = gpu_i32(len32, {B});
   // Two rows or more: packed scores (host lengths given), one row: dense.
-  const Tensor got =
-      indexer_topk_rows(q.to(Device::cuda), w.to(Device::cuda), bf16_copy(keys).to(Device::cuda),
-                        pg.table_gpu(), kPage, {}, gpu_i32(len32, {B}), max_len, topk, scale, ws, nullptr,
-                        B > 1 ? std::span<const int32_t>(len32) : std::span<const int32_t>())
-          .to(Device::cpu);
+  auto run = [&] {
+    return indexer_topk_rows(qg, wg, cache, pt, kPage, {}, lg, max_len, topk, scale, ws, nullptr,
+                             B > 1 ? std::span<const int32_t>(len32) : std::span<const int32_t>());
+  };
+  // The new path (cooperative with several CTAs per row, else fused into the score kernel) and the old.
+  const IndexerSelectPath path_new =
+                              splits > 1 ? IndexerSelectPath::cooperative : IndexerSelectPath::row_fused,
+                          path_old = splits > 1 ? IndexerSelectPath::passes : IndexerSelectPath::row;
+  const Tensor got = topk_with_path(path_new, run);
+  const Tensor got_passes = topk_with_path(path_old, run);
+  const int64_t out_k = std::min(topk, max_len);
+  ASSERT_EQ(got.size(1), out_k);
+  IndexerTopkParams probe{};
+  probe.rows = B;
+  probe.max_len = max_len;
+  probe.topk = topk;
+  probe.splits = splits;
+  probe.select_path = path_new;
+  probe.row_done = reinterpret_cast<uint32_t*>(&probe);  // any non-null: the fused path is possible
+  const IndexerSelectPath ran = indexer_select_path(probe);
+  const int64_t vs_passes = count_differing(got, got_passes);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = lens[size_t(b)];
     const Tensor qb = q.slice(0, b, b + 1).contiguous(), wb = w.slice(0, b, b + 1).contiguous();
     const Tensor ref =
         kernels::backend(Device::cpu)
-            .indexer_topk(qb, wb, PagedSeq{keys, pg.row_cpu(size_t(b)), kPage}, n - 1, topk, scale, ws);
+            .indexer_topk(qb, wb, PagedSeq{ref_keys, pg.row_cpu(size_t(b)), kPage}, n - 1, topk, scale, ws);
+    std::vector<int32_t> want(static_cast<size_t>(out_k), -1);
+    std::copy_n(ref.data<int32_t>(), std::min(ref.size(1), out_k), want.begin());
     double gap = 0;
-    auto key = [&](int64_t s) { return keys.data<float>() + pg.slot(size_t(b), s) * kIndexerDim; };
-    const int64_t diff = check_selection(got.data<int32_t>() + b * topk, ref.data<int32_t>(), topk, n, qb, wb,
-                                         0, key, scale, ws, &gap);
-    // With exact ties the sets must be identical (equal scores go to the lower position).
-    const bool ok = ties ? diff == 0 : diff == 0 || (diff > 0 && gap <= 1e-5);
+    auto key = [&](int64_t s) { return ref_keys.data<float>() + pg.slot(size_t(b), s) * kIndexerDim; };
+    const int64_t diff = check_selection(got.data<int32_t>() + b * out_k, want.data(), out_k, n, qb, wb, 0,
+                                         key, scale, ws, &gap);
+    // With exact ties the sets must be identical (equal scores go to the lower position). FP8: the GPU
+    // scales the dot products of the codes, the CPU dots the decoded keys, so distinct tie groups may
+    // order differently within float rounding (the gap check); the two GPU paths still agree exactly.
+    const bool ok = ties && !fp8 ? diff == 0 : diff == 0 || (diff > 0 && gap <= 1e-5);
     std::printf(
-        "RESULT indexer_topk_long_rows ctx=%lld batch=%lld splits=%lld split_len=%lld%s differing=%lld "
-        "worst_rel_gap=%.2g %s\n",
-        (long long)n, (long long)B, (long long)splits, (long long)split_len, ties ? " ties" : "",
-        (long long)diff, gap, ok ? "ok" : "FAIL");
+        "RESULT indexer_topk_long_rows %s ctx=%lld batch=%lld splits=%lld split_len=%lld select=%s "
+        "grid=%lld%s "
+        "differing=%lld worst_rel_gap=%.2g vs_%s_differing=%lld %s\n",
+        fp8 ? "fp8" : "bf16", (long long)n, (long long)B, (long long)splits, (long long)split_len,
+        indexer_select_path_name(ran),
+        (long long)(ran == IndexerSelectPath::cooperative ? indexer_select_coop_grid(probe) : 0),
+        ties ? " ties" : "", (long long)diff, gap, indexer_select_path_name(path_old), (long long)vs_passes,
+        ok && vs_passes == 0 ? "ok" : "FAIL");
     EXPECT_TRUE(ok) << "row " << b << " ctx " << n << " differing " << diff;
   }
+  EXPECT_EQ(vs_passes, 0) << "select " << indexer_select_path_name(ran) << " differs from "
+                          << indexer_select_path_name(path_old);
 }
 
+TEST_F(CudaIndexerSelect, BatchOne4K) { run_long_rows({4096}, 114, false); }
+TEST_F(CudaIndexerSelect, BatchOne32K) { run_long_rows({32768}, 115, false); }
+TEST_F(CudaIndexerSelect, BatchOne128K) { run_long_rows({131072}, 116, false); }
 TEST_F(CudaIndexerSelect, BatchOneLongContext) { run_long_rows({262149}, 111, false); }
 TEST_F(CudaIndexerSelect, BatchTwoRagged) { run_long_rows({100000, 16385}, 112, false); }
 TEST_F(CudaIndexerSelect, BatchOneExactTiesAcrossSplits) { run_long_rows({150001}, 113, true); }
+TEST_F(CudaIndexerSelect, Fp8BatchOne128K) { run_long_rows({131072}, 117, false, true); }
+TEST_F(CudaIndexerSelect, Fp8BatchTwoRaggedTies) { run_long_rows({70001, 2049}, 118, true, true); }
+
+// 200 query rows of different lengths (0, <= topk, up to max_len) over one shared sequence; the new select
+// path must equal the old one bit for bit, and a few rows are also checked against the CPU operator.
+// max_len 40,000: 2 CTAs per row, more (row, split) pairs than co-resident CTAs (200 x 2 > 2 CTAs of 1024
+// threads per SM x 132 SMs), so each cooperative CTA loops over several. max_len 16,384: one CTA per row,
+// the select fused into the score kernel (the last score CTA of each row selects) vs the row kernel.
+void run_many_rows(int64_t max_len, uint64_t seed) {
+  Rng r(seed);
+  const int64_t ih = 32, topk = 2048, B = 200;
+  const Paging pg = make_paging({max_len}, r);
+  const Tensor keys = rand_bf16_values({pg.num_pages * kPage, kIndexerDim}, r, 1.0f);
+  const Tensor q = rand_bf16_values({B, ih, kIndexerDim}, r, 1.0f);
+  const Tensor w = rand_bf16_values({B, ih}, r, 1.0f);
+  std::vector<int32_t> len32(static_cast<size_t>(B)), seq(static_cast<size_t>(B), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    len32[size_t(b)] = b % 10 == 0   ? 0
+                       : b % 10 == 1 ? int32_t(r.below(topk + 1))
+                                     : int32_t(r.below(max_len) + 1);
+  }
+  len32[2] = int32_t(max_len);
+  len32[3] = int32_t(topk + 1);
+  const double scale = 1.0 / std::sqrt(128.0), ws = 1.0 / std::sqrt(double(ih));
+  const Tensor qg = q.to(Device::cuda), wg = w.to(Device::cuda), cache = bf16_copy(keys).to(Device::cuda),
+               pt = pg.table_gpu(), lg = gpu_i32(len32, {B}), sg = gpu_i32(seq, {B});
+  auto run = [&] {
+    return indexer_topk_rows(qg, wg, cache, pt, kPage, sg, lg, max_len, topk, scale, ws, nullptr,
+                             std::span<const int32_t>(len32));
+  };
+  int64_t split_len = 0;
+  IndexerTopkParams probe{};
+  probe.rows = B;
+  probe.max_len = max_len;
+  probe.topk = topk;
+  probe.splits = indexer_select_splits(B, max_len, indexer_num_sms(), &split_len);
+  probe.row_done = reinterpret_cast<uint32_t*>(&probe);  // any non-null: the fused path is possible
+  const bool split = probe.splits > 1;
+  const IndexerSelectPath path_new = split ? IndexerSelectPath::cooperative : IndexerSelectPath::row_fused,
+                          path_old = split ? IndexerSelectPath::passes : IndexerSelectPath::row;
+  probe.select_path = path_new;
+  const IndexerSelectPath ran = indexer_select_path(probe);
+  const int64_t grid = ran == IndexerSelectPath::cooperative ? indexer_select_coop_grid(probe) : 0;
+  const Tensor got = topk_with_path(path_new, run);
+  const Tensor got_old = topk_with_path(path_old, run);
+  const int64_t vs_old = count_differing(got, got_old);
+  int64_t cpu_diff = 0;
+  for (int64_t b : {1, 2, 3, 7}) {
+    const int64_t n = len32[size_t(b)];
+    if (n == 0) continue;
+    const Tensor qb = q.slice(0, b, b + 1).contiguous(), wb = w.slice(0, b, b + 1).contiguous();
+    const Tensor ref =
+        kernels::backend(Device::cpu)
+            .indexer_topk(qb, wb, PagedSeq{keys, pg.row_cpu(0), kPage}, n - 1, topk, scale, ws);
+    std::vector<int32_t> want(size_t(topk), -1);
+    std::copy_n(ref.data<int32_t>(), std::min(ref.size(1), topk), want.begin());
+    double gap = 0;
+    auto key = [&](int64_t s) { return keys.data<float>() + pg.slot(0, s) * kIndexerDim; };
+    const int64_t d = check_selection(got.data<int32_t>() + b * topk, want.data(), topk, n, qb, wb, 0, key,
+                                      scale, ws, &gap);
+    if (!(d == 0 || (d > 0 && gap <= 1e-5))) ++cpu_diff;
+  }
+  const bool loops = !split || grid < B * probe.splits;
+  std::printf(
+      "RESULT indexer_select_many_rows rows=%lld max_len=%lld splits=%lld select=%s grid=%lld capacity=%d "
+      "vs_%s_differing=%lld cpu_rows_bad=%lld %s\n",
+      (long long)B, (long long)max_len, (long long)probe.splits, indexer_select_path_name(ran),
+      (long long)grid, indexer_select_coop_capacity(), indexer_select_path_name(path_old), (long long)vs_old,
+      (long long)cpu_diff, vs_old == 0 && cpu_diff == 0 && ran == path_new && loops ? "ok" : "FAIL");
+  EXPECT_EQ(ran, path_new) << "no cooperative launch on this device?";
+  EXPECT_TRUE(loops) << "the cooperative grid does not loop: the case tests nothing new";
+  EXPECT_EQ(vs_old, 0);
+  EXPECT_EQ(cpu_diff, 0);
+}
+
+TEST_F(CudaIndexerSelect, CooperativeGridLoopsOverRowSplits) { run_many_rows(40000, 119); }
+TEST_F(CudaIndexerSelect, FusedRowSelectManyRows) { run_many_rows(16384, 120); }
+
+// The select path depends only on (rows, max_len, topk), the forced path and the device: with splits == 1
+// fused into the score kernel (when there is one and the workspace has the counters), else the row
+// kernel; with splits > 1 the cooperative launch where the device has one (else the four launches, as on
+// a machine without a GPU), never for rows that need no select pass.
+TEST(IndexerSelectPathChoice, PicksByShapeAndDevice) {
+  IndexerTopkParams p{};
+  p.rows = 1;
+  p.topk = 2048;
+  p.max_len = 131072;
+  p.splits = indexer_select_splits(p.rows, p.max_len, 132, &p.split_len);
+  ASSERT_EQ(p.splits, 8);
+  const bool coop = indexer_select_coop_capacity() > 0;
+  EXPECT_EQ(indexer_select_path(p), coop ? IndexerSelectPath::cooperative : IndexerSelectPath::passes);
+  if (coop) {
+    EXPECT_EQ(indexer_select_coop_grid(p), std::min<int64_t>(8, indexer_select_coop_capacity()));
+  }
+  p.select_path = IndexerSelectPath::passes;
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::passes);
+  p.select_path = IndexerSelectPath::automatic;
+  indexer_set_default_select_path(IndexerSelectPath::passes);
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::passes);
+  indexer_set_default_select_path(IndexerSelectPath::automatic);
+  p.max_len = 2048;  // no row has more than topk keys: only the last pass runs
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::passes);
+  p.splits = 1;
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row);  // no score kernel to fuse into
+  p.max_len = 16384;
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row);  // no row_done counters
+  uint32_t counter = 0;
+  p.row_done = &counter;
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row_fused);
+  p.scores_only = true;
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row);
+  p.scores_only = false;
+  p.select_path = IndexerSelectPath::row;
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row);
+  p.select_path = IndexerSelectPath::cooperative;  // the other kind: the default
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::row_fused);
+  EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::row_fused), "row_fused");
+  EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::cooperative), "coop");
+  EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::passes), "passes");
+  EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::row), "row");
+}
 
 TEST(IndexerSelectSplits, DependOnlyOnRowsAndLength) {
   int64_t len = 0;
