@@ -389,7 +389,8 @@ double median(std::vector<double> v) {
 // parts are timed apart: the GEMMs alone (absorb_q + absorb_v; paged_gather + linear), attention = whole -
 // GEMMs. FLOPs as model::attention_form_flops counts them. The MHA attention kernel (attention.cu) is a
 // plain stand-in: an MHA run estimated over 250 ms from its last 64 rows (the rows with the most keys,
-// scaled by keys) is not run whole and its row says "est.".
+// scaled by keys) is not run whole and its row says "est.". The expansion is also timed with an FP8
+// kv_b_proj (the FP8 checkpoints' dtype; the FP8 GEMM), shown in the parts column and its own RESULT line.
 void bench_prefill(void* flush) {
   ko::cuda::install_backend();
   std::printf(
@@ -408,12 +409,19 @@ void bench_prefill(void* flush) {
     Tensor w = Tensor::empty({nh * (kNopeDim + kVDim), kLat}, DType::bf16, Device::cuda);
     CK(cudaMemset(w.raw_data(), 0x3c, w.nbytes()));
     const ko::WeightRef kv_b{w, {}, 128, 128};
+    // The same kv_b_proj as an FP8 checkpoint stores it (e4m3 1.0, block scales 1e-3): only the MHA
+    // expansion is timed with it (absorb_q / absorb_v run on its dequantised bf16 copy, as above).
+    Tensor w8 = Tensor::empty({nh * (kNopeDim + kVDim), kLat}, DType::f8e4m3fn, Device::cuda);
+    CK(cudaMemset(w8.raw_data(), 0x38, w8.nbytes()));
+    Tensor sc = Tensor::empty({(nh * (kNopeDim + kVDim) + 127) / 128, (kLat + 127) / 128}, DType::f32);
+    std::fill(sc.data<float>(), sc.data<float>() + sc.numel(), 1e-3f);
+    const ko::WeightRef kv_b8{w8, sc.to(Device::cuda), 128, 128};
     std::printf(
         "\n| heads | ctx | T | form | us (median) | parts us | TFLOP | TFLOP/s | / 797 peak | faster |\n"
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     std::fflush(stdout);
     const Tensor q_all = rand_f32({t_max, nh, kNopeDim + kRopeDim}, uint64_t(10 + nh), 1.0f);
-    std::vector<double> r_abs_attn, r_abs_gemm, r_mha_attn, r_expand;
+    std::vector<double> r_abs_attn, r_abs_gemm, r_mha_attn, r_expand, r_expand8;
     struct Case {
       dm::AttentionShape shape;
       bool mha_faster;
@@ -476,6 +484,12 @@ void bench_prefill(void* flush) {
               expand(lat, kvx);
             },
             flush);
+        const double expand8_us = time_adaptive_us(
+            [&] {
+              const Tensor lat = ko::paged_gather(seq, S);
+              (void)ko::linear(lat.slice(1, 0, kLat), kv_b8);
+            },
+            flush);
         double probe_attn_us = 0;
         const int64_t P = std::min(T, kProbeRows);
         dm::AttentionShape probe_shape = shape;
@@ -518,6 +532,7 @@ void bench_prefill(void* flush) {
         r_abs_gemm.push_back(fl.absorb_gemm / (abs_gemm_us * 1e6));
         r_mha_attn.push_back(fl.mha_attn / (mha_attn_us * 1e6));
         r_expand.push_back(fl.expand_gemm / (expand_us * 1e6));
+        r_expand8.push_back(fl.expand_gemm / (expand8_us * 1e6));
         const bool mha_faster = mha_us < abs_us;
         cases.push_back({shape, mha_faster});
         auto print = [&](const char* form, double us, const std::string& parts, double flops, bool faster) {
@@ -529,8 +544,8 @@ void bench_prefill(void* flush) {
         char parts[160];
         std::snprintf(parts, sizeof parts, "absorb GEMMs %.1f + attention %.1f", abs_gemm_us, abs_attn_us);
         print("absorbed", abs_us, parts, fl.absorbed(), !mha_faster);
-        std::snprintf(parts, sizeof parts, "gather + kv_b %.1f + attention %.1f%s", expand_us, mha_attn_us,
-                      estimated ? " (est. from its last 64 rows)" : "");
+        std::snprintf(parts, sizeof parts, "gather + kv_b %.1f (FP8 kv_b %.1f) + attention %.1f%s", expand_us,
+                      expand8_us, mha_attn_us, estimated ? " (est. from its last 64 rows)" : "");
         print(estimated ? "MHA (est.)" : "MHA", mha_us, parts, fl.mha(), mha_faster);
         std::fflush(stdout);
       }
@@ -564,6 +579,10 @@ void bench_prefill(void* flush) {
         (long long)nh, nh <= rule.narrow_max_heads ? "narrow" : "wide", r.absorbed_attn, r.absorb_gemm,
         r.mha_attn, r.expand_gemm, nh <= rule.narrow_max_heads ? "narrow" : "wide", r.absorbed_attn,
         r.absorb_gemm, r.mha_attn, r.expand_gemm);
+    std::printf(
+        "RESULT form_rates heads=%lld expand_gemm with an FP8 kv_b_proj: %.1f TFLOP/s (for FP8 "
+        "checkpoints)\n",
+        (long long)nh, median(r_expand8));
     std::printf("RESULT form_rule heads=%lld picks the faster form in %d of %zu cases%s%s\n", (long long)nh,
                 agree, cases.size(), wrong.empty() ? "" : "; not in:", wrong.c_str());
     std::fflush(stdout);
