@@ -421,7 +421,8 @@ void bench_prefill(void* flush) {
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     std::fflush(stdout);
     const Tensor q_all = rand_f32({t_max, nh, kNopeDim + kRopeDim}, uint64_t(10 + nh), 1.0f);
-    std::vector<double> r_abs_attn, r_abs_gemm, r_mha_attn, r_expand, r_expand8;
+    // Attention rates of requests with a selection and of dense ones (ctx + T <= 2048: no selection).
+    std::vector<double> r_abs_attn, r_abs_gemm, r_mha_attn, r_expand, r_expand8, r_abs_dense, r_mha_dense;
     struct Case {
       dm::AttentionShape shape;
       bool mha_faster;
@@ -528,9 +529,9 @@ void bench_prefill(void* flush) {
 
         const double abs_attn_us = std::max(abs_us - abs_gemm_us, 1e-3),
                      mha_attn_us = std::max(mha_us - expand_us, 1e-3);
-        r_abs_attn.push_back(fl.absorbed_attn / (abs_attn_us * 1e6));
+        (sel.defined() ? r_abs_attn : r_abs_dense).push_back(fl.absorbed_attn / (abs_attn_us * 1e6));
         r_abs_gemm.push_back(fl.absorb_gemm / (abs_gemm_us * 1e6));
-        r_mha_attn.push_back(fl.mha_attn / (mha_attn_us * 1e6));
+        (sel.defined() ? r_mha_attn : r_mha_dense).push_back(fl.mha_attn / (mha_attn_us * 1e6));
         r_expand.push_back(fl.expand_gemm / (expand_us * 1e6));
         r_expand8.push_back(fl.expand_gemm / (expand8_us * 1e6));
         const bool mha_faster = mha_us < abs_us;
@@ -557,6 +558,8 @@ void bench_prefill(void* flush) {
     r.absorb_gemm = median(r_abs_gemm);
     r.mha_attn = median(r_mha_attn);
     r.expand_gemm = median(r_expand);
+    r.absorbed_attn_dense = median(r_abs_dense);
+    r.mha_attn_dense = median(r_mha_dense);
     dm::AttentionFormRule rule;
     (nh <= rule.narrow_max_heads ? rule.narrow : rule.wide) = r;
     int agree = 0;
@@ -572,13 +575,16 @@ void bench_prefill(void* flush) {
         wrong += w2;
       }
     }
+    const char* cls = nh <= rule.narrow_max_heads ? "narrow" : "wide";
     std::printf(
         "\nRESULT form_rates heads=%lld (%s) absorbed_attn=%.1f absorb_gemm=%.1f mha_attn=%.1f "
         "expand_gemm=%.1f "
-        "TFLOP/s -> model.h AttentionFormRule::%s = {%.1f, %.1f, %.1f, %.1f}\n",
-        (long long)nh, nh <= rule.narrow_max_heads ? "narrow" : "wide", r.absorbed_attn, r.absorb_gemm,
-        r.mha_attn, r.expand_gemm, nh <= rule.narrow_max_heads ? "narrow" : "wide", r.absorbed_attn,
-        r.absorb_gemm, r.mha_attn, r.expand_gemm);
+        "absorbed_attn_dense=%.1f mha_attn_dense=%.1f TFLOP/s -> model.h AttentionFormRule::%s = {%.1f, "
+        "%.1f, "
+        "%.1f, %.1f, %.1f, %.1f}\n",
+        (long long)nh, cls, r.absorbed_attn, r.absorb_gemm, r.mha_attn, r.expand_gemm, r.absorbed_attn_dense,
+        r.mha_attn_dense, cls, r.absorbed_attn, r.absorb_gemm, r.mha_attn, r.expand_gemm,
+        r.absorbed_attn_dense, r.mha_attn_dense);
     std::printf(
         "RESULT form_rates heads=%lld expand_gemm with an FP8 kv_b_proj: %.1f TFLOP/s (for FP8 "
         "checkpoints)\n",

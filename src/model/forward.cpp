@@ -144,14 +144,18 @@ AttentionFormSeconds attention_form_seconds(const AttentionShape& s, const Atten
             "attention form: rates must all be positive (absorbed {}, absorb {}, mha {}, expand {})",
             r.absorbed_attn, r.absorb_gemm, r.mha_attn, r.expand_gemm);
   const AttentionFormFlops f = attention_form_flops(s);
-  return {(f.absorbed_attn / r.absorbed_attn + f.absorb_gemm / r.absorb_gemm) * 1e-12,
-          (f.mha_attn / r.mha_attn + f.expand_gemm / r.expand_gemm) * 1e-12};
+  const bool dense = s.topk <= 0 || s.context + s.tokens <= s.topk;  // no selection: every key, causally
+  const double abs_attn = dense && r.absorbed_attn_dense > 0 ? r.absorbed_attn_dense : r.absorbed_attn,
+               mha_attn = dense && r.mha_attn_dense > 0 ? r.mha_attn_dense : r.mha_attn;
+  return {(f.absorbed_attn / abs_attn + f.absorb_gemm / r.absorb_gemm) * 1e-12,
+          (f.mha_attn / mha_attn + f.expand_gemm / r.expand_gemm) * 1e-12};
 }
 
 bool automatic_uses_mha(int64_t mha_min_tokens, const AttentionFormRule& rule, const AttentionShape& s) {
   (void)attention_form_flops(s);  // validates the shape
   const AttentionFormRates& r = s.heads <= rule.narrow_max_heads ? rule.narrow : rule.wide;
-  DSA_CHECK(r.absorbed_attn >= 0 && r.absorb_gemm >= 0 && r.mha_attn >= 0 && r.expand_gemm >= 0,
+  DSA_CHECK(r.absorbed_attn >= 0 && r.absorb_gemm >= 0 && r.mha_attn >= 0 && r.expand_gemm >= 0 &&
+                r.absorbed_attn_dense >= 0 && r.mha_attn_dense >= 0,
             "attention form: negative rate for {} heads", s.heads);
   if (s.tokens < mha_min_tokens) return false;
   if (!r.measured()) return true;  // the rule before issue 8

@@ -52,11 +52,16 @@ struct AttentionShape {
 // Measured throughputs (TFLOP/s, FLOPs counted as attention_form_flops counts them) of the parts of the
 // two forms for one head class; 0 = not measured. attention_gpu_bench's `prefill` table prints them
 // (`RESULT form_rates ...` lines): set the defaults below from that run on the serving GPU.
+// The attention rates are those of a request with a DSA selection (context + tokens > topk: each row its
+// own keys, so neighbouring rows share few); the *_dense ones, when set, those of a request attending all
+// its keys causally (no selection: neighbouring rows share their keys, which an MHA kernel can reuse).
 struct AttentionFormRates {
   double absorbed_attn = 0;  // mla_attention_rows: 2 (latent + rope + latent) FLOPs per key, head and row
   double absorb_gemm = 0;    // absorb_q + absorb_v: 2 latent (nope + dv) per head and row
   double mha_attn = 0;       // attention_mha (+ its copy): 2 (nope + rope + dv) per key, head and row
-  double expand_gemm = 0;  // paged_gather + the kv_b_proj linear: 2 latent (nope + dv) per head and position
+  double expand_gemm = 0;    // paged_gather + the kv_b_proj linear: 2 latent (nope + dv) per head, position
+  double absorbed_attn_dense = 0;  // 0: absorbed_attn
+  double mha_attn_dense = 0;       // 0: mha_attn
   bool measured() const { return absorbed_attn > 0 && absorb_gemm > 0 && mha_attn > 0 && expand_gemm > 0; }
 };
 

@@ -90,6 +90,14 @@ TEST(AttentionForm, MeasuredRatesPickTheCheaperForm) {
   // A slow MHA kernel (the stand-in) moves the choice to the absorbed form.
   rule.wide.mha_attn = 5;
   EXPECT_FALSE(automatic_uses_mha(256, rule, glm(4096, 0, 64)));
+  // Dense requests (context + tokens <= topk, or no indexer) read the *_dense rates when set.
+  rule.wide.mha_attn_dense = 100;
+  EXPECT_TRUE(automatic_uses_mha(256, rule, glm(1024, 0, 64)));     // 1024 keys <= 2048: dense
+  EXPECT_TRUE(automatic_uses_mha(256, rule, glm(1024, 0, 64, 0)));  // no indexer: dense
+  EXPECT_FALSE(automatic_uses_mha(256, rule, glm(4096, 0, 64)));    // a selection: the sparse rate
+  rule.wide.absorbed_attn_dense = 1000;
+  EXPECT_FALSE(automatic_uses_mha(256, rule, glm(1024, 0, 64)));
+  rule.wide.absorbed_attn_dense = rule.wide.mha_attn_dense = 0;
   // Heads <= narrow_max_heads read `narrow` (unmeasured here: the old rule).
   EXPECT_TRUE(automatic_uses_mha(256, rule, glm(4096, 0, 16)));
   EXPECT_FALSE(automatic_uses_mha(256, rule, glm(4096, 0, 17)));
@@ -105,6 +113,9 @@ TEST(AttentionForm, BadInputIsAnError) {
   EXPECT_THROW(automatic_uses_mha(256, rule, glm(10, 0, 64, -1)), Error);
   AttentionFormRule neg;
   neg.wide.mha_attn = -1;
+  EXPECT_THROW(automatic_uses_mha(256, neg, glm(10, 0, 64)), Error);
+  neg.wide.mha_attn = 0;
+  neg.wide.mha_attn_dense = -1;
   EXPECT_THROW(automatic_uses_mha(256, neg, glm(10, 0, 64)), Error);
   EXPECT_THROW(attention_form_seconds(glm(10, 0, 64), AttentionFormRates{}), Error);
 }
