@@ -1,7 +1,9 @@
 // attention_gpu_bench: the sm_90a attention-side kernels at GLM-5.3 shapes (576/512 latent, top-2048,
 // 32 indexer heads of 128) and per-rank head counts, timed with CUDA events (median of 20 runs, the L2
 // flushed before each), with bytes, FLOPs, the floor (bytes / 4.3 TB/s, FLOPs / 797 TFLOP/s) and the
-// ratio floor / measured. Prints one Markdown table per kernel.
+// ratio floor / measured. Prints one Markdown table per kernel. The `prefill` table (issue 8) times a
+// prefill chunk's whole attention part in both MLA forms through the public ops (kernels/ops.h) and
+// prints the rates model::AttentionFormRule takes.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,8 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/indexer_topk_params.h"
 #include "kernels/cuda/mla_decode_params.h"
+#include "kernels/ops.h"
+#include "model/model.h"
 
 namespace {
 
@@ -303,6 +309,307 @@ void bench_indexer(void* flush) {
   }
 }
 
+// ---- sparse prefill (issue 8): one request's chunk in the absorbed form and in the MHA form ----
+
+namespace ko = dsaserve::kernels;
+namespace dm = dsaserve::model;
+using dsaserve::Device;
+using dsaserve::DType;
+using dsaserve::Tensor;
+
+constexpr int64_t kLat = 512, kRopeDim = 64, kNopeDim = 192, kVDim = 256, kTopk = 2048;
+constexpr double kMhaBudgetUs = 250e3;  // MHA runs estimated above this are not run whole (see below)
+constexpr int64_t kProbeRows = 64;
+
+// Values in [-scale, scale) (xorshift on the host), copied to the GPU.
+Tensor rand_f32(const dsaserve::Shape& s, uint64_t seed, float scale) {
+  Tensor t = Tensor::empty(s, DType::f32);
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    z ^= z << 13;
+    z ^= z >> 7;
+    z ^= z << 17;
+    p[i] = (float(z >> 40) * (1.0f / 8388608.0f) - 1.0f) * scale;
+  }
+  return t.to(Device::cuda);
+}
+
+Tensor i32_dev(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({int64_t(v.size())}, DType::i32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t.to(Device::cuda);
+}
+
+// One run of fn() in microseconds (CUDA events).
+template <class F>
+double once_us(F&& fn) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a));
+  fn();
+  CK(cudaEventRecord(b));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return double(ms) * 1000.0;
+}
+
+// time_us (median of 20 after 3 warm-ups, the L2 flushed before each); when one run takes over 20 ms,
+// the median of 3 runs after that one instead (the table must stay well under a minute).
+template <class F>
+double time_adaptive_us(F&& fn, void* flush) {
+  if (once_us(fn) <= 20e3) return time_us(fn, flush);
+  std::vector<double> us;
+  for (int i = 0; i < 3; ++i) {
+    CK(cudaMemsetAsync(flush, i & 0xff, kFlushBytes));
+    us.push_back(once_us(fn));
+  }
+  std::sort(us.begin(), us.end());
+  return us[1];
+}
+
+// The DSA selection of a chunk as the forward passes it: row t (position ctx + t) attends 2048 distinct
+// ascending positions of 0..ctx+t, one in each of 2048 equal spans; rows that see at most 2048 keys get
+// all of them, padded with -1. Undefined when the request has at most 2048 keys (all of them, causally).
+Tensor dsa_selection(int64_t ctx, int64_t T, std::mt19937_64& rng) {
+  if (ctx + T <= kTopk) return Tensor();
+  std::vector<int32_t> sel(size_t(T * kTopk), -1);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t v = ctx + t + 1;
+    int32_t* r = sel.data() + t * kTopk;
+    if (v <= kTopk) {
+      for (int64_t j = 0; j < v; ++j) r[j] = int32_t(j);
+      continue;
+    }
+    for (int64_t j = 0; j < kTopk; ++j) r[j] = int32_t(j * v / kTopk + int64_t(rng() % uint64_t(v / kTopk)));
+  }
+  Tensor h = Tensor::empty({T, kTopk}, DType::i32);
+  std::copy(sel.begin(), sel.end(), h.data<int32_t>());
+  return h.to(Device::cuda);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// For each head count and (ctx, T): the absorbed form (absorb_q, mla_attention_rows over the chunk's rows,
+// absorb_v into the layer's [T, nh, 256] output) and the MHA form (paged_gather of the request's latents,
+// the kv_b_proj linear over all of them, attention_mha, copy_rows into the output), as
+// model::Model::attention runs them for a one-request step (RoPE of q, the same in both, left out). The
+// parts are timed apart: the GEMMs alone (absorb_q + absorb_v; paged_gather + linear), attention = whole -
+// GEMMs. FLOPs as model::attention_form_flops counts them. The MHA attention kernel (attention.cu) is a
+// plain stand-in: an MHA run estimated over 250 ms from its last 64 rows (the rows with the most keys,
+// scaled by keys) is not run whole and its row says "est.". The expansion is also timed with an FP8
+// kv_b_proj (the FP8 checkpoints' dtype; the FP8 GEMM), shown in the parts column and its own RESULT line.
+void bench_prefill(void* flush) {
+  ko::cuda::install_backend();
+  std::printf(
+      "\n### sparse prefill (issue 8): one request's chunk of T new tokens after ctx cached ones, top-2048, "
+      "bf16 latent cache and kv_b_proj; absorbed = absorb_q + mla_attention_rows + absorb_v, MHA = "
+      "paged_gather + kv_b linear + attention_mha + copy_rows\n");
+  std::mt19937_64 rng(3);
+  const int64_t t_max = 4096, ctx_max = 32768, pool_pages = (ctx_max + t_max) / kPage + 8;
+  Tensor cache = mla_kv_cache_empty(pool_pages * kPage, MlaKvFormat::bf16);
+  CK(cudaMemset(cache.raw_data(), 0x3c, cache.nbytes()));  // bf16 0.0115 everywhere
+  std::vector<int32_t> perm(static_cast<size_t>(pool_pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  const double scale = 1.0 / std::sqrt(double(kNopeDim + kRopeDim));
+  for (int64_t nh : {int64_t(64), int64_t(16)}) {
+    Tensor w = Tensor::empty({nh * (kNopeDim + kVDim), kLat}, DType::bf16, Device::cuda);
+    CK(cudaMemset(w.raw_data(), 0x3c, w.nbytes()));
+    const ko::WeightRef kv_b{w, {}, 128, 128};
+    // The same kv_b_proj as an FP8 checkpoint stores it (e4m3 1.0, block scales 1e-3): only the MHA
+    // expansion is timed with it (absorb_q / absorb_v run on its dequantised bf16 copy, as above).
+    Tensor w8 = Tensor::empty({nh * (kNopeDim + kVDim), kLat}, DType::f8e4m3fn, Device::cuda);
+    CK(cudaMemset(w8.raw_data(), 0x38, w8.nbytes()));
+    Tensor sc = Tensor::empty({(nh * (kNopeDim + kVDim) + 127) / 128, (kLat + 127) / 128}, DType::f32);
+    std::fill(sc.data<float>(), sc.data<float>() + sc.numel(), 1e-3f);
+    const ko::WeightRef kv_b8{w8, sc.to(Device::cuda), 128, 128};
+    std::printf(
+        "\n| heads | ctx | T | form | us (median) | parts us | TFLOP | TFLOP/s | / 797 peak | faster |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    std::fflush(stdout);
+    const Tensor q_all = rand_f32({t_max, nh, kNopeDim + kRopeDim}, uint64_t(10 + nh), 1.0f);
+    // Attention rates of requests with a selection and of dense ones (ctx + T <= 2048: no selection).
+    std::vector<double> r_abs_attn, r_abs_gemm, r_mha_attn, r_expand, r_expand8, r_abs_dense, r_mha_dense;
+    struct Case {
+      dm::AttentionShape shape;
+      bool mha_faster;
+    };
+    std::vector<Case> cases;
+    for (int64_t ctx : {int64_t(0), int64_t(8192), ctx_max}) {
+      for (int64_t T : {int64_t(256), int64_t(1024), t_max}) {
+        const int64_t S = ctx + T, pages = (S + kPage - 1) / kPage;
+        const Tensor pt = i32_dev(std::vector<int32_t>(perm.begin(), perm.begin() + pages));
+        const ko::PagedSeq seq{cache, pt, kPage};
+        std::vector<int32_t> seq_h(static_cast<size_t>(T), 0), len_h(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) len_h[size_t(t)] = int32_t(ctx + t + 1);
+        ko::PagedRows rows;
+        rows.cache = cache;
+        rows.page_table = pt.view({1, pages});
+        rows.page_size = kPage;
+        rows.row_seq = i32_dev(seq_h);
+        rows.row_len = i32_dev(len_h);
+        rows.seq_host = seq_h;
+        rows.len_host = len_h;
+        rows.max_len = S;
+        const Tensor sel = dsa_selection(ctx, T, rng);
+        const Tensor q = q_all.slice(0, 0, T), q_nope = q.slice(2, 0, kNopeDim),
+                     q_rope = q.slice(2, kNopeDim, kNopeDim + kRopeDim);
+        Tensor attn = Tensor::empty({T, nh, kVDim}, DType::f32, Device::cuda);
+        dm::AttentionShape shape;
+        shape.tokens = T;
+        shape.context = ctx;
+        shape.heads = nh;
+        shape.topk = kTopk;
+        const dm::AttentionFormFlops fl = dm::attention_form_flops(shape);
+
+        // Absorbed form, and its two GEMMs alone (absorb_v reads a zero out_lat of the same shape).
+        Tensor lat_zero = Tensor::empty({T, nh, kLat}, DType::f32, Device::cuda);
+        CK(cudaMemset(lat_zero.raw_data(), 0, lat_zero.nbytes()));
+        const double abs_us = time_adaptive_us(
+            [&] {
+              const Tensor q_lat = ko::absorb_q(q_nope, kv_b);
+              const Tensor out_lat = ko::mla_attention_rows(q_lat, q_rope, rows, sel, scale);
+              ko::absorb_v(out_lat, kv_b, kVDim, attn);
+            },
+            flush);
+        const double abs_gemm_us = time_adaptive_us(
+            [&] {
+              (void)ko::absorb_q(q_nope, kv_b);
+              ko::absorb_v(lat_zero, kv_b, kVDim, attn);
+            },
+            flush);
+        lat_zero = Tensor();
+
+        // MHA form: the expansion alone, a probe of the attention's last rows, then the whole form when
+        // the estimate allows.
+        auto expand = [&](Tensor& lat, Tensor& kvx) {
+          lat = ko::paged_gather(seq, S);                                                 // [S, 576]
+          kvx = ko::linear(lat.slice(1, 0, kLat), kv_b).view({S, nh, kNopeDim + kVDim});  // [S, nh, 448]
+        };
+        const double expand_us = time_adaptive_us(
+            [&] {
+              Tensor lat, kvx;
+              expand(lat, kvx);
+            },
+            flush);
+        const double expand8_us = time_adaptive_us(
+            [&] {
+              const Tensor lat = ko::paged_gather(seq, S);
+              (void)ko::linear(lat.slice(1, 0, kLat), kv_b8);
+            },
+            flush);
+        double probe_attn_us = 0;
+        const int64_t P = std::min(T, kProbeRows);
+        dm::AttentionShape probe_shape = shape;
+        probe_shape.tokens = P;
+        probe_shape.context = ctx + T - P;
+        {
+          Tensor lat, kvx;
+          expand(lat, kvx);
+          auto probe = [&] {
+            (void)ko::attention_mha(q.slice(0, T - P, T), kvx.slice(2, 0, kNopeDim),
+                                    lat.slice(1, kLat, kLat + kRopeDim),
+                                    kvx.slice(2, kNopeDim, kNopeDim + kVDim), ctx + T - P,
+                                    sel.defined() ? sel.slice(0, T - P, T) : Tensor(), scale);
+          };
+          probe();
+          CK(cudaDeviceSynchronize());
+          probe_attn_us = once_us(probe);
+        }
+        const double est_attn_us =
+            probe_attn_us * fl.mha_attn / dm::attention_form_flops(probe_shape).mha_attn;
+        const bool estimated = expand_us + est_attn_us > kMhaBudgetUs;
+        const double mha_us =
+            estimated ? expand_us + est_attn_us
+                      : time_adaptive_us(
+                            [&] {
+                              Tensor lat, kvx;
+                              expand(lat, kvx);
+                              const Tensor o = ko::attention_mha(
+                                  q, kvx.slice(2, 0, kNopeDim), lat.slice(1, kLat, kLat + kRopeDim),
+                                  kvx.slice(2, kNopeDim, kNopeDim + kVDim), ctx, sel, scale);
+                              Tensor dst = attn.view({T * nh, kVDim});
+                              ko::copy_rows(dst, o.view({T * nh, kVDim}));
+                            },
+                            flush);
+        CK(cudaDeviceSynchronize());
+
+        const double abs_attn_us = std::max(abs_us - abs_gemm_us, 1e-3),
+                     mha_attn_us = std::max(mha_us - expand_us, 1e-3);
+        (sel.defined() ? r_abs_attn : r_abs_dense).push_back(fl.absorbed_attn / (abs_attn_us * 1e6));
+        r_abs_gemm.push_back(fl.absorb_gemm / (abs_gemm_us * 1e6));
+        (sel.defined() ? r_mha_attn : r_mha_dense).push_back(fl.mha_attn / (mha_attn_us * 1e6));
+        r_expand.push_back(fl.expand_gemm / (expand_us * 1e6));
+        r_expand8.push_back(fl.expand_gemm / (expand8_us * 1e6));
+        const bool mha_faster = mha_us < abs_us;
+        cases.push_back({shape, mha_faster});
+        auto print = [&](const char* form, double us, const std::string& parts, double flops, bool faster) {
+          const double tflops = flops / (us * 1e-6) / 1e12;
+          std::printf("| %lld | %lld | %lld | %s | %.1f | %s | %.3f | %.1f | %.3f | %s |\n", (long long)nh,
+                      (long long)ctx, (long long)T, form, us, parts.c_str(), flops / 1e12, tflops,
+                      tflops * 1e12 / kBf16, faster ? "yes" : "");
+        };
+        char parts[160];
+        std::snprintf(parts, sizeof parts, "absorb GEMMs %.1f + attention %.1f", abs_gemm_us, abs_attn_us);
+        print("absorbed", abs_us, parts, fl.absorbed(), !mha_faster);
+        std::snprintf(parts, sizeof parts, "gather + kv_b %.1f (FP8 kv_b %.1f) + attention %.1f%s", expand_us,
+                      expand8_us, mha_attn_us, estimated ? " (est. from its last 64 rows)" : "");
+        print(estimated ? "MHA (est.)" : "MHA", mha_us, parts, fl.mha(), mha_faster);
+        std::fflush(stdout);
+      }
+    }
+    // The rates of this head class for model::AttentionFormRule (medians over the cases), and how often
+    // the rule with them picks the form measured faster.
+    dm::AttentionFormRates r;
+    r.absorbed_attn = median(r_abs_attn);
+    r.absorb_gemm = median(r_abs_gemm);
+    r.mha_attn = median(r_mha_attn);
+    r.expand_gemm = median(r_expand);
+    r.absorbed_attn_dense = median(r_abs_dense);
+    r.mha_attn_dense = median(r_mha_dense);
+    dm::AttentionFormRule rule;
+    (nh <= rule.narrow_max_heads ? rule.narrow : rule.wide) = r;
+    int agree = 0;
+    std::string wrong;
+    for (const Case& c : cases) {
+      const bool pick = dm::automatic_uses_mha(256, rule, c.shape);
+      if (pick == c.mha_faster) {
+        ++agree;
+      } else {
+        char w2[96];
+        std::snprintf(w2, sizeof w2, " ctx=%lld,T=%lld", (long long)c.shape.context,
+                      (long long)c.shape.tokens);
+        wrong += w2;
+      }
+    }
+    const char* cls = nh <= rule.narrow_max_heads ? "narrow" : "wide";
+    std::printf(
+        "\nRESULT form_rates heads=%lld (%s) absorbed_attn=%.1f absorb_gemm=%.1f mha_attn=%.1f "
+        "expand_gemm=%.1f "
+        "absorbed_attn_dense=%.1f mha_attn_dense=%.1f TFLOP/s -> model.h AttentionFormRule::%s = {%.1f, "
+        "%.1f, "
+        "%.1f, %.1f, %.1f, %.1f}\n",
+        (long long)nh, cls, r.absorbed_attn, r.absorb_gemm, r.mha_attn, r.expand_gemm, r.absorbed_attn_dense,
+        r.mha_attn_dense, cls, r.absorbed_attn, r.absorb_gemm, r.mha_attn, r.expand_gemm,
+        r.absorbed_attn_dense, r.mha_attn_dense);
+    std::printf(
+        "RESULT form_rates heads=%lld expand_gemm with an FP8 kv_b_proj: %.1f TFLOP/s (for FP8 "
+        "checkpoints)\n",
+        (long long)nh, median(r_expand8));
+    std::printf("RESULT form_rule heads=%lld picks the faster form in %d of %zu cases%s%s\n", (long long)nh,
+                agree, cases.size(), wrong.empty() ? "" : "; not in:", wrong.c_str());
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -316,10 +623,11 @@ int main(int argc, char** argv) {
   std::printf("## attention_gpu_bench on %s (%d SMs); floor = max(bytes / 4.3 TB/s, FLOPs / 797 TFLOP/s)\n",
               prop.name, prop.multiProcessorCount);
   void* flush = dev_alloc<unsigned char>(kFlushBytes);
-  // An argument picks one table: "indexer" or "mla" (default: both).
+  // An argument picks one table: "indexer", "mla" or "prefill" (default: all).
   const std::string only = argc > 1 ? argv[1] : "";
   if (only.empty() || only == "indexer") bench_indexer(flush);
   if (only.empty() || only == "mla") bench_mla(prop.multiProcessorCount, flush);
+  if (only.empty() || only == "prefill") bench_prefill(flush);
   CK(cudaFree(flush));
   return 0;
 }

@@ -21,7 +21,8 @@ namespace dsaserve::model {
 
 // How MLA attends: the MHA form expands the cached latents through kv_b_proj (cheap for long prefills),
 // the absorbed form folds kv_b_proj into the query and the output (cheap for decode). Both give the same
-// numbers; `automatic` uses MHA for requests with at least mha_min_tokens new tokens.
+// numbers; `automatic` picks per request by AttentionFormRule (by default: MHA for requests with at least
+// mha_min_tokens new tokens).
 enum class AttentionForm { automatic, mha, absorbed };
 
 // A step's inputs already on the model's device (CUDA graph capture and replay: runtime/engine/
@@ -40,9 +41,61 @@ struct StepTensors {
   int64_t max_len = 0;
 };
 
+// One request's attention work in a step, as the automatic form choice sees it: `tokens` new tokens after
+// `context` cached ones, `heads` query heads (per rank), each row attending min(topk, visible) keys
+// (topk 0: dense, every visible key), and the MLA dims (GLM-5.x defaults).
+struct AttentionShape {
+  int64_t tokens = 0, context = 0, heads = 0, topk = 0;
+  int64_t latent = 512, rope = 64, nope = 192, dv = 256;
+};
+
+// Measured throughputs (TFLOP/s, FLOPs counted as attention_form_flops counts them) of the parts of the
+// two forms for one head class; 0 = not measured. attention_gpu_bench's `prefill` table prints them
+// (`RESULT form_rates ...` lines): set the defaults below from that run on the serving GPU.
+// The attention rates are those of a request with a DSA selection (context + tokens > topk: each row its
+// own keys, so neighbouring rows share few); the *_dense ones, when set, those of a request attending all
+// its keys causally (no selection: neighbouring rows share their keys, which an MHA kernel can reuse).
+struct AttentionFormRates {
+  double absorbed_attn = 0;  // mla_attention_rows: 2 (latent + rope + latent) FLOPs per key, head and row
+  double absorb_gemm = 0;    // absorb_q + absorb_v: 2 latent (nope + dv) per head and row
+  double mha_attn = 0;       // attention_mha (+ its copy): 2 (nope + rope + dv) per key, head and row
+  double expand_gemm = 0;    // paged_gather + the kv_b_proj linear: 2 latent (nope + dv) per head, position
+  double absorbed_attn_dense = 0;  // 0: absorbed_attn
+  double mha_attn_dense = 0;       // 0: mha_attn
+  bool measured() const { return absorbed_attn > 0 && absorb_gemm > 0 && mha_attn > 0 && expand_gemm > 0; }
+};
+
+// AttentionForm::automatic's rule past ForwardOptions::mha_min_tokens, its constants in one place. Below
+// mha_min_tokens new tokens a request always takes the absorbed form (decode steps, speculative
+// verification; CUDA graphs rely on it). From there: when the rates of the request's head class are
+// measured, the form with the lower estimated time (attention_form_seconds); otherwise the MHA form (the
+// rule before issue 8, still the default until an H200 run of `attention_gpu_bench prefill` sets rates).
+struct AttentionFormRule {
+  int64_t narrow_max_heads = 16;  // heads <= this use `narrow` (the MLA kernel changes there), else `wide`
+  AttentionFormRates wide{};      // e.g. 64 heads
+  AttentionFormRates narrow{};    // e.g. 16 heads per rank
+};
+
+// FLOPs of one request's attention part in each form (see AttentionFormRates for what each part counts).
+struct AttentionFormFlops {
+  double absorbed_attn = 0, absorb_gemm = 0, mha_attn = 0, expand_gemm = 0;
+  double absorbed() const { return absorbed_attn + absorb_gemm; }
+  double mha() const { return mha_attn + expand_gemm; }
+};
+AttentionFormFlops attention_form_flops(const AttentionShape& s);
+// Estimated seconds of each form at the given rates (requires rates.measured()).
+struct AttentionFormSeconds {
+  double absorbed = 0, mha = 0;
+};
+AttentionFormSeconds attention_form_seconds(const AttentionShape& s, const AttentionFormRates& rates);
+// The automatic choice: true for the MHA form. Throws dsaserve::Error on negative sizes, no heads or
+// negative rates.
+bool automatic_uses_mha(int64_t mha_min_tokens, const AttentionFormRule& rule, const AttentionShape& s);
+
 struct ForwardOptions {
   AttentionForm attention = AttentionForm::automatic;
-  int64_t mha_min_tokens = 256;
+  int64_t mha_min_tokens = 256;         // `automatic`: the absorbed form below this many new tokens
+  AttentionFormRule form_rule{};        // `automatic` from mha_min_tokens on (automatic_uses_mha)
   bool all_logits = true;               // logits of every token; false: only each request's last token
   bool keep_hidden = false;             // also return the final normed hidden states (the MTP layer's input)
   const StepTensors* inputs = nullptr;  // pre-uploaded inputs (see StepTensors); null: upload the batch's
