@@ -69,11 +69,13 @@ struct AttentionFormRates {
 // mha_min_tokens new tokens a request always takes the absorbed form (decode steps, speculative
 // verification; CUDA graphs rely on it). From there: when the rates of the request's head class are
 // measured, the form with the lower estimated time (attention_form_seconds); otherwise the MHA form (the
-// rule before issue 8, still the default until an H200 run of `attention_gpu_bench prefill` sets rates).
+// rule before issue 8). The rates are the H200's (`attention_gpu_bench prefill`, TFLOP/s: top-2048, chunks of
+// 256-4096 tokens after 0-32768 cached; the rule picked the faster form in 9 of 9 cases per head class).
+// The MHA form's attention kernel is a CUDA-core stand-in (0.4 TFLOP/s), so prefills take the absorbed form.
 struct AttentionFormRule {
   int64_t narrow_max_heads = 16;  // heads <= this use `narrow` (the MLA kernel changes there), else `wide`
-  AttentionFormRates wide{};      // e.g. 64 heads
-  AttentionFormRates narrow{};    // e.g. 16 heads per rank
+  AttentionFormRates wide{211.0, 171.5, 0.4, 561.8, 189.5, 0.7};  // 64 heads
+  AttentionFormRates narrow{76.5, 140.4, 0.4, 381.2, 79.0, 0.7};  // 16 heads per rank
 };
 
 // FLOPs of one request's attention part in each form (see AttentionFormRates for what each part counts).

@@ -54,8 +54,17 @@ TEST(AttentionForm, FlopsCountEveryPart) {
       }
 }
 
-TEST(AttentionForm, DefaultRuleIsMhaFromMinTokens) {
-  const AttentionFormRule rule;  // no rates measured
+// The default rates (the H200's, model.h): the absorbed form at GLM-5.3 shapes, both head classes.
+TEST(AttentionForm, DefaultRatesTakeTheAbsorbedForm) {
+  const AttentionFormRule rule;
+  for (int64_t heads : {8, 16, 64})
+    for (int64_t ctx : {0, 8192, 32768})
+      for (int64_t T : {256, 1024, 4096}) EXPECT_FALSE(automatic_uses_mha(256, rule, glm(T, ctx, heads)));
+}
+
+TEST(AttentionForm, UnmeasuredRuleIsMhaFromMinTokens) {
+  AttentionFormRule rule;  // no rates measured
+  rule.wide = rule.narrow = AttentionFormRates{};
   for (int64_t heads : {8, 16, 64})
     for (int64_t ctx : {0, 8192, 32768}) {
       EXPECT_FALSE(automatic_uses_mha(256, rule, glm(1, ctx, heads)));
@@ -67,6 +76,7 @@ TEST(AttentionForm, DefaultRuleIsMhaFromMinTokens) {
   EXPECT_FALSE(automatic_uses_mha(1 << 30, rule, glm(4096, 0, 64)));
   // Only some rates measured: still the old rule.
   AttentionFormRule part;
+  part.wide = AttentionFormRates{};
   part.wide.absorbed_attn = 100;
   EXPECT_TRUE(automatic_uses_mha(256, part, glm(256, 32768, 64)));
 }
@@ -74,6 +84,7 @@ TEST(AttentionForm, DefaultRuleIsMhaFromMinTokens) {
 TEST(AttentionForm, MeasuredRatesPickTheCheaperForm) {
   AttentionFormRule rule;
   rule.wide = {100, 100, 100, 100};  // equal rates: the FLOP counts decide
+  rule.narrow = AttentionFormRates{};
   // Sparse top-2048: MHA is cheaper while (context + T) * 458752 < T * (458752 + 2048 * 1152), i.e.
   // context < 5.14 T.
   EXPECT_TRUE(automatic_uses_mha(256, rule, glm(4096, 8192, 64)));
