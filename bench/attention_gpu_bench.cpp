@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/indexer_topk_params.h"
@@ -321,18 +322,8 @@ constexpr int64_t kLat = 512, kRopeDim = 64, kNopeDim = 192, kVDim = 256, kTopk 
 constexpr double kMhaBudgetUs = 250e3;  // MHA runs estimated above this are not run whole (see below)
 constexpr int64_t kProbeRows = 64;
 
-// Values in [-scale, scale) (xorshift on the host), copied to the GPU.
 Tensor rand_f32(const dsaserve::Shape& s, uint64_t seed, float scale) {
-  Tensor t = Tensor::empty(s, DType::f32);
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    z ^= z << 13;
-    z ^= z >> 7;
-    z ^= z << 17;
-    p[i] = (float(z >> 40) * (1.0f / 8388608.0f) - 1.0f) * scale;
-  }
-  return t.to(Device::cuda);
+  return dsaserve::bench::rand_f32_gpu(s, seed, scale);
 }
 
 Tensor i32_dev(const std::vector<int32_t>& v) {

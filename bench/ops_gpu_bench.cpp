@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/gemm.h"
@@ -35,17 +36,8 @@ namespace {
 constexpr double kHbm = 4.3e12, kBf16 = 797e12, kFp8 = 1434e12, kF32 = 67e12;
 constexpr int64_t kH = 6144, kQLora = 2048, kKvLora = 512, kRope = 64, kNope = 192, kV = 256, kHeads = 64;
 
-Tensor rand_gpu(const dsaserve::Shape& s, uint32_t seed, float scale = 1.0f) {
-  Tensor t = Tensor::empty(s, DType::f32);
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    z ^= z << 13;
-    z ^= z >> 7;
-    z ^= z << 17;
-    p[i] = (float(z >> 40) * (1.0f / 8388608.0f) - 1.0f) * scale;
-  }
-  return t.to(Device::cuda);
+Tensor rand_gpu(const dsaserve::Shape& s, uint64_t seed, float scale = 1.0f) {
+  return dsaserve::bench::rand_f32_gpu(s, seed, scale);
 }
 
 Tensor filled(const dsaserve::Shape& s, DType dt, int byte) {
