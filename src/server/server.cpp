@@ -48,6 +48,9 @@ chat::ToolCallFormat tool_format(const std::string& name) {
   return chat::tool_call_format_from_name(it == sglang.end() ? name : it->second);
 }
 
+// Threads that prepare requests (template, tokenizer, grammar) off the I/O thread.
+constexpr int kPrepThreads = 4;
+
 class Server {
  public:
   Server(const ServerConfig& cfg, std::shared_ptr<model::Model> model, tokenizer::Tokenizer tok,
@@ -125,7 +128,7 @@ class Server {
   void check_drained() {
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - drain_start_).count();
-    if (ctx_.active_jobs == 0 || waited >= cfg_.shutdown_grace_s) {
+    if ((ctx_.active_jobs == 0 && preparing_ == 0) || waited >= cfg_.shutdown_grace_s) {
       ioc_.stop();
       return;
     }
@@ -207,17 +210,68 @@ class Server {
     }
   }
 
+  // A generation request: admitted on the I/O thread (draining and overload checks), prepared on the
+  // preparation pool (JSON, chat template, tokenization, limits, grammar compilation: the costly part,
+  // kept off the thread that serves every other connection), then started back on the I/O thread.
   void generate(const std::shared_ptr<Session>& s, const http::request<http::string_body>& req,
                 const std::string& path, std::chrono::steady_clock::time_point arrival) {
-    const bool chat = path == "/v1/chat/completions";
     if (draining_) throw ApiError(503, "the server is shutting down", "", "server_error");
+    if (ctx_.active_jobs + preparing_ >=
+        cfg_.engine.scheduler.max_running_requests + cfg_.max_queued_requests) {
+      throw ApiError(
+          503, fmt::format("the server is overloaded ({} requests in flight)", ctx_.active_jobs + preparing_),
+          "", "server_error");
+    }
+    ++preparing_;
+    net::post(prep_pool_, [this, s, body = req.body(), path, arrival] {
+      std::shared_ptr<Prepared> prep;
+      std::optional<ApiError> api_error;
+      std::string internal_error;
+      try {
+        prep = std::make_shared<Prepared>(prepare(body, path == "/v1/chat/completions"));
+      } catch (const ApiError& e) {
+        api_error = e;
+      } catch (const std::exception& e) {
+        internal_error = e.what();
+      }
+      net::post(ioc_, [this, s, path, arrival, prep, api_error, internal_error] {
+        --preparing_;
+        try {
+          if (api_error) throw *api_error;
+          if (!prep) throw ApiError(500, internal_error, "", "server_error");
+          if (draining_) throw ApiError(503, "the server is shutting down", "", "server_error");
+          auto job = std::make_shared<Job>(ctx_, std::move(prep->spec), std::move(prep->prompt),
+                                           std::move(prep->prompt_text), s, path, arrival);
+          s->set_job(job);
+          job->start();
+        } catch (const ApiError& e) {
+          metrics_.request_done(path, e.status);
+          s->send_json(e.status, e.body());
+        } catch (const std::exception& e) {
+          metrics_.request_done(path, 500);
+          s->send_json(500, ApiError(500, e.what(), "", "server_error").body());
+        }
+      });
+    });
+  }
+
+  struct Prepared {
+    GenerationSpec spec;
+    std::vector<int32_t> prompt;
+    std::string prompt_text;
+  };
+
+  // Everything a request needs before the engine sees it; throws ApiError for bad input. Runs on the
+  // preparation pool: reads only what is immutable while serving (the tokenizer, templates, the grammar
+  // backend, which is thread-safe, the limits).
+  Prepared prepare(const std::string& raw, bool chat) const {
     nlohmann::ordered_json body;  // key order kept (tools and schemas reach the template and grammar as sent)
     try {
       // Nesting is bounded: the request's values are copied and walked recursively afterwards (templates,
       // schemas, the grammar compiler), so a deeply nested body must not reach them.
       static constexpr int kMaxDepth = 64;
       body = nlohmann::ordered_json::parse(
-          req.body(), [](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json&) {
+          raw, [](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json&) {
             if (depth > kMaxDepth)
               throw ApiError(400, fmt::format("the body nests more than {} levels", kMaxDepth));
             return true;
@@ -273,16 +327,8 @@ class Server {
                      "max_tokens", "invalid_request_error", "context_length_exceeded");
     }
     if (!spec.max_tokens_given) spec.params.max_new_tokens = chat ? room : std::min<int64_t>(16, room);
-    if (ctx_.active_jobs >= cfg_.engine.scheduler.max_running_requests + cfg_.max_queued_requests) {
-      throw ApiError(503, fmt::format("the server is overloaded ({} requests in flight)", ctx_.active_jobs),
-                     "", "server_error");
-    }
-    // (After the overload check: compiling a grammar is the costliest step of admission.)
     spec.grammar = request_grammar(grammar_.get(), spec, ctx_.tool_format, ctx_.reasoning, prompt_text);
-    auto job = std::make_shared<Job>(ctx_, std::move(spec), std::move(prompt), std::move(prompt_text), s,
-                                     path, arrival);
-    s->set_job(job);
-    job->start();
+    return Prepared{std::move(spec), std::move(prompt), std::move(prompt_text)};
   }
 
   ServerConfig cfg_;
@@ -304,6 +350,9 @@ class Server {
   std::chrono::steady_clock::time_point drain_start_;
   int64_t context_ = 0;
   int64_t max_prompt_ = 0;
+  int64_t preparing_ = 0;  // requests on the preparation pool (I/O thread only)
+  // Last member: destroyed (stopped and joined) first, before anything its tasks read.
+  net::thread_pool prep_pool_{kPrepThreads};
 };
 
 }  // namespace
