@@ -201,6 +201,16 @@ class Server {
         return generate(s, req, path, arrival);
       }
       throw ApiError(404, fmt::format("no route {} {}", std::string(req.method_string()), path));
+    } catch (...) {
+      reply_error(s, path);
+    }
+  }
+
+  // Inside a catch: answers `path` on `s` with the exception in flight (an ApiError's status and body, else
+  // a 500) and counts it.
+  void reply_error(const std::shared_ptr<Session>& s, const std::string& path) {
+    try {
+      throw;
     } catch (const ApiError& e) {
       metrics_.request_done(path, e.status);
       s->send_json(e.status, e.body());
@@ -244,12 +254,8 @@ class Server {
                                            std::move(prep->prompt_text), s, path, arrival);
           s->set_job(job);
           job->start();
-        } catch (const ApiError& e) {
-          metrics_.request_done(path, e.status);
-          s->send_json(e.status, e.body());
-        } catch (const std::exception& e) {
-          metrics_.request_done(path, 500);
-          s->send_json(500, ApiError(500, e.what(), "", "server_error").body());
+        } catch (...) {
+          reply_error(s, path);
         }
       });
     });
