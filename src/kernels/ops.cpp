@@ -65,20 +65,14 @@ class CpuBackend final : public Backend {
 CpuBackend g_cpu;
 
 // Kernel spans (trace/trace.h): off unless a recorder is installed.
-std::vector<int64_t> shape_of(const Tensor& t) {
-  std::vector<int64_t> s;
-  if (!t.defined()) return s;
-  for (int64_t d = 0; d < t.dim(); ++d) s.push_back(t.size(d));
-  return s;
-}
 #define DSA_KERNEL_SPAN(name, x)      \
   trace::Scope span_(name, "kernel"); \
-  if (span_.on()) span_.arg("x", shape_of(x))
+  if (span_.on()) span_.arg("x", (x).shape())
 
 // x [T, in] against rows r0..r1 of W: 2 T (r1 - r0) in FLOPs, the rows' weight bytes.
 void linear_args(trace::Scope& s, const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1) {
   const int64_t rows = (r1 < 0 ? w.rows() : r1) - r0, T = x.dim() > 0 ? x.numel() / x.size(-1) : 0;
-  s.arg("x", shape_of(x)).arg("w", shape_of(w.weight)).arg("rows", rows);
+  s.arg("x", x.shape()).arg("w", w.weight.shape()).arg("rows", rows);
   s.arg("flops", 2.0 * double(T) * double(rows) * double(w.cols()));
   s.arg("weight_bytes", double(rows) * double(w.cols()) * double(dtype_size(w.weight.dtype())));
 }
@@ -163,7 +157,7 @@ std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& 
       flops += 2.0 * double(T) * double(w.rows()) * double(w.cols());
       bytes += double(w.rows()) * double(w.cols()) * double(dtype_size(w.weight.dtype()));
     }
-    span_.arg("x", shape_of(x))
+    span_.arg("x", x.shape())
         .arg("weights", int64_t(ws.size()))
         .arg("flops", flops)
         .arg("weight_bytes", bytes);

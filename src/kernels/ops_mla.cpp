@@ -10,13 +10,6 @@ namespace dsaserve::kernels {
 
 namespace {
 
-std::vector<int64_t> shape_of(const Tensor& t) {
-  std::vector<int64_t> s;
-  if (!t.defined()) return s;
-  for (int64_t d = 0; d < t.dim(); ++d) s.push_back(t.size(d));
-  return s;
-}
-
 std::string describe(const Tensor& t) { return t.defined() ? t.describe() : std::string("nothing"); }
 
 // The checks shared by the two cache writes: x [T, cols] f32 on the cache's device, positions and slots
@@ -64,20 +57,20 @@ AbsorbDims absorb_dims(const Tensor& x, const WeightRef& kv_b, bool q, int64_t d
 
 Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out) {
   trace::Scope span_("absorb_q", "kernel");
-  if (span_.on()) span_.arg("x", shape_of(q_nope)).arg("w", shape_of(kv_b.weight));
+  if (span_.on()) span_.arg("x", q_nope.shape()).arg("w", kv_b.weight.shape());
   return backend(q_nope.device()).absorb_q(q_nope, kv_b, std::move(out));
 }
 
 Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out) {
   trace::Scope span_("absorb_v", "kernel");
-  if (span_.on()) span_.arg("x", shape_of(out_lat)).arg("w", shape_of(kv_b.weight));
+  if (span_.on()) span_.arg("x", out_lat.shape()).arg("w", kv_b.weight.shape());
   return backend(out_lat.device()).absorb_v(out_lat, kv_b, dv, std::move(out));
 }
 
 void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
                   const RopeParams& rope, Tensor& cache, const Tensor& slots) {
   trace::Scope span_("mla_kv_write", "kernel");
-  if (span_.on()) span_.arg("x", shape_of(ckv));
+  if (span_.on()) span_.arg("x", ckv.shape());
   check_write(ckv, positions, rope, cache, slots, "mla_kv_write");
   backend(ckv.device()).mla_kv_write(ckv, norm_w, eps, positions, rope, cache, slots);
 }
@@ -85,7 +78,7 @@ void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Ten
 void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
                      const Tensor& positions, const RopeParams& rope, Tensor& cache, const Tensor& slots) {
   trace::Scope span_("indexer_k_write", "kernel");
-  if (span_.on()) span_.arg("x", shape_of(k));
+  if (span_.on()) span_.arg("x", k.shape());
   check_write(k, positions, rope, cache, slots, "indexer_k_write");
   backend(k.device()).indexer_k_write(k, norm_w, norm_b, eps, positions, rope, cache, slots);
 }
