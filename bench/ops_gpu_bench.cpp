@@ -222,7 +222,7 @@ int main() {
       const double uq = time_us([&] { kc::quantize_fp8_activations(x); });
       row(fmt::format("fp8 act quant {}", g.name), T, fmt::format("[{},{}]", T, g.k), uq,
           5.0 * double(T * g.k) + 4.0 * double(T * g.k / 128), 0, kF32);
-      const kc::Fp8Activations a = kc::quantize_fp8_activations(x);
+      const ops::Fp8Act a = kc::quantize_fp8_activations(x);
       const double ug = time_us([&] { kc::gemm_linear_fp8(a, w, 0, g.n, out); });
       row(fmt::format("fp8 gemm-only {}", g.name), T, fmt::format("[{},{},{}]", T, g.k, g.n), ug,
           double(g.n * g.k) + double(T * g.k) + 4.0 * double(T * g.n), 2.0 * double(T * g.n * g.k), kFp8);

@@ -376,11 +376,11 @@ int64_t fp8_small_max_tokens() {
 }
 
 // The recipe's activation quantisation of f32 rows (x.cols % 128 == 0).
-Fp8Activations quantise_rows(const RowView& x) {
+Fp8Act quantise_rows(const RowView& x) {
   const int64_t T = x.rows, K = x.cols;
   const int64_t Tp = fp8_act_rows(T);
-  Fp8Activations a{Tensor::empty({Tp, K}, DType::u8, Device::cuda),
-                   Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda), T};
+  Fp8Act a{Tensor::empty({Tp, K}, DType::u8, Device::cuda),
+           Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda), T};
   check_launch(
       launch_quant_fp8({x.p, a.codes.data_u8(), a.scales.data<float>(), T, Tp, K, x.stride}, op_stream()),
       "linear: fp8 activation quantisation");
@@ -389,7 +389,7 @@ Fp8Activations quantise_rows(const RowView& x) {
 
 // The FP8 recipe's arithmetic for T <= kFp8SmallMaxTokens tokens with the weight-streaming kernel
 // (gemm_small_params.h), f32 output written in place.
-void fp8_small(const Fp8Activations& a, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
+void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
   const int64_t T = a.rows, K = a.codes.size(1), N = r1 - r0;
   Lt& l = lt();
   uint32_t* counters = nullptr;
@@ -430,8 +430,7 @@ bool fp8_recipe_applies(const WeightRef& w, int64_t K, int64_t r0, int64_t N) {
 }
 
 // The FP8 recipe's GEMM on quantised activations; false when cuBLASLt has no plan (caller falls back).
-bool gemm_fp8_quantised(const Fp8Activations& act, const WeightRef& w, int64_t r0, int64_t r1,
-                        const RowView& o) {
+bool gemm_fp8_quantised(const Fp8Act& act, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
   const int64_t T = act.rows, K = act.codes.size(1), N = r1 - r0, Tp = act.codes.size(0);
   if (T <= kFp8SmallMaxTokens && T <= fp8_small_max_tokens() && (Tp == 8 || Tp == 16 || Tp == 32)) {
     fp8_small(act, w, r0, r1, o);
@@ -535,7 +534,7 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
   const bool given = q != nullptr && q->defined() && q->rows == T && q->codes.dim() == 2 &&
                      q->codes.size(0) == fp8_act_rows(T) && q->codes.size(1) == x.size(1);
   const bool share = (fp8 >= 2 || (fp8 >= 1 && given)) && T > 0 && gemm_precision() == GemmPrecision::fast;
-  std::optional<Fp8Activations> act;
+  std::optional<Fp8Act> act;
   if (share && given) act = *q;
   for (size_t i = 0; i < ws.size(); ++i) {
     const WeightRef& w = ws[i];
@@ -551,13 +550,13 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
   return out;
 }
 
-Fp8Activations quantize_fp8_activations(const Tensor& x) {
+Fp8Act quantize_fp8_activations(const Tensor& x) {
   const RowView xv = rows_f32(x, "fp8 activations");
   DSA_CHECK(xv.cols % 128 == 0, "fp8 activations: {} features, not a multiple of 128", xv.cols);
   return quantise_rows(xv);
 }
 
-void gemm_linear_fp8(const Fp8Activations& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out) {
+void gemm_linear_fp8(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out) {
   check_weight(w, "linear_fp8");
   DSA_CHECK(w.weight.dtype() == DType::f8e4m3fn, "linear_fp8: weight {} is not FP8", w.weight.describe());
   DSA_CHECK(a.codes.defined() && a.codes.dim() == 2 && a.codes.size(1) == w.cols() && a.scales.defined() &&

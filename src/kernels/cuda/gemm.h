@@ -38,12 +38,11 @@ void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
 // The FP8 recipe split in its two steps (benchmarks time them apart; producers can share one
 // quantisation between several linears): the activations quantised per token per 128-group, and the
 // block-scaled GEMM on them (the same result as gemm_linear on the f32 rows).
-using Fp8Activations =
-    Fp8Act;  // kernels/ops.h: codes u8 [Tp, K] e4m3 (rows >= `rows` zero), scales [K/128, Tp]
+// (Fp8Act, kernels/ops.h: codes u8 [Tp, K] e4m3, rows >= `rows` zero; scales f32 [K / 128, Tp].)
 // The padded row count Tp the recipe uses for T tokens (8/16/32 on the small-T path, else T rounded up to 4).
 int64_t fp8_act_rows(int64_t T);
-Fp8Activations quantize_fp8_activations(const Tensor& x);
-void gemm_linear_fp8(const Fp8Activations& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
+Fp8Act quantize_fp8_activations(const Tensor& x);
+void gemm_linear_fp8(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
 
 // fast (the default): as above. fp32: every weight is dequantised once to f32 (cached per weight) and
 // multiplied in f32 with f32 activations: a reference-precision mode for accuracy checks (the GPU forward
