@@ -92,7 +92,8 @@ void header(const char* title) {
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
 }
 
-void bench_mla(int num_sms, void* flush) {
+// only_heads / only_batch: when > 0, run just the cases with that head count / batch (profiling one shape).
+void bench_mla(int num_sms, void* flush, int64_t only_heads, int64_t only_batch) {
   header("### sparse / dense MLA decode (absorbed, 576/512), one query token per request");
   const int64_t pool_slots = int64_t(4) << 20;  // 4M token slots shared by all requests
   void* cache_bf16 = dev_alloc<unsigned char>(size_t(pool_slots) * kMlaBf16RowBytes);
@@ -114,6 +115,7 @@ void bench_mla(int num_sms, void* flush) {
     for (int64_t b : {1, 32, 128}) cases.push_back({h, b, 2048, false});
   for (MlaKvFormat f : {MlaKvFormat::bf16, MlaKvFormat::fp8_e4m3}) {
     for (const Case& cs : cases) {
+      if ((only_heads > 0 && cs.heads != only_heads) || (only_batch > 0 && cs.batch != only_batch)) continue;
       const int64_t B = cs.batch, nh = cs.heads, pages = (cs.ctx + kPage - 1) / kPage;
       std::vector<int32_t> pt(size_t(B * pages)), len(size_t(B), int32_t(cs.ctx)), sel(size_t(B * topk));
       for (auto& x : pt) x = int32_t(rng() % uint64_t(pool_slots / kPage));
@@ -614,10 +616,12 @@ int main(int argc, char** argv) {
   std::printf("## attention_gpu_bench on %s (%d SMs); floor = max(bytes / 4.3 TB/s, FLOPs / 797 TFLOP/s)\n",
               prop.name, prop.multiProcessorCount);
   void* flush = dev_alloc<unsigned char>(kFlushBytes);
-  // An argument picks one table: "indexer", "mla" or "prefill" (default: all).
+  // An argument picks one table: "indexer", "mla" or "prefill" (default: all); "mla HEADS BATCH" runs only
+  // the MLA decode cases of that shape (for a profiler).
   const std::string only = argc > 1 ? argv[1] : "";
+  const int64_t only_heads = argc > 2 ? std::atoll(argv[2]) : 0, only_batch = argc > 3 ? std::atoll(argv[3]) : 0;
   if (only.empty() || only == "indexer") bench_indexer(flush);
-  if (only.empty() || only == "mla") bench_mla(prop.multiProcessorCount, flush);
+  if (only.empty() || only == "mla") bench_mla(prop.multiProcessorCount, flush, only_heads, only_batch);
   if (only.empty() || only == "prefill") bench_prefill(flush);
   CK(cudaFree(flush));
   return 0;

@@ -3,7 +3,8 @@
 # call: build + every GPU test (scripts/gpu.sh), the two GPU benchmarks, then the serve check
 # (scripts/gpu_serve_check.sh). Run from the repository root through the device tool with
 #   carry: [".deps", ".fixtures"]
-# Limits (seconds, env): TEST_S (default 330), BENCH_S (75 per benchmark), SERVE_S (150; SERVE=0 skips it).
+# Limits (seconds, env): TEST_S (default 330), BENCH_S (75 per benchmark; BENCHES names them), SERVE_S (150;
+# SERVE=0 skips it), EXTRA_S (90, for the optional EXTRA command).
 # A first call on a bare machine spends ~150 s of TEST_S building. Logs under $OUT; prints a summary.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,10 +17,15 @@ GPU_BENCH=0 GPU_TARGETS="cuda_kernels_test ops_gpu_bench attention_gpu_bench dsa
 echo "gpu.sh rc=$? after $(($(date +%s) - T0)) s (124: cut by TEST_S; see ctest.log for the tests that ran)"
 grep -E "tests passed|tests failed" "$OUT/ctest.log"
 grep -E "\(Failed\)|\(SEGFAULT\)|\(Timeout\)|Exception" "$OUT/ctest.log" | head -30
-for b in ops_gpu_bench attention_gpu_bench; do
+for b in ${BENCHES-ops_gpu_bench attention_gpu_bench}; do
   timeout "${BENCH_S:-75}" build-gpu/bench/$b >"$OUT/$b.txt" 2>&1
   echo "$b rc=$? after $(($(date +%s) - T0)) s"
 done
+# EXTRA (optional): one more command line (e.g. a profiler run) under EXTRA_S seconds, logged to extra.txt.
+if [ -n "${EXTRA:-}" ]; then
+  timeout "${EXTRA_S:-90}" bash -c "$EXTRA" >"$OUT/extra.txt" 2>&1
+  echo "extra rc=$? after $(($(date +%s) - T0)) s"
+fi
 if [ "${SERVE:-1}" = 1 ]; then
   timeout "${SERVE_S:-150}" bash scripts/gpu_serve_check.sh >"$OUT/serve_check.txt" 2>&1
   echo "serve rc=$? after $(($(date +%s) - T0)) s"
