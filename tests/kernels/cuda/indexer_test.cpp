@@ -518,6 +518,9 @@ TEST(IndexerSelectPathChoice, PicksByShapeAndDevice) {
   p.splits = indexer_select_splits(p.rows, p.max_len, 132, &p.split_len);
   ASSERT_EQ(p.splits, 8);
   const bool coop = indexer_select_coop_capacity() > 0;
+  // The default for split rows is the measured faster four-launch path; the cooperative one on request.
+  EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::passes);
+  p.select_path = IndexerSelectPath::cooperative;
   EXPECT_EQ(indexer_select_path(p), coop ? IndexerSelectPath::cooperative : IndexerSelectPath::passes);
   if (coop) {
     EXPECT_EQ(indexer_select_coop_grid(p), std::min<int64_t>(8, indexer_select_coop_capacity()));
