@@ -152,11 +152,11 @@ void bench_mla(int num_sms, void* flush, int64_t only_heads, int64_t only_batch)
       p.scale = 0.0625f;
       p.format = f;
       p.out = dev_alloc<float>(size_t(B * nh * kMlaLatent));
-      // The default kernel for the head count, and (at one context per shape) the others to compare (v3
-      // and v4, 64 heads a block, only above 16 heads).
+      // The default kernel for the head count, and (at one context per shape) the others to compare (v3,
+      // v4 and v5, 64 heads a block, only above 16 heads).
       const int dflt = mla_decode_kernel(nh, 0);
-      const int kernels[5] = {dflt, 1, 2, 3, 4};
-      for (int ki = 0; ki < 5; ++ki) {
+      const int kernels[6] = {dflt, 1, 2, 3, 4, 5};
+      for (int ki = 0; ki < 6; ++ki) {
         const int kernel = kernels[ki];
         if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel >= 3 && nh <= 16)))
           continue;
@@ -619,7 +619,8 @@ int main(int argc, char** argv) {
   // An argument picks one table: "indexer", "mla" or "prefill" (default: all); "mla HEADS BATCH" runs only
   // the MLA decode cases of that shape (for a profiler).
   const std::string only = argc > 1 ? argv[1] : "";
-  const int64_t only_heads = argc > 2 ? std::atoll(argv[2]) : 0, only_batch = argc > 3 ? std::atoll(argv[3]) : 0;
+  const int64_t only_heads = argc > 2 ? std::atoll(argv[2]) : 0,
+                only_batch = argc > 3 ? std::atoll(argv[3]) : 0;
   if (only.empty() || only == "indexer") bench_indexer(flush);
   if (only.empty() || only == "mla") bench_mla(prop.multiProcessorCount, flush, only_heads, only_batch);
   if (only.empty() || only == "prefill") bench_prefill(flush);

@@ -70,13 +70,14 @@ struct MlaDecodeParams {
   int splits;        // key-range splits per row (grid.z); 1 writes `out` directly
   float scale;
   MlaKvFormat format;
-  int kernel = 0;  // 0: the default (mla_decode_kernel), 1 .. 4: v1 .. v4 (see sm90_mla_decode*.cu)
+  int kernel = 0;  // 0: the default (mla_decode_kernel), 1 .. 5: v1 .. v5 (see sm90_mla_decode*.cu)
 };
 
-// The decode kernel to run: `requested` when 1 .. 4 (v1: head groups of 16 or 64, key sub-groups merged at
+// The decode kernel to run: `requested` when 1 .. 5 (v1: head groups of 16 or 64, key sub-groups merged at
 // the end; v2: head groups of 16, keys split across warps; v3: head groups of 64, Q K^T by wgmma; v4: v3
-// with P V by wgmma too); for 0 the environment variable DSASERVE_MLA_DECODE_KERNEL=v1 .. v4 when set
-// (tests and benchmarks), else v2 for <= 16 heads, v1 above.
+// with P V by wgmma too; v5: 64 heads, the two warpgroups taking turns on whole key tiles, bf16 caches (FP8
+// runs v4)); for 0 the environment variable DSASERVE_MLA_DECODE_KERNEL=v1 .. v5 when set (tests and
+// benchmarks), else v2 for <= 16 heads, v4 above.
 int mla_decode_kernel(int64_t heads, int requested);
 // Number of key splits that fills the GPU for this many rows/heads/keys with that kernel (a pure function
 // of its inputs, the SM count and mla_decode_kernel).

@@ -159,12 +159,13 @@ cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t 
 }
 
 int mla_decode_kernel(int64_t heads, int requested) {
-  if (requested >= 1 && requested <= 4) return requested;
+  if (requested >= 1 && requested <= 5) return requested;
   const char* env = std::getenv("DSASERVE_MLA_DECODE_KERNEL");  // read on every call: tests switch it
   if (env && std::strcmp(env, "v1") == 0) return 1;
   if (env && std::strcmp(env, "v2") == 0) return 2;
   if (env && std::strcmp(env, "v3") == 0) return 3;
   if (env && std::strcmp(env, "v4") == 0) return 4;
+  if (env && std::strcmp(env, "v5") == 0) return 5;
   return heads <= 16 ? 2 : 4;  // measured on the H200: v4 fastest above 16 heads, v2 at 8-16
 }
 
@@ -201,6 +202,7 @@ cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.page_size <= 0 || p.page_size > 0x7fffffff) return cudaErrorInvalidValue;  // kernels split in 32 bits
   const int kernel = mla_decode_kernel(p.heads, p.kernel);
   const cudaError_t e = kernel == 2                     ? mla_detail::launch_decode_v2(p, stream)
+                        : kernel == 5                   ? mla_detail::launch_decode_v5(p, stream)
                         : kernel >= 3                   ? mla_detail::launch_decode_v3(p, kernel == 4, stream)
                         : p.format == MlaKvFormat::bf16 ? mla_detail::launch_decode_bf16(p, stream)
                                                         : mla_detail::launch_decode_fp8(p, stream);

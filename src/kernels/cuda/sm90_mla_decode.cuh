@@ -30,6 +30,15 @@ namespace dsaserve::kernels::cuda::mla_detail {
 constexpr int kThreads = 256;
 constexpr int kLd = kMlaDim + 8;  // bf16 elements per shared row: 1168 bytes, ldmatrix conflict-free
 
+// Byte offset of 16-byte chunk cc (bf16 columns 8cc .. 8cc+7) of row r in a 128-byte-swizzled tile of
+// `rows` rows (the K-major layout wgmma reads): column block cc / 8 (rows x 128 bytes each), chunk cc % 8
+// stored at (cc % 8) ^ (r % 8).
+__device__ __forceinline__ uint32_t swz(int rows, int r, int cc) {
+  return uint32_t((cc >> 3) * rows * 128 + r * 128 + (((cc & 7) ^ (r & 7)) << 4));
+}
+
+constexpr size_t align1024(size_t x) { return (x + 1023) / 1024 * 1024; }
+
 // Q rows h0 .. h0 + kRows - 1 of query row `row` as bf16 into shared memory (rows past the last head are
 // zero): dst(r, c) is where the 4 values (r, c .. c+3) go (c % 4 == 0). Each thread has 9 float4 loads in
 // flight at a time (kRows * 144 / 256 per thread in all), so the load latency is paid kRows / 16 times
@@ -396,5 +405,8 @@ cudaError_t launch_decode_v2(const MlaDecodeParams& p, cudaStream_t stream);
 // Kernels v3 / v4 (sm90_mla_decode_v3.cu): 64 heads a block, Q K^T by wgmma; P V by mma.sync (v3) or by
 // wgmma (v4, pv_wgmma); both cache formats.
 cudaError_t launch_decode_v3(const MlaDecodeParams& p, bool pv_wgmma, cudaStream_t stream);
+// Kernel v5 (sm90_mla_decode_v5.cu): 64 heads a block, the two warpgroups take turns on whole key tiles
+// (ping-pong); bf16 caches (an FP8 cache runs v4).
+cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream);
 
 }  // namespace dsaserve::kernels::cuda::mla_detail

@@ -19,14 +19,6 @@ namespace dsaserve::kernels::cuda::mla_detail {
 
 namespace {
 
-// Byte offset of 16-byte chunk cc (bf16 columns 8cc .. 8cc+7) of row r in a 128-byte-swizzled tile of
-// `rows` rows: column block cc / 8 (rows x 128 bytes each), chunk cc % 8 stored at (cc % 8) ^ (r % 8).
-__device__ __forceinline__ uint32_t swz(int rows, int r, int cc) {
-  return uint32_t((cc >> 3) * rows * 128 + r * 128 + (((cc & 7) ^ (r & 7)) << 4));
-}
-
-constexpr size_t align1024(size_t x) { return (x + 1023) / 1024 * 1024; }
-
 template <bool kFp8>
 struct Cfg3 {
   static constexpr int kRows = 64;   // heads of a block

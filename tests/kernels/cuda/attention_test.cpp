@@ -302,8 +302,8 @@ void run_isolated(F&& body) {
       ::testing::ExitedWithCode(0), "");
 }
 
-// Kernels v3 and v4 (64 heads a block, Q K^T and, in v4, P V by wgmma from swizzled shared memory), all
-// head counts and formats, and their graph replay.
+// Kernels v3, v4 and v5 (64 heads a block, Q K^T and, in v4 / v5, P V by wgmma from swizzled shared
+// memory), all head counts and formats, and their graph replay.
 void run_wgmma_kernel_cases(const char* kernel) {
   MlaKernelOverride o(kernel);
   for (int64_t nh : {64, 16}) {
@@ -314,6 +314,8 @@ void run_wgmma_kernel_cases(const char* kernel) {
   run_decode_batch({1000, 8191}, 64, MlaKvFormat::bf16, 0, 94);  // dense
   run_decode_batch({131072}, 64, MlaKvFormat::bf16, 2048, 95);   // batch 1: many splits + combine
   run_decode_batch({130}, 24, MlaKvFormat::bf16, 0, 96);         // a partial head group
+  // Dense rows of 1, 2, 3, 6 key tiles (v5 hands tiles between its warpgroups: odd and tiny counts).
+  run_decode_batch({1, 33, 95, 161}, 64, MlaKvFormat::bf16, 0, 97);
   const int k = kernel[1] - '0';
   for (int64_t nh : {64, 16}) check_graph_replay(k, nh);
 }
@@ -322,6 +324,10 @@ TEST_F(CudaMlaDecode, WgmmaKernelV3) {
 }
 TEST_F(CudaMlaDecode, WgmmaKernelV4) {
   run_isolated([] { run_wgmma_kernel_cases("v4"); });
+}
+// v5: the two warpgroups take turns on whole key tiles (bf16; an FP8 cache runs v4).
+TEST_F(CudaMlaDecode, PingPongKernelV5) {
+  run_isolated([] { run_wgmma_kernel_cases("v5"); });
 }
 
 // The ops.h contract (T rows of one request at start_pos + t, causal, with a selection holding -1).
