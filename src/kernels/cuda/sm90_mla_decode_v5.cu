@@ -4,21 +4,21 @@
 //
 // Block = (query row, group of 64 heads, key split); 256 threads = warpgroups 0 and 1. Key tiles of 32
 // (tile t lives in stage t % 4 of a 4-stage ring, 128-byte-swizzle K-major like v4). Tile t is OWNED by
-// warpgroup t % 2 and LOADED by the other one (cp.async, completion counted on the stage's `full`
-// mbarrier). For its own tile u a warpgroup
-//   a. waits for the tile, computes S_u[64 heads, 32 keys] = Q K_u^T over all 576 dimensions
-//      (36 wgmma m64n32k16, Q and K from shared memory);
-//   b. takes over the other warpgroup's tile u - 1: its P (bf16 A fragments, handed over through the
+// warpgroup t % 2 and LOADED by the other one (cp.async through the page table, completion counted on the
+// stage's `full` mbarrier). For its own tile u a warpgroup
+//   a. computes S_u[64 heads, 32 keys] = Q K_u^T over all 576 dimensions (36 wgmma m64n32k16, Q and K
+//      from shared memory), left running while
+//   b. it takes over the other warpgroup's tile u - 1: its P (bf16 A fragments, handed over through the
 //      dead rope columns of that tile's stage) and its running row maximum M_{u-1} (named barrier
-//      `ready`, one per parity);
+//      `ready`, one per parity), adds P_{u-1} V_{u-1} to O at once and, as soon as both warpgroups are
+//      done with that stage (`ofree` mbarrier, 256 arrivals), loads tile u + 3 into it;
 //   c. softmax: M_u = max(M_{u-1}, row max of S_u), P_u = exp2(S_u - M_u); hands P_u and M_u over;
-//   d. O[64 heads, its 256 columns] += P_{u-1} V_{u-1}, then e. += P_u V_u (wgmma m64n256k16, P from
-//      registers, V N-major from the stage), rescaling O and the row sums whenever M moves -- both
-//      warpgroups see the same M sequence, so their column halves stay consistent;
-//   f. once both warpgroups ran P V on tile u - 1 (its stage's `ofree` mbarrier, 256 arrivals), loads
-//      tile u + 3 into that stage.
-// Each stage thus holds a tile from its load until both warpgroups ran P V on it; two tiles are in flight
-// while two are being computed. Row sums are taken from the bf16-rounded P both warpgroups multiply.
+//   d. O[64 heads, its 256 columns] += P_u V_u (wgmma m64n256k16, P from registers, V N-major from the
+//      stage).
+// O and the row sums are rescaled whenever M moves; both warpgroups see the same M sequence, so their
+// column halves stay consistent. Row sums are taken from the bf16-rounded P both warpgroups multiply.
+// While one warpgroup runs its softmax the other's products keep the tensor cores busy; a stage holds a
+// tile from its load until both warpgroups multiplied it, so about two tiles are in flight.
 #include "kernels/cuda/sm90_mla_decode.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
@@ -189,12 +189,11 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
   for (int u = wg; u <= n_tiles; u += 2) {  // u == n_tiles: only the other warpgroup's last tile
     const bool own = u < n_tiles;
     const int st = u % kStages5;
+    // a. S_u = Q K_u^T (left running while b. waits and multiplies).
     float d[16] = {};
     if (own) {
       mma::mbar_wait(full + st, uint32_t(u / kStages5) & 1u);
       mma::fence_proxy_async_smem();
-#pragma unroll
-      for (int i = 0; i < 16; ++i) d[i] = 0.f;
       const uint32_t t_addr = mma::smem_addr(sStage + size_t(st) * kTile5);
       mma::wgmma_fence_operands(d);
       mma::wgmma_fence();
@@ -207,89 +206,82 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
       }
       mma::wgmma_commit();
     }
-    // b. The other warpgroup's tile u - 1: its P and row maxima.
+    // b. The other warpgroup's tile u - 1: its P and row maxima, then O += P_{u-1} V_{u-1} at once, so
+    //    that its stage is released early.
     float mp0 = -INFINITY, mp1 = -INFINITY;
-    uint32_t ao[2][4];
     if (u >= 1) {
       const int sp = (u - 1) % kStages5;
       mma::named_sync(ready_bar(u - 1), kThreads);
       const uint32_t* src = reinterpret_cast<const uint32_t*>(sStage + size_t(sp) * kTile5 + kRopeOff5);
+      uint32_t ao[2][4];
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) ao[j][q] = src[(j * 4 + q) * kWgThreads + wt];
       mp0 = sM[((u - 1) & 1) * kRows5 + r0];
       mp1 = sM[((u - 1) & 1) * kRows5 + r1];
-    }
-    // c. Softmax of tile u; hand P_u and M_u over.
-    uint32_t a[2][4];
-    float mn0 = mp0, mn1 = mp1;
-    if (own) {
-      mma::wgmma_wait<0>();
-      mma::wgmma_fence_operands(d);
-      // Every warp's part of S_u has read the rope columns before any warp writes P_u over them.
-      mma::named_sync(wg_bar(wg), kWgThreads);
-      float s[16];
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = i * 8 + 2 * c4 + (e & 1);
-          s[i * 4 + e] = sValid[st * kBn5 + key] ? d[i * 4 + e] * sl2 : -INFINITY;
-        }
-        mx0 = fmaxf(mx0, fmaxf(s[i * 4], s[i * 4 + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[i * 4 + 2], s[i * 4 + 3]));
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      mn0 = fmaxf(mp0, mx0);
-      mn1 = fmaxf(mp1, mx1);
-      const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[i * 4] = exp2f(s[i * 4] - mu0);
-        s[i * 4 + 1] = exp2f(s[i * 4 + 1] - mu0);
-        s[i * 4 + 2] = exp2f(s[i * 4 + 2] - mu1);
-        s[i * 4 + 3] = exp2f(s[i * 4 + 3] - mu1);
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {  // A fragments of the two 16-key steps
-        a[j][0] = mma::pack_bf16(s[8 * j], s[8 * j + 1]);
-        a[j][1] = mma::pack_bf16(s[8 * j + 2], s[8 * j + 3]);
-        a[j][2] = mma::pack_bf16(s[8 * j + 4], s[8 * j + 5]);
-        a[j][3] = mma::pack_bf16(s[8 * j + 6], s[8 * j + 7]);
-      }
-      uint32_t* dst = reinterpret_cast<uint32_t*>(sStage + size_t(st) * kTile5 + kRopeOff5);
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) dst[(j * 4 + q) * kWgThreads + wt] = a[j][q];
-      if (c4 == 0) {
-        sM[(u & 1) * kRows5 + r0] = mn0;
-        sM[(u & 1) * kRows5 + r1] = mn1;
-      }
-      mma::named_arrive(ready_bar(u), kThreads);
-    }
-    // d. / e. P V for tile u - 1 (the other warpgroup's; this warpgroup loaded it), then tile u.
-    if (u >= 1) {
-      const int sp = (u - 1) % kStages5;
       mma::mbar_wait(full + sp, uint32_t((u - 1) / kStages5) & 1u);  // complete; orders the copies
       mma::fence_proxy_async_smem();
-      accumulate(u - 1, ao, mp0, mp1);
+      accumulate(u - 1, ao, mp0, mp1);  // (also waits for S_u)
       mma::mbar_arrive(ofree + sp);
+      // The stage of tile u - 1 takes tile u + 3 once both warpgroups are done with it.
+      if (load_tile(next_load) < n_tiles) {
+        mma::mbar_wait(ofree + sp, uint32_t((u - 1) / kStages5) & 1u);
+        issue_next();
+      }
     }
-    if (own) {
-      accumulate(u, a, mn0, mn1);
-      mma::mbar_arrive(ofree + st);
+    if (!own) continue;
+    // c. Softmax of tile u; hand P_u and M_u over.
+    mma::wgmma_wait<0>();
+    mma::wgmma_fence_operands(d);
+    // Every warp's part of S_u has read the rope columns before any warp writes P_u over them.
+    mma::named_sync(wg_bar(wg), kWgThreads);
+    uint32_t a[2][4];
+    float s[16];
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = i * 8 + 2 * c4 + (e & 1);
+        s[i * 4 + e] = sValid[st * kBn5 + key] ? d[i * 4 + e] * sl2 : -INFINITY;
+      }
+      mx0 = fmaxf(mx0, fmaxf(s[i * 4], s[i * 4 + 1]));
+      mx1 = fmaxf(mx1, fmaxf(s[i * 4 + 2], s[i * 4 + 3]));
     }
-    // f. The stage of tile u - 1 takes tile u + 3 once both warpgroups are done with it.
-    if (u >= 1 && load_tile(next_load) < n_tiles) {
-      mma::mbar_wait(ofree + (u - 1) % kStages5, uint32_t((u - 1) / kStages5) & 1u);
-      issue_next();
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(mp0, mx0), mn1 = fmaxf(mp1, mx1);
+    const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s[i * 4] = exp2f(s[i * 4] - mu0);
+      s[i * 4 + 1] = exp2f(s[i * 4 + 1] - mu0);
+      s[i * 4 + 2] = exp2f(s[i * 4 + 2] - mu1);
+      s[i * 4 + 3] = exp2f(s[i * 4 + 3] - mu1);
     }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {  // A fragments of the two 16-key steps
+      a[j][0] = mma::pack_bf16(s[8 * j], s[8 * j + 1]);
+      a[j][1] = mma::pack_bf16(s[8 * j + 2], s[8 * j + 3]);
+      a[j][2] = mma::pack_bf16(s[8 * j + 4], s[8 * j + 5]);
+      a[j][3] = mma::pack_bf16(s[8 * j + 6], s[8 * j + 7]);
+    }
+    uint32_t* dst = reinterpret_cast<uint32_t*>(sStage + size_t(st) * kTile5 + kRopeOff5);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) dst[(j * 4 + q) * kWgThreads + wt] = a[j][q];
+    if (c4 == 0) {
+      sM[(u & 1) * kRows5 + r0] = mn0;
+      sM[(u & 1) * kRows5 + r1] = mn1;
+    }
+    mma::named_arrive(ready_bar(u), kThreads);
+    // d. O += P_u V_u.
+    accumulate(u, a, mn0, mn1);
+    mma::mbar_arrive(ofree + st);
   }
   mma::grid_launch_dependents();  // the combine kernel may start launching (it waits for this grid)
 
