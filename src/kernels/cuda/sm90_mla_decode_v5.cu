@@ -19,6 +19,8 @@
 // column halves stay consistent. Row sums are taken from the bf16-rounded P both warpgroups multiply.
 // While one warpgroup runs its softmax the other's products keep the tensor cores busy; a stage holds a
 // tile from its load until both warpgroups multiplied it, so about two tiles are in flight.
+#include <cstdlib>
+
 #include "kernels/cuda/sm90_mla_decode.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
@@ -46,6 +48,9 @@ __device__ __forceinline__ int wg_bar(int wg) { return 3 + wg; }
 
 __device__ const int kOne5[4] = {1, 1, 1, 1};  // the source of a valid key's flag
 
+// kOrder (measured, see launch_decode_v5): 0: P_{u-1} V_{u-1} before the own softmax, the stage reloaded
+// right after; 1: after the own hand-over, reloaded right after; 2: after, reloaded after P_u V_u.
+template <int kOrder>
 __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const MlaDecodeParams p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (mma::smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -130,6 +135,13 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
   };
   if (load_tile(0) < n_tiles) issue_next();
   if (load_tile(1) < n_tiles) issue_next();
+  // In iteration u: the stage of tile u - 1 takes tile u + 3 once both warpgroups are done with it.
+  auto reload = [&](int u) {
+    if (load_tile(next_load) < n_tiles) {
+      mma::mbar_wait(ofree + (u - 1) % kStages5, uint32_t((u - 1) / kStages5) & 1u);
+      issue_next();
+    }
+  };
 
   load_q_rows<kRows5>([&](int r, int c) { return sQ + swz(kRows5, r, c >> 3) + (c & 7) * 2; }, p, row, h0,
                       tid);
@@ -206,29 +218,29 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
       }
       mma::wgmma_commit();
     }
-    // b. The other warpgroup's tile u - 1: its P and row maxima, then O += P_{u-1} V_{u-1} at once, so
-    //    that its stage is released early.
+    // b. The other warpgroup's tile u - 1: its P and row maxima; with kOrder 0, O += P_{u-1} V_{u-1} at
+    //    once, so that its stage is released early.
     float mp0 = -INFINITY, mp1 = -INFINITY;
+    uint32_t ao[2][4];
+    auto other_pv = [&]() {  // O += P_{u-1} V_{u-1}; the stage then takes tile u + 3 (kOrder 0 / 1)
+      const int sp = (u - 1) % kStages5;
+      mma::mbar_wait(full + sp, uint32_t((u - 1) / kStages5) & 1u);  // complete; orders the copies
+      mma::fence_proxy_async_smem();
+      accumulate(u - 1, ao, mp0, mp1);
+      mma::mbar_arrive(ofree + sp);
+      if (kOrder != 2) reload(u);
+    };
     if (u >= 1) {
       const int sp = (u - 1) % kStages5;
       mma::named_sync(ready_bar(u - 1), kThreads);
       const uint32_t* src = reinterpret_cast<const uint32_t*>(sStage + size_t(sp) * kTile5 + kRopeOff5);
-      uint32_t ao[2][4];
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) ao[j][q] = src[(j * 4 + q) * kWgThreads + wt];
       mp0 = sM[((u - 1) & 1) * kRows5 + r0];
       mp1 = sM[((u - 1) & 1) * kRows5 + r1];
-      mma::mbar_wait(full + sp, uint32_t((u - 1) / kStages5) & 1u);  // complete; orders the copies
-      mma::fence_proxy_async_smem();
-      accumulate(u - 1, ao, mp0, mp1);  // (also waits for S_u)
-      mma::mbar_arrive(ofree + sp);
-      // The stage of tile u - 1 takes tile u + 3 once both warpgroups are done with it.
-      if (load_tile(next_load) < n_tiles) {
-        mma::mbar_wait(ofree + sp, uint32_t((u - 1) / kStages5) & 1u);
-        issue_next();
-      }
+      if (kOrder == 0 || !own) other_pv();  // (also waits for S_u)
     }
     if (!own) continue;
     // c. Softmax of tile u; hand P_u and M_u over.
@@ -279,9 +291,11 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
       sM[(u & 1) * kRows5 + r1] = mn1;
     }
     mma::named_arrive(ready_bar(u), kThreads);
+    if (kOrder != 0 && u >= 1) other_pv();
     // d. O += P_u V_u.
     accumulate(u, a, mn0, mn1);
     mma::mbar_arrive(ofree + st);
+    if (kOrder == 2 && u >= 1) reload(u);
   }
   mma::grid_launch_dependents();  // the combine kernel may start launching (it waits for this grid)
 
@@ -316,16 +330,25 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
   }
 }
 
+template <int kOrder>
+cudaError_t launch_v5(const MlaDecodeParams& p, cudaStream_t stream) {
+  static const cudaError_t e = cudaFuncSetAttribute(sm90_mla_decode_v5_kernel<kOrder>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem5));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(unsigned(p.rows), unsigned((p.heads + kRows5 - 1) / kRows5), unsigned(p.splits));
+  sm90_mla_decode_v5_kernel<kOrder><<<grid, kThreads, kSmem5, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.format != MlaKvFormat::bf16) return launch_decode_v3(p, true, stream);  // FP8: v4
-  static const cudaError_t e = cudaFuncSetAttribute(sm90_mla_decode_v5_kernel,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem5));
-  if (e != cudaSuccess) return e;
-  const dim3 grid(unsigned(p.rows), unsigned((p.heads + kRows5 - 1) / kRows5), unsigned(p.splits));
-  sm90_mla_decode_v5_kernel<<<grid, kThreads, kSmem5, stream>>>(p);
-  return cudaGetLastError();
+  const char* env = std::getenv("DSASERVE_MLA_V5_ORDER");  // benchmarks compare the three orders
+  const int order = env ? std::atoi(env) : 0;
+  return order == 1   ? launch_v5<1>(p, stream)
+         : order == 2 ? launch_v5<2>(p, stream)
+                      : launch_v5<0>(p, stream);
 }
 
 }  // namespace dsaserve::kernels::cuda::mla_detail
