@@ -95,7 +95,10 @@ void header(const char* title) {
 // only_heads / only_batch: when > 0, run just the cases with that head count / batch (profiling one shape).
 void bench_mla(int num_sms, void* flush, int64_t only_heads, int64_t only_batch) {
   header("### sparse / dense MLA decode (absorbed, 576/512), one query token per request");
-  const int64_t pool_slots = int64_t(4) << 20;  // 4M token slots shared by all requests
+  // 4M token slots shared by all requests (4.8 GB bf16: every read comes from HBM);
+  // DSASERVE_BENCH_POOL_SLOTS=16384 keeps the cache inside L2 (the kernels' speed without HBM).
+  const char* pool_env = std::getenv("DSASERVE_BENCH_POOL_SLOTS");
+  const int64_t pool_slots = pool_env ? std::max<int64_t>(kPage, std::atoll(pool_env)) : int64_t(4) << 20;
   void* cache_bf16 = dev_alloc<unsigned char>(size_t(pool_slots) * kMlaBf16RowBytes);
   void* cache_fp8 = dev_alloc<unsigned char>(size_t(pool_slots) * kMlaFp8RowBytes);
   CK(cudaMemset(cache_bf16, 0x3c,

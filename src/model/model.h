@@ -74,7 +74,7 @@ struct AttentionFormRates {
 // The MHA form's attention kernel is a CUDA-core stand-in (0.4 TFLOP/s), so prefills take the absorbed form.
 struct AttentionFormRule {
   int64_t narrow_max_heads = 16;  // heads <= this use `narrow` (the MLA kernel changes there), else `wide`
-  AttentionFormRates wide{211.0, 171.5, 0.4, 561.8, 189.5, 0.7};  // 64 heads
+  AttentionFormRates wide{297.5, 171.3, 0.4, 571.8, 257.8, 0.7};  // 64 heads (MLA decode v5)
   AttentionFormRates narrow{76.5, 140.4, 0.4, 381.2, 79.0, 0.7};  // 16 heads per rank
 };
 

@@ -77,7 +77,7 @@ struct MlaDecodeParams {
 // the end; v2: head groups of 16, keys split across warps; v3: head groups of 64, Q K^T by wgmma; v4: v3
 // with P V by wgmma too; v5: 64 heads, the two warpgroups taking turns on whole key tiles, bf16 caches (FP8
 // runs v4)); for 0 the environment variable DSASERVE_MLA_DECODE_KERNEL=v1 .. v5 when set (tests and
-// benchmarks), else v2 for <= 16 heads, v4 above.
+// benchmarks), else v2 for <= 16 heads, v5 above.
 int mla_decode_kernel(int64_t heads, int requested);
 // Number of key splits that fills the GPU for this many rows/heads/keys with that kernel (a pure function
 // of its inputs, the SM count and mla_decode_kernel).
