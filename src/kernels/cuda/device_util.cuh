@@ -1,6 +1,7 @@
 #pragma once
-// Device helpers shared by the .cu files: warp/block reductions and bf16 loads.
+// Device helpers shared by the .cu files: warp/block reductions, bf16 loads and the FP8 quantisation rules.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -78,6 +79,38 @@ __device__ inline ValIdx block_argmax(ValIdx x) {
   __syncthreads();
   ValIdx r = lane < nw ? ValIdx{pv[lane], pi[lane]} : ValIdx{-__int_as_float(0x7f800000), 0x7fffffff};
   return warp_argmax(r);
+}
+
+// FP8 (e4m3) activation quantisation of one block (launch_quant_fp8, the fused RMSNorm FP8 copy; the CPU
+// twins are cpu::fp8_act_scale and cpu::fp8_quantize). The scale of a block whose largest magnitude is
+// amax: amax / 448, or 1 when that is not positive (an all-zero block, or an f32-subnormal amax whose
+// quotient underflows: its values quantise to 0; a zero scale would make them 0 / 0 = NaN).
+__device__ __forceinline__ float fp8_act_scale(float amax) {
+  float s = amax / 448.0f;
+  if (!(s > 0.0f)) s = 1.0f;
+  return s;
+}
+
+// The e4m3 code of x in a block of scale s (from fp8_act_scale): x / s (IEEE division, round to nearest
+// even), saturated to +-448 (NaN stays NaN).
+__device__ __forceinline__ __nv_fp8_storage_t fp8_act_code(float x, float s) {
+  return __nv_cvt_float_to_fp8(x / s, __NV_SATFINITE, __NV_E4M3);
+}
+
+// FP8 (e4m3) MLA latent-cache quantisation of one 128-value block (launch_mla_cache_store, the fused KV
+// write): a different rule from the activations'. The stored scale is amax / 448 (0 for an all-zero
+// block) and the codes multiply by the reciprocal 448 / amax (0 when amax is not positive) instead of
+// dividing by the scale, so the two rules may differ in the last bit of a code.
+__device__ __forceinline__ float fp8_kv_scale(float amax) { return amax / 448.f; }
+__device__ __forceinline__ float fp8_kv_inv_scale(float amax) { return amax > 0.f ? 448.f / amax : 0.f; }
+
+// The e4m3 codes of four consecutive values (x0 in the low byte) at reciprocal scale inv (from
+// fp8_kv_inv_scale): e4m3_satfinite(x * inv) each.
+__device__ __forceinline__ uint32_t fp8_kv_codes4(float x0, float x1, float x2, float x3, float inv) {
+  return uint32_t(__nv_cvt_float_to_fp8(x0 * inv, __NV_SATFINITE, __NV_E4M3)) |
+         uint32_t(__nv_cvt_float_to_fp8(x1 * inv, __NV_SATFINITE, __NV_E4M3)) << 8 |
+         uint32_t(__nv_cvt_float_to_fp8(x2 * inv, __NV_SATFINITE, __NV_E4M3)) << 16 |
+         uint32_t(__nv_cvt_float_to_fp8(x3 * inv, __NV_SATFINITE, __NV_E4M3)) << 24;
 }
 
 }  // namespace dsaserve::kernels::cuda

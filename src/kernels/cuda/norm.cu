@@ -2,8 +2,6 @@
 // RMSNorm of rows whose width is a multiple of 4 (<= 8192) and whose views are 16-byte aligned keeps the
 // row in registers (float4 loads, up to 8 per thread) between the sum of squares and the scaling, so x
 // (and the residual) are read from global memory once; other rows take the scalar two-pass kernel.
-#include <cuda_fp8.h>
-
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/elementwise_params.h"
 
@@ -91,16 +89,11 @@ __global__ void __launch_bounds__(kVecThreads) sm90_rms_norm_vec_kernel(RmsNormP
       out[i] = o;
       if (p.q_codes) {
         // Warp w at step j holds columns [128 (w + 8j), +128): one quantisation group (cols % 128 == 0,
-        // so a warp is wholly inside or outside the row). The rule of launch_quant_fp8, bit for bit.
-        float m = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
-        m = warp_max(m);
-        float s = m / 448.0f;
-        if (!(s > 0.0f)) s = 1.0f;
-        uchar4 c;
-        c.x = __nv_cvt_float_to_fp8(o.x / s, __NV_SATFINITE, __NV_E4M3);
-        c.y = __nv_cvt_float_to_fp8(o.y / s, __NV_SATFINITE, __NV_E4M3);
-        c.z = __nv_cvt_float_to_fp8(o.z / s, __NV_SATFINITE, __NV_E4M3);
-        c.w = __nv_cvt_float_to_fp8(o.w / s, __NV_SATFINITE, __NV_E4M3);
+        // so a warp is wholly inside or outside the row). launch_quant_fp8's rule: the same helpers.
+        const float m = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+        const float s = fp8_act_scale(warp_max(m));
+        const uchar4 c = make_uchar4(fp8_act_code(o.x, s), fp8_act_code(o.y, s), fp8_act_code(o.z, s),
+                                     fp8_act_code(o.w, s));
         reinterpret_cast<uchar4*>(p.q_codes + row * p.cols)[i] = c;
         if ((threadIdx.x & 31) == 0) p.q_scales[(i * 4 / 128) * p.q_rows_pad + row] = s;
       }

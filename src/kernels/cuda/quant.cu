@@ -30,12 +30,8 @@ __global__ void sm90_quant_fp8_kernel(QuantFp8Params p) {
     v[j] = x[lane + 32 * j];
     m = fmaxf(m, fabsf(v[j]));
   }
-  m = warp_max(m);
-  // An all-zero group, or an amax so small (f32-subnormal) that amax / 448 underflows: scale 1 (its
-  // values quantise to 0; a zero scale would make them 0 / 0 = NaN).
-  float s = m / 448.0f;
-  if (!(s > 0.0f)) s = 1.0f;
-  for (int j = 0; j < 4; ++j) q[lane + 32 * j] = __nv_cvt_float_to_fp8(v[j] / s, __NV_SATFINITE, __NV_E4M3);
+  const float s = fp8_act_scale(warp_max(m));
+  for (int j = 0; j < 4; ++j) q[lane + 32 * j] = fp8_act_code(v[j], s);
   if (lane == 0) p.scales[g * p.rows_pad + t] = s;
 }
 

@@ -4,6 +4,7 @@
 #include <cooperative_groups.h>
 
 #include "kernels/cuda/indexer_topk_params.h"
+#include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/sm90_indexer_select.cuh"
 
 namespace dsaserve::kernels::cuda {
@@ -300,37 +301,18 @@ cudaError_t launch_indexer_select(const IndexerTopkParams& p, cudaStream_t strea
   const IndexerSelectPath path = indexer_select_path(p);
   // row_fused here: launch_indexer_topk_fused did not fuse (this launch runs alone), so the row kernel.
   if (path == IndexerSelectPath::row || path == IndexerSelectPath::row_fused) {
-    if (kIndexerSelectRowPdl) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(unsigned(p.rows));
-      cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = 0;
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[0].val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      if (cudaLaunchKernelEx(&cfg, sm90_indexer_select_row_kernel, p) == cudaSuccess) return cudaSuccess;
-      (void)cudaGetLastError();  // no programmatic launch here: an ordinary one
-    }
-    sm90_indexer_select_row_kernel<<<unsigned(p.rows), kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_pdl(kIndexerSelectRowPdl, sm90_indexer_select_row_kernel, dim3(unsigned(p.rows)),
+                      dim3(kThreads), 0, stream, p);
   }
   if (path == IndexerSelectPath::cooperative) {
     // One launch, grid sized by the occupancy API (clamped to rows x splits): a pure function of (rows,
     // max_len) and the device. Capturable in CUDA graphs; the grid barrier's state is the driver's.
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(indexer_select_coop_grid(p)));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeCooperative;
-    attr[0].val.cooperative = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, sm90_indexer_select_coop_kernel, p);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeCooperative;
+    attr.val.cooperative = 1;
+    const cudaError_t e =
+        launch_with_attribute(attr, sm90_indexer_select_coop_kernel,
+                              dim3(unsigned(indexer_select_coop_grid(p))), dim3(kThreads), 0, stream, p);
     if (e != cudaErrorCooperativeLaunchTooLarge) return e;
     (void)cudaGetLastError();  // fewer co-resident CTAs than the occupancy API said (MPS, ...): four launches
   }

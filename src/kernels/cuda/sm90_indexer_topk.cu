@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/indexer_topk_params.h"
+#include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/sm90_indexer_fp8.cuh"
 #include "kernels/cuda/sm90_indexer_select.cuh"
 #include "kernels/cuda/sm90_mma.cuh"
@@ -276,23 +277,10 @@ cudaError_t launch_scores(const IndexerTopkParams& p, bool fuse, cudaStream_t st
   const int64_t chunks = (p.max_len + chunk - 1) / chunk;
   if (chunks > 65535 || p.rows > 2147483647) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(p.rows), unsigned(chunks));
-  if (kIndexerScorePdl && p.score_offsets) {  // after the offsets kernel: overlap its launch and run
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kScoreThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, sm90_indexer_score_kernel<H, FP8>, p, chunk, fuse) == cudaSuccess)
-      return cudaSuccess;
-    (void)cudaGetLastError();  // no programmatic launch here: an ordinary one
-  }
-  sm90_indexer_score_kernel<H, FP8><<<grid, kScoreThreads, smem, stream>>>(p, chunk, fuse);
-  return cudaGetLastError();
+  // Programmatic after the offsets kernel (score_offsets set): overlap its launch and run.
+  const bool programmatic = kIndexerScorePdl && p.score_offsets != nullptr;
+  return launch_pdl(programmatic, sm90_indexer_score_kernel<H, FP8>, grid, dim3(kScoreThreads), smem, stream,
+                    p, chunk, fuse);
 }
 
 }  // namespace

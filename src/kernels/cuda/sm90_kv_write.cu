@@ -9,7 +9,6 @@
 // Indexer key: the LayerNorm statistics of sm90_layer_norm_kernel (same loops, same reduction), the row
 // in shared memory, the rope pairs rotated from it, bf16 stores.
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kv_write_params.h"
@@ -88,14 +87,8 @@ __global__ void __launch_bounds__(kKvThreads) sm90_mla_kv_write_kernel(const Mla
     amax = fmaxf(amax, fabsf(o.z));
     amax = fmaxf(amax, fabsf(o.w));
     amax = warp_max(amax);
-    const float scale = amax / 448.f;
-    const float inv = amax > 0.f ? 448.f / amax : 0.f;
-    const uint32_t word = uint32_t(__nv_cvt_float_to_fp8(o.x * inv, __NV_SATFINITE, __NV_E4M3)) |
-                          uint32_t(__nv_cvt_float_to_fp8(o.y * inv, __NV_SATFINITE, __NV_E4M3)) << 8 |
-                          uint32_t(__nv_cvt_float_to_fp8(o.z * inv, __NV_SATFINITE, __NV_E4M3)) << 16 |
-                          uint32_t(__nv_cvt_float_to_fp8(o.w * inv, __NV_SATFINITE, __NV_E4M3)) << 24;
-    *reinterpret_cast<uint32_t*>(dst + 4 * tid) = word;
-    if (lane == 0) *reinterpret_cast<float*>(dst + kMlaLatent + 4 * warp) = scale;
+    *reinterpret_cast<uint32_t*>(dst + 4 * tid) = fp8_kv_codes4(o.x, o.y, o.z, o.w, fp8_kv_inv_scale(amax));
+    if (lane == 0) *reinterpret_cast<float*>(dst + kMlaLatent + 4 * warp) = fp8_kv_scale(amax);
   }
   if (warp == 0 && lane < kRopeHalf) {
     __nv_bfloat16* rope = reinterpret_cast<__nv_bfloat16*>(dst + kMlaLatent + 16);

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/mla_decode_params.h"
 #include "kernels/cuda/sm90_mla_decode.cuh"
 
@@ -207,20 +208,8 @@ cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
                         : p.format == MlaKvFormat::bf16 ? mla_detail::launch_decode_bf16(p, stream)
                                                         : mla_detail::launch_decode_fp8(p, stream);
   if (e != cudaSuccess || p.splits == 1) return e;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(p.rows), unsigned(p.heads));
-  cfg.blockDim = dim3(128);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (cudaLaunchKernelEx(&cfg, sm90_mla_combine_kernel, p) == cudaSuccess) return cudaSuccess;
-  (void)cudaGetLastError();  // no programmatic launch here: an ordinary one
-  sm90_mla_combine_kernel<<<cfg.gridDim, cfg.blockDim, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(true, sm90_mla_combine_kernel, dim3(unsigned(p.rows), unsigned(p.heads)), dim3(128), 0,
+                    stream, p);
 }
 
 }  // namespace dsaserve::kernels::cuda
