@@ -204,7 +204,8 @@ void fill_device(void* dst, size_t n, const std::vector<unsigned char>& pattern)
 // rows read (bf16 256, FP8 132 per key), q, w and the output; the score and select times are measured
 // apart (select = full - scores alone). Each name says which select path ran (row_fused: in the score
 // kernel's last CTA of each row; row: a select kernel of one CTA per row; coop: the four passes in one
-// cooperative launch of `grid` CTAs; passes: four launches).
+// cooperative launch of `grid` CTAs; passes: four launches), and the score kernel that ran (v1 or v2,
+// IndexerScoreKernel) with the time of v1's for comparison.
 void bench_indexer(void* flush) {
   header("### lightning indexer + top-2048 (32 heads x 128), one query row per request");
   std::mt19937_64 rng(2);
@@ -275,6 +276,9 @@ void bench_indexer(void* flush) {
         p.key_format = f;
         p.scores_only = true;
         const double us_scores = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
+        p.score_kernel = IndexerScoreKernel::v1;  // the old score kernel, for comparison
+        const double us_scores_v1 = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
+        p.score_kernel = IndexerScoreKernel::automatic;
         p.scores_only = false;
         const double bytes =
             double(slots) * double(row_bytes) + double(B * ih) * (kIndexerDim + 1) * 4 + double(B * topk) * 4;
@@ -292,10 +296,11 @@ void bench_indexer(void* flush) {
           char name[224];
           std::snprintf(
               name, sizeof name,
-              "indexer+top-k %s batch=%lld ctx=%lld select=%s%s (scores %.1f us, select %.1f us, %lld "
-              "CTAs/row)",
+              "indexer+top-k %s batch=%lld ctx=%lld select=%s%s (scores %s %.1f us [v1 %.1f us], select %.1f "
+              "us, %lld CTAs/row)",
               fp8 ? "fp8" : "bf16", (long long)B, (long long)ctx, indexer_select_path_name(ran), grid,
-              us_scores, us - us_scores, (long long)p.splits);
+              indexer_score_kernel(IndexerScoreKernel::automatic) == IndexerScoreKernel::v2 ? "v2" : "v1",
+              us_scores, us_scores_v1, us - us_scores, (long long)p.splits);
           row(name, us, bytes, flops);
         }
         p.select_path = IndexerSelectPath::automatic;
@@ -619,7 +624,8 @@ int main(int argc, char** argv) {
   // An argument picks one table: "indexer", "mla" or "prefill" (default: all); "mla HEADS BATCH" runs only
   // the MLA decode cases of that shape (for a profiler).
   const std::string only = argc > 1 ? argv[1] : "";
-  const int64_t only_heads = argc > 2 ? std::atoll(argv[2]) : 0, only_batch = argc > 3 ? std::atoll(argv[3]) : 0;
+  const int64_t only_heads = argc > 2 ? std::atoll(argv[2]) : 0,
+                only_batch = argc > 3 ? std::atoll(argv[3]) : 0;
   if (only.empty() || only == "indexer") bench_indexer(flush);
   if (only.empty() || only == "mla") bench_mla(prop.multiProcessorCount, flush, only_heads, only_batch);
   if (only.empty() || only == "prefill") bench_prefill(flush);
