@@ -366,14 +366,24 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
   const int32_t* pt_row = p.page_table + seq * p.pt_stride;
   const uint32_t ps = uint32_t(p.page_size);  // positions are below 2^31 (row_len is i32)
 
-  // Thread tid < 128: the page-table entry of row tid of tile u (-1: none) and the row's offset in it.
+  // Thread tid < 128 walks row tid of tiles 0, 1, 2, ... in order: its page index pi and in-page offset
+  // off (one division for tile 0, then + 128 = q128 pages + r128 per tile). page_of(u): the page-table
+  // entry of row tid of tile u (-1: none) and the offset; called for u = 0, 1, 2, ... once each.
+  const uint32_t q128 = uint32_t(kTileKeys) / ps, r128 = uint32_t(kTileKeys) % ps;
+  uint32_t pi = uint32_t(k0 + tid) / ps;  // k0 + tid < 2^31
+  uint32_t off_next = uint32_t(k0 + tid) - pi * ps;
   auto page_of = [&](int u, int32_t& off) -> int32_t {
     const int64_t pos = k0 + int64_t(u) * kTileKeys + tid;
-    off = 0;
+    const uint32_t page = pi;
+    off = int32_t(off_next);
+    pi += q128;  // advance to tile u + 1
+    off_next += r128;
+    if (off_next >= ps) {
+      off_next -= ps;
+      ++pi;
+    }
     if (tid >= kTileKeys || u >= n_tiles || pos >= k1) return -1;
-    const uint32_t pi = uint32_t(pos) / ps;
-    off = int32_t(uint32_t(pos) - pi * ps);
-    return int64_t(pi) < p.pt_cols ? pt_row[pi] : -1;
+    return int64_t(page) < p.pt_cols ? pt_row[page] : -1;
   };
   // Slots fit in i32: a cache of 2^31 slots would take 256 GB (bf16) or 264 GB (FP8).
   auto slot_of = [&](int32_t pg, int32_t off) -> int32_t {
@@ -384,6 +394,7 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
   // Copies tile u into stage u % S: 16-byte pieces, a warp covering 2 (bf16) or 4 (FP8) whole rows of the
   // row-major cache; rows without a slot are zero-filled. FP8: threads < 32 copy the scales of rows 4 tid
   // .. 4 tid + 3, in one 16-byte piece when their slots are consecutive and 16-byte aligned.
+  const unsigned char* src_c = cache + (FP8 ? tid & 7 : tid & 15) * 16;  // this thread's 16-byte piece
   auto issue = [&](int u) {
     unsigned char* stage = sStage + (u % S) * SB;
     const int32_t* sl = sSlot + (u % S) * kTileKeys;
@@ -392,9 +403,9 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
       unsigned char* dst = stage + r0 * RB + ((c ^ (r0 & 7)) << 4);
 #pragma unroll
       for (int it = 0; it < kTileKeys / 16; ++it) {
-        const int32_t slot = sl[r0 + 16 * it];
-        const unsigned char* src = slot >= 0 ? cache + int64_t(slot) * RB + c * 16 : cache;
-        mma::cp_async16(dst + it * 16 * RB, src, slot >= 0 ? 16 : 0);
+        const int32_t slot = sl[r0 + 16 * it];  // -1: zero-fill, no read (src is then slot 0's)
+        mma::cp_async16(dst + it * 16 * RB, src_c + uint64_t(uint32_t(slot >= 0 ? slot : 0)) * RB,
+                        slot >= 0 ? 16 : 0);
       }
     } else {
       const int c = tid & 7, r0 = tid >> 3;  // rows r0 + 32 it
@@ -402,8 +413,8 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
 #pragma unroll
       for (int it = 0; it < kTileKeys / 32; ++it) {
         const int32_t slot = sl[r0 + 32 * it];
-        const unsigned char* src = slot >= 0 ? cache + int64_t(slot) * RB + c * 16 : cache;
-        mma::cp_async16(dst + it * 32 * RB, src, slot >= 0 ? 16 : 0);
+        mma::cp_async16(dst + it * 32 * RB, src_c + uint64_t(uint32_t(slot >= 0 ? slot : 0)) * RB,
+                        slot >= 0 ? 16 : 0);
       }
       if (tid < kTileKeys / 4) {
         const int4 s4 = *reinterpret_cast<const int4*>(sl + 4 * tid);
