@@ -107,9 +107,11 @@ inline constexpr bool kIndexerScorePdl = true;
 // lookups (64-bit divisions) for every row it copies. v2: 3-8 stages (unpadded, XOR-swizzled shared rows:
 // twice to four times the bytes in flight per SM), the slots of each tile computed once (128 threads, one
 // 32-bit division each, the page-table entry loaded an iteration earlier) into shared memory, FP8 keys via
-// f16 MMAs. automatic: the process default, itself kIndexerScoreKernelDefault unless the environment variable
-// DSASERVE_INDEXER_SCORE_KERNEL is "v1" or "v2" (read at every launch).
-enum class IndexerScoreKernel : int { automatic = 0, v1 = 1, v2 = 2 };
+// f16 MMAs. v3: v2 with FP8 keys through wgmma (m64n32k16 / m64n64k16, A = the f16 codes from registers,
+// B = q from shared memory); bf16 keys as v2. automatic: the process default, itself
+// kIndexerScoreKernelDefault unless the environment variable DSASERVE_INDEXER_SCORE_KERNEL is "v1", "v2" or
+// "v3" (read at every launch).
+enum class IndexerScoreKernel : int { automatic = 0, v1 = 1, v2 = 2, v3 = 3 };
 inline constexpr IndexerScoreKernel kIndexerScoreKernelDefault = IndexerScoreKernel::v2;
 // The score kernel p's launch runs: p.score_kernel unless automatic, else as described above.
 IndexerScoreKernel indexer_score_kernel(IndexerScoreKernel requested);

@@ -274,25 +274,65 @@ template <bool FP8>
 __host__ __device__ constexpr int v2_stage_bytes() {
   return kTileKeys * v2_row_bytes<FP8>() + (FP8 ? kTileKeys * 4 : 0);
 }
-// Pipeline stages: as many as fit two CTAs per SM (H = 32; 128 registers a thread) or one (H = 64) with
-// the slots, weights and histogram. Bytes in flight per SM (stages - 1 tiles per CTA): bf16 128 KB (H =
-// 32) or 160 KB (H = 64), FP8 169 KB or 118 KB; v1 had at most 64 / 32 KB (bf16) and 32 / 17 KB (FP8).
-template <int H, bool FP8>
+// Pipeline stages: as many as fit two CTAs per SM (H = 32, or WG: at most 128 registers a thread) or one
+// (H = 64) with the slots, weights and histogram (WG: and q). Bytes in flight per SM (stages - 1 tiles per
+// CTA): bf16 128 KB (H = 32) or 160 KB (H = 64), FP8 169 KB or 118 KB (WG: 135 KB); v1 had at most 64 / 32
+// KB (bf16) and 32 / 17 KB (FP8).
+template <int H, bool FP8, bool WG>
 __host__ __device__ constexpr int v2_stages() {
-  return H == 32 ? (FP8 ? 6 : 3) : (FP8 ? 8 : 6);
+  return WG ? 5 : H == 32 ? (FP8 ? 6 : 3) : (FP8 ? 8 : 6);
 }
-// Dynamic shared bytes: stages, then the slots [stages][128] i32, the weights [H] f32, the histogram.
-template <int H, bool FP8>
+// Dynamic shared bytes: WG: 1024 (alignment) and q [H][128] f16; then the stages, the slots [stages][128]
+// i32, the weights [H] f32, the histogram.
+template <int H, bool FP8, bool WG>
 __host__ __device__ constexpr int v2_smem_bytes() {
-  return v2_stages<H, FP8>() * (v2_stage_bytes<FP8>() + kTileKeys * 4) + H * 4 + kIndexerHistBins * 4;
+  return (WG ? 1024 + H * kIndexerDim * 2 : 0) +
+         v2_stages<H, FP8, WG>() * (v2_stage_bytes<FP8>() + kTileKeys * 4) + H * 4 + kIndexerHistBins * 4;
 }
 // Per SM 228 KB, less 1 KB reserved per CTA and the static shared bytes of finish_row (under 256).
-static_assert(2 * (v2_smem_bytes<32, false>() + 1024 + 256) <= 228 * 1024, "two CTAs per SM");
-static_assert(2 * (v2_smem_bytes<32, true>() + 1024 + 256) <= 228 * 1024, "two CTAs per SM");
-static_assert(v2_smem_bytes<64, false>() + 256 <= 227 * 1024 && v2_smem_bytes<64, true>() + 256 <= 227 * 1024,
+static_assert(2 * (v2_smem_bytes<32, false, false>() + 1024 + 256) <= 228 * 1024, "two CTAs per SM");
+static_assert(2 * (v2_smem_bytes<32, true, false>() + 1024 + 256) <= 228 * 1024, "two CTAs per SM");
+static_assert(2 * (v2_smem_bytes<32, true, true>() + 1024 + 256) <= 228 * 1024, "two CTAs per SM");
+static_assert(2 * (v2_smem_bytes<64, true, true>() + 1024 + 256) <= 228 * 1024, "two CTAs per SM");
+static_assert(v2_smem_bytes<64, false, false>() + 256 <= 227 * 1024 &&
+                  v2_smem_bytes<64, true, false>() + 256 <= 227 * 1024 &&
+                  v2_smem_bytes<64, true, true>() + 256 <= 227 * 1024,
               "one CTA per SM");
 // q is staged (bf16 or f16 rows of 256 bytes) in the last stage before that stage's first tile.
 static_assert(64 * kIndexerDim * 2 <= v2_stage_bytes<true>(), "q fits in one stage");
+
+// d[64 x N] (+)= A[64 x 16] B[16 x N] for the warpgroup, N = 8 x (rows of d): 32 or 64 heads. A from
+// registers (warp w of the warpgroup holds rows 16w .. 16w + 15 in the mma.sync m16n8k16 A-fragment order),
+// B K-major in shared memory (128-byte-swizzle descriptor), f16 in, f32 accumulate; accumulate = 0
+// overwrites d. d[i][e] is row 16w + g + 8 (e / 2), column 8i + 2c + e % 2: the mma.sync C fragment of
+// n-tile i.
+__device__ __forceinline__ void wgmma_f16_rs(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc_b,
+                                             int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, "
+      "1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_f16_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b,
+                                             int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
 
 // Byte offset of b16 element `col` of row r in 256-byte swizzled rows.
 __device__ __forceinline__ int swz_b16(int r, int col) {
@@ -330,22 +370,35 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], u
 
 // Same grid, tiles and results as sm90_indexer_score_kernel (bf16: bit for bit), with a deeper pipeline:
 // stage u % S holds tile u; iteration t waits for tile t, issues tile t + S - 1 and computes tile t. The
-// slot of each tile row is computed once (thread r < 128 for row r: one 32-bit division, the page-table
-// entry loaded one iteration before it is needed) into sSlot[u % S] and read by the copying threads.
-template <int H, bool FP8>
-__global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
+// slot of each tile row is computed once (thread r < 128 for row r, walking its page index) into
+// sSlot[u % S] and read by the copying threads. WG (IndexerScoreKernel::v3, FP8 only): each warpgroup
+// (64 keys) runs 8 wgmma m64nHk16 per tile, A = the f16 codes from registers, B = q from shared memory
+// (K-major, 128-byte swizzle: [2][H][64] f16, 16-byte chunk j of row h at j ^ (h % 8)), instead of the
+// 32 mma.sync per warp (a quarter of the tensor instructions, twice the tensor throughput).
+template <int H, bool FP8, bool WG>
+__global__ void __launch_bounds__(kScoreThreads, H == 32 || WG ? 2 : 1)
     sm90_indexer_score_v2_kernel(const IndexerTopkParams p, int chunk, bool fuse) {
   constexpr int NT = H / 8;
-  constexpr int S = v2_stages<H, FP8>();
+  constexpr int S = v2_stages<H, FP8, WG>();
   constexpr int RB = v2_row_bytes<FP8>();
   constexpr int SB = v2_stage_bytes<FP8>();
   static_assert(S >= 2 && kTileKeys * 2 == kScoreThreads, "one slot thread per tile row");
-  extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* sStage = smem;
-  int32_t* sSlot = reinterpret_cast<int32_t*>(smem + S * SB);  // [S][128]: slot of each tile row, -1: none
+  static_assert(FP8 || !WG, "wgmma only for FP8 keys");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // WG: q's swizzle atoms must be 1024-byte aligned (the hardware swizzles address bits 4-6 by 7-9).
+  unsigned char* smem = WG ? smem_raw + ((1024u - (mma::smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
+  unsigned char* sStage = smem + (WG ? H * kIndexerDim * 2 : 0);
+  int32_t* sSlot = reinterpret_cast<int32_t*>(sStage + S * SB);  // [S][128]: slot of each tile row, -1: none
   float* sW = reinterpret_cast<float*>(sSlot + S * kTileKeys);
   uint32_t* sHist = reinterpret_cast<uint32_t*>(sW + H);
-  unsigned char* sQ = sStage + (S - 1) * SB;  // [H][128] b16, swizzled rows, until stage S - 1's first tile
+  // q: [H][128] b16 in 256-byte swizzled rows, staged in stage S - 1 until its first tile (ldmatrix into
+  // registers); WG: in the wgmma layout at the front, for the whole kernel.
+  unsigned char* sQ = WG ? smem : sStage + (S - 1) * SB;
+  // Byte offset of q element (h, logical column L) in sQ.
+  auto q_off = [](int h, int L) {
+    return WG ? (L >> 6) * (H * 128) + h * 128 + ((((L >> 3) & 7) ^ (h & 7)) << 4) + (L & 7) * 2
+              : swz_b16(h, L);
+  };
 
   const int row = blockIdx.x;
   const int64_t seq = p.row_seq ? p.row_seq[row] : row;
@@ -464,7 +517,7 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
       const float down = pow2f(-e);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        *reinterpret_cast<__half*>(sQ + swz_b16(h, fp8_col_of(4 * lane + j))) = __float2half_rn(v[j] * down);
+        *reinterpret_cast<__half*>(sQ + q_off(h, fp8_col_of(4 * lane + j))) = __float2half_rn(v[j] * down);
       if (lane == 0) sW[h] = p.w[row * p.w_s0 + h] * p.weight_scale * pow2f(e);
     }
   }
@@ -472,7 +525,8 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
 #pragma unroll
     for (int u = 0; u < S; ++u) sSlot[u * kTileKeys + tid] = slot_of(pre_pg[u], pre_off[u]);
   }
-  int32_t pf_pg = pre_pg[S], pf_off = pre_off[S];  // tile u + S + 1's entry during iteration u
+  int32_t pf_pg = pre_pg[S], pf_off = pre_off[S];   // tile u + S + 1's entry during iteration u
+  if constexpr (WG) mma::fence_proxy_async_smem();  // q's stores -> visible to wgmma after the barrier
   __syncthreads();
 #pragma unroll
   for (int u = 0; u < S - 1; ++u) {
@@ -480,10 +534,10 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
     mma::cp_async_commit();
   }
 
-  // B fragments of Q^T (k = dims, n = heads) for every k-step, kept in registers.
+  // B fragments of Q^T (k = dims, n = heads) for every k-step, kept in registers (not with WG).
   uint32_t bq[NT][kIndexerDim / 16][2];
 #pragma unroll
-  for (int np = 0; np < NT / 2; ++np) {
+  for (int np = 0; np < (WG ? 0 : NT / 2); ++np) {
 #pragma unroll
     for (int kk = 0; kk < kIndexerDim / 16; ++kk) {
       uint32_t b[4];
@@ -532,12 +586,33 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
       const float* ks = reinterpret_cast<const float*>(stage + kTileKeys * RB);
       sc0 = scale * ks[warp * 16 + g];
       sc1 = scale * ks[warp * 16 + g + 8];
+      if constexpr (WG) {
+        uint32_t a[kIndexerDim / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < kIndexerDim / 16; ++kk) {
-        const uint32_t a[4] = {e4m3x2_to_f16x2(w0[kk]), e4m3x2_to_f16x2(w1[kk]),
-                               e4m3x2_to_f16x2(w0[kk] >> 16), e4m3x2_to_f16x2(w1[kk] >> 16)};
+        for (int kk = 0; kk < kIndexerDim / 16; ++kk) {
+          a[kk][0] = e4m3x2_to_f16x2(w0[kk]);
+          a[kk][1] = e4m3x2_to_f16x2(w1[kk]);
+          a[kk][2] = e4m3x2_to_f16x2(w0[kk] >> 16);
+          a[kk][3] = e4m3x2_to_f16x2(w1[kk] >> 16);
+        }
+        const uint32_t q_addr = mma::smem_addr(sQ);
+        mma::wgmma_fence_operands(acc);
+        mma::wgmma_fence();
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mma_f16(acc[nt], a, bq[nt][kk][0], bq[nt][kk][1]);
+        for (int kk = 0; kk < kIndexerDim / 16; ++kk)
+          wgmma_f16_rs(acc, a[kk],
+                       mma::wgmma_desc_sw128(q_addr + uint32_t(kk >> 2) * (H * 128) + (kk & 3) * 32), kk);
+        mma::wgmma_commit();
+        mma::wgmma_wait<0>();
+        mma::wgmma_fence_operands(acc);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kIndexerDim / 16; ++kk) {
+          const uint32_t a[4] = {e4m3x2_to_f16x2(w0[kk]), e4m3x2_to_f16x2(w1[kk]),
+                                 e4m3x2_to_f16x2(w0[kk] >> 16), e4m3x2_to_f16x2(w1[kk] >> 16)};
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma_f16(acc[nt], a, bq[nt][kk][0], bq[nt][kk][1]);
+        }
       }
     } else {
 #pragma unroll
@@ -590,18 +665,23 @@ int num_sms() {
 }
 
 template <int H, bool FP8>
-cudaError_t launch_scores(const IndexerTopkParams& p, bool fuse, bool v2, cudaStream_t stream) {
-  const auto kernel = v2 ? sm90_indexer_score_v2_kernel<H, FP8> : sm90_indexer_score_kernel<H, FP8>;
-  const size_t smem =
-      v2 ? size_t(v2_smem_bytes<H, FP8>())
-         : size_t(kStages) * stage_bytes<FP8>() + size_t(H) * kLdK * 2 + H * 4 + kIndexerHistBins * 4;
-  static const cudaError_t e1 = cudaFuncSetAttribute(
-      sm90_indexer_score_kernel<H, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      int(size_t(kStages) * stage_bytes<FP8>() + size_t(H) * kLdK * 2 + H * 4 + kIndexerHistBins * 4));
-  static const cudaError_t e2 =
-      cudaFuncSetAttribute(sm90_indexer_score_v2_kernel<H, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           v2_smem_bytes<H, FP8>());
-  const cudaError_t e = v2 ? e2 : e1;
+cudaError_t launch_scores(const IndexerTopkParams& p, bool fuse, IndexerScoreKernel kind,
+                          cudaStream_t stream) {
+  constexpr int kSmemV1 = kStages * stage_bytes<FP8>() + H * kLdK * 2 + H * 4 + kIndexerHistBins * 4;
+  constexpr int kSmemV2 = v2_smem_bytes<H, FP8, false>(), kSmemV3 = v2_smem_bytes<H, FP8, FP8>();
+  static const cudaError_t e1 = cudaFuncSetAttribute(sm90_indexer_score_kernel<H, FP8>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemV1);
+  static const cudaError_t e2 = cudaFuncSetAttribute(sm90_indexer_score_v2_kernel<H, FP8, false>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemV2);
+  static const cudaError_t e3 = cudaFuncSetAttribute(sm90_indexer_score_v2_kernel<H, FP8, FP8>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemV3);
+  // v3 with bf16 keys is v2.
+  const bool v3 = kind == IndexerScoreKernel::v3 && FP8;
+  const auto kernel = kind == IndexerScoreKernel::v1 ? sm90_indexer_score_kernel<H, FP8>
+                      : v3                           ? sm90_indexer_score_v2_kernel<H, FP8, FP8>
+                                                     : sm90_indexer_score_v2_kernel<H, FP8, false>;
+  const size_t smem = size_t(kind == IndexerScoreKernel::v1 ? kSmemV1 : v3 ? kSmemV3 : kSmemV2);
+  const cudaError_t e = kind == IndexerScoreKernel::v1 ? e1 : v3 ? e3 : e2;
   if (e != cudaSuccess) return e;
   const int64_t tiles = (p.max_len + kTileKeys - 1) / kTileKeys;
   int64_t per = (p.rows * tiles + 2 * num_sms() - 1) / (2 * num_sms());
@@ -638,6 +718,7 @@ IndexerScoreKernel indexer_score_kernel(IndexerScoreKernel requested) {
   const char* env = std::getenv("DSASERVE_INDEXER_SCORE_KERNEL");  // read at every launch: tests switch it
   if (env && std::strcmp(env, "v1") == 0) return IndexerScoreKernel::v1;
   if (env && std::strcmp(env, "v2") == 0) return IndexerScoreKernel::v2;
+  if (env && std::strcmp(env, "v3") == 0) return IndexerScoreKernel::v3;
   return kIndexerScoreKernelDefault;
 }
 
@@ -654,11 +735,11 @@ cudaError_t launch_indexer_topk_fused(const IndexerTopkParams& p, cudaStream_t s
     e = launch_indexer_score_offsets(p, stream);
     if (e != cudaSuccess) return e;
     const bool fp8 = p.key_format == IndexerKeyFormat::fp8_e4m3;
-    const bool v2 = indexer_score_kernel(p.score_kernel) == IndexerScoreKernel::v2;
+    const IndexerScoreKernel k = indexer_score_kernel(p.score_kernel);
     if (p.heads == 32) {
-      e = fp8 ? launch_scores<32, true>(p, fuse, v2, stream) : launch_scores<32, false>(p, fuse, v2, stream);
+      e = fp8 ? launch_scores<32, true>(p, fuse, k, stream) : launch_scores<32, false>(p, fuse, k, stream);
     } else {
-      e = fp8 ? launch_scores<64, true>(p, fuse, v2, stream) : launch_scores<64, false>(p, fuse, v2, stream);
+      e = fp8 ? launch_scores<64, true>(p, fuse, k, stream) : launch_scores<64, false>(p, fuse, k, stream);
     }
     if (e != cudaSuccess) return e;
   }

@@ -553,13 +553,13 @@ TEST(IndexerSelectPathChoice, PicksByShapeAndDevice) {
   EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::row), "row");
 }
 
-// Score kernel v2 against v1 (IndexerScoreKernel) on ragged rows over page sizes 64, 16, 1, 100 (FP8:
+// Score kernels v2 and v3 against v1 (IndexerScoreKernel) on ragged rows over page sizes 64, 16, 1, 100 (FP8:
 // scale copies not 16-byte aligned), 256 (pages longer than a tile), 32 and 64 heads, bf16 and FP8 keys.
 // The rows split into many CTAs whose last tile is partial and whose tile count is below some pipeline
 // depths; one row has at most topk keys (no scores). Heads 0 and 1 of q are scaled by 2^20 and 2^-20
-// (their weights by the inverse), exercising v2's per-head power-of-two scaling of q for FP8. bf16: v2's
-// scores equal v1's bit for bit, and so do the fused selections; FP8: both within 1e-4 of the sum of
-// |terms| of the exact scores on the same keys. Positions without scores keep their sentinel.
+// (their weights by the inverse), exercising the per-head power-of-two scaling of q for FP8. bf16: v2's
+// scores equal v1's bit for bit (v3 runs v2), and so do the fused selections; FP8: all three within 1e-4
+// of the sum of |terms| of the exact scores on the same keys. Positions without scores keep their sentinel.
 struct ScoreCase {
   int64_t heads, page;
   bool fp8;
@@ -645,15 +645,17 @@ void run_score_kernels(const ScoreCase& c, uint64_t seed) {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return Run{res.scores.to(Device::cpu), res.out.to(Device::cpu)};
   };
-  const Run v1 = run(IndexerScoreKernel::v1, true), v2 = run(IndexerScoreKernel::v2, true);
+  const Run v1 = run(IndexerScoreKernel::v1, true), v2 = run(IndexerScoreKernel::v2, true),
+            v3 = run(IndexerScoreKernel::v3, true);
   int64_t bitwise_diff = 0, untouched_bad = 0;
-  double worst_v1 = 0, worst_v2 = 0;
+  double worst_v1 = 0, worst_v2 = 0, worst_v3 = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = lens[size_t(b)];
     for (int64_t s = 0; s < stride; ++s) {
-      const float g1 = v1.scores.data<float>()[b * stride + s], g2 = v2.scores.data<float>()[b * stride + s];
+      const float g1 = v1.scores.data<float>()[b * stride + s], g2 = v2.scores.data<float>()[b * stride + s],
+                  g3 = v3.scores.data<float>()[b * stride + s];
       if (s >= n || n <= topk) {
-        untouched_bad += g2 != sentinel ? 1 : 0;
+        untouched_bad += (g2 != sentinel ? 1 : 0) + (g3 != sentinel ? 1 : 0);
         continue;
       }
       uint32_t u1, u2;
@@ -673,19 +675,21 @@ void run_score_kernels(const ScoreCase& c, uint64_t seed) {
       }
       worst_v1 = std::max(worst_v1, std::fabs(double(g1) - e) / std::max(mag, 1e-30));
       worst_v2 = std::max(worst_v2, std::fabs(double(g2) - e) / std::max(mag, 1e-30));
+      worst_v3 = std::max(worst_v3, std::fabs(double(g3) - e) / std::max(mag, 1e-30));
     }
   }
   // The full launch (scores and the select) with each kernel: bf16 selections identical.
   const Run f1 = run(IndexerScoreKernel::v1, false), f2 = run(IndexerScoreKernel::v2, false);
   const int64_t sel_diff = count_differing(f1.out, f2.out);
-  const bool ok = worst_v2 <= 1e-4 && worst_v1 <= 1e-4 && untouched_bad == 0 &&
+  const bool ok = worst_v3 <= 1e-4 && worst_v2 <= 1e-4 && worst_v1 <= 1e-4 && untouched_bad == 0 &&
                   (c.fp8 || (bitwise_diff == 0 && sel_diff == 0));
   std::printf(
-      "RESULT indexer_score_kernels %s heads=%lld page=%lld err_v1=%.2g err_v2=%.2g (of sum|terms|, tol "
-      "1e-4) "
-      "v1_v2_differing_scores=%lld differing_selected=%lld written_outside_rows=%lld %s\n",
-      c.fp8 ? "fp8" : "bf16", (long long)ih, (long long)ps, worst_v1, worst_v2, (long long)bitwise_diff,
-      (long long)sel_diff, (long long)untouched_bad, ok ? "ok" : "FAIL");
+      "RESULT indexer_score_kernels %s heads=%lld page=%lld err_v1=%.2g err_v2=%.2g err_v3=%.2g (of "
+      "sum|terms|, tol 1e-4) v1_v2_differing_scores=%lld differing_selected=%lld written_outside_rows=%lld "
+      "%s\n",
+      c.fp8 ? "fp8" : "bf16", (long long)ih, (long long)ps, worst_v1, worst_v2, worst_v3,
+      (long long)bitwise_diff, (long long)sel_diff, (long long)untouched_bad, ok ? "ok" : "FAIL");
+  EXPECT_LE(worst_v3, 1e-4);
   EXPECT_LE(worst_v2, 1e-4);
   EXPECT_LE(worst_v1, 1e-4);
   EXPECT_EQ(untouched_bad, 0);
@@ -716,6 +720,8 @@ TEST(IndexerScoreKernelChoice, RequestThenEnvironmentThenDefault) {
   ::setenv("DSASERVE_INDEXER_SCORE_KERNEL", "v2", 1);
   EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::automatic), IndexerScoreKernel::v2);
   EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::v1), IndexerScoreKernel::v1);
+  ::setenv("DSASERVE_INDEXER_SCORE_KERNEL", "v3", 1);
+  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::automatic), IndexerScoreKernel::v3);
   ::unsetenv("DSASERVE_INDEXER_SCORE_KERNEL");
   EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::automatic), kIndexerScoreKernelDefault);
   if (old) ::setenv("DSASERVE_INDEXER_SCORE_KERNEL", saved.c_str(), 1);
