@@ -1,5 +1,8 @@
 // Lightning indexer scores (tensor cores, fused first radix histogram) over bf16 or FP8 index keys, and the
-// fused launch (workspace zeroing, scores, the select passes of sm90_indexer_select.cu).
+// fused launch (workspace zeroing, scores, the select passes of sm90_indexer_select.cu). Three score kernels
+// (IndexerScoreKernel, indexer_topk_params.h): v1 (sm90_indexer_score_kernel, 2 stages, per-thread page
+// lookups), v2 (sm90_indexer_score_v2_kernel: 3-8 swizzled stages, per-tile slots in shared memory, FP8
+// keys through f16 mma.sync) and v3 (the same kernel with FP8 keys through wgmma).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
