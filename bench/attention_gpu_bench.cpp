@@ -203,11 +203,16 @@ void fill_device(void* dst, size_t n, const std::vector<unsigned char>& pattern)
   }
 }
 
+const char* score_kernel_name(IndexerScoreKernel k) {
+  return k == IndexerScoreKernel::v1 ? "v1" : k == IndexerScoreKernel::v3 ? "v3" : "v2";
+}
+
 // The indexer + top-2048 at batch B and context ctx over a bf16 or FP8 key cache. Bytes: the key cache
 // rows read (bf16 256, FP8 132 per key), q, w and the output; the score and select times are measured
 // apart (select = full - scores alone). Each name says which select path ran (row_fused: in the score
 // kernel's last CTA of each row; row: a select kernel of one CTA per row; coop: the four passes in one
-// cooperative launch of `grid` CTAs; passes: four launches).
+// cooperative launch of `grid` CTAs; passes: four launches), and the score kernel that ran (v1 or v2,
+// IndexerScoreKernel) with the times of v1 and (FP8) v3 for comparison.
 void bench_indexer(void* flush) {
   header("### lightning indexer + top-2048 (32 heads x 128), one query row per request");
   std::mt19937_64 rng(2);
@@ -278,6 +283,12 @@ void bench_indexer(void* flush) {
         p.key_format = f;
         p.scores_only = true;
         const double us_scores = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
+        p.score_kernel = IndexerScoreKernel::v1;  // the old score kernel, for comparison
+        const double us_scores_v1 = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
+        p.score_kernel = IndexerScoreKernel::v3;  // FP8 through wgmma (bf16: v2)
+        const double us_scores_v3 =
+            fp8 ? time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush) : 0.0;
+        p.score_kernel = IndexerScoreKernel::automatic;
         p.scores_only = false;
         const double bytes =
             double(slots) * double(row_bytes) + double(B * ih) * (kIndexerDim + 1) * 4 + double(B * topk) * 4;
@@ -292,13 +303,15 @@ void bench_indexer(void* flush) {
           char grid[32] = "";
           if (ran == IndexerSelectPath::cooperative)
             std::snprintf(grid, sizeof grid, " grid=%lld", (long long)indexer_select_coop_grid(p));
+          char v3_note[32] = "";
+          if (fp8) std::snprintf(v3_note, sizeof v3_note, ", v3 %.1f", us_scores_v3);
           char name[224];
-          std::snprintf(
-              name, sizeof name,
-              "indexer+top-k %s batch=%lld ctx=%lld select=%s%s (scores %.1f us, select %.1f us, %lld "
-              "CTAs/row)",
-              fp8 ? "fp8" : "bf16", (long long)B, (long long)ctx, indexer_select_path_name(ran), grid,
-              us_scores, us - us_scores, (long long)p.splits);
+          std::snprintf(name, sizeof name,
+                        "indexer+top-k %s batch=%lld ctx=%lld select=%s%s (scores %s %.1f us [v1 %.1f%s us], "
+                        "select %.1f us, %lld CTAs/row)",
+                        fp8 ? "fp8" : "bf16", (long long)B, (long long)ctx, indexer_select_path_name(ran),
+                        grid, score_kernel_name(indexer_score_kernel(IndexerScoreKernel::automatic)),
+                        us_scores, us_scores_v1, v3_note, us - us_scores, (long long)p.splits);
           row(name, us, bytes, flops);
         }
         p.select_path = IndexerSelectPath::automatic;

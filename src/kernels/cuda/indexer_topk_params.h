@@ -15,9 +15,13 @@
 //         scale = amax(|k[s]|) / 448, or 1 when that is not positive (all zeros, or an f32-subnormal amax
 //         whose quotient underflows); code = e4m3_satfinite(k / scale), round to nearest even.
 //
-// Scores: tensor cores, a tile of 128 keys times all heads per warp step, q rounded to bf16, fp32
-// accumulation. FP8 keys go into the MMA as their exact e4m3 values (e4m3 -> bf16 is exact) and each key's
-// scale multiplies its dot products afterwards: relu(scale * k_scale * (q . code)).
+// Scores: tensor cores, a tile of 128 keys times all heads per warp step, fp32 accumulation. bf16 keys: q
+// rounded to bf16. FP8 keys go into the MMA as their exact e4m3 values and each key's scale multiplies its
+// dot products afterwards: relu(scale * k_scale * (q . code)). Two score kernels (IndexerScoreKernel):
+// v1 rounds q to bf16 and widens the codes to bf16 (e4m3 -> bf16 is exact); v2 (the default) gives FP8
+// keys f16 MMAs: codes e4m3 -> f16 (exact, one cvt per two codes), each head of q scaled by a power of two
+// (its amax into [2^14, 2^15)) and rounded to f16, the power of two folded into that head's weight (relu
+// commutes with a positive scale). v2's bf16 scores equal v1's bit for bit (same MMAs in the same order).
 //
 // Select: the score kernel writes the f32 scores and, fused, a 2048-bin histogram of their top 11
 // order-preserving bits (digit 1). Four passes follow. With splits == 1 (many rows, or short ones) one CTA
@@ -99,6 +103,19 @@ inline constexpr bool kIndexerSelectRowPdl = true;
 // (which triggers at once; the score kernel waits before reading the offsets). false: an ordinary launch.
 inline constexpr bool kIndexerScorePdl = true;
 
+// Which score kernel runs. v1: 2 pipeline stages of 128-key tiles, each thread computing its own page
+// lookups (64-bit divisions) for every row it copies. v2: 3-8 stages (unpadded, XOR-swizzled shared rows:
+// twice to four times the bytes in flight per SM), the slots of each tile computed once (128 threads, one
+// 32-bit division each, the page-table entry loaded an iteration earlier) into shared memory, FP8 keys via
+// f16 MMAs. v3: v2 with FP8 keys through wgmma (m64n32k16 / m64n64k16, A = the f16 codes from registers,
+// B = q from shared memory); bf16 keys as v2. automatic: the process default, itself
+// kIndexerScoreKernelDefault unless the environment variable DSASERVE_INDEXER_SCORE_KERNEL is "v1", "v2" or
+// "v3" (read at every launch).
+enum class IndexerScoreKernel : int { automatic = 0, v1 = 1, v2 = 2, v3 = 3 };
+inline constexpr IndexerScoreKernel kIndexerScoreKernelDefault = IndexerScoreKernel::v2;
+// The score kernel p's launch runs: p.score_kernel unless automatic, else as described above.
+IndexerScoreKernel indexer_score_kernel(IndexerScoreKernel requested);
+
 struct IndexerTopkParams {
   const float* q;             // [rows, heads, 128] f32, strides q_s0, q_s1 (elements), not null
   const float* w;             // [rows, heads] f32, row stride w_s0, not null
@@ -131,8 +148,9 @@ struct IndexerTopkParams {
   int64_t split_len;
   float scale, weight_scale;
   IndexerKeyFormat key_format;
-  bool scores_only;               // benchmarks: run only the score kernel (the selection is not written)
-  IndexerSelectPath select_path;  // automatic (zero) unless a test or benchmark forces one
+  bool scores_only;                 // benchmarks: run only the score kernel (the selection is not written)
+  IndexerSelectPath select_path;    // automatic (zero) unless a test or benchmark forces one
+  IndexerScoreKernel score_kernel;  // automatic (zero) unless a test or benchmark forces one
 };
 
 // The path p's select takes. splits == 1: row_fused when asked (or by default), max_len > topk and not

@@ -9,8 +9,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -551,6 +554,180 @@ TEST(IndexerSelectPathChoice, PicksByShapeAndDevice) {
   EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::cooperative), "coop");
   EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::passes), "passes");
   EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::row), "row");
+}
+
+// Score kernels v2 and v3 against v1 (IndexerScoreKernel) on ragged rows over page sizes 64, 16, 1, 100 (FP8:
+// scale copies not 16-byte aligned), 256 (pages longer than a tile), 32 and 64 heads, bf16 and FP8 keys.
+// The rows split into many CTAs whose last tile is partial and whose tile count is below some pipeline
+// depths; one row has at most topk keys (no scores). Heads 0 and 1 of q are scaled by 2^20 and 2^-20
+// (their weights by the inverse), exercising the per-head power-of-two scaling of q for FP8. bf16: v2's
+// scores equal v1's bit for bit (v3 runs v2), and so do the fused selections; FP8: all three within 1e-4
+// of the sum of |terms| of the exact scores on the same keys. Positions without scores keep their sentinel.
+struct ScoreCase {
+  int64_t heads, page;
+  bool fp8;
+};
+
+void run_score_kernels(const ScoreCase& c, uint64_t seed) {
+  Rng r(seed);
+  const std::vector<int64_t> lens = {5000, 2048, 129, 40077, 2049, 12345};
+  const int64_t B = int64_t(lens.size()), ih = c.heads, ps = c.page, topk = 2048;
+  const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  const int64_t max_pages = (max_len + ps - 1) / ps;
+  int64_t num_pages = 2;
+  for (int64_t n : lens) num_pages += (n + ps - 1) / ps;
+  std::vector<int32_t> perm(static_cast<size_t>(num_pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[size_t(r.below(int64_t(i)))]);
+  std::vector<int32_t> pt(static_cast<size_t>(B * max_pages), 0);
+  size_t next = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < (lens[size_t(b)] + ps - 1) / ps; ++j)
+      pt[size_t(b * max_pages + j)] = perm[next++];
+  const int64_t slots = num_pages * ps;
+  const Tensor src = c.fp8 ? rand_keys(slots, r) : rand_bf16_values({slots, kIndexerDim}, r, 1.0f);
+  const Tensor bytes = c.fp8 ? kernels::cpu::indexer_key_fp8_encode(src) : Tensor();
+  const Tensor keys = c.fp8 ? kernels::cpu::indexer_key_fp8_decode(bytes) : src;
+  Tensor q = rand_bf16_values({B, ih, kIndexerDim}, r, 1.0f);
+  Tensor w = rand_bf16_values({B, ih}, r, 1.0f);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int d = 0; d < kIndexerDim; ++d) {
+      q.data<float>()[(b * ih + 0) * kIndexerDim + d] *= 0x1p20f;
+      q.data<float>()[(b * ih + 1) * kIndexerDim + d] *= 0x1p-20f;
+    }
+    w.data<float>()[b * ih + 0] *= 0x1p-20f;
+    w.data<float>()[b * ih + 1] *= 0x1p20f;
+  }
+  const double scale = 1.0 / std::sqrt(128.0), ws = 1.0 / std::sqrt(double(ih));
+  std::vector<int32_t> len32(lens.begin(), lens.end());
+  const Tensor cache = c.fp8 ? bytes.to(Device::cuda) : bf16_copy(src).to(Device::cuda);
+  const Tensor qg = q.to(Device::cuda), wg = w.to(Device::cuda), lg = gpu_i32(len32, {B}),
+               ptg = gpu_i32(pt, {B, max_pages});
+  const int64_t stride = (max_len + 3) / 4 * 4;
+  const float sentinel = -12345.0f;
+  struct Run {
+    Tensor scores, out;
+  };
+  auto run = [&](IndexerScoreKernel kernel, bool scores_only) {
+    Tensor init = Tensor::empty({B, stride}, DType::f32);
+    std::fill_n(init.data<float>(), init.numel(), sentinel);
+    Run res{init.to(Device::cuda), Tensor::zeros({B, topk}, DType::i32, Device::cuda)};
+    int64_t split_len = 0;
+    const int64_t splits = indexer_select_splits(B, max_len, indexer_num_sms(), &split_len);
+    Tensor work = Tensor::empty({indexer_workspace_words(B, splits)}, DType::i32, Device::cuda);
+    IndexerTopkParams p{};
+    p.q = qg.data<float>();
+    p.w = wg.data<float>();
+    p.cache = cache.raw_data();
+    p.page_table = ptg.data<int32_t>();
+    p.row_len = lg.data<int32_t>();
+    p.scores = res.scores.data<float>();
+    p.out = res.out.data<int32_t>();
+    p.rows = B;
+    p.heads = ih;
+    p.q_s0 = ih * kIndexerDim;
+    p.q_s1 = kIndexerDim;
+    p.w_s0 = ih;
+    p.num_seqs = B;
+    p.pt_cols = max_pages;
+    p.pt_stride = max_pages;
+    p.page_size = ps;
+    p.num_slots = slots;
+    p.score_stride = stride;
+    p.out_stride = p.out_k = p.topk = topk;
+    p.max_len = max_len;
+    p.splits = splits;
+    p.split_len = split_len;
+    indexer_workspace_pointers(p, reinterpret_cast<uint32_t*>(work.data<int32_t>()));
+    p.scale = float(scale);
+    p.weight_scale = float(ws);
+    p.key_format = c.fp8 ? IndexerKeyFormat::fp8_e4m3 : IndexerKeyFormat::bf16;
+    p.scores_only = scores_only;
+    p.score_kernel = kernel;
+    EXPECT_EQ(launch_indexer_topk_fused(p, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return Run{res.scores.to(Device::cpu), res.out.to(Device::cpu)};
+  };
+  const Run v1 = run(IndexerScoreKernel::v1, true), v2 = run(IndexerScoreKernel::v2, true),
+            v3 = run(IndexerScoreKernel::v3, true);
+  int64_t bitwise_diff = 0, untouched_bad = 0;
+  double worst_v1 = 0, worst_v2 = 0, worst_v3 = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = lens[size_t(b)];
+    for (int64_t s = 0; s < stride; ++s) {
+      const float g1 = v1.scores.data<float>()[b * stride + s], g2 = v2.scores.data<float>()[b * stride + s],
+                  g3 = v3.scores.data<float>()[b * stride + s];
+      if (s >= n || n <= topk) {
+        untouched_bad += (g2 != sentinel ? 1 : 0) + (g3 != sentinel ? 1 : 0);
+        continue;
+      }
+      uint32_t u1, u2;
+      std::memcpy(&u1, &g1, 4);
+      std::memcpy(&u2, &g2, 4);
+      bitwise_diff += u1 != u2 ? 1 : 0;
+      if (s % 7 != 0 && s != n - 1) continue;  // exact scores of a seventh of the keys (and the last)
+      const int64_t slot = int64_t(pt[size_t(b * max_pages + s / ps)]) * ps + s % ps;
+      const float* kd = keys.data<float>() + slot * kIndexerDim;
+      const double e = exact_score(q, w, b, kd, scale, ws);
+      double mag = 0;
+      for (int64_t h = 0; h < ih; ++h) {
+        const float* qh = q.data<float>() + (b * ih + h) * kIndexerDim;
+        double dm = 0;
+        for (int d = 0; d < kIndexerDim; ++d) dm += std::fabs(double(qh[d]) * double(kd[d]));
+        mag += std::fabs(double(w.data<float>()[b * ih + h])) * ws * scale * dm;
+      }
+      worst_v1 = std::max(worst_v1, std::fabs(double(g1) - e) / std::max(mag, 1e-30));
+      worst_v2 = std::max(worst_v2, std::fabs(double(g2) - e) / std::max(mag, 1e-30));
+      worst_v3 = std::max(worst_v3, std::fabs(double(g3) - e) / std::max(mag, 1e-30));
+    }
+  }
+  // The full launch (scores and the select) with each kernel: bf16 selections identical.
+  const Run f1 = run(IndexerScoreKernel::v1, false), f2 = run(IndexerScoreKernel::v2, false);
+  const int64_t sel_diff = count_differing(f1.out, f2.out);
+  const bool ok = worst_v3 <= 1e-4 && worst_v2 <= 1e-4 && worst_v1 <= 1e-4 && untouched_bad == 0 &&
+                  (c.fp8 || (bitwise_diff == 0 && sel_diff == 0));
+  std::printf(
+      "RESULT indexer_score_kernels %s heads=%lld page=%lld err_v1=%.2g err_v2=%.2g err_v3=%.2g (of "
+      "sum|terms|, tol 1e-4) v1_v2_differing_scores=%lld differing_selected=%lld written_outside_rows=%lld "
+      "%s\n",
+      c.fp8 ? "fp8" : "bf16", (long long)ih, (long long)ps, worst_v1, worst_v2, worst_v3,
+      (long long)bitwise_diff, (long long)sel_diff, (long long)untouched_bad, ok ? "ok" : "FAIL");
+  EXPECT_LE(worst_v3, 1e-4);
+  EXPECT_LE(worst_v2, 1e-4);
+  EXPECT_LE(worst_v1, 1e-4);
+  EXPECT_EQ(untouched_bad, 0);
+  if (!c.fp8) {
+    EXPECT_EQ(bitwise_diff, 0) << "bf16 scores of v2 differ from v1's";
+    EXPECT_EQ(sel_diff, 0);
+  }
+}
+
+TEST_F(CudaIndexerSelect, ScoreKernelsBf16) {
+  for (const ScoreCase& c : {ScoreCase{32, 64, false}, ScoreCase{32, 16, false}, ScoreCase{32, 1, false},
+                             ScoreCase{32, 100, false}, ScoreCase{64, 256, false}, ScoreCase{64, 64, false}})
+    run_score_kernels(c, 130 + uint64_t(c.page + c.heads));
+}
+TEST_F(CudaIndexerSelect, ScoreKernelsFp8) {
+  for (const ScoreCase& c : {ScoreCase{32, 64, true}, ScoreCase{32, 16, true}, ScoreCase{32, 1, true},
+                             ScoreCase{32, 100, true}, ScoreCase{64, 256, true}, ScoreCase{64, 64, true}})
+    run_score_kernels(c, 150 + uint64_t(c.page + c.heads));
+}
+
+// The score kernel a launch runs: the request, else DSASERVE_INDEXER_SCORE_KERNEL, else the default.
+TEST(IndexerScoreKernelChoice, RequestThenEnvironmentThenDefault) {
+  const char* old = std::getenv("DSASERVE_INDEXER_SCORE_KERNEL");
+  const std::string saved = old ? old : "";
+  ::setenv("DSASERVE_INDEXER_SCORE_KERNEL", "v1", 1);
+  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::automatic), IndexerScoreKernel::v1);
+  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::v2), IndexerScoreKernel::v2);
+  ::setenv("DSASERVE_INDEXER_SCORE_KERNEL", "v2", 1);
+  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::automatic), IndexerScoreKernel::v2);
+  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::v1), IndexerScoreKernel::v1);
+  ::setenv("DSASERVE_INDEXER_SCORE_KERNEL", "v3", 1);
+  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::automatic), IndexerScoreKernel::v3);
+  ::unsetenv("DSASERVE_INDEXER_SCORE_KERNEL");
+  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::automatic), kIndexerScoreKernelDefault);
+  if (old) ::setenv("DSASERVE_INDEXER_SCORE_KERNEL", saved.c_str(), 1);
 }
 
 TEST(IndexerSelectSplits, DependOnlyOnRowsAndLength) {
