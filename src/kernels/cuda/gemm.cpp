@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise_params.h"
 #include "kernels/cuda/gemm_small_params.h"
 #include "kernels/cuda/views.h"
@@ -600,13 +601,21 @@ GemmStats gemm_stats() {
   return l.stats;
 }
 
+Tensor gemm_weight_f32(const WeightRef& w) {
+  check_weight(w, "weight as f32");
+  return w.weight.dtype() == DType::f32 ? w.weight : as_f32(w);
+}
+
 void clear_gemm_caches() {
   Lt& l = lt();
   cudaDeviceSynchronize();
-  std::lock_guard<std::mutex> lock(l.mu);
-  l.fp8_scales.clear();
-  l.dequant.clear();
-  l.as_f32.clear();
+  {
+    std::lock_guard<std::mutex> lock(l.mu);
+    l.fp8_scales.clear();
+    l.dequant.clear();
+    l.as_f32.clear();
+  }
+  clear_absorb_caches();
 }
 
 }  // namespace dsaserve::kernels::cuda
