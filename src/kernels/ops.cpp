@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/indexer_key_fp8.h"
 #include "trace/trace.h"
 
 namespace dsaserve::kernels {
@@ -53,6 +54,37 @@ class CpuBackend final : public Backend {
   Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                        int64_t start_pos, const Tensor& sel, double scale) override {
     return cpu::attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
+  }
+  // With Fp8Emulation::fp8_kv_cache: Backend's sequences, each row rounded as the GPU's FP8 cache stores it.
+  void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
+                    const RopeParams& rope, Tensor& cache, const Tensor& slots) override {
+    if (!cpu::fp8_emulation().fp8_kv_cache) {
+      Backend::mla_kv_write(ckv, norm_w, eps, positions, rope, cache, slots);
+      return;
+    }
+    const int64_t T = ckv.size(0), L = ckv.size(1) - rope.dim, R = rope.dim;
+    if (T == 0) return;
+    Tensor row = Tensor::empty({T, L + R}, DType::f32);  // [kv | k_rope]
+    cpu::copy_rows(row, ckv);
+    Tensor k_pe = row.view({T, 1, L + R}).slice(2, L, L + R);  // [T, 1, rope]
+    cpu::rope_inplace(k_pe, positions, rope);
+    Tensor lat = row.slice(1, 0, L);
+    cpu::copy_rows(lat, cpu::rms_norm(ckv.slice(1, 0, L), norm_w, eps));
+    cpu::paged_store(cache, slots, cpu::mla_latent_fp8_round(row, L));
+  }
+  void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
+                       const Tensor& positions, const RopeParams& rope, Tensor& cache,
+                       const Tensor& slots) override {
+    if (!cpu::fp8_emulation().fp8_kv_cache) {
+      Backend::indexer_k_write(k, norm_w, norm_b, eps, positions, rope, cache, slots);
+      return;
+    }
+    const int64_t T = k.size(0), D = k.size(1);
+    if (T == 0) return;
+    const Tensor ki = cpu::layer_norm(k, norm_w, norm_b, eps);  // [T, id], rope part first
+    Tensor ki_pe = ki.view({T, 1, D}).slice(2, 0, rope.dim);
+    cpu::rope_inplace(ki_pe, positions, rope);
+    cpu::paged_store(cache, slots, cpu::indexer_key_fp8_decode(cpu::indexer_key_fp8_encode(ki)));
   }
   Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) override {
     return cpu::moe_route(logits, bias, p);

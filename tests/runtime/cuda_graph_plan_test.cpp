@@ -43,6 +43,13 @@ TEST(CudaGraphPlan, BatchBuckets) {
   EXPECT_EQ(batch_bucket(33, b), 64);
   EXPECT_EQ(batch_bucket(256, b), 256);
   EXPECT_EQ(batch_bucket(257, b), 0);
+  // A plan builds its buckets once, from its max_bs.
+  GraphPlanConfig cfg;
+  cfg.max_bs = 48;
+  const GraphPlan plan(cfg);
+  EXPECT_EQ(std::vector<int64_t>(plan.buckets().begin(), plan.buckets().end()), batch_buckets(48));
+  EXPECT_EQ(plan.config().max_bs, 48);
+  EXPECT_TRUE(GraphPlan(GraphPlanConfig{.max_bs = 0}).buckets().empty());
 }
 
 TEST(CudaGraphPlan, ContextBuckets) {
@@ -71,33 +78,33 @@ TEST(CudaGraphPlan, OnlyPureDecodeBatchesReplay) {
   cfg.max_bs = 8;
   cfg.index_topk = 32;
   // Ragged decode of 3 requests on both sides of top-k: bucket 4, context 128 (longest 100).
-  auto k = decode_graph_key(decode_batch({5, 32, 100}), cfg);
+  auto k = decode_graph_key(decode_batch({5, 32, 100}), GraphPlan(cfg));
   ASSERT_TRUE(k.has_value());
   EXPECT_EQ(*k, (GraphKey{4, 128}));
-  k = decode_graph_key(decode_batch({5, 32}), cfg);
+  k = decode_graph_key(decode_batch({5, 32}), GraphPlan(cfg));
   ASSERT_TRUE(k.has_value());
   EXPECT_EQ(*k, (GraphKey{2, 32}));
   // Too many requests for max_bs 8.
-  EXPECT_FALSE(decode_graph_key(decode_batch(std::vector<int64_t>(9, 10)), cfg).has_value());
+  EXPECT_FALSE(decode_graph_key(decode_batch(std::vector<int64_t>(9, 10)), GraphPlan(cfg)).has_value());
   // A prefill (several new tokens), and a one-token prompt chunk (not decoding): eager.
   ForwardBatch p;
   const std::vector<int32_t> toks = {1, 2, 3}, pages = {0};
   p.add_request(toks, 0, pages);
-  EXPECT_FALSE(decode_graph_key(p, cfg).has_value());
+  EXPECT_FALSE(decode_graph_key(p, GraphPlan(cfg)).has_value());
   ForwardBatch chunk;
   chunk.add_request(std::span<const int32_t>(toks.data(), 1), 5, pages, false);
-  EXPECT_FALSE(decode_graph_key(chunk, cfg).has_value());
+  EXPECT_FALSE(decode_graph_key(chunk, GraphPlan(cfg)).has_value());
   // A decode mixed with a prefill: eager.
   ForwardBatch mixed = decode_batch({10});
   mixed.add_request(toks, 0, std::vector<int32_t>{1});
-  EXPECT_FALSE(decode_graph_key(mixed, cfg).has_value());
+  EXPECT_FALSE(decode_graph_key(mixed, GraphPlan(cfg)).has_value());
   // Graphs off, and contexts past the cell limit.
   cfg.max_bs = 0;
-  EXPECT_FALSE(decode_graph_key(decode_batch({5}), cfg).has_value());
+  EXPECT_FALSE(decode_graph_key(decode_batch({5}), GraphPlan(cfg)).has_value());
   cfg.max_bs = 8;
   cfg.max_ctx_cells = 4 * 128;
-  EXPECT_TRUE(decode_graph_key(decode_batch({5, 32, 100}), cfg).has_value());
-  EXPECT_FALSE(decode_graph_key(decode_batch({5, 32, 129}), cfg).has_value());
+  EXPECT_TRUE(decode_graph_key(decode_batch({5, 32, 100}), GraphPlan(cfg)).has_value());
+  EXPECT_FALSE(decode_graph_key(decode_batch({5, 32, 129}), GraphPlan(cfg)).has_value());
 }
 
 TEST(CudaGraphPlan, PacksRequestsThenPadding) {
@@ -188,7 +195,7 @@ TEST(CudaGraphPlan, PackedPaddedStepEqualsTheEagerStepOnTheCpu) {
   cfg.max_bs = 8;
   cfg.index_topk = c.index_topk;
   cfg.page_size = ps;
-  const auto k = decode_graph_key(b, cfg);
+  const auto k = decode_graph_key(b, GraphPlan(cfg));
   ASSERT_TRUE(k.has_value());
   EXPECT_EQ(*k, (GraphKey{4, 32}));
   const DecodeInputLayout L = decode_input_layout(*k, ps);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/parallel.h"
 #include "kernels/cpu/cpu_ops.h"
 
@@ -77,6 +78,26 @@ void softmax_inplace(std::vector<float>& s) {
 }
 
 }  // namespace
+
+Tensor mla_latent_fp8_round(const Tensor& rows, int64_t latent) {
+  const Rows r = as_rows(rows, "mla_latent_fp8_round rows");
+  DSA_CHECK(latent >= 0 && latent % 128 == 0 && latent <= r.cols,
+            "mla_latent_fp8_round: {} latent values in rows of {} (a multiple of 128 expected)", latent,
+            r.cols);
+  Tensor out = Tensor::empty({r.rows, r.cols}, DType::f32);
+  for (int64_t i = 0; i < r.rows; ++i) {
+    const float* x = r.row(i);
+    float* o = out.data<float>() + i * r.cols;
+    for (int64_t g = 0; g < latent; g += 128) {
+      float amax = 0.0f;
+      for (int64_t c = g; c < g + 128; ++c) amax = std::fmax(amax, std::fabs(x[c]));
+      const float scale = amax / 448.0f, inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+      for (int64_t c = g; c < g + 128; ++c) o[c] = f8e4m3fn_to_f32(f32_to_f8e4m3fn_sat(x[c] * inv)) * scale;
+    }
+    for (int64_t c = latent; c < r.cols; ++c) o[c] = bf16_to_f32(f32_to_bf16(x[c]));
+  }
+  return out;
+}
 
 void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) {
   const Rows c = as_rows(cache, "paged_store cache");

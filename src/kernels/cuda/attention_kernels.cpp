@@ -187,7 +187,7 @@ Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, co
   for (int64_t t = 0; t < T; ++t) len[size_t(t)] = int32_t(start_pos + t + 1);
   const Tensor pt = kv.page_table.view({1, kv.page_table.size(0)});
   return mla_decode(q_lat, q_rope, kv.cache, pt, kv.page_size, gpu_i32(seq), gpu_i32(len), start_pos + T, sel,
-                    scale);
+                    scale, op_stream());
 }
 
 Tensor indexer_key_cache_empty(int64_t num_slots, IndexerKeyFormat format) {

@@ -55,11 +55,12 @@ bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& 
 // The batched absorbed projections (ops.h absorb_q / absorb_v) as one cuBLASLt strided-batched GEMM over
 // the heads (plus one bf16 conversion of the activations; none in GemmPrecision::fp32). The weight is
 // read in place when bf16 or f32; an FP8 kv_b is dequantised to bf16 once (cached per weight, like
-// gemm.cpp's fallback). Return false where they do not apply (activation views whose heads are not evenly
-// strided, a shape cuBLASLt has no algorithm for): the caller runs the per-head loop.
+// gemm.cpp's fallback); in GemmPrecision::fp32 the weight is gemm_weight_f32's copy (the one the fp32
+// linears use: kv_b is held in f32 once). Return false where they do not apply (activation views whose heads
+// are not evenly strided, a shape cuBLASLt has no algorithm for): the caller runs the per-head loop.
 bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out);
 bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out);
-// Drops the cached dequantised / f32 copies of kv_b weights.
+// Drops the cached bf16 copies of FP8 kv_b weights (clear_gemm_caches calls it, and drops the f32 ones).
 void clear_absorb_caches();
 
 // Checks a request's page table (copied to the host) covers n positions with pages inside the cache.

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise_params.h"
 #include "kernels/cuda/gemm_small_params.h"
 #include "kernels/cuda/views.h"
@@ -524,11 +525,15 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
   const int64_t T = x.size(0);
   std::vector<Tensor> out;
   out.reserve(ws.size());
+  // Which weights the FP8 recipe covers, decided once per weight.
+  std::vector<bool> recipe(ws.size(), false);
   int64_t fp8 = 0;
-  for (const WeightRef& w : ws) {
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const WeightRef& w = ws[i];
     check_weight(w, "linear_multi");
     out.push_back(Tensor::empty({T, w.rows()}, DType::f32, Device::cuda));
-    if (w.weight.dtype() == DType::f8e4m3fn && fp8_recipe_applies(w, x.size(1), 0, w.rows())) ++fp8;
+    recipe[i] = w.weight.dtype() == DType::f8e4m3fn && fp8_recipe_applies(w, x.size(1), 0, w.rows());
+    if (recipe[i]) ++fp8;
   }
   // A producer's copy is used when it has the layout quantise_rows would make (same codes, bit for bit).
   const bool given = q != nullptr && q->defined() && q->rows == T && q->codes.dim() == 2 &&
@@ -538,7 +543,7 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
   if (share && given) act = *q;
   for (size_t i = 0; i < ws.size(); ++i) {
     const WeightRef& w = ws[i];
-    if (share && w.weight.dtype() == DType::f8e4m3fn && fp8_recipe_applies(w, x.size(1), 0, w.rows())) {
+    if (share && recipe[i]) {
       const RowView xv = rows_f32(x, "linear_multi input");
       DSA_CHECK(xv.cols == w.cols(), "linear_multi: input {} does not match weight {}", x.describe(),
                 w.weight.describe());
@@ -596,13 +601,21 @@ GemmStats gemm_stats() {
   return l.stats;
 }
 
+Tensor gemm_weight_f32(const WeightRef& w) {
+  check_weight(w, "weight as f32");
+  return w.weight.dtype() == DType::f32 ? w.weight : as_f32(w);
+}
+
 void clear_gemm_caches() {
   Lt& l = lt();
   cudaDeviceSynchronize();
-  std::lock_guard<std::mutex> lock(l.mu);
-  l.fp8_scales.clear();
-  l.dequant.clear();
-  l.as_f32.clear();
+  {
+    std::lock_guard<std::mutex> lock(l.mu);
+    l.fp8_scales.clear();
+    l.dequant.clear();
+    l.as_f32.clear();
+  }
+  clear_absorb_caches();
 }
 
 }  // namespace dsaserve::kernels::cuda

@@ -67,7 +67,11 @@ struct GemmStats {
   std::string last_failure;     // the last of them, described
 };
 GemmStats gemm_stats();
-// Drops the per-weight caches (padded FP8 scales, dequantised weights) and the references they hold.
+// The weight as f32: an f32 weight itself, else its f32 copy (made once, cached per weight): the one
+// GemmPrecision::fp32 multiplies, shared with the batched absorb projections (one f32 copy of kv_b).
+Tensor gemm_weight_f32(const WeightRef& w);
+// Drops the per-weight caches (padded FP8 scales, dequantised and f32 weights, and the absorb
+// projections' bf16 copies of FP8 kv_b weights: clear_absorb_caches) and the references they hold.
 void clear_gemm_caches();
 
 }  // namespace dsaserve::kernels::cuda

@@ -12,8 +12,8 @@
 // packed [T, nh, K] buffer, absorb.cu), bf16 x bf16 products accumulate in fp32, f32 output; FP8 weights
 // enter as their bf16 dequantisation. This is the per-head linear_t path's arithmetic; the per-head v_up
 // linear used a two-term bf16 split of the activations (its N <= 512 rule), which this drops (the GPU test
-// holds both within 1e-2 of the CPU, per row L2). GemmPrecision::fp32: f32 weights (cached) and the f32
-// activations read in place.
+// holds both within 1e-2 of the CPU, per row L2). GemmPrecision::fp32: f32 weights (gemm_weight_f32: the
+// copy the fp32 linears use, so kv_b is held in f32 once) and the f32 activations read in place.
 #include <cublasLt.h>
 
 #include <array>
@@ -61,18 +61,28 @@ struct State {
   Tensor workspace;  // from the caching allocator
   std::mutex mu;
   std::map<Key, Plan> plans;
-  std::unordered_map<const void*, Cached> bf16;  // FP8 kv_b dequantised (key: weight data)
-  std::unordered_map<const void*, Cached> f32;   // kv_b as f32 (fp32 precision mode)
 };
 
 State& state() {
   static State* s = [] {
-    auto* st = new State();  // leaked: lives as long as the weights it caches
+    auto* st = new State();  // leaked: lives as long as the process, like the weight cache below
     DSA_ABSORB_LT_CHECK(cublasLtCreate(&st->handle));
     st->workspace = Tensor::empty({kWorkspace}, DType::u8, Device::cuda);
     return st;
   }();
   return *s;
+}
+
+// FP8 kv_b weights dequantised to bf16 (key: weight data). Apart from State so that clearing it creates
+// no cuBLASLt handle.
+struct WeightCache {
+  std::mutex mu;
+  std::unordered_map<const void*, Cached> bf16;
+};
+
+WeightCache& weight_cache() {
+  static WeightCache* c = new WeightCache();  // leaked: lives as long as the weights it caches
+  return *c;
 }
 
 int64_t align_of(const void* p, std::initializer_list<int64_t> byte_strides) {
@@ -140,43 +150,29 @@ const Plan& plan_for(const Key& k) {
   return s.plans.emplace(k, p).first->second;
 }
 
-// The weight in the GEMM's input type: bf16 and f32 weights as they are (f32 in fp32 mode), FP8
-// dequantised to bf16 or f32 once (cached per weight).
+// The weight in the GEMM's input type: bf16 and f32 weights as they are; in fp32 mode gemm_weight_f32's
+// copy (shared with the linears); FP8 in fast mode dequantised to bf16 once (cached per weight).
 Tensor dense_weight(const WeightRef& w, bool f32) {
   const DType dt = w.weight.dtype();
-  if ((dt == DType::bf16 && !f32) || dt == DType::f32) return w.weight;
-  State& s = state();
-  auto& cache = f32 ? s.f32 : s.bf16;
+  if (f32) return gemm_weight_f32(w);
+  if (dt == DType::bf16 || dt == DType::f32) return w.weight;
+  WeightCache& c = weight_cache();
   {
-    std::lock_guard<std::mutex> lock(s.mu);
-    auto it = cache.find(w.weight.raw_data());
-    if (it != cache.end()) return it->second.data;
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.bf16.find(w.weight.raw_data());
+    if (it != c.bf16.end()) return it->second.data;
   }
-  Tensor out = Tensor::empty({w.rows(), w.cols()}, f32 ? DType::f32 : DType::bf16, Device::cuda);
-  if (dt == DType::f8e4m3fn) {
-    DSA_CHECK(w.scale_inv.defined() && w.scale_inv.device() == Device::cuda &&
-                  w.scale_inv.dtype() == DType::f32 && w.scale_inv.is_contiguous(),
-              "absorb: fp8 kv_b {} needs a CUDA f32 scale_inv", w.weight.describe());
-    check_launch(launch_dequant_fp8({static_cast<const uint8_t*>(w.weight.raw_data()),
-                                     static_cast<const float*>(w.scale_inv.raw_data()), out.raw_data(),
-                                     w.rows(), w.cols(), w.block_n, w.block_k, f32},
-                                    op_stream()),
-                 "absorb: dequantise kv_b");
-  } else {  // bf16 -> f32 (fp32 mode)
-    RowsParams p{};
-    p.src = w.weight.raw_data();
-    p.dst = out.raw_data();
-    p.rows = w.rows();
-    p.cols = w.cols();
-    p.src_stride = w.cols();
-    p.dst_stride = w.cols();
-    p.src_bf16 = true;
-    p.op = RowOp::copy;
-    p.page_size = 1;
-    check_launch(launch_rows(p, op_stream()), "absorb: kv_b to f32");
-  }
-  std::lock_guard<std::mutex> lock(s.mu);
-  return cache.emplace(w.weight.raw_data(), Cached{w.weight, out}).first->second.data;
+  DSA_CHECK(w.scale_inv.defined() && w.scale_inv.device() == Device::cuda &&
+                w.scale_inv.dtype() == DType::f32 && w.scale_inv.is_contiguous(),
+            "absorb: fp8 kv_b {} needs a CUDA f32 scale_inv", w.weight.describe());
+  Tensor out = Tensor::empty({w.rows(), w.cols()}, DType::bf16, Device::cuda);
+  check_launch(launch_dequant_fp8({static_cast<const uint8_t*>(w.weight.raw_data()),
+                                   static_cast<const float*>(w.scale_inv.raw_data()), out.raw_data(),
+                                   w.rows(), w.cols(), w.block_n, w.block_k, false},
+                                  op_stream()),
+               "absorb: dequantise kv_b");
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.bf16.emplace(w.weight.raw_data(), Cached{w.weight, out}).first->second.data;
 }
 
 // One batched product over the heads. x: the activations [T, nh, K] f32; the weight operand of head h
@@ -268,11 +264,10 @@ bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, 
 }
 
 void clear_absorb_caches() {
-  State& s = state();
+  WeightCache& c = weight_cache();
   cudaDeviceSynchronize();
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.bf16.clear();
-  s.f32.clear();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.bf16.clear();
 }
 
 }  // namespace dsaserve::kernels::cuda

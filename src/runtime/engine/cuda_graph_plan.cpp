@@ -29,14 +29,16 @@ int64_t context_bucket(int64_t max_len, int64_t index_topk, int64_t page_size) {
   return c;
 }
 
-std::optional<GraphKey> decode_graph_key(const model::ForwardBatch& b, const GraphPlanConfig& cfg) {
+GraphPlan::GraphPlan(const GraphPlanConfig& cfg) : cfg_(cfg), buckets_(batch_buckets(cfg.max_bs)) {}
+
+std::optional<GraphKey> decode_graph_key(const model::ForwardBatch& b, const GraphPlan& plan) {
+  const GraphPlanConfig& cfg = plan.config();
   const int64_t R = b.num_requests();
   if (cfg.max_bs <= 0 || R == 0 || R > cfg.max_bs || b.num_tokens() != R || !b.all_decoding())
     return std::nullopt;
   int64_t max_len = 0;
   for (int64_t r = 0; r < R; ++r) max_len = std::max(max_len, b.start_pos[size_t(r)] + 1);
-  const std::vector<int64_t> buckets = batch_buckets(cfg.max_bs);
-  const GraphKey k{batch_bucket(R, buckets), context_bucket(max_len, cfg.index_topk, cfg.page_size)};
+  const GraphKey k{batch_bucket(R, plan.buckets()), context_bucket(max_len, cfg.index_topk, cfg.page_size)};
   if (k.bs * k.ctx > cfg.max_ctx_cells) return std::nullopt;
   return k;
 }

@@ -41,9 +41,21 @@ int64_t context_bucket(int64_t max_len, int64_t index_topk, int64_t page_size);
 // Pages per page-table row of a graph of context capacity ctx.
 inline int64_t pages_for_ctx(int64_t ctx, int64_t page_size) { return (ctx + page_size - 1) / page_size; }
 
+// A configuration with what every decode step reads from it, built once: the batch buckets.
+class GraphPlan {
+ public:
+  explicit GraphPlan(const GraphPlanConfig& cfg = {});
+  const GraphPlanConfig& config() const { return cfg_; }
+  std::span<const int64_t> buckets() const { return buckets_; }  // batch_buckets(config().max_bs)
+
+ private:
+  GraphPlanConfig cfg_;
+  std::vector<int64_t> buckets_;
+};
+
 // The graph a batch replays: only a pure decode batch (every request decoding exactly one new token) of at
-// most max_bs requests, within max_ctx_cells; nullopt otherwise (the step runs eagerly).
-std::optional<GraphKey> decode_graph_key(const model::ForwardBatch& b, const GraphPlanConfig& cfg);
+// most max_bs requests, within max_ctx_cells; nullopt otherwise (the step runs eagerly). Allocates nothing.
+std::optional<GraphKey> decode_graph_key(const model::ForwardBatch& b, const GraphPlan& plan);
 
 // The static inputs of a graph, packed into one i32 buffer (one upload per replay): offsets in elements.
 struct DecodeInputLayout {

@@ -46,7 +46,7 @@ struct CudaGraphRunner::Impl {
   const model::Model& model;
   model::KvCache& cache;
   int32_t scratch = -1;
-  GraphPlanConfig plan;
+  GraphPlan plan;  // constructor
   model::ForwardOptions opt;
   bool log = true;
   bool usable = false;  // the model and cache allow graphs (constructor)
@@ -162,9 +162,11 @@ CudaGraphRunner::CudaGraphRunner(const model::Model& model, model::KvCache& cach
   Impl& m = *impl_;
   const model::ModelConfig& c = model.config();
   m.scratch = scratch_page;
-  m.plan.max_bs = max_bs;
-  m.plan.index_topk = c.has_indexer() ? c.index_topk : 0;
-  m.plan.page_size = cache.page_size;
+  GraphPlanConfig pc;
+  pc.max_bs = max_bs;
+  pc.index_topk = c.has_indexer() ? c.index_topk : 0;
+  pc.page_size = cache.page_size;
+  m.plan = GraphPlan(pc);
   m.opt = opt;
   m.log = log;
   const bool on_cuda = model.weights().embed_tokens.device() == Device::cuda && !cache.kv.empty() &&
@@ -192,8 +194,9 @@ std::optional<GraphKey> CudaGraphRunner::key_for(const model::ForwardBatch& fb) 
 double CudaGraphRunner::capture_all() {
   if (!enabled() || trace::active() != nullptr) return 0;  // traced steps run eagerly
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t ctx = context_bucket(1, impl_->plan.index_topk, impl_->plan.page_size);
-  for (int64_t bs : batch_buckets(impl_->plan.max_bs)) {
+  const GraphPlanConfig& pc = impl_->plan.config();
+  const int64_t ctx = context_bucket(1, pc.index_topk, pc.page_size);
+  for (int64_t bs : impl_->plan.buckets()) {
     if (!impl_->try_capture(GraphKey{bs, ctx}, false)) break;
   }
   return seconds_since(t0);

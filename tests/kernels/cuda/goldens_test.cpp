@@ -16,6 +16,10 @@
 // printed, not asserted: the FP8 path amplifies any bf16-level difference to a ~0.1 median (one bf16
 // rounding of the products alone moves the emulation that far). That the GPU computes the emulated
 // arithmetic is checked op by op in fp8_emulation_test.cpp (CudaFp8Emulation.*).
+//
+// With the FP8 KV cache the fp32 pass is held to a CPU forward whose cache holds the same FP8 values
+// (Fp8Emulation::fp8_kv_cache: latent rows and index keys rounded by the store kernels' rules), not to
+// the goldens, whose index top-k choices the cache's rounding flips (see the fp32 comment below).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -106,19 +110,22 @@ struct EmulationScope {
   ~EmulationScope() { kernels::cpu::set_fp8_emulation({}); }
 };
 
-// The CPU forward of sequence `i` in mode `mi` with the GPU's FP8 activation arithmetic emulated
-// (cached: the same for every KV dtype; the CPU cache is f32).
-const ScoreResult& cpu_fp8_emulation(const std::filesystem::path& dir, size_t mi, int i,
-                                     const std::vector<int32_t>& ids, const ScoreOptions& opt) {
+// The CPU forward of sequence `i` in mode `mi` (cached; the CPU cache is f32) with, when asked, the GPU's
+// FP8 activation arithmetic emulated (`gemm`) and / or the values its FP8 KV cache holds (`fp8_kv`,
+// Fp8Emulation::fp8_kv_cache).
+const ScoreResult& cpu_reference(const std::filesystem::path& dir, size_t mi, int i,
+                                 const std::vector<int32_t>& ids, const ScoreOptions& opt, bool gemm,
+                                 bool fp8_kv) {
   static std::map<std::string, std::shared_ptr<Model>> models;
-  static std::map<std::tuple<std::string, size_t, int>, ScoreResult> cache;
-  const auto key = std::make_tuple(dir.string(), mi, i);
+  static std::map<std::tuple<std::string, size_t, int, bool, bool>, ScoreResult> cache;
+  const auto key = std::make_tuple(dir.string(), mi, i, gemm, fp8_kv);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   auto& model = models[dir.string()];
   if (!model) model = Model::load(dir);
   kernels::cpu::Fp8Emulation e;
-  e.enabled = true;
+  e.enabled = gemm;
+  e.fp8_kv_cache = fp8_kv;
   const EmulationScope scope(e);
   return cache.emplace(key, score_sequence(*model, ids, opt)).first->second;
 }
@@ -184,15 +191,23 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
     // An FP8 KV cache also stores the index keys in FP8 (128 e4m3 + one scale per token, the reference
     // deployment's layout). Their rounding moves indexer scores by more than the fixtures' decision margins
     // (~0.01), and the MTP layer, whose rows see the fewest keys, flips the most selections: its median row
-    // error with FP8 KV alone (fp32 GEMMs) went from 0.088 (bf16 index keys) to 0.14 on the H200.
-    const double mtp_tol = kv_dtype == KvCacheDtype::fp8_e4m3 && !strict ? 2e-1 : row_tol;
+    // error from the goldens with FP8 KV alone (fp32 GEMMs) went from 0.088 (bf16 index keys) to 0.14 on
+    // the H200 (the CPU with the same FP8 cache values: 0.136, logits 0.076). So with FP8 KV the fp32
+    // pass is held to the CPU forward whose cache holds the same FP8 values (latent and index keys rounded
+    // by the store kernels' rules: Fp8Emulation::fp8_kv_cache). What separates them then is the kernels'
+    // bf16 queries and products, which the FP8 cache amplifies (a bf16-level change of a key moves some of
+    // its e4m3 codes a whole step): on the CPU, bf16-rounded attention queries and outputs moved the median
+    // row 0.011 (MTP 0.038) from that reference, against 0.002 (0.005) with the f32 cache. Asserted:
+    // median row within `tol`, MTP median within row_tol; the distance from the goldens is printed (the
+    // logits' still asserted within row_tol).
+    const bool fp8_kv_ref = exact && kv_dtype == KvCacheDtype::fp8_e4m3;
     for (size_t mi = 0; mi < all.size(); ++mi) {
       const Mode& mode = all[mi];
       if (exact && mi != 0 && mi != 4) continue;
       // realdims_fp8, fast: the CPU emulation of the same arithmetic, against the goldens and the GPU.
       const bool emulate = fp8 && !exact;
-      std::vector<double> errs, errs_mtp, emu_errs, emu_errs_mtp, gpu_vs_emu;
-      int64_t agree = 0, emu_agree = 0, gpu_emu_agree = 0;
+      std::vector<double> errs, errs_mtp, emu_errs, emu_errs_mtp, gpu_vs_emu, vs_kv_ref, vs_kv_ref_mtp;
+      int64_t agree = 0, emu_agree = 0, gpu_emu_agree = 0, kv_ref_agree = 0;
       for (int i = 0; i < nseq; ++i) {
         const auto ids = ids_of(gold.get(fmt::format("seq{}.input_ids", i)));
         ScoreOptions o = mode.opt;
@@ -210,10 +225,20 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
           const auto em = compare(r.mtp_logits, gold.get(fmt::format("seq{}.mtp_logits", i))).first;
           errs_mtp.insert(errs_mtp.end(), em.begin(), em.end());
         }
+        ScoreOptions co = o;
+        co.mtp = o.mtp || mi == 0;  // mode 0 runs the MTP head through prefill_with_mtp
+        if (fp8_kv_ref) {
+          const ScoreResult& c = cpu_reference(dir, mi, i, ids, co, false, true);
+          const auto [ke, ka] = compare(r.logits, c.logits);
+          vs_kv_ref.insert(vs_kv_ref.end(), ke.begin(), ke.end());
+          kv_ref_agree += ka;
+          if (co.mtp && ids.size() >= 2) {
+            const auto km = compare(r.mtp_logits, c.mtp_logits).first;
+            vs_kv_ref_mtp.insert(vs_kv_ref_mtp.end(), km.begin(), km.end());
+          }
+        }
         if (emulate) {
-          ScoreOptions co = o;
-          co.mtp = o.mtp || mi == 0;  // mode 0 runs the MTP head through prefill_with_mtp
-          const ScoreResult& c = cpu_fp8_emulation(dir, mi, i, ids, co);
+          const ScoreResult& c = cpu_reference(dir, mi, i, ids, co, true, false);
           const auto [ce, ca] = compare(c.logits, gold.get(fmt::format("seq{}.logits", i)));
           emu_errs.insert(emu_errs.end(), ce.begin(), ce.end());
           emu_agree += ca;
@@ -246,6 +271,21 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
               ? std::string()
               : fmt::format(" mtp_max={:.3g} mtp_median={:.3g}", maxof(errs_mtp), median(errs_mtp)));
       if (exact && mi == 0) kv_only = KvOnly{med, median(errs_mtp), 1.0 - agreement};
+      if (fp8_kv_ref) {
+        fmt::print(
+            "RESULT op=golden {:<27} gemm=fp32 mode={:<24} vs_cpu_fp8_kv_cache: median={:<9.3g} "
+            "max={:<9.3g} argmax_agree={:.1f}%{}\n",
+            label, mode.name, median(vs_kv_ref), maxof(vs_kv_ref),
+            100.0 * double(kv_ref_agree) / double(vs_kv_ref.size()),
+            vs_kv_ref_mtp.empty() ? std::string()
+                                  : fmt::format(" mtp_max={:.3g} mtp_median={:.3g}", maxof(vs_kv_ref_mtp),
+                                                median(vs_kv_ref_mtp)));
+        EXPECT_LE(median(vs_kv_ref), tol) << mode.name << " (vs the CPU with the FP8 KV cache's values)";
+        if (!vs_kv_ref_mtp.empty()) {
+          EXPECT_LE(median(vs_kv_ref_mtp), row_tol)
+              << mode.name << " MTP (vs the CPU with the FP8 KV cache's values)";
+        }
+      }
       if (emulate) {
         const double emu_med = median(emu_errs), emu_agreement = double(emu_agree) / double(emu_errs.size());
         fmt::print(
@@ -271,8 +311,8 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
         EXPECT_GE(agreement, 0.99) << mode.name;
       } else {
         EXPECT_LE(med, row_tol) << mode.name;
-        if (!errs_mtp.empty()) {
-          EXPECT_LE(median(errs_mtp), mtp_tol) << mode.name << " MTP";
+        if (!errs_mtp.empty() && !fp8_kv_ref) {  // FP8 KV: against its CPU reference above
+          EXPECT_LE(median(errs_mtp), row_tol) << mode.name << " MTP";
         }
       }
     }

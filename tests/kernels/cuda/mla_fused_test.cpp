@@ -5,7 +5,8 @@
 //   scattered over pages; untouched rows stay as they were; and within the cache format's rounding of the
 //   CPU op (f32 cache): bf16 8e-3, FP8 7e-2 of the row's largest value.
 // - absorb_q / absorb_v: one batched GEMM (the batched path is asserted to apply), per row L2 error vs
-//   the CPU op within 1e-2 (bf16 products; FP8 kv_b as its bf16 dequantisation), 1e-4 in fp32 precision.
+//   the CPU op within 1e-2 (bf16 products; FP8 kv_b as its bf16 dequantisation), 1e-4 in fp32 precision,
+//   where the absorb projections and the linears share one f32 copy of kv_b.
 // Each case prints a RESULT line.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "kernels/cuda/allocator.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -264,6 +266,40 @@ TEST_F(CudaMlaFused, AbsorbBatchedMatchesCpu) {
       }
     }
   }
+}
+
+// GemmPrecision::fp32: the absorb projections multiply gemm_weight_f32's copy of kv_b, the one the fp32
+// linears use (the MHA form's kv_b_proj): the device memory both leave held is one f32 copy of the weight.
+TEST_F(CudaMlaFused, Fp32ModeHoldsOneF32CopyOfKvB) {
+  const int64_t nh = 8, T = 5;
+  const WeightRef w_d = to_cuda(rand_weight(nh * (kNope + kV), kL, DType::f8e4m3fn, 75));
+  const Tensor lat_d = rand_f32({T, nh, kL}, 76).to(Device::cuda);
+  Tensor o_d = Tensor::empty({T, nh, kV}, DType::f32, Device::cuda);
+  // Warm-up (fast mode, a bf16 weight): the GEMM libraries' own state exists before the measurement.
+  const WeightRef bf16_d = to_cuda(rand_weight(nh * (kNope + kV), kL, DType::bf16, 74));
+  ASSERT_TRUE(absorb_v_batched(lat_d, bf16_d, kV, o_d));
+  (void)kernels::linear(lat_d.view({T * nh, kL}), bf16_d);
+  set_gemm_precision(GemmPrecision::fp32);
+  const WeightRef warm_d = to_cuda(rand_weight(nh * (kNope + kV), kL, DType::bf16, 73));
+  ASSERT_TRUE(absorb_v_batched(lat_d, warm_d, kV, o_d));
+  (void)kernels::linear(lat_d.view({T * nh, kL}), warm_d);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const int64_t before = allocator_stats().bytes_in_use;
+  ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d));
+  (void)kernels::linear(lat_d.view({T * nh, kL}), w_d);  // the MHA form's kv_b_proj
+  ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const int64_t held = allocator_stats().bytes_in_use - before;
+  const int64_t copy = int64_t(allocation_size_class(size_t(w_d.weight.numel()) * 4));
+  fmt::print("RESULT op=absorb_fp32_kv_b held_bytes={} one_f32_copy={} {}\n", held, copy,
+             held == copy ? "ok" : "FAIL");
+  EXPECT_EQ(held, copy) << "fp32 mode should hold kv_b in f32 once";
+  const Tensor f32 = gemm_weight_f32(w_d);
+  EXPECT_EQ(f32.dtype(), DType::f32);
+  EXPECT_EQ(f32.shape(), w_d.weight.shape());
+  EXPECT_EQ(gemm_weight_f32(w_d).raw_data(), f32.raw_data());
+  const WeightRef f32_w = to_cuda(rand_weight(64, kL, DType::f32, 77));
+  EXPECT_EQ(gemm_weight_f32(f32_w).raw_data(), f32_w.weight.raw_data());
 }
 
 }  // namespace

@@ -7,7 +7,10 @@
 // for 256 experts would take minutes to make), so the kernels still see 256 experts' pointers; the CPU
 // reference runs the 16 sets with the ids taken mod 16 (the same products, summed in another order).
 // Tolerances (per row ||diff||_2 / ||ref||_2): the device path multiplies the exactly dequantised weights
-// with the f32 activations like the CPU, 1e-4; the host path rounds activations to bf16 / FP8, 1e-2 / 5e-2.
+// with the f32 activations like the CPU, 1e-4; the host path rounds activations to bf16 (1e-2 from the
+// CPU op) or, with FP8 weights, runs the FP8 recipe: it is held to the CPU op with that arithmetic
+// emulated (kernels/cpu/cpu_ops.h, set_fp8_emulation; 3e-2), its distance from the exact product (the
+// FP8 rounding itself, up to ~9e-2 at realdims widths) is printed.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +18,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/moe_params.h"
@@ -27,11 +31,16 @@ namespace {
 
 using namespace testing;
 
-constexpr double kTolDevice = 1e-4, kTolBf16 = 1e-2, kTolFp8 = 5e-2;
-// realdims widths (hidden 256, intermediate 128): each output sums one or two 128-groups, so the FP8
-// rounding of the activations (up to 2^-4 per element, twice: expert input and SiLU output) does not
-// average out; measured up to 9.3e-2 on the H200 for the host path.
-constexpr double kTolFp8Narrow = 1.2e-1;
+constexpr double kTolDevice = 1e-4, kTolBf16 = 1e-2;
+// The FP8 host path against the CPU emulation of its arithmetic: the expert inputs quantise to the same
+// codes bit for bit (CudaFp8Emulation.QuantKernelMatchesCpuRule), the gate / up products differ by
+// accumulation order (or by a bf16 rounding where cuBLASLt has no f32-output algorithm), and such a
+// difference moves an occasional SiLU output across an e4m3 rounding boundary (a 2^-4 step), which at
+// realdims widths (one or two 128-groups per output) shows in the row. Measured on the CPU at realdims
+// shapes (T = 300, FP8 weights): relative changes of 1e-5 / 1e-4 / 1e-3 in the gate and up products move
+// the worst row by 0.9e-2 / 1.9e-2 / 2.4e-2, bf16 products by 3.2e-2; the FP8 rounding itself is 6e-2 from
+// the exact product there (9.3e-2 measured on the H200).
+constexpr double kTolFp8Emulated = 3e-2;
 
 class CudaMoe : public ::testing::Test {
  protected:
@@ -44,6 +53,7 @@ class CudaMoe : public ::testing::Test {
     if (device_count() == 0) return;
     set_moe_path(MoePath::automatic);
     clear_gemm_caches();
+    kernels::cpu::set_fp8_emulation({});
   }
 };
 
@@ -217,6 +227,20 @@ Tensor reference(const Tensor& x, const Routing& r, const ExpertSet& s) {
   return backend(Device::cpu).moe_experts(x, m, s.cpu);
 }
 
+// The CPU reference with the GPU's FP8 linear arithmetic emulated: each expert linear's input quantised per
+// token per 128-group (e4m3, amax / 448), then multiplied in f32 with the dequantised weight; f32 products
+// (the GPU's FP8 GEMMs write f32 D: gemm.h).
+Tensor reference_fp8_emulated(const Tensor& x, const Routing& r, const ExpertSet& s) {
+  kernels::cpu::Fp8Emulation e;
+  e.enabled = true;
+  e.bf16_output = false;
+  kernels::cpu::set_fp8_emulation(e);
+  struct Off {
+    ~Off() { kernels::cpu::set_fp8_emulation({}); }
+  } off;
+  return reference(x, r, s);
+}
+
 Tensor run_path(MoePath path, const Tensor& x_d, const Routing& r_d, const ExpertSet& s) {
   set_moe_path(path);
   Tensor out = cuda_backend().moe_experts(x_d, r_d, s.gpu);
@@ -234,9 +258,14 @@ void check_both_paths(const std::string& name, const Tensor& x, const Routing& r
   report_gemm(name + " device", shape_str(x.shape()), dev, want, kTolDevice);
   if (!host_path) return;
   const Tensor host = run_path(MoePath::host, x_d, r_d, s);
-  const double tol = dt == DType::f8e4m3fn ? (x.size(1) <= 256 ? kTolFp8Narrow : kTolFp8)
-                     : dt == DType::bf16   ? kTolBf16
-                                           : kTolDevice;
+  if (dt == DType::f8e4m3fn) {
+    report_gemm(name + " host~cpu_fp8_emulation", shape_str(x.shape()), host, reference_fp8_emulated(x, r, s),
+                kTolFp8Emulated);
+    fmt::print("RESULT op={:<22} shape={:<34} l2_rel_err={:.3g} (the FP8 rounding: printed, not asserted)\n",
+               name + " host~exact", shape_str(x.shape()), row_l2_rel_error(host, want));
+    return;
+  }
+  const double tol = dt == DType::bf16 ? kTolBf16 : kTolDevice;
   report_gemm(name + " host", shape_str(x.shape()), host, want, tol);
   report_gemm(name + " device~host", shape_str(x.shape()), dev, host, tol);
 }
