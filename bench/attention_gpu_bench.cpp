@@ -92,8 +92,11 @@ void header(const char* title) {
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
 }
 
-// only_heads / only_batch: when > 0, run just the cases with that head count / batch (profiling one shape).
+// only_heads / only_batch: when > 0, run just the cases with that head count / batch (any batch).
+// DSASERVE_BENCH_MLA_SPLITS=N forces N key splits (to check mla_decode_splits' choice).
 void bench_mla(int num_sms, void* flush, int64_t only_heads, int64_t only_batch) {
+  const char* splits_env = std::getenv("DSASERVE_BENCH_MLA_SPLITS");
+  const int forced_splits = splits_env ? std::atoi(splits_env) : 0;
   header("### sparse / dense MLA decode (absorbed, 576/512), one query token per request");
   // 4M token slots shared by all requests (4.8 GB bf16: every read comes from HBM);
   // DSASERVE_BENCH_POOL_SLOTS=16384 keeps the cache inside L2 (the kernels' speed without HBM).
@@ -112,10 +115,11 @@ void bench_mla(int num_sms, void* flush, int64_t only_heads, int64_t only_batch)
   };
   std::vector<Case> cases;
   for (int64_t h : {64, 16, 8})
-    for (int64_t b : {1, 32, 128})
+    for (int64_t b : only_batch > 0 ? std::vector<int64_t>{only_batch} : std::vector<int64_t>{1, 32, 128})
       for (int64_t c : {4096, 32768, 131072}) cases.push_back({h, b, c, true});
   for (int64_t h : {64, 8})
-    for (int64_t b : {1, 32, 128}) cases.push_back({h, b, 2048, false});
+    for (int64_t b : only_batch > 0 ? std::vector<int64_t>{only_batch} : std::vector<int64_t>{1, 32, 128})
+      cases.push_back({h, b, 2048, false});
   for (MlaKvFormat f : {MlaKvFormat::bf16, MlaKvFormat::fp8_e4m3}) {
     for (const Case& cs : cases) {
       if ((only_heads > 0 && cs.heads != only_heads) || (only_batch > 0 && cs.batch != only_batch)) continue;
@@ -164,7 +168,7 @@ void bench_mla(int num_sms, void* flush, int64_t only_heads, int64_t only_batch)
         if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel >= 3 && nh <= 16)))
           continue;
         p.kernel = kernel;
-        p.splits = mla_decode_splits(B, nh, p.max_keys, num_sms, kernel);
+        p.splits = forced_splits > 0 ? forced_splits : mla_decode_splits(B, nh, p.max_keys, num_sms, kernel);
         p.partial_out = dev_alloc<float>(size_t(B * p.splits * nh * kMlaLatent));
         p.partial_lse = dev_alloc<float>(size_t(B * p.splits * nh));
         const double us = time_us([&] { CK(launch_mla_decode(p, nullptr)); }, flush);
