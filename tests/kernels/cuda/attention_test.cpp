@@ -365,6 +365,38 @@ TEST_F(CudaMlaDecode, OpsContractPrefillRows) {
   }
 }
 
+// The kernel choice is host code (no device needed): kernels 1 and 3 were removed, so asking for them by
+// number or through DSASERVE_MLA_DECODE_KERNEL gives the default, and their split counts are the default's.
+TEST(MlaDecodeKernelChoice, RemovedKernelsGiveTheDefault) {
+  {
+    MlaKernelOverride none("");  // an empty value is no kernel name
+    for (int64_t nh : {8, 16, 24, 64, 128}) {
+      const int dflt = nh <= 16 ? 2 : 5;
+      EXPECT_EQ(mla_decode_kernel(nh, 0), dflt) << nh;
+      for (int removed : {1, 3, 6, -1})
+        EXPECT_EQ(mla_decode_kernel(nh, removed), dflt) << nh << " " << removed;
+      for (int kept : {2, 4, 5}) EXPECT_EQ(mla_decode_kernel(nh, kept), kept) << nh;
+      for (int removed : {1, 3})
+        EXPECT_EQ(mla_decode_splits(4, nh, 2048, 132, removed), mla_decode_splits(4, nh, 2048, 132, 0)) << nh;
+    }
+    // v2's blocks are 16 heads x 64-key tiles, v4's and v5's 64 x 32: 64 keys of one 16-head row are one
+    // v2 tile (no split) but two tiles of the others (a split each fills more SMs).
+    EXPECT_NE(mla_decode_splits(1, 16, 64, 132, 2), mla_decode_splits(1, 16, 64, 132, 4));
+    EXPECT_EQ(mla_decode_splits(1, 16, 64, 132, 4), mla_decode_splits(1, 16, 64, 132, 5));
+  }
+  for (const char* removed : {"v1", "v3"}) {
+    MlaKernelOverride o(removed);
+    EXPECT_EQ(mla_decode_kernel(8, 0), 2) << removed;
+    EXPECT_EQ(mla_decode_kernel(64, 0), 5) << removed;
+    EXPECT_EQ(mla_decode_kernel(64, 4), 4) << removed;  // an explicit request wins over the environment
+  }
+  for (const char* kept : {"v2", "v4", "v5"}) {
+    MlaKernelOverride o(kept);
+    EXPECT_EQ(mla_decode_kernel(64, 0), kept[1] - '0');
+    EXPECT_EQ(mla_decode_kernel(64, 3), kept[1] - '0');  // a removed kernel counts as not asking
+  }
+}
+
 TEST_F(CudaMlaDecode, RejectsBadInput) {
   const Tensor q = Tensor::zeros({1, 8, kMlaLatent}, DType::f32, Device::cuda);
   const Tensor qr = Tensor::zeros({1, 8, kMlaRope}, DType::f32, Device::cuda);
