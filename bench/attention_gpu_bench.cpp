@@ -159,13 +159,13 @@ void bench_mla(int num_sms, void* flush, int64_t only_heads, int64_t only_batch)
       p.scale = 0.0625f;
       p.format = f;
       p.out = dev_alloc<float>(size_t(B * nh * kMlaLatent));
-      // The default kernel for the head count, and (at one context per shape) the others to compare (v3,
-      // v4 and v5, 64 heads a block, only above 16 heads).
+      // The default kernel for the head count, and (at one context per shape) the others to compare (v4
+      // and v5, 64 heads a block, only above 16 heads).
       const int dflt = mla_decode_kernel(nh, 0);
-      const int kernels[6] = {dflt, 1, 2, 3, 4, 5};
-      for (int ki = 0; ki < 6; ++ki) {
+      const int kernels[4] = {dflt, 2, 4, 5};
+      for (int ki = 0; ki < 4; ++ki) {
         const int kernel = kernels[ki];
-        if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel >= 3 && nh <= 16)))
+        if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel >= 4 && nh <= 16)))
           continue;
         p.kernel = kernel;
         p.splits = forced_splits > 0 ? forced_splits : mla_decode_splits(B, nh, p.max_keys, num_sms, kernel);

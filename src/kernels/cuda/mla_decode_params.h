@@ -70,14 +70,15 @@ struct MlaDecodeParams {
   int splits;        // key-range splits per row (grid.z); 1 writes `out` directly
   float scale;
   MlaKvFormat format;
-  int kernel = 0;  // 0: the default (mla_decode_kernel), 1 .. 5: v1 .. v5 (see sm90_mla_decode*.cu)
+  int kernel = 0;  // 0: the default (mla_decode_kernel); 2, 4, 5: v2, v4, v5 (see sm90_mla_decode*.cu)
 };
 
-// The decode kernel to run: `requested` when 1 .. 5 (v1: head groups of 16 or 64, key sub-groups merged at
-// the end; v2: head groups of 16, keys split across warps; v3: head groups of 64, Q K^T by wgmma; v4: v3
-// with P V by wgmma too; v5: 64 heads, the two warpgroups taking turns on whole key tiles, bf16 caches (FP8
-// runs v4)); for 0 the environment variable DSASERVE_MLA_DECODE_KERNEL=v1 .. v5 when set (tests and
-// benchmarks), else v2 for <= 16 heads, v5 above.
+// The decode kernel to run: `requested` when 2, 4 or 5 (v2: head groups of 16, keys split across warps;
+// v4: head groups of 64, Q K^T and P V by wgmma; v5: 64 heads, the two warpgroups taking turns on whole key
+// tiles, bf16 caches (FP8 runs v4)); otherwise the environment variable DSASERVE_MLA_DECODE_KERNEL=v2, v4 or
+// v5 when set (tests and benchmarks), else v2 for <= 16 heads, v5 above. Kernels v1 (mma.sync, 16 or 64
+// heads) and v3 (v4 with P V on mma.sync) were removed as slower: 1 and 3 (and v1 / v3 in the environment)
+// count as not set, like any other unknown value, and give the default.
 int mla_decode_kernel(int64_t heads, int requested);
 // Number of key splits that fills the GPU for this many rows/heads/keys with that kernel (a pure function
 // of its inputs, the SM count and mla_decode_kernel).

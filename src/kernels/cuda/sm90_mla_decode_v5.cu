@@ -343,7 +343,7 @@ cudaError_t launch_v5(const MlaDecodeParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream) {
-  if (p.format != MlaKvFormat::bf16) return launch_decode_v3(p, true, stream);  // FP8: v4
+  if (p.format != MlaKvFormat::bf16) return launch_decode_v4(p, stream);  // FP8: v4
   // Order by what measured faster on the H200 (64 heads, batch 128): dense rows (contiguous pages) 109 vs
   // 117 us with order 0; top-2048 rows (scattered keys) 133 vs 151 us with order 2 (order 1 ~ order 2).
   // DSASERVE_MLA_V5_ORDER=0|1|2 overrides (benchmarks).

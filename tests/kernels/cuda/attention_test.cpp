@@ -173,7 +173,7 @@ TEST_F(CudaMlaDecode, SingleRequestManySplits) {  // batch 1: the split-K path w
   run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 54);  // two head groups of 64
 }
 
-// Both decode kernels whatever the default for the head count (DSASERVE_MLA_DECODE_KERNEL, restored after).
+// A decode kernel whatever the default for the head count (DSASERVE_MLA_DECODE_KERNEL, restored after).
 class MlaKernelOverride {
  public:
   explicit MlaKernelOverride(const char* kernel) {
@@ -196,8 +196,10 @@ class MlaKernelOverride {
   std::string old_;
 };
 
+// v2 (16 heads a block) and v4 (64 heads a block, both cache formats) at every head count, each off its
+// default range too (v5, the bf16 default above 16 heads, runs its own cases in PingPongKernelV5).
 TEST_F(CudaMlaDecode, BothKernelsAllHeadCounts) {
-  for (const char* k : {"v1", "v2"}) {
+  for (const char* k : {"v2", "v4"}) {
     MlaKernelOverride o(k);
     for (int64_t nh : {64, 16, 8}) {
       run_decode_batch({1, 63, 65, 2049, 32768}, nh, MlaKvFormat::bf16, 2048, 71 + uint64_t(nh));
@@ -282,9 +284,9 @@ void check_graph_replay(int kernel, int64_t nh) {
   EXPECT_TRUE(same) << "kernel v" << kernel << " heads " << nh;
 }
 
+// v2 here; v4 and v5 replay in WgmmaKernelV4 / PingPongKernelV5 (run_wgmma_kernel_cases).
 TEST_F(CudaMlaDecode, GraphCaptureMatchesDirectLaunch) {
-  for (int kernel : {1, 2})
-    for (int64_t nh : {64, 16}) check_graph_replay(kernel, nh);
+  for (int64_t nh : {64, 16}) check_graph_replay(2, nh);
 }
 
 // Runs `body` in a fresh process (gtest's threadsafe death-test style re-executes this binary for the
@@ -302,8 +304,8 @@ void run_isolated(F&& body) {
       ::testing::ExitedWithCode(0), "");
 }
 
-// Kernels v3, v4 and v5 (64 heads a block, Q K^T and, in v4 / v5, P V by wgmma from swizzled shared
-// memory), all head counts and formats, and their graph replay.
+// Kernels v4 and v5 (64 heads a block, Q K^T and P V by wgmma from swizzled shared memory), all head
+// counts and formats, and their graph replay.
 void run_wgmma_kernel_cases(const char* kernel) {
   MlaKernelOverride o(kernel);
   for (int64_t nh : {64, 16}) {
@@ -318,9 +320,6 @@ void run_wgmma_kernel_cases(const char* kernel) {
   run_decode_batch({1, 33, 95, 161}, 64, MlaKvFormat::bf16, 0, 97);
   const int k = kernel[1] - '0';
   for (int64_t nh : {64, 16}) check_graph_replay(k, nh);
-}
-TEST_F(CudaMlaDecode, WgmmaKernelV3) {
-  run_isolated([] { run_wgmma_kernel_cases("v3"); });
 }
 TEST_F(CudaMlaDecode, WgmmaKernelV4) {
   run_isolated([] { run_wgmma_kernel_cases("v4"); });
@@ -363,6 +362,38 @@ TEST_F(CudaMlaDecode, OpsContractPrefillRows) {
         (long long)T, (long long)start, (long long)nh, sparse ? "sparse" : "dense", e.max_abs, e.rel(),
         e.rel() <= 1e-2 ? "ok" : "FAIL");
     EXPECT_LE(e.rel(), 1e-2);
+  }
+}
+
+// The kernel choice is host code (no device needed): kernels 1 and 3 were removed, so asking for them by
+// number or through DSASERVE_MLA_DECODE_KERNEL gives the default, and their split counts are the default's.
+TEST(MlaDecodeKernelChoice, RemovedKernelsGiveTheDefault) {
+  {
+    MlaKernelOverride none("");  // an empty value is no kernel name
+    for (int64_t nh : {8, 16, 24, 64, 128}) {
+      const int dflt = nh <= 16 ? 2 : 5;
+      EXPECT_EQ(mla_decode_kernel(nh, 0), dflt) << nh;
+      for (int removed : {1, 3, 6, -1})
+        EXPECT_EQ(mla_decode_kernel(nh, removed), dflt) << nh << " " << removed;
+      for (int kept : {2, 4, 5}) EXPECT_EQ(mla_decode_kernel(nh, kept), kept) << nh;
+      for (int removed : {1, 3})
+        EXPECT_EQ(mla_decode_splits(4, nh, 2048, 132, removed), mla_decode_splits(4, nh, 2048, 132, 0)) << nh;
+    }
+    // v2's blocks are 16 heads x 64-key tiles, v4's and v5's 64 x 32: 64 keys of one 16-head row are one
+    // v2 tile (no split) but two tiles of the others (a split each fills more SMs).
+    EXPECT_NE(mla_decode_splits(1, 16, 64, 132, 2), mla_decode_splits(1, 16, 64, 132, 4));
+    EXPECT_EQ(mla_decode_splits(1, 16, 64, 132, 4), mla_decode_splits(1, 16, 64, 132, 5));
+  }
+  for (const char* removed : {"v1", "v3"}) {
+    MlaKernelOverride o(removed);
+    EXPECT_EQ(mla_decode_kernel(8, 0), 2) << removed;
+    EXPECT_EQ(mla_decode_kernel(64, 0), 5) << removed;
+    EXPECT_EQ(mla_decode_kernel(64, 4), 4) << removed;  // an explicit request wins over the environment
+  }
+  for (const char* kept : {"v2", "v4", "v5"}) {
+    MlaKernelOverride o(kept);
+    EXPECT_EQ(mla_decode_kernel(64, 0), kept[1] - '0');
+    EXPECT_EQ(mla_decode_kernel(64, 3), kept[1] - '0');  // a removed kernel counts as not asking
   }
 }
 

@@ -1,5 +1,6 @@
-// Sparse MLA decode, kernels v3 and v4 (bf16 and FP8 latent caches): 64 heads a block like v1, with Q K^T
-// (v3) or Q K^T and P V (v4) on warpgroup MMAs (wgmma) reading Q and the latent tile from shared memory.
+// Sparse MLA decode, kernel v4 (bf16 and FP8 latent caches): 64 heads a block, Q K^T and P V on warpgroup
+// MMAs (wgmma) reading Q and the latent tile from shared memory. The default for FP8 caches above 16 heads
+// (v5 runs bf16 caches and hands FP8 ones here).
 //
 // Block = (query row, group of 64 heads, key split); 256 threads = 2 warpgroups. Per tile of 32 keys:
 //   1. the tile's latent rows arrive by cp.async (3 stages) in the 128-byte-swizzle K-major layout that
@@ -8,11 +9,9 @@
 //   2. warpgroup w computes the partial scores S_w[64 heads, 32 keys] over dimensions 288w .. 288w+287
 //      (18 wgmma m64n32k16); warp r of a warpgroup holds heads 16r .. 16r+15, the same rows as warp r of
 //      the other warpgroup, and the two swap their partial sums through shared memory;
-//   3. online softmax in f32 (log2 domain), then O[64 heads, 256w ..] += P V: v3 on mma.sync per warp
-//      (16 heads), V fed by ldmatrix.trans from the swizzled tile (conflict-free); v4 as two wgmma
-//      m64n256k16 per warpgroup with P from registers and V read N-major from the same tile.
-// Shared-memory reads per tile: Q 74 KB + K 37 KB by the tensor cores, 16 KB of partial sums, V 128 KB
-// (v3) or 32 KB (v4); v1 reads ~300 KB through ldmatrix for Q K^T alone.
+//   3. online softmax in f32 (log2 domain), then O[64 heads, 256w ..] += P V as two wgmma m64n256k16 per
+//      warpgroup with P from registers and V read N-major from the same tile.
+// Shared-memory reads per tile: Q 74 KB + K 37 KB by the tensor cores, 16 KB of partial sums, V 32 KB.
 #include "kernels/cuda/sm90_mla_decode.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
@@ -20,7 +19,7 @@ namespace dsaserve::kernels::cuda::mla_detail {
 namespace {
 
 template <bool kFp8>
-struct Cfg3 {
+struct Cfg4 {
   static constexpr int kRows = 64;   // heads of a block
   static constexpr int kBn = 32;     // keys per tile
   static constexpr int kStages = 3;  // tiles in flight: 2 while one runs
@@ -62,9 +61,9 @@ __device__ __forceinline__ void dequant_fp8_swizzled(unsigned char* tile, const 
   }
 }
 
-template <bool kFp8, bool kPvWgmma>
-__global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v3_kernel(const MlaDecodeParams p) {
-  using C = Cfg3<kFp8>;
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v4_kernel(const MlaDecodeParams p) {
+  using C = Cfg4<kFp8>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (mma::smem_addr(smem_raw) & 1023u)) & 1023u);
   unsigned char* sQ = smem + C::kQOff;
@@ -90,7 +89,10 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v3_kernel(const M
   const int n_tiles = k_end > k_begin ? int((k_end - k_begin + C::kBn - 1) / C::kBn) : 0;
   const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
 
-  // Gather as in v1: 8 threads per key row; position two tiles ahead, page one tile ahead.
+  // Tiles of latent rows are gathered into the stages (invalid keys: zero rows, marked invalid), 8 threads
+  // per key row. The key's position (from the selection) and its page are loaded two and one tiles ahead,
+  // so the dependent index loads overlap the tensor-core work. Positions are < 2^31 (row_len is i32): one
+  // 32-bit division per key splits a position into page and offset.
   constexpr int kTpr = kThreads / C::kBn;
   const int my_r = tid / kTpr, my_sub = tid % kTpr;
   const bool ps32 = p.page_size > 0 && p.page_size <= 0x7fffffff;
@@ -150,7 +152,6 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v3_kernel(const M
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   const float sl2 = p.scale * 1.4426950408889634f;
   const uint32_t q_addr = mma::smem_addr(sQ);
-  const int key_l = (lane & 7) + ((lane >> 3) & 1) * 8;  // V ldmatrix row within a 16-key step
 
   for (int t = 0; t < n_tiles; ++t) {
     mma::cp_async_wait<C::kStages - 2>();
@@ -249,33 +250,18 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v3_kernel(const M
       a[j][2] = mma::pack_bf16(sacc[2 * j + 1][0], sacc[2 * j + 1][1]);
       a[j][3] = mma::pack_bf16(sacc[2 * j + 1][2], sacc[2 * j + 1][3]);
     }
-    if constexpr (kPvWgmma) {
-      // Two wgmma m64n256k16 with P from registers and V N-major from the swizzled tile: 64-column
-      // stripes 32 x 128 bytes apart, the 16 keys of step j at row 16j.
-      mma::wgmma_fence_operands(oacc);
-      mma::wgmma_fence();
+    // Two wgmma m64n256k16 with P from registers and V N-major from the swizzled tile: 64-column stripes
+    // 32 x 128 bytes apart, the 16 keys of step j at row 16j.
+    mma::wgmma_fence_operands(oacc);
+    mma::wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        mma::wgmma_m64n256k16_bf16_rs(
-            oacc, a[j],
-            mma::wgmma_desc_sw128_mn(t_addr + uint32_t(wg * 4 * C::kBn * 128 + j * 16 * 128), C::kBn * 128),
-            1);
-      mma::wgmma_commit();
-      mma::wgmma_wait<0>();
-      mma::wgmma_fence_operands(oacc);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int key = j * 16 + key_l;
-#pragma unroll
-        for (int np = 0; np < 16; ++np) {
-          uint32_t b[4];
-          mma::ldsm_x4_trans(b, tile + swz(C::kBn, key, wg * 32 + np * 2 + (lane >> 4)));
-          mma::mma_bf16(oacc[2 * np], a[j], b[0], b[1]);
-          mma::mma_bf16(oacc[2 * np + 1], a[j], b[2], b[3]);
-        }
-      }
-    }
+    for (int j = 0; j < 2; ++j)
+      mma::wgmma_m64n256k16_bf16_rs(
+          oacc, a[j],
+          mma::wgmma_desc_sw128_mn(t_addr + uint32_t(wg * 4 * C::kBn * 128 + j * 16 * 128), C::kBn * 128), 1);
+    mma::wgmma_commit();
+    mma::wgmma_wait<0>();
+    mma::wgmma_fence_operands(oacc);
   }
   mma::grid_launch_dependents();  // the combine kernel may start launching (it waits for this grid)
   mma::cp_async_wait<0>();
@@ -311,25 +297,21 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v3_kernel(const M
   }
 }
 
-template <bool kFp8, bool kPvWgmma>
-cudaError_t launch_v3(const MlaDecodeParams& p, cudaStream_t stream) {
-  using C = Cfg3<kFp8>;
+template <bool kFp8>
+cudaError_t launch_v4(const MlaDecodeParams& p, cudaStream_t stream) {
+  using C = Cfg4<kFp8>;
   static const cudaError_t e = cudaFuncSetAttribute(
-      sm90_mla_decode_v3_kernel<kFp8, kPvWgmma>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem));
+      sm90_mla_decode_v4_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem));
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(p.rows), unsigned((p.heads + C::kRows - 1) / C::kRows), unsigned(p.splits));
-  sm90_mla_decode_v3_kernel<kFp8, kPvWgmma><<<grid, kThreads, C::kSmem, stream>>>(p);
+  sm90_mla_decode_v4_kernel<kFp8><<<grid, kThreads, C::kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t launch_decode_v3(const MlaDecodeParams& p, bool pv_wgmma, cudaStream_t stream) {
-  if (pv_wgmma)
-    return p.format == MlaKvFormat::bf16 ? launch_v3<false, true>(p, stream)
-                                         : launch_v3<true, true>(p, stream);
-  return p.format == MlaKvFormat::bf16 ? launch_v3<false, false>(p, stream)
-                                       : launch_v3<true, false>(p, stream);
+cudaError_t launch_decode_v4(const MlaDecodeParams& p, cudaStream_t stream) {
+  return p.format == MlaKvFormat::bf16 ? launch_v4<false>(p, stream) : launch_v4<true>(p, stream);
 }
 
 }  // namespace dsaserve::kernels::cuda::mla_detail
