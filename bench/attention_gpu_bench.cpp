@@ -161,7 +161,7 @@ void bench_mla(int num_sms, void* flush, int64_t only_heads, int64_t only_batch)
       p.out = dev_alloc<float>(size_t(B * nh * kMlaLatent));
       // The default kernel for the head count, and (at one context per shape) the others to compare (v4
       // and v5, 64 heads a block, only above 16 heads).
-      const int dflt = mla_decode_kernel(nh, 0);
+      const int dflt = mla_decode_kernel(nh, 0, B);
       const int kernels[4] = {dflt, 2, 4, 5};
       for (int ki = 0; ki < 4; ++ki) {
         const int kernel = kernels[ki];

@@ -79,7 +79,9 @@ struct MlaDecodeParams {
 // v5 when set (tests and benchmarks), else v2 for <= 16 heads, v5 above. Kernels v1 (mma.sync, 16 or 64
 // heads) and v3 (v4 with P V on mma.sync) were removed as slower: 1 and 3 (and v1 / v3 in the environment)
 // count as not set, like any other unknown value, and give the default.
-int mla_decode_kernel(int64_t heads, int requested);
+// `rows` (the query rows of the launch; < 0: unknown, taken as many) moves one- and two-row launches at > 16
+// heads to v2.
+int mla_decode_kernel(int64_t heads, int requested, int64_t rows = -1);
 // Number of key splits that fills the GPU for this many rows/heads/keys with that kernel (a pure function
 // of its inputs, the SM count and mla_decode_kernel).
 int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms, int kernel = 0);

@@ -144,7 +144,7 @@ void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat 
     std::printf(
         "RESULT mla_decode kernel=v%d kv=%s %s heads=%lld ctx=%lld batch=%lld max_abs=%.3g rel=%.3g "
         "tol=%.0e%s %s\n",
-        mla_decode_kernel(nh, 0), fmt_name(f),
+        mla_decode_kernel(nh, 0, B), fmt_name(f),
         topk > 0 ? ("sparse_top" + std::to_string(topk)).c_str() : "dense", (long long)nh,
         (long long)lens[size_t(b)], (long long)B, e.max_abs, e.rel(), tol, extra.c_str(),
         e.rel() <= tol && src_ok ? "ok" : "FAIL");
@@ -395,6 +395,20 @@ TEST(MlaDecodeKernelChoice, RemovedKernelsGiveTheDefault) {
     EXPECT_EQ(mla_decode_kernel(64, 0), kept[1] - '0');
     EXPECT_EQ(mla_decode_kernel(64, 3), kept[1] - '0');  // a removed kernel counts as not asking
   }
+}
+
+// One or two query rows at > 16 heads take v2 (its 16-head blocks fill more SMs), more rows v5; the split
+// count follows the kernel the launch will run.
+TEST(MlaDecodeKernelChoice, FewRowsTakeV2) {
+  MlaKernelOverride none("");
+  for (int64_t rows : {1, 2}) {
+    EXPECT_EQ(mla_decode_kernel(64, 0, rows), 2) << rows;
+    EXPECT_EQ(mla_decode_kernel(64, 5, rows), 5) << rows;  // an explicit request still wins
+    EXPECT_EQ(mla_decode_splits(rows, 64, 2048, 132, 0), mla_decode_splits(rows, 64, 2048, 132, 2)) << rows;
+  }
+  for (int64_t rows : {3, 32, 4096}) EXPECT_EQ(mla_decode_kernel(64, 0, rows), 5) << rows;
+  EXPECT_EQ(mla_decode_kernel(64, 0), 5);  // rows unknown: taken as many
+  EXPECT_EQ(mla_decode_kernel(16, 0, 4096), 2);
 }
 
 TEST_F(CudaMlaDecode, RejectsBadInput) {
