@@ -26,6 +26,46 @@ __device__ __forceinline__ uint32_t swz(int rows, int r, int cc) {
 
 constexpr size_t align1024(size_t x) { return (x + 1023) / 1024 * 1024; }
 
+// The end of a decode block: sums each head row's softmax denominator over the 4 lanes that share the row,
+// then writes this thread's O values (head rows hr0 / hr1; columns col + 8 i + 2 (lane % 4) and the next,
+// i < N) divided by it -- into `out` when the row has one split, else into this split's partial row -- and,
+// when lse_writer, the rows' log-sum-exp (log2 domain) for the combine kernel. Rows at or past p.heads are
+// skipped; rows without keys (m = -inf or l = 0) give zeros and a log-sum-exp of -inf.
+template <int N>
+__device__ __forceinline__ void store_decode_rows(const MlaDecodeParams& p, int row, int split, int64_t hr0,
+                                                  int64_t hr1, int col, const float (&oacc)[N][4], float m0,
+                                                  float m1, float l0, float l1, bool lse_writer) {
+  const int c4 = threadIdx.x & 3;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float f0 = m0 == -INFINITY || !(l0 > 0.f) ? 0.f : 1.f / l0;
+  const float f1 = m1 == -INFINITY || !(l1 > 0.f) ? 0.f : 1.f / l1;
+  const bool direct = p.splits == 1;
+  auto dst_row = [&](int64_t h) -> float* {
+    return direct ? p.out + (int64_t(row) * p.heads + h) * kMlaLatent
+                  : p.partial_out + ((int64_t(row) * p.splits + split) * p.heads + h) * kMlaLatent;
+  };
+  if (hr0 < p.heads) {
+    float* dst = dst_row(hr0) + col + 2 * c4;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      *reinterpret_cast<float2*>(dst + i * 8) = make_float2(oacc[i][0] * f0, oacc[i][1] * f0);
+  }
+  if (hr1 < p.heads) {
+    float* dst = dst_row(hr1) + col + 2 * c4;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      *reinterpret_cast<float2*>(dst + i * 8) = make_float2(oacc[i][2] * f1, oacc[i][3] * f1);
+  }
+  if (!direct && lse_writer && c4 == 0) {
+    float* lse = p.partial_lse + (int64_t(row) * p.splits + split) * p.heads;
+    if (hr0 < p.heads) lse[hr0] = f0 > 0.f ? m0 + log2f(l0) : -INFINITY;
+    if (hr1 < p.heads) lse[hr1] = f1 > 0.f ? m1 + log2f(l1) : -INFINITY;
+  }
+}
+
 // Q rows h0 .. h0 + kRows - 1 of query row `row` as bf16 into shared memory (rows past the last head are
 // zero): dst(r, c) is where the 4 values (r, c .. c+3) go (c % 4 == 0). Each thread has 9 float4 loads in
 // flight at a time (kRows * 144 / 256 per thread in all), so the load latency is paid kRows / 16 times

@@ -299,35 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
   }
   mma::grid_launch_dependents();  // the combine kernel may start launching (it waits for this grid)
 
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float f0 = m_run0 == -INFINITY || !(l0 > 0.f) ? 0.f : 1.f / l0;
-  const float f1 = m_run1 == -INFINITY || !(l1 > 0.f) ? 0.f : 1.f / l1;
-  const bool direct = p.splits == 1;
-  const int64_t hr0 = h0 + r0, hr1 = h0 + r1;
-  auto dst_row = [&](int64_t h) -> float* {
-    return direct ? p.out + (int64_t(row) * p.heads + h) * kMlaLatent
-                  : p.partial_out + ((int64_t(row) * p.splits + split) * p.heads + h) * kMlaLatent;
-  };
-  if (hr0 < p.heads) {
-    float* dst = dst_row(hr0) + wg * 256 + 2 * c4;
-#pragma unroll
-    for (int i = 0; i < 32; ++i)
-      *reinterpret_cast<float2*>(dst + i * 8) = make_float2(oacc[i][0] * f0, oacc[i][1] * f0);
-  }
-  if (hr1 < p.heads) {
-    float* dst = dst_row(hr1) + wg * 256 + 2 * c4;
-#pragma unroll
-    for (int i = 0; i < 32; ++i)
-      *reinterpret_cast<float2*>(dst + i * 8) = make_float2(oacc[i][2] * f1, oacc[i][3] * f1);
-  }
-  if (!direct && wg == 0 && c4 == 0) {
-    float* lse = p.partial_lse + (int64_t(row) * p.splits + split) * p.heads;
-    if (hr0 < p.heads) lse[hr0] = f0 > 0.f ? m_run0 + log2f(l0) : -INFINITY;
-    if (hr1 < p.heads) lse[hr1] = f1 > 0.f ? m_run1 + log2f(l1) : -INFINITY;
-  }
+  store_decode_rows(p, row, split, h0 + r0, h0 + r1, wg * 256, oacc, m_run0, m_run1, l0, l1, wg == 0);
 }
 
 template <int kOrder>
