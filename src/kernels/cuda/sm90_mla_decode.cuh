@@ -26,6 +26,52 @@ __device__ __forceinline__ uint32_t swz(int rows, int r, int cc) {
 
 constexpr size_t align1024(size_t x) { return (x + 1023) / 1024 * 1024; }
 
+// A key's cache slot: page id (-1: no key) and position within the page.
+struct KeySlot {
+  int32_t page;
+  int32_t off;
+};
+
+// The keys one decode block visits: query row `row`'s list (its selection, or positions 0 .. len - 1 when
+// dense) cut into p.splits chunks of whole tiles of kBn keys, this split's chunk [k_begin, k_end) in
+// n_tiles tiles; list entry li's position (-1: no key) and that position's slot through the row's page
+// table. Positions are < 2^31 (row_len is i32): one 32-bit division per key splits a position into page
+// and offset.
+struct RowKeys {
+  const MlaDecodeParams& p;
+  int row;
+  int64_t seq, n_vis, k_begin, k_end;
+  int n_tiles;
+  bool ps32;
+  uint32_t ps;
+  __device__ __forceinline__ RowKeys(const MlaDecodeParams& params, int r, int split, int kBn)
+      : p(params), row(r) {
+    seq = p.row_seq ? p.row_seq[row] : row;
+    const bool seq_ok = seq >= 0 && seq < p.num_seqs;
+    n_vis = seq_ok ? p.row_len[row] : 0;
+    const int64_t n_list = p.sel ? p.sel_k : (n_vis > 0 ? n_vis : 0);
+    const int64_t per_split = (n_list + p.splits - 1) / p.splits;
+    const int64_t chunk = (per_split + kBn - 1) / kBn * kBn;
+    k_begin = int64_t(split) * chunk;
+    k_end = k_begin + chunk < n_list ? k_begin + chunk : n_list;
+    n_tiles = k_end > k_begin ? int((k_end - k_begin + kBn - 1) / kBn) : 0;
+    ps32 = p.page_size > 0 && p.page_size <= 0x7fffffff;
+    ps = ps32 ? uint32_t(p.page_size) : 1u;
+  }
+  // The position of list entry li (>= k_begin), or -1 past the chunk / for an entry outside the row.
+  __device__ __forceinline__ int64_t position(int64_t li) const {
+    if (li >= k_end) return -1;
+    const int64_t pos = p.sel ? int64_t(p.sel[int64_t(row) * p.sel_stride + li]) : li;
+    return pos >= 0 && pos < n_vis && ps32 ? pos : -1;
+  }
+  __device__ __forceinline__ KeySlot slot(int64_t pos) const {
+    if (pos < 0) return {-1, 0};
+    const uint32_t pi = uint32_t(pos) / ps;
+    if (int64_t(pi) >= p.pt_cols) return {-1, 0};
+    return {p.page_table[seq * p.pt_stride + pi], int32_t(uint32_t(pos) - pi * ps)};
+  }
+};
+
 // The end of a decode block: sums each head row's softmax denominator over the 4 lanes that share the row,
 // then writes this thread's O values (head rows hr0 / hr1; columns col + 8 i + 2 (lane % 4) and the next,
 // i < N) divided by it -- into `out` when the row has one split, else into this split's partial row -- and,

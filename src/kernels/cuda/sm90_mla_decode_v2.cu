@@ -54,15 +54,8 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, c4 = lane & 3;
 
-  const int64_t seq = p.row_seq ? p.row_seq[row] : row;
-  const bool seq_ok = seq >= 0 && seq < p.num_seqs;
-  const int64_t n_vis = seq_ok ? p.row_len[row] : 0;
-  const int64_t n_list = p.sel ? p.sel_k : (n_vis > 0 ? n_vis : 0);
-  const int64_t per_split = (n_list + p.splits - 1) / p.splits;
-  const int64_t chunk = (per_split + C::kBn - 1) / C::kBn * C::kBn;
-  const int64_t k_begin = int64_t(split) * chunk;
-  const int64_t k_end = k_begin + chunk < n_list ? k_begin + chunk : n_list;
-  const int n_tiles = k_end > k_begin ? int((k_end - k_begin + C::kBn - 1) / C::kBn) : 0;
+  const RowKeys keys(p, row, split, C::kBn);
+  const int n_tiles = keys.n_tiles;
   const int n_halves = 2 * n_tiles;
   const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
 
@@ -73,25 +66,11 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
   // tensor-core work. Positions are < 2^31 (row_len is i32): one 32-bit division per key.
   constexpr int kTpr = kThreads / C::kHalf;
   const int my_r = tid / kTpr, my_sub = tid % kTpr;
-  const bool ps32 = p.page_size > 0 && p.page_size <= 0x7fffffff;
-  const uint32_t ps = ps32 ? uint32_t(p.page_size) : 1u;
   auto fetch_pos = [&](int u) -> int64_t {  // -1: no key
-    const int64_t li = k_begin + int64_t(u) * C::kHalf + my_r;
-    if (u >= n_halves || li >= k_end) return -1;
-    const int64_t pos = p.sel ? int64_t(p.sel[int64_t(row) * p.sel_stride + li]) : li;
-    return pos >= 0 && pos < n_vis && ps32 ? pos : -1;
+    return u < n_halves ? keys.position(keys.k_begin + int64_t(u) * C::kHalf + my_r) : -1;
   };
-  struct Slot {
-    int32_t page;  // page id, or -1 (no key)
-    int32_t off;   // position within the page
-  };
-  auto fetch_page = [&](int64_t pos) -> Slot {
-    if (pos < 0) return {-1, 0};
-    const uint32_t pi = uint32_t(pos) / ps;
-    if (int64_t(pi) >= p.pt_cols) return {-1, 0};
-    return {p.page_table[seq * p.pt_stride + pi], int32_t(uint32_t(pos) - pi * ps)};
-  };
-  auto issue = [&](int u, Slot s) {  // half u, when it exists; always one commit group
+  auto fetch_page = [&](int64_t pos) { return keys.slot(pos); };
+  auto issue = [&](int u, KeySlot s) {  // half u, when it exists; always one commit group
     if (u < n_halves) {
       const int sl = u % C::kSlots;
       const int64_t slot = int64_t(s.page) * p.page_size + s.off;
@@ -110,7 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
   };
 
   for (int u = 0; u < C::kSlots - 2; ++u) issue(u, fetch_page(fetch_pos(u)));
-  Slot slot_a0 = fetch_page(fetch_pos(C::kSlots - 2)), slot_a1 = fetch_page(fetch_pos(C::kSlots - 1));
+  KeySlot slot_a0 = fetch_page(fetch_pos(C::kSlots - 2)), slot_a1 = fetch_page(fetch_pos(C::kSlots - 1));
   int64_t pos_b0 = fetch_pos(C::kSlots), pos_b1 = fetch_pos(C::kSlots + 1);
 
   load_q_rows<C::kRows>([&](int r, int c) { return sQ + r * kLd + c; }, p, row, h0, tid);

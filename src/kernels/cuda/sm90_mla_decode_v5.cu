@@ -68,15 +68,8 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
   const int wi = wt >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
   const int r0 = wi * 16 + g, r1 = r0 + 8;  // this thread's two head rows (of 64)
 
-  const int64_t seq = p.row_seq ? p.row_seq[row] : row;
-  const bool seq_ok = seq >= 0 && seq < p.num_seqs;
-  const int64_t n_vis = seq_ok ? p.row_len[row] : 0;
-  const int64_t n_list = p.sel ? p.sel_k : (n_vis > 0 ? n_vis : 0);
-  const int64_t per_split = (n_list + p.splits - 1) / p.splits;
-  const int64_t chunk = (per_split + kBn5 - 1) / kBn5 * kBn5;
-  const int64_t k_begin = int64_t(split) * chunk;
-  const int64_t k_end = k_begin + chunk < n_list ? k_begin + chunk : n_list;
-  const int n_tiles = k_end > k_begin ? int((k_end - k_begin + kBn5 - 1) / kBn5) : 0;
+  const RowKeys keys(p, row, split, kBn5);
+  const int n_tiles = keys.n_tiles;
   const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
 
   if (tid == 0) {
@@ -91,27 +84,13 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
   // (18 chunks of 16 bytes each). The position of load k + 2 and the page of load k + 1 are fetched one
   // step early so the dependent index loads do not stall the copies.
   const int lr = wt >> 2, lsub = wt & 3;
-  const bool ps32 = p.page_size > 0 && p.page_size <= 0x7fffffff;
-  const uint32_t ps = ps32 ? uint32_t(p.page_size) : 1u;
   auto load_tile = [&](int k) { return 1 - wg + 2 * k; };
   auto fetch_pos = [&](int k) -> int64_t {  // -1: no key
     const int t = load_tile(k);
-    const int64_t li = k_begin + int64_t(t) * kBn5 + lr;
-    if (t >= n_tiles || li >= k_end) return -1;
-    const int64_t pos = p.sel ? int64_t(p.sel[int64_t(row) * p.sel_stride + li]) : li;
-    return pos >= 0 && pos < n_vis && ps32 ? pos : -1;
+    return t < n_tiles ? keys.position(keys.k_begin + int64_t(t) * kBn5 + lr) : -1;
   };
-  struct Slot {
-    int32_t page;  // page id, or -1 (no key)
-    int32_t off;   // position within the page
-  };
-  auto fetch_page = [&](int64_t pos) -> Slot {
-    if (pos < 0) return {-1, 0};
-    const uint32_t pi = uint32_t(pos) / ps;
-    if (int64_t(pi) >= p.pt_cols) return {-1, 0};
-    return {p.page_table[seq * p.pt_stride + pi], int32_t(uint32_t(pos) - pi * ps)};
-  };
-  Slot slot_a = fetch_page(fetch_pos(0));
+  auto fetch_page = [&](int64_t pos) { return keys.slot(pos); };
+  KeySlot slot_a = fetch_page(fetch_pos(0));
   int64_t pos_b = fetch_pos(1);
   int next_load = 0;
   // Issues load `next_load` (its tile must exist) into its stage and counts it on the stage's barrier.
