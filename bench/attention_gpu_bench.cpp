@@ -215,8 +215,8 @@ const char* score_kernel_name(IndexerScoreKernel k) {
 // rows read (bf16 256, FP8 132 per key), q, w and the output; the score and select times are measured
 // apart (select = full - scores alone). Each name says which select path ran (row_fused: in the score
 // kernel's last CTA of each row; row: a select kernel of one CTA per row; coop: the four passes in one
-// cooperative launch of `grid` CTAs; passes: four launches), and the score kernel that ran (v1 or v2,
-// IndexerScoreKernel) with the times of v1 and (FP8) v3 for comparison.
+// cooperative launch of `grid` CTAs; passes: four launches), and the score kernel that ran (the default,
+// IndexerScoreKernel; v3 runs bf16 keys as v2) with the times of v1 and (FP8) v3 for comparison.
 void bench_indexer(void* flush) {
   header("### lightning indexer + top-2048 (32 heads x 128), one query row per request");
   std::mt19937_64 rng(2);

@@ -17,11 +17,12 @@
 //
 // Scores: tensor cores, a tile of 128 keys times all heads per warp step, fp32 accumulation. bf16 keys: q
 // rounded to bf16. FP8 keys go into the MMA as their exact e4m3 values and each key's scale multiplies its
-// dot products afterwards: relu(scale * k_scale * (q . code)). Two score kernels (IndexerScoreKernel):
-// v1 rounds q to bf16 and widens the codes to bf16 (e4m3 -> bf16 is exact); v2 (the default) gives FP8
-// keys f16 MMAs: codes e4m3 -> f16 (exact, one cvt per two codes), each head of q scaled by a power of two
-// (its amax into [2^14, 2^15)) and rounded to f16, the power of two folded into that head's weight (relu
-// commutes with a positive scale). v2's bf16 scores equal v1's bit for bit (same MMAs in the same order).
+// dot products afterwards: relu(scale * k_scale * (q . code)). Three score kernels (IndexerScoreKernel):
+// v1 rounds q to bf16 and widens the codes to bf16 (e4m3 -> bf16 is exact); v2 gives FP8 keys f16 MMAs: codes
+// e4m3 -> f16 (exact, one cvt per two codes), each head of q scaled by a power of two (its amax into [2^14,
+// 2^15)) and rounded to f16, the power of two folded into that head's weight (relu commutes with a positive
+// scale); v3 (the default) is v2 with FP8 keys through wgmma. v2's and v3's bf16 scores equal v1's bit for
+// bit (same MMAs in the same order). Page sizes must fit in 31 bits.
 //
 // Select: the score kernel writes the f32 scores and, fused, a 2048-bin histogram of their top 11
 // order-preserving bits (digit 1). Four passes follow. With splits == 1 (many rows, or short ones) one CTA

@@ -41,12 +41,6 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// 4-byte async copy global -> shared; src_bytes 0 zero-fills.
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(mma::smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
-}
-
 // FP8 keys enter the MMA in a permuted dimension order so that each thread's A fragments are 32
 // contiguous bytes of a key row: logical column L = 16 kk + 8 hi + 2 c + e holds dimension
 // 32 c + 4 kk + 2 hi + e. q is stored in the same order, so the dot products are unchanged.
@@ -153,7 +147,7 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
         mma::cp_async16(stage + r * kLdK8 + c * 16, src, ok ? 16 : 0);
         if (c == 0) {
           const unsigned char* ssrc = ok ? cache + p.num_slots * kIndexerDim + slot * 4 : cache;
-          cp_async4(stage + kTileKeys * kLdK8 + r * 4, ssrc, ok ? 4 : 0);
+          mma::cp_async4(stage + kTileKeys * kLdK8 + r * 4, ssrc, ok ? 4 : 0);
         }
       } else {
         const unsigned char* src = ok ? cache + slot * (kIndexerDim * 2) + c * 16 : cache;
@@ -483,7 +477,8 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 || WG ? 2 : 1)
           const int32_t sv[4] = {s4.x, s4.y, s4.z, s4.w};
 #pragma unroll
           for (int j = 0; j < 4; ++j)
-            cp_async4(dsts + 4 * j, sv[j] >= 0 ? scales + int64_t(sv[j]) * 4 : cache, sv[j] >= 0 ? 4 : 0);
+            mma::cp_async4(dsts + 4 * j, sv[j] >= 0 ? scales + int64_t(sv[j]) * 4 : cache,
+                           sv[j] >= 0 ? 4 : 0);
         }
       }
     }
@@ -718,6 +713,8 @@ cudaError_t launch_indexer_topk_fused(const IndexerTopkParams& p, cudaStream_t s
   if ((p.heads != 32 && p.heads != 64) || p.topk < 1 || p.out_k > p.topk ||
       (!p.score_offsets && p.score_stride % 4 != 0) || p.splits < 1 || p.splits * p.split_len < p.max_len)
     return cudaErrorInvalidValue;
+  // The score kernels (they run when a row has more than topk keys) walk pages in 32 bits.
+  if (p.max_len > p.topk && (p.page_size <= 0 || p.page_size > 0x7fffffff)) return cudaErrorInvalidValue;
   const bool fuse = indexer_select_path(p) == IndexerSelectPath::row_fused;  // implies max_len > topk
   if (p.max_len > p.topk) {
     // The histograms and (splits == 1) the row_done counters, contiguous.

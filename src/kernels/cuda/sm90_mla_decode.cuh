@@ -2,7 +2,8 @@
 // Helpers shared by the sparse MLA decode kernels (absorbed form): v2 (sm90_mla_decode_v2.cu: 16 heads a
 // block, keys split across warps; the default for <= 16 heads), v4 (sm90_mla_decode_v4.cu: 64 heads a block,
 // Q K^T and P V by wgmma; runs FP8 caches above 16 heads) and v5 (sm90_mla_decode_v5.cu: 64 heads a block,
-// the two warpgroups taking turns on key tiles; bf16 caches, the default above 16 heads), and their launch
+// the two warpgroups taking turns on key tiles; bf16 caches, the default above 16 heads for three or more
+// query rows -- one or two rows run v2), and their launch
 // entry points (dispatched by launch_mla_decode in sm90_mla_decode.cu). Every kernel runs 256 threads a
 // block and gathers latent rows through the page table with cp.async.
 #include <cuda_bf16.h>

@@ -14,7 +14,7 @@
 //   c. softmax: M_u = max(M_{u-1}, row max of S_u), P_u = exp2(S_u - M_u); hands P_u and M_u over;
 //   d. O[64 heads, its 256 columns] += P_{u-1} V_{u-1}, then += P_u V_u (wgmma m64n256k16, P from
 //      registers, V N-major from the stage); once both warpgroups are done with tile u - 1's stage
-//      (`ofree` mbarrier, 256 arrivals) it loads tile u + 3 into it. kOrder moves the P_{u-1} V_{u-1}
+//      (`ofree` mbarrier, 256 arrivals) it loads tile u + 3 into it. kEarly moves the P_{u-1} V_{u-1}
 //      product before c. and / or the reload right after that product (measured per key layout).
 // O and the row sums are rescaled whenever M moves; both warpgroups see the same M sequence, so their
 // column halves stay consistent. Row sums are taken from the bf16-rounded P both warpgroups multiply.
@@ -23,6 +23,7 @@
 // that bounds the kernel (an L2-resident cache runs no faster: 126-132 us at 64 heads x 128 rows x 2048
 // keys, 0.6 of the HBM floor). Q (73.7 KB) and four 36.9 KB stages fill the shared memory.
 #include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/sm90_mla_decode.cuh"
 
@@ -32,7 +33,7 @@ namespace {
 
 constexpr int kRows5 = 64;                  // heads of a block
 constexpr int kBn5 = 32;                    // keys per tile
-constexpr int kStages5 = 4;                 // ring of tiles: two computed, two in flight
+constexpr int kStages5 = 4;                 // ring of tiles (three in use at a time: see above)
 constexpr int kWgThreads = 128;             // threads of a warpgroup
 constexpr int kTile5 = kBn5 * kMlaDim * 2;  // 36864 bytes: 9 column blocks of 32 rows x 128 bytes
 constexpr int kRopeOff5 = 8 * kBn5 * 128;   // column block 8 (the rope key): 4 KB, P's hand-over slot
@@ -51,9 +52,9 @@ __device__ __forceinline__ int wg_bar(int wg) { return 3 + wg; }
 
 __device__ const int kOne5[4] = {1, 1, 1, 1};  // the source of a valid key's flag
 
-// kOrder (measured, see launch_decode_v5): 0: P_{u-1} V_{u-1} before the own softmax, the stage reloaded
-// right after; 1: after the own hand-over, reloaded right after; 2: after, reloaded after P_u V_u.
-template <int kOrder>
+// kEarly (chosen by measurement, see launch_decode_v5): P_{u-1} V_{u-1} before the own softmax and the
+// stage reloaded right after it; otherwise after the own hand-over, the stage reloaded after P_u V_u.
+template <bool kEarly>
 __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const MlaDecodeParams p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (mma::smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -200,17 +201,17 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
       }
       mma::wgmma_commit();
     }
-    // b. The other warpgroup's tile u - 1: its P and row maxima; with kOrder 0, O += P_{u-1} V_{u-1} at
+    // b. The other warpgroup's tile u - 1: its P and row maxima; with kEarly, O += P_{u-1} V_{u-1} at
     //    once, so that its stage is released early.
     float mp0 = -INFINITY, mp1 = -INFINITY;
     uint32_t ao[2][4];
-    auto other_pv = [&]() {  // O += P_{u-1} V_{u-1}; the stage then takes tile u + 3 (kOrder 0 / 1)
+    auto other_pv = [&]() {  // O += P_{u-1} V_{u-1}; the stage then takes tile u + 3 (kEarly)
       const int sp = (u - 1) % kStages5;
       mma::mbar_wait(full + sp, uint32_t((u - 1) / kStages5) & 1u);  // complete; orders the copies
       mma::fence_proxy_async_smem();
       accumulate(u - 1, ao, mp0, mp1);
       mma::mbar_arrive(ofree + sp);
-      if (kOrder != 2) reload(u);
+      if (kEarly) reload(u);
     };
     if (u >= 1) {
       const int sp = (u - 1) % kStages5;
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
         for (int q = 0; q < 4; ++q) ao[j][q] = src[(j * 4 + q) * kWgThreads + wt];
       mp0 = sM[((u - 1) & 1) * kRows5 + r0];
       mp1 = sM[((u - 1) & 1) * kRows5 + r1];
-      if (kOrder == 0 || !own) other_pv();  // (also waits for S_u)
+      if (kEarly || !own) other_pv();  // (also waits for S_u)
     }
     if (!own) continue;
     // c. Softmax of tile u; hand P_u and M_u over.
@@ -273,24 +274,24 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
       sM[(u & 1) * kRows5 + r1] = mn1;
     }
     mma::named_arrive(ready_bar(u), kThreads);
-    if (kOrder != 0 && u >= 1) other_pv();
+    if (!kEarly && u >= 1) other_pv();
     // d. O += P_u V_u.
     accumulate(u, a, mn0, mn1);
     mma::mbar_arrive(ofree + st);
-    if (kOrder == 2 && u >= 1) reload(u);
+    if (!kEarly && u >= 1) reload(u);
   }
   mma::grid_launch_dependents();  // the combine kernel may start launching (it waits for this grid)
 
   store_decode_rows(p, row, split, h0 + r0, h0 + r1, wg * 256, oacc, m_run0, m_run1, l0, l1, wg == 0);
 }
 
-template <int kOrder>
+template <bool kEarly>
 cudaError_t launch_v5(const MlaDecodeParams& p, cudaStream_t stream) {
-  static const cudaError_t e = cudaFuncSetAttribute(sm90_mla_decode_v5_kernel<kOrder>,
+  static const cudaError_t e = cudaFuncSetAttribute(sm90_mla_decode_v5_kernel<kEarly>,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem5));
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(p.rows), unsigned((p.heads + kRows5 - 1) / kRows5), unsigned(p.splits));
-  sm90_mla_decode_v5_kernel<kOrder><<<grid, kThreads, kSmem5, stream>>>(p);
+  sm90_mla_decode_v5_kernel<kEarly><<<grid, kThreads, kSmem5, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -298,14 +299,14 @@ cudaError_t launch_v5(const MlaDecodeParams& p, cudaStream_t stream) {
 
 cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.format != MlaKvFormat::bf16) return launch_decode_v4(p, stream);  // FP8: v4
-  // Order by what measured faster on the H200 (64 heads, batch 128): dense rows (contiguous pages) 109 vs
-  // 117 us with order 0; top-2048 rows (scattered keys) 133 vs 151 us with order 2 (order 1 ~ order 2).
-  // DSASERVE_MLA_V5_ORDER=0|1|2 overrides (benchmarks).
+  // Measured on the H200 (64 heads, batch 128): dense rows (contiguous pages) 109 us early vs 117 late;
+  // top-2048 rows (scattered keys) 133 us late vs 151 early (a third order, the product early and the
+  // reload late, measured as late: removed). DSASERVE_MLA_V5_ORDER=early|late overrides (benchmarks).
   const char* env = std::getenv("DSASERVE_MLA_V5_ORDER");
-  const int order = env ? std::atoi(env) : p.sel ? 2 : 0;
-  return order == 1   ? launch_v5<1>(p, stream)
-         : order == 2 ? launch_v5<2>(p, stream)
-                      : launch_v5<0>(p, stream);
+  const bool early = env && std::strcmp(env, "early") == 0  ? true
+                     : env && std::strcmp(env, "late") == 0 ? false
+                                                            : p.sel == nullptr;
+  return early ? launch_v5<true>(p, stream) : launch_v5<false>(p, stream);
 }
 
 }  // namespace dsaserve::kernels::cuda::mla_detail

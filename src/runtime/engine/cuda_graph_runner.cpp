@@ -46,7 +46,7 @@ struct CudaGraphRunner::Impl {
   const model::Model& model;
   model::KvCache& cache;
   int32_t scratch = -1;
-  GraphPlan plan;  // constructor
+  GraphPlan plan;  // the buckets; set by CudaGraphRunner's constructor (GraphPlan(pc))
   model::ForwardOptions opt;
   bool log = true;
   bool usable = false;  // the model and cache allow graphs (constructor)
