@@ -713,6 +713,19 @@ TEST_F(CudaIndexerSelect, ScoreKernelsFp8) {
     run_score_kernels(c, 150 + uint64_t(c.page + c.heads));
 }
 
+// The score kernels walk pages in 32 bits: a launch that runs them rejects page sizes outside (0, 2^31)
+// before touching the device (host checks only; no GPU needed).
+TEST(IndexerTopkLaunch, RejectsPageSizesPast31Bits) {
+  IndexerTopkParams p{};
+  p.rows = 1;
+  p.heads = 32;
+  p.topk = p.out_k = 2048;
+  p.max_len = p.split_len = p.score_stride = 4096;
+  p.splits = 1;
+  for (int64_t ps : {int64_t(0), int64_t(-64), int64_t(1) << 31})
+    EXPECT_EQ(launch_indexer_topk_fused((p.page_size = ps, p), nullptr), cudaErrorInvalidValue) << ps;
+}
+
 // The score kernel a launch runs: the request, else DSASERVE_INDEXER_SCORE_KERNEL, else the default.
 TEST(IndexerScoreKernelChoice, RequestThenEnvironmentThenDefault) {
   const char* old = std::getenv("DSASERVE_INDEXER_SCORE_KERNEL");
