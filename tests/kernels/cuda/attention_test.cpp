@@ -19,6 +19,7 @@
 
 #include "core/random.h"
 #include "core/tensor.h"
+#include "gpu_test.h"
 #include "indexer_test_util.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
@@ -43,14 +44,7 @@ Err compare(const float* got, const float* want, int64_t n) {
   return e;
 }
 
-class CudaMlaDecode : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (device_count() == 0)
-      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
-    install();
-  }
-};
+class CudaMlaDecode : public testing::GpuTest {};
 
 // The latent cache: random f32 rows written through the kernel's store, read back and decoded on the
 // host as the CPU reference's f32 cache (and the f32 source itself, for the FP8 error vs full precision).
@@ -423,14 +417,7 @@ TEST_F(CudaMlaDecode, RejectsBadInput) {
   EXPECT_THROW(mla_decode(q.slice(2, 0, 256), qr, cache, pt, kPage, {}, len, 1, {}, 1.0), Error);
 }
 
-class CudaIndexerTopk : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (device_count() == 0)
-      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
-    install();
-  }
-};
+class CudaIndexerTopk : public testing::GpuTest {};
 
 void run_indexer_batch(const std::vector<int64_t>& lens, int64_t ih, uint64_t seed, bool ties) {
   Rng r(seed);

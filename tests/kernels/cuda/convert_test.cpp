@@ -8,19 +8,13 @@
 #include <random>
 
 #include "core/tensor.h"
+#include "gpu_test.h"
 #include "kernels/cuda/runtime.h"
 
 namespace dsaserve::kernels::cuda {
 namespace {
 
-class CudaConvert : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (device_count() == 0)
-      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
-    install();
-  }
-};
+class CudaConvert : public testing::GpuTest {};
 
 Tensor gpu_convert(const Tensor& cpu_src, DType to, bool saturate = false) {
   Tensor src = cpu_src.to(Device::cuda);

@@ -13,6 +13,7 @@
 
 #include "common/fixtures.h"
 #include "core/error.h"
+#include "gpu_test.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/allocator.h"
 #include "kernels/cuda/backend.h"
@@ -30,10 +31,6 @@ using model::KvCache;
 using model::KvCacheDtype;
 using model::Model;
 
-#define SKIP_WITHOUT_GPU()                                                                                \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine"; \
-  cuda::install_backend()
-
 Tensor random_f32(std::mt19937& rng, const Shape& shape) {
   std::normal_distribution<float> d(0.0f, 1.0f);
   std::vector<float> v(size_t(shape_numel(shape)));
@@ -50,7 +47,7 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 }
 
 TEST(CudaGraph, CapturedOpsReplayOnNewInputs) {
-  SKIP_WITHOUT_GPU();
+  DSA_SKIP_WITHOUT_GPU();
   std::mt19937 rng(7);
   const int64_t T = 8, H = 512, O = 384;
   const Tensor w = random_f32(rng, {O, H}).to(DType::bf16).to(Device::cuda);
@@ -93,7 +90,7 @@ TEST(CudaGraph, CapturedOpsReplayOnNewInputs) {
 }
 
 TEST(CudaGraph, PoolBlocksStayInThePool) {
-  SKIP_WITHOUT_GPU();
+  DSA_SKIP_WITHOUT_GPU();
   const int64_t n = 3 * 1024 * 1024 + 17;  // a size class of its own
   const Tensor x = Tensor::zeros({4, 64}, DType::f32, Device::cuda);
   const Tensor w = Tensor::zeros({64}, DType::f32, Device::cuda);
@@ -123,7 +120,7 @@ TEST(CudaGraph, PoolBlocksStayInThePool) {
 }
 
 TEST(CudaGraph, HostCopiesInsideACaptureAreClearErrors) {
-  SKIP_WITHOUT_GPU();
+  DSA_SKIP_WITHOUT_GPU();
   const Tensor x = Tensor::zeros({4, 64}, DType::f32, Device::cuda);
   const Tensor w = Tensor::zeros({64}, DType::f32, Device::cuda);
   {
@@ -196,7 +193,7 @@ int64_t argmax_row(const float* p, int64_t n) { return int64_t(std::max_element(
 const char* kv_name(KvCacheDtype kv) { return kv == KvCacheDtype::bf16 ? "bf16" : "fp8"; }
 
 TEST(CudaGraph, RealdimsDecodeReplayEqualsEager) {
-  SKIP_WITHOUT_GPU();
+  DSA_SKIP_WITHOUT_GPU();
   DSA_FIXTURE_PATH(dir, "models/realdims");
   const std::shared_ptr<Model> m = realdims(dir);
   const int64_t V = m->config().vocab_size, topk = m->config().index_topk;

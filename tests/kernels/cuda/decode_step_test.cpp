@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/fixtures.h"
+#include "gpu_test.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/runtime.h"
@@ -129,10 +130,8 @@ const char* kv_name(KvCacheDtype kv) {
 }
 
 TEST(CudaDecodeStep, RealdimsStandInVsSm90) {
-  if (kernels::cuda::device_count() == 0)
-    GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine";
+  DSA_SKIP_WITHOUT_GPU();
   DSA_FIXTURE_PATH(dir, "models/realdims");
-  kernels::cuda::install_backend();
   ModelConfig cfg = ModelConfig::from_file(dir / "config.json");
   io::Checkpoint ckpt = io::Checkpoint::open(dir);
   ModelWeights w = ModelWeights::bind(cfg, ckpt, false).to(Device::cuda);
@@ -174,10 +173,8 @@ TEST(CudaDecodeStep, RealdimsStandInVsSm90) {
 // eager against CUDA graph replay, bf16 latent cache. Both time the whole step as the server runs it
 // (inputs built on the host, logits copied back).
 TEST(CudaDecodeStep, RealdimsGraphVsEager) {
-  if (kernels::cuda::device_count() == 0)
-    GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine";
+  DSA_SKIP_WITHOUT_GPU();
   DSA_FIXTURE_PATH(dir, "models/realdims");
-  kernels::cuda::install_backend();
   ModelConfig cfg = ModelConfig::from_file(dir / "config.json");
   io::Checkpoint ckpt = io::Checkpoint::open(dir);
   ModelWeights w = ModelWeights::bind(cfg, ckpt, false).to(Device::cuda);

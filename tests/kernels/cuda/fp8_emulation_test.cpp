@@ -16,6 +16,7 @@
 #include <set>
 
 #include "common/fixtures.h"
+#include "gpu_test.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/elementwise_params.h"
@@ -32,12 +33,11 @@ using testing::rand_weight;
 using testing::row_rel_error;
 using testing::to_cuda;
 
-class CudaFp8Emulation : public ::testing::Test {
+class CudaFp8Emulation : public testing::GpuTest {
  protected:
   void SetUp() override {
-    if (device_count() == 0)
-      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
-    install_backend();
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
     set_gemm_precision(GemmPrecision::fast);
   }
   void TearDown() override { cpu::set_fp8_emulation({}); }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "gpu_test.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/elementwise_params.h"
 #include "kernels/cuda/gemm.h"
@@ -32,16 +33,15 @@ using testing::rand_weight;
 using testing::row_rel_error;
 using testing::to_cuda;
 
-class CudaFp8SmallGemm : public ::testing::Test {
+class CudaFp8SmallGemm : public testing::GpuTest {
  protected:
   void SetUp() override {
-    if (device_count() == 0)
-      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
-    install_backend();
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
     set_gemm_precision(GemmPrecision::fast);
   }
   void TearDown() override {
-    if (device_count() > 0) set_fp8_small_max_tokens(kFp8SmallDefaultTokens);
+    if (has_gpu()) set_fp8_small_max_tokens(kFp8SmallDefaultTokens);
   }
 };
 

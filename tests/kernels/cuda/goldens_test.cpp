@@ -32,6 +32,7 @@
 #include <tuple>
 
 #include "common/fixtures.h"
+#include "gpu_test.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/backend.h"
@@ -133,11 +134,9 @@ const ScoreResult& cpu_reference(const std::filesystem::path& dir, size_t mi, in
 class CudaGoldens : public ::testing::TestWithParam<std::tuple<const char*, KvCacheDtype>> {};
 
 TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
-  if (kernels::cuda::device_count() == 0)
-    GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine";
+  DSA_SKIP_WITHOUT_GPU();
   const auto [fixture, kv_dtype] = GetParam();
   DSA_FIXTURE_PATH(dir, std::string("models/") + fixture);
-  kernels::cuda::install_backend();
   const KvDtypeScope kv_scope(kv_dtype);
   const std::string label = fmt::format("{} kv={}", fixture, kv_name(kv_dtype));
   const bool fp8 = std::string(fixture).find("fp8") != std::string::npos;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "gpu_test.h"
 #include "indexer_test_util.h"
 #include "kernels/cpu/indexer_key_fp8.h"
 #include "kernels/cuda/attention_kernels.h"
@@ -29,14 +30,7 @@ namespace {
 
 using namespace test_util;
 
-class CudaIndexerFp8 : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (device_count() == 0)
-      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
-    install();
-  }
-};
+class CudaIndexerFp8 : public testing::GpuTest {};
 using CudaIndexerSelect = CudaIndexerFp8;
 
 // f32 keys [n, 128]: U(-1, 1) times a per-key magnitude 2^U(-6, 6) (so every key gets its own scale).

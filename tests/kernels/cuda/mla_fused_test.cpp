@@ -18,6 +18,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "gpu_test.h"
 #include "kernels/cuda/allocator.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
@@ -34,15 +35,10 @@ using namespace testing;
 constexpr int64_t kL = 512, kRope = 64, kIdx = 128, kNope = 192, kV = 256, kPage = 64;
 constexpr int64_t kTokens[] = {1, 7, 256, 4096};
 
-class CudaMlaFused : public ::testing::Test {
+class CudaMlaFused : public testing::GpuTest {
  protected:
-  void SetUp() override {
-    if (device_count() == 0)
-      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
-    install_backend();
-  }
   void TearDown() override {
-    if (device_count() == 0) return;
+    if (!has_gpu()) return;
     set_gemm_precision(GemmPrecision::fast);
     clear_absorb_caches();
     clear_gemm_caches();

@@ -18,6 +18,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "gpu_test.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/gemm.h"
@@ -42,15 +43,10 @@ constexpr double kTolDevice = 1e-4, kTolBf16 = 1e-2;
 // the exact product there (9.3e-2 measured on the H200).
 constexpr double kTolFp8Emulated = 3e-2;
 
-class CudaMoe : public ::testing::Test {
+class CudaMoe : public testing::GpuTest {
  protected:
-  void SetUp() override {
-    if (device_count() == 0)
-      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
-    install_backend();
-  }
   void TearDown() override {
-    if (device_count() == 0) return;
+    if (!has_gpu()) return;
     set_moe_path(MoePath::automatic);
     clear_gemm_caches();
     kernels::cpu::set_fp8_emulation({});

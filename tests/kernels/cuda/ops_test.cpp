@@ -10,6 +10,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "gpu_test.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/allocator.h"
 #include "kernels/cuda/backend.h"
@@ -26,15 +27,10 @@ constexpr int64_t kH = 6144, kQLora = 2048, kKvLora = 512, kRope = 64, kNope = 1
 constexpr int64_t kTokens[] = {1, 7, 33, 257};
 constexpr double kTolElem = 1e-5, kTolAttn = 1e-4, kTolBf16 = 1e-2, kTolFp8 = 5e-2;
 
-class CudaOps : public ::testing::Test {
+class CudaOps : public testing::GpuTest {
  protected:
-  void SetUp() override {
-    if (device_count() == 0)
-      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
-    install_backend();
-  }
   void TearDown() override {
-    if (device_count() > 0) clear_gemm_caches();
+    if (has_gpu()) clear_gemm_caches();
   }
   Backend& gpu() { return cuda_backend(); }
   Backend& ref() { return backend(Device::cpu); }

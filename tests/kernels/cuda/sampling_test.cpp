@@ -23,6 +23,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "gpu_test.h"
 #include "kernels/cuda/runtime.h"
 #include "op_test_util.h"
 #include "runtime/sampler/sampler.h"
@@ -220,14 +221,8 @@ void run_batches(const Pool& pl, int64_t rows, int batches, uint64_t seed0, bool
   }
 }
 
-class CudaSampling : public ::testing::Test {
+class CudaSampling : public testing::GpuTest {
  protected:
-  void SetUp() override {
-    if (device_count() == 0)
-      GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine (scripts/gpu.sh)";
-    install();
-  }
-
   // Every vocabulary, batches of 64 (x16), 3 (x8) and 1 (x8): ~1,060 draws per vocabulary.
   void check(const std::string& name, bool history, const ParamsFn& make, bool exact = false) {
     for (const int64_t V : kVocabs) {

@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "common/fixtures.h"
+#include "gpu_test.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/runtime.h"
 #include "model/model.h"
@@ -71,10 +72,8 @@ std::vector<PassRun> run(const Model& m) {
 }
 
 TEST(CudaTrace, RealdimsOpSpansTimedWithCudaEvents) {
-  if (kernels::cuda::device_count() == 0)
-    GTEST_SKIP() << "no CUDA device here: GPU tests run on the GPU machine";
+  DSA_SKIP_WITHOUT_GPU();
   DSA_FIXTURE_PATH(dir, "models/realdims");
-  kernels::cuda::install_backend();
   const auto cpu_model = Model::load(dir, false);
   ModelConfig cfg = ModelConfig::from_file(dir / "config.json");
   io::Checkpoint ckpt = io::Checkpoint::open(dir);
