@@ -21,6 +21,7 @@
 #include "kernels/cuda/runtime.h"
 #include "model/model.h"
 #include "runtime/engine/cuda_graph_runner.h"
+#include "runtime/engine/device.h"
 
 namespace dsaserve {
 namespace {
@@ -146,10 +147,7 @@ TEST(CudaGraph, HostCopiesInsideACaptureAreClearErrors) {
 constexpr int64_t kPs = 64, kPagesPerReq = 3;  // up to 192 tokens per request
 
 std::shared_ptr<Model> realdims(const std::filesystem::path& dir) {
-  model::ModelConfig cfg = model::ModelConfig::from_file(dir / "config.json");
-  io::Checkpoint ckpt = io::Checkpoint::open(dir);
-  model::ModelWeights w = model::ModelWeights::bind(cfg, ckpt, false).to(Device::cuda);
-  return std::make_shared<Model>(cfg, std::move(ckpt), std::move(w));
+  return runtime::model_on_device(Model::load(dir, false), Device::cuda);
 }
 
 int32_t token(int64_t r, int64_t pos, int64_t vocab) {

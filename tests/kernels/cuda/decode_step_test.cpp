@@ -23,6 +23,7 @@
 #include "kernels/cuda/runtime.h"
 #include "model/model.h"
 #include "runtime/engine/cuda_graph_runner.h"
+#include "runtime/engine/device.h"
 
 namespace dsaserve::model {
 namespace {
@@ -132,10 +133,9 @@ const char* kv_name(KvCacheDtype kv) {
 TEST(CudaDecodeStep, RealdimsStandInVsSm90) {
   DSA_SKIP_WITHOUT_GPU();
   DSA_FIXTURE_PATH(dir, "models/realdims");
-  ModelConfig cfg = ModelConfig::from_file(dir / "config.json");
-  io::Checkpoint ckpt = io::Checkpoint::open(dir);
-  ModelWeights w = ModelWeights::bind(cfg, ckpt, false).to(Device::cuda);
-  const Model m(cfg, std::move(ckpt), std::move(w));
+  const auto gpu_model = runtime::model_on_device(Model::load(dir, false), Device::cuda);
+  const Model& m = *gpu_model;
+  const ModelConfig& cfg = m.config();
   // Correctness without DSA selection (context within index_topk: every row attends to all its keys, so
   // no top-k tie can flip between cache precisions): the sm_90a decode against the stand-in, batch 32.
   {
@@ -175,10 +175,8 @@ TEST(CudaDecodeStep, RealdimsStandInVsSm90) {
 TEST(CudaDecodeStep, RealdimsGraphVsEager) {
   DSA_SKIP_WITHOUT_GPU();
   DSA_FIXTURE_PATH(dir, "models/realdims");
-  ModelConfig cfg = ModelConfig::from_file(dir / "config.json");
-  io::Checkpoint ckpt = io::Checkpoint::open(dir);
-  ModelWeights w = ModelWeights::bind(cfg, ckpt, false).to(Device::cuda);
-  const Model m(cfg, std::move(ckpt), std::move(w));
+  const auto gpu_model = runtime::model_on_device(Model::load(dir, false), Device::cuda);
+  const Model& m = *gpu_model;
   constexpr int64_t kCtx = 2048;
   for (KvCacheDtype kv : {KvCacheDtype::bf16, KvCacheDtype::fp8_e4m3}) {
     for (int64_t B : {int64_t(1), int64_t(8), int64_t(32), int64_t(64)}) {

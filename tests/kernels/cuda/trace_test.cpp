@@ -18,6 +18,7 @@
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/runtime.h"
 #include "model/model.h"
+#include "runtime/engine/device.h"
 
 namespace dsaserve::model {
 namespace {
@@ -75,10 +76,8 @@ TEST(CudaTrace, RealdimsOpSpansTimedWithCudaEvents) {
   DSA_SKIP_WITHOUT_GPU();
   DSA_FIXTURE_PATH(dir, "models/realdims");
   const auto cpu_model = Model::load(dir, false);
-  ModelConfig cfg = ModelConfig::from_file(dir / "config.json");
-  io::Checkpoint ckpt = io::Checkpoint::open(dir);
-  ModelWeights w = ModelWeights::bind(cfg, ckpt, false).to(Device::cuda);
-  const Model gpu(cfg, std::move(ckpt), std::move(w));
+  const auto gpu_model = runtime::model_on_device(cpu_model, Device::cuda);
+  const Model& gpu = *gpu_model;
 
   run(gpu);  // warm-up: module loads and GEMM heuristics out of the timed passes
   const std::vector<PassRun> want = run(*cpu_model), got = run(gpu);
