@@ -213,6 +213,25 @@ struct PlanLayout {
   int64_t size() const { return pos() + pairs; }
 };
 
+// [M, H] f32: the rows of xv listed by the device array rows_d (the token of each (token, expert) pair,
+// packed by expert), one launch.
+Tensor gather_pair_rows(const RowView& xv, const int32_t* rows_d, int64_t M) {
+  const int64_t H = xv.cols;
+  Tensor xg = Tensor::empty({M, H}, DType::f32, Device::cuda);
+  RowsParams g{};
+  g.src = xv.p;
+  g.dst = xg.raw_data();
+  g.rows = M;
+  g.cols = H;
+  g.src_stride = xv.stride;
+  g.dst_stride = H;
+  g.op = RowOp::copy;
+  g.src_rows = rows_d;
+  g.page_size = 1;
+  check_launch(launch_rows(g, op_stream()), "moe_experts gather");
+  return xg;
+}
+
 void device_experts(const RowView& xv, const Routing& routing, const TableView& tab, const int32_t* plan,
                     const PlanLayout& l, int64_t K, Tensor& out) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
@@ -236,18 +255,7 @@ void device_experts(const RowView& xv, const Routing& routing, const TableView& 
     p.in_stride = xv.stride;
     p.in_rows = rows_d;
   } else {  // unaligned rows: gather the tokens packed by expert first
-    xg = Tensor::empty({M, H}, DType::f32, Device::cuda);
-    RowsParams g{};
-    g.src = xv.p;
-    g.dst = xg.raw_data();
-    g.rows = M;
-    g.cols = H;
-    g.src_stride = xv.stride;
-    g.dst_stride = H;
-    g.op = RowOp::copy;
-    g.src_rows = rows_d;
-    g.page_size = 1;
-    check_launch(launch_rows(g, op_stream()), "moe_experts gather");
+    xg = gather_pair_rows(xv, rows_d, M);
     p.in = xg.data<float>();
     p.in_stride = H;
     p.in_rows = nullptr;
@@ -287,20 +295,7 @@ void host_experts(const RowView& xv, const Routing& routing, const std::vector<M
   const int32_t* off = h.data() + l.offsets();
   const int32_t* rows_d = plan + l.rows();
 
-  Tensor xg = Tensor::empty({M, H}, DType::f32, Device::cuda);  // [M, H] tokens packed by expert
-  {
-    RowsParams p{};
-    p.src = xv.p;
-    p.dst = xg.raw_data();
-    p.rows = M;
-    p.cols = H;
-    p.src_stride = xv.stride;
-    p.dst_stride = H;
-    p.op = RowOp::copy;
-    p.src_rows = rows_d;
-    p.page_size = 1;
-    check_launch(launch_rows(p, op_stream()), "moe_experts gather");
-  }
+  const Tensor xg = gather_pair_rows(xv, rows_d, M);  // [M, H] tokens packed by expert
   int64_t I = -1;
   for (int64_t e = 0; e < E; ++e) {
     if (off[e + 1] == off[e]) continue;
