@@ -267,7 +267,6 @@ void bench_indexer(void* flush) {
         p.rows = B;
         indexer_workspace_pointers(p, work);
         p.out = dev_alloc<int32_t>(size_t(B * topk));
-        p.rows = B;
         p.heads = ih;
         p.q_s0 = ih * kIndexerDim;
         p.q_s1 = kIndexerDim;

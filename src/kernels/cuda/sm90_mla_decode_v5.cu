@@ -301,11 +301,13 @@ cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.format != MlaKvFormat::bf16) return launch_decode_v4(p, stream);  // FP8: v4
   // Measured on the H200 (64 heads, batch 128): dense rows (contiguous pages) 109 us early vs 117 late;
   // top-2048 rows (scattered keys) 133 us late vs 151 early (a third order, the product early and the
-  // reload late, measured as late: removed). DSASERVE_MLA_V5_ORDER=early|late overrides (benchmarks).
-  const char* env = std::getenv("DSASERVE_MLA_V5_ORDER");
-  const bool early = env && std::strcmp(env, "early") == 0  ? true
-                     : env && std::strcmp(env, "late") == 0 ? false
-                                                            : p.sel == nullptr;
+  // reload late, measured as late: removed). DSASERVE_MLA_V5_ORDER=early|late overrides (benchmarks; read
+  // once per process: -1 late, 0 unset, 1 early).
+  static const int forced = [] {
+    const char* env = std::getenv("DSASERVE_MLA_V5_ORDER");
+    return env && std::strcmp(env, "early") == 0 ? 1 : env && std::strcmp(env, "late") == 0 ? -1 : 0;
+  }();
+  const bool early = forced != 0 ? forced > 0 : p.sel == nullptr;
   return early ? launch_v5<true>(p, stream) : launch_v5<false>(p, stream);
 }
 
