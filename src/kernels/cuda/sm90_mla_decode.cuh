@@ -73,6 +73,21 @@ struct RowKeys {
   }
 };
 
+// O rows r0 / r1 of this thread (oacc[i][0..1] / [2..3]) times al0 / al1 after the running row maximum
+// moved; skipped when it moved in no row of the warp (the common case once the maxima settle).
+template <int N>
+__device__ __forceinline__ void rescale_rows(float (&oacc)[N][4], float al0, float al1) {
+  if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      oacc[i][0] *= al0;
+      oacc[i][1] *= al0;
+      oacc[i][2] *= al1;
+      oacc[i][3] *= al1;
+    }
+  }
+}
+
 // The end of a decode block: sums each head row's softmax denominator over the 4 lanes that share the row,
 // then writes this thread's O values (head rows hr0 / hr1; columns col + 8 i + 2 (lane % 4) and the next,
 // i < N) divided by it -- into `out` when the row has one split, else into this split's partial row -- and,

@@ -211,15 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v4_kernel(const M
     }
     l0 = l0 * al0 + rs0;
     l1 = l1 * al1 + rs1;
-    if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {  // the running max moved in some row
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        oacc[i][0] *= al0;
-        oacc[i][1] *= al0;
-        oacc[i][2] *= al1;
-        oacc[i][3] *= al1;
-      }
-    }
+    rescale_rows(oacc, al0, al1);
     // O += P V over the tile's 32 keys and this warpgroup's 256 output columns (column blocks 4 wg ..).
     uint32_t a[2][4];  // P as A fragments of the two 16-key steps
 #pragma unroll

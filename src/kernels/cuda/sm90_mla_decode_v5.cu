@@ -159,15 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
     }
     l0 = l0 * al0 + rs0;
     l1 = l1 * al1 + rs1;
-    if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {  // the running max moved in some row
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        oacc[i][0] *= al0;
-        oacc[i][1] *= al0;
-        oacc[i][2] *= al1;
-        oacc[i][3] *= al1;
-      }
-    }
+    rescale_rows(oacc, al0, al1);
     const uint32_t t_addr = mma::smem_addr(sStage + size_t(t % kStages5) * kTile5);
     mma::wgmma_fence_operands(oacc);
     mma::wgmma_fence();
