@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "cli/command.h"
+#include "cli/kernel_flags.h"
 #include "cli/token_ids.h"
 #include "core/error.h"
 #include "core/parallel.h"
@@ -86,7 +87,8 @@ CommandRun setup(CLI::App& sub) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub.add_flag("--disable-cuda-graph", o->disable_cuda_graph, "run every step eagerly (no CUDA graphs)");
-  return [o, temp, topk, topp, minp, seed]() -> int {
+  auto kflags = add_kernel_flags(sub);
+  return [o, temp, topk, topp, minp, seed, kflags]() -> int {
     DSA_CHECK(!o->prompt.empty() || !o->prompt_file.empty(),
               "generate: give the prompt with --prompt-ids or --prompt-ids-file");
     const std::vector<int32_t> prompt =
@@ -101,9 +103,8 @@ CommandRun setup(CLI::App& sub) {
     auto model = model::Model::load(o->model, false);
     const model::KvCacheDtype kv_dtype =
         runtime::resolve_kv_cache_dtype(o->kv_cache_dtype, device, model->config());
-    if (device == Device::cuda) model::set_default_cuda_kv_dtype(kv_dtype);  // the caches generate makes
     const auto t_up = std::chrono::steady_clock::now();
-    model = runtime::model_on_device(std::move(model), device);
+    model = runtime::model_on_device(std::move(model), device, kflags->options(), kv_dtype);
     const double upload_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_up).count();
     const int64_t V = model->config().vocab_size;
     check_token_ids(prompt, V);

@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "cli/command.h"
+#include "cli/kernel_flags.h"
 #include "cli/token_ids.h"
 #include "core/error.h"
 #include "core/parallel.h"
@@ -62,7 +63,8 @@ CommandRun setup(CLI::App& sub) {
                  "KV cache dtype: auto (bf16 on cuda when the sm_90a kernels fit the model, else f32), bf16, "
                  "fp8_e4m3 (cuda) or f32")
       ->capture_default_str();
-  return [o]() -> int {
+  auto kflags = add_kernel_flags(sub);
+  return [o, kflags]() -> int {
     DSA_CHECK(!o->ids.empty() || !o->ids_file.empty(), "score: give the tokens with --ids or --ids-file");
     const std::vector<int32_t> ids = read_token_ids(o->ids, "--ids", o->ids_file, "--ids-file");
     DSA_CHECK(!ids.empty(), "score: the token sequence is empty");
@@ -74,8 +76,7 @@ CommandRun setup(CLI::App& sub) {
     auto model = model::Model::load(o->model, o->mtp);
     const model::KvCacheDtype kv_dtype =
         runtime::resolve_kv_cache_dtype(o->kv_cache_dtype, device, model->config());
-    if (device == Device::cuda) model::set_default_cuda_kv_dtype(kv_dtype);  // the caches score makes
-    model = runtime::model_on_device(std::move(model), device);
+    model = runtime::model_on_device(std::move(model), device, kflags->options(), kv_dtype);
     const int64_t V = model->config().vocab_size;
     check_token_ids(ids, V);
     DSA_CHECK(!o->mtp || model->num_mtp_layers() > 0, "--mtp: {} has no MTP layer", o->model);

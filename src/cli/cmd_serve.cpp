@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "kernel_flags.h"
 #include "core/error.h"
 #ifdef DSASERVE_HAVE_SERVER
 #include "server/server.h"
@@ -95,8 +96,10 @@ CommandRun setup(CLI::App& sub) {
       ->capture_default_str();
   sub.add_flag("--check-integrity", cfg->engine.check_integrity,
                "check scheduler/KV invariants every step (debug)");
-  return [cfg, disable_graphs] {
+  auto kflags = add_kernel_flags(sub);
+  return [cfg, disable_graphs, kflags] {
     if (*disable_graphs) cfg->engine.cuda_graph_max_bs = 0;
+    cfg->kernels = kflags->options();
     return server::run_server(*cfg);
   };
 }

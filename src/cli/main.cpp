@@ -2,11 +2,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
 #include <map>
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace dsaserve::cli {
 std::vector<Command>& commands() {
@@ -31,6 +33,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  // The CPU operators' thread count from the environment (a subcommand's --threads overrides it): read
+  // here, the one place the binary consults the environment for it.
+  if (const char* e = std::getenv("DSASERVE_THREADS")) {
+    const int n = std::atoi(e);
+    if (n > 0) dsaserve::set_num_threads(n);
   }
   try {
     for (auto& [sub, run] : runs) {

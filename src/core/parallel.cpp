@@ -89,13 +89,7 @@ class Pool {
 
 thread_local bool Pool::tls_in_pool = false;
 
-int default_threads() {
-  if (const char* e = std::getenv("DSASERVE_THREADS")) {
-    const int n = std::atoi(e);
-    if (n > 0) return n;
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
-}
+int default_threads() { return int(std::max(1u, std::thread::hardware_concurrency())); }
 
 std::mutex g_pool_mu;
 std::unique_ptr<Pool> g_pool;

@@ -2,7 +2,8 @@
 // A process-wide pool of worker threads for the CPU operators.
 // parallel_for(n, grain, fn) calls fn(begin, end) over disjoint ranges covering [0, n); ranges hold at
 // least `grain` items (except the last). It runs inline when n <= grain or there is one thread.
-// Threads: DSASERVE_THREADS, else the hardware concurrency. Nested calls run inline.
+// Threads: set_num_threads (the dsaserve binary: --threads, else DSASERVE_THREADS), else the hardware
+// concurrency. Nested calls run inline.
 #include <cstdint>
 #include <functional>
 

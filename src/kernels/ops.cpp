@@ -14,9 +14,10 @@ namespace dsaserve::kernels {
 
 namespace {
 
-// The CPU backend: forwards to kernels/cpu.
-class CpuBackend final : public Backend {
+// The CPU backend: forwards to kernels/cpu (the reference).
+class CpuBackend : public Backend {
  public:
+  explicit CpuBackend(const KernelOptions& o) : Backend(Device::cpu, o) {}
   Tensor embedding(const Tensor& table, const Tensor& ids) override { return cpu::embedding(table, ids); }
   Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) override { return cpu::rms_norm(x, w, eps); }
   Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) override {
@@ -55,11 +56,31 @@ class CpuBackend final : public Backend {
                        int64_t start_pos, const Tensor& sel, double scale) override {
     return cpu::attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
   }
+  Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) override {
+    return cpu::moe_route(logits, bias, p);
+  }
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
+    return cpu::moe_experts(x, routing, experts);
+  }
+};
+
+// The CPU backend with the CUDA backend's FP8 arithmetic emulated (cpu::Fp8Emulation): its linears (and
+// the expert linears) quantise their input as the GPU does; with fp8_kv_cache its cache writes round as the
+// GPU's FP8 KV cache stores.
+class Fp8EmulationBackend final : public CpuBackend {
+ public:
+  explicit Fp8EmulationBackend(cpu::Fp8Emulation e) : CpuBackend(KernelOptions{}), e_(std::move(e)) {}
+  Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
+    return cpu::linear(x, w, r0, r1, std::move(out), &e_);
+  }
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
+    return cpu::moe_experts(x, routing, experts, &e_);
+  }
   // With Fp8Emulation::fp8_kv_cache: Backend's sequences, each row rounded as the GPU's FP8 cache stores it.
   void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
                     const RopeParams& rope, Tensor& cache, const Tensor& slots) override {
-    if (!cpu::fp8_emulation().fp8_kv_cache) {
-      Backend::mla_kv_write(ckv, norm_w, eps, positions, rope, cache, slots);
+    if (!e_.fp8_kv_cache) {
+      CpuBackend::mla_kv_write(ckv, norm_w, eps, positions, rope, cache, slots);
       return;
     }
     const int64_t T = ckv.size(0), L = ckv.size(1) - rope.dim, R = rope.dim;
@@ -75,8 +96,8 @@ class CpuBackend final : public Backend {
   void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
                        const Tensor& positions, const RopeParams& rope, Tensor& cache,
                        const Tensor& slots) override {
-    if (!cpu::fp8_emulation().fp8_kv_cache) {
-      Backend::indexer_k_write(k, norm_w, norm_b, eps, positions, rope, cache, slots);
+    if (!e_.fp8_kv_cache) {
+      CpuBackend::indexer_k_write(k, norm_w, norm_b, eps, positions, rope, cache, slots);
       return;
     }
     const int64_t T = k.size(0), D = k.size(1);
@@ -86,15 +107,11 @@ class CpuBackend final : public Backend {
     cpu::rope_inplace(ki_pe, positions, rope);
     cpu::paged_store(cache, slots, cpu::indexer_key_fp8_decode(cpu::indexer_key_fp8_encode(ki)));
   }
-  Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) override {
-    return cpu::moe_route(logits, bias, p);
-  }
-  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
-    return cpu::moe_experts(x, routing, experts);
-  }
+ private:
+  cpu::Fp8Emulation e_;
 };
 
-CpuBackend g_cpu;
+CpuBackend g_cpu{KernelOptions{}};
 
 // Kernel spans (trace/trace.h): off unless a recorder is installed.
 #define DSA_KERNEL_SPAN(name, x)      \
@@ -118,6 +135,16 @@ Backend& backend(Device d) {
   DSA_CHECK(b != nullptr, "no {} backend is registered (a build without CUDA?)", device_name(d));
   return *b;
 }
+
+std::shared_ptr<Backend> make_cpu_backend(const KernelOptions& options) {
+  return std::make_shared<CpuBackend>(options);
+}
+
+std::shared_ptr<Backend> make_fp8_emulation_backend(const cpu::Fp8Emulation& e) {
+  return std::make_shared<Fp8EmulationBackend>(e);
+}
+
+Backend& Ops::on(Device d) const { return b_ != nullptr && b_->device() == d ? *b_ : kernels::backend(d); }
 
 void register_backend(Device d, Backend* b) {
   DSA_CHECK(d != Device::cpu, "the CPU backend is built in and cannot be replaced");
@@ -159,28 +186,28 @@ std::vector<float> rope_inv_freq(const RopeParams& p) {
   return inv;
 }
 
-Tensor embedding(const Tensor& table, const Tensor& ids) {
+Tensor Ops::embedding(const Tensor& table, const Tensor& ids) const {
   DSA_KERNEL_SPAN("embedding", ids);
-  return backend(table.device()).embedding(table, ids);
+  return on(table.device()).embedding(table, ids);
 }
-Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+Tensor Ops::rms_norm(const Tensor& x, const Tensor& w, double eps) const {
   DSA_KERNEL_SPAN("rms_norm", x);
-  return backend(x.device()).rms_norm(x, w, eps);
+  return on(x.device()).rms_norm(x, w, eps);
 }
-Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) {
+Tensor Ops::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) const {
   DSA_KERNEL_SPAN("add_rms_norm", x);
-  return backend(x.device()).add_rms_norm(residual, x, w, eps);
+  return on(x.device()).add_rms_norm(residual, x, w, eps);
 }
-Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+Tensor Ops::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) const {
   DSA_KERNEL_SPAN("layer_norm", x);
-  return backend(x.device()).layer_norm(x, w, b, eps);
+  return on(x.device()).layer_norm(x, w, b, eps);
 }
-Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+Tensor Ops::linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) const {
   trace::Scope span_("linear", "kernel");
   if (span_.on()) linear_args(span_, x, w, r0, r1);
-  return backend(x.device()).linear(x, w, r0, r1, std::move(out));
+  return on(x.device()).linear(x, w, r0, r1, std::move(out));
 }
-std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q) {
+std::vector<Tensor> Ops::linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q) const {
   trace::Scope span_("linear_multi", "kernel");
   if (span_.on()) {
     double flops = 0, bytes = 0;
@@ -194,77 +221,77 @@ std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& 
         .arg("flops", flops)
         .arg("weight_bytes", bytes);
   }
-  return backend(x.device()).linear_multi(x, ws, q);
+  return on(x.device()).linear_multi(x, ws, q);
 }
-Tensor rms_norm_fp8(const Tensor& x, const Tensor& w, double eps, Fp8Act& q) {
+Tensor Ops::rms_norm_fp8(const Tensor& x, const Tensor& w, double eps, Fp8Act& q) const {
   DSA_KERNEL_SPAN("rms_norm", x);
-  return backend(x.device()).norm_fp8(nullptr, x, w, eps, q);
+  return on(x.device()).norm_fp8(nullptr, x, w, eps, q);
 }
-Tensor add_rms_norm_fp8(Tensor& residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) {
+Tensor Ops::add_rms_norm_fp8(Tensor& residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) const {
   DSA_KERNEL_SPAN("add_rms_norm", x);
-  return backend(x.device()).norm_fp8(&residual, x, w, eps, q);
+  return on(x.device()).norm_fp8(&residual, x, w, eps, q);
 }
-Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+Tensor Ops::linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) const {
   trace::Scope span_("linear_t", "kernel");
   if (span_.on()) linear_args(span_, x, w, r0, r1);
-  return backend(x.device()).linear_t(x, w, r0, r1, std::move(out));
+  return on(x.device()).linear_t(x, w, r0, r1, std::move(out));
 }
-void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) {
+void Ops::rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) const {
   DSA_KERNEL_SPAN("rope_inplace", x);
-  backend(x.device()).rope_inplace(x, positions, p);
+  on(x.device()).rope_inplace(x, positions, p);
 }
-Tensor silu_mul(const Tensor& gate, const Tensor& up) {
+Tensor Ops::silu_mul(const Tensor& gate, const Tensor& up) const {
   DSA_KERNEL_SPAN("silu_mul", gate);
-  return backend(gate.device()).silu_mul(gate, up);
+  return on(gate.device()).silu_mul(gate, up);
 }
-Tensor argmax(const Tensor& x) {
+Tensor Ops::argmax(const Tensor& x) const {
   DSA_KERNEL_SPAN("argmax", x);
-  return backend(x.device()).argmax(x);
+  return on(x.device()).argmax(x);
 }
-void add_inplace(Tensor& a, const Tensor& b) {
+void Ops::add_inplace(Tensor& a, const Tensor& b) const {
   DSA_KERNEL_SPAN("add_inplace", a);
-  backend(a.device()).add_inplace(a, b);
+  on(a.device()).add_inplace(a, b);
 }
-void copy_rows(Tensor& dst, const Tensor& src) {
+void Ops::copy_rows(Tensor& dst, const Tensor& src) const {
   DSA_KERNEL_SPAN("copy_rows", src);
-  backend(dst.device()).copy_rows(dst, src);
+  on(dst.device()).copy_rows(dst, src);
 }
-Tensor gather_rows(const Tensor& x, const Tensor& idx) {
+Tensor Ops::gather_rows(const Tensor& x, const Tensor& idx) const {
   DSA_KERNEL_SPAN("gather_rows", x);
-  return backend(x.device()).gather_rows(x, idx);
+  return on(x.device()).gather_rows(x, idx);
 }
-void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) {
+void Ops::paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) const {
   DSA_KERNEL_SPAN("paged_store", src);
-  backend(cache.device()).paged_store(cache, slots, src);
+  on(cache.device()).paged_store(cache, slots, src);
 }
-Tensor paged_gather(const PagedSeq& seq, int64_t n) {
+Tensor Ops::paged_gather(const PagedSeq& seq, int64_t n) const {
   DSA_KERNEL_SPAN("paged_gather", seq.cache);
-  return backend(seq.cache.device()).paged_gather(seq, n);
+  return on(seq.cache.device()).paged_gather(seq, n);
 }
-Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
-                    double scale, double weight_scale) {
+Tensor Ops::indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
+                    double scale, double weight_scale) const {
   DSA_KERNEL_SPAN("indexer_topk", q);
-  return backend(q.device()).indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale);
+  return on(q.device()).indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale);
 }
-Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
-                              int64_t start_pos, const Tensor& sel, double scale) {
+Tensor Ops::mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
+                              int64_t start_pos, const Tensor& sel, double scale) const {
   DSA_KERNEL_SPAN("mla_attention_absorbed", q_lat);
-  return backend(q_lat.device()).mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale);
+  return on(q_lat.device()).mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale);
 }
-Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
-                         double weight_scale) {
+Tensor Ops::indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
+                         double weight_scale) const {
   DSA_KERNEL_SPAN("indexer_topk", q);
-  return backend(q.device()).indexer_topk_rows(q, w, keys, topk, scale, weight_scale);
+  return on(q.device()).indexer_topk_rows(q, w, keys, topk, scale, weight_scale);
 }
-Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
-                          double scale) {
+Tensor Ops::mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
+                          double scale) const {
   DSA_KERNEL_SPAN("mla_attention_absorbed", q_lat);
-  return backend(q_lat.device()).mla_attention_rows(q_lat, q_rope, kv, sel, scale);
+  return on(q_lat.device()).mla_attention_rows(q_lat, q_rope, kv, sel, scale);
 }
-Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
-                     int64_t start_pos, const Tensor& sel, double scale) {
+Tensor Ops::attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                     int64_t start_pos, const Tensor& sel, double scale) const {
   DSA_KERNEL_SPAN("attention_mha", q);
-  return backend(q.device()).attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
+  return on(q.device()).attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
 }
 void check_attention_mha_shapes(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                                 int64_t start_pos) {
@@ -384,13 +411,44 @@ void MoeRouteParams::validate(int64_t n_experts) const {
             top_k, topk_group * per_group);
 }
 
-Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) {
+Routing Ops::moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) const {
   DSA_KERNEL_SPAN("moe_route", logits);
-  return backend(logits.device()).moe_route(logits, bias, p);
+  return on(logits.device()).moe_route(logits, bias, p);
 }
-Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) {
+Tensor Ops::moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) const {
   DSA_KERNEL_SPAN("moe_experts", x);
-  return backend(x.device()).moe_experts(x, routing, experts);
+  return on(x.device()).moe_experts(x, routing, experts);
 }
+
+// The free operators: the registered backends (Ops without a backend of its own).
+Tensor embedding(const Tensor& table, const Tensor& ids) { return Ops().embedding(table, ids); }
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) { return Ops().rms_norm(x, w, eps); }
+Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) { return Ops().add_rms_norm(residual, x, w, eps); }
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) { return Ops().layer_norm(x, w, b, eps); }
+Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) { return Ops().linear(x, w, r0, r1, std::move(out)); }
+std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q) { return Ops().linear_multi(x, ws, q); }
+Tensor rms_norm_fp8(const Tensor& x, const Tensor& w, double eps, Fp8Act& q) { return Ops().rms_norm_fp8(x, w, eps, q); }
+Tensor add_rms_norm_fp8(Tensor& residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) { return Ops().add_rms_norm_fp8(residual, x, w, eps, q); }
+Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) { return Ops().linear_t(x, w, r0, r1, std::move(out)); }
+void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) { Ops().rope_inplace(x, positions, p); }
+Tensor silu_mul(const Tensor& gate, const Tensor& up) { return Ops().silu_mul(gate, up); }
+Tensor argmax(const Tensor& x) { return Ops().argmax(x); }
+void add_inplace(Tensor& a, const Tensor& b) { Ops().add_inplace(a, b); }
+void copy_rows(Tensor& dst, const Tensor& src) { Ops().copy_rows(dst, src); }
+Tensor gather_rows(const Tensor& x, const Tensor& idx) { return Ops().gather_rows(x, idx); }
+void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) { Ops().paged_store(cache, slots, src); }
+Tensor paged_gather(const PagedSeq& seq, int64_t n) { return Ops().paged_gather(seq, n); }
+Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
+                    double scale, double weight_scale) { return Ops().indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale); }
+Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
+                              int64_t start_pos, const Tensor& sel, double scale) { return Ops().mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale); }
+Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
+                         double weight_scale) { return Ops().indexer_topk_rows(q, w, keys, topk, scale, weight_scale); }
+Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
+                          double scale) { return Ops().mla_attention_rows(q_lat, q_rope, kv, sel, scale); }
+Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                     int64_t start_pos, const Tensor& sel, double scale) { return Ops().attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale); }
+Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) { return Ops().moe_route(logits, bias, p); }
+Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) { return Ops().moe_experts(x, routing, experts); }
 
 }  // namespace dsaserve::kernels

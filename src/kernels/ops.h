@@ -12,12 +12,18 @@
 //   (i32 [n_pages]) maps its position p to page_table[p / page_size].
 // - Top-k ties (indexer selection, expert routing, group choice, argmax) break toward the lower index.
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/kernel_options.h"
 
 namespace dsaserve::kernels {
+
+namespace cpu {
+struct Fp8Emulation;  // kernels/cpu/cpu_ops.h
+}  // namespace cpu
 
 // A Linear weight W [out, in]: y = x @ W^T. FP8 weights carry scale_inv F32 [ceil(out/block_n),
 // ceil(in/block_k)] and the real value is W[r][c] * scale_inv[r / block_n][c / block_k].
@@ -221,11 +227,18 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
 
 // ---- backends ----
 
-// One implementation of every operator for a device. The CPU backend is built in; the CUDA module
+// One implementation of every operator for a device, with the KernelOptions its kernels run with (a
+// backend object is one device context: make_backend). The CPU backend is built in; the CUDA module
 // registers its own with register_backend(Device::cuda, ...).
 class Backend {
  public:
+  Backend(Device device, const KernelOptions& options) : device_(device), options_(options) {}
   virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+  Device device() const { return device_; }
+  const KernelOptions& options() const { return options_; }
+
   virtual Tensor embedding(const Tensor& table, const Tensor& ids) = 0;
   virtual Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) = 0;
   virtual Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) = 0;
@@ -269,11 +282,67 @@ class Backend {
                                const Tensor& slots);
   virtual Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) = 0;
   virtual Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) = 0;
+
+ private:
+  Device device_;
+  KernelOptions options_;
 };
 
-// The backend of a device; throws when none is registered (e.g. CUDA in a CPU-only build).
+// The registered backend of a device (default KernelOptions); throws when none is registered (e.g. CUDA
+// in a CPU-only build).
 Backend& backend(Device d);
+// A CPU backend of its own (the reference: no option changes its arithmetic; `options` is kept for
+// Backend::options()). For a CUDA one: kernels/cuda/backend.h make_backend (runtime::make_backend picks).
+std::shared_ptr<Backend> make_cpu_backend(const KernelOptions& options = {});
+// The CPU backend with the CUDA backend's FP8 arithmetic emulated (kernels/cpu/cpu_ops.h Fp8Emulation):
+// its linears and expert linears quantise their inputs as the GPU does, and with e.fp8_kv_cache its cache
+// writes round as the GPU's FP8 KV cache stores. A reference for the GPU's FP8 numbers, kept apart from
+// the pure reference (make_cpu_backend).
+std::shared_ptr<Backend> make_fp8_emulation_backend(const cpu::Fp8Emulation& e);
 // Installs (or, with null, removes) the backend of a non-CPU device. The pointer must outlive its use.
 void register_backend(Device d, Backend* b);
+
+// The operators above bound to one backend, the device context of a model (make_backend: its device and
+// KernelOptions): an operator whose tensors live on that backend's device runs there, any other on the
+// registered backend of its device. Ops() has no backend of its own: the free functions above are Ops().
+class Ops {
+ public:
+  Ops() = default;
+  explicit Ops(Backend* b) : b_(b) {}
+  Backend* backend() const { return b_; }
+
+  Tensor embedding(const Tensor& table, const Tensor& ids) const;
+  Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) const;
+  Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) const;
+  Tensor rms_norm_fp8(const Tensor& x, const Tensor& w, double eps, Fp8Act& q) const;
+  Tensor add_rms_norm_fp8(Tensor& residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) const;
+  Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) const;
+  Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0 = 0, int64_t r1 = -1, Tensor out = {}) const;
+  std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q = nullptr) const;
+  Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out = {}) const;
+  void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) const;
+  Tensor silu_mul(const Tensor& gate, const Tensor& up) const;
+  Tensor argmax(const Tensor& x) const;
+  void add_inplace(Tensor& a, const Tensor& b) const;
+  void copy_rows(Tensor& dst, const Tensor& src) const;
+  Tensor gather_rows(const Tensor& x, const Tensor& idx) const;
+  void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) const;
+  Tensor paged_gather(const PagedSeq& seq, int64_t n) const;
+  Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk, double scale, double weight_scale) const;
+  Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv, int64_t start_pos, const Tensor& sel, double scale) const;
+  Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale, double weight_scale) const;
+  Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel, double scale) const;
+  Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v, int64_t start_pos, const Tensor& sel, double scale) const;
+  Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out = {}) const;
+  Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out = {}) const;
+  void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions, const RopeParams& rope, Tensor& cache, const Tensor& slots) const;
+  void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps, const Tensor& positions, const RopeParams& rope, Tensor& cache, const Tensor& slots) const;
+  Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) const;
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) const;
+
+ private:
+  Backend& on(Device d) const;
+  Backend* b_ = nullptr;
+};
 
 }  // namespace dsaserve::kernels

@@ -55,32 +55,32 @@ AbsorbDims absorb_dims(const Tensor& x, const WeightRef& kv_b, bool q, int64_t d
   return a;
 }
 
-Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out) {
+Tensor Ops::absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out) const {
   trace::Scope span_("absorb_q", "kernel");
   if (span_.on()) span_.arg("x", q_nope.shape()).arg("w", kv_b.weight.shape());
-  return backend(q_nope.device()).absorb_q(q_nope, kv_b, std::move(out));
+  return on(q_nope.device()).absorb_q(q_nope, kv_b, std::move(out));
 }
 
-Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out) {
+Tensor Ops::absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out) const {
   trace::Scope span_("absorb_v", "kernel");
   if (span_.on()) span_.arg("x", out_lat.shape()).arg("w", kv_b.weight.shape());
-  return backend(out_lat.device()).absorb_v(out_lat, kv_b, dv, std::move(out));
+  return on(out_lat.device()).absorb_v(out_lat, kv_b, dv, std::move(out));
 }
 
-void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
-                  const RopeParams& rope, Tensor& cache, const Tensor& slots) {
+void Ops::mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
+                  const RopeParams& rope, Tensor& cache, const Tensor& slots) const {
   trace::Scope span_("mla_kv_write", "kernel");
   if (span_.on()) span_.arg("x", ckv.shape());
   check_write(ckv, positions, rope, cache, slots, "mla_kv_write");
-  backend(ckv.device()).mla_kv_write(ckv, norm_w, eps, positions, rope, cache, slots);
+  on(ckv.device()).mla_kv_write(ckv, norm_w, eps, positions, rope, cache, slots);
 }
 
-void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
-                     const Tensor& positions, const RopeParams& rope, Tensor& cache, const Tensor& slots) {
+void Ops::indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
+                     const Tensor& positions, const RopeParams& rope, Tensor& cache, const Tensor& slots) const {
   trace::Scope span_("indexer_k_write", "kernel");
   if (span_.on()) span_.arg("x", k.shape());
   check_write(k, positions, rope, cache, slots, "indexer_k_write");
-  backend(k.device()).indexer_k_write(k, norm_w, norm_b, eps, positions, rope, cache, slots);
+  on(k.device()).indexer_k_write(k, norm_w, norm_b, eps, positions, rope, cache, slots);
 }
 
 // ---- Backend defaults: the unfused sequences ----
@@ -133,5 +133,13 @@ void Backend::indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tenso
   rope_inplace(ki_pe, positions, rope);
   paged_store(cache, slots, ki);
 }
+
+// The free operators: the registered backends (Ops without a backend of its own).
+Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out) { return Ops().absorb_q(q_nope, kv_b, std::move(out)); }
+Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out) { return Ops().absorb_v(out_lat, kv_b, dv, std::move(out)); }
+void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
+                  const RopeParams& rope, Tensor& cache, const Tensor& slots) { Ops().mla_kv_write(ckv, norm_w, eps, positions, rope, cache, slots); }
+void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
+                     const Tensor& positions, const RopeParams& rope, Tensor& cache, const Tensor& slots) { Ops().indexer_k_write(k, norm_w, norm_b, eps, positions, rope, cache, slots); }
 
 }  // namespace dsaserve::kernels

@@ -11,7 +11,6 @@
 
 namespace dsaserve::model {
 
-namespace ops = kernels;
 using trace::OpScope;  // spans named like the plan's op records (docs/plan.md); free when tracing is off
 
 namespace {
@@ -97,8 +96,23 @@ kernels::WeightRef Model::ref(const Linear& l) const {
   return kernels::WeightRef{l.weight, l.scale_inv, cfg_.fp8.block_n, cfg_.fp8.block_k};
 }
 
-Model::Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights)
-    : cfg_(std::move(cfg)), ckpt_(std::move(ckpt)), w_(std::move(weights)) {}
+Model::Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights, std::shared_ptr<kernels::Backend> backend,
+             std::optional<KvCacheDtype> kv_dtype)
+    : cfg_(std::move(cfg)),
+      ckpt_(std::move(ckpt)),
+      w_(std::move(weights)),
+      backend_(std::move(backend)),
+      kv_dtype_(kv_dtype),
+      ops_(backend_.get()) {
+  DSA_CHECK(backend_ == nullptr || backend_->device() == w_.embed_tokens.device(),
+            "model: a {} backend for weights on {}", device_name(backend_ ? backend_->device() : Device::cpu),
+            device_name(w_.embed_tokens.device()));
+}
+
+std::shared_ptr<Model> Model::with_backend(std::shared_ptr<kernels::Backend> backend,
+                                           std::optional<KvCacheDtype> kv_dtype) const {
+  return std::make_shared<Model>(cfg_, ckpt_, w_, std::move(backend), kv_dtype);
+}
 
 std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, bool with_mtp) {
   ModelConfig cfg = ModelConfig::from_file(dir / "config.json");
@@ -108,7 +122,7 @@ std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, bool with_m
 }
 
 KvCache Model::make_cache(int64_t num_pages, int64_t page_size) const {
-  return KvCache::create(cfg_, num_pages, page_size, !w_.mtp.empty(), w_.embed_tokens.device());
+  return KvCache::create(cfg_, num_pages, page_size, !w_.mtp.empty(), w_.embed_tokens.device(), kv_dtype_);
 }
 
 Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_indexer, const Tensor& h,
@@ -126,7 +140,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   Tensor q_a, ckv;
   {
     OpScope span("qkv_a_proj");
-    std::vector<Tensor> parts = ops::linear_multi(h, {ref(aw.q_a_proj), ref(aw.kv_a_proj)}, &hq);
+    std::vector<Tensor> parts = ops_.linear_multi(h, {ref(aw.q_a_proj), ref(aw.kv_a_proj)}, &hq);
     q_a = std::move(parts[0]);
     ckv = std::move(parts[1]);
     shape(span, "[{}, {}] x [{}, {}]^T", T, h.size(1), q_a.size(1) + ckv.size(1), h.size(1));
@@ -136,8 +150,8 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   {
     OpScope span("q_a_layernorm");
     // [T, q_lora], and its FP8 copy for q_b and the indexer's wq_b when those are FP8
-    q_resid = aw.q_b_proj.is_fp8() ? ops::rms_norm_fp8(q_a, aw.q_a_layernorm, kLoraEps, q_resid_q)
-                                   : ops::rms_norm(q_a, aw.q_a_layernorm, kLoraEps);
+    q_resid = aw.q_b_proj.is_fp8() ? ops_.rms_norm_fp8(q_a, aw.q_a_layernorm, kLoraEps, q_resid_q)
+                                   : ops_.rms_norm(q_a, aw.q_a_layernorm, kLoraEps);
     shape(span, "[{}, {}]", T, q_resid.size(1));
   }
   {
@@ -145,7 +159,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     // [kv | k_rope] stored at the step's slots (the FP8 cache quantises whole rows). Nothing reads kv
     // afterwards but the cache.
     OpScope span("kv_a_layernorm+kv_cache_write");
-    ops::mla_kv_write(ckv, aw.kv_a_layernorm, kLoraEps, st.positions, rope_params(c, true),
+    ops_.mla_kv_write(ckv, aw.kv_a_layernorm, kLoraEps, st.positions, rope_params(c, true),
                       cache.kv[size_t(kv_layer)], st.slots);
     shapes(span,
            {fmt::format("[{}, {}]", T, L), fmt::format("[{}, {}] -> {} B/token", T, ckv.size(1),
@@ -159,13 +173,13 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     Tensor qi, ki_raw, wts;
     {
       OpScope span("indexer_wq_b");
-      qi = ops::linear_multi(q_resid, {ref(iw.wq_b)}, &q_resid_q)[0].view(
+      qi = ops_.linear_multi(q_resid, {ref(iw.wq_b)}, &q_resid_q)[0].view(
           {T, ih, id});  // rope first, then the rest
       shape(span, "[{}, {}] x [{}, {}]^T", T, q_resid.size(1), ih * id, q_resid.size(1));
     }
     {
       OpScope span("indexer_wk_weights_proj");
-      std::vector<Tensor> parts = ops::linear_multi(h, {ref(iw.wk), ref(iw.weights_proj)}, &hq);
+      std::vector<Tensor> parts = ops_.linear_multi(h, {ref(iw.wk), ref(iw.weights_proj)}, &hq);
       ki_raw = std::move(parts[0]);  // [T, id]
       wts = std::move(parts[1]);     // [T, ih]
       shape(span, "[{}, {}] x [{}, {}]^T", T, h.size(1), ki_raw.size(1) + wts.size(1), h.size(1));
@@ -173,10 +187,10 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     {
       OpScope span("indexer_k_cache_write");
       Tensor qi_pe = qi.slice(2, 0, rope);
-      ops::rope_inplace(qi_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
+      ops_.rope_inplace(qi_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
       // ki = LayerNorm(ki_raw), RoPE on its rope part (first), stored at the step's slots: one op (an FP8
       // cache, u8 [slots, 132], quantises each key: 128 e4m3 codes + one f32 scale).
-      ops::indexer_k_write(ki_raw, iw.k_norm_weight, iw.k_norm_bias, c.indexer_norm_eps, st.positions,
+      ops_.indexer_k_write(ki_raw, iw.k_norm_weight, iw.k_norm_bias, c.indexer_norm_eps, st.positions,
                            rope_params(c, c.indexer_rope_interleaved), cache.index_k[size_t(kv_layer)],
                            st.slots);
       shape(span, "[{}, {}] q + [{}, {}] k -> {} B/token", T, ih * id, T, ki_raw.size(1),
@@ -196,7 +210,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     st.sel_rows =
         st.max_len <= c.index_topk
             ? Tensor()
-            : ops::indexer_topk_rows(qi, wts, st.rows(cache.index_k[size_t(kv_layer)], cache.page_size),
+            : ops_.indexer_topk_rows(qi, wts, st.rows(cache.index_k[size_t(kv_layer)], cache.page_size),
                                      c.index_topk, std::pow(double(id), -0.5), std::pow(double(ih), -0.5));
     for (int64_t r = 0; r < b.num_requests(); ++r) {
       const int64_t a0 = b.token_begin[size_t(r)], a1 = b.token_begin[size_t(r) + 1],
@@ -213,7 +227,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   Tensor q;
   {
     OpScope span("q_b_proj");
-    q = ops::linear_multi(q_resid, {ref(aw.q_b_proj)}, &q_resid_q)[0].view({T, nh, dq});
+    q = ops_.linear_multi(q_resid, {ref(aw.q_b_proj)}, &q_resid_q)[0].view({T, nh, dq});
     shape(span, "[{}, {}] x [{}, {}]^T", T, q_resid.size(1), nh * dq, q_resid.size(1));
   }
   bool q_roped = false;
@@ -221,7 +235,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     if (q_roped) return;
     OpScope span("q_rope");
     Tensor q_pe = q.slice(2, nope, dq);  // [T, nh, rope]
-    ops::rope_inplace(q_pe, st.positions, rope_params(c, true));
+    ops_.rope_inplace(q_pe, st.positions, rope_params(c, true));
     shape(span, "[{}, {}, {}]", q_pe.size(0), q_pe.size(1), q_pe.size(2));
     q_roped = true;
   };
@@ -259,18 +273,18 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     Tensor lat, kvx;
     {
       OpScope span("kv_b_proj");
-      lat = ops::paged_gather(seq, S);                                       // [S, L + rope]
-      kvx = ops::linear(lat.slice(1, 0, L), kv_b).view({S, nh, nope + dv});  // [S, nh, nope + dv]
+      lat = ops_.paged_gather(seq, S);                                       // [S, L + rope]
+      kvx = ops_.linear(lat.slice(1, 0, L), kv_b).view({S, nh, nope + dv});  // [S, nh, nope + dv]
       shape(span, "[{}, {}] x [{}, {}]^T", S, L, nh * (nope + dv), L);
     }
     rope_q();
     OpScope span("mha");
     shape(span, "{} q x {} heads x [{}] . causal keys", Tr, nh, dq);
     const Tensor o =
-        ops::attention_mha(q.slice(0, a0, a1), kvx.slice(2, 0, nope), lat.slice(1, L, L + rope),
+        ops_.attention_mha(q.slice(0, a0, a1), kvx.slice(2, 0, nope), lat.slice(1, L, L + rope),
                            kvx.slice(2, nope, nope + dv), s0, st.sel[size_t(r)], scale);  // [Tr, nh, dv]
     Tensor dst = attn.slice(0, a0, a1).view({Tr * nh, dv});
-    ops::copy_rows(dst, o.view({Tr * nh, dv}));
+    ops_.copy_rows(dst, o.view({Tr * nh, dv}));
   }
   if (!absorbed.empty()) {
     const int64_t Ta = int64_t(abs_rows.size());
@@ -280,10 +294,10 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     {
       OpScope span("q_nope_absorb");
       qa = Ta == T ? q
-                   : ops::gather_rows(q.view({T, nh * dq}), i32_tensor(abs_rows.data(), Ta, h.device()))
+                   : ops_.gather_rows(q.view({T, nh * dq}), i32_tensor(abs_rows.data(), Ta, h.device()))
                          .view({Ta, nh, dq});  // [Ta, nh, dq]
       // q_lat[h] = q_nope[h] @ W_UK[h] -> [Ta, nh, L], every head in one batched op
-      q_lat = ops::absorb_q(qa.slice(2, 0, nope), kv_b);
+      q_lat = ops_.absorb_q(qa.slice(2, 0, nope), kv_b);
       shape(span, "{} x [{}, {}] x [{}, {}]", nh, Ta, nope, nope, L);
     }
     rope_q();
@@ -298,18 +312,18 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
             c.has_indexer() ? std::min(c.index_topk, ctx) : ctx);
     }
     if (Ta == T) {  // every token: one call for the step's rows
-      out_lat = ops::mla_attention_rows(q_lat, qa.slice(2, nope, dq),
+      out_lat = ops_.mla_attention_rows(q_lat, qa.slice(2, nope, dq),
                                         st.rows(cache.kv[size_t(kv_layer)], cache.page_size),
                                         c.has_indexer() ? st.sel_rows : Tensor(), scale);
     } else {  // MHA requests took some tokens: one call per absorbed request
       for (int64_t r : absorbed) {
         const int64_t Tr = b.num_new(r), s0 = b.start_pos[size_t(r)];
         const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.page_tables[size_t(r)], cache.page_size};
-        const Tensor o = ops::mla_attention_absorbed(q_lat.slice(0, p0, p0 + Tr),
+        const Tensor o = ops_.mla_attention_absorbed(q_lat.slice(0, p0, p0 + Tr),
                                                      qa.slice(0, p0, p0 + Tr).slice(2, nope, dq), seq, s0,
                                                      st.sel[size_t(r)], scale);
         Tensor dst = out_lat.slice(0, p0, p0 + Tr).view({Tr * nh, L});
-        ops::copy_rows(dst, o.view({Tr * nh, L}));
+        ops_.copy_rows(dst, o.view({Tr * nh, L}));
         p0 += Tr;
       }
     }
@@ -317,19 +331,19 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     // o[h] = out_lat[h] @ W_UV[h]^T -> [Ta, nh, dv], then back to the requests' rows.
     OpScope span("v_up_absorb");
     shape(span, "{} x [{}, {}] x [{}, {}]", nh, Ta, L, L, dv);
-    Tensor oa = ops::absorb_v(out_lat, kv_b, dv, Ta == T ? attn : Tensor());  // every head in one op
+    Tensor oa = ops_.absorb_v(out_lat, kv_b, dv, Ta == T ? attn : Tensor());  // every head in one op
     if (Ta != T) {
       p0 = 0;
       for (int64_t r : absorbed) {
         const int64_t Tr = b.num_new(r), a0 = b.token_begin[size_t(r)];
         Tensor dst = attn.slice(0, a0, a0 + Tr).view({Tr * nh, dv});
-        ops::copy_rows(dst, oa.slice(0, p0, p0 + Tr).view({Tr * nh, dv}));
+        ops_.copy_rows(dst, oa.slice(0, p0, p0 + Tr).view({Tr * nh, dv}));
         p0 += Tr;
       }
     }
   }
   OpScope span("o_proj");
-  Tensor out = ops::linear(attn.view({T, nh * dv}), ref(aw.o_proj));  // [T, H]
+  Tensor out = ops_.linear(attn.view({T, nh * dv}), ref(aw.o_proj));  // [T, H]
   shape(span, "[{}, {}] x [{}, {}]^T", T, nh * dv, out.size(1), nh * dv);
   return out;
 }
@@ -340,18 +354,18 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
     Tensor g, u, a;
     {
       OpScope span(names[0]);
-      std::vector<Tensor> parts = ops::linear_multi(h, {ref(m.gate), ref(m.up)}, &hq);
+      std::vector<Tensor> parts = ops_.linear_multi(h, {ref(m.gate), ref(m.up)}, &hq);
       g = std::move(parts[0]);
       u = std::move(parts[1]);
       shape(span, "[{}, {}] x [{}, {}]^T", h.size(0), h.size(1), g.size(1) + u.size(1), h.size(1));
     }
     {
       OpScope span(names[1]);
-      a = ops::silu_mul(g, u);
+      a = ops_.silu_mul(g, u);
       shape(span, "[{}, {}]", a.size(0), a.size(1));
     }
     OpScope span(names[2]);
-    Tensor out = ops::linear(a, ref(m.down));
+    Tensor out = ops_.linear(a, ref(m.down));
     shape(span, "[{}, {}] x [{}, {}]^T", a.size(0), a.size(1), out.size(1), a.size(1));
     return out;
   };
@@ -363,7 +377,7 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
   Tensor logits;
   {
     OpScope span("router_gate");
-    logits = ops::linear(h, kernels::WeightRef{moe.gate, {}, 128, 128});  // [T, E] fp32
+    logits = ops_.linear(h, kernels::WeightRef{moe.gate, {}, 128, 128});  // [T, E] fp32
     shape(span, "[{}, {}] x [{}, {}]^T", h.size(0), h.size(1), logits.size(1), h.size(1));
   }
   kernels::MoeRouteParams p;
@@ -375,7 +389,7 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
   kernels::Routing routing;
   {
     OpScope span("router_topk");
-    routing = ops::moe_route(logits, moe.e_score_correction_bias, p);
+    routing = ops_.moe_route(logits, moe.e_score_correction_bias, p);
     shape(span, "[{}, {}] -> top-{}", logits.size(0), logits.size(1), p.top_k);
   }
   Tensor out;
@@ -384,7 +398,7 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
     std::vector<kernels::MlpRef> experts;
     experts.reserve(moe.experts.size());
     for (const MlpWeights& e : moe.experts) experts.push_back({ref(e.gate), ref(e.up), ref(e.down)});
-    out = ops::moe_experts(h, routing, experts);
+    out = ops_.moe_experts(h, routing, experts);
     if (span.on() && !moe.experts.empty()) {
       const int64_t E = int64_t(moe.experts.size()), rows = h.size(0) * p.top_k, H = h.size(1),
                     I = moe.experts[0].gate.weight.size(0);
@@ -395,7 +409,7 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
   if (moe.shared_experts) {
     const Tensor sh = dense(*moe.shared_experts, kShared);
     OpScope span("moe_sum");
-    ops::add_inplace(out, sh);
+    ops_.add_inplace(out, sh);
     shape(span, "[{}, {}]", out.size(0), out.size(1));
   }
   return out;
@@ -408,12 +422,12 @@ ForwardOutput Model::finish(const Tensor& hidden, const kernels::WeightRef& head
   // A decode step's last tokens are all of its tokens (one per request): no gather.
   const bool one_per_request = b.num_tokens() == b.num_requests();
   if (opt.all_logits || one_per_request) {
-    out.logits = ops::linear(hidden, head);
+    out.logits = ops_.linear(hidden, head);
   } else {
     std::vector<int32_t> last;
     for (int64_t r = 0; r < b.num_requests(); ++r) last.push_back(int32_t(b.token_begin[size_t(r) + 1] - 1));
-    out.logits = ops::linear(
-        ops::gather_rows(hidden, i32_tensor(last.data(), int64_t(last.size()), hidden.device())), head);
+    out.logits = ops_.linear(
+        ops_.gather_rows(hidden, i32_tensor(last.data(), int64_t(last.size()), hidden.device())), head);
   }
   shape(span, "[{}, {}] x [{}, {}]^T", out.logits.size(0), hidden.size(1), out.logits.size(1),
         hidden.size(1));
@@ -544,11 +558,11 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
       OpScope span("input_layernorm");
       if (run.pending.defined()) {
         h = fp8_attn_in
-                ? ops::add_rms_norm_fp8(run.residual, run.pending, lw.input_layernorm, c.rms_norm_eps, hq)
-                : ops::add_rms_norm(run.residual, run.pending, lw.input_layernorm, c.rms_norm_eps);
+                ? ops_.add_rms_norm_fp8(run.residual, run.pending, lw.input_layernorm, c.rms_norm_eps, hq)
+                : ops_.add_rms_norm(run.residual, run.pending, lw.input_layernorm, c.rms_norm_eps);
       } else {
-        h = fp8_attn_in ? ops::rms_norm_fp8(run.residual, lw.input_layernorm, c.rms_norm_eps, hq)
-                        : ops::rms_norm(run.residual, lw.input_layernorm, c.rms_norm_eps);
+        h = fp8_attn_in ? ops_.rms_norm_fp8(run.residual, lw.input_layernorm, c.rms_norm_eps, hq)
+                        : ops_.rms_norm(run.residual, lw.input_layernorm, c.rms_norm_eps);
       }
       shape(span, "[{}, {}]", h.size(0), h.size(1));
     }
@@ -557,8 +571,8 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     {
       OpScope span("post_attention_layernorm");
       h2 = fp8_mlp_in
-               ? ops::add_rms_norm_fp8(run.residual, a, lw.post_attention_layernorm, c.rms_norm_eps, h2q)
-               : ops::add_rms_norm(run.residual, a, lw.post_attention_layernorm, c.rms_norm_eps);
+               ? ops_.add_rms_norm_fp8(run.residual, a, lw.post_attention_layernorm, c.rms_norm_eps, h2q)
+               : ops_.add_rms_norm(run.residual, a, lw.post_attention_layernorm, c.rms_norm_eps);
       shape(span, "[{}, {}]", h2.size(0), h2.size(1));
     }
     run.pending = mlp(lw, h2, h2q);
@@ -570,7 +584,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     {
       trace::LayerScope head(-1, "head");
       OpScope span("embed_tokens");
-      run.residual = ops::embedding(w_.embed_tokens, ids);  // [T, H]
+      run.residual = ops_.embedding(w_.embed_tokens, ids);  // [T, H]
       shape(span, "[{}] -> [{}, {}]", T, T, run.residual.size(1));
     }
     for (int64_t l = 0; l < L; ++l) {
@@ -581,7 +595,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     Tensor normed;
     {
       OpScope span("final_norm");
-      normed = ops::add_rms_norm(run.residual, run.pending, w_.norm, c.rms_norm_eps);
+      normed = ops_.add_rms_norm(run.residual, run.pending, w_.norm, c.rms_norm_eps);
       shape(span, "[{}, {}]", normed.size(0), normed.size(1));
     }
     return finish(normed, ref(w_.lm_head), batch, opt);
@@ -596,7 +610,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   {
     trace::LayerScope head(-1, "head");
     OpScope span("embed_tokens");
-    emb = ops::embedding(m.embed_tokens.defined() ? m.embed_tokens : w_.embed_tokens, ids);
+    emb = ops_.embedding(m.embed_tokens.defined() ? m.embed_tokens : w_.embed_tokens, ids);
     shape(span, "[{}] -> [{}, {}]", T, T, emb.size(1));
   }
   {
@@ -605,17 +619,17 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     {
       OpScope span("mtp_enorm");
       Tensor cat_e = cat.slice(1, 0, c.hidden_size);
-      ops::copy_rows(cat_e, ops::rms_norm(emb, m.enorm, c.rms_norm_eps));
+      ops_.copy_rows(cat_e, ops_.rms_norm(emb, m.enorm, c.rms_norm_eps));
       shape(span, "[{}, {}]", T, cat_e.size(1));
     }
     {
       OpScope span("mtp_hnorm");
       Tensor cat_h = cat.slice(1, c.hidden_size, 2 * c.hidden_size);
-      ops::copy_rows(cat_h, ops::rms_norm(hidden, m.hnorm, c.rms_norm_eps));
+      ops_.copy_rows(cat_h, ops_.rms_norm(hidden, m.hnorm, c.rms_norm_eps));
       shape(span, "[{}, {}]", T, cat_h.size(1));
     }
     OpScope span("mtp_eh_proj");
-    run.residual = ops::linear(cat, ref(m.eh_proj));  // [T, H]
+    run.residual = ops_.linear(cat, ref(m.eh_proj));  // [T, H]
     shape(span, "[{}, {}] x [{}, {}]^T", T, cat.size(1), run.residual.size(1), cat.size(1));
   }
   run_layer(m.layer, L + k, c.has_indexer(), run);
@@ -623,7 +637,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   Tensor normed;
   {
     OpScope span("shared_head_norm");
-    normed = ops::add_rms_norm(run.residual, run.pending, m.shared_head_norm, c.rms_norm_eps);
+    normed = ops_.add_rms_norm(run.residual, run.pending, m.shared_head_norm, c.rms_norm_eps);
     shape(span, "[{}, {}]", normed.size(0), normed.size(1));
   }
   return finish(normed, m.shared_head ? ref(*m.shared_head) : ref(w_.lm_head), batch, opt);

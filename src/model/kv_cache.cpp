@@ -38,14 +38,7 @@ Tensor index_keys(const ModelConfig& cfg, int64_t slots, KvCacheDtype d, Device 
   }
   return Tensor();
 }
-KvCacheDtype& cuda_default() {
-  static KvCacheDtype d = KvCacheDtype::bf16;
-  return d;
-}
 }  // namespace
-
-void set_default_cuda_kv_dtype(KvCacheDtype d) { cuda_default() = d; }
-KvCacheDtype default_cuda_kv_dtype() { return cuda_default(); }
 
 int64_t KvCache::bytes() const {
   int64_t b = 0;
@@ -67,7 +60,7 @@ KvCache KvCache::create(const ModelConfig& cfg, int64_t num_pages, int64_t page_
                         Device device, std::optional<KvCacheDtype> dtype) {
   DSA_CHECK(page_size > 0, "page size must be positive, got {}", page_size);
   DSA_CHECK(num_pages > 0, "the KV cache needs at least one page, got {}", num_pages);
-  const KvCacheDtype d = dtype.value_or(device == Device::cpu ? KvCacheDtype::f32 : default_cuda_kv_dtype());
+  const KvCacheDtype d = dtype.value_or(device == Device::cpu ? KvCacheDtype::f32 : kDefaultCudaKvDtype);
   DSA_CHECK(d == KvCacheDtype::f32 || device != Device::cpu,
             "bf16 / fp8 KV caches need a CUDA device (the CPU backend keeps f32 caches)");
   DSA_CHECK(d != KvCacheDtype::fp8_e4m3 || cfg.kv_lora_rank % 128 == 0,

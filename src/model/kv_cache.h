@@ -22,10 +22,9 @@ namespace dsaserve::model {
 
 enum class KvCacheDtype { f32, bf16, fp8_e4m3 };
 
-// The latent-cache dtype KvCache::create uses on CUDA when none is given (initially bf16). Process-wide,
-// for tools and tests that compare formats; not thread-safe against concurrent create calls.
-void set_default_cuda_kv_dtype(KvCacheDtype d);
-KvCacheDtype default_cuda_kv_dtype();
+// The latent-cache dtype KvCache::create uses on CUDA when none is given (a model can carry its own:
+// Model::with_backend).
+inline constexpr KvCacheDtype kDefaultCudaKvDtype = KvCacheDtype::bf16;
 
 struct KvCache {
   int64_t page_size = 64;
@@ -46,7 +45,7 @@ struct KvCache {
                                  KvCacheDtype dtype = KvCacheDtype::f32);
 
   // Allocates (zero-filled) storage for `num_pages` pages. MTP layers get layer indices L, L+1, ...
-  // dtype: f32 when unset on the CPU, default_cuda_kv_dtype() when unset on CUDA; bf16 / fp8_e4m3 need
+  // dtype: f32 when unset on the CPU, kDefaultCudaKvDtype when unset on CUDA; bf16 / fp8_e4m3 need
   // a CUDA device (fp8_e4m3 needs kv_lora a multiple of 128).
   static KvCache create(const ModelConfig& cfg, int64_t num_pages, int64_t page_size, bool with_mtp,
                         Device device = Device::cpu, std::optional<KvCacheDtype> dtype = std::nullopt);

@@ -73,7 +73,9 @@ struct AttentionFormRates {
 // 256-4096 tokens after 0-32768 cached; the rule picked the faster form in 9 of 9 cases per head class).
 // The MHA form's attention kernel is a CUDA-core stand-in (0.4 TFLOP/s), so prefills take the absorbed form.
 struct AttentionFormRule {
-  int64_t narrow_max_heads = 16;  // heads <= this use `narrow` (the MLA kernel changes there), else `wide`
+  // heads <= this use `narrow`, else `wide`: the cutoff where the MLA decode selector changes kernel
+  // (kernels/kernel_options.h select_mla_decode_kernel: v2 up to it, v5 above).
+  int64_t narrow_max_heads = kernels::kMlaDecodeNarrowMaxHeads;
   AttentionFormRates wide{297.5, 171.3, 0.4, 571.8, 257.8, 0.7};  // 64 heads (MLA decode v5)
   AttentionFormRates narrow{76.5, 140.4, 0.4, 381.2, 79.0, 0.7};  // 16 heads per rank
 };
@@ -112,14 +114,27 @@ class Model {
  public:
   // Reads config.json and the checkpoint under `dir` and binds every weight (MTP layers when asked).
   static std::shared_ptr<Model> load(const std::filesystem::path& dir, bool with_mtp = true);
-  Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights);
+  // backend: the device context the forward's operators run on (its device must be the weights'; its
+  // KernelOptions pick the kernels); null: the registered backend of the weights' device (ops.h backend()).
+  // kv_dtype: the dtype of the caches make_cache makes (unset: KvCache::create's default for the device).
+  Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights,
+        std::shared_ptr<kernels::Backend> backend = nullptr, std::optional<KvCacheDtype> kv_dtype = std::nullopt);
+  // The same model (weights shared) running on `backend` (e.g. kernels::make_fp8_emulation_backend, or a
+  // CUDA backend with other KernelOptions), its make_cache making kv_dtype caches.
+  std::shared_ptr<Model> with_backend(std::shared_ptr<kernels::Backend> backend,
+                                      std::optional<KvCacheDtype> kv_dtype = std::nullopt) const;
+  // Null when the model runs on the registered backend.
+  const std::shared_ptr<kernels::Backend>& backend() const { return backend_; }
+  // The operators the forward calls (bound to backend()).
+  const kernels::Ops& ops() const { return ops_; }
 
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
   int64_t num_mtp_layers() const { return int64_t(w_.mtp.size()); }
 
-  // A KV cache for this model (with the MTP layers' KV when they are loaded).
+  // A KV cache for this model (with the MTP layers' KV when they are loaded), in the model's kv_dtype.
   KvCache make_cache(int64_t num_pages, int64_t page_size = 64) const;
+  std::optional<KvCacheDtype> kv_dtype() const { return kv_dtype_; }
 
   ForwardOutput forward(const ForwardBatch& batch, KvCache& cache, const ForwardOptions& opt = {}) const;
 
@@ -142,6 +157,9 @@ class Model {
   ModelConfig cfg_;
   io::Checkpoint ckpt_;  // keeps the mapped weights alive
   ModelWeights w_;
+  std::shared_ptr<kernels::Backend> backend_;
+  std::optional<KvCacheDtype> kv_dtype_;
+  kernels::Ops ops_;
 };
 
 }  // namespace dsaserve::model

@@ -402,7 +402,7 @@ int run_server(const ServerConfig& in) {
       runtime::resolve_kv_cache_dtype(cfg.kv_cache_dtype, device, model->config());
   cfg.engine.kv_dtype = kv_dtype;
   const auto t_loaded = std::chrono::steady_clock::now();
-  model = runtime::model_on_device(std::move(model), device);
+  model = runtime::model_on_device(std::move(model), device, cfg.kernels, kv_dtype);
   const auto t_uploaded = std::chrono::steady_clock::now();
   // Tokenizer and chat template.
   std::string tok_path = cfg.tokenizer_path;

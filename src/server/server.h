@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/kernel_options.h"
 #include "runtime/engine/engine.h"
 
 namespace dsaserve::server {
@@ -32,6 +33,7 @@ struct ServerConfig {
   std::string device = "cpu";           // cpu | cuda (runtime/engine/device.h)
   std::string sampling_device = "cpu";  // cpu | gpu (gpu: needs device cuda; engine.sample_on_device)
   std::string kv_cache_dtype = "auto";  // auto | bf16 | fp8_e4m3 | f32 (auto: bf16 on CUDA, f32 on CPU)
+  kernels::KernelOptions kernels;       // the model's kernel choices (cli/kernel_flags.h)
   int64_t context_length = 0;           // 0: the model's max_position_embeddings
   int64_t max_prompt_tokens = 0;        // 0: context_length - 1
   int64_t max_body_bytes = 8 << 20;

@@ -1,8 +1,8 @@
-// The CPU emulation of the CUDA backend's FP8 activation arithmetic (kernels/cpu/cpu_ops.h,
-// set_fp8_emulation): the quantisation rule of kernels/cuda/quant.cu on edge cases (zeros, an amax that
-// e4m3 represents exactly, saturation, e4m3 subnormals, an f32-subnormal amax whose scale underflows),
-// the scale granularities, and linear with the emulation on (which rows it applies to, the select
-// predicate, bf16 output) and off again (bit-identical to never having been on).
+// The CPU emulation of the CUDA backend's FP8 activation arithmetic (kernels/cpu/cpu_ops.h Fp8Emulation,
+// run by kernels::make_fp8_emulation_backend): the quantisation rule of kernels/cuda/quant.cu on edge
+// cases (zeros, an amax that e4m3 represents exactly, saturation, e4m3 subnormals, an f32-subnormal amax
+// whose scale underflows), the scale granularities, and linear through the emulating backend (which rows
+// it applies to, the select predicate, bf16 output) while the plain CPU backend stays the reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
 #include "test_util.h"
 
 namespace dsaserve::kernels {
@@ -18,10 +19,11 @@ namespace {
 using testing::randn;
 using testing::random_weight;
 
-// Restores the default (off) when a test ends.
-struct EmulationScope {
-  ~EmulationScope() { cpu::set_fp8_emulation({}); }
-};
+// linear through the emulating backend.
+Tensor emu_linear(const cpu::Fp8Emulation& e, const Tensor& x, const WeightRef& w, int64_t r0 = 0, int64_t r1 = -1,
+                  Tensor out = {}) {
+  return Ops(make_fp8_emulation_backend(e).get()).linear(x, w, r0, r1, std::move(out));
+}
 
 cpu::Fp8Emulation on(bool bf16_output = false) {
   cpu::Fp8Emulation e;
@@ -174,50 +176,41 @@ TEST(Fp8Emulation, EligibleRowsFollowTheGpuRule) {
 }
 
 TEST(Fp8Emulation, LinearUsesTheQuantisedInput) {
-  const EmulationScope scope;
   std::mt19937 rng(7);
   const auto w = random_weight(384, 256, DType::f8e4m3fn, rng);
   const Tensor x = randn({9, 256}, rng);
   const Tensor plain = linear(x, w.ref);
-  cpu::set_fp8_emulation(on(false));
-  const Tensor emu = linear(x, w.ref);
-  cpu::set_fp8_emulation({});
+  const Tensor emu = emu_linear(on(false), x, w.ref);
   // The emulation is the plain fp32 product of the quantised input.
   EXPECT_TRUE(same_bits(emu, linear(cpu::fp8_quant_dequant(x), w.ref)));
   EXPECT_FALSE(same_bits(emu, plain));
-  // Off again: bit-identical to before.
+  // The plain backend after it: bit-identical to before; a disabled emulation is the plain product.
   EXPECT_TRUE(same_bits(linear(x, w.ref), plain));
+  EXPECT_TRUE(same_bits(emu_linear({}, x, w.ref), plain));
   // bf16 output: the product rounded to bf16.
-  cpu::set_fp8_emulation(on(true));
-  const Tensor emu16 = linear(x, w.ref);
+  const Tensor emu16 = emu_linear(on(true), x, w.ref);
   const std::vector<float> a = emu.to_f32_vector(), b = emu16.to_f32_vector();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i], bf16_to_f32(f32_to_bf16(a[i]))) << i;
   // Fp8ActScale::none: the input is not quantised, only the product rounded (the study's baseline).
   cpu::Fp8Emulation none = on(true);
   none.scale = cpu::Fp8ActScale::none;
-  cpu::set_fp8_emulation(none);
-  const std::vector<float> r16 = linear(x, w.ref).to_f32_vector(), pl = plain.to_f32_vector();
+  const std::vector<float> r16 = emu_linear(none, x, w.ref).to_f32_vector(), pl = plain.to_f32_vector();
   for (size_t i = 0; i < pl.size(); ++i) EXPECT_EQ(r16[i], bf16_to_f32(f32_to_bf16(pl[i]))) << i;
   EXPECT_THROW(cpu::fp8_quant_dequant(x, cpu::Fp8ActScale::none), Error);
-  cpu::set_fp8_emulation(on(true));
   // A row range the GPU runs dequantised (r0 % 128 != 0) is not quantised, even into a strided view.
   Tensor wide = Tensor::zeros({9, 400}, DType::f32);
   Tensor view = wide.slice(1, 10, 10 + 200);
-  linear(x, w.ref, 64, 264, view);
-  cpu::set_fp8_emulation({});
+  emu_linear(on(true), x, w.ref, 64, 264, view);
   EXPECT_TRUE(same_bits(view, linear(x, w.ref, 64, 264)));
   // select restricts the emulation to chosen weights.
   cpu::Fp8Emulation sel = on(false);
   sel.select = [](const WeightRef&) { return false; };
-  cpu::set_fp8_emulation(sel);
-  EXPECT_TRUE(same_bits(linear(x, w.ref), plain));
-  EXPECT_FALSE(cpu::fp8_emulation().select(w.ref));
+  EXPECT_TRUE(same_bits(emu_linear(sel, x, w.ref), plain));
   // A strided input view is read like a contiguous one.
-  cpu::set_fp8_emulation(on(false));
   Tensor xw = Tensor::zeros({9, 300}, DType::f32);
   Tensor xv = xw.slice(1, 20, 276);
   copy_rows(xv, x);
-  EXPECT_TRUE(same_bits(linear(xv, w.ref), emu));
+  EXPECT_TRUE(same_bits(emu_linear(on(false), xv, w.ref), emu));
 }
 
 }  // namespace

@@ -15,11 +15,6 @@
 namespace dsaserve::kernels::cpu {
 namespace {
 
-// Restores the default arithmetic when a test ends.
-struct EmulationOff {
-  ~EmulationOff() { set_fp8_emulation({}); }
-};
-
 TEST(CpuFp8KvCache, LatentRoundingRule) {
   // One row: 4 latent groups of 128, then 8 rope values.
   const int64_t L = 512, cols = L + 8;
@@ -59,7 +54,6 @@ TEST(CpuFp8KvCache, LatentRoundingRule) {
 }
 
 TEST(CpuFp8KvCache, CacheWritesStoreTheRoundedRows) {
-  const EmulationOff off;
   std::mt19937 rng(11);
   const int64_t T = 3, n_slots = 8, L = 512, R = 64, D = 128;
   const std::vector<int32_t> sl = {5, 0, 2};
@@ -75,12 +69,12 @@ TEST(CpuFp8KvCache, CacheWritesStoreTheRoundedRows) {
   auto write = [&](bool fp8) {
     Fp8Emulation e;
     e.fp8_kv_cache = fp8;
-    set_fp8_emulation(e);
+    const std::shared_ptr<Backend> b = make_fp8_emulation_backend(e);
+    const Ops ops(b.get());
     Tensor lat = Tensor::from_vector(std::vector<float>(size_t(n_slots * (L + R)), 7.0f), {n_slots, L + R});
     Tensor keys = Tensor::from_vector(std::vector<float>(size_t(n_slots * D), 7.0f), {n_slots, D});
-    kernels::mla_kv_write(ckv, lat_w, 1e-6, pos, rope, lat, slots);
-    kernels::indexer_k_write(k, nw, nb, 1e-6, pos, krope, keys, slots);
-    set_fp8_emulation({});
+    ops.mla_kv_write(ckv, lat_w, 1e-6, pos, rope, lat, slots);
+    ops.indexer_k_write(k, nw, nb, 1e-6, pos, krope, keys, slots);
     return std::make_pair(lat, keys);
   };
   const auto [lat32, keys32] = write(false);

@@ -1,4 +1,4 @@
-// The CPU forward with the GPU's FP8 activation arithmetic emulated (kernels::cpu::set_fp8_emulation:
+// The CPU forward with the GPU's FP8 activation arithmetic emulated (kernels::make_fp8_emulation_backend:
 // per token, per 128-column group, e4m3 with scale amax / 448, saturating; for the linears the CUDA
 // backend runs in FP8) on the realdims_fp8 fixture, against its float64 goldens.
 //
@@ -103,17 +103,14 @@ const Fixture* fixture() {
   return f;
 }
 
-// Restores the emulation and the observer when a test ends, passing or not.
-struct EmulationScope {
-  ~EmulationScope() {
-    cpu::set_fp8_emulation({});
-    cpu::set_topk_observer({});
-  }
+// Removes the observer when a test ends, passing or not.
+struct ObserverScope {
+  ~ObserverScope() { cpu::set_topk_observer({}); }
 };
 
 EmuRun run_all(const Fixture& fx, const cpu::Fp8Emulation& emu, ScoreOptions o = {},
                bool half_decode = false) {
-  const EmulationScope scope;
+  const ObserverScope scope;
   EmuRun run;
   cpu::set_topk_observer([&run](std::string_view op, const Tensor& scores, const Tensor& chosen) {
     Decision d;
@@ -126,12 +123,13 @@ EmuRun run_all(const Fixture& fx, const cpu::Fp8Emulation& emu, ScoreOptions o =
     d.chosen.assign(c, c + chosen.numel());
     run.decisions.push_back(std::move(d));
   });
-  cpu::set_fp8_emulation(emu);
+  // The same model on the emulating CPU backend.
+  const std::shared_ptr<Model> model = fx.model->with_backend(kernels::make_fp8_emulation_backend(emu));
   for (int i = 0; i < fx.nseq; ++i) {
     const auto ids = dsaserve::testing::ids_of(fx.gold.get(fmt::format("seq{}.input_ids", i)));
     o.mtp = !half_decode;
     if (half_decode) o.decode_from = int64_t(ids.size()) / 2;
-    const ScoreResult r = score_sequence(*fx.model, ids, o);
+    const ScoreResult r = score_sequence(*model, ids, o);
     run.logits.push_back(r.logits);
     run.mtp.push_back(r.mtp_logits);
     compare_rows(r.logits, fx.gold.get(fmt::format("seq{}.logits", i)), run.err, &run.argmax, &run.ref_argmax,

@@ -16,7 +16,10 @@ Tensor embedding(const Tensor& table, const Tensor& ids);
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps);
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
-Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out);
+struct Fp8Emulation;
+// emu: the GPU's FP8 activation arithmetic (see Fp8Emulation below; null or disabled: the reference).
+Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out,
+              const Fp8Emulation* emu = nullptr);
 Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out);
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p);
 Tensor silu_mul(const Tensor& gate, const Tensor& up);
@@ -33,7 +36,8 @@ Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const P
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                      int64_t start_pos, const Tensor& sel, double scale);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
-Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts);
+Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
+                   const Fp8Emulation* emu = nullptr);  // emu: as linear's, for every expert linear
 
 // ---- emulation of the CUDA backend's FP8 GEMM arithmetic (opt-in; accuracy studies and tests) ----
 
@@ -57,12 +61,10 @@ struct Fp8Emulation {
   bool fp8_kv_cache = false;
 };
 
-// Process-wide setting (set it between forwards, not during one). While enabled, cpu::linear over rows
-// the CUDA backend would run through its FP8 block GEMM (fp8_gemm_eligible) first replaces its input by
-// the FP8 value the GPU multiplies (fp8_quant_dequant), then multiplies in fp32 with the exactly
-// dequantised weight. Disabled (the default), linear's arithmetic is unchanged.
-void set_fp8_emulation(Fp8Emulation e);
-Fp8Emulation fp8_emulation();
+// Given to linear (and enabled), linear over rows the CUDA backend would run through its FP8 block GEMM
+// (fp8_gemm_eligible) first replaces its input by the FP8 value the GPU multiplies (fp8_quant_dequant),
+// then multiplies in fp32 with the exactly dequantised weight. The model runs it through the emulating
+// backend (kernels/ops.h make_fp8_emulation_backend): the plain CPU backend stays the pure reference.
 
 // Whether the CUDA backend's linear takes its FP8 block GEMM for rows [r0, r1) of `w` (the rule of
 // kernels/cuda/gemm.cpp: an FP8 weight with 128x128 blocks, in features and r0 multiples of 128, r1 - r0

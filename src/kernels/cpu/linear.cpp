@@ -5,12 +5,9 @@
 // a time sharing each load of x and two inputs sharing each load of W (gemm_nt): the inner loops are
 // fixed-width and vectorise without -ffast-math.
 //
-// Opt-in (set_fp8_emulation): the CUDA backend's FP8 activation arithmetic, for the linears it runs in FP8.
+// Opt-in (an Fp8Emulation argument): the CUDA backend's FP8 activation arithmetic, for the linears it runs in FP8.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <mutex>
-#include <optional>
 #include <vector>
 
 #include "core/dtype.h"
@@ -25,23 +22,11 @@ constexpr int64_t kTileRows = 16;
 constexpr int64_t kFp8Group = 128;
 constexpr float kE4m3Max = 448.0f;
 
-struct EmulationState {
-  std::mutex mu;
-  Fp8Emulation e;
-  std::atomic<bool> on{false};
-};
-EmulationState& emulation_state() {
-  static EmulationState s;
-  return s;
-}
-
-// The emulation settings for this call of linear, or nullopt when it does not apply.
-std::optional<Fp8Emulation> emulation_for(const WeightRef& w, int64_t r0, int64_t r1) {
-  EmulationState& s = emulation_state();
-  if (!s.on.load(std::memory_order_acquire) || !fp8_gemm_eligible(w, r0, r1)) return std::nullopt;
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (s.e.select && !s.e.select(w)) return std::nullopt;
-  return s.e;
+// The emulation settings for this call of linear, or null when they do not apply.
+const Fp8Emulation* emulation_for(const Fp8Emulation* e, const WeightRef& w, int64_t r0, int64_t r1) {
+  if (!e || !e->enabled || !fp8_gemm_eligible(w, r0, r1)) return nullptr;
+  if (e->select && !e->select(w)) return nullptr;
+  return e;
 }
 
 Tensor make_out(Tensor out, int64_t rows, int64_t cols, const char* what) {
@@ -53,20 +38,6 @@ Tensor make_out(Tensor out, int64_t rows, int64_t cols, const char* what) {
 }
 
 }  // namespace
-
-void set_fp8_emulation(Fp8Emulation e) {
-  EmulationState& s = emulation_state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  const bool on = e.enabled;
-  s.e = std::move(e);
-  s.on.store(on, std::memory_order_release);
-}
-
-Fp8Emulation fp8_emulation() {
-  EmulationState& s = emulation_state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  return s.e;
-}
 
 bool fp8_gemm_eligible(const WeightRef& w, int64_t r0, int64_t r1) {
   if (r1 < 0) r1 = w.rows();
@@ -117,7 +88,7 @@ Tensor fp8_quant_dequant(const Tensor& x, Fp8ActScale scale) {
   return out;
 }
 
-Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out, const Fp8Emulation* e) {
   check_weight(w, "linear");
   if (r1 < 0) r1 = w.rows();
   DSA_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.rows(), "linear: rows [{}, {}) outside weight {}", r0, r1,
@@ -131,7 +102,7 @@ Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tenso
   const Rows o = as_rows(out, "linear output");
   if (T == 0 || N == 0) return out;
   // FP8 emulation (off by default): the GEMM reads the FP8 value of x instead of x.
-  const std::optional<Fp8Emulation> emu = emulation_for(w, r0, r1);
+  const Fp8Emulation* emu = emulation_for(e, w, r0, r1);
   const bool quantise = emu && emu->scale != Fp8ActScale::none;
   const Tensor xq = quantise ? fp8_quant_dequant(x, emu->scale) : Tensor();
   const Rows xin = quantise ? as_rows(xq, "linear input") : xr;

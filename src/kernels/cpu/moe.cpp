@@ -79,7 +79,8 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
   return r;
 }
 
-Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) {
+Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
+                   const Fp8Emulation* emu) {
   const Rows xr = as_rows(x, "moe_experts input");
   const int64_t T = xr.rows, H = xr.cols, E = int64_t(experts.size());
   DSA_CHECK(routing.ids.dim() == 2 && routing.ids.size(0) == T && routing.ids.is_contiguous() &&
@@ -109,8 +110,9 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
     Tensor xe = Tensor::empty({m, H}, DType::f32);
     for (int64_t i = 0; i < m; ++i) std::copy_n(xr.row(rows[size_t(i)]), H, xe.data<float>() + i * H);
     const MlpRef& mlp = experts[size_t(e)];
-    const Tensor a = cpu::silu_mul(cpu::linear(xe, mlp.gate, 0, -1, {}), cpu::linear(xe, mlp.up, 0, -1, {}));
-    const Tensor y = cpu::linear(a, mlp.down, 0, -1, {});
+    const Tensor a =
+        cpu::silu_mul(cpu::linear(xe, mlp.gate, 0, -1, {}, emu), cpu::linear(xe, mlp.up, 0, -1, {}, emu));
+    const Tensor y = cpu::linear(a, mlp.down, 0, -1, {}, emu);
     DSA_CHECK(y.size(1) == H, "moe_experts: expert {} returns {} features, expected {}", e, y.size(1), H);
     const float* yp = y.data<float>();
     for (int64_t i = 0; i < m; ++i) {

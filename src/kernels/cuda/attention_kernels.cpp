@@ -125,7 +125,7 @@ Tensor mla_kv_cache_gather(const Tensor& cache, const Tensor& page_table, int64_
 
 Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache, const Tensor& page_table,
                   int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
-                  const Tensor& sel, double scale, cudaStream_t stream) {
+                  const Tensor& sel, double scale, cudaStream_t stream, const KernelOptions& opts) {
   const MlaKvFormat f = mla_kv_format(cache);
   check_gpu(q_lat, DType::f32, 3, "mla decode q_lat");
   check_gpu(q_rope, DType::f32, 3, "mla decode q_rope");
@@ -164,7 +164,9 @@ Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache
   p.page_size = page_size;
   p.num_slots = cache.size(0);
   p.max_keys = sel.defined() ? p.sel_k : max_len;
-  p.splits = mla_decode_splits(R, nh, p.max_keys, sm_count());
+  p.kernel = opts.mla_decode;
+  p.v5_order = opts.mla_v5_order;
+  p.splits = mla_decode_splits(R, nh, p.max_keys, sm_count(), p.kernel);
   p.scale = float(scale);
   p.format = f;
   Tensor part_out, part_lse;
@@ -179,7 +181,8 @@ Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache
 }
 
 Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
-                                   int64_t start_pos, const Tensor& sel, double scale) {
+                                   int64_t start_pos, const Tensor& sel, double scale,
+                                   const KernelOptions& opts) {
   const int64_t T = q_lat.size(0);
   DSA_CHECK(start_pos >= 0, "mla: start position {}", start_pos);
   check_gpu(kv.page_table, DType::i32, 1, "mla page table");
@@ -187,7 +190,7 @@ Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, co
   for (int64_t t = 0; t < T; ++t) len[size_t(t)] = int32_t(start_pos + t + 1);
   const Tensor pt = kv.page_table.view({1, kv.page_table.size(0)});
   return mla_decode(q_lat, q_rope, kv.cache, pt, kv.page_size, gpu_i32(seq), gpu_i32(len), start_pos + T, sel,
-                    scale, op_stream());
+                    scale, op_stream(), opts);
 }
 
 Tensor indexer_key_cache_empty(int64_t num_slots, IndexerKeyFormat format) {
@@ -238,7 +241,7 @@ Tensor indexer_key_cache_gather(const Tensor& cache, const Tensor& page_table, i
 Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
                          int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
                          int64_t topk, double scale, double weight_scale, cudaStream_t stream,
-                         std::span<const int32_t> row_len_host) {
+                         std::span<const int32_t> row_len_host, const KernelOptions& opts) {
   check_gpu(q, DType::f32, 3, "indexer q");
   check_gpu(w, DType::f32, 2, "indexer weights");
   const IndexerKeyFormat format = indexer_key_format(cache);
@@ -300,12 +303,14 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
   p.scale = float(scale);
   p.weight_scale = float(weight_scale);
   p.key_format = format;
+  p.select_path = opts.indexer_select;
+  p.score_kernel = opts.indexer_score;
   DSA_CUDA_CHECK(launch_indexer_topk_fused(p, stream));
   return out;
 }
 
 Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos,
-                         int64_t topk, double scale, double weight_scale) {
+                         int64_t topk, double scale, double weight_scale, const KernelOptions& opts) {
   const int64_t T = q.size(0);
   DSA_CHECK(start_pos >= 0, "indexer: start position {}", start_pos);
   check_gpu(keys.page_table, DType::i32, 1, "indexer page table");
@@ -313,7 +318,7 @@ Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys,
   for (int64_t t = 0; t < T; ++t) len[size_t(t)] = int32_t(start_pos + t + 1);
   const Tensor pt = keys.page_table.view({1, keys.page_table.size(0)});
   return indexer_topk_rows(q, w, keys.cache, pt, keys.page_size, gpu_i32(seq), gpu_i32(len), start_pos + T,
-                           topk, scale, weight_scale, op_stream(), len);
+                           topk, scale, weight_scale, op_stream(), len, opts);
 }
 
 }  // namespace dsaserve::kernels::cuda

@@ -2,7 +2,8 @@
 // Host wrappers of the sm_90a attention-side kernels: the MLA latent cache in kernel formats (bf16 or
 // FP8 e4m3 with per-128 scales), sparse/dense MLA decode in the absorbed form, and the lightning indexer
 // fused with its top-k. They validate tensors (throwing dsaserve::Error), allocate workspaces and launch
-// on `stream` (default: the legacy default stream); results are ready in stream order.
+// on `stream` (default: the legacy default stream); results are ready in stream order. `opts` picks the
+// kernels (kernels/kernel_options.h; the defaults: automatic).
 //
 // Query rows: a batch of R rows, each naming its page-table row (row_seq, or row r -> r) and its
 // visible length row_len (positions 0..row_len-1 exist in the cache). A decode batch has one row per
@@ -37,12 +38,13 @@ Tensor mla_kv_cache_gather(const Tensor& cache, const Tensor& page_table, int64_
 // selected positions (-1 or invalid entries skipped) or undefined for all positions. -> f32 [R, nh, 512].
 Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache, const Tensor& page_table,
                   int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
-                  const Tensor& sel, double scale, cudaStream_t stream = nullptr);
+                  const Tensor& sel, double scale, cudaStream_t stream = nullptr, const KernelOptions& opts = {});
 
 // The ops.h contract of mla_attention_absorbed for one request (rows t = 0..T-1 at start_pos + t) over a
 // latent cache in a kernel format (kv.cache from mla_kv_cache_empty, kv.page_table i32 on the GPU).
 Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
-                                   int64_t start_pos, const Tensor& sel, double scale);
+                                   int64_t start_pos, const Tensor& sel, double scale,
+                                   const KernelOptions& opts = {});
 
 // An empty index-key cache of num_slots slots on the GPU: bf16 [slots, 128] or the FP8 format u8
 // [slots, 132] (codes [slots, 128] e4m3, then scales [slots] f32: indexer_topk_params.h).
@@ -70,10 +72,10 @@ Tensor indexer_key_cache_gather(const Tensor& cache, const Tensor& page_table, i
 Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
                          int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
                          int64_t topk, double scale, double weight_scale, cudaStream_t stream = nullptr,
-                         std::span<const int32_t> row_len_host = {});
+                         std::span<const int32_t> row_len_host = {}, const KernelOptions& opts = {});
 
 // The ops.h contract of indexer_topk for one request (keys.cache bf16 [slots, 128] or FP8 u8 [slots, 132]).
 Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos,
-                         int64_t topk, double scale, double weight_scale);
+                         int64_t topk, double scale, double weight_scale, const KernelOptions& opts = {});
 
 }  // namespace dsaserve::kernels::cuda

@@ -14,6 +14,7 @@ namespace {
 
 class CudaBackend final : public Backend {
  public:
+  explicit CudaBackend(const KernelOptions& o) : Backend(Device::cuda, o) {}
   Tensor embedding(const Tensor& table, const Tensor& ids) override { return cuda::embedding(table, ids); }
   Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) override { return cuda::rms_norm(x, w, eps); }
   Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) override {
@@ -23,17 +24,17 @@ class CudaBackend final : public Backend {
     return cuda::layer_norm(x, w, b, eps);
   }
   Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
-    return cuda::linear(x, w, r0, r1, std::move(out));
+    return cuda::linear(x, w, r0, r1, std::move(out), options().gemm);
   }
   std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws,
                                    const Fp8Act* q) override {
-    return gemm_linear_multi(x, ws, q);
+    return gemm_linear_multi(x, ws, q, options().gemm);
   }
   Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) override {
-    return cuda::norm_fp8(residual, x, w, eps, q);
+    return cuda::norm_fp8(residual, x, w, eps, q, options().gemm);
   }
   Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
-    return cuda::linear_t(x, w, r0, r1, std::move(out));
+    return cuda::linear_t(x, w, r0, r1, std::move(out), options().gemm);
   }
   void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) override {
     cuda::rope_inplace(x, positions, p);
@@ -49,11 +50,11 @@ class CudaBackend final : public Backend {
   Tensor paged_gather(const PagedSeq& seq, int64_t n) override { return cuda::paged_gather(seq, n); }
   Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
                       double scale, double weight_scale) override {
-    return cuda::indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale);
+    return cuda::indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale, options());
   }
   Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                                 int64_t start_pos, const Tensor& sel, double scale) override {
-    return cuda::mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale);
+    return cuda::mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale, options());
   }
   // Kernel-format caches: one launch of the ragged sm_90a kernel for the batch; f32 caches: per request.
   Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk,
@@ -72,26 +73,26 @@ class CudaBackend final : public Backend {
     const bool fits =
         score_elems * 4 + rows * 8 + indexer_workspace_words(rows, splits) * 4 <= kMaxScoreBytes;
     if (keys.cache.defined() && keys.cache.dtype() != DType::f32 && fits)
-      return cuda::indexer_topk_batch(q, w, keys, topk, scale, weight_scale);
+      return cuda::indexer_topk_batch(q, w, keys, topk, scale, weight_scale, options());
     return Backend::indexer_topk_rows(q, w, keys, topk, scale, weight_scale);
   }
   Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
                             double scale) override {
     if (kv.cache.defined() && kv.cache.dtype() != DType::f32)
-      return cuda::mla_attention_batch(q_lat, q_rope, kv, sel, scale);
+      return cuda::mla_attention_batch(q_lat, q_rope, kv, sel, scale, options());
     return Backend::mla_attention_rows(q_lat, q_rope, kv, sel, scale);
   }
   // MLA fused / batched ops: one kernel (or one batched GEMM) where it applies, else the unfused default.
   Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out) override {
     const AbsorbDims a = absorb_dims(q_nope, kv_b, true, 0);
     if (!out.defined()) out = Tensor::empty({a.tokens, a.heads, a.latent}, DType::f32, Device::cuda);
-    if (absorb_q_batched(q_nope, kv_b, out)) return out;
+    if (absorb_q_batched(q_nope, kv_b, out, options().gemm)) return out;
     return Backend::absorb_q(q_nope, kv_b, std::move(out));
   }
   Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out) override {
     const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
     if (!out.defined()) out = Tensor::empty({a.tokens, a.heads, a.dv}, DType::f32, Device::cuda);
-    if (absorb_v_batched(out_lat, kv_b, dv, out)) return out;
+    if (absorb_v_batched(out_lat, kv_b, dv, out, options().gemm)) return out;
     return Backend::absorb_v(out_lat, kv_b, dv, std::move(out));
   }
   void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
@@ -113,13 +114,13 @@ class CudaBackend final : public Backend {
     return cuda::moe_route(logits, bias, p);
   }
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
-    return cuda::moe_experts(x, routing, experts);
+    return cuda::moe_experts(x, routing, experts, options());
   }
 };
 
 }  // namespace
 
-Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out, GemmPrecision prec) {
   DSA_CHECK(w.weight.defined() && w.weight.dim() == 2, "linear: weight must be 2-D");
   if (r1 < 0) r1 = w.rows();
   DSA_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.rows(), "linear: rows [{}, {}) outside weight {}", r0, r1,
@@ -127,23 +128,28 @@ Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tenso
   DSA_CHECK(x.defined() && x.dim() == 2, "linear: input must be 2-D, got {}",
             x.defined() ? x.describe() : "undefined");
   out = out_or_new(std::move(out), x.size(0), r1 - r0, "linear output");
-  gemm_linear(x, w, r0, r1, out);
+  gemm_linear(x, w, r0, r1, out, prec);
   return out;
 }
 
-Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out, GemmPrecision prec) {
   DSA_CHECK(w.weight.defined() && w.weight.dim() == 2, "linear_t: weight must be 2-D");
   DSA_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.rows(), "linear_t: rows [{}, {}) outside weight {}", r0, r1,
             w.weight.describe());
   DSA_CHECK(x.defined() && x.dim() == 2, "linear_t: input must be 2-D");
   out = out_or_new(std::move(out), x.size(0), w.cols(), "linear_t output");
-  gemm_linear_t(x, w, r0, r1, out);
+  gemm_linear_t(x, w, r0, r1, out, prec);
   return out;
 }
 
 Backend& cuda_backend() {
-  static CudaBackend* b = new CudaBackend();
+  static CudaBackend* b = new CudaBackend(KernelOptions{});
   return *b;
+}
+
+std::shared_ptr<Backend> make_backend(const KernelOptions& options) {
+  install();
+  return std::make_shared<CudaBackend>(options);
 }
 
 void install_backend() {

@@ -1,11 +1,12 @@
 #pragma once
 // CUDA implementations of kernels/ops.h (host wrappers: validate, then launch on op_stream()). The Backend
-// in backend.cpp forwards to these. Same contracts as the CPU reference (kernels/cpu/cpu_ops.h); index
+// in backend.cpp forwards to these, with its KernelOptions (the GEMM precision, the attention kernels). Same contracts as the CPU reference (kernels/cpu/cpu_ops.h); index
 // tensors (ids, slots, page tables, row indices) live on the GPU and are range-checked on the host.
 #include <cstdint>
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/kernel_options.h"
 #include "kernels/ops.h"
 
 namespace dsaserve::kernels::cuda {
@@ -14,11 +15,11 @@ Tensor embedding(const Tensor& table, const Tensor& ids);
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps);
 // rms_norm / add_rms_norm (residual non-null) writing the output's FP8 copy in the same kernel when the
-// rows allow it (16-byte aligned, width % 128 == 0, fast GEMM precision); q stays empty otherwise.
-Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q);
+// rows allow it (16-byte aligned, width % 128 == 0, prec fast); q stays empty otherwise.
+Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q, GemmPrecision prec);
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
-Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out);
-Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out);
+Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out, GemmPrecision prec);
+Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out, GemmPrecision prec);
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p);
 Tensor silu_mul(const Tensor& gate, const Tensor& up);
 Tensor argmax(const Tensor& x);
@@ -28,19 +29,21 @@ Tensor gather_rows(const Tensor& x, const Tensor& idx);
 void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src);
 Tensor paged_gather(const PagedSeq& seq, int64_t n);
 Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
-                    double scale, double weight_scale);
+                    double scale, double weight_scale, const KernelOptions& o);
 Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
-                              int64_t start_pos, const Tensor& sel, double scale);
+                              int64_t start_pos, const Tensor& sel, double scale, const KernelOptions& o);
 // The batched ops over kernel-format caches (bf16 index keys; bf16 or FP8 latent cache): one launch of
 // the ragged sm_90a kernel for all the rows (kv.row_seq / row_len / page_table already on the GPU).
 Tensor indexer_topk_batch(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
-                          double weight_scale);
+                          double weight_scale, const KernelOptions& o);
 Tensor mla_attention_batch(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
-                           double scale);
+                           double scale, const KernelOptions& o);
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                      int64_t start_pos, const Tensor& sel, double scale);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
-Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts);
+// o.moe picks the path (device grouped kernels or per-expert host loop), o.gemm the host loop's GEMMs.
+Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
+                   const KernelOptions& o);
 
 // The fused KV-cache writes (ops.h mla_kv_write / indexer_k_write) over kernel-format caches: the MLA
 // latent cache bf16 [slots, 576] or FP8 u8 [slots, 656], the indexer keys bf16 [slots, id <= 1024]. One
@@ -58,8 +61,8 @@ bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& 
 // gemm.cpp's fallback); in GemmPrecision::fp32 the weight is gemm_weight_f32's copy (the one the fp32
 // linears use: kv_b is held in f32 once). Return false where they do not apply (activation views whose heads
 // are not evenly strided, a shape cuBLASLt has no algorithm for): the caller runs the per-head loop.
-bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out);
-bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out);
+bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, GemmPrecision prec);
+bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out, GemmPrecision prec);
 // Drops the cached bf16 copies of FP8 kv_b weights (clear_gemm_caches calls it, and drops the f32 ones).
 void clear_absorb_caches();
 

@@ -60,7 +60,6 @@ struct Lt {
   std::unordered_map<const void*, WeightCache> fp8_scales;  // key: scale_inv data
   std::unordered_map<const void*, WeightCache> dequant;     // key: fp8 weight data
   std::unordered_map<const void*, WeightCache> as_f32;      // key: weight data (fp32 precision mode)
-  GemmPrecision precision = GemmPrecision::fast;
   int64_t fp8_small_max_tokens = kFp8SmallDefaultTokens;
   uint32_t* small_counters = nullptr;  // kFp8SmallCounters zeros for the split small-T kernel
   GemmStats stats;
@@ -478,7 +477,7 @@ bool gemm_fp8(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, cons
 
 }  // namespace
 
-void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out) {
+void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out, GemmPrecision prec) {
   check_weight(w, "linear");
   const RowView xv = rows_f32(x, "linear input");
   const RowView ov = rows_f32(out, "linear output");
@@ -487,7 +486,7 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
   DSA_CHECK(ov.rows == T && ov.cols == N, "linear: output {} should be [{}, {}]", out.describe(), T, N);
   if (T == 0 || N == 0) return;
   DSA_CHECK(K > 0, "linear: empty input features");
-  const bool exact = gemm_precision() == GemmPrecision::fp32;
+  const bool exact = prec == GemmPrecision::fp32;
   const DType dt = w.weight.dtype();
   if (!exact && dt == DType::f8e4m3fn && gemm_fp8(xv, w, r0, r1, ov)) return;
   const bool f32 = exact || dt == DType::f32;
@@ -499,7 +498,7 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
   gemm_dense(xv, a_ptr, f32, true, K, N, ov, !f32 && N <= kSplitMaxRows, "linear");
 }
 
-void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out) {
+void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out, GemmPrecision prec) {
   check_weight(w, "linear_t");
   const RowView xv = rows_f32(x, "linear_t input");
   const RowView ov = rows_f32(out, "linear_t output");
@@ -508,7 +507,7 @@ void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
   DSA_CHECK(ov.rows == T && ov.cols == C, "linear_t: output {} should be [{}, {}]", out.describe(), T, C);
   if (T == 0 || C == 0) return;
   DSA_CHECK(R > 0, "linear_t: empty row range");
-  const bool exact = gemm_precision() == GemmPrecision::fp32;
+  const bool exact = prec == GemmPrecision::fp32;
   const DType dt = w.weight.dtype();
   const bool f32 = exact || dt == DType::f32;
   const Tensor a = dt == DType::f32        ? w.weight
@@ -519,7 +518,8 @@ void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
   gemm_dense(xv, a_ptr, f32, false, C, C, ov, false, "linear_t");
 }
 
-std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q) {
+std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q,
+                                      GemmPrecision prec) {
   DSA_CHECK(x.defined() && x.dim() == 2, "linear_multi: input must be 2-D, got {}",
             x.defined() ? x.describe() : "nothing");
   const int64_t T = x.size(0);
@@ -538,7 +538,7 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
   // A producer's copy is used when it has the layout quantise_rows would make (same codes, bit for bit).
   const bool given = q != nullptr && q->defined() && q->rows == T && q->codes.dim() == 2 &&
                      q->codes.size(0) == fp8_act_rows(T) && q->codes.size(1) == x.size(1);
-  const bool share = (fp8 >= 2 || (fp8 >= 1 && given)) && T > 0 && gemm_precision() == GemmPrecision::fast;
+  const bool share = (fp8 >= 2 || (fp8 >= 1 && given)) && T > 0 && prec == GemmPrecision::fast;
   std::optional<Fp8Act> act;
   if (share && given) act = *q;
   for (size_t i = 0; i < ws.size(); ++i) {
@@ -550,7 +550,7 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
       if (!act) act = quantise_rows(xv);
       if (gemm_fp8_quantised(*act, w, 0, w.rows(), rows_f32(out[i], "linear_multi output"))) continue;
     }
-    gemm_linear(x, w, 0, w.rows(), out[i]);
+    gemm_linear(x, w, 0, w.rows(), out[i], prec);
   }
   return out;
 }
@@ -573,18 +573,6 @@ void gemm_linear_fp8(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1
             a.rows, N);
   DSA_CHECK(fp8_recipe_applies(w, w.cols(), r0, N) && gemm_fp8_quantised(a, w, r0, r1, ov),
             "linear_fp8: rows [{}, {}) of {} are outside the FP8 recipe", r0, r1, w.weight.describe());
-}
-
-void set_gemm_precision(GemmPrecision p) {
-  Lt& l = lt();
-  std::lock_guard<std::mutex> lock(l.mu);
-  l.precision = p;
-}
-
-GemmPrecision gemm_precision() {
-  Lt& l = lt();
-  std::lock_guard<std::mutex> lock(l.mu);
-  return l.precision;
 }
 
 void set_fp8_small_max_tokens(int64_t t) {

@@ -19,21 +19,28 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "kernels/kernel_options.h"
 #include "kernels/ops.h"
 
 namespace dsaserve::kernels::cuda {
 
 inline constexpr int64_t kSplitMaxRows = 512;
 
+// `prec` (KernelOptions::gemm): fast, the recipes above; fp32: every weight is dequantised once to f32
+// (cached per weight) and multiplied in f32 with f32 activations: a reference-precision mode for accuracy
+// checks (the GPU forward then follows the CPU reference closely), at several times the memory and time.
+
 // out [T, r1 - r0] = x [T, K] @ W[r0:r1]^T. `out` is an f32 CUDA row view.
-void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
+void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,
+                 GemmPrecision prec = GemmPrecision::fast);
 // gemm_linear(x, W_i) for each weight into new tensors [T, W_i rows], with one activation quantisation
 // shared by the FP8 ones (same results as separate calls).
 // `q`: x's FP8 copy (rows and Tp as fp8_act_rows) from its producer, used instead of quantising x.
 std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightRef>& ws,
-                                      const Fp8Act* q = nullptr);
+                                      const Fp8Act* q = nullptr, GemmPrecision prec = GemmPrecision::fast);
 // out [T, C] = x [T, r1 - r0] @ W[r0:r1] (W [rows, C]).
-void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
+void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,
+                   GemmPrecision prec = GemmPrecision::fast);
 
 // The FP8 recipe split in its two steps (benchmarks time them apart; producers can share one
 // quantisation between several linears): the activations quantised per token per 128-group, and the
@@ -43,13 +50,6 @@ void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
 int64_t fp8_act_rows(int64_t T);
 Fp8Act quantize_fp8_activations(const Tensor& x);
 void gemm_linear_fp8(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
-
-// fast (the default): as above. fp32: every weight is dequantised once to f32 (cached per weight) and
-// multiplied in f32 with f32 activations: a reference-precision mode for accuracy checks (the GPU forward
-// then follows the CPU reference closely), at several times the memory and time.
-enum class GemmPrecision { fast, fp32 };
-void set_gemm_precision(GemmPrecision p);
-GemmPrecision gemm_precision();
 
 // Token counts up to `t` (0..32, default 8) take the small-T FP8 kernel; 0 sends every FP8 GEMM to
 // cuBLASLt.

@@ -41,6 +41,8 @@
 
 #include <cstdint>
 
+#include "kernels/kernel_options.h"
+
 namespace dsaserve::kernels::cuda {
 
 inline constexpr int kIndexerDim = 128;        // index_head_dim
@@ -82,16 +84,16 @@ struct IndexerSelectState {
   uint32_t pad[2];
 };
 
-// How the select runs (every path gives the same output). With splits == 1: row, the row select kernel
-// (a second launch, programmatic dependent of the score kernel); row_fused, no second launch: the score
-// kernel's CTAs count themselves done per row (a counter in the workspace, zeroed with the histograms)
-// and the last CTA of each row runs that row's select (256 threads) once the others' scores and histogram
-// atomics are visible (threadfence before the count, L2 loads after). With splits > 1: passes, the four
-// passes as four dependent launches (grid rows x splits); cooperative, the same four passes in one
-// cooperative launch (grid min(rows x splits, co-resident CTAs from the occupancy API), each CTA loops
-// over (row, split) pairs, grid barriers between the passes). automatic: the process default
-// (indexer_set_default_select_path), itself automatic unless set: the two constants below.
-enum class IndexerSelectPath : int { automatic = 0, row = 1, passes = 2, cooperative = 3, row_fused = 4 };
+// How the select runs (IndexerSelectPath, kernels/kernel_options.h; every path gives the same output).
+// With splits == 1: row, the row select kernel (a second launch, programmatic dependent of the score
+// kernel); row_fused, no second launch: the score kernel's CTAs count themselves done per row (a counter in
+// the workspace, zeroed with the histograms) and the last CTA of each row runs that row's select (256
+// threads) once the others' scores and histogram atomics are visible (threadfence before the count, L2
+// loads after). With splits > 1: passes, the four passes as four dependent launches (grid rows x splits);
+// cooperative, the same four passes in one cooperative launch (grid min(rows x splits, co-resident CTAs
+// from the occupancy API), each CTA loops over (row, split) pairs, grid barriers between the passes).
+// automatic: the two constants below.
+//
 // The default with splits > 1: the four launches. Measured on the H200 the cooperative launch was no
 // faster (batch 1 x 128K: select 24.7 us cooperative vs 23.8 us in four launches; batch 64: 74.4 vs 71.5).
 inline constexpr IndexerSelectPath kIndexerSelectPathDefault = IndexerSelectPath::passes;
@@ -104,20 +106,10 @@ inline constexpr bool kIndexerSelectRowPdl = true;
 // (which triggers at once; the score kernel waits before reading the offsets). false: an ordinary launch.
 inline constexpr bool kIndexerScorePdl = true;
 
-// Which score kernel runs. v1: 2 pipeline stages of 128-key tiles, each thread computing its own page
-// lookups (64-bit divisions) for every row it copies. v2: 3-8 stages (unpadded, XOR-swizzled shared rows:
-// twice to four times the bytes in flight per SM), the slots of each tile computed once (128 threads, one
-// 32-bit division each, the page-table entry loaded an iteration earlier) into shared memory, FP8 keys via
-// f16 MMAs. v3: v2 with FP8 keys through wgmma (m64n32k16 / m64n64k16, A = the f16 codes from registers,
-// B = q from shared memory); bf16 keys as v2. automatic: the process default, itself
-// kIndexerScoreKernelDefault unless the environment variable DSASERVE_INDEXER_SCORE_KERNEL is "v1", "v2" or
-// "v3" (read at every launch).
-enum class IndexerScoreKernel : int { automatic = 0, v1 = 1, v2 = 2, v3 = 3 };
-// v3 by measurement on the H200 (attention_gpu_bench indexer, batch 64 x 128K: bf16 scores 527 us with
-// v2 = v3 against v1's 941; FP8 350 us against v2's 363 and v1's 724).
-inline constexpr IndexerScoreKernel kIndexerScoreKernelDefault = IndexerScoreKernel::v3;
-// The score kernel p's launch runs: p.score_kernel unless automatic, else as described above.
-IndexerScoreKernel indexer_score_kernel(IndexerScoreKernel requested);
+// The score kernel p's launch runs: select_indexer_score_kernel (kernels/kernel_options.h) of p.score_kernel
+// and the key format.
+struct IndexerTopkParams;
+IndexerScoreKernel indexer_score_kernel(const IndexerTopkParams& p);
 
 struct IndexerTopkParams {
   const float* q;             // [rows, heads, 128] f32, strides q_s0, q_s1 (elements), not null
@@ -152,8 +144,8 @@ struct IndexerTopkParams {
   float scale, weight_scale;
   IndexerKeyFormat key_format;
   bool scores_only;                 // benchmarks: run only the score kernel (the selection is not written)
-  IndexerSelectPath select_path;    // automatic (zero) unless a test or benchmark forces one
-  IndexerScoreKernel score_kernel;  // automatic (zero) unless a test or benchmark forces one
+  IndexerSelectPath select_path;    // KernelOptions::indexer_select (automatic: zero)
+  IndexerScoreKernel score_kernel;  // KernelOptions::indexer_score (automatic: zero)
 };
 
 // The path p's select takes. splits == 1: row_fused when asked (or by default), max_len > topk and not
@@ -167,10 +159,6 @@ int64_t indexer_select_coop_grid(const IndexerTopkParams& p);
 // Co-resident CTAs of the cooperative select kernel on the current device (0: no cooperative launch);
 // computed once.
 int indexer_select_coop_capacity();
-// The process-wide path used when p.select_path is automatic (tests and benchmarks compare the paths;
-// not thread-safe: set it before launching).
-IndexerSelectPath indexer_default_select_path();
-void indexer_set_default_select_path(IndexerSelectPath path);
 
 // Select CTAs per row for (rows, max_len), and in *split_len the keys of each (a multiple of 16384,
 // splits * split_len >= max_len): a pure function of its inputs and the SM count, never of row contents.

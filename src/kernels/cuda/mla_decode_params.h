@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "kernels/kernel_options.h"
+
 namespace dsaserve::kernels::cuda {
 
 inline constexpr int kMlaLatent = 512;  // kv_lora_rank
@@ -70,21 +72,18 @@ struct MlaDecodeParams {
   int splits;        // key-range splits per row (grid.z); 1 writes `out` directly
   float scale;
   MlaKvFormat format;
-  int kernel = 0;  // 0: the default (mla_decode_kernel); 2, 4, 5: v2, v4, v5 (see sm90_mla_decode*.cu)
+  // The kernel and v5's order (KernelOptions; the launch runs select_mla_decode_kernel /
+  // select_mla_v5_early of them and the shapes, kernels/kernel_options.h).
+  MlaDecodeKernel kernel = MlaDecodeKernel::automatic;
+  MlaV5Order v5_order = MlaV5Order::automatic;
 };
 
-// The decode kernel to run: `requested` when 2, 4 or 5 (v2: head groups of 16, keys split across warps;
-// v4: head groups of 64, Q K^T and P V by wgmma; v5: 64 heads, the two warpgroups taking turns on whole key
-// tiles, bf16 caches (FP8 runs v4)); otherwise the environment variable DSASERVE_MLA_DECODE_KERNEL=v2, v4 or
-// v5 when set (tests and benchmarks), else v2 for <= 16 heads, v5 above. Kernels v1 (mma.sync, 16 or 64
-// heads) and v3 (v4 with P V on mma.sync) were removed as slower: 1 and 3 (and v1 / v3 in the environment)
-// count as not set, like any other unknown value, and give the default.
-// `rows` (the query rows of the launch; < 0: unknown, taken as many) moves one- and two-row launches at > 16
-// heads to v2.
-int mla_decode_kernel(int64_t heads, int requested, int64_t rows = -1);
-// Number of key splits that fills the GPU for this many rows/heads/keys with that kernel (a pure function
-// of its inputs, the SM count and mla_decode_kernel).
-int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms, int kernel = 0);
+// The kernel p's launch runs (select_mla_decode_kernel of p.kernel, heads, rows and the cache format).
+MlaDecodeKernel mla_decode_kernel(const MlaDecodeParams& p);
+// Number of key splits that fills the GPU for this many rows/heads/keys with the kernel `requested` selects
+// (a pure function of its inputs and the SM count).
+int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms,
+                      MlaDecodeKernel requested = MlaDecodeKernel::automatic);
 // Runs the decode kernel and, when p.splits > 1, the combine kernel.
 cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream);
 

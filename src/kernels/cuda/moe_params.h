@@ -92,11 +92,4 @@ struct MoeExpertGemmParams {
 };
 cudaError_t launch_moe_expert_gemm(const MoeExpertGemmParams& p, cudaStream_t stream);
 
-// Host controls of moe_experts (ops_moe.cpp). automatic: the device-grouped path when the op stream is
-// capturing or the expert GEMMs are small (see ops_moe.cpp), else the host-grouped cuBLASLt path.
-// device / host force one path (tests, benchmarks); capture always takes the device path.
-enum class MoePath : int32_t { automatic = 0, device = 1, host = 2 };
-void set_moe_path(MoePath p);
-MoePath moe_path();
-
 }  // namespace dsaserve::kernels::cuda

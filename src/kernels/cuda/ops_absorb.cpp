@@ -243,21 +243,21 @@ bool weight_ok(const WeightRef& w) {
 
 }  // namespace
 
-bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out) {
+bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, GemmPrecision prec) {
   const AbsorbDims a = absorb_dims(q_nope, kv_b, true, 0);
   check_out(out, a.tokens, a.heads, a.latent, "absorb_q");
   if (!weight_ok(kv_b) || q_nope.device() != Device::cuda) return false;
-  const bool f32 = gemm_precision() == GemmPrecision::fp32;
+  const bool f32 = prec == GemmPrecision::fp32;
   const Tensor w = dense_weight(kv_b, f32);
   // D[L, T] = W_UK[h] (column-major [L, nope], lda L) . q_nope[:, h]
   return batched(q_nope, w, 0, a.per_head * a.latent, false, a.latent, out, "absorb_q");
 }
 
-bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out) {
+bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out, GemmPrecision prec) {
   const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
   check_out(out, a.tokens, a.heads, a.dv, "absorb_v");
   if (!weight_ok(kv_b) || out_lat.device() != Device::cuda) return false;
-  const bool f32 = gemm_precision() == GemmPrecision::fp32;
+  const bool f32 = prec == GemmPrecision::fp32;
   const Tensor w = dense_weight(kv_b, f32);
   // D[dv, T] = W_UV[h]^T (stored column-major [L, dv], lda L) . out_lat[:, h]
   return batched(out_lat, w, a.nope * a.latent, a.per_head * a.latent, true, a.dv, out, "absorb_v");

@@ -28,9 +28,9 @@ KeySelection selection(const Tensor& sel, int64_t T, int64_t start_pos, const ch
 }  // namespace
 
 Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
-                    double scale, double weight_scale) {
+                    double scale, double weight_scale, const KernelOptions& o) {
   if (keys.cache.defined() && keys.cache.dtype() != DType::f32) {  // bf16 or FP8 u8 [slots, 132]
-    return indexer_topk_sm90(q, w, keys, start_pos, topk, scale, weight_scale);
+    return indexer_topk_sm90(q, w, keys, start_pos, topk, scale, weight_scale, o);
   }
   const Rows3View qv = rows3_f32(q, "indexer q");
   const RowView wv = rows_f32(w, "indexer weights");
@@ -71,10 +71,10 @@ Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int6
 }
 
 Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
-                              int64_t start_pos, const Tensor& sel, double scale) {
+                              int64_t start_pos, const Tensor& sel, double scale, const KernelOptions& o) {
   if (kv.cache.defined() && kv.cache.dtype() != DType::f32) {
     (void)mla_kv_format(kv.cache);  // bf16 [slots, 576] or u8 [slots, 656], else a clear error
-    return mla_attention_absorbed_sm90(q_lat, q_rope, kv, start_pos, sel, scale);
+    return mla_attention_absorbed_sm90(q_lat, q_rope, kv, start_pos, sel, scale, o);
   }
   const Rows3View ql = rows3_f32(q_lat, "mla q_lat");
   const Rows3View qr = rows3_f32(q_rope, "mla q_rope");
@@ -109,15 +109,15 @@ Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const P
 }
 
 Tensor indexer_topk_batch(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
-                          double weight_scale) {
+                          double weight_scale, const KernelOptions& o) {
   return indexer_topk_rows(q, w, keys.cache, keys.page_table, keys.page_size, keys.row_seq, keys.row_len,
-                           keys.max_len, topk, scale, weight_scale, op_stream(), keys.len_host);
+                           keys.max_len, topk, scale, weight_scale, op_stream(), keys.len_host, o);
 }
 
 Tensor mla_attention_batch(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
-                           double scale) {
+                           double scale, const KernelOptions& o) {
   return mla_decode(q_lat, q_rope, kv.cache, kv.page_table, kv.page_size, kv.row_seq, kv.row_len, kv.max_len,
-                    sel, scale, op_stream());
+                    sel, scale, op_stream(), o);
 }
 
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,

@@ -60,7 +60,7 @@ const float* inv_freq_on_device(const RopeParams& p) {
 }
 
 Tensor norm_common(const Tensor& x, Tensor* residual, const Tensor& w, double eps, const char* what,
-                   Fp8Act* q = nullptr) {
+                   Fp8Act* q = nullptr, GemmPrecision prec = GemmPrecision::fast) {
   const RowView xv = rows_f32(x, what);
   RowView rv{};
   if (residual) {
@@ -77,7 +77,7 @@ Tensor norm_common(const Tensor& x, Tensor* residual, const Tensor& w, double ep
                   wb,           eps};
   if (q) {
     *q = Fp8Act{};
-    if (rms_norm_fp8_fusable(p) && gemm_precision() == GemmPrecision::fast) {
+    if (rms_norm_fp8_fusable(p) && prec == GemmPrecision::fast) {
       const int64_t Tp = fp8_act_rows(xv.rows);
       *q = Fp8Act{Tensor::empty({Tp, xv.cols}, DType::u8, Device::cuda),
                   Tensor::empty({xv.cols / 128, Tp}, DType::f32, Device::cuda), xv.rows};
@@ -120,8 +120,8 @@ Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double e
   return norm_common(x, &residual, w, eps, "add_rms_norm");
 }
 
-Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) {
-  return norm_common(x, residual, w, eps, residual ? "add_rms_norm" : "rms_norm", &q);
+Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q, GemmPrecision prec) {
+  return norm_common(x, residual, w, eps, residual ? "add_rms_norm" : "rms_norm", &q, prec);
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {

@@ -59,8 +59,6 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
 
 namespace {
 
-std::atomic<int32_t> g_moe_path{int32_t(MoePath::automatic)};
-
 // Device path while the experts get at most this many rows each on average (pairs <= rows x E). Measured
 // on the H200 at GLM-5.3 widths (256 experts, top-8, FP8): 1 row per expert (T = 32) 2.9 ms on the
 // device against 6.1 ms on the host path; 8 rows (T = 256) 27.1 ms against 11.4 ms: the grouped kernels
@@ -283,7 +281,7 @@ void device_experts(const RowView& xv, const Routing& routing, const TableView& 
 }
 
 void host_experts(const RowView& xv, const Routing& routing, const std::vector<MlpRef>& experts,
-                  const int32_t* plan, const PlanLayout& l, int64_t K, Tensor& out) {
+                  const int32_t* plan, const PlanLayout& l, int64_t K, Tensor& out, GemmPrecision prec) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs;
   // One small copy back: the header and the expert offsets.
   std::vector<int32_t> h(size_t(l.counts()));
@@ -310,8 +308,8 @@ void host_experts(const RowView& xv, const Routing& routing, const std::vector<M
     if (m0 == m1) continue;
     const MlpRef& mlp = experts[size_t(e)];
     const Tensor xe = xg.slice(0, m0, m1);
-    cuda::linear(xe, mlp.gate, 0, -1, gate.slice(0, m0, m1));
-    cuda::linear(xe, mlp.up, 0, -1, up.slice(0, m0, m1));
+    cuda::linear(xe, mlp.gate, 0, -1, gate.slice(0, m0, m1), prec);
+    cuda::linear(xe, mlp.up, 0, -1, up.slice(0, m0, m1), prec);
   }
   const Tensor act = cuda::silu_mul(gate, up);  // [M, I]
   Tensor y = Tensor::empty({M, H}, DType::f32, Device::cuda);
@@ -321,7 +319,7 @@ void host_experts(const RowView& xv, const Routing& routing, const std::vector<M
     const MlpRef& mlp = experts[size_t(e)];
     DSA_CHECK(mlp.down.rows() == H, "moe_experts: expert {} returns {} features, expected {}", e,
               mlp.down.rows(), H);
-    cuda::linear(act.slice(0, m0, m1), mlp.down, 0, -1, y.slice(0, m0, m1));
+    cuda::linear(act.slice(0, m0, m1), mlp.down, 0, -1, y.slice(0, m0, m1), prec);
   }
   check_launch(
       launch_moe_combine({y.data<float>(), plan + l.pos(),
@@ -332,10 +330,8 @@ void host_experts(const RowView& xv, const Routing& routing, const std::vector<M
 
 }  // namespace
 
-void set_moe_path(MoePath p) { g_moe_path.store(int32_t(p)); }
-MoePath moe_path() { return MoePath(g_moe_path.load()); }
-
-Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) {
+Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
+                   const KernelOptions& o) {
   const RowView xv = rows_f32(x, "moe_experts input");
   const int64_t T = xv.rows, H = xv.cols, E = int64_t(experts.size());
   DSA_CHECK(routing.ids.defined() && routing.weights.defined() && routing.ids.dim() == 2 &&
@@ -368,7 +364,7 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
   check_launch(launch_moe_group(g, op_stream()), "moe_experts grouping");
 
   const bool capturing = stream_capturing();
-  const MoePath path = moe_path();
+  const MoePath path = o.moe;
   bool device = capturing || path == MoePath::device;
   if (!device && path == MoePath::automatic) {
     const WeightRef& g0 = experts[0].gate;
@@ -385,7 +381,7 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
     DSA_CHECK(!capturing && path != MoePath::device,
               "moe_experts: the device path cannot run these experts: {}", tab.unusable);
   }
-  host_experts(xv, routing, experts, pd, l, K, out);
+  host_experts(xv, routing, experts, pd, l, K, out, o.gemm);
   return out;
 }
 

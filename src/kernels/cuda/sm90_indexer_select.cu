@@ -255,8 +255,7 @@ int indexer_select_coop_capacity() {
 }
 
 IndexerSelectPath indexer_select_path(const IndexerTopkParams& p) {
-  IndexerSelectPath want =
-      p.select_path == IndexerSelectPath::automatic ? indexer_default_select_path() : p.select_path;
+  IndexerSelectPath want = p.select_path;
   if (p.splits <= 1) {
     if (want != IndexerSelectPath::row && want != IndexerSelectPath::row_fused)
       want = kIndexerRowSelectDefault;
@@ -285,13 +284,6 @@ const char* indexer_select_path_name(IndexerSelectPath path) {
     default: return "auto";
   }
 }
-
-namespace {
-IndexerSelectPath g_default_select_path = IndexerSelectPath::automatic;
-}  // namespace
-
-IndexerSelectPath indexer_default_select_path() { return g_default_select_path; }
-void indexer_set_default_select_path(IndexerSelectPath path) { g_default_select_path = path; }
 
 cudaError_t launch_indexer_select(const IndexerTopkParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;

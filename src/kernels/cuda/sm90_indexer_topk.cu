@@ -1,14 +1,11 @@
 // Lightning indexer scores (tensor cores, fused first radix histogram) over bf16 or FP8 index keys, and the
-// fused launch (workspace zeroing, scores, the select passes of sm90_indexer_select.cu). Three score kernels
-// (IndexerScoreKernel, indexer_topk_params.h): v1 (sm90_indexer_score_kernel, 2 stages, per-thread page
-// lookups), v2 (sm90_indexer_score_v2_kernel: 3-8 swizzled stages, per-tile slots in shared memory, FP8
-// keys through f16 mma.sync) and v3 (the same kernel with FP8 keys through wgmma).
+// fused launch (workspace zeroing, scores, the select passes of sm90_indexer_select.cu). Two score kernels
+// (IndexerScoreKernel, kernels/kernel_options.h; select_indexer_score_kernel picks): v2
+// (sm90_indexer_score_v2_kernel: 3-8 swizzled stages, per-tile slots in shared memory, FP8 keys through f16
+// mma.sync) and v3 (the same kernel with FP8 keys through wgmma).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
-
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/indexer_topk_params.h"
 #include "kernels/cuda/launch_util.cuh"
@@ -22,18 +19,9 @@ namespace {
 
 constexpr int kScoreThreads = 256;
 constexpr int kTileKeys = 128;  // 8 warps x 16 keys
-constexpr int kStages = 2;
 // Fewest 128-key tiles per score CTA. Key chunks per CTA = ceil(rows x tiles / (2 x SMs)) tiles, at
 // least this: 1 lets a short batch-1 row spread over more CTAs (4K keys: 32 CTAs, was 16 with 2).
 constexpr int64_t kScoreMinTilesPerCta = 1;
-constexpr int kLdK = kIndexerDim + 8;    // bf16 per shared row: 272 bytes, ldmatrix conflict-free
-constexpr int kLdK8 = kIndexerDim + 16;  // FP8 bytes per shared row: 144, 16-byte loads conflict-free
-
-// Shared bytes of one pipeline stage: bf16 rows, or FP8 rows followed by the tile's f32 key scales.
-template <bool FP8>
-__host__ __device__ constexpr int stage_bytes() {
-  return FP8 ? kTileKeys * kLdK8 + kTileKeys * 4 : kTileKeys * kLdK * 2;
-}
 
 // Order-preserving map of a float to u32 (larger float -> larger key; -0 was normalised to +0).
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -87,182 +75,10 @@ __device__ __forceinline__ void finish_row(const IndexerTopkParams& p, int row, 
                                             s_scratch, s_res);
 }
 
-// fuse (IndexerSelectPath::row_fused, splits == 1): the last CTA of each row to finish runs the row's
-// select; CTA 0 of a row with at most topk keys writes its positions.
-template <int H, bool FP8>
-__global__ void __launch_bounds__(kScoreThreads, H == 32 ? 2 : 1)
-    sm90_indexer_score_kernel(const IndexerTopkParams p, int chunk, bool fuse) {
-  constexpr int NT = H / 8;
-  extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* sStage = smem;
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem + kStages * stage_bytes<FP8>());
-  float* sW = reinterpret_cast<float*>(sQ + H * kLdK);
-  uint32_t* sHist = reinterpret_cast<uint32_t*>(sW + H);
-
-  // Rows on grid x (up to 2^31 - 1: a batched prefill can pass more than 65,535 rows), key chunks on y.
-  const int row = blockIdx.x;
-  const int64_t seq = p.row_seq ? p.row_seq[row] : row;
-  const int64_t n = seq >= 0 && seq < p.num_seqs ? p.row_len[row] : 0;
-  if (n <= p.topk) {  // the select lists every position
-    if (fuse && blockIdx.y == 0) {
-      grid_dependency_wait();
-      indexer_select::write_all<kScoreThreads>(p, n, p.out + int64_t(row) * p.out_stride);
-    }
-    return;
-  }
-  const int64_t k0 = int64_t(blockIdx.y) * chunk;
-  if (k0 >= n) return;
-  const int64_t k1 = k0 + chunk < n ? k0 + chunk : n;
-  const int n_tiles = int((k1 - k0 + kTileKeys - 1) / kTileKeys);
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
-
-  // Thread tid copies 16-byte piece tid % kPieces of rows it * kRowStep + tid / kPieces of each tile;
-  // their pages are loaded one tile ahead so the page-table reads overlap the tensor-core work. FP8: the
-  // thread with piece 0 also copies the row's scale.
-  static_assert(kStages == 2, "the page prefetch below looks one tile ahead");
-  constexpr int kPieces = FP8 ? kIndexerDim / 16 : kIndexerDim * 2 / 16;
-  constexpr int kRowStep = kScoreThreads / kPieces;
-  constexpr int kRowsPerThread = kTileKeys / kRowStep;
-  auto fetch_pages = [&](int u, int32_t(&pg)[kRowsPerThread]) {
-#pragma unroll
-    for (int it = 0; it < kRowsPerThread; ++it) {
-      const int64_t pos = k0 + int64_t(u) * kTileKeys + it * kRowStep + tid / kPieces;
-      pg[it] = u < n_tiles && pos < k1 && pos / p.page_size < p.pt_cols
-                   ? p.page_table[seq * p.pt_stride + pos / p.page_size]
-                   : -1;
-    }
-  };
-  auto issue = [&](int u, int st, const int32_t(&pg)[kRowsPerThread]) {
-    const int c = tid % kPieces;
-    unsigned char* stage = sStage + st * stage_bytes<FP8>();
-#pragma unroll
-    for (int it = 0; it < kRowsPerThread; ++it) {
-      const int r = it * kRowStep + tid / kPieces;
-      const int64_t pos = k0 + int64_t(u) * kTileKeys + r;
-      const int64_t slot = int64_t(pg[it]) * p.page_size + pos % p.page_size;
-      const bool ok = pg[it] >= 0 && pos < k1 && slot < p.num_slots;
-      if constexpr (FP8) {
-        const unsigned char* src = ok ? cache + slot * kIndexerDim + c * 16 : cache;
-        mma::cp_async16(stage + r * kLdK8 + c * 16, src, ok ? 16 : 0);
-        if (c == 0) {
-          const unsigned char* ssrc = ok ? cache + p.num_slots * kIndexerDim + slot * 4 : cache;
-          mma::cp_async4(stage + kTileKeys * kLdK8 + r * 4, ssrc, ok ? 4 : 0);
-        }
-      } else {
-        const unsigned char* src = ok ? cache + slot * (kIndexerDim * 2) + c * 16 : cache;
-        mma::cp_async16(stage + (r * kLdK + c * 8) * 2, src, ok ? 16 : 0);
-      }
-    }
-  };
-  int32_t pg_next[kRowsPerThread];
-  fetch_pages(0, pg_next);
-  issue(0, 0, pg_next);
-  mma::cp_async_commit();
-  fetch_pages(1, pg_next);
-
-  for (int i = tid; i < kIndexerHistBins; i += kScoreThreads) sHist[i] = 0;
-  for (int i = tid; i < H * kIndexerDim; i += kScoreThreads) {
-    const int h = i / kIndexerDim, L = i % kIndexerDim;
-    sQ[h * kLdK + L] = __float2bfloat16_rn(p.q[row * p.q_s0 + h * p.q_s1 + (FP8 ? fp8_dim_of(L) : L)]);
-  }
-  if (tid < H) sW[tid] = p.w[row * p.w_s0 + tid] * p.weight_scale;
-  __syncthreads();
-
-  // B fragments of Q^T (k = dims, n = heads) for every k-step, kept in registers.
-  uint32_t bq[NT][kIndexerDim / 16][2];
-#pragma unroll
-  for (int np = 0; np < NT / 2; ++np) {
-#pragma unroll
-    for (int kk = 0; kk < kIndexerDim / 16; ++kk) {
-      uint32_t b[4];
-      mma::ldsm_x4(b,
-                   sQ + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kLdK + kk * 16 + ((lane >> 3) & 1) * 8);
-      bq[2 * np][kk][0] = b[0];
-      bq[2 * np][kk][1] = b[1];
-      bq[2 * np + 1][kk][0] = b[2];
-      bq[2 * np + 1][kk][1] = b[3];
-    }
-  }
-  const int g = lane >> 2, c4 = lane & 3;
-  float wl[NT][2];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    wl[nt][0] = sW[nt * 8 + 2 * c4];
-    wl[nt][1] = sW[nt * 8 + 2 * c4 + 1];
-  }
-  const float scale = p.scale;
-  // Launched as a programmatic dependent of the offsets kernel (packed scores): everything above reads
-  // only what was written before that kernel started; the offsets and everything below come after this.
-  grid_dependency_wait();
-  float* srow = indexer_row_scores(p, row);
-
-  for (int t = 0; t < n_tiles; ++t) {
-    mma::cp_async_wait<kStages - 2>();
-    __syncthreads();
-    if (t + 1 < n_tiles) issue(t + 1, (t + 1) % kStages, pg_next);
-    mma::cp_async_commit();
-    fetch_pages(t + 2, pg_next);
-    const unsigned char* stage = sStage + (t % kStages) * stage_bytes<FP8>();
-    float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-    float sc0 = scale, sc1 = scale;  // per key row g and g + 8 of this warp
-    if constexpr (FP8) {
-      // Rows warp * 16 + g and + 8: bytes [32 c4, 32 c4 + 32), word kk = the A fragment of k-step kk.
-      const unsigned char* r0 = stage + (warp * 16 + g) * kLdK8 + c4 * 32;
-      const unsigned char* r1 = r0 + 8 * kLdK8;
-      const uint4 x0 = *reinterpret_cast<const uint4*>(r0), x1 = *reinterpret_cast<const uint4*>(r0 + 16);
-      const uint4 y0 = *reinterpret_cast<const uint4*>(r1), y1 = *reinterpret_cast<const uint4*>(r1 + 16);
-      const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-      const uint32_t w1[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
-      const float* ks = reinterpret_cast<const float*>(stage + kTileKeys * kLdK8);
-      sc0 = scale * ks[warp * 16 + g];
-      sc1 = scale * ks[warp * 16 + g + 8];
-#pragma unroll
-      for (int kk = 0; kk < kIndexerDim / 16; ++kk) {
-        const uint32_t a[4] = {e4m3x2_to_bf16x2(uint16_t(w0[kk])), e4m3x2_to_bf16x2(uint16_t(w1[kk])),
-                               e4m3x2_to_bf16x2(uint16_t(w0[kk] >> 16)),
-                               e4m3x2_to_bf16x2(uint16_t(w1[kk] >> 16))};
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mma::mma_bf16(acc[nt], a, bq[nt][kk][0], bq[nt][kk][1]);
-      }
-    } else {
-      const __nv_bfloat16* kt = reinterpret_cast<const __nv_bfloat16*>(stage);
-#pragma unroll
-      for (int kk = 0; kk < kIndexerDim / 16; ++kk) {
-        uint32_t a[4];
-        mma::ldsm_x4(a, kt + (warp * 16 + (lane & 15)) * kLdK + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mma::mma_bf16(acc[nt], a, bq[nt][kk][0], bq[nt][kk][1]);
-      }
-    }
-    float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      s0 += fmaxf(acc[nt][0] * sc0, 0.f) * wl[nt][0] + fmaxf(acc[nt][1] * sc0, 0.f) * wl[nt][1];
-      s1 += fmaxf(acc[nt][2] * sc1, 0.f) * wl[nt][0] + fmaxf(acc[nt][3] * sc1, 0.f) * wl[nt][1];
-    }
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-    if (c4 < 2) {
-      const float s = (c4 == 0 ? s0 : s1) + 0.0f;  // + 0 turns -0 into +0
-      const int64_t pos = k0 + int64_t(t) * kTileKeys + warp * 16 + g + c4 * 8;
-      if (pos < k1) {
-        srow[pos] = s;
-        atomicAdd(&sHist[order_key(s) >> 21], 1u);
-      }
-    }
-  }
-  finish_row(p, row, n, chunk, fuse, srow, sHist);
-}
-
 // ---- Score kernel v2 (IndexerScoreKernel::v2) ----
 // Shared key rows are unpadded; 16-byte chunk c of tile row r sits at chunk c ^ (r % 8), so that an
 // ldmatrix phase (8 rows, one chunk each) and an FP8 fragment load phase (8 lanes: 2 rows x 4 chunks) touch
-// 8 distinct 16-byte bank groups, as the 16-byte padding of v1 did, without the padding.
+// 8 distinct 16-byte bank groups without padding the rows.
 template <bool FP8>
 __host__ __device__ constexpr int v2_row_bytes() {
   return FP8 ? kIndexerDim : kIndexerDim * 2;
@@ -274,8 +90,8 @@ __host__ __device__ constexpr int v2_stage_bytes() {
 }
 // Pipeline stages: as many as fit two CTAs per SM (H = 32, or WG: at most 128 registers a thread) or one
 // (H = 64) with the slots, weights and histogram (WG: and q). Bytes in flight per SM (stages - 1 tiles per
-// CTA): bf16 128 KB (H = 32) or 160 KB (H = 64), FP8 169 KB or 118 KB (WG: 135 KB); v1 had at most 64 / 32
-// KB (bf16) and 32 / 17 KB (FP8).
+// CTA): bf16 128 KB (H = 32) or 160 KB (H = 64), FP8 169 KB or 118 KB (WG: 135 KB); the removed 2-stage v1
+// had at most 64 / 32 KB (bf16) and 32 / 17 KB (FP8).
 template <int H, bool FP8, bool WG>
 __host__ __device__ constexpr int v2_stages() {
   return WG ? 5 : H == 32 ? (FP8 ? 6 : 3) : (FP8 ? 8 : 6);
@@ -366,7 +182,10 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Same grid, tiles and results as sm90_indexer_score_kernel (bf16: bit for bit), with a deeper pipeline:
+// fuse (IndexerSelectPath::row_fused, splits == 1): the last CTA of each row to finish runs the row's
+// select; CTA 0 of a row with at most topk keys writes its positions.
+// 128-key tiles (8 warps x 16 keys) on a deep pipeline (v1, 2 stages with per-thread page lookups, was
+// removed: 941 us against 527 at batch 64 x 128K bf16):
 // stage u % S holds tile u; iteration t waits for tile t, issues tile t + S - 1 and computes tile t. The
 // slot of each tile row is computed once (thread r < 128 for row r, walking its page index) into
 // sSlot[u % S] and read by the copying threads. WG (IndexerScoreKernel::v3, FP8 only): each warpgroup
@@ -556,7 +375,8 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 || WG ? 2 : 1)
     wl[nt][1] = sW[nt * 8 + 2 * c4 + 1];
   }
   const float scale = p.scale;
-  // As in v1: the offsets (packed scores) and everything below come after this.
+  // Launched as a programmatic dependent of the offsets kernel (packed scores): everything above reads
+  // only what was written before that kernel started; the offsets and everything below come after this.
   grid_dependency_wait();
   float* srow = indexer_row_scores(p, row);
 
@@ -663,24 +483,19 @@ int num_sms() {
   return n;
 }
 
+// kind: v2 or v3 (select_indexer_score_kernel; v3 only with FP8 keys).
 template <int H, bool FP8>
 cudaError_t launch_scores(const IndexerTopkParams& p, bool fuse, IndexerScoreKernel kind,
                           cudaStream_t stream) {
-  constexpr int kSmemV1 = kStages * stage_bytes<FP8>() + H * kLdK * 2 + H * 4 + kIndexerHistBins * 4;
   constexpr int kSmemV2 = v2_smem_bytes<H, FP8, false>(), kSmemV3 = v2_smem_bytes<H, FP8, FP8>();
-  static const cudaError_t e1 = cudaFuncSetAttribute(sm90_indexer_score_kernel<H, FP8>,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemV1);
   static const cudaError_t e2 = cudaFuncSetAttribute(sm90_indexer_score_v2_kernel<H, FP8, false>,
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemV2);
   static const cudaError_t e3 = cudaFuncSetAttribute(sm90_indexer_score_v2_kernel<H, FP8, FP8>,
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemV3);
-  // v3 with bf16 keys is v2.
-  const bool v3 = kind == IndexerScoreKernel::v3 && FP8;
-  const auto kernel = kind == IndexerScoreKernel::v1 ? sm90_indexer_score_kernel<H, FP8>
-                      : v3                           ? sm90_indexer_score_v2_kernel<H, FP8, FP8>
-                                                     : sm90_indexer_score_v2_kernel<H, FP8, false>;
-  const size_t smem = size_t(kind == IndexerScoreKernel::v1 ? kSmemV1 : v3 ? kSmemV3 : kSmemV2);
-  const cudaError_t e = kind == IndexerScoreKernel::v1 ? e1 : v3 ? e3 : e2;
+  const bool v3 = kind == IndexerScoreKernel::v3;
+  const auto kernel = v3 ? sm90_indexer_score_v2_kernel<H, FP8, FP8> : sm90_indexer_score_v2_kernel<H, FP8, false>;
+  const size_t smem = size_t(v3 ? kSmemV3 : kSmemV2);
+  const cudaError_t e = v3 ? e3 : e2;
   if (e != cudaSuccess) return e;
   const int64_t tiles = (p.max_len + kTileKeys - 1) / kTileKeys;
   int64_t per = (p.rows * tiles + 2 * num_sms() - 1) / (2 * num_sms());
@@ -699,13 +514,8 @@ cudaError_t launch_scores(const IndexerTopkParams& p, bool fuse, IndexerScoreKer
 
 int indexer_num_sms() { return num_sms(); }
 
-IndexerScoreKernel indexer_score_kernel(IndexerScoreKernel requested) {
-  if (requested != IndexerScoreKernel::automatic) return requested;
-  const char* env = std::getenv("DSASERVE_INDEXER_SCORE_KERNEL");  // read at every launch: tests switch it
-  if (env && std::strcmp(env, "v1") == 0) return IndexerScoreKernel::v1;
-  if (env && std::strcmp(env, "v2") == 0) return IndexerScoreKernel::v2;
-  if (env && std::strcmp(env, "v3") == 0) return IndexerScoreKernel::v3;
-  return kIndexerScoreKernelDefault;
+IndexerScoreKernel indexer_score_kernel(const IndexerTopkParams& p) {
+  return select_indexer_score_kernel(p.score_kernel, p.key_format == IndexerKeyFormat::fp8_e4m3);
 }
 
 cudaError_t launch_indexer_topk_fused(const IndexerTopkParams& p, cudaStream_t stream) {
@@ -723,7 +533,7 @@ cudaError_t launch_indexer_topk_fused(const IndexerTopkParams& p, cudaStream_t s
     e = launch_indexer_score_offsets(p, stream);
     if (e != cudaSuccess) return e;
     const bool fp8 = p.key_format == IndexerKeyFormat::fp8_e4m3;
-    const IndexerScoreKernel k = indexer_score_kernel(p.score_kernel);
+    const IndexerScoreKernel k = indexer_score_kernel(p);
     if (p.heads == 32) {
       e = fp8 ? launch_scores<32, true>(p, fuse, k, stream) : launch_scores<32, false>(p, fuse, k, stream);
     } else {

@@ -3,8 +3,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/mla_decode_params.h"
@@ -159,22 +157,12 @@ cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t 
   return cudaGetLastError();
 }
 
-int mla_decode_kernel(int64_t heads, int requested, int64_t rows) {
-  // Kernels 1 and 3 were removed (measured slower than v2 at <= 16 heads and v4 / v5 at 64): asking for
-  // them, by number or by name, counts as not asking.
-  if (requested == 2 || requested == 4 || requested == 5) return requested;
-  const char* env = std::getenv("DSASERVE_MLA_DECODE_KERNEL");  // read on every call: tests switch it
-  if (env && std::strcmp(env, "v2") == 0) return 2;
-  if (env && std::strcmp(env, "v4") == 0) return 4;
-  if (env && std::strcmp(env, "v5") == 0) return 5;
-  // Measured on the H200 (attention_gpu_bench mla): v2 at 8-16 heads and for one or two rows at 64 heads
-  // (its 16-head blocks fill more SMs: batch 1 16.3 vs 22.1 us, batch 2 19.3 vs 24.2; batch 4 even), v5
-  // (bf16; FP8 caches run v4) above 16 heads otherwise.
-  return heads <= 16 || (rows >= 0 && rows <= 2) ? 2 : 5;
+MlaDecodeKernel mla_decode_kernel(const MlaDecodeParams& p) {
+  return select_mla_decode_kernel(p.kernel, p.heads, p.rows, p.format != MlaKvFormat::bf16);
 }
 
-int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms, int kernel) {
-  const bool by16 = mla_decode_kernel(heads, kernel, rows) == 2;  // v2: 16 heads and 64 keys a block
+int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms, MlaDecodeKernel requested) {
+  const bool by16 = mla_decode_uses_v2(requested, heads, rows);  // v2: 16 heads and 64 keys a block
   const int64_t rows_per_block = by16 ? 16 : 64;
   const int64_t tile = by16 ? 64 : 32;
   const int64_t base = rows * ((heads + rows_per_block - 1) / rows_per_block);
@@ -203,10 +191,10 @@ cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.heads == 0) return cudaSuccess;
   if (p.splits < 1 || (p.splits > 1 && (!p.partial_out || !p.partial_lse))) return cudaErrorInvalidValue;
   if (p.page_size <= 0 || p.page_size > 0x7fffffff) return cudaErrorInvalidValue;  // kernels split in 32 bits
-  const int kernel = mla_decode_kernel(p.heads, p.kernel, p.rows);
-  const cudaError_t e = kernel == 2   ? mla_detail::launch_decode_v2(p, stream)
-                        : kernel == 4 ? mla_detail::launch_decode_v4(p, stream)
-                                      : mla_detail::launch_decode_v5(p, stream);
+  const MlaDecodeKernel kernel = mla_decode_kernel(p);
+  const cudaError_t e = kernel == MlaDecodeKernel::v2   ? mla_detail::launch_decode_v2(p, stream)
+                        : kernel == MlaDecodeKernel::v4 ? mla_detail::launch_decode_v4(p, stream)
+                                                        : mla_detail::launch_decode_v5(p, stream);
   if (e != cudaSuccess || p.splits == 1) return e;
   return launch_pdl(true, sm90_mla_combine_kernel, dim3(unsigned(p.rows), unsigned(p.heads)), dim3(128), 0,
                     stream, p);

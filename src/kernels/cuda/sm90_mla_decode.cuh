@@ -201,7 +201,7 @@ cudaError_t launch_decode_v2(const MlaDecodeParams& p, cudaStream_t stream);
 // Kernel v4 (sm90_mla_decode_v4.cu): 64 heads a block, Q K^T and P V by wgmma; both cache formats.
 cudaError_t launch_decode_v4(const MlaDecodeParams& p, cudaStream_t stream);
 // Kernel v5 (sm90_mla_decode_v5.cu): 64 heads a block, the two warpgroups take turns on whole key tiles
-// (ping-pong); bf16 caches (an FP8 cache runs v4).
+// (ping-pong); bf16 caches only (select_mla_decode_kernel sends FP8 caches to v4; an FP8 launch here fails).
 cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream);
 
 }  // namespace dsaserve::kernels::cuda::mla_detail

@@ -22,8 +22,6 @@
 // tile from its load until both warpgroups multiplied it: with three tiles in use, one is in flight, and
 // that bounds the kernel (an L2-resident cache runs no faster: 126-132 us at 64 heads x 128 rows x 2048
 // keys, 0.6 of the HBM floor). Q (73.7 KB) and four 36.9 KB stages fill the shared memory.
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/sm90_mla_decode.cuh"
 
@@ -290,16 +288,9 @@ cudaError_t launch_v5(const MlaDecodeParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream) {
-  if (p.format != MlaKvFormat::bf16) return launch_decode_v4(p, stream);  // FP8: v4
-  // Measured on the H200 (64 heads, batch 128): dense rows (contiguous pages) 109 us early vs 117 late;
-  // top-2048 rows (scattered keys) 133 us late vs 151 early (a third order, the product early and the
-  // reload late, measured as late: removed). DSASERVE_MLA_V5_ORDER=early|late overrides (benchmarks; read
-  // once per process: -1 late, 0 unset, 1 early).
-  static const int forced = [] {
-    const char* env = std::getenv("DSASERVE_MLA_V5_ORDER");
-    return env && std::strcmp(env, "early") == 0 ? 1 : env && std::strcmp(env, "late") == 0 ? -1 : 0;
-  }();
-  const bool early = forced != 0 ? forced > 0 : p.sel == nullptr;
+  if (p.format != MlaKvFormat::bf16) return cudaErrorInvalidValue;  // select_mla_decode_kernel runs v4 there
+  // The order: select_mla_v5_early (kernels/kernel_options.h; the measurements are there).
+  const bool early = select_mla_v5_early(p.v5_order, p.sel != nullptr);
   return early ? launch_v5<true>(p, stream) : launch_v5<false>(p, stream);
 }
 

@@ -42,9 +42,23 @@ std::string device_description(Device d) {
   return std::string(device_name(d));
 }
 
-std::shared_ptr<model::Model> model_on_device(std::shared_ptr<model::Model> m, Device d) {
+std::shared_ptr<kernels::Backend> make_backend(Device d, const kernels::KernelOptions& options) {
+  if (d == Device::cpu) return kernels::make_cpu_backend(options);
+#ifdef DSASERVE_HAVE_CUDA
+  return kernels::cuda::make_backend(options);
+#else
+  fail("--device cuda: no CUDA device (this dsaserve was built without CUDA)");
+#endif
+}
+
+std::shared_ptr<model::Model> model_on_device(std::shared_ptr<model::Model> m, Device d,
+                                              const kernels::KernelOptions& options,
+                                              std::optional<model::KvCacheDtype> kv_dtype) {
   DSA_CHECK(m != nullptr, "model_on_device: no model");
-  if (m->weights().embed_tokens.device() == d) return m;
+  if (m->weights().embed_tokens.device() == d) {
+    if (options == kernels::KernelOptions{} && !kv_dtype) return m;
+    return m->with_backend(make_backend(d, options), kv_dtype);
+  }
   model::ModelWeights w = m->weights().to(d);
 #ifdef DSASERVE_HAVE_CUDA
   if (d == Device::cuda) {
@@ -52,7 +66,8 @@ std::shared_ptr<model::Model> model_on_device(std::shared_ptr<model::Model> m, D
     DSA_CHECK(e == cudaSuccess, "uploading the weights: {}", cudaGetErrorString(e));
   }
 #endif
-  return std::make_shared<model::Model>(m->config(), io::Checkpoint{}, std::move(w));
+  return std::make_shared<model::Model>(m->config(), io::Checkpoint{}, std::move(w), make_backend(d, options),
+                                        kv_dtype);
 }
 
 bool sm90_kv_shapes(const model::ModelConfig& cfg) {

@@ -1,14 +1,18 @@
 #pragma once
 // Device selection for the commands that run the model (serve, generate, score): `--device cpu|cuda` and
 // `--kv-cache-dtype auto|bf16|fp8_e4m3|f32`. use_device() checks that the device exists and installs its
-// operator backend; model_on_device() uploads a model's weights (dtypes kept) so that Model::forward,
-// the KV cache it makes and everything the engine runs live on that device. Everything above the model
+// operator backend; model_on_device() uploads a model's weights (dtypes kept) and gives it a backend of
+// that device with the run's KernelOptions (the device context: kernel choices, GEMM precision), so that
+// Model::forward, the KV cache it makes and everything the engine runs live on that device. Everything above the model
 // runner is device-agnostic: the engine only moves page ids, never KV storage.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/tensor.h"
+#include "kernels/kernel_options.h"
+#include "kernels/ops.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 
@@ -23,9 +27,16 @@ void use_device(Device d);
 // "NVIDIA H200, sm_90, 139.8 GiB, 132 SMs" for CUDA, "cpu" for the CPU.
 std::string device_description(Device d);
 
-// The model with its weights on `d` (the same object when they already are). The returned model keeps
-// no checkpoint mapping for a CUDA upload: the host copy can go once this returns. Synchronous.
-std::shared_ptr<model::Model> model_on_device(std::shared_ptr<model::Model> m, Device d);
+// A backend of its own for device `d` running with `options` (use_device(d) first for CUDA).
+std::shared_ptr<kernels::Backend> make_backend(Device d, const kernels::KernelOptions& options);
+
+// The model with its weights on `d` (the same object when they already are, the options are the
+// defaults and no kv_dtype is given), its forward running on make_backend(d, options) and its make_cache
+// making kv_dtype caches (unset: KvCache::create's default). The returned model keeps no checkpoint
+// mapping for a CUDA upload: the host copy can go once this returns. Synchronous.
+std::shared_ptr<model::Model> model_on_device(std::shared_ptr<model::Model> m, Device d,
+                                              const kernels::KernelOptions& options = {},
+                                              std::optional<model::KvCacheDtype> kv_dtype = std::nullopt);
 
 // Whether the sm_90a attention kernels (bf16 / FP8 latent cache) serve this model's shapes
 // (kv_lora_rank 512, qk_rope_head_dim 64, index_head_dim 128); otherwise CUDA runs f32 caches only.

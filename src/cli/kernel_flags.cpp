@@ -1,0 +1,43 @@
+#include "cli/kernel_flags.h"
+
+namespace dsaserve::cli {
+
+kernels::KernelOptions KernelFlags::options() const {
+  kernels::KernelOptions o;
+  o.mla_decode = kernels::parse_mla_decode_kernel(mla_decode, "--mla-decode-kernel");
+  o.mla_v5_order = kernels::parse_mla_v5_order(mla_v5_order, "--mla-v5-order");
+  o.indexer_score = kernels::parse_indexer_score_kernel(indexer_score, "--indexer-score-kernel");
+  o.indexer_select = kernels::parse_indexer_select_path(indexer_select, "--indexer-select-path");
+  o.gemm = kernels::parse_gemm_precision(gemm, "--gemm-precision");
+  o.moe = kernels::parse_moe_path(moe, "--moe-path");
+  return o;
+}
+
+std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub) {
+  auto f = std::make_shared<KernelFlags>();
+  const std::string g = "Kernels (--device cuda; the defaults are the measured choices)";
+  sub.add_option("--mla-decode-kernel", f->mla_decode,
+                 "MLA decode kernel: auto (v2 at <= 16 heads or <= 2 rows, else v5; FP8 caches: v4), v2, v4, v5")
+      ->group(g)
+      ->capture_default_str();
+  sub.add_option("--mla-v5-order", f->mla_v5_order, "MLA decode v5 order: auto (early dense, late sparse), early, late")
+      ->group(g)
+      ->capture_default_str();
+  sub.add_option("--indexer-score-kernel", f->indexer_score,
+                 "DSA indexer score kernel: auto (v3; bf16 keys run v2), v2, v3")
+      ->group(g)
+      ->capture_default_str();
+  sub.add_option("--indexer-select-path", f->indexer_select,
+                 "DSA indexer top-k select: auto, row, row_fused (one CTA per row), passes, coop (split rows)")
+      ->group(g)
+      ->capture_default_str();
+  sub.add_option("--gemm-precision", f->gemm, "GEMMs: fast (bf16 / FP8 tensor cores) or fp32 (reference precision)")
+      ->group(g)
+      ->capture_default_str();
+  sub.add_option("--moe-path", f->moe, "routed experts: auto, device (grouped kernels) or host (per-expert GEMMs)")
+      ->group(g)
+      ->capture_default_str();
+  return f;
+}
+
+}  // namespace dsaserve::cli

@@ -1,0 +1,23 @@
+#pragma once
+// The kernel-choice flags shared by serve, generate and score: one call adds them to a subcommand, and the
+// returned holder builds the kernels::KernelOptions value the command passes down (runtime::model_on_device).
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "kernels/kernel_options.h"
+
+namespace dsaserve::cli {
+
+struct KernelFlags {
+  std::string mla_decode = "auto", mla_v5_order = "auto", indexer_score = "auto", indexer_select = "auto",
+              gemm = "fast", moe = "auto";
+  // The parsed value; throws dsaserve::Error naming the flag for an unknown name.
+  kernels::KernelOptions options() const;
+};
+
+// Adds --mla-decode-kernel, --mla-v5-order, --indexer-score-kernel, --indexer-select-path,
+// --gemm-precision and --moe-path (all in the "Kernels" group).
+std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub);
+
+}  // namespace dsaserve::cli

@@ -1,0 +1,96 @@
+#include "kernels/kernel_options.h"
+
+#include <array>
+#include <utility>
+
+#include "core/error.h"
+
+namespace dsaserve::kernels {
+
+MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows, bool fp8_cache) {
+  MlaDecodeKernel k = requested;
+  if (k == MlaDecodeKernel::automatic)
+    k = heads <= kMlaDecodeNarrowMaxHeads || (rows >= 0 && rows <= 2) ? MlaDecodeKernel::v2 : MlaDecodeKernel::v5;
+  if (k == MlaDecodeKernel::v5 && fp8_cache) k = MlaDecodeKernel::v4;  // v5 reads bf16 caches only
+  return k;
+}
+
+bool select_mla_v5_early(MlaV5Order requested, bool sparse) {
+  if (requested == MlaV5Order::automatic) return !sparse;
+  return requested == MlaV5Order::early;
+}
+
+IndexerScoreKernel select_indexer_score_kernel(IndexerScoreKernel requested, bool fp8_keys) {
+  const IndexerScoreKernel k = requested == IndexerScoreKernel::automatic ? IndexerScoreKernel::v3 : requested;
+  return k == IndexerScoreKernel::v3 && !fp8_keys ? IndexerScoreKernel::v2 : k;  // bf16 keys: v3 is v2
+}
+
+namespace {
+
+template <typename E, size_t N>
+using Names = std::array<std::pair<E, std::string_view>, N>;
+
+constexpr Names<MlaDecodeKernel, 4> kMla{{{MlaDecodeKernel::automatic, "auto"},
+                                          {MlaDecodeKernel::v2, "v2"},
+                                          {MlaDecodeKernel::v4, "v4"},
+                                          {MlaDecodeKernel::v5, "v5"}}};
+constexpr Names<MlaV5Order, 3> kOrder{
+    {{MlaV5Order::automatic, "auto"}, {MlaV5Order::early, "early"}, {MlaV5Order::late, "late"}}};
+constexpr Names<IndexerScoreKernel, 3> kScore{{{IndexerScoreKernel::automatic, "auto"},
+                                               {IndexerScoreKernel::v2, "v2"},
+                                               {IndexerScoreKernel::v3, "v3"}}};
+constexpr Names<IndexerSelectPath, 5> kSelect{{{IndexerSelectPath::automatic, "auto"},
+                                               {IndexerSelectPath::row, "row"},
+                                               {IndexerSelectPath::row_fused, "row_fused"},
+                                               {IndexerSelectPath::passes, "passes"},
+                                               {IndexerSelectPath::cooperative, "coop"}}};
+constexpr Names<GemmPrecision, 2> kGemm{{{GemmPrecision::fast, "fast"}, {GemmPrecision::fp32, "fp32"}}};
+constexpr Names<MoePath, 3> kMoe{{{MoePath::automatic, "auto"}, {MoePath::device, "device"}, {MoePath::host, "host"}}};
+
+template <typename E, size_t N>
+std::string_view name_of(const Names<E, N>& names, E e) {
+  for (const auto& [v, n] : names)
+    if (v == e) return n;
+  return "?";
+}
+
+template <typename E, size_t N>
+E parse_of(const Names<E, N>& names, std::string_view s, std::string_view flag) {
+  std::string accepted;
+  for (const auto& [v, n] : names) {
+    if (n == s) return v;
+    accepted += accepted.empty() ? "" : ", ";
+    accepted += n;
+  }
+  fail("{}: unknown value '{}' (accepted: {})", flag, s, accepted);
+}
+
+}  // namespace
+
+std::string_view name(MlaDecodeKernel k) { return name_of(kMla, k); }
+std::string_view name(MlaV5Order o) { return name_of(kOrder, o); }
+std::string_view name(IndexerScoreKernel k) { return name_of(kScore, k); }
+std::string_view name(IndexerSelectPath p) { return name_of(kSelect, p); }
+std::string_view name(GemmPrecision p) { return name_of(kGemm, p); }
+std::string_view name(MoePath p) { return name_of(kMoe, p); }
+
+MlaDecodeKernel parse_mla_decode_kernel(std::string_view s, std::string_view flag) {
+  return parse_of(kMla, s, flag);
+}
+MlaV5Order parse_mla_v5_order(std::string_view s, std::string_view flag) { return parse_of(kOrder, s, flag); }
+IndexerScoreKernel parse_indexer_score_kernel(std::string_view s, std::string_view flag) {
+  return parse_of(kScore, s, flag);
+}
+IndexerSelectPath parse_indexer_select_path(std::string_view s, std::string_view flag) {
+  return parse_of(kSelect, s, flag);
+}
+GemmPrecision parse_gemm_precision(std::string_view s, std::string_view flag) { return parse_of(kGemm, s, flag); }
+MoePath parse_moe_path(std::string_view s, std::string_view flag) { return parse_of(kMoe, s, flag); }
+
+std::string describe(const KernelOptions& o) {
+  return fmt::format("mla_decode={} mla_v5_order={} indexer_score={} indexer_select={} gemm={} moe={}",
+                     name(o.mla_decode), name(o.mla_v5_order), name(o.indexer_score), name(o.indexer_select),
+                     name(o.gemm), name(o.moe));
+}
+
+}  // namespace dsaserve::kernels

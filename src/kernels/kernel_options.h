@@ -1,0 +1,89 @@
+#pragma once
+// KernelOptions: every kernel choice a run can make (which MLA decode kernel, v5's order, which indexer
+// score kernel and select path, the GEMM precision), one value built by the command line (src/cli's
+// kernel_flags) or by a test or benchmark and passed down explicitly: to the backend that runs the
+// model's operators (kernels/ops.h make_backend), from there into each kernel's params. Nothing below
+// src/cli reads the environment or a process-wide switch for these.
+//
+// The selectors below turn a request (automatic unless forced) and the launch's shapes into the kernel
+// that runs; they are plain functions of their inputs (tested on the CPU: tests/kernels/
+// kernel_options_test.cpp), and the only place the defaults live.
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace dsaserve::kernels {
+
+// Sparse MLA decode (kernels/cuda/sm90_mla_decode*.cu). v2: head groups of 16, keys split across warps;
+// v4: head groups of 64, Q K^T and P V by wgmma; v5: 64 heads, the two warpgroups taking turns on whole
+// key tiles (bf16 caches only: an FP8 cache runs v4).
+enum class MlaDecodeKernel : int { automatic = 0, v2 = 2, v4 = 4, v5 = 5 };
+// v5's order of the P V product and the next tile's reload: early (dense rows) or late (sparse rows).
+enum class MlaV5Order : int { automatic = 0, early = 1, late = 2 };
+// The indexer's score kernel (kernels/cuda/sm90_indexer_topk.cu). v2: 3-8 stages, XOR-swizzled shared
+// rows, FP8 keys via f16 MMAs; v3: v2 with FP8 keys through wgmma (bf16 keys: v2).
+enum class IndexerScoreKernel : int { automatic = 0, v2 = 2, v3 = 3 };
+// How the indexer's select runs (every path gives the same output); see indexer_topk_params.h.
+enum class IndexerSelectPath : int { automatic = 0, row = 1, passes = 2, cooperative = 3, row_fused = 4 };
+// The routed experts' path (kernels/cuda/ops_moe.cpp). automatic: the device-grouped kernels when the op
+// stream is capturing or the expert GEMMs are small, else the host-grouped cuBLASLt path; device / host
+// force one (tests, benchmarks); capture always takes the device path.
+enum class MoePath : int32_t { automatic = 0, device = 1, host = 2 };
+// fast: the production GEMM recipes (bf16 / FP8 tensor cores); fp32: every weight dequantised once to
+// f32 and multiplied in f32 (a reference-precision mode for accuracy checks; several times the memory).
+enum class GemmPrecision : int { fast = 0, fp32 = 1 };
+
+struct KernelOptions {
+  MlaDecodeKernel mla_decode = MlaDecodeKernel::automatic;
+  MlaV5Order mla_v5_order = MlaV5Order::automatic;
+  IndexerScoreKernel indexer_score = IndexerScoreKernel::automatic;
+  IndexerSelectPath indexer_select = IndexerSelectPath::automatic;
+  GemmPrecision gemm = GemmPrecision::fast;
+  MoePath moe = MoePath::automatic;
+  bool operator==(const KernelOptions&) const = default;
+};
+
+// ---- selectors ----
+
+// The head count up to which the MLA decode runs v2 by default (its 16-head blocks); above it v5. The
+// attention-form rule of model/model.h keeps its narrow / wide head classes at the same cutoff.
+inline constexpr int64_t kMlaDecodeNarrowMaxHeads = 16;
+
+// The MLA decode kernel a launch runs. `requested` unless automatic; automatic: v2 for <= 16 heads and for
+// one or two rows at more heads (`rows` < 0: unknown, taken as many), v5 otherwise (measured on the H200,
+// attention_gpu_bench mla: batch 1 16.3 vs 22.1 us, batch 2 19.3 vs 24.2). v5 asked for (or chosen) over
+// an FP8 cache runs v4 (`fp8_cache`; v5 reads bf16 only). Never returns automatic.
+MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows, bool fp8_cache);
+// The kernel select_mla_decode_kernel picks for the split-count model (mla_decode_splits), which does not
+// know the cache format: v2 or not.
+inline bool mla_decode_uses_v2(MlaDecodeKernel requested, int64_t heads, int64_t rows) {
+  return select_mla_decode_kernel(requested, heads, rows, false) == MlaDecodeKernel::v2;
+}
+// v5's order: `requested` unless automatic; automatic: early for dense rows (no selection: contiguous
+// pages, 109 us early vs 117 late at batch 128), late for sparse rows (top-2048: 133 us late vs 151).
+bool select_mla_v5_early(MlaV5Order requested, bool sparse);
+
+// The indexer score kernel a launch runs: `requested` unless automatic (v3 by measurement on the H200,
+// batch 64 x 128K: FP8 350 us against v2's 363; bf16 527 us both); v3 over bf16 keys is v2.
+IndexerScoreKernel select_indexer_score_kernel(IndexerScoreKernel requested, bool fp8_keys);
+
+// ---- names (command-line flags, benchmark output) ----
+// "auto", "v2", "v4", "v5" / "auto", "early", "late" / "auto", "v2", "v3" / "auto", "row", "row_fused",
+// "passes", "coop" / "fast", "fp32" / "auto", "device", "host".
+std::string_view name(MlaDecodeKernel k);
+std::string_view name(MlaV5Order o);
+std::string_view name(IndexerScoreKernel k);
+std::string_view name(IndexerSelectPath p);
+std::string_view name(GemmPrecision p);
+std::string_view name(MoePath p);
+// The inverses; throw dsaserve::Error naming `flag` and the accepted values for anything else.
+MlaDecodeKernel parse_mla_decode_kernel(std::string_view s, std::string_view flag);
+MlaV5Order parse_mla_v5_order(std::string_view s, std::string_view flag);
+IndexerScoreKernel parse_indexer_score_kernel(std::string_view s, std::string_view flag);
+IndexerSelectPath parse_indexer_select_path(std::string_view s, std::string_view flag);
+GemmPrecision parse_gemm_precision(std::string_view s, std::string_view flag);
+MoePath parse_moe_path(std::string_view s, std::string_view flag);
+// "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast moe=auto".
+std::string describe(const KernelOptions& o);
+
+}  // namespace dsaserve::kernels

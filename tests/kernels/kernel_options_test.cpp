@@ -1,0 +1,95 @@
+// The kernel selectors of kernels/kernel_options.h: which MLA decode kernel, v5 order and indexer score
+// kernel a launch runs for every request and shape class (the defaults as measured on the H200, the FP8 ->
+// v4 rule of v5, the 16-head cutoff), and the flag names.
+#include "kernels/kernel_options.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+
+namespace dsaserve::kernels {
+namespace {
+
+using K = MlaDecodeKernel;
+
+TEST(KernelSelect, MlaDecodeDefaults) {
+  // <= 16 heads: v2 whatever the rows (unknown, one, many).
+  for (int64_t nh : {8, 16})
+    for (int64_t rows : {-1, 1, 2, 3, 4096}) EXPECT_EQ(select_mla_decode_kernel(K::automatic, nh, rows, false), K::v2);
+  // Above 16 heads: v2 for one or two rows (its 16-head blocks fill more SMs), v5 otherwise.
+  for (int64_t rows : {1, 2}) EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows, false), K::v2) << rows;
+  for (int64_t rows : {3, 32, 4096}) EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows, false), K::v5);
+  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, -1, false), K::v5);  // rows unknown: taken as many
+  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 17, 128, false), K::v5);
+  EXPECT_EQ(kMlaDecodeNarrowMaxHeads, 16);
+}
+
+TEST(KernelSelect, MlaDecodeFp8RunsV4WhereV5WouldRun) {
+  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, 128, true), K::v4);
+  EXPECT_EQ(select_mla_decode_kernel(K::v5, 64, 1, true), K::v4);
+  EXPECT_EQ(select_mla_decode_kernel(K::v5, 16, 128, true), K::v4);
+  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, 2, true), K::v2);  // the default's v2 stays v2
+  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 16, 128, true), K::v2);
+  EXPECT_EQ(select_mla_decode_kernel(K::v2, 64, 128, true), K::v2);
+  EXPECT_EQ(select_mla_decode_kernel(K::v4, 64, 128, true), K::v4);
+}
+
+TEST(KernelSelect, MlaDecodeRequestWins) {
+  for (K k : {K::v2, K::v4, K::v5})
+    for (int64_t nh : {8, 16, 64})
+      for (int64_t rows : {-1, 1, 2, 4096}) EXPECT_EQ(select_mla_decode_kernel(k, nh, rows, false), k);
+  // The split model follows the same choice (v2 or not), with or without a request.
+  EXPECT_TRUE(mla_decode_uses_v2(K::automatic, 16, 4096));
+  EXPECT_TRUE(mla_decode_uses_v2(K::automatic, 64, 2));
+  EXPECT_FALSE(mla_decode_uses_v2(K::automatic, 64, 3));
+  EXPECT_FALSE(mla_decode_uses_v2(K::v4, 8, 1));
+  EXPECT_TRUE(mla_decode_uses_v2(K::v2, 64, 4096));
+}
+
+TEST(KernelSelect, MlaV5Order) {
+  EXPECT_TRUE(select_mla_v5_early(MlaV5Order::automatic, false));  // dense rows: early
+  EXPECT_FALSE(select_mla_v5_early(MlaV5Order::automatic, true));  // sparse rows: late
+  for (bool sparse : {false, true}) {
+    EXPECT_TRUE(select_mla_v5_early(MlaV5Order::early, sparse));
+    EXPECT_FALSE(select_mla_v5_early(MlaV5Order::late, sparse));
+  }
+}
+
+TEST(KernelSelect, IndexerScore) {
+  using S = IndexerScoreKernel;
+  EXPECT_EQ(select_indexer_score_kernel(S::automatic, true), S::v3);
+  EXPECT_EQ(select_indexer_score_kernel(S::automatic, false), S::v2);  // v3 with bf16 keys is v2
+  EXPECT_EQ(select_indexer_score_kernel(S::v3, false), S::v2);
+  EXPECT_EQ(select_indexer_score_kernel(S::v3, true), S::v3);
+  EXPECT_EQ(select_indexer_score_kernel(S::v2, true), S::v2);
+  EXPECT_EQ(select_indexer_score_kernel(S::v2, false), S::v2);
+}
+
+TEST(KernelOptionsNames, RoundTripAndErrors) {
+  for (K k : {K::automatic, K::v2, K::v4, K::v5}) EXPECT_EQ(parse_mla_decode_kernel(name(k), "--f"), k);
+  for (MlaV5Order o : {MlaV5Order::automatic, MlaV5Order::early, MlaV5Order::late})
+    EXPECT_EQ(parse_mla_v5_order(name(o), "--f"), o);
+  for (IndexerScoreKernel s : {IndexerScoreKernel::automatic, IndexerScoreKernel::v2, IndexerScoreKernel::v3})
+    EXPECT_EQ(parse_indexer_score_kernel(name(s), "--f"), s);
+  for (IndexerSelectPath p : {IndexerSelectPath::automatic, IndexerSelectPath::row, IndexerSelectPath::row_fused,
+                              IndexerSelectPath::passes, IndexerSelectPath::cooperative})
+    EXPECT_EQ(parse_indexer_select_path(name(p), "--f"), p);
+  for (GemmPrecision g : {GemmPrecision::fast, GemmPrecision::fp32}) EXPECT_EQ(parse_gemm_precision(name(g), "--f"), g);
+  for (MoePath m : {MoePath::automatic, MoePath::device, MoePath::host}) EXPECT_EQ(parse_moe_path(name(m), "--f"), m);
+  // Removed kernels (MLA decode v1 / v3, indexer score v1) and unknown names are errors naming the flag.
+  for (const char* bad : {"v1", "v3", "", "V5"}) {
+    try {
+      parse_mla_decode_kernel(bad, "--mla-decode-kernel");
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--mla-decode-kernel"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("auto, v2, v4, v5"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(parse_indexer_score_kernel("v1", "--indexer-score-kernel"), Error);
+  EXPECT_EQ(describe(KernelOptions{}),
+            "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast moe=auto");
+}
+
+}  // namespace
+}  // namespace dsaserve::kernels
