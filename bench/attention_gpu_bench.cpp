@@ -25,6 +25,7 @@
 
 namespace {
 
+using namespace dsaserve::kernels;
 using namespace dsaserve::kernels::cuda;
 
 constexpr double kHbm = 4.3e12;   // device-to-device copy, bytes/s (docs/GPU.md)
@@ -92,16 +93,23 @@ void header(const char* title) {
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
 }
 
-// only_heads / only_batch: when > 0, run just the cases with that head count / batch (any batch).
-// DSASERVE_BENCH_MLA_SPLITS=N forces N key splits (to check mla_decode_splits' choice).
-void bench_mla(int num_sms, void* flush, int64_t only_heads, int64_t only_batch) {
-  const char* splits_env = std::getenv("DSASERVE_BENCH_MLA_SPLITS");
-  const int forced_splits = splits_env ? std::atoi(splits_env) : 0;
+const char* name_of_kernel(MlaDecodeKernel k) { return name(k).data(); }
+
+// The MLA table's knobs (command-line flags, see main).
+struct MlaBenchFlags {
+  int64_t only_heads = 0, only_batch = 0;  // > 0: just the cases with that head count / batch
+  int forced_splits = 0;                   // --mla-splits N: N key splits (to check mla_decode_splits' choice)
+  int64_t pool_slots = int64_t(4) << 20;   // --pool-slots N (16384 keeps the cache inside L2)
+  MlaV5Order v5_order = MlaV5Order::automatic;  // --mla-v5-order early|late
+};
+
+void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
+  const int64_t only_heads = fl.only_heads, only_batch = fl.only_batch;
+  const int forced_splits = fl.forced_splits;
   header("### sparse / dense MLA decode (absorbed, 576/512), one query token per request");
-  // 4M token slots shared by all requests (4.8 GB bf16: every read comes from HBM);
-  // DSASERVE_BENCH_POOL_SLOTS=16384 keeps the cache inside L2 (the kernels' speed without HBM).
-  const char* pool_env = std::getenv("DSASERVE_BENCH_POOL_SLOTS");
-  const int64_t pool_slots = pool_env ? std::max<int64_t>(kPage, std::atoll(pool_env)) : int64_t(4) << 20;
+  // 4M token slots shared by all requests (4.8 GB bf16: every read comes from HBM); --pool-slots 16384
+  // keeps the cache inside L2 (the kernels' speed without HBM).
+  const int64_t pool_slots = std::max<int64_t>(kPage, fl.pool_slots);
   void* cache_bf16 = dev_alloc<unsigned char>(size_t(pool_slots) * kMlaBf16RowBytes);
   void* cache_fp8 = dev_alloc<unsigned char>(size_t(pool_slots) * kMlaFp8RowBytes);
   CK(cudaMemset(cache_bf16, 0x3c,
@@ -158,14 +166,17 @@ void bench_mla(int num_sms, void* flush, int64_t only_heads, int64_t only_batch)
       p.max_keys = cs.sparse ? topk : cs.ctx;
       p.scale = 0.0625f;
       p.format = f;
+      p.v5_order = fl.v5_order;
       p.out = dev_alloc<float>(size_t(B * nh * kMlaLatent));
-      // The default kernel for the head count, and (at one context per shape) the others to compare (v4
-      // and v5, 64 heads a block, only above 16 heads).
-      const int dflt = mla_decode_kernel(nh, 0, B);
-      const int kernels[4] = {dflt, 2, 4, 5};
+      // The default kernel for the shape, and (at one context per shape) the others to compare (v4 and v5,
+      // 64 heads a block, only above 16 heads; v5 over an FP8 cache runs v4, so it is not repeated there).
+      using K = MlaDecodeKernel;
+      const K dflt = select_mla_decode_kernel(K::automatic, nh, B, f != MlaKvFormat::bf16);
+      const K kernels[4] = {dflt, K::v2, K::v4, K::v5};
       for (int ki = 0; ki < 4; ++ki) {
-        const int kernel = kernels[ki];
-        if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel >= 4 && nh <= 16)))
+        const K kernel = kernels[ki];
+        if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel != K::v2 && nh <= 16) ||
+                       (kernel == K::v5 && f != MlaKvFormat::bf16)))
           continue;
         p.kernel = kernel;
         p.splits = forced_splits > 0 ? forced_splits : mla_decode_splits(B, nh, p.max_keys, num_sms, kernel);
@@ -178,9 +189,10 @@ void bench_mla(int num_sms, void* flush, int64_t only_heads, int64_t only_batch)
             keys * (row_bytes + (cs.sparse ? 4 : 0)) + double(B * nh) * (kMlaDim + kMlaLatent) * 4;
         const double flops = keys * double(nh) * 2.0 * (kMlaDim + kMlaLatent);
         char name[160];
-        std::snprintf(name, sizeof name, "%s kv=%s heads=%lld batch=%lld ctx=%lld kernel=v%d splits=%d",
+        std::snprintf(name, sizeof name, "%s kv=%s heads=%lld batch=%lld ctx=%lld kernel=%s splits=%d",
                       cs.sparse ? "sparse top-2048" : "dense", f == MlaKvFormat::bf16 ? "bf16" : "fp8",
-                      (long long)nh, (long long)B, (long long)cs.ctx, kernel, p.splits);
+                      (long long)nh, (long long)B, (long long)cs.ctx, name_of_kernel(mla_decode_kernel(p)),
+                      p.splits);
         row(name, us, bytes, flops);
         CK(cudaFree(p.partial_out));
         CK(cudaFree(p.partial_lse));
@@ -208,7 +220,7 @@ void fill_device(void* dst, size_t n, const std::vector<unsigned char>& pattern)
 }
 
 const char* score_kernel_name(IndexerScoreKernel k) {
-  return k == IndexerScoreKernel::v1 ? "v1" : k == IndexerScoreKernel::v3 ? "v3" : "v2";
+  return name(k).data();
 }
 
 // The indexer + top-2048 at batch B and context ctx over a bf16 or FP8 key cache. Bytes: the key cache
@@ -216,7 +228,7 @@ const char* score_kernel_name(IndexerScoreKernel k) {
 // apart (select = full - scores alone). Each name says which select path ran (row_fused: in the score
 // kernel's last CTA of each row; row: a select kernel of one CTA per row; coop: the four passes in one
 // cooperative launch of `grid` CTAs; passes: four launches), and the score kernel that ran (the default,
-// IndexerScoreKernel; v3 runs bf16 keys as v2) with the times of v1 and (FP8) v3 for comparison.
+// select_indexer_score_kernel: v3, which runs bf16 keys as v2) with (FP8) v2's time for comparison.
 void bench_indexer(void* flush) {
   header("### lightning indexer + top-2048 (32 heads x 128), one query row per request");
   std::mt19937_64 rng(2);
@@ -286,10 +298,8 @@ void bench_indexer(void* flush) {
         p.key_format = f;
         p.scores_only = true;
         const double us_scores = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
-        p.score_kernel = IndexerScoreKernel::v1;  // the old score kernel, for comparison
-        const double us_scores_v1 = time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush);
-        p.score_kernel = IndexerScoreKernel::v3;  // FP8 through wgmma (bf16: v2)
-        const double us_scores_v3 =
+        p.score_kernel = IndexerScoreKernel::v2;  // FP8: v2 (f16 mma.sync) for comparison (bf16: the default)
+        const double us_scores_v2 =
             fp8 ? time_us([&] { CK(launch_indexer_topk_fused(p, nullptr)); }, flush) : 0.0;
         p.score_kernel = IndexerScoreKernel::automatic;
         p.scores_only = false;
@@ -306,15 +316,15 @@ void bench_indexer(void* flush) {
           char grid[32] = "";
           if (ran == IndexerSelectPath::cooperative)
             std::snprintf(grid, sizeof grid, " grid=%lld", (long long)indexer_select_coop_grid(p));
-          char v3_note[32] = "";
-          if (fp8) std::snprintf(v3_note, sizeof v3_note, ", v3 %.1f", us_scores_v3);
+          char v2_note[32] = "";
+          if (fp8) std::snprintf(v2_note, sizeof v2_note, " [v2 %.1f us]", us_scores_v2);
           char name[224];
           std::snprintf(name, sizeof name,
-                        "indexer+top-k %s batch=%lld ctx=%lld select=%s%s (scores %s %.1f us [v1 %.1f%s us], "
-                        "select %.1f us, %lld CTAs/row)",
-                        fp8 ? "fp8" : "bf16", (long long)B, (long long)ctx, indexer_select_path_name(ran),
-                        grid, score_kernel_name(indexer_score_kernel(IndexerScoreKernel::automatic)),
-                        us_scores, us_scores_v1, v3_note, us - us_scores, (long long)p.splits);
+                        "indexer+top-k %s batch=%lld ctx=%lld select=%s%s (scores %s %.1f us%s, select %.1f us, "
+                        "%lld CTAs/row)",
+                        fp8 ? "fp8" : "bf16", (long long)B, (long long)ctx, indexer_select_path_name(ran), grid,
+                        score_kernel_name(indexer_score_kernel(p)), us_scores, v2_note, us - us_scores,
+                        (long long)p.splits);
           row(name, us, bytes, flops);
         }
         p.select_path = IndexerSelectPath::automatic;
@@ -636,12 +646,39 @@ int main(int argc, char** argv) {
               prop.name, prop.multiProcessorCount);
   void* flush = dev_alloc<unsigned char>(kFlushBytes);
   // An argument picks one table: "indexer", "mla" or "prefill" (default: all); "mla HEADS BATCH" runs only
-  // the MLA decode cases of that shape (for a profiler).
-  const std::string only = argc > 1 ? argv[1] : "";
-  const int64_t only_heads = argc > 2 ? std::atoll(argv[2]) : 0,
-                only_batch = argc > 3 ? std::atoll(argv[3]) : 0;
+  // the MLA decode cases of that shape (for a profiler). Flags (anywhere): --mla-splits N, --pool-slots N,
+  // --mla-v5-order early|late (MlaBenchFlags).
+  std::vector<std::string> pos;
+  MlaBenchFlags fl;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "attention_gpu_bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--mla-splits") {
+      fl.forced_splits = std::atoi(value().c_str());
+    } else if (a == "--pool-slots") {
+      fl.pool_slots = std::atoll(value().c_str());
+    } else if (a == "--mla-v5-order") {
+      try {
+        fl.v5_order = parse_mla_v5_order(value(), "--mla-v5-order");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "attention_gpu_bench: %s\n", e.what());
+        return 2;
+      }
+    } else {
+      pos.push_back(a);
+    }
+  }
+  const std::string only = pos.size() > 0 ? pos[0] : "";
+  fl.only_heads = pos.size() > 1 ? std::atoll(pos[1].c_str()) : 0;
+  fl.only_batch = pos.size() > 2 ? std::atoll(pos[2].c_str()) : 0;
   if (only.empty() || only == "indexer") bench_indexer(flush);
-  if (only.empty() || only == "mla") bench_mla(prop.multiProcessorCount, flush, only_heads, only_batch);
+  if (only.empty() || only == "mla") bench_mla(prop.multiProcessorCount, flush, fl);
   if (only.empty() || only == "prefill") bench_prefill(flush);
   CK(cudaFree(flush));
   return 0;

@@ -308,19 +308,20 @@ int main() {
         const double wbytes = double(active * 3 * kI * kH) * (dt == DType::bf16 ? 2 : 1);
         const struct {
           const char* tag;
-          kc::MoePath path;
+          ops::MoePath path;
         } paths[] = {
-            {"dev", kc::MoePath::device}, {"host", kc::MoePath::host}, {"auto", kc::MoePath::automatic}};
+            {"dev", ops::MoePath::device}, {"host", ops::MoePath::host}, {"auto", ops::MoePath::automatic}};
         for (const auto& pa : paths) {
-          if ((T > 256) != (pa.path == kc::MoePath::automatic)) continue;
-          kc::set_moe_path(pa.path);
+          if ((T > 256) != (pa.path == ops::MoePath::automatic)) continue;
+          ops::KernelOptions ko;
+          ko.moe = pa.path;
+          const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
           row(fmt::format("moe_experts {} {} 256x8", dt == DType::bf16 ? "bf16" : "fp8", pa.tag), T,
               fmt::format("[{},{},{}]x8", T, kH, kI),
-              time_us([&] { ops::moe_experts(x, routing, experts); }, 2, 10),
+              time_us([&] { be->moe_experts(x, routing, experts); }, 2, 10),
               wbytes + 4.0 * double(T * kH * 2), 2.0 * double(T * kTopK * 3 * kI * kH),
               dt == DType::bf16 ? kBf16 : kFp8);
         }
-        kc::set_moe_path(kc::MoePath::automatic);
       }
     }
     dsaserve::kernels::cuda::clear_gemm_caches();

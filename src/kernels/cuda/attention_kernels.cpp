@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/indexer_topk_params.h"
 #include "kernels/cuda/views.h"
 
@@ -12,15 +13,7 @@ namespace dsaserve::kernels::cuda {
 
 namespace {
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    DSA_CUDA_CHECK(cudaGetDevice(&dev));
-    DSA_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
+int sm_count() { return device_sm_count(); }
 
 void check_gpu(const Tensor& t, DType dt, int64_t dims, const char* what) {
   DSA_CHECK(t.defined() && t.device() == Device::cuda && t.dtype() == dt && t.dim() == dims,

@@ -4,6 +4,7 @@
 // launch here can be captured into a CUDA graph and replayed with other routings.
 #include <cuda_fp8.h>
 
+#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/moe_params.h"
 
@@ -316,15 +317,17 @@ template <MoeWeightType WT, bool GATE_UP, int R>
 cudaError_t launch_gemm(const MoeExpertGemmParams& p, cudaStream_t stream) {
   constexpr int COLS = GATE_UP ? 2 : 4, TILE = kWarps * COLS;
   if (p.n_in % WeightVec<WT>::V != 0) return cudaErrorInvalidValue;
-  // Persistent grid: as many blocks as fit on the device at once (computed once per instantiation).
-  static const int resident = [] {
-    int dev = 0, sms = 0, per = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, sm90_moe_expert_gemm_kernel<WT, GATE_UP, R>, kThreads,
-                                                  0);
-    return (sms > 0 ? sms : 1) * (per > 0 ? per : 1);
-  }();
+  // Persistent grid: as many blocks as fit on the device at once (computed once per instantiation and
+  // device).
+  const int resident =
+      per_device_value(reinterpret_cast<const void*>(sm90_moe_expert_gemm_kernel<WT, GATE_UP, R>), +[]() -> int {
+        int dev = 0, sms = 0, per = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, sm90_moe_expert_gemm_kernel<WT, GATE_UP, R>,
+                                                      kThreads, 0);
+        return (sms > 0 ? sms : 1) * (per > 0 ? per : 1);
+      });
   const int64_t most = int64_t(p.experts) * ((p.n_out + TILE - 1) / TILE);  // every expert active
   const int grid = int(most < resident ? most : resident);
   sm90_moe_expert_gemm_kernel<WT, GATE_UP, R><<<grid, kThreads, 0, stream>>>(p);

@@ -3,6 +3,7 @@
 // that a few rows with long contexts spread over many SMs.
 #include <cooperative_groups.h>
 
+#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/indexer_topk_params.h"
 #include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/sm90_indexer_select.cuh"
@@ -239,7 +240,8 @@ void indexer_workspace_pointers(IndexerTopkParams& p, uint32_t* words) {
 }
 
 int indexer_select_coop_capacity() {
-  static const int capacity = [] {
+  // Per device (device_cache.h): a value found on one GPU is not reused on another.
+  return per_device_value(reinterpret_cast<const void*>(sm90_indexer_select_coop_kernel), +[]() -> int {
     int dev = 0, coop = 0, sms = 0, per_sm = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
@@ -250,8 +252,7 @@ int indexer_select_coop_capacity() {
       return 0;
     }
     return coop ? sms * per_sm : 0;
-  }();
-  return capacity;
+  });
 }
 
 IndexerSelectPath indexer_select_path(const IndexerTopkParams& p) {

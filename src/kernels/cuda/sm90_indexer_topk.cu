@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/indexer_topk_params.h"
 #include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/sm90_indexer_fp8.cuh"
@@ -470,32 +471,17 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 || WG ? 2 : 1)
   finish_row(p, row, n, chunk, fuse, srow, sHist);
 }
 
-int num_sms() {
-  static int n = [] {
-    int dev = 0, v = 132;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      cudaGetLastError();
-      v = 132;
-    }
-    return v;
-  }();
-  return n;
-}
+int num_sms() { return device_sm_count(132); }
 
 // kind: v2 or v3 (select_indexer_score_kernel; v3 only with FP8 keys).
 template <int H, bool FP8>
 cudaError_t launch_scores(const IndexerTopkParams& p, bool fuse, IndexerScoreKernel kind,
                           cudaStream_t stream) {
   constexpr int kSmemV2 = v2_smem_bytes<H, FP8, false>(), kSmemV3 = v2_smem_bytes<H, FP8, FP8>();
-  static const cudaError_t e2 = cudaFuncSetAttribute(sm90_indexer_score_v2_kernel<H, FP8, false>,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemV2);
-  static const cudaError_t e3 = cudaFuncSetAttribute(sm90_indexer_score_v2_kernel<H, FP8, FP8>,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemV3);
   const bool v3 = kind == IndexerScoreKernel::v3;
   const auto kernel = v3 ? sm90_indexer_score_v2_kernel<H, FP8, FP8> : sm90_indexer_score_v2_kernel<H, FP8, false>;
   const size_t smem = size_t(v3 ? kSmemV3 : kSmemV2);
-  const cudaError_t e = v3 ? e3 : e2;
+  const cudaError_t e = set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), int(smem));
   if (e != cudaSuccess) return e;
   const int64_t tiles = (p.max_len + kTileKeys - 1) / kTileKeys;
   int64_t per = (p.rows * tiles + 2 * num_sms() - 1) / (2 * num_sms());

@@ -14,6 +14,7 @@
 // (3 with FP8). Shared-memory reads per tile ~316 KB (Q 147, K 74, scores 37, V 74) against 74 KB of
 // HBM bytes, well inside the SM's shared-memory bandwidth. Heads past 16 take more blocks (grid.y), each
 // reading the rows again (through L2).
+#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/sm90_mla_decode.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
@@ -240,8 +241,8 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
 template <bool kFp8>
 cudaError_t launch_v2(const MlaDecodeParams& p, cudaStream_t stream) {
   using C = Cfg2<kFp8>;
-  static const cudaError_t e = cudaFuncSetAttribute(
-      sm90_mla_decode_v2_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem));
+  const cudaError_t e =
+      set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_mla_decode_v2_kernel<kFp8>), int(C::kSmem));
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(p.rows), unsigned((p.heads + C::kRows - 1) / C::kRows), unsigned(p.splits));
   sm90_mla_decode_v2_kernel<kFp8><<<grid, kThreads, C::kSmem, stream>>>(p);

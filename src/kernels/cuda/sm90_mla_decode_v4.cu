@@ -12,6 +12,7 @@
 //   3. online softmax in f32 (log2 domain), then O[64 heads, 256w ..] += P V as two wgmma m64n256k16 per
 //      warpgroup with P from registers and V read N-major from the same tile.
 // Shared-memory reads per tile: Q 74 KB + K 37 KB by the tensor cores, 16 KB of partial sums, V 32 KB.
+#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/sm90_mla_decode.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
@@ -244,8 +245,8 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v4_kernel(const M
 template <bool kFp8>
 cudaError_t launch_v4(const MlaDecodeParams& p, cudaStream_t stream) {
   using C = Cfg4<kFp8>;
-  static const cudaError_t e = cudaFuncSetAttribute(
-      sm90_mla_decode_v4_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem));
+  const cudaError_t e =
+      set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_mla_decode_v4_kernel<kFp8>), int(C::kSmem));
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(p.rows), unsigned((p.heads + C::kRows - 1) / C::kRows), unsigned(p.splits));
   sm90_mla_decode_v4_kernel<kFp8><<<grid, kThreads, C::kSmem, stream>>>(p);

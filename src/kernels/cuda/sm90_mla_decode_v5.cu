@@ -23,6 +23,7 @@
 // that bounds the kernel (an L2-resident cache runs no faster: 126-132 us at 64 heads x 128 rows x 2048
 // keys, 0.6 of the HBM floor). Q (73.7 KB) and four 36.9 KB stages fill the shared memory.
 
+#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/sm90_mla_decode.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
@@ -277,8 +278,8 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
 
 template <bool kEarly>
 cudaError_t launch_v5(const MlaDecodeParams& p, cudaStream_t stream) {
-  static const cudaError_t e = cudaFuncSetAttribute(sm90_mla_decode_v5_kernel<kEarly>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem5));
+  const cudaError_t e =
+      set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_mla_decode_v5_kernel<kEarly>), int(kSmem5));
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(p.rows), unsigned((p.heads + kRows5 - 1) / kRows5), unsigned(p.splits));
   sm90_mla_decode_v5_kernel<kEarly><<<grid, kThreads, kSmem5, stream>>>(p);

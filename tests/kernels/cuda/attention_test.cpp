@@ -87,8 +87,9 @@ LatentCache make_latent(int64_t slots, MlaKvFormat f, Rng& r) {
 const char* fmt_name(MlaKvFormat f) { return f == MlaKvFormat::bf16 ? "bf16" : "fp8"; }
 
 // One ragged decode batch (one row per request): GPU vs the CPU op per row.
+// `ko`: the kernel choice (KernelOptions::mla_decode; automatic: the selector's default for the shape).
 void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat f, int64_t topk,
-                      uint64_t seed) {
+                      uint64_t seed, const KernelOptions& ko = {}) {
   Rng r(seed);
   const Paging pg = make_paging(lens, r);
   const LatentCache cache = make_latent(pg.num_pages * kPage, f, r);
@@ -113,7 +114,8 @@ void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat 
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
   const Tensor got =
       mla_decode(q_lat.to(Device::cuda), q_rope.to(Device::cuda), cache.gpu, pg.table_gpu(), kPage, {},
-                 gpu_i32(len32, {B}), max_len, sel.defined() ? sel.to(Device::cuda) : Tensor(), scale)
+                 gpu_i32(len32, {B}), max_len, sel.defined() ? sel.to(Device::cuda) : Tensor(), scale, nullptr,
+                 ko)
           .to(Device::cpu);
   const double tol = 1e-2, tol_src = 8e-2;
   for (int64_t b = 0; b < B; ++b) {
@@ -136,9 +138,9 @@ void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat 
       src_ok = es.rel() <= tol_src;
     }
     std::printf(
-        "RESULT mla_decode kernel=v%d kv=%s %s heads=%lld ctx=%lld batch=%lld max_abs=%.3g rel=%.3g "
+        "RESULT mla_decode kernel=%s kv=%s %s heads=%lld ctx=%lld batch=%lld max_abs=%.3g rel=%.3g "
         "tol=%.0e%s %s\n",
-        mla_decode_kernel(nh, 0, B), fmt_name(f),
+        name(select_mla_decode_kernel(ko.mla_decode, nh, B, f != MlaKvFormat::bf16)).data(), fmt_name(f),
         topk > 0 ? ("sparse_top" + std::to_string(topk)).c_str() : "dense", (long long)nh,
         (long long)lens[size_t(b)], (long long)B, e.max_abs, e.rel(), tol, extra.c_str(),
         e.rel() <= tol && src_ok ? "ok" : "FAIL");
@@ -167,48 +169,32 @@ TEST_F(CudaMlaDecode, SingleRequestManySplits) {  // batch 1: the split-K path w
   run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 54);  // two head groups of 64
 }
 
-// A decode kernel whatever the default for the head count (DSASERVE_MLA_DECODE_KERNEL, restored after).
-class MlaKernelOverride {
- public:
-  explicit MlaKernelOverride(const char* kernel) {
-    const char* old = std::getenv("DSASERVE_MLA_DECODE_KERNEL");
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    ::setenv("DSASERVE_MLA_DECODE_KERNEL", kernel, 1);
-  }
-  ~MlaKernelOverride() {
-    if (had_)
-      ::setenv("DSASERVE_MLA_DECODE_KERNEL", old_.c_str(), 1);
-    else
-      ::unsetenv("DSASERVE_MLA_DECODE_KERNEL");
-  }
-  MlaKernelOverride(const MlaKernelOverride&) = delete;
-  MlaKernelOverride& operator=(const MlaKernelOverride&) = delete;
-
- private:
-  bool had_ = false;
-  std::string old_;
-};
+// A decode kernel whatever the default for the head count.
+KernelOptions with_kernel(MlaDecodeKernel k) {
+  KernelOptions o;
+  o.mla_decode = k;
+  return o;
+}
 
 // v2 (16 heads a block) and v4 (64 heads a block, both cache formats) at every head count, each off its
 // default range too (v5, the bf16 default above 16 heads, runs its own cases in PingPongKernelV5).
 TEST_F(CudaMlaDecode, BothKernelsAllHeadCounts) {
-  for (const char* k : {"v2", "v4"}) {
-    MlaKernelOverride o(k);
+  for (MlaDecodeKernel k : {MlaDecodeKernel::v2, MlaDecodeKernel::v4}) {
+    const KernelOptions o = with_kernel(k);
     for (int64_t nh : {64, 16, 8}) {
-      run_decode_batch({1, 63, 65, 2049, 32768}, nh, MlaKvFormat::bf16, 2048, 71 + uint64_t(nh));
-      run_decode_batch({2, 64, 129, 4096}, nh, MlaKvFormat::fp8_e4m3, 2048, 72 + uint64_t(nh));
+      run_decode_batch({1, 63, 65, 2049, 32768}, nh, MlaKvFormat::bf16, 2048, 71 + uint64_t(nh), o);
+      run_decode_batch({2, 64, 129, 4096}, nh, MlaKvFormat::fp8_e4m3, 2048, 72 + uint64_t(nh), o);
     }
-    run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 73);  // several head groups
-    run_decode_batch({1000, 8191}, 8, MlaKvFormat::bf16, 0, 74);  // dense
-    run_decode_batch({131072}, 16, MlaKvFormat::bf16, 2048, 75);  // batch 1: many splits + combine
-    run_decode_batch({130}, 24, MlaKvFormat::bf16, 0, 76);        // a partial last head group
+    run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 73, o);  // several head groups
+    run_decode_batch({1000, 8191}, 8, MlaKvFormat::bf16, 0, 74, o);  // dense
+    run_decode_batch({131072}, 16, MlaKvFormat::bf16, 2048, 75, o);  // batch 1: many splits + combine
+    run_decode_batch({130}, 24, MlaKvFormat::bf16, 0, 76, o);        // a partial last head group
   }
 }
 
 // A decode step captured in a CUDA graph (split combine included, launched as a programmatic dependent)
 // replays to exactly the direct launch's output.
-void check_graph_replay(int kernel, int64_t nh) {
+void check_graph_replay(MlaDecodeKernel kernel, int64_t nh) {
   int num_sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   Rng r(81 + uint64_t(nh) + uint64_t(kernel));
@@ -273,14 +259,14 @@ void check_graph_replay(int kernel, int64_t nh) {
   const bool same =
       std::memcmp(direct.data<float>(), replay.data<float>(), size_t(B * nh * kMlaLatent) * 4) == 0;
   const Err e = compare(replay.data<float>(), direct.data<float>(), B * nh * kMlaLatent);
-  std::printf("RESULT mla_decode graph replay kernel=v%d heads=%lld batch=%lld splits=%d max_abs=%.3g %s\n",
-              kernel, (long long)nh, (long long)B, p.splits, e.max_abs, same ? "ok (bitwise)" : "FAIL");
-  EXPECT_TRUE(same) << "kernel v" << kernel << " heads " << nh;
+  std::printf("RESULT mla_decode graph replay kernel=%s heads=%lld batch=%lld splits=%d max_abs=%.3g %s\n",
+              name(kernel).data(), (long long)nh, (long long)B, p.splits, e.max_abs, same ? "ok (bitwise)" : "FAIL");
+  EXPECT_TRUE(same) << "kernel " << name(kernel) << " heads " << nh;
 }
 
 // v2 here; v4 and v5 replay in WgmmaKernelV4 / PingPongKernelV5 (run_wgmma_kernel_cases).
 TEST_F(CudaMlaDecode, GraphCaptureMatchesDirectLaunch) {
-  for (int64_t nh : {64, 16}) check_graph_replay(2, nh);
+  for (int64_t nh : {64, 16}) check_graph_replay(MlaDecodeKernel::v2, nh);
 }
 
 // Runs `body` in a fresh process (gtest's threadsafe death-test style re-executes this binary for the
@@ -300,27 +286,34 @@ void run_isolated(F&& body) {
 
 // Kernels v4 and v5 (64 heads a block, Q K^T and P V by wgmma from swizzled shared memory), all head
 // counts and formats, and their graph replay.
-void run_wgmma_kernel_cases(const char* kernel) {
-  MlaKernelOverride o(kernel);
+void run_wgmma_kernel_cases(MlaDecodeKernel kernel) {
+  const KernelOptions o = with_kernel(kernel);
   for (int64_t nh : {64, 16}) {
-    run_decode_batch({1, 63, 65, 2049, 32768}, nh, MlaKvFormat::bf16, 2048, 91 + uint64_t(nh));
-    run_decode_batch({2, 64, 129, 4096}, nh, MlaKvFormat::fp8_e4m3, 2048, 92 + uint64_t(nh));
+    run_decode_batch({1, 63, 65, 2049, 32768}, nh, MlaKvFormat::bf16, 2048, 91 + uint64_t(nh), o);
+    run_decode_batch({2, 64, 129, 4096}, nh, MlaKvFormat::fp8_e4m3, 2048, 92 + uint64_t(nh), o);
   }
-  run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 93);   // two head groups
-  run_decode_batch({1000, 8191}, 64, MlaKvFormat::bf16, 0, 94);  // dense
-  run_decode_batch({131072}, 64, MlaKvFormat::bf16, 2048, 95);   // batch 1: many splits + combine
-  run_decode_batch({130}, 24, MlaKvFormat::bf16, 0, 96);         // a partial head group
+  run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 93, o);   // two head groups
+  run_decode_batch({1000, 8191}, 64, MlaKvFormat::bf16, 0, 94, o);  // dense
+  run_decode_batch({131072}, 64, MlaKvFormat::bf16, 2048, 95, o);   // batch 1: many splits + combine
+  run_decode_batch({130}, 24, MlaKvFormat::bf16, 0, 96, o);         // a partial head group
   // Dense rows of 1, 2, 3, 6 key tiles (v5 hands tiles between its warpgroups: odd and tiny counts).
-  run_decode_batch({1, 33, 95, 161}, 64, MlaKvFormat::bf16, 0, 97);
-  const int k = kernel[1] - '0';
-  for (int64_t nh : {64, 16}) check_graph_replay(k, nh);
+  run_decode_batch({1, 33, 95, 161}, 64, MlaKvFormat::bf16, 0, 97, o);
+  for (int64_t nh : {64, 16}) check_graph_replay(kernel, nh);
+  if (kernel == MlaDecodeKernel::v5) {  // both orders, each on dense and sparse rows
+    for (MlaV5Order order : {MlaV5Order::early, MlaV5Order::late}) {
+      KernelOptions ord = o;
+      ord.mla_v5_order = order;
+      run_decode_batch({2049, 64, 5000}, 64, MlaKvFormat::bf16, 2048, 98, ord);
+      run_decode_batch({1000, 8191, 33}, 64, MlaKvFormat::bf16, 0, 99, ord);
+    }
+  }
 }
 TEST_F(CudaMlaDecode, WgmmaKernelV4) {
-  run_isolated([] { run_wgmma_kernel_cases("v4"); });
+  run_isolated([] { run_wgmma_kernel_cases(MlaDecodeKernel::v4); });
 }
-// v5: the two warpgroups take turns on whole key tiles (bf16; an FP8 cache runs v4).
+// v5: the two warpgroups take turns on whole key tiles (bf16; an FP8 cache runs v4: select_mla_decode_kernel).
 TEST_F(CudaMlaDecode, PingPongKernelV5) {
-  run_isolated([] { run_wgmma_kernel_cases("v5"); });
+  run_isolated([] { run_wgmma_kernel_cases(MlaDecodeKernel::v5); });
 }
 
 // The ops.h contract (T rows of one request at start_pos + t, causal, with a selection holding -1).
@@ -359,50 +352,30 @@ TEST_F(CudaMlaDecode, OpsContractPrefillRows) {
   }
 }
 
-// The kernel choice is host code (no device needed): kernels 1 and 3 were removed, so asking for them by
-// number or through DSASERVE_MLA_DECODE_KERNEL gives the default, and their split counts are the default's.
-TEST(MlaDecodeKernelChoice, RemovedKernelsGiveTheDefault) {
-  {
-    MlaKernelOverride none("");  // an empty value is no kernel name
-    for (int64_t nh : {8, 16, 24, 64, 128}) {
-      const int dflt = nh <= 16 ? 2 : 5;
-      EXPECT_EQ(mla_decode_kernel(nh, 0), dflt) << nh;
-      for (int removed : {1, 3, 6, -1})
-        EXPECT_EQ(mla_decode_kernel(nh, removed), dflt) << nh << " " << removed;
-      for (int kept : {2, 4, 5}) EXPECT_EQ(mla_decode_kernel(nh, kept), kept) << nh;
-      for (int removed : {1, 3})
-        EXPECT_EQ(mla_decode_splits(4, nh, 2048, 132, removed), mla_decode_splits(4, nh, 2048, 132, 0)) << nh;
-    }
-    // v2's blocks are 16 heads x 64-key tiles, v4's and v5's 64 x 32: 64 keys of one 16-head row are one
-    // v2 tile (no split) but two tiles of the others (a split each fills more SMs).
-    EXPECT_NE(mla_decode_splits(1, 16, 64, 132, 2), mla_decode_splits(1, 16, 64, 132, 4));
-    EXPECT_EQ(mla_decode_splits(1, 16, 64, 132, 4), mla_decode_splits(1, 16, 64, 132, 5));
-  }
-  for (const char* removed : {"v1", "v3"}) {
-    MlaKernelOverride o(removed);
-    EXPECT_EQ(mla_decode_kernel(8, 0), 2) << removed;
-    EXPECT_EQ(mla_decode_kernel(64, 0), 5) << removed;
-    EXPECT_EQ(mla_decode_kernel(64, 4), 4) << removed;  // an explicit request wins over the environment
-  }
-  for (const char* kept : {"v2", "v4", "v5"}) {
-    MlaKernelOverride o(kept);
-    EXPECT_EQ(mla_decode_kernel(64, 0), kept[1] - '0');
-    EXPECT_EQ(mla_decode_kernel(64, 3), kept[1] - '0');  // a removed kernel counts as not asking
-  }
-}
-
-// One or two query rows at > 16 heads take v2 (its 16-head blocks fill more SMs), more rows v5; the split
-// count follows the kernel the launch will run.
-TEST(MlaDecodeKernelChoice, FewRowsTakeV2) {
-  MlaKernelOverride none("");
-  for (int64_t rows : {1, 2}) {
-    EXPECT_EQ(mla_decode_kernel(64, 0, rows), 2) << rows;
-    EXPECT_EQ(mla_decode_kernel(64, 5, rows), 5) << rows;  // an explicit request still wins
-    EXPECT_EQ(mla_decode_splits(rows, 64, 2048, 132, 0), mla_decode_splits(rows, 64, 2048, 132, 2)) << rows;
-  }
-  for (int64_t rows : {3, 32, 4096}) EXPECT_EQ(mla_decode_kernel(64, 0, rows), 5) << rows;
-  EXPECT_EQ(mla_decode_kernel(64, 0), 5);  // rows unknown: taken as many
-  EXPECT_EQ(mla_decode_kernel(16, 0, 4096), 2);
+// The kernel choice is host code (no device needed; its rule: tests/kernels/kernel_options_test.cpp). The
+// split count follows the kernel the launch will run, and a launch's params select through the same rule.
+TEST(MlaDecodeKernelChoice, SplitsFollowTheSelectedKernel) {
+  using K = MlaDecodeKernel;
+  for (int64_t rows : {1, 2})
+    EXPECT_EQ(mla_decode_splits(rows, 64, 2048, 132), mla_decode_splits(rows, 64, 2048, 132, K::v2)) << rows;
+  EXPECT_EQ(mla_decode_splits(4, 64, 2048, 132), mla_decode_splits(4, 64, 2048, 132, K::v5));
+  EXPECT_EQ(mla_decode_splits(4, 16, 2048, 132), mla_decode_splits(4, 16, 2048, 132, K::v2));
+  // v2's blocks are 16 heads x 64-key tiles, v4's and v5's 64 x 32: 64 keys of one 16-head row are one
+  // v2 tile (no split) but two tiles of the others (a split each fills more SMs).
+  EXPECT_NE(mla_decode_splits(1, 16, 64, 132, K::v2), mla_decode_splits(1, 16, 64, 132, K::v4));
+  EXPECT_EQ(mla_decode_splits(1, 16, 64, 132, K::v4), mla_decode_splits(1, 16, 64, 132, K::v5));
+  MlaDecodeParams p{};
+  p.rows = 128;
+  p.heads = 64;
+  p.format = MlaKvFormat::bf16;
+  EXPECT_EQ(mla_decode_kernel(p), K::v5);
+  p.format = MlaKvFormat::fp8_e4m3;  // v5 reads bf16 only
+  EXPECT_EQ(mla_decode_kernel(p), K::v4);
+  p.kernel = K::v2;
+  EXPECT_EQ(mla_decode_kernel(p), K::v2);
+  p.rows = 2;
+  p.kernel = K::automatic;
+  EXPECT_EQ(mla_decode_kernel(p), K::v2);
 }
 
 TEST_F(CudaMlaDecode, RejectsBadInput) {

@@ -1,4 +1,4 @@
-// The GPU's FP8 arithmetic against its CPU emulation (kernels/cpu/cpu_ops.h, set_fp8_emulation):
+// The GPU's FP8 arithmetic against its CPU emulation (kernels/cpu/cpu_ops.h Fp8Emulation):
 // - the activation quantisation kernel (quant.cu) bit for bit, codes and scales, on edge cases (zero
 //   groups, an amax e4m3 represents exactly, saturation, rounding ties, e4m3 subnormals, an f32-subnormal
 //   amax whose scale underflows) and random rows;
@@ -33,15 +33,8 @@ using testing::rand_weight;
 using testing::row_rel_error;
 using testing::to_cuda;
 
-class CudaFp8Emulation : public testing::GpuTest {
- protected:
-  void SetUp() override {
-    GpuTest::SetUp();
-    if (IsSkipped()) return;
-    set_gemm_precision(GemmPrecision::fast);
-  }
-  void TearDown() override { cpu::set_fp8_emulation({}); }
-};
+// (The registered CUDA backend runs the default KernelOptions: fast GEMMs.)
+class CudaFp8Emulation : public testing::GpuTest {};
 
 // Rows of edge cases and random values, [8, 384] (3 groups per row).
 Tensor quant_inputs() {
@@ -135,13 +128,10 @@ double check_linear(const std::string& name, const WeightRef& w, const WeightRef
   const int64_t fp8_before = fp8_calls();
   const Tensor got = kernels::linear(x.to(Device::cuda), w_d, r0, r1).to(Device::cpu);
   const bool ran_fp8 = fp8_calls() > fp8_before;
-  cpu::set_fp8_emulation({});
   const Tensor exact = cpu::linear(x, w, r0, r1, {});
   cpu::Fp8Emulation e;
   e.enabled = true;
-  cpu::set_fp8_emulation(e);
-  const Tensor emu = cpu::linear(x, w, r0, r1, {});
-  cpu::set_fp8_emulation({});
+  const Tensor emu = cpu::linear(x, w, r0, r1, {}, &e);
   const double d_emu = row_rel_error(got, emu), d_exact = row_rel_error(got, exact);
   worst_exact = std::max(worst_exact, d_exact);
   const bool eligible = cpu::fp8_gemm_eligible(w, r0, r1);

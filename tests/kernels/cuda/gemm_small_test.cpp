@@ -35,11 +35,6 @@ using testing::to_cuda;
 
 class CudaFp8SmallGemm : public testing::GpuTest {
  protected:
-  void SetUp() override {
-    GpuTest::SetUp();
-    if (IsSkipped()) return;
-    set_gemm_precision(GemmPrecision::fast);
-  }
   void TearDown() override {
     if (has_gpu()) set_fp8_small_max_tokens(kFp8SmallDefaultTokens);
   }

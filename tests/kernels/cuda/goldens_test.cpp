@@ -98,19 +98,6 @@ const char* kv_name(KvCacheDtype d) {
   return d == KvCacheDtype::f32 ? "f32(stand-in)" : d == KvCacheDtype::bf16 ? "bf16(sm90)" : "fp8(sm90)";
 }
 
-// Restores the process-wide CUDA KV cache dtype when a test ends (passing or not).
-struct KvDtypeScope {
-  KvCacheDtype saved = default_cuda_kv_dtype();
-  explicit KvDtypeScope(KvCacheDtype d) { set_default_cuda_kv_dtype(d); }
-  ~KvDtypeScope() { set_default_cuda_kv_dtype(saved); }
-};
-
-// Restores the CPU's default arithmetic when a CPU emulation run ends.
-struct EmulationScope {
-  explicit EmulationScope(const kernels::cpu::Fp8Emulation& e) { kernels::cpu::set_fp8_emulation(e); }
-  ~EmulationScope() { kernels::cpu::set_fp8_emulation({}); }
-};
-
 // The CPU forward of sequence `i` in mode `mi` (cached; the CPU cache is f32) with, when asked, the GPU's
 // FP8 activation arithmetic emulated (`gemm`) and / or the values its FP8 KV cache holds (`fp8_kv`,
 // Fp8Emulation::fp8_kv_cache).
@@ -127,8 +114,8 @@ const ScoreResult& cpu_reference(const std::filesystem::path& dir, size_t mi, in
   kernels::cpu::Fp8Emulation e;
   e.enabled = gemm;
   e.fp8_kv_cache = fp8_kv;
-  const EmulationScope scope(e);
-  return cache.emplace(key, score_sequence(*model, ids, opt)).first->second;
+  const std::shared_ptr<Model> emulated = model->with_backend(kernels::make_fp8_emulation_backend(e));
+  return cache.emplace(key, score_sequence(*emulated, ids, opt)).first->second;
 }
 
 class CudaGoldens : public ::testing::TestWithParam<std::tuple<const char*, KvCacheDtype>> {};
@@ -137,7 +124,6 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
   DSA_SKIP_WITHOUT_GPU();
   const auto [fixture, kv_dtype] = GetParam();
   DSA_FIXTURE_PATH(dir, std::string("models/") + fixture);
-  const KvDtypeScope kv_scope(kv_dtype);
   const std::string label = fmt::format("{} kv={}", fixture, kv_name(kv_dtype));
   const bool fp8 = std::string(fixture).find("fp8") != std::string::npos;
   const bool real_kernels = kv_dtype != KvCacheDtype::f32;
@@ -145,7 +131,13 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
   ModelConfig cfg = ModelConfig::from_file(dir / "config.json");
   io::Checkpoint ckpt = io::Checkpoint::open(dir);
   ModelWeights w = ModelWeights::bind(cfg, ckpt, true).to(Device::cuda);
-  const Model m(cfg, std::move(ckpt), std::move(w));
+  // The model on a CUDA backend with the pass's GEMM precision, its caches in kv_dtype.
+  const Model base(cfg, std::move(ckpt), std::move(w));
+  auto model_with = [&](kernels::GemmPrecision prec) {
+    kernels::KernelOptions ko;
+    ko.gemm = prec;
+    return base.with_backend(kernels::cuda::make_backend(ko), kv_dtype);
+  };
   const io::Checkpoint gold = io::Checkpoint::open(dir / "goldens.safetensors");
   std::ifstream f(dir / "goldens.json");
   const nlohmann::json meta = nlohmann::json::parse(f);
@@ -167,14 +159,15 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
                                  Mode{"prefill absorbed form", absorbed, false},
                                  Mode{"chunks of 16", chunks, false},
                                  Mode{"half prefill then decode", decode, true}};
-  using kernels::cuda::GemmPrecision;
+  using kernels::GemmPrecision;
   // The fp32 pass runs first: on realdims_fp8 its one-prefill numbers (the attention kernels' KV-cache
   // rounding alone) are the allowance the fast pass gets on top of the CPU FP8 emulation.
   struct KvOnly {
     double median = 0.0, mtp_median = 0.0, disagreement = 0.0;
   } kv_only;
   for (GemmPrecision prec : {GemmPrecision::fp32, GemmPrecision::fast}) {
-    kernels::cuda::set_gemm_precision(prec);
+    const std::shared_ptr<Model> model = model_with(prec);
+    const Model& m = *model;
     const bool exact = prec == GemmPrecision::fp32;
     // fast: FIXTURES.md's GPU tolerance holds for the typical (median) row; single rows may move further
     // where an expert-routing or index top-k decision has a margin below the activations' precision
@@ -317,7 +310,8 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
     }
     kernels::cuda::clear_gemm_caches();
   }
-  kernels::cuda::set_gemm_precision(GemmPrecision::fast);
+  const std::shared_ptr<Model> fast_model = model_with(GemmPrecision::fast);
+  const Model& m = *fast_model;
   // Greedy continuations (printed: a flip at a small argmax margin is expected at GPU precision).
   for (const auto& gm : meta["greedy"]) {
     const int j = gm["index"].get<int>();

@@ -316,18 +316,12 @@ TEST_F(CudaIndexerFp8, OpsDispatchBatchedAndPerRequest) {
   EXPECT_EQ(bad, 0);
 }
 
-// Sets the process-wide select path for one scope (IndexerSelectPath in indexer_topk_params.h).
-struct SelectPathScope {
-  explicit SelectPathScope(IndexerSelectPath path) { indexer_set_default_select_path(path); }
-  ~SelectPathScope() { indexer_set_default_select_path(IndexerSelectPath::automatic); }
-  SelectPathScope(const SelectPathScope&) = delete;
-  SelectPathScope& operator=(const SelectPathScope&) = delete;
-};
-
-// The selection of `run` (an indexer_topk_rows call) with the select forced to `path`.
-Tensor topk_with_path(IndexerSelectPath path, const std::function<Tensor()>& run) {
-  SelectPathScope scope(path);
-  return run().to(Device::cpu);
+// The selection of `run` (an indexer_topk_rows call with these KernelOptions) with the select forced to
+// `path` (KernelOptions::indexer_select).
+Tensor topk_with_path(IndexerSelectPath path, const std::function<Tensor(const KernelOptions&)>& run) {
+  KernelOptions o;
+  o.indexer_select = path;
+  return run(o).to(Device::cpu);
 }
 
 // Positions where two selections differ (both [rows, k] i32 CPU).
@@ -367,9 +361,9 @@ void run_long_rows(const std::vector<int64_t>& lens, uint64_t seed, bool ties, b
   const Tensor qg = q.to(Device::cuda), wg = w.to(Device::cuda), pt = pg.table_gpu(),
                lg = gpu_i32(len32, {B});
   // Two rows or more: packed scores (host lengths given), one row: dense.
-  auto run = [&] {
+  auto run = [&](const KernelOptions& o) {
     return indexer_topk_rows(qg, wg, cache, pt, kPage, {}, lg, max_len, topk, scale, ws, nullptr,
-                             B > 1 ? std::span<const int32_t>(len32) : std::span<const int32_t>());
+                             B > 1 ? std::span<const int32_t>(len32) : std::span<const int32_t>(), o);
   };
   // The new path (cooperative with several CTAs per row, else fused into the score kernel) and the old.
   const IndexerSelectPath path_new =
@@ -451,9 +445,9 @@ void run_many_rows(int64_t max_len, uint64_t seed) {
   const double scale = 1.0 / std::sqrt(128.0), ws = 1.0 / std::sqrt(double(ih));
   const Tensor qg = q.to(Device::cuda), wg = w.to(Device::cuda), cache = bf16_copy(keys).to(Device::cuda),
                pt = pg.table_gpu(), lg = gpu_i32(len32, {B}), sg = gpu_i32(seq, {B});
-  auto run = [&] {
+  auto run = [&](const KernelOptions& o) {
     return indexer_topk_rows(qg, wg, cache, pt, kPage, sg, lg, max_len, topk, scale, ws, nullptr,
-                             std::span<const int32_t>(len32));
+                             std::span<const int32_t>(len32), o);
   };
   int64_t split_len = 0;
   IndexerTopkParams probe{};
@@ -525,9 +519,7 @@ TEST(IndexerSelectPathChoice, PicksByShapeAndDevice) {
   p.select_path = IndexerSelectPath::passes;
   EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::passes);
   p.select_path = IndexerSelectPath::automatic;
-  indexer_set_default_select_path(IndexerSelectPath::passes);
   EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::passes);
-  indexer_set_default_select_path(IndexerSelectPath::automatic);
   p.max_len = 2048;  // no row has more than topk keys: only the last pass runs
   EXPECT_EQ(indexer_select_path(p), IndexerSelectPath::passes);
   p.splits = 1;
@@ -550,13 +542,14 @@ TEST(IndexerSelectPathChoice, PicksByShapeAndDevice) {
   EXPECT_STREQ(indexer_select_path_name(IndexerSelectPath::row), "row");
 }
 
-// Score kernels v2 and v3 against v1 (IndexerScoreKernel) on ragged rows over page sizes 64, 16, 1, 100 (FP8:
-// scale copies not 16-byte aligned), 256 (pages longer than a tile), 32 and 64 heads, bf16 and FP8 keys.
-// The rows split into many CTAs whose last tile is partial and whose tile count is below some pipeline
-// depths; one row has at most topk keys (no scores). Heads 0 and 1 of q are scaled by 2^20 and 2^-20
-// (their weights by the inverse), exercising the per-head power-of-two scaling of q for FP8. bf16: v2's
-// scores equal v1's bit for bit (v3 runs v2), and so do the fused selections; FP8: all three within 1e-4
-// of the sum of |terms| of the exact scores on the same keys. Positions without scores keep their sentinel.
+// Score kernels v2 and v3 (IndexerScoreKernel; v1 was removed, 941 vs 527 us) on ragged rows over page sizes
+// 64, 16, 1, 100 (FP8: scale copies not 16-byte aligned), 256 (pages longer than a tile), 32 and 64 heads,
+// bf16 and FP8 keys. The rows split into many CTAs whose last tile is partial and whose tile count is below
+// some pipeline depths; one row has at most topk keys (no scores). Heads 0 and 1 of q are scaled by 2^20
+// and 2^-20 (their weights by the inverse), exercising the per-head power-of-two scaling of q for FP8.
+// Both within 1e-4 of the sum of |terms| of the exact scores on the same keys; bf16: v3 asked for runs v2
+// (select_indexer_score_kernel), so scores and fused selections are bit for bit v2's. Positions without
+// scores keep their sentinel.
 struct ScoreCase {
   int64_t heads, page;
   bool fp8;
@@ -642,23 +635,21 @@ void run_score_kernels(const ScoreCase& c, uint64_t seed) {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return Run{res.scores.to(Device::cpu), res.out.to(Device::cpu)};
   };
-  const Run v1 = run(IndexerScoreKernel::v1, true), v2 = run(IndexerScoreKernel::v2, true),
-            v3 = run(IndexerScoreKernel::v3, true);
+  const Run v2 = run(IndexerScoreKernel::v2, true), v3 = run(IndexerScoreKernel::v3, true);
   int64_t bitwise_diff = 0, untouched_bad = 0;
-  double worst_v1 = 0, worst_v2 = 0, worst_v3 = 0;
+  double worst_v2 = 0, worst_v3 = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = lens[size_t(b)];
     for (int64_t s = 0; s < stride; ++s) {
-      const float g1 = v1.scores.data<float>()[b * stride + s], g2 = v2.scores.data<float>()[b * stride + s],
-                  g3 = v3.scores.data<float>()[b * stride + s];
+      const float g2 = v2.scores.data<float>()[b * stride + s], g3 = v3.scores.data<float>()[b * stride + s];
       if (s >= n || n <= topk) {
         untouched_bad += (g2 != sentinel ? 1 : 0) + (g3 != sentinel ? 1 : 0);
         continue;
       }
-      uint32_t u1, u2;
-      std::memcpy(&u1, &g1, 4);
+      uint32_t u2, u3;
       std::memcpy(&u2, &g2, 4);
-      bitwise_diff += u1 != u2 ? 1 : 0;
+      std::memcpy(&u3, &g3, 4);
+      bitwise_diff += u2 != u3 ? 1 : 0;
       if (s % 7 != 0 && s != n - 1) continue;  // exact scores of a seventh of the keys (and the last)
       const int64_t slot = int64_t(pt[size_t(b * max_pages + s / ps)]) * ps + s % ps;
       const float* kd = keys.data<float>() + slot * kIndexerDim;
@@ -670,28 +661,25 @@ void run_score_kernels(const ScoreCase& c, uint64_t seed) {
         for (int d = 0; d < kIndexerDim; ++d) dm += std::fabs(double(qh[d]) * double(kd[d]));
         mag += std::fabs(double(w.data<float>()[b * ih + h])) * ws * scale * dm;
       }
-      worst_v1 = std::max(worst_v1, std::fabs(double(g1) - e) / std::max(mag, 1e-30));
       worst_v2 = std::max(worst_v2, std::fabs(double(g2) - e) / std::max(mag, 1e-30));
       worst_v3 = std::max(worst_v3, std::fabs(double(g3) - e) / std::max(mag, 1e-30));
     }
   }
   // The full launch (scores and the select) with each kernel: bf16 selections identical.
-  const Run f1 = run(IndexerScoreKernel::v1, false), f2 = run(IndexerScoreKernel::v2, false);
-  const int64_t sel_diff = count_differing(f1.out, f2.out);
-  const bool ok = worst_v3 <= 1e-4 && worst_v2 <= 1e-4 && worst_v1 <= 1e-4 && untouched_bad == 0 &&
+  const Run f2 = run(IndexerScoreKernel::v2, false), f3 = run(IndexerScoreKernel::v3, false);
+  const int64_t sel_diff = count_differing(f2.out, f3.out);
+  const bool ok = worst_v3 <= 1e-4 && worst_v2 <= 1e-4 && untouched_bad == 0 &&
                   (c.fp8 || (bitwise_diff == 0 && sel_diff == 0));
   std::printf(
-      "RESULT indexer_score_kernels %s heads=%lld page=%lld err_v1=%.2g err_v2=%.2g err_v3=%.2g (of "
-      "sum|terms|, tol 1e-4) v1_v2_differing_scores=%lld differing_selected=%lld written_outside_rows=%lld "
-      "%s\n",
-      c.fp8 ? "fp8" : "bf16", (long long)ih, (long long)ps, worst_v1, worst_v2, worst_v3,
-      (long long)bitwise_diff, (long long)sel_diff, (long long)untouched_bad, ok ? "ok" : "FAIL");
+      "RESULT indexer_score_kernels %s heads=%lld page=%lld err_v2=%.2g err_v3=%.2g (of sum|terms|, tol "
+      "1e-4) v2_v3_differing_scores=%lld differing_selected=%lld written_outside_rows=%lld %s\n",
+      c.fp8 ? "fp8" : "bf16", (long long)ih, (long long)ps, worst_v2, worst_v3, (long long)bitwise_diff,
+      (long long)sel_diff, (long long)untouched_bad, ok ? "ok" : "FAIL");
   EXPECT_LE(worst_v3, 1e-4);
   EXPECT_LE(worst_v2, 1e-4);
-  EXPECT_LE(worst_v1, 1e-4);
   EXPECT_EQ(untouched_bad, 0);
   if (!c.fp8) {
-    EXPECT_EQ(bitwise_diff, 0) << "bf16 scores of v2 differ from v1's";
+    EXPECT_EQ(bitwise_diff, 0) << "bf16: v3 asked for should run v2";
     EXPECT_EQ(sel_diff, 0);
   }
 }
@@ -720,21 +708,19 @@ TEST(IndexerTopkLaunch, RejectsPageSizesPast31Bits) {
     EXPECT_EQ(launch_indexer_topk_fused((p.page_size = ps, p), nullptr), cudaErrorInvalidValue) << ps;
 }
 
-// The score kernel a launch runs: the request, else DSASERVE_INDEXER_SCORE_KERNEL, else the default.
-TEST(IndexerScoreKernelChoice, RequestThenEnvironmentThenDefault) {
-  const char* old = std::getenv("DSASERVE_INDEXER_SCORE_KERNEL");
-  const std::string saved = old ? old : "";
-  ::setenv("DSASERVE_INDEXER_SCORE_KERNEL", "v1", 1);
-  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::automatic), IndexerScoreKernel::v1);
-  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::v2), IndexerScoreKernel::v2);
-  ::setenv("DSASERVE_INDEXER_SCORE_KERNEL", "v2", 1);
-  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::automatic), IndexerScoreKernel::v2);
-  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::v1), IndexerScoreKernel::v1);
-  ::setenv("DSASERVE_INDEXER_SCORE_KERNEL", "v3", 1);
-  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::automatic), IndexerScoreKernel::v3);
-  ::unsetenv("DSASERVE_INDEXER_SCORE_KERNEL");
-  EXPECT_EQ(indexer_score_kernel(IndexerScoreKernel::automatic), kIndexerScoreKernelDefault);
-  if (old) ::setenv("DSASERVE_INDEXER_SCORE_KERNEL", saved.c_str(), 1);
+// The score kernel a launch runs: select_indexer_score_kernel of the request and the key format (its rule:
+// tests/kernels/kernel_options_test.cpp).
+TEST(IndexerScoreKernelChoice, ParamsSelectThroughTheSelector) {
+  IndexerTopkParams p{};
+  p.key_format = IndexerKeyFormat::fp8_e4m3;
+  EXPECT_EQ(indexer_score_kernel(p), IndexerScoreKernel::v3);
+  p.score_kernel = IndexerScoreKernel::v2;
+  EXPECT_EQ(indexer_score_kernel(p), IndexerScoreKernel::v2);
+  p.key_format = IndexerKeyFormat::bf16;
+  p.score_kernel = IndexerScoreKernel::v3;
+  EXPECT_EQ(indexer_score_kernel(p), IndexerScoreKernel::v2);
+  p.score_kernel = IndexerScoreKernel::automatic;
+  EXPECT_EQ(indexer_score_kernel(p), IndexerScoreKernel::v2);
 }
 
 TEST(IndexerSelectSplits, DependOnlyOnRowsAndLength) {

@@ -39,7 +39,6 @@ class CudaMlaFused : public testing::GpuTest {
  protected:
   void TearDown() override {
     if (!has_gpu()) return;
-    set_gemm_precision(GemmPrecision::fast);
     clear_absorb_caches();
     clear_gemm_caches();
   }
@@ -236,18 +235,21 @@ TEST_F(CudaMlaFused, AbsorbBatchedMatchesCpu) {
         const Tensor q_lat = ref().absorb_q(q.slice(2, 0, kNope), w, Tensor());
         const Tensor o = ref().absorb_v(lat, w, kV, Tensor());
         for (bool fp32 : {false, true}) {
-          set_gemm_precision(fp32 ? GemmPrecision::fp32 : GemmPrecision::fast);
+          const GemmPrecision prec = fp32 ? GemmPrecision::fp32 : GemmPrecision::fast;
+          KernelOptions ko;
+          ko.gemm = prec;
+          const std::shared_ptr<Backend> be = make_backend(ko);  // the op through a backend with `prec`
           const double tol = fp32 ? 1e-4 : 1e-2;
           const std::string mode =
               fmt::format("{}{}", dt == DType::bf16 ? "bf16" : "fp8", fp32 ? "/fp32" : "");
           Tensor q_lat_d = Tensor::empty({T, nh, kL}, DType::f32, Device::cuda);
-          ASSERT_TRUE(absorb_q_batched(q_d.slice(2, 0, kNope), w_d, q_lat_d)) << nh << " " << mode;
+          ASSERT_TRUE(absorb_q_batched(q_d.slice(2, 0, kNope), w_d, q_lat_d, prec)) << nh << " " << mode;
           report_gemm("absorb_q " + mode, fmt::format("{} x [{}, {}] x [{}, {}]", nh, T, kNope, kNope, kL),
                       q_lat_d, q_lat, tol);
           // Into a [T, nh, dv] view of a wider output: the padding must stay zero.
           Tensor wide_d = Tensor::zeros({T, nh, kV + 32}, DType::f32, Device::cuda);
           Tensor o_d = wide_d.slice(2, 16, 16 + kV);
-          ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d)) << nh << " " << mode;
+          ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d, prec)) << nh << " " << mode;
           const Tensor wide = cpu(wide_d);  // (a strided CUDA view cannot be copied to the host directly)
           report_gemm("absorb_v " + mode, fmt::format("{} x [{}, {}] x [{}, {}]", nh, T, kL, kL, kV),
                       wide.slice(2, 16, 16 + kV).contiguous(), o, tol);
@@ -257,7 +259,7 @@ TEST_F(CudaMlaFused, AbsorbBatchedMatchesCpu) {
               << "absorb_v wrote outside";
           // Through the op (dispatch and the backend's own output).
           report_gemm("absorb_q op " + mode, fmt::format("{} heads T {}", nh, T),
-                      kernels::absorb_q(q_d.slice(2, 0, kNope), w_d), q_lat, tol);
+                      Ops(be.get()).absorb_q(q_d.slice(2, 0, kNope), w_d), q_lat, tol);
         }
       }
     }
@@ -273,17 +275,20 @@ TEST_F(CudaMlaFused, Fp32ModeHoldsOneF32CopyOfKvB) {
   Tensor o_d = Tensor::empty({T, nh, kV}, DType::f32, Device::cuda);
   // Warm-up (fast mode, a bf16 weight): the GEMM libraries' own state exists before the measurement.
   const WeightRef bf16_d = to_cuda(rand_weight(nh * (kNope + kV), kL, DType::bf16, 74));
-  ASSERT_TRUE(absorb_v_batched(lat_d, bf16_d, kV, o_d));
+  ASSERT_TRUE(absorb_v_batched(lat_d, bf16_d, kV, o_d, GemmPrecision::fast));
   (void)kernels::linear(lat_d.view({T * nh, kL}), bf16_d);
-  set_gemm_precision(GemmPrecision::fp32);
+  KernelOptions ko;
+  ko.gemm = GemmPrecision::fp32;
+  const std::shared_ptr<Backend> be = make_backend(ko);
+  const Ops fp32_ops(be.get());
   const WeightRef warm_d = to_cuda(rand_weight(nh * (kNope + kV), kL, DType::bf16, 73));
-  ASSERT_TRUE(absorb_v_batched(lat_d, warm_d, kV, o_d));
-  (void)kernels::linear(lat_d.view({T * nh, kL}), warm_d);
+  ASSERT_TRUE(absorb_v_batched(lat_d, warm_d, kV, o_d, GemmPrecision::fp32));
+  (void)fp32_ops.linear(lat_d.view({T * nh, kL}), warm_d);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const int64_t before = allocator_stats().bytes_in_use;
-  ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d));
-  (void)kernels::linear(lat_d.view({T * nh, kL}), w_d);  // the MHA form's kv_b_proj
-  ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d));
+  ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d, GemmPrecision::fp32));
+  (void)fp32_ops.linear(lat_d.view({T * nh, kL}), w_d);  // the MHA form's kv_b_proj
+  ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d, GemmPrecision::fp32));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const int64_t held = allocator_stats().bytes_in_use - before;
   const int64_t copy = int64_t(allocation_size_class(size_t(w_d.weight.numel()) * 4));

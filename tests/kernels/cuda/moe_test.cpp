@@ -9,7 +9,7 @@
 // Tolerances (per row ||diff||_2 / ||ref||_2): the device path multiplies the exactly dequantised weights
 // with the f32 activations like the CPU, 1e-4; the host path rounds activations to bf16 (1e-2 from the
 // CPU op) or, with FP8 weights, runs the FP8 recipe: it is held to the CPU op with that arithmetic
-// emulated (kernels/cpu/cpu_ops.h, set_fp8_emulation; 3e-2), its distance from the exact product (the
+// emulated (kernels::make_fp8_emulation_backend; 3e-2), its distance from the exact product (the
 // FP8 rounding itself, up to ~9e-2 at realdims widths) is printed.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -47,11 +47,16 @@ class CudaMoe : public testing::GpuTest {
  protected:
   void TearDown() override {
     if (!has_gpu()) return;
-    set_moe_path(MoePath::automatic);
     clear_gemm_caches();
-    kernels::cpu::set_fp8_emulation({});
   }
 };
+
+// moe_experts on a CUDA backend whose KernelOptions force the experts' path.
+Tensor moe_on_path(MoePath path, const Tensor& x_d, const Routing& r_d, const std::vector<MlpRef>& experts) {
+  KernelOptions o;
+  o.moe = path;
+  return make_backend(o)->moe_experts(x_d, r_d, experts);
+}
 
 const char* dtype_tag(DType dt) { return dt == DType::bf16 ? "bf16" : dt == DType::f32 ? "f32" : "fp8"; }
 
@@ -230,18 +235,14 @@ Tensor reference_fp8_emulated(const Tensor& x, const Routing& r, const ExpertSet
   kernels::cpu::Fp8Emulation e;
   e.enabled = true;
   e.bf16_output = false;
-  kernels::cpu::set_fp8_emulation(e);
-  struct Off {
-    ~Off() { kernels::cpu::set_fp8_emulation({}); }
-  } off;
-  return reference(x, r, s);
+  Routing m{r.ids.clone(), r.weights};
+  const int32_t sets = int32_t(s.cpu.size());
+  for (int64_t i = 0; i < m.ids.numel(); ++i) m.ids.data<int32_t>()[i] %= sets;
+  return make_fp8_emulation_backend(e)->moe_experts(x, m, s.cpu);
 }
 
 Tensor run_path(MoePath path, const Tensor& x_d, const Routing& r_d, const ExpertSet& s) {
-  set_moe_path(path);
-  Tensor out = cuda_backend().moe_experts(x_d, r_d, s.gpu);
-  set_moe_path(MoePath::automatic);
-  return out.to(Device::cpu);
+  return moe_on_path(path, x_d, r_d, s.gpu).to(Device::cpu);
 }
 
 // Both paths against the CPU op and against each other.
@@ -327,9 +328,7 @@ TEST_F(CudaMoe, OutOfRangeIds) {
     clean.weights.data<float>()[i] = 0.0f;
   }
   report_gemm("moe_experts dropped ids", "[9,256]", got, reference(x, clean, s), kTolDevice);
-  set_moe_path(MoePath::host);
-  EXPECT_THROW(cuda_backend().moe_experts(x.to(Device::cuda), r_d, s.gpu), Error);
-  set_moe_path(MoePath::automatic);
+  EXPECT_THROW(moe_on_path(MoePath::host, x.to(Device::cuda), r_d, s.gpu), Error);
   ASSERT_EQ(moe_take_dropped_pairs(&dropped), cudaSuccess);
 }
 
@@ -359,9 +358,7 @@ void capture_and_replay(const std::string& name, int64_t T, int64_t K, int64_t E
   };
   auto eager = [&] {
     OpStreamScope scope(st);
-    set_moe_path(MoePath::device);  // large T would take the host path eagerly
-    Tensor out = cuda_backend().moe_experts(x_d, r_d, s.gpu);
-    set_moe_path(MoePath::automatic);
+    Tensor out = moe_on_path(MoePath::device, x_d, r_d, s.gpu);  // large T would take the host path eagerly
     Tensor h = Tensor::empty(out.shape(), DType::f32);
     EXPECT_EQ(cudaMemcpyAsync(h.raw_data(), out.raw_data(), out.nbytes(), cudaMemcpyDeviceToHost, st),
               cudaSuccess);
@@ -378,11 +375,9 @@ void capture_and_replay(const std::string& name, int64_t T, int64_t K, int64_t E
   Tensor out_g;
   {
     OpStreamScope scope(st);
-    set_moe_path(MoePath::host);  // capture takes the device path whatever is asked
     ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    out_g = cuda_backend().moe_experts(x_d, r_d, s.gpu);
+    out_g = moe_on_path(MoePath::host, x_d, r_d, s.gpu);  // capture takes the device path whatever is asked
     ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess) << name << ": capture failed";
-    set_moe_path(MoePath::automatic);
   }
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   for (int round = 0; round < 4; ++round) {
