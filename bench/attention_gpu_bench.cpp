@@ -98,8 +98,8 @@ const char* name_of_kernel(MlaDecodeKernel k) { return name(k).data(); }
 // The MLA table's knobs (command-line flags, see main).
 struct MlaBenchFlags {
   int64_t only_heads = 0, only_batch = 0;  // > 0: just the cases with that head count / batch
-  int forced_splits = 0;                   // --mla-splits N: N key splits (to check mla_decode_splits' choice)
-  int64_t pool_slots = int64_t(4) << 20;   // --pool-slots N (16384 keeps the cache inside L2)
+  int forced_splits = 0;                  // --mla-splits N: N key splits (to check mla_decode_splits' choice)
+  int64_t pool_slots = int64_t(4) << 20;  // --pool-slots N (16384 keeps the cache inside L2)
   MlaV5Order v5_order = MlaV5Order::automatic;  // --mla-v5-order early|late
 };
 
@@ -219,9 +219,7 @@ void fill_device(void* dst, size_t n, const std::vector<unsigned char>& pattern)
   }
 }
 
-const char* score_kernel_name(IndexerScoreKernel k) {
-  return name(k).data();
-}
+const char* score_kernel_name(IndexerScoreKernel k) { return name(k).data(); }
 
 // The indexer + top-2048 at batch B and context ctx over a bf16 or FP8 key cache. Bytes: the key cache
 // rows read (bf16 256, FP8 132 per key), q, w and the output; the score and select times are measured
@@ -319,12 +317,13 @@ void bench_indexer(void* flush) {
           char v2_note[32] = "";
           if (fp8) std::snprintf(v2_note, sizeof v2_note, " [v2 %.1f us]", us_scores_v2);
           char name[224];
-          std::snprintf(name, sizeof name,
-                        "indexer+top-k %s batch=%lld ctx=%lld select=%s%s (scores %s %.1f us%s, select %.1f us, "
-                        "%lld CTAs/row)",
-                        fp8 ? "fp8" : "bf16", (long long)B, (long long)ctx, indexer_select_path_name(ran), grid,
-                        score_kernel_name(indexer_score_kernel(p)), us_scores, v2_note, us - us_scores,
-                        (long long)p.splits);
+          std::snprintf(
+              name, sizeof name,
+              "indexer+top-k %s batch=%lld ctx=%lld select=%s%s (scores %s %.1f us%s, select %.1f us, "
+              "%lld CTAs/row)",
+              fp8 ? "fp8" : "bf16", (long long)B, (long long)ctx, indexer_select_path_name(ran), grid,
+              score_kernel_name(indexer_score_kernel(p)), us_scores, v2_note, us - us_scores,
+              (long long)p.splits);
           row(name, us, bytes, flops);
         }
         p.select_path = IndexerSelectPath::automatic;

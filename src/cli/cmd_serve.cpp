@@ -2,8 +2,8 @@
 #include <fmt/format.h>
 
 #include "command.h"
-#include "kernel_flags.h"
 #include "core/error.h"
+#include "kernel_flags.h"
 #ifdef DSASERVE_HAVE_SERVER
 #include "server/server.h"
 #endif

@@ -16,25 +16,30 @@ kernels::KernelOptions KernelFlags::options() const {
 std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub) {
   auto f = std::make_shared<KernelFlags>();
   const std::string g = "Kernels (--device cuda; the defaults are the measured choices)";
-  sub.add_option("--mla-decode-kernel", f->mla_decode,
-                 "MLA decode kernel: auto (v2 at <= 16 heads or <= 2 rows, else v5; FP8 caches: v4), v2, v4, v5")
+  sub.add_option(
+         "--mla-decode-kernel", f->mla_decode,
+         "MLA decode kernel: auto (v2 at <= 16 heads or <= 2 rows, else v5; FP8 caches: v4), v2, v4, v5")
       ->group(g)
       ->capture_default_str();
-  sub.add_option("--mla-v5-order", f->mla_v5_order, "MLA decode v5 order: auto (early dense, late sparse), early, late")
+  sub.add_option("--mla-v5-order", f->mla_v5_order,
+                 "MLA decode v5 order: auto (early dense, late sparse), early, late")
       ->group(g)
       ->capture_default_str();
   sub.add_option("--indexer-score-kernel", f->indexer_score,
                  "DSA indexer score kernel: auto (v3; bf16 keys run v2), v2, v3")
       ->group(g)
       ->capture_default_str();
-  sub.add_option("--indexer-select-path", f->indexer_select,
-                 "DSA indexer top-k select: auto, row, row_fused (one CTA per row), passes, coop (split rows)")
+  sub.add_option(
+         "--indexer-select-path", f->indexer_select,
+         "DSA indexer top-k select: auto, row, row_fused (one CTA per row), passes, coop (split rows)")
       ->group(g)
       ->capture_default_str();
-  sub.add_option("--gemm-precision", f->gemm, "GEMMs: fast (bf16 / FP8 tensor cores) or fp32 (reference precision)")
+  sub.add_option("--gemm-precision", f->gemm,
+                 "GEMMs: fast (bf16 / FP8 tensor cores) or fp32 (reference precision)")
       ->group(g)
       ->capture_default_str();
-  sub.add_option("--moe-path", f->moe, "routed experts: auto, device (grouped kernels) or host (per-expert GEMMs)")
+  sub.add_option("--moe-path", f->moe,
+                 "routed experts: auto, device (grouped kernels) or host (per-expert GEMMs)")
       ->group(g)
       ->capture_default_str();
   return f;

@@ -7,10 +7,12 @@
 
 namespace dsaserve::kernels {
 
-MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows, bool fp8_cache) {
+MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows,
+                                         bool fp8_cache) {
   MlaDecodeKernel k = requested;
   if (k == MlaDecodeKernel::automatic)
-    k = heads <= kMlaDecodeNarrowMaxHeads || (rows >= 0 && rows <= 2) ? MlaDecodeKernel::v2 : MlaDecodeKernel::v5;
+    k = heads <= kMlaDecodeNarrowMaxHeads || (rows >= 0 && rows <= 2) ? MlaDecodeKernel::v2
+                                                                      : MlaDecodeKernel::v5;
   if (k == MlaDecodeKernel::v5 && fp8_cache) k = MlaDecodeKernel::v4;  // v5 reads bf16 caches only
   return k;
 }
@@ -21,7 +23,8 @@ bool select_mla_v5_early(MlaV5Order requested, bool sparse) {
 }
 
 IndexerScoreKernel select_indexer_score_kernel(IndexerScoreKernel requested, bool fp8_keys) {
-  const IndexerScoreKernel k = requested == IndexerScoreKernel::automatic ? IndexerScoreKernel::v3 : requested;
+  const IndexerScoreKernel k =
+      requested == IndexerScoreKernel::automatic ? IndexerScoreKernel::v3 : requested;
   return k == IndexerScoreKernel::v3 && !fp8_keys ? IndexerScoreKernel::v2 : k;  // bf16 keys: v3 is v2
 }
 
@@ -45,7 +48,8 @@ constexpr Names<IndexerSelectPath, 5> kSelect{{{IndexerSelectPath::automatic, "a
                                                {IndexerSelectPath::passes, "passes"},
                                                {IndexerSelectPath::cooperative, "coop"}}};
 constexpr Names<GemmPrecision, 2> kGemm{{{GemmPrecision::fast, "fast"}, {GemmPrecision::fp32, "fp32"}}};
-constexpr Names<MoePath, 3> kMoe{{{MoePath::automatic, "auto"}, {MoePath::device, "device"}, {MoePath::host, "host"}}};
+constexpr Names<MoePath, 3> kMoe{
+    {{MoePath::automatic, "auto"}, {MoePath::device, "device"}, {MoePath::host, "host"}}};
 
 template <typename E, size_t N>
 std::string_view name_of(const Names<E, N>& names, E e) {
@@ -84,7 +88,9 @@ IndexerScoreKernel parse_indexer_score_kernel(std::string_view s, std::string_vi
 IndexerSelectPath parse_indexer_select_path(std::string_view s, std::string_view flag) {
   return parse_of(kSelect, s, flag);
 }
-GemmPrecision parse_gemm_precision(std::string_view s, std::string_view flag) { return parse_of(kGemm, s, flag); }
+GemmPrecision parse_gemm_precision(std::string_view s, std::string_view flag) {
+  return parse_of(kGemm, s, flag);
+}
 MoePath parse_moe_path(std::string_view s, std::string_view flag) { return parse_of(kMoe, s, flag); }
 
 std::string describe(const KernelOptions& o) {

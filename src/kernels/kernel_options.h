@@ -53,7 +53,8 @@ inline constexpr int64_t kMlaDecodeNarrowMaxHeads = 16;
 // one or two rows at more heads (`rows` < 0: unknown, taken as many), v5 otherwise (measured on the H200,
 // attention_gpu_bench mla: batch 1 16.3 vs 22.1 us, batch 2 19.3 vs 24.2). v5 asked for (or chosen) over
 // an FP8 cache runs v4 (`fp8_cache`; v5 reads bf16 only). Never returns automatic.
-MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows, bool fp8_cache);
+MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows,
+                                         bool fp8_cache);
 // The kernel select_mla_decode_kernel picks for the split-count model (mla_decode_splits), which does not
 // know the cache format: v2 or not.
 inline bool mla_decode_uses_v2(MlaDecodeKernel requested, int64_t heads, int64_t rows) {

@@ -17,7 +17,7 @@ namespace {
 // The CPU backend: forwards to kernels/cpu (the reference).
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(const KernelOptions& o) : Backend(Device::cpu, o) {}
+  explicit CpuBackend(const KernelOptions& o) : Backend(Device::cpu, 0, o) {}
   Tensor embedding(const Tensor& table, const Tensor& ids) override { return cpu::embedding(table, ids); }
   Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) override { return cpu::rms_norm(x, w, eps); }
   Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) override {
@@ -107,6 +107,7 @@ class Fp8EmulationBackend final : public CpuBackend {
     cpu::rope_inplace(ki_pe, positions, rope);
     cpu::paged_store(cache, slots, cpu::indexer_key_fp8_decode(cpu::indexer_key_fp8_encode(ki)));
   }
+
  private:
   cpu::Fp8Emulation e_;
 };
@@ -207,7 +208,8 @@ Tensor Ops::linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
   if (span_.on()) linear_args(span_, x, w, r0, r1);
   return on(x.device()).linear(x, w, r0, r1, std::move(out));
 }
-std::vector<Tensor> Ops::linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q) const {
+std::vector<Tensor> Ops::linear_multi(const Tensor& x, const std::vector<WeightRef>& ws,
+                                      const Fp8Act* q) const {
   trace::Scope span_("linear_multi", "kernel");
   if (span_.on()) {
     double flops = 0, bytes = 0;
@@ -227,7 +229,8 @@ Tensor Ops::rms_norm_fp8(const Tensor& x, const Tensor& w, double eps, Fp8Act& q
   DSA_KERNEL_SPAN("rms_norm", x);
   return on(x.device()).norm_fp8(nullptr, x, w, eps, q);
 }
-Tensor Ops::add_rms_norm_fp8(Tensor& residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) const {
+Tensor Ops::add_rms_norm_fp8(Tensor& residual, const Tensor& x, const Tensor& w, double eps,
+                             Fp8Act& q) const {
   DSA_KERNEL_SPAN("add_rms_norm", x);
   return on(x.device()).norm_fp8(&residual, x, w, eps, q);
 }
@@ -268,28 +271,28 @@ Tensor Ops::paged_gather(const PagedSeq& seq, int64_t n) const {
   DSA_KERNEL_SPAN("paged_gather", seq.cache);
   return on(seq.cache.device()).paged_gather(seq, n);
 }
-Tensor Ops::indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
-                    double scale, double weight_scale) const {
+Tensor Ops::indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos,
+                         int64_t topk, double scale, double weight_scale) const {
   DSA_KERNEL_SPAN("indexer_topk", q);
   return on(q.device()).indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale);
 }
 Tensor Ops::mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
-                              int64_t start_pos, const Tensor& sel, double scale) const {
+                                   int64_t start_pos, const Tensor& sel, double scale) const {
   DSA_KERNEL_SPAN("mla_attention_absorbed", q_lat);
   return on(q_lat.device()).mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale);
 }
-Tensor Ops::indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
-                         double weight_scale) const {
+Tensor Ops::indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk,
+                              double scale, double weight_scale) const {
   DSA_KERNEL_SPAN("indexer_topk", q);
   return on(q.device()).indexer_topk_rows(q, w, keys, topk, scale, weight_scale);
 }
-Tensor Ops::mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
-                          double scale) const {
+Tensor Ops::mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv,
+                               const Tensor& sel, double scale) const {
   DSA_KERNEL_SPAN("mla_attention_absorbed", q_lat);
   return on(q_lat.device()).mla_attention_rows(q_lat, q_rope, kv, sel, scale);
 }
 Tensor Ops::attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
-                     int64_t start_pos, const Tensor& sel, double scale) const {
+                          int64_t start_pos, const Tensor& sel, double scale) const {
   DSA_KERNEL_SPAN("attention_mha", q);
   return on(q.device()).attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
 }
@@ -423,32 +426,64 @@ Tensor Ops::moe_experts(const Tensor& x, const Routing& routing, const std::vect
 // The free operators: the registered backends (Ops without a backend of its own).
 Tensor embedding(const Tensor& table, const Tensor& ids) { return Ops().embedding(table, ids); }
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) { return Ops().rms_norm(x, w, eps); }
-Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) { return Ops().add_rms_norm(residual, x, w, eps); }
-Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) { return Ops().layer_norm(x, w, b, eps); }
-Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) { return Ops().linear(x, w, r0, r1, std::move(out)); }
-std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q) { return Ops().linear_multi(x, ws, q); }
-Tensor rms_norm_fp8(const Tensor& x, const Tensor& w, double eps, Fp8Act& q) { return Ops().rms_norm_fp8(x, w, eps, q); }
-Tensor add_rms_norm_fp8(Tensor& residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) { return Ops().add_rms_norm_fp8(residual, x, w, eps, q); }
-Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) { return Ops().linear_t(x, w, r0, r1, std::move(out)); }
-void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) { Ops().rope_inplace(x, positions, p); }
+Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) {
+  return Ops().add_rms_norm(residual, x, w, eps);
+}
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  return Ops().layer_norm(x, w, b, eps);
+}
+Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+  return Ops().linear(x, w, r0, r1, std::move(out));
+}
+std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q) {
+  return Ops().linear_multi(x, ws, q);
+}
+Tensor rms_norm_fp8(const Tensor& x, const Tensor& w, double eps, Fp8Act& q) {
+  return Ops().rms_norm_fp8(x, w, eps, q);
+}
+Tensor add_rms_norm_fp8(Tensor& residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) {
+  return Ops().add_rms_norm_fp8(residual, x, w, eps, q);
+}
+Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) {
+  return Ops().linear_t(x, w, r0, r1, std::move(out));
+}
+void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) {
+  Ops().rope_inplace(x, positions, p);
+}
 Tensor silu_mul(const Tensor& gate, const Tensor& up) { return Ops().silu_mul(gate, up); }
 Tensor argmax(const Tensor& x) { return Ops().argmax(x); }
 void add_inplace(Tensor& a, const Tensor& b) { Ops().add_inplace(a, b); }
 void copy_rows(Tensor& dst, const Tensor& src) { Ops().copy_rows(dst, src); }
 Tensor gather_rows(const Tensor& x, const Tensor& idx) { return Ops().gather_rows(x, idx); }
-void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) { Ops().paged_store(cache, slots, src); }
+void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) {
+  Ops().paged_store(cache, slots, src);
+}
 Tensor paged_gather(const PagedSeq& seq, int64_t n) { return Ops().paged_gather(seq, n); }
 Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
-                    double scale, double weight_scale) { return Ops().indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale); }
+                    double scale, double weight_scale) {
+  return Ops().indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale);
+}
 Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
-                              int64_t start_pos, const Tensor& sel, double scale) { return Ops().mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale); }
+                              int64_t start_pos, const Tensor& sel, double scale) {
+  return Ops().mla_attention_absorbed(q_lat, q_rope, kv, start_pos, sel, scale);
+}
 Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
-                         double weight_scale) { return Ops().indexer_topk_rows(q, w, keys, topk, scale, weight_scale); }
+                         double weight_scale) {
+  return Ops().indexer_topk_rows(q, w, keys, topk, scale, weight_scale);
+}
 Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
-                          double scale) { return Ops().mla_attention_rows(q_lat, q_rope, kv, sel, scale); }
+                          double scale) {
+  return Ops().mla_attention_rows(q_lat, q_rope, kv, sel, scale);
+}
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
-                     int64_t start_pos, const Tensor& sel, double scale) { return Ops().attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale); }
-Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) { return Ops().moe_route(logits, bias, p); }
-Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) { return Ops().moe_experts(x, routing, experts); }
+                     int64_t start_pos, const Tensor& sel, double scale) {
+  return Ops().attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
+}
+Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) {
+  return Ops().moe_route(logits, bias, p);
+}
+Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) {
+  return Ops().moe_experts(x, routing, experts);
+}
 
 }  // namespace dsaserve::kernels

@@ -232,11 +232,14 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
 // registers its own with register_backend(Device::cuda, ...).
 class Backend {
  public:
-  Backend(Device device, const KernelOptions& options) : device_(device), options_(options) {}
+  // ordinal: which device of that kind (the CUDA device index; 0 for the CPU).
+  Backend(Device device, int ordinal, const KernelOptions& options)
+      : device_(device), ordinal_(ordinal), options_(options) {}
   virtual ~Backend() = default;
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
   Device device() const { return device_; }
+  int ordinal() const { return ordinal_; }
   const KernelOptions& options() const { return options_; }
 
   virtual Tensor embedding(const Tensor& table, const Tensor& ids) = 0;
@@ -285,6 +288,7 @@ class Backend {
 
  private:
   Device device_;
+  int ordinal_;
   KernelOptions options_;
 };
 
@@ -318,7 +322,8 @@ class Ops {
   Tensor add_rms_norm_fp8(Tensor& residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) const;
   Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) const;
   Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0 = 0, int64_t r1 = -1, Tensor out = {}) const;
-  std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q = nullptr) const;
+  std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws,
+                                   const Fp8Act* q = nullptr) const;
   Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out = {}) const;
   void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) const;
   Tensor silu_mul(const Tensor& gate, const Tensor& up) const;
@@ -328,15 +333,23 @@ class Ops {
   Tensor gather_rows(const Tensor& x, const Tensor& idx) const;
   void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) const;
   Tensor paged_gather(const PagedSeq& seq, int64_t n) const;
-  Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk, double scale, double weight_scale) const;
-  Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv, int64_t start_pos, const Tensor& sel, double scale) const;
-  Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale, double weight_scale) const;
-  Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel, double scale) const;
-  Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v, int64_t start_pos, const Tensor& sel, double scale) const;
+  Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
+                      double scale, double weight_scale) const;
+  Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
+                                int64_t start_pos, const Tensor& sel, double scale) const;
+  Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk,
+                           double scale, double weight_scale) const;
+  Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
+                            double scale) const;
+  Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                       int64_t start_pos, const Tensor& sel, double scale) const;
   Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out = {}) const;
   Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out = {}) const;
-  void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions, const RopeParams& rope, Tensor& cache, const Tensor& slots) const;
-  void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps, const Tensor& positions, const RopeParams& rope, Tensor& cache, const Tensor& slots) const;
+  void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
+                    const RopeParams& rope, Tensor& cache, const Tensor& slots) const;
+  void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
+                       const Tensor& positions, const RopeParams& rope, Tensor& cache,
+                       const Tensor& slots) const;
   Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) const;
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) const;
 

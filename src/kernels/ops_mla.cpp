@@ -68,7 +68,7 @@ Tensor Ops::absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, T
 }
 
 void Ops::mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
-                  const RopeParams& rope, Tensor& cache, const Tensor& slots) const {
+                       const RopeParams& rope, Tensor& cache, const Tensor& slots) const {
   trace::Scope span_("mla_kv_write", "kernel");
   if (span_.on()) span_.arg("x", ckv.shape());
   check_write(ckv, positions, rope, cache, slots, "mla_kv_write");
@@ -76,7 +76,8 @@ void Ops::mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, cons
 }
 
 void Ops::indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
-                     const Tensor& positions, const RopeParams& rope, Tensor& cache, const Tensor& slots) const {
+                          const Tensor& positions, const RopeParams& rope, Tensor& cache,
+                          const Tensor& slots) const {
   trace::Scope span_("indexer_k_write", "kernel");
   if (span_.on()) span_.arg("x", k.shape());
   check_write(k, positions, rope, cache, slots, "indexer_k_write");
@@ -135,11 +136,19 @@ void Backend::indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tenso
 }
 
 // The free operators: the registered backends (Ops without a backend of its own).
-Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out) { return Ops().absorb_q(q_nope, kv_b, std::move(out)); }
-Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out) { return Ops().absorb_v(out_lat, kv_b, dv, std::move(out)); }
+Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out) {
+  return Ops().absorb_q(q_nope, kv_b, std::move(out));
+}
+Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out) {
+  return Ops().absorb_v(out_lat, kv_b, dv, std::move(out));
+}
 void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
-                  const RopeParams& rope, Tensor& cache, const Tensor& slots) { Ops().mla_kv_write(ckv, norm_w, eps, positions, rope, cache, slots); }
+                  const RopeParams& rope, Tensor& cache, const Tensor& slots) {
+  Ops().mla_kv_write(ckv, norm_w, eps, positions, rope, cache, slots);
+}
 void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
-                     const Tensor& positions, const RopeParams& rope, Tensor& cache, const Tensor& slots) { Ops().indexer_k_write(k, norm_w, norm_b, eps, positions, rope, cache, slots); }
+                     const Tensor& positions, const RopeParams& rope, Tensor& cache, const Tensor& slots) {
+  Ops().indexer_k_write(k, norm_w, norm_b, eps, positions, rope, cache, slots);
+}
 
 }  // namespace dsaserve::kernels

@@ -96,8 +96,8 @@ kernels::WeightRef Model::ref(const Linear& l) const {
   return kernels::WeightRef{l.weight, l.scale_inv, cfg_.fp8.block_n, cfg_.fp8.block_k};
 }
 
-Model::Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights, std::shared_ptr<kernels::Backend> backend,
-             std::optional<KvCacheDtype> kv_dtype)
+Model::Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights,
+             std::shared_ptr<kernels::Backend> backend, std::optional<KvCacheDtype> kv_dtype)
     : cfg_(std::move(cfg)),
       ckpt_(std::move(ckpt)),
       w_(std::move(weights)),

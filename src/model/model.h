@@ -118,7 +118,8 @@ class Model {
   // KernelOptions pick the kernels); null: the registered backend of the weights' device (ops.h backend()).
   // kv_dtype: the dtype of the caches make_cache makes (unset: KvCache::create's default for the device).
   Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights,
-        std::shared_ptr<kernels::Backend> backend = nullptr, std::optional<KvCacheDtype> kv_dtype = std::nullopt);
+        std::shared_ptr<kernels::Backend> backend = nullptr,
+        std::optional<KvCacheDtype> kv_dtype = std::nullopt);
   // The same model (weights shared) running on `backend` (e.g. kernels::make_fp8_emulation_backend, or a
   // CUDA backend with other KernelOptions), its make_cache making kv_dtype caches.
   std::shared_ptr<Model> with_backend(std::shared_ptr<kernels::Backend> backend,

@@ -77,11 +77,12 @@ TEST(ScoreCli, MatchesGoldensInChunksDecodeAndMtp) {
     const char* flags;
     bool ids_file;
   };
-  for (const Case& c : {Case{"tiny", 3, "--chunk 7 --decode-from 20 --mtp", false},
-                        Case{"realdims_fp8", 2, "--chunk 16 --mtp --page-size 16", true},
-                        Case{"realdims", 1, "--decode-from 0 --attention absorbed", false},
-                        // The kernel flags reach the model's backend (on the CPU they change nothing).
-                        Case{"tiny", 0, "--mla-decode-kernel v4 --gemm-precision fp32 --indexer-select-path coop", false}}) {
+  for (const Case& c :
+       {Case{"tiny", 3, "--chunk 7 --decode-from 20 --mtp", false},
+        Case{"realdims_fp8", 2, "--chunk 16 --mtp --page-size 16", true},
+        Case{"realdims", 1, "--decode-from 0 --attention absorbed", false},
+        // The kernel flags reach the model's backend (on the CPU they change nothing).
+        Case{"tiny", 0, "--mla-decode-kernel v4 --gemm-precision fp32 --indexer-select-path coop", false}}) {
     const auto gold = read_st(models / c.model / "goldens.safetensors");
     const auto ids = values<int32_t>(gold.at(fmt::format("seq{}.input_ids", c.seq)));
     std::string ids_arg = "--ids " + join(ids);
@@ -134,7 +135,8 @@ TEST(ScoreCli, RejectsBadInput) {
   EXPECT_NE(msg.find("cannot read"), std::string::npos) << msg;
   // Kernel flags: a removed kernel or an unknown name is an error naming the flag and the accepted values.
   EXPECT_NE(run("--ids 1,2 --indexer-score-kernel v1", &msg), 0);
-  EXPECT_NE(msg.find("--indexer-score-kernel: unknown value 'v1' (accepted: auto, v2, v3)"), std::string::npos)
+  EXPECT_NE(msg.find("--indexer-score-kernel: unknown value 'v1' (accepted: auto, v2, v3)"),
+            std::string::npos)
       << msg;
   EXPECT_NE(run("--ids 1,2 --mla-decode-kernel v3", &msg), 0);
   EXPECT_NE(msg.find("--mla-decode-kernel"), std::string::npos) << msg;

@@ -20,8 +20,8 @@ using testing::randn;
 using testing::random_weight;
 
 // linear through the emulating backend.
-Tensor emu_linear(const cpu::Fp8Emulation& e, const Tensor& x, const WeightRef& w, int64_t r0 = 0, int64_t r1 = -1,
-                  Tensor out = {}) {
+Tensor emu_linear(const cpu::Fp8Emulation& e, const Tensor& x, const WeightRef& w, int64_t r0 = 0,
+                  int64_t r1 = -1, Tensor out = {}) {
   return Ops(make_fp8_emulation_backend(e).get()).linear(x, w, r0, r1, std::move(out));
 }
 

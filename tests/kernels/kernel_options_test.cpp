@@ -15,10 +15,13 @@ using K = MlaDecodeKernel;
 TEST(KernelSelect, MlaDecodeDefaults) {
   // <= 16 heads: v2 whatever the rows (unknown, one, many).
   for (int64_t nh : {8, 16})
-    for (int64_t rows : {-1, 1, 2, 3, 4096}) EXPECT_EQ(select_mla_decode_kernel(K::automatic, nh, rows, false), K::v2);
+    for (int64_t rows : {-1, 1, 2, 3, 4096})
+      EXPECT_EQ(select_mla_decode_kernel(K::automatic, nh, rows, false), K::v2);
   // Above 16 heads: v2 for one or two rows (its 16-head blocks fill more SMs), v5 otherwise.
-  for (int64_t rows : {1, 2}) EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows, false), K::v2) << rows;
-  for (int64_t rows : {3, 32, 4096}) EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows, false), K::v5);
+  for (int64_t rows : {1, 2})
+    EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows, false), K::v2) << rows;
+  for (int64_t rows : {3, 32, 4096})
+    EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows, false), K::v5);
   EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, -1, false), K::v5);  // rows unknown: taken as many
   EXPECT_EQ(select_mla_decode_kernel(K::automatic, 17, 128, false), K::v5);
   EXPECT_EQ(kMlaDecodeNarrowMaxHeads, 16);
@@ -71,11 +74,14 @@ TEST(KernelOptionsNames, RoundTripAndErrors) {
     EXPECT_EQ(parse_mla_v5_order(name(o), "--f"), o);
   for (IndexerScoreKernel s : {IndexerScoreKernel::automatic, IndexerScoreKernel::v2, IndexerScoreKernel::v3})
     EXPECT_EQ(parse_indexer_score_kernel(name(s), "--f"), s);
-  for (IndexerSelectPath p : {IndexerSelectPath::automatic, IndexerSelectPath::row, IndexerSelectPath::row_fused,
-                              IndexerSelectPath::passes, IndexerSelectPath::cooperative})
+  for (IndexerSelectPath p :
+       {IndexerSelectPath::automatic, IndexerSelectPath::row, IndexerSelectPath::row_fused,
+        IndexerSelectPath::passes, IndexerSelectPath::cooperative})
     EXPECT_EQ(parse_indexer_select_path(name(p), "--f"), p);
-  for (GemmPrecision g : {GemmPrecision::fast, GemmPrecision::fp32}) EXPECT_EQ(parse_gemm_precision(name(g), "--f"), g);
-  for (MoePath m : {MoePath::automatic, MoePath::device, MoePath::host}) EXPECT_EQ(parse_moe_path(name(m), "--f"), m);
+  for (GemmPrecision g : {GemmPrecision::fast, GemmPrecision::fp32})
+    EXPECT_EQ(parse_gemm_precision(name(g), "--f"), g);
+  for (MoePath m : {MoePath::automatic, MoePath::device, MoePath::host})
+    EXPECT_EQ(parse_moe_path(name(m), "--f"), m);
   // Removed kernels (MLA decode v1 / v3, indexer score v1) and unknown names are errors naming the flag.
   for (const char* bad : {"v1", "v3", "", "V5"}) {
     try {

@@ -5,7 +5,8 @@
 // a time sharing each load of x and two inputs sharing each load of W (gemm_nt): the inner loops are
 // fixed-width and vectorise without -ffast-math.
 //
-// Opt-in (an Fp8Emulation argument): the CUDA backend's FP8 activation arithmetic, for the linears it runs in FP8.
+// Opt-in (an Fp8Emulation argument): the CUDA backend's FP8 activation arithmetic, for the linears it runs in
+// FP8.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -88,7 +89,8 @@ Tensor fp8_quant_dequant(const Tensor& x, Fp8ActScale scale) {
   return out;
 }
 
-Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out, const Fp8Emulation* e) {
+Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out,
+              const Fp8Emulation* e) {
   check_weight(w, "linear");
   if (r1 < 0) r1 = w.rows();
   DSA_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.rows(), "linear: rows [{}, {}) outside weight {}", r0, r1,

@@ -38,7 +38,8 @@ Tensor mla_kv_cache_gather(const Tensor& cache, const Tensor& page_table, int64_
 // selected positions (-1 or invalid entries skipped) or undefined for all positions. -> f32 [R, nh, 512].
 Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache, const Tensor& page_table,
                   int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
-                  const Tensor& sel, double scale, cudaStream_t stream = nullptr, const KernelOptions& opts = {});
+                  const Tensor& sel, double scale, cudaStream_t stream = nullptr,
+                  const KernelOptions& opts = {});
 
 // The ops.h contract of mla_attention_absorbed for one request (rows t = 0..T-1 at start_pos + t) over a
 // latent cache in a kernel format (kv.cache from mla_kv_cache_empty, kv.page_table i32 on the GPU).

@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/indexer_topk_params.h"
 #include "kernels/cuda/runtime.h"
@@ -14,7 +15,7 @@ namespace {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(const KernelOptions& o) : Backend(Device::cuda, o) {}
+  CudaBackend(int ordinal, const KernelOptions& o) : Backend(Device::cuda, ordinal, o) {}
   Tensor embedding(const Tensor& table, const Tensor& ids) override { return cuda::embedding(table, ids); }
   Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) override { return cuda::rms_norm(x, w, eps); }
   Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) override {
@@ -143,13 +144,13 @@ Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Ten
 }
 
 Backend& cuda_backend() {
-  static CudaBackend* b = new CudaBackend(KernelOptions{});
+  static CudaBackend* b = new CudaBackend(current_device(), KernelOptions{});
   return *b;
 }
 
 std::shared_ptr<Backend> make_backend(const KernelOptions& options) {
   install();
-  return std::make_shared<CudaBackend>(options);
+  return std::make_shared<CudaBackend>(current_device(), options);
 }
 
 void install_backend() {

@@ -13,8 +13,8 @@ namespace dsaserve::kernels::cuda {
 void install_backend();
 // The registered backend object itself (for tests that call it directly).
 Backend& cuda_backend();
-// A CUDA backend of its own running its kernels with `options` (a model's device context:
-// runtime::model_on_device); installs the allocator first.
+// A CUDA backend of its own for the calling thread's current device (its ordinal()) running its kernels
+// with `options` (a model's device context: runtime::model_on_device); installs the allocator first.
 std::shared_ptr<Backend> make_backend(const KernelOptions& options);
 
 }  // namespace dsaserve::kernels::cuda

@@ -1,7 +1,8 @@
 #pragma once
 // CUDA implementations of kernels/ops.h (host wrappers: validate, then launch on op_stream()). The Backend
-// in backend.cpp forwards to these, with its KernelOptions (the GEMM precision, the attention kernels). Same contracts as the CPU reference (kernels/cpu/cpu_ops.h); index
-// tensors (ids, slots, page tables, row indices) live on the GPU and are range-checked on the host.
+// in backend.cpp forwards to these, with its KernelOptions (the GEMM precision, the attention kernels). Same
+// contracts as the CPU reference (kernels/cpu/cpu_ops.h); index tensors (ids, slots, page tables, row
+// indices) live on the GPU and are range-checked on the host.
 #include <cstdint>
 #include <vector>
 
@@ -16,7 +17,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps);
 // rms_norm / add_rms_norm (residual non-null) writing the output's FP8 copy in the same kernel when the
 // rows allow it (16-byte aligned, width % 128 == 0, prec fast); q stays empty otherwise.
-Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q, GemmPrecision prec);
+Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q,
+                GemmPrecision prec);
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
 Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out, GemmPrecision prec);
 Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out, GemmPrecision prec);
@@ -62,7 +64,8 @@ bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& 
 // linears use: kv_b is held in f32 once). Return false where they do not apply (activation views whose heads
 // are not evenly strided, a shape cuBLASLt has no algorithm for): the caller runs the per-head loop.
 bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, GemmPrecision prec);
-bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out, GemmPrecision prec);
+bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out,
+                      GemmPrecision prec);
 // Drops the cached bf16 copies of FP8 kv_b weights (clear_gemm_caches calls it, and drops the f32 ones).
 void clear_absorb_caches();
 

@@ -477,7 +477,8 @@ bool gemm_fp8(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, cons
 
 }  // namespace
 
-void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out, GemmPrecision prec) {
+void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,
+                 GemmPrecision prec) {
   check_weight(w, "linear");
   const RowView xv = rows_f32(x, "linear input");
   const RowView ov = rows_f32(out, "linear output");
@@ -498,7 +499,8 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
   gemm_dense(xv, a_ptr, f32, true, K, N, ov, !f32 && N <= kSplitMaxRows, "linear");
 }
 
-void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out, GemmPrecision prec) {
+void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,
+                   GemmPrecision prec) {
   check_weight(w, "linear_t");
   const RowView xv = rows_f32(x, "linear_t input");
   const RowView ov = rows_f32(out, "linear_t output");

@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_small_gemm_kernel(const 
 
 template <int NT>
 cudaError_t launch_nt(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
-  const cudaError_t attr =
-      set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_fp8_small_gemm_kernel<NT>), int(Stage<NT>::kSmem));
+  const cudaError_t attr = set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_fp8_small_gemm_kernel<NT>),
+                                                int(Stage<NT>::kSmem));
   if (attr != cudaSuccess) return attr;
   sm90_fp8_small_gemm_kernel<NT><<<grid, kThreads, Stage<NT>::kSmem, stream>>>(p);
   return cudaGetLastError();

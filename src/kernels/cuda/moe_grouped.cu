@@ -319,8 +319,8 @@ cudaError_t launch_gemm(const MoeExpertGemmParams& p, cudaStream_t stream) {
   if (p.n_in % WeightVec<WT>::V != 0) return cudaErrorInvalidValue;
   // Persistent grid: as many blocks as fit on the device at once (computed once per instantiation and
   // device).
-  const int resident =
-      per_device_value(reinterpret_cast<const void*>(sm90_moe_expert_gemm_kernel<WT, GATE_UP, R>), +[]() -> int {
+  const int resident = per_device_value(
+      reinterpret_cast<const void*>(sm90_moe_expert_gemm_kernel<WT, GATE_UP, R>), +[]() -> int {
         int dev = 0, sms = 0, per = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);

@@ -253,7 +253,8 @@ bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, 
   return batched(q_nope, w, 0, a.per_head * a.latent, false, a.latent, out, "absorb_q");
 }
 
-bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out, GemmPrecision prec) {
+bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out,
+                      GemmPrecision prec) {
   const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
   check_out(out, a.tokens, a.heads, a.dv, "absorb_v");
   if (!weight_ok(kv_b) || out_lat.device() != Device::cuda) return false;

@@ -120,7 +120,8 @@ Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double e
   return norm_common(x, &residual, w, eps, "add_rms_norm");
 }
 
-Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q, GemmPrecision prec) {
+Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q,
+                GemmPrecision prec) {
   return norm_common(x, residual, w, eps, residual ? "add_rms_norm" : "rms_norm", &q, prec);
 }
 

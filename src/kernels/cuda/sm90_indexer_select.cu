@@ -241,18 +241,19 @@ void indexer_workspace_pointers(IndexerTopkParams& p, uint32_t* words) {
 
 int indexer_select_coop_capacity() {
   // Per device (device_cache.h): a value found on one GPU is not reused on another.
-  return per_device_value(reinterpret_cast<const void*>(sm90_indexer_select_coop_kernel), +[]() -> int {
-    int dev = 0, coop = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sm90_indexer_select_coop_kernel, kThreads,
-                                                      0) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return coop ? sms * per_sm : 0;
-  });
+  return per_device_value(
+      reinterpret_cast<const void*>(sm90_indexer_select_coop_kernel), +[]() -> int {
+        int dev = 0, coop = 0, sms = 0, per_sm = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sm90_indexer_select_coop_kernel, kThreads,
+                                                          0) != cudaSuccess) {
+          cudaGetLastError();
+          return 0;
+        }
+        return coop ? sms * per_sm : 0;
+      });
 }
 
 IndexerSelectPath indexer_select_path(const IndexerTopkParams& p) {

@@ -479,7 +479,8 @@ cudaError_t launch_scores(const IndexerTopkParams& p, bool fuse, IndexerScoreKer
                           cudaStream_t stream) {
   constexpr int kSmemV2 = v2_smem_bytes<H, FP8, false>(), kSmemV3 = v2_smem_bytes<H, FP8, FP8>();
   const bool v3 = kind == IndexerScoreKernel::v3;
-  const auto kernel = v3 ? sm90_indexer_score_v2_kernel<H, FP8, FP8> : sm90_indexer_score_v2_kernel<H, FP8, false>;
+  const auto kernel =
+      v3 ? sm90_indexer_score_v2_kernel<H, FP8, FP8> : sm90_indexer_score_v2_kernel<H, FP8, false>;
   const size_t smem = size_t(v3 ? kSmemV3 : kSmemV2);
   const cudaError_t e = set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), int(smem));
   if (e != cudaSuccess) return e;

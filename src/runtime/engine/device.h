@@ -3,8 +3,8 @@
 // `--kv-cache-dtype auto|bf16|fp8_e4m3|f32`. use_device() checks that the device exists and installs its
 // operator backend; model_on_device() uploads a model's weights (dtypes kept) and gives it a backend of
 // that device with the run's KernelOptions (the device context: kernel choices, GEMM precision), so that
-// Model::forward, the KV cache it makes and everything the engine runs live on that device. Everything above the model
-// runner is device-agnostic: the engine only moves page ids, never KV storage.
+// Model::forward, the KV cache it makes and everything the engine runs live on that device. Everything above
+// the model runner is device-agnostic: the engine only moves page ids, never KV storage.
 #include <cstdint>
 #include <memory>
 #include <optional>

@@ -112,11 +112,10 @@ void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat 
   }
   std::vector<int32_t> len32(lens.begin(), lens.end());
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
-  const Tensor got =
-      mla_decode(q_lat.to(Device::cuda), q_rope.to(Device::cuda), cache.gpu, pg.table_gpu(), kPage, {},
-                 gpu_i32(len32, {B}), max_len, sel.defined() ? sel.to(Device::cuda) : Tensor(), scale, nullptr,
-                 ko)
-          .to(Device::cpu);
+  const Tensor got = mla_decode(q_lat.to(Device::cuda), q_rope.to(Device::cuda), cache.gpu, pg.table_gpu(),
+                                kPage, {}, gpu_i32(len32, {B}), max_len,
+                                sel.defined() ? sel.to(Device::cuda) : Tensor(), scale, nullptr, ko)
+                         .to(Device::cpu);
   const double tol = 1e-2, tol_src = 8e-2;
   for (int64_t b = 0; b < B; ++b) {
     const Tensor sel_b = sel.defined() ? sel.slice(0, b, b + 1) : Tensor();
@@ -260,7 +259,8 @@ void check_graph_replay(MlaDecodeKernel kernel, int64_t nh) {
       std::memcmp(direct.data<float>(), replay.data<float>(), size_t(B * nh * kMlaLatent) * 4) == 0;
   const Err e = compare(replay.data<float>(), direct.data<float>(), B * nh * kMlaLatent);
   std::printf("RESULT mla_decode graph replay kernel=%s heads=%lld batch=%lld splits=%d max_abs=%.3g %s\n",
-              name(kernel).data(), (long long)nh, (long long)B, p.splits, e.max_abs, same ? "ok (bitwise)" : "FAIL");
+              name(kernel).data(), (long long)nh, (long long)B, p.splits, e.max_abs,
+              same ? "ok (bitwise)" : "FAIL");
   EXPECT_TRUE(same) << "kernel " << name(kernel) << " heads " << nh;
 }
 
@@ -311,7 +311,8 @@ void run_wgmma_kernel_cases(MlaDecodeKernel kernel) {
 TEST_F(CudaMlaDecode, WgmmaKernelV4) {
   run_isolated([] { run_wgmma_kernel_cases(MlaDecodeKernel::v4); });
 }
-// v5: the two warpgroups take turns on whole key tiles (bf16; an FP8 cache runs v4: select_mla_decode_kernel).
+// v5: the two warpgroups take turns on whole key tiles (bf16; an FP8 cache runs v4:
+// select_mla_decode_kernel).
 TEST_F(CudaMlaDecode, PingPongKernelV5) {
   run_isolated([] { run_wgmma_kernel_cases(MlaDecodeKernel::v5); });
 }

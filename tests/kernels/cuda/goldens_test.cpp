@@ -7,7 +7,7 @@
 // realdims_fp8 also with the FP8 latent cache. Prints "RESULT" lines with the measured numbers.
 //
 // realdims_fp8 with fast (FP8) GEMMs is also run on the CPU with the GPU's FP8 activation arithmetic
-// emulated (kernels::cpu::set_fp8_emulation), mode for mode: on this fixture that arithmetic itself is
+// emulated (kernels::make_fp8_emulation_backend), mode for mode: on this fixture that arithmetic itself is
 // ~0.13 median from the float64 goldens (tests/model/fp8_emulation_test.cpp: FP8 rounding flips about
 // half of the index top-k and a quarter of the routing choices, whose float64 margins are ~1e-2), so
 // FIXTURES.md's 5e-2 cannot hold; the GPU is asserted to land where its arithmetic does (median within
