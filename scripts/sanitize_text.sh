@@ -8,5 +8,7 @@ cd "$(dirname "$0")/.."
 [[ -f build-asan/CMakeCache.txt ]] || bash scripts/sanitize.sh
 cmake --build build-asan -j"$(nproc)" --target tokenizer_test chat_test
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-./build-asan/tests/tokenizer/tokenizer_test --gtest_brief=1
+# (Cli.*: the tokenize / detokenize subcommands through the dsaserve binary, which this pass does not
+# build; the plain build's ctest runs them.)
+./build-asan/tests/tokenizer/tokenizer_test --gtest_brief=1 --gtest_filter=-Cli.*
 ./build-asan/tests/chat/chat_test --gtest_brief=1

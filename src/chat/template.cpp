@@ -140,6 +140,14 @@ class Renderer {
     scopes_.push_back(std::move(globals));
     scopes_.push_back(std::make_shared<Frame>());
   }
+  // A macro stored in a frame its closure captured is a reference cycle (frame -> macro -> closure ->
+  // frame) that would keep every frame it reaches alive, the globals with the whole context among them:
+  // emptying the captured frames when the render ends breaks every such cycle.
+  ~Renderer() {
+    for (const std::shared_ptr<Frame>& f : captured_) f->clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
 
   std::string run(const Body& body) {
     std::string out;
@@ -341,6 +349,7 @@ class Renderer {
   // A macro (or the caller of a call block) as a callable value; it sees the scopes where it was defined.
   Value make_macro(const Stmt& s, const std::string& name) {
     Scopes closure = scopes_;
+    captured_.insert(captured_.end(), closure.begin(), closure.end());
     const Stmt* def = &s;
     Renderer* self = this;
     return Value::function(name, [self, closure, def, name](CallArgs& a) -> Value {
@@ -541,6 +550,7 @@ class Renderer {
 
   const TemplateOptions& o_;
   Scopes scopes_;
+  Scopes captured_;  // every frame a macro closure captured (cleared by the destructor)
   int call_depth_ = 0;
 };
 

@@ -509,6 +509,7 @@ int run_server(const ServerConfig& in) {
       device_name(device), runtime::device_description(device), weight_gib,
       runtime::kv_cache_dtype_name(kv_dtype), cfg.engine.kv_pages, cfg.engine.page_size,
       double(cfg.engine.kv_pages) * page_bytes / kGiB);
+  if (device == Device::cuda) fmt::print("dsaserve serve: kernels {}\n", kernels::describe(cfg.kernels));
   std::fflush(stdout);
   if (int64_t(tok->vocab_size()) > model->config().vocab_size) {
     fmt::print(stderr, "dsaserve serve: warning: the tokenizer has {} ids, the model's vocabulary {}\n",

@@ -277,15 +277,7 @@ int64_t indexer_select_coop_grid(const IndexerTopkParams& p) {
   return virt < cap ? virt : cap;
 }
 
-const char* indexer_select_path_name(IndexerSelectPath path) {
-  switch (path) {
-    case IndexerSelectPath::row: return "row";
-    case IndexerSelectPath::row_fused: return "row_fused";
-    case IndexerSelectPath::passes: return "passes";
-    case IndexerSelectPath::cooperative: return "coop";
-    default: return "auto";
-  }
-}
+const char* indexer_select_path_name(IndexerSelectPath path) { return name(path).data(); }
 
 cudaError_t launch_indexer_select(const IndexerTopkParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
