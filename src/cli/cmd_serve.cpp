@@ -1,6 +1,7 @@
 // dsaserve serve: the OpenAI-compatible server (flags named like SGLang's where the concept is the same).
 #include <fmt/format.h>
 
+#include "cli/model_options.h"
 #include "command.h"
 #include "core/error.h"
 #ifdef DSASERVE_HAVE_SERVER
@@ -13,9 +14,10 @@ namespace {
 #ifdef DSASERVE_HAVE_SERVER
 CommandRun setup(CLI::App& sub) {
   auto cfg = std::make_shared<server::ServerConfig>();
-  cfg->engine.kv_pages = 512;
-  sub.add_option("--model-path,--model", cfg->model_path,
-                 "model folder (config.json + safetensors), or builtin:demo (alias builtin)")
+  cfg->engine.kv_pages = -1;  // auto: 512 pages on the CPU, from free memory on CUDA
+  add_model_options(sub, cfg->model, "--model-path,--model",
+                    "model folder (config.json + safetensors), builtin:demo (alias builtin), or with "
+                    "--load-format dummy a config file")
       ->required();
   sub.add_option("--tokenizer-path,--tokenizer", cfg->tokenizer_path,
                  "tokenizer folder or tokenizer.json, or builtin:bytes (default: the model folder's)");
@@ -43,8 +45,9 @@ CommandRun setup(CLI::App& sub) {
                  "most prefill tokens of one request per step (<= 0: no chunking)")
       ->capture_default_str();
   sub.add_option("--page-size", cfg->engine.page_size, "tokens per KV page")->capture_default_str();
-  sub.add_option("--kv-pages", cfg->engine.kv_pages, "KV pool pages (0: from --mem-fraction-static)")
-      ->capture_default_str();
+  sub.add_option("--kv-pages", cfg->engine.kv_pages,
+                 "KV pool pages (0: from --mem-fraction-static; default: 512 on the CPU, on CUDA the memory "
+                 "free after the weights less the activation workspace a step can hold and a 1% reserve)");
   sub.add_option("--mem-fraction-static", cfg->mem_fraction_static,
                  "with --kv-pages 0: fraction of RAM for weights + KV cache (cpu); fraction of the device "
                  "memory free after the weights, less an activation workspace estimate, for the KV cache "

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "plan/trace_summary.h"
 #include "runtime/engine/device.h"
+#include "runtime/engine/memory_plan.h"
 #include "server/builtin.h"
 #include "server/constrained.h"
 #include "server/session.h"
@@ -384,18 +385,23 @@ int run_server(const ServerConfig& in) {
   // Model.
   std::shared_ptr<model::Model> model;
   std::filesystem::path model_dir;
-  if (is_builtin_model(cfg.model_path)) {
+  const std::string& model_path = cfg.model.model;
+  if (is_builtin_model(model_path)) {
     const auto dir = std::filesystem::temp_directory_path() / fmt::format("dsaserve-builtin-{}", ::getpid());
     model = make_builtin_model(dir, cfg.builtin_seed);
     std::error_code ec;
-    std::filesystem::remove_all(dir, ec);                                       // the weights stay mapped
-    if (cfg.served_model_name.empty()) cfg.served_model_name = cfg.model_path;  // builtin:demo or builtin
+    std::filesystem::remove_all(dir, ec);                                  // the weights stay mapped
+    if (cfg.served_model_name.empty()) cfg.served_model_name = model_path;  // builtin:demo or builtin
   } else {
-    DSA_CHECK(!cfg.model_path.empty(), "--model is required (a model folder, or builtin:demo)");
-    model_dir = cfg.model_path;
-    model = model::Model::load(model_dir, false);
+    DSA_CHECK(!model_path.empty(), "--model is required (a model folder, or builtin:demo)");
+    // A folder, or a config file (dummy weights): its folder holds the tokenizer and generation config.
+    model_dir = std::filesystem::is_directory(model_path)
+                    ? std::filesystem::path(model_path)
+                    : std::filesystem::absolute(model_path).parent_path();
+    // Dummy weights are generated on the device directly; a checkpoint is bound on the host.
+    model = model::load_model(cfg.model, device, false);
     if (cfg.served_model_name.empty())
-      cfg.served_model_name = std::filesystem::absolute(model_dir).filename().string();
+      cfg.served_model_name = std::filesystem::absolute(model_path).filename().string();
   }
   // The weights on the device (dtypes kept); the engine's KV cache follows them.
   const model::KvCacheDtype kv_dtype =
@@ -404,10 +410,11 @@ int run_server(const ServerConfig& in) {
   const auto t_loaded = std::chrono::steady_clock::now();
   model = runtime::model_on_device(std::move(model), device);
   const auto t_uploaded = std::chrono::steady_clock::now();
+  const runtime::DeviceMemory after_weights = runtime::device_memory(device);
   // Tokenizer and chat template.
   std::string tok_path = cfg.tokenizer_path;
   if (tok_path.empty()) {
-    if (is_builtin_model(cfg.model_path)) {
+    if (is_builtin_model(model_path)) {
       tok_path = "builtin:bytes";
     } else {
       DSA_CHECK(std::filesystem::exists(model_dir / "tokenizer.json"),
@@ -462,10 +469,13 @@ int run_server(const ServerConfig& in) {
     }
   }
   cfg.engine.scheduler.eos_token_ids = eos;
-  // Warm-up (CUDA): kernel loading, cuBLASLt heuristics and allocator growth before the first request.
+  // Warm-up (CUDA): kernel loading, cuBLASLt heuristics and allocator growth before the first request;
+  // its cached blocks go back to the device, so the free memory measured next is what steps can use.
   const double warm_s = device == Device::cuda ? runtime::warm_up(*model, kv_dtype, 64) : 0.0;
+  runtime::release_cached_memory(device);
   constexpr double kGiB = 1024.0 * 1024 * 1024;
-  const double weight_gib = double(model->weights().bytes()) / kGiB;
+  const int64_t weight_bytes = model->weights().bytes();
+  const double weight_gib = double(weight_bytes) / kGiB;
   const double page_bytes =
       double(model::KvCache::bytes_per_token(model->config(), model->num_mtp_layers() > 0, kv_dtype) *
              cfg.engine.page_size);
@@ -473,42 +483,58 @@ int run_server(const ServerConfig& in) {
   cfg.engine.scheduler.max_context =
       cfg.context_length > 0 ? std::min(cfg.context_length, model_ctx > 0 ? model_ctx : cfg.context_length)
                              : model_ctx;
+  // --kv-pages: N; 0: from --mem-fraction-static; unset (-1): 512 pages on the CPU, on CUDA what the
+  // device has free after the weights, less the activation workspace a step can hold and a reserve.
+  if (cfg.engine.kv_pages < 0 && device == Device::cpu) cfg.engine.kv_pages = 512;
   if (cfg.engine.kv_pages <= 0) {
-    DSA_CHECK(cfg.mem_fraction_static > 0 && cfg.mem_fraction_static < 1,
-              "--mem-fraction-static must be in (0, 1) when --kv-pages is not given, got {}",
-              cfg.mem_fraction_static);
+    const bool fraction = cfg.engine.kv_pages == 0 || cfg.mem_fraction_static > 0;
+    if (fraction) {
+      DSA_CHECK(cfg.mem_fraction_static > 0 && cfg.mem_fraction_static < 1,
+                "--mem-fraction-static must be in (0, 1) with --kv-pages 0, got {}", cfg.mem_fraction_static);
+    }
     const runtime::DeviceMemory mem = runtime::device_memory(device);
     double kv_bytes = 0;
     if (device == Device::cpu) {
-      kv_bytes = cfg.mem_fraction_static * double(mem.total) - double(model->weights().bytes());
+      kv_bytes = cfg.mem_fraction_static * double(mem.total) - double(weight_bytes);
     } else {
       const auto& sc = cfg.engine.scheduler;
-      const int64_t step_tokens =
-          std::max<int64_t>(sc.max_prefill_tokens, sc.chunked_prefill_size) + sc.max_running_requests;
-      // CUDA graphs (when on) keep their own pool: one decode step of the largest batch bucket.
-      const int64_t graph_bs = cfg.engine.cuda_graph_max_bs > 0 && kv_dtype != model::KvCacheDtype::f32
-                                   ? std::min(cfg.engine.cuda_graph_max_bs, sc.max_running_requests)
-                                   : 0;
-      const int64_t workspace = runtime::activation_workspace_bytes(model->config(), step_tokens,
-                                                                    sc.max_running_requests, sc.max_context) +
-                                runtime::cuda_graph_pool_bytes(model->config(), graph_bs, sc.max_context);
-      kv_bytes = cfg.mem_fraction_static * double(mem.free) - double(workspace);
+      runtime::StepLimits lim;
+      lim.max_running_requests = sc.max_running_requests;
+      lim.max_prefill_tokens = sc.max_prefill_tokens;
+      lim.chunked_prefill_size = sc.chunked_prefill_size;
+      lim.max_context = sc.max_context;
+      lim.cuda_graph_max_bs = kv_dtype != model::KvCacheDtype::f32 ? cfg.engine.cuda_graph_max_bs : 0;
+      lim.forward = cfg.engine.forward;
+      const runtime::WorkspaceEstimate ws = runtime::estimate_workspace(model->config(), lim);
+      const runtime::MemorySplit split =
+          runtime::split_memory(weight_bytes, after_weights.free, mem.free, mem.total, ws.total(),
+                                fraction ? cfg.mem_fraction_static : 0.0);
+      kv_bytes = double(split.kv_bytes);
       fmt::print(
-          "dsaserve serve: device memory {:.2f} GiB free of {:.2f} GiB after the weights ({:.2f} GiB) and "
-          "warm-up; KV budget {:.2f} x free - {:.2f} GiB activation workspace ({} tokens/step) = {:.2f} "
-          "GiB\n",
-          double(mem.free) / kGiB, double(mem.total) / kGiB, weight_gib, cfg.mem_fraction_static,
-          double(workspace) / kGiB, step_tokens, kv_bytes / kGiB);
+          "dsaserve serve: device memory {:.2f} GiB; weights {:.2f} GiB; free after the weights {:.2f} GiB, "
+          "after warm-up {:.2f} GiB; activation workspace {}; {}KV pool {:.2f} GiB = {:.1f}% of the memory "
+          "free after the weights\n",
+          double(mem.total) / kGiB, weight_gib, double(split.free_after_weights) / kGiB,
+          double(split.free_now) / kGiB, ws.describe(),
+          fraction ? fmt::format("--mem-fraction-static {} x free - workspace: ", cfg.mem_fraction_static)
+                   : fmt::format("reserve {:.2f} GiB; ", double(split.reserve) / kGiB),
+          kv_bytes / kGiB, 100.0 * split.kv_share());
+      DSA_CHECK(split.kv_bytes > 0,
+                "the device has {:.2f} GiB free after the weights and warm-up, less than the {:.2f} GiB a "
+                "step can hold ({}); lower --max-prefill-tokens, --chunked-prefill-size or "
+                "--max-running-requests, or give --kv-pages",
+                double(mem.free) / kGiB, double(ws.total()) / kGiB, ws.describe());
     }
     cfg.engine.kv_pages = int64_t(kv_bytes / page_bytes);
     DSA_CHECK(cfg.engine.kv_pages > 0, "--mem-fraction-static {} leaves no memory for the KV cache",
               cfg.mem_fraction_static);
   }
   fmt::print(
-      "dsaserve serve: device {} ({}); weights {:.3f} GiB; KV cache {}: {} pages of {} tokens ({:.3f} GiB)\n",
+      "dsaserve serve: device {} ({}); weights {:.3f} GiB; KV cache {}: {} pages of {} tokens = {} tokens "
+      "({:.3f} GiB)\n",
       device_name(device), runtime::device_description(device), weight_gib,
       runtime::kv_cache_dtype_name(kv_dtype), cfg.engine.kv_pages, cfg.engine.page_size,
-      double(cfg.engine.kv_pages) * page_bytes / kGiB);
+      cfg.engine.kv_pages * cfg.engine.page_size, double(cfg.engine.kv_pages) * page_bytes / kGiB);
   std::fflush(stdout);
   if (int64_t(tok->vocab_size()) > model->config().vocab_size) {
     fmt::print(stderr, "dsaserve serve: warning: the tokenizer has {} ids, the model's vocabulary {}\n",
