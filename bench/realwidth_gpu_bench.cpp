@@ -9,7 +9,7 @@
 // and plan / measured (1.0 = at the roofline). Rows print as they finish (a timeout still shows them);
 // combinations whose KV does not fit the device are skipped with the reason.
 //
-//   realwidth_gpu_bench [--config ../shared/fixtures/configs/glm-5.3.json] [--layers 8]
+//   realwidth_gpu_bench [--config $DSASERVE_FIXTURES/configs/glm-5.3.json] [--layers 8]
 //                       [--batches 1,8,32,64,128] [--contexts 4096,32768,131072] [--kv bf16,fp8_e4m3]
 //                       [--prefill 4096,16384] [--trace-batch 32] [--trace-context 4096] [--steps 20]
 //                       [--warmup 3] [--no-graphs] [--max-seconds 420]
@@ -46,7 +46,9 @@ constexpr double kGiB = 1024.0 * 1024 * 1024;
 constexpr int64_t kPage = 64;
 
 struct Args {
-  std::string config = "../shared/fixtures/configs/glm-5.3.json";
+  std::string config = std::string(std::getenv("DSASERVE_FIXTURES") ? std::getenv("DSASERVE_FIXTURES")
+                                                                    : "../shared/fixtures") +
+                       "/configs/glm-5.3.json";
   int64_t layers = 8;
   std::vector<int64_t> batches{1, 8, 32, 64, 128}, contexts{4096, 32768, 131072}, prefill{4096, 16384};
   std::vector<std::string> kv{"bf16", "fp8_e4m3"};
@@ -78,11 +80,16 @@ Args parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (k == "--config") a.config = val();
-    else if (k == "--layers") a.layers = std::stoll(val());
-    else if (k == "--batches") a.batches = ints(val());
-    else if (k == "--contexts") a.contexts = ints(val());
-    else if (k == "--prefill") a.prefill = val() == "none" ? std::vector<int64_t>{} : ints(argv[i]);
+    if (k == "--config")
+      a.config = val();
+    else if (k == "--layers")
+      a.layers = std::stoll(val());
+    else if (k == "--batches")
+      a.batches = ints(val());
+    else if (k == "--contexts")
+      a.contexts = ints(val());
+    else if (k == "--prefill")
+      a.prefill = val() == "none" ? std::vector<int64_t>{} : ints(argv[i]);
     else if (k == "--kv") {
       a.kv.clear();
       const std::string s = val();
@@ -91,14 +98,21 @@ Args parse(int argc, char** argv) {
         a.kv.push_back(s.substr(p, q - p));
         p = q + 1;
       }
-    } else if (k == "--trace-batch") a.trace_batch = std::stoll(val());
-    else if (k == "--trace-context") a.trace_context = std::stoll(val());
-    else if (k == "--steps") a.steps = std::stoll(val());
-    else if (k == "--warmup") a.warmup = std::stoll(val());
-    else if (k == "--no-graphs") a.graphs = false;
-    else if (k == "--max-seconds") a.max_seconds = std::stod(val());
+    } else if (k == "--trace-batch")
+      a.trace_batch = std::stoll(val());
+    else if (k == "--trace-context")
+      a.trace_context = std::stoll(val());
+    else if (k == "--steps")
+      a.steps = std::stoll(val());
+    else if (k == "--warmup")
+      a.warmup = std::stoll(val());
+    else if (k == "--no-graphs")
+      a.graphs = false;
+    else if (k == "--max-seconds")
+      a.max_seconds = std::stod(val());
     else {
-      fmt::print(stderr, "unknown flag {} (see the comment at the top of bench/realwidth_gpu_bench.cpp)\n", k);
+      fmt::print(stderr, "unknown flag {} (see the comment at the top of bench/realwidth_gpu_bench.cpp)\n",
+                 k);
       std::exit(2);
     }
   }
@@ -110,11 +124,13 @@ void sync() {
   if (e != cudaSuccess) throw Error(fmt::format("CUDA: {}", cudaGetErrorString(e)));
 }
 
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+double since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
 
 // The plan's H200 roofline (ms) of one step of these requests.
-double roofline_ms(const model::ModelConfig& c, model::KvCacheDtype kv, const std::vector<plan::StepRequest>& reqs,
-                   bool decode) {
+double roofline_ms(const model::ModelConfig& c, model::KvCacheDtype kv,
+                   const std::vector<plan::StepRequest>& reqs, bool decode) {
   plan::Deployment d;
   d.kv_cache_dtype = kv == model::KvCacheDtype::fp8_e4m3 ? plan::KvDtype::fp8_e4m3 : plan::KvDtype::bf16;
   plan::StepShape s;
@@ -202,20 +218,21 @@ int run(const Args& a) {
   const auto t_start = clock_type::now();
   runtime::use_device(Device::cuda);
   fmt::print("realwidth_gpu_bench: {}\n", runtime::device_description(Device::cuda));
-  const model::ModelConfig c = model::ModelConfig::load(
-      a.config, fmt::format(R"({{"num_hidden_layers": {}}})", a.layers));
-  fmt::print("model: {} x {} layers ({} dense, {} full indexer), hidden {}, {} heads, {} experts top-{}, vocab {}, "
-             "FP8 weights: {}\n",
-             a.config, c.num_hidden_layers,
-             std::count(c.mlp_layer_types.begin(), c.mlp_layer_types.end(), model::MlpType::dense),
-             c.num_full_indexer_layers(), c.hidden_size, c.num_attention_heads, c.n_routed_experts,
-             c.num_experts_per_tok, c.vocab_size, c.fp8.enabled ? "yes (128x128 block scales)" : "no (bf16)");
+  const model::ModelConfig c =
+      model::ModelConfig::load(a.config, fmt::format(R"({{"num_hidden_layers": {}}})", a.layers));
+  fmt::print(
+      "model: {} x {} layers ({} dense, {} full indexer), hidden {}, {} heads, {} experts top-{}, vocab {}, "
+      "FP8 weights: {}\n",
+      a.config, c.num_hidden_layers,
+      std::count(c.mlp_layer_types.begin(), c.mlp_layer_types.end(), model::MlpType::dense),
+      c.num_full_indexer_layers(), c.hidden_size, c.num_attention_heads, c.n_routed_experts,
+      c.num_experts_per_tok, c.vocab_size, c.fp8.enabled ? "yes (128x128 block scales)" : "no (bf16)");
   std::fflush(stdout);
   auto t0 = clock_type::now();
   const auto model = model::make_dummy_model(c, Device::cuda, 0);
   sync();
-  fmt::print("dummy weights generated on the GPU: {:.2f} GiB in {:.1f} s\n", double(model->weights().bytes()) / kGiB,
-             since(t0));
+  fmt::print("dummy weights generated on the GPU: {:.2f} GiB in {:.1f} s\n",
+             double(model->weights().bytes()) / kGiB, since(t0));
   t0 = clock_type::now();
   const double warm = runtime::warm_up(*model, model::KvCacheDtype::bf16, 64);
   runtime::release_cached_memory(Device::cuda);
@@ -247,9 +264,10 @@ int run(const Args& a) {
         best = std::min(best, since(t) * 1e3);
       }
       const double plan = roofline_ms(c, kv, {{n, 0}}, false);
-      fmt::print("ROW prefill kv={} tokens={} cached=0 measured_ms={:.2f} plan_ms={:.3f} plan/measured={:.3f} "
-                 "tok/s={:.0f}\n",
-                 kvn, n, best, plan, plan / best, double(n) * 1e3 / best);
+      fmt::print(
+          "ROW prefill kv={} tokens={} cached=0 measured_ms={:.2f} plan_ms={:.3f} plan/measured={:.3f} "
+          "tok/s={:.0f}\n",
+          kvn, n, best, plan, plan / best, double(n) * 1e3 / best);
       std::fflush(stdout);
     }
   }
@@ -273,21 +291,23 @@ int run(const Args& a) {
     t0 = clock_type::now();
     model::KvCache cache = model::KvCache::create(c, pages, kPage, false, Device::cuda, kv);
     fill_kv(*model, cache);
-    fmt::print("KV pool kv={}: {} pages ({} tokens, {:.1f} GiB) written with dummy KV in {:.1f} s\n", kvn, pages,
-               pages * kPage, double(pages * page_bytes) / kGiB, since(t0));
+    fmt::print("KV pool kv={}: {} pages ({} tokens, {:.1f} GiB) written with dummy KV in {:.1f} s\n", kvn,
+               pages, pages * kPage, double(pages * page_bytes) / kGiB, since(t0));
     std::fflush(stdout);
     model::ForwardOptions fo;
     fo.all_logits = false;
     const int64_t max_bs = *std::max_element(a.batches.begin(), a.batches.end());
     std::unique_ptr<runtime::CudaGraphRunner> graphs;
     if (a.graphs)
-      graphs = std::make_unique<runtime::CudaGraphRunner>(*model, cache, int32_t(pages - 1), max_bs, fo, false);
+      graphs =
+          std::make_unique<runtime::CudaGraphRunner>(*model, cache, int32_t(pages - 1), max_bs, fo, false);
     for (int64_t ctx : a.contexts) {
       for (int64_t B : a.batches) {
         const int64_t per_req = (ctx + a.warmup + a.steps + kPage) / kPage;
         if (B * per_req > pages - 1) {
-          fmt::print("SKIP decode kv={} batch={} context={}: needs {:.1f} GiB of KV, the pool holds {:.1f} GiB\n",
-                     kvn, B, ctx, double(B * per_req * page_bytes) / kGiB, double((pages - 1) * page_bytes) / kGiB);
+          fmt::print(
+              "SKIP decode kv={} batch={} context={}: needs {:.1f} GiB of KV, the pool holds {:.1f} GiB\n",
+              kvn, B, ctx, double(B * per_req * page_bytes) / kGiB, double((pages - 1) * page_bytes) / kGiB);
           std::fflush(stdout);
           continue;
         }
@@ -297,11 +317,13 @@ int run(const Args& a) {
           continue;
         }
         const DecodeResult r = time_decode(*model, cache, graphs.get(), B, ctx, per_req, a);
-        const std::vector<plan::StepRequest> reqs(static_cast<size_t>(B), plan::StepRequest{1, ctx + a.warmup});
+        const std::vector<plan::StepRequest> reqs(static_cast<size_t>(B),
+                                                  plan::StepRequest{1, ctx + a.warmup});
         const double plan = roofline_ms(c, kv, reqs, true);
-        fmt::print("ROW decode kv={} batch={} context={} graphs={} measured_ms={:.3f} plan_ms={:.3f} "
-                   "plan/measured={:.3f} tok/s={:.0f}\n",
-                   kvn, B, ctx, r.replayed ? "yes" : "no", r.ms, plan, plan / r.ms, double(B) * 1e3 / r.ms);
+        fmt::print(
+            "ROW decode kv={} batch={} context={} graphs={} measured_ms={:.3f} plan_ms={:.3f} "
+            "plan/measured={:.3f} tok/s={:.0f}\n",
+            kvn, B, ctx, r.replayed ? "yes" : "no", r.ms, plan, plan / r.ms, double(B) * 1e3 / r.ms);
         std::fflush(stdout);
       }
     }
@@ -320,11 +342,13 @@ int run(const Args& a) {
       trace::set_active(nullptr);
       rec.resolve_device(true);
       plan::TraceSummaryOptions po;
-      po.deployment.kv_cache_dtype = kv == model::KvCacheDtype::fp8_e4m3 ? plan::KvDtype::fp8_e4m3 : plan::KvDtype::bf16;
+      po.deployment.kv_cache_dtype =
+          kv == model::KvCacheDtype::fp8_e4m3 ? plan::KvDtype::fp8_e4m3 : plan::KvDtype::bf16;
       const nlohmann::json s = plan::measured_vs_planned(rec.events(), c, po);
-      fmt::print("OPS kv={} batch={} context={} (one eager traced decode step, {:.3f} ms wall; op spans timed "
-                 "with CUDA events):\n{}",
-                 kvn, tb, tctx, r.ms, plan::format_summary(s));
+      fmt::print(
+          "OPS kv={} batch={} context={} (one eager traced decode step, {:.3f} ms wall; op spans timed "
+          "with CUDA events):\n{}",
+          kvn, tb, tctx, r.ms, plan::format_summary(s));
       std::fflush(stdout);
     }
   }

@@ -1,4 +1,5 @@
-// dsaserve generate --model DIR [--load-format dummy] [--json-model-override-args JSON] (--prompt-ids 1,2,3 | --prompt-ids-file F) --max-new-tokens N
+// dsaserve generate --model DIR [--load-format dummy] [--json-model-override-args JSON] (--prompt-ids 1,2,3 |
+// --prompt-ids-file F) --max-new-tokens N
 //                   [--temperature T --top-k K --top-p P --min-p M --seed S] [--page-size P] [--threads N]
 //                   [--device cpu|cuda] [--kv-cache-dtype auto|bf16|fp8_e4m3|f32]
 //                   [--cuda-graph-max-bs N | --disable-cuda-graph]

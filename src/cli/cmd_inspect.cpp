@@ -196,41 +196,43 @@ json dummy_report(const ModelConfig& c) {
   return {{"tensors", n}, {"bytes", total}, {"bytes_by_dtype", bytes_by_dtype}};
 }
 
-const CommandRegistration reg(
-    "inspect", "Summarise a model config and checkpoint (architecture, layers, parameters)",
-    [](CLI::App& sub) -> CommandRun {
-      auto spec = std::make_shared<model::LoadSpec>();
-      auto config_file = std::make_shared<std::string>();
-      auto as_json = std::make_shared<bool>(false);
-      auto* mo = add_model_options(sub, *spec, "--model",
-                                   "checkpoint directory, or a config file (with --load-format dummy: the "
-                                   "dummy weights' tensors are reported)");
-      auto* co = sub.add_option("--config", *config_file, "a config.json alone");
-      mo->excludes(co);
-      sub.add_flag("--json", *as_json, "print JSON");
-      return [=]() -> int {
-        if (spec->model.empty() && config_file->empty()) {
-          throw Error("inspect: give --model DIR or --config FILE");
-        }
-        const fs::path path = config_file->empty() ? fs::path(spec->model) : fs::path(*config_file);
-        const ModelConfig cfg = ModelConfig::load(path, spec->override_args);
-        json r = config_report(cfg);
-        if (spec->dummy()) {
-          r["dummy_weights"] = dummy_report(cfg);
-        } else if (!spec->model.empty() && fs::is_directory(spec->model)) {
-          const io::Checkpoint ckpt = io::Checkpoint::open(spec->model);
-          r["checkpoint"] = checkpoint_report(cfg, ckpt);
-          model::ModelWeights::bind(cfg, ckpt);  // throws listing mismatches
-          r["binding"] = "ok (no missing or unexpected tensors)";
-        }
-        if (*as_json) {
-          std::cout << r.dump(2) << "\n";
-        } else {
-          print_text(r);
-        }
-        return 0;
-      };
-    });
+const CommandRegistration reg("inspect",
+                              "Summarise a model config and checkpoint (architecture, layers, parameters)",
+                              [](CLI::App& sub) -> CommandRun {
+                                auto spec = std::make_shared<model::LoadSpec>();
+                                auto config_file = std::make_shared<std::string>();
+                                auto as_json = std::make_shared<bool>(false);
+                                auto* mo = add_model_options(
+                                    sub, *spec, "--model",
+                                    "checkpoint directory, or a config file (with --load-format dummy: the "
+                                    "dummy weights' tensors are reported)");
+                                auto* co = sub.add_option("--config", *config_file, "a config.json alone");
+                                mo->excludes(co);
+                                sub.add_flag("--json", *as_json, "print JSON");
+                                return [=]() -> int {
+                                  if (spec->model.empty() && config_file->empty()) {
+                                    throw Error("inspect: give --model DIR or --config FILE");
+                                  }
+                                  const fs::path path =
+                                      config_file->empty() ? fs::path(spec->model) : fs::path(*config_file);
+                                  const ModelConfig cfg = ModelConfig::load(path, spec->override_args);
+                                  json r = config_report(cfg);
+                                  if (spec->dummy()) {
+                                    r["dummy_weights"] = dummy_report(cfg);
+                                  } else if (!spec->model.empty() && fs::is_directory(spec->model)) {
+                                    const io::Checkpoint ckpt = io::Checkpoint::open(spec->model);
+                                    r["checkpoint"] = checkpoint_report(cfg, ckpt);
+                                    model::ModelWeights::bind(cfg, ckpt);  // throws listing mismatches
+                                    r["binding"] = "ok (no missing or unexpected tensors)";
+                                  }
+                                  if (*as_json) {
+                                    std::cout << r.dump(2) << "\n";
+                                  } else {
+                                    print_text(r);
+                                  }
+                                  return 0;
+                                };
+                              });
 
 }  // namespace
 }  // namespace dsaserve::cli

@@ -1,4 +1,5 @@
-// dsaserve score --model DIR [--load-format dummy] [--json-model-override-args JSON] (--ids 1,2,3 | --ids-file F) --out logits.safetensors [--chunk N]
+// dsaserve score --model DIR [--load-format dummy] [--json-model-override-args JSON] (--ids 1,2,3 |
+// --ids-file F) --out logits.safetensors [--chunk N]
 //                [--decode-from K] [--mtp] [--page-size P] [--attention auto|mha|absorbed] [--trace-dir D]
 //                [--device cpu|cuda] [--kv-cache-dtype auto|bf16|fp8_e4m3|f32]
 // Runs a token sequence through the model the way the engine serves it (a prefill in chunks of N, then
@@ -35,8 +36,8 @@ namespace {
 CommandRun setup(CLI::App& sub) {
   struct Opts {
     model::LoadSpec model;
-    std::string ids, ids_file, out, attention = "auto", trace_dir, trace_plan_deployment,
-                                           device = "cpu", kv_cache_dtype = "auto";
+    std::string ids, ids_file, out, attention = "auto", trace_dir, trace_plan_deployment, device = "cpu",
+                                    kv_cache_dtype = "auto";
     int64_t chunk = 0, decode_from = -1, page_size = 64;
     int threads = 0;
     bool mtp = false;

@@ -10,9 +10,10 @@ CLI::Option* add_model_options(CLI::App& sub, model::LoadSpec& spec, const std::
                  "(FP8 where its quantization_config says so), generated on the device, no checkpoint")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
-  sub.add_option("--json-model-override-args", spec.override_args,
-                 "JSON object overriding config keys, e.g. '{\"num_hidden_layers\": 8}' (per-layer lists keep "
-                 "their first entries)");
+  sub.add_option(
+      "--json-model-override-args", spec.override_args,
+      "JSON object overriding config keys, e.g. '{\"num_hidden_layers\": 8}' (per-layer lists keep "
+      "their first entries)");
   return m;
 }
 

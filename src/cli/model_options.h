@@ -12,7 +12,8 @@ namespace dsaserve::cli {
 // Adds the three flags, writing into `spec`. `names`: the model flag's names ("--model" or
 // "--model-path,--model").
 CLI::Option* add_model_options(CLI::App& sub, model::LoadSpec& spec, const std::string& names = "--model",
-                               const std::string& help = "model folder (config.json + safetensors), or with "
-                                                         "--load-format dummy a config file");
+                               const std::string& help =
+                                   "model folder (config.json + safetensors), or with "
+                                   "--load-format dummy a config file");
 
 }  // namespace dsaserve::cli

@@ -3,6 +3,7 @@
 // is a pure function of (seed, key, i), a counter-based hash (splitmix64), so the CPU (parallel_for)
 // and the CUDA kernel write the same bytes for the same seed and any split of the work.
 //
+// One 64-bit hash serves 2 bf16 / f32 elements or 4 FP8 codes (see element_bits).
 // Bit-exact on both sides by construction: the uniform draw v in [-1, 1) has 24 bits (exact in f32);
 // a value is `offset + scale * v` with offset 0 (one rounding of the product, whether or not a compiler
 // fuses it into an FMA) or scale a power of two (the product is exact, one rounding of the sum); bf16
@@ -45,23 +46,28 @@ DSA_DUMMY_HD uint64_t splitmix64(uint64_t x) {
 // The per-tensor stream base: computed once per tensor.
 DSA_DUMMY_HD uint64_t stream_base(uint64_t seed, uint64_t key) { return splitmix64(seed ^ splitmix64(key)); }
 
-// The 64 random bits of element i.
-DSA_DUMMY_HD uint64_t element_bits(uint64_t base, uint64_t i) {
-  return splitmix64(base + i * 0xd1b54a32d192ed03ull);
+// The 64 random bits of hash group g. bf16 / f32 element i takes the 32-bit half (i & 1) of group i / 2,
+// an FP8 code the 16-bit quarter (i & 3) of group i / 4 (kGroupBf16 / kGroupFp8 elements per group).
+DSA_DUMMY_HD uint64_t element_bits(uint64_t base, uint64_t g) {
+  return splitmix64(base + g * 0xd1b54a32d192ed03ull);
 }
+inline constexpr int kGroupValues = 2;  // bf16 / f32 elements per hash
+inline constexpr int kGroupFp8 = 4;     // FP8 codes per hash
+DSA_DUMMY_HD uint32_t value_bits(uint64_t h, uint64_t i) { return uint32_t(h >> (32 * (i & 1))); }
+DSA_DUMMY_HD uint32_t code_bits(uint64_t h, uint64_t i) { return uint32_t(h >> (16 * (i & 3))) & 0xffffu; }
 
-// v in [-1, 1) with 24 random bits (exact in f32).
-DSA_DUMMY_HD float uniform_pm1(uint64_t h) {
-  const int32_t m = int32_t(h >> 40);                 // [0, 2^24)
+// v in [-1, 1) from 24 random bits (exact in f32).
+DSA_DUMMY_HD float uniform_pm1(uint32_t b) {
+  const int32_t m = int32_t(b >> 8);                    // [0, 2^24)
   return float(2 * m - (int32_t(1) << 24)) * 0x1p-24f;  // exact: |2m - 2^24| <= 2^24
 }
-// w in [0.5, 1) with 24 random bits (exact in f32).
-DSA_DUMMY_HD float uniform_half1(uint64_t h) {
-  const int32_t m = int32_t(h >> 40);
+// w in [0.5, 1) from 24 random bits (exact in f32).
+DSA_DUMMY_HD float uniform_half1(uint32_t b) {
+  const int32_t m = int32_t(b >> 8);
   return float(m + (int32_t(1) << 24)) * 0x1p-25f;
 }
 
-DSA_DUMMY_HD float value_f32(const FillSpec& f, uint64_t h) {
+DSA_DUMMY_HD float value_f32(const FillSpec& f, uint32_t h) {
   if (f.positive) return f.scale * uniform_half1(h);
   return f.offset + f.scale * uniform_pm1(h);
 }
@@ -77,12 +83,23 @@ DSA_DUMMY_HD uint16_t bf16_rne(float x) {
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// An e4m3fn code: sign, exponent field 5..8, mantissa 0..7.
-DSA_DUMMY_HD uint8_t fp8_code(uint64_t h) {
-  const uint32_t sign = uint32_t(h >> 63) << 7;
-  const uint32_t exp = 5u + uint32_t((h >> 40) & 3u);
-  const uint32_t man = uint32_t((h >> 48) & 7u);
+// An e4m3fn code from 16 random bits: sign, exponent field 5..8, mantissa 0..7.
+DSA_DUMMY_HD uint8_t fp8_code(uint32_t c) {
+  const uint32_t sign = ((c >> 15) & 1u) << 7;
+  const uint32_t exp = 5u + (c & 3u);
+  const uint32_t man = (c >> 2) & 7u;
   return uint8_t(sign | (exp << 3) | man);
+}
+
+// Element i of a tensor (the reference both fills follow).
+DSA_DUMMY_HD uint16_t bf16_element(const FillSpec& f, uint64_t base, uint64_t i) {
+  return bf16_rne(value_f32(f, value_bits(element_bits(base, i / kGroupValues), i)));
+}
+DSA_DUMMY_HD float f32_element(const FillSpec& f, uint64_t base, uint64_t i) {
+  return value_f32(f, value_bits(element_bits(base, i / kGroupValues), i));
+}
+DSA_DUMMY_HD uint8_t fp8_element(uint64_t base, uint64_t i) {
+  return fp8_code(code_bits(element_bits(base, i / kGroupFp8), i));
 }
 
 }  // namespace dsaserve::dummy

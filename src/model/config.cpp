@@ -392,7 +392,8 @@ json ModelConfig::apply_overrides(json config, const std::string& overrides_json
       if (o.contains(key) || !config.contains(key) || L < 0) continue;
       json& v = config[key];
       if (v.is_array() && int64_t(v.size()) > L) v.erase(v.begin() + L, v.end());
-      if (v.is_string() && int64_t(v.get<std::string>().size()) > L) v = v.get<std::string>().substr(0, size_t(L));
+      if (v.is_string() && int64_t(v.get<std::string>().size()) > L)
+        v = v.get<std::string>().substr(0, size_t(L));
     }
   }
   return config;

@@ -33,7 +33,8 @@ class DummySource final : public WeightSource {
     int64_t idx = -1;
     const bool layer = std::sscanf(name.c_str(), "model.layers.%ld.", &idx) == 1;
     if (layer && idx >= cfg_.num_hidden_layers) {  // MTP: a MoE layer, the target's embeddings and head
-      if (ends_with(name, ".embed_tokens.weight") || ends_with(name, ".shared_head.head.weight")) return false;
+      if (ends_with(name, ".embed_tokens.weight") || ends_with(name, ".shared_head.head.weight"))
+        return false;
       if (ends_with(name, ".mlp.gate.weight")) return true;
     }
     return true;
@@ -47,7 +48,8 @@ class DummySource final : public WeightSource {
       // RMS sqrt(7/12)).
       d.dtype = DType::f32;
       d.fill.positive = true;
-      d.fill.scale = float(1.0 / std::sqrt(double(last_in_)) / (dummy::kDummyFp8CodeRms * std::sqrt(7.0 / 12.0)));
+      d.fill.scale =
+          float(1.0 / std::sqrt(double(last_in_)) / (dummy::kDummyFp8CodeRms * std::sqrt(7.0 / 12.0)));
     } else if (ends_with(name, "norm.weight")) {
       d.fill.offset = 1.0f;
       d.fill.scale = 0x1p-4f;

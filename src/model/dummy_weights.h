@@ -48,7 +48,8 @@ std::vector<DummyTensor> dummy_tensors(const ModelConfig& cfg, uint64_t seed = 0
 int64_t dummy_weight_bytes(const ModelConfig& cfg, bool with_mtp = false);
 
 // The dummy weights, made and filled on `device` (its backend must be installed).
-ModelWeights make_dummy_weights(const ModelConfig& cfg, Device device, uint64_t seed = 0, bool with_mtp = false);
+ModelWeights make_dummy_weights(const ModelConfig& cfg, Device device, uint64_t seed = 0,
+                                bool with_mtp = false);
 // A model over them (no checkpoint).
 std::shared_ptr<Model> make_dummy_model(const ModelConfig& cfg, Device device, uint64_t seed = 0,
                                         bool with_mtp = false);

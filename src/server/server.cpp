@@ -390,7 +390,7 @@ int run_server(const ServerConfig& in) {
     const auto dir = std::filesystem::temp_directory_path() / fmt::format("dsaserve-builtin-{}", ::getpid());
     model = make_builtin_model(dir, cfg.builtin_seed);
     std::error_code ec;
-    std::filesystem::remove_all(dir, ec);                                  // the weights stay mapped
+    std::filesystem::remove_all(dir, ec);                                   // the weights stay mapped
     if (cfg.served_model_name.empty()) cfg.served_model_name = model_path;  // builtin:demo or builtin
   } else {
     DSA_CHECK(!model_path.empty(), "--model is required (a model folder, or builtin:demo)");
@@ -416,6 +416,12 @@ int run_server(const ServerConfig& in) {
   if (tok_path.empty()) {
     if (is_builtin_model(model_path)) {
       tok_path = "builtin:bytes";
+    } else if (cfg.model.dummy() && !std::filesystem::exists(model_dir / "tokenizer.json")) {
+      // Random weights and no tokenizer beside the config: the byte-level one (any text is a few ids).
+      tok_path = "builtin:bytes";
+      fmt::print(
+          "dsaserve serve: {} has no tokenizer.json: dummy weights served with --tokenizer builtin:bytes\n",
+          model_dir.string());
     } else {
       DSA_CHECK(std::filesystem::exists(model_dir / "tokenizer.json"),
                 "{} has no tokenizer.json: pass --tokenizer DIR or --tokenizer builtin:bytes",

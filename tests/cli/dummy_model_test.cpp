@@ -72,8 +72,8 @@ TEST(DummyModelCli, InspectReportsTheFullWidths) {
 TEST(DummyModelCli, FullWidthModelGeneratesAndScoresFiniteLogits) {
   DSA_FIXTURE_PATH(glm, "configs/glm-5.3.json");
   const fs::path dir = config_dir(glm);
-  const std::string base = fmt::format("--model {} --load-format dummy --json-model-override-args {}",
-                                       dir.string(), kTwoLayers);
+  const std::string base =
+      fmt::format("--model {} --load-format dummy --json-model-override-args {}", dir.string(), kTwoLayers);
   std::string out;
   ASSERT_EQ(run_command(fmt::format("{} generate {} --prompt-ids 1,2,3 --max-new-tokens 3",
                                     dsaserve_binary().string(), base),
@@ -88,8 +88,8 @@ TEST(DummyModelCli, FullWidthModelGeneratesAndScoresFiniteLogits) {
     EXPECT_LT(id, 154880);
   }
   std::printf("RESULT full-width dummy generate: %s (load %.1f s, generate %.1f s, %d threads)\n",
-              g["output_ids"].dump().c_str(), g["load_seconds"].get<double>(), g["generate_seconds"].get<double>(),
-              g["threads"].get<int>());
+              g["output_ids"].dump().c_str(), g["load_seconds"].get<double>(),
+              g["generate_seconds"].get<double>(), g["threads"].get<int>());
   // score: every logit finite and of a sane size.
   const fs::path logits = dir / "logits.safetensors";
   ASSERT_EQ(run_command(fmt::format("{} score {} --ids 1,2,3,4 --out {}", dsaserve_binary().string(), base,

@@ -3,14 +3,13 @@
 // and activations that stay finite and bounded through many layers.
 #include "model/dummy_weights.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
 #include <nlohmann/json.hpp>
 
 #include "common/fixtures.h"
@@ -214,8 +213,8 @@ TEST(DummyWeights, ActivationsStayBoundedThroughManyLayers) {
     EXPECT_LT(hrms, 2.0);
     EXPECT_GT(lmax, 0.1);
     EXPECT_LT(lmax, 50.0);
-    std::printf("RESULT dummy 24 layers%s: final hidden RMS %.3f, max |logit| %.2f\n", q[0] ? " bf16" : " fp8",
-                hrms, lmax);
+    std::printf("RESULT dummy 24 layers%s: final hidden RMS %.3f, max |logit| %.2f\n",
+                q[0] ? " bf16" : " fp8", hrms, lmax);
   }
 }
 

@@ -44,12 +44,15 @@ TEST(MemoryPlan, Glm53EightLayersOnAnH200GivesTheKvPoolMostOfTheMemory) {
   // warm-up's lasting data (RoPE tables, dequantised kv_b, expert tables) 0.5 GiB.
   const int64_t total = 150'109'880'320;
   const int64_t free_after_weights = total - weights - kGiB;
-  const MemorySplit s = split_memory(weights, free_after_weights, free_after_weights - kGiB / 2, total, e.total());
-  std::printf("RESULT glm-5.3 x8 on an H200: weights %.2f GiB, free after them %.2f GiB, workspace %s, reserve "
-              "%.2f GiB, KV %.2f GiB (%.1f%%)\n",
-              double(weights) / kGiB, double(free_after_weights) / kGiB, e.describe().c_str(),
-              double(s.reserve) / kGiB, double(s.kv_bytes) / kGiB, 100 * s.kv_share());
-  for (const WorkspaceTerm& t : e.step) std::printf("  %-70s %8.3f GiB\n", t.name.c_str(), double(t.bytes) / kGiB);
+  const MemorySplit s =
+      split_memory(weights, free_after_weights, free_after_weights - kGiB / 2, total, e.total());
+  std::printf(
+      "RESULT glm-5.3 x8 on an H200: weights %.2f GiB, free after them %.2f GiB, workspace %s, reserve "
+      "%.2f GiB, KV %.2f GiB (%.1f%%)\n",
+      double(weights) / kGiB, double(free_after_weights) / kGiB, e.describe().c_str(),
+      double(s.reserve) / kGiB, double(s.kv_bytes) / kGiB, 100 * s.kv_share());
+  for (const WorkspaceTerm& t : e.step)
+    std::printf("  %-70s %8.3f GiB\n", t.name.c_str(), double(t.bytes) / kGiB);
   EXPECT_GE(s.kv_share(), 0.80);
   EXPECT_LT(e.total(), 24 * kGiB);
   EXPECT_GT(e.total(), 8 * kGiB);  // 16K tokens through 64 heads and 256 experts hold real memory

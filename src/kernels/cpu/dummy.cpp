@@ -1,6 +1,7 @@
 // fill_dummy on the CPU: core/dummy_fill.h's values, in parallel (each element depends only on its index).
-#include "core/dummy_fill.h"
+#include <algorithm>
 
+#include "core/dummy_fill.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -16,16 +17,29 @@ void fill_dummy(Tensor& t, const dummy::FillSpec& f) {
   const int64_t n = t.numel();
   const uint64_t base = dummy::stream_base(f.seed, f.key);
   void* out = t.raw_data();
-  parallel_for(n, int64_t(1) << 16, [&](int64_t b, int64_t e) {
-    if (dt == DType::bf16) {
-      uint16_t* o = static_cast<uint16_t*>(out);
-      for (int64_t i = b; i < e; ++i) o[i] = dummy::bf16_rne(dummy::value_f32(f, dummy::element_bits(base, uint64_t(i))));
-    } else if (dt == DType::f32) {
-      float* o = static_cast<float*>(out);
-      for (int64_t i = b; i < e; ++i) o[i] = dummy::value_f32(f, dummy::element_bits(base, uint64_t(i)));
-    } else {
+  // Ranges of whole hash groups (4 elements: a multiple of both group sizes), each group hashed once.
+  const int64_t groups = (n + 3) / 4;
+  parallel_for(groups, int64_t(1) << 14, [&](int64_t g0, int64_t g1) {
+    const int64_t e = std::min(n, g1 * 4);
+    if (dt == DType::f8e4m3fn) {
       uint8_t* o = static_cast<uint8_t*>(out);
-      for (int64_t i = b; i < e; ++i) o[i] = dummy::fp8_code(dummy::element_bits(base, uint64_t(i)));
+      for (int64_t i = g0 * 4; i < e; i += dummy::kGroupFp8) {
+        const uint64_t h = dummy::element_bits(base, uint64_t(i / dummy::kGroupFp8));
+        for (int64_t k = i; k < std::min(e, i + dummy::kGroupFp8); ++k)
+          o[k] = dummy::fp8_code(dummy::code_bits(h, uint64_t(k)));
+      }
+      return;
+    }
+    for (int64_t i = g0 * 4; i < e; i += dummy::kGroupValues) {
+      const uint64_t h = dummy::element_bits(base, uint64_t(i / dummy::kGroupValues));
+      for (int64_t k = i; k < std::min(e, i + dummy::kGroupValues); ++k) {
+        const float v = dummy::value_f32(f, dummy::value_bits(h, uint64_t(k)));
+        if (dt == DType::bf16) {
+          static_cast<uint16_t*>(out)[k] = dummy::bf16_rne(v);
+        } else {
+          static_cast<float*>(out)[k] = v;
+        }
+      }
     }
   });
 }

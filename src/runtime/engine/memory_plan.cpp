@@ -38,7 +38,8 @@ struct Phase {
 // The longest context (cached + new positions) a request of up to `chunk` new tokens can expand in the
 // MHA form: AttentionForm::mha any; automatic where its rule picks MHA for some chunk size and cached
 // length (powers of two, and the ends); 0 when never (today's H200 rates: the absorbed form always).
-int64_t mha_context(const model::ModelConfig& c, const model::ForwardOptions& fo, int64_t chunk, int64_t max_ctx) {
+int64_t mha_context(const model::ModelConfig& c, const model::ForwardOptions& fo, int64_t chunk,
+                    int64_t max_ctx) {
   if (fo.attention == model::AttentionForm::absorbed) return 0;
   if (fo.attention == model::AttentionForm::mha) return max_ctx;
   std::vector<int64_t> toks;
@@ -122,17 +123,18 @@ std::vector<Phase> step_phases(const model::ModelConfig& c, const StepLimits& li
   if (any_moe) {
     Phase m{"moe", {}};
     mlp_common(m);
-    const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, I = c.moe_intermediate_size,
-                  M = T * k;
+    const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, I = c.moe_intermediate_size, M = T * k;
     m.add("router logits [T, E] + routing + bf16 input copy", T * E * f + 2 * T * k * 4 + T * H * 2, 3);
     m.add("expert plan (i32)", (E * 3 + 2 * M + 8) * 4);
     // The host path (many rows): rows packed by expert, gate, up, act, their FP8 copies, outputs.
     m.add("experts: inputs packed by expert [T x top-k, H]", M * H * f);
-    m.add("experts: gate, up, act [T x top-k, I] x3 + FP8 copies", 3 * M * I * f + M * (H + I) + M * ((H + I) / 128) * f, 5);
+    m.add("experts: gate, up, act [T x top-k, I] x3 + FP8 copies",
+          3 * M * I * f + M * (H + I) + M * ((H + I) / 128) * f, 5);
     m.add("experts: outputs [T x top-k, H] + combined [T, H]", M * H * f + T * H * f, 2);
     if (c.n_shared_experts > 0) {
       const int64_t Is = I * c.n_shared_experts;
-      m.add("shared expert gate, up, act [T, I_s] x3 + FP8 copy + output", 3 * T * Is * f + T * Is + T * H * f, 5);
+      m.add("shared expert gate, up, act [T, I_s] x3 + FP8 copy + output",
+            3 * T * Is * f + T * Is + T * H * f, 5);
     }
     out.push_back(m);
   }
@@ -144,7 +146,8 @@ std::vector<Phase> step_phases(const model::ModelConfig& c, const StepLimits& li
 }
 
 // The largest phase on top of the step's base.
-void peak(const std::vector<Phase>& phases, std::vector<WorkspaceTerm>& terms, std::string& name, int64_t& bytes) {
+void peak(const std::vector<Phase>& phases, std::vector<WorkspaceTerm>& terms, std::string& name,
+          int64_t& bytes) {
   const Phase* best = nullptr;
   for (size_t i = 1; i < phases.size(); ++i)
     if (best == nullptr || phases[i].bytes() > best->bytes()) best = &phases[i];

@@ -23,8 +23,8 @@
 namespace dsaserve::runtime {
 
 struct StepLimits {
-  int64_t max_running_requests = 64;   // requests in a step (decode tokens, logits rows)
-  int64_t max_prefill_tokens = 16384;  // new prefill tokens a step
+  int64_t max_running_requests = 64;    // requests in a step (decode tokens, logits rows)
+  int64_t max_prefill_tokens = 16384;   // new prefill tokens a step
   int64_t chunked_prefill_size = 4096;  // new tokens of one request a step; <= 0: max_prefill_tokens
   int64_t max_context = 0;              // positions of a request (0: the model's max_position_embeddings)
   int64_t cuda_graph_max_bs = 0;        // decode graphs up to this batch (0: none)
@@ -37,13 +37,13 @@ struct WorkspaceTerm {
 };
 
 struct WorkspaceEstimate {
-  int64_t step_tokens = 0;  // tokens of the largest step
-  int64_t chunk_tokens = 0;  // new tokens of one request in it
-  std::vector<WorkspaceTerm> step;        // alive at the step's peak (the larger phase's terms)
-  std::string peak_phase;                 // "attention", "moe", "dense mlp" or "lm_head"
-  int64_t step_bytes = 0;                 // sum of `step`
-  int64_t graph_pool_bytes = 0;           // CUDA graphs' pool (0 without graphs)
-  int64_t fixed_bytes = 0;                // kernel scratch (split-K partials, plans, page tables, rows)
+  int64_t step_tokens = 0;          // tokens of the largest step
+  int64_t chunk_tokens = 0;         // new tokens of one request in it
+  std::vector<WorkspaceTerm> step;  // alive at the step's peak (the larger phase's terms)
+  std::string peak_phase;           // "attention", "moe", "dense mlp" or "lm_head"
+  int64_t step_bytes = 0;           // sum of `step`
+  int64_t graph_pool_bytes = 0;     // CUDA graphs' pool (0 without graphs)
+  int64_t fixed_bytes = 0;          // kernel scratch (split-K partials, plans, page tables, rows)
   int64_t total() const { return step_bytes + graph_pool_bytes + fixed_bytes; }
   // One line: total and its parts (GiB).
   std::string describe() const;
@@ -59,7 +59,9 @@ struct MemorySplit {
   int64_t workspace = 0;           // WorkspaceEstimate::total()
   int64_t reserve = 0;             // headroom kept free (fragmentation, the driver, other libraries)
   int64_t kv_bytes = 0;            // the KV pool
-  double kv_share() const { return free_after_weights > 0 ? double(kv_bytes) / double(free_after_weights) : 0; }
+  double kv_share() const {
+    return free_after_weights > 0 ? double(kv_bytes) / double(free_after_weights) : 0;
+  }
 };
 
 // The KV pool without --mem-fraction-static: free_now - workspace - reserve, with reserve = 1 GiB or

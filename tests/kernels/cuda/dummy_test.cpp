@@ -41,11 +41,12 @@ TEST_F(CudaDummy, FillGivesTheCpuBytesAtGlm53Widths) {
   const model::ModelConfig c = model::ModelConfig::load(path, R"({"num_hidden_layers": 4})");
   std::map<std::string, model::DummyTensor> by;
   for (const model::DummyTensor& t : model::dummy_tensors(c, 1234)) by[t.name] = t;
-  for (const char* name : {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
-                           "model.layers.0.self_attn.q_b_proj.weight", "model.layers.0.self_attn.q_b_proj.weight_scale_inv",
-                           "model.layers.0.self_attn.indexer.wk.weight", "model.layers.0.self_attn.indexer.k_norm.bias",
-                           "model.layers.0.mlp.down_proj.weight", "model.layers.3.mlp.experts.200.gate_proj.weight",
-                           "model.layers.3.mlp.gate.weight", "model.layers.3.mlp.gate.e_score_correction_bias"}) {
+  for (const char* name :
+       {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
+        "model.layers.0.self_attn.q_b_proj.weight", "model.layers.0.self_attn.q_b_proj.weight_scale_inv",
+        "model.layers.0.self_attn.indexer.wk.weight", "model.layers.0.self_attn.indexer.k_norm.bias",
+        "model.layers.0.mlp.down_proj.weight", "model.layers.3.mlp.experts.200.gate_proj.weight",
+        "model.layers.3.mlp.gate.weight", "model.layers.3.mlp.gate.e_score_correction_bias"}) {
     ASSERT_TRUE(by.count(name)) << name;
     const model::DummyTensor& d = by[name];
     Tensor cpu = Tensor::empty(d.shape, d.dtype), gpu = Tensor::empty(d.shape, d.dtype, Device::cuda);
@@ -89,8 +90,9 @@ TEST_F(CudaDummy, WholeModelOnTheGpuEqualsTheCpu) {
     }
   }
   cmp(a.mtp[0].eh_proj.weight, b.mtp[0].eh_proj.weight);
-  std::printf("RESULT dummy realdims_fp8 on the GPU vs the CPU: %lld tensors compared, %lld differ (%zu in all)\n",
-              (long long)checked, (long long)bad, names.size());
+  std::printf(
+      "RESULT dummy realdims_fp8 on the GPU vs the CPU: %lld tensors compared, %lld differ (%zu in all)\n",
+      (long long)checked, (long long)bad, names.size());
   EXPECT_EQ(bad, 0);
   EXPECT_GT(checked, 50);
 }
@@ -106,16 +108,18 @@ TEST_F(CudaDummy, IndexerRowSplitSelectsTheSame) {
   const Tensor q = rand_bf16_values({B, ih, kIndexerDim}, r, 1.0f);
   const Tensor w = rand_bf16_values({B, ih}, r, 1.0f);
   std::vector<int32_t> len(static_cast<size_t>(B)), seq(static_cast<size_t>(B), 0);
-  for (int64_t b = 0; b < B; ++b) len[size_t(b)] = b % 7 == 0 ? int32_t(r.below(topk) + 1) : int32_t(r.below(max_len) + 1);
+  for (int64_t b = 0; b < B; ++b)
+    len[size_t(b)] = b % 7 == 0 ? int32_t(r.below(topk) + 1) : int32_t(r.below(max_len) + 1);
   const double scale = 1.0 / std::sqrt(128.0), ws = 1.0 / std::sqrt(double(ih));
   const Tensor qg = q.to(Device::cuda), wg = w.to(Device::cuda), cache = bf16_copy(keys).to(Device::cuda),
                pt = pg.table_gpu(), lg = gpu_i32(len, {B}), sg = gpu_i32(seq, {B});
   for (bool packed : {true, false}) {
     const std::span<const int32_t> host = packed ? std::span<const int32_t>(len) : std::span<const int32_t>();
     const Tensor whole =
-        indexer_topk_rows(qg, wg, cache, pt, kPage, sg, lg, max_len, topk, scale, ws, nullptr, host).to(Device::cpu);
-    const Tensor split = indexer_topk_rows(qg, wg, cache, pt, kPage, sg, lg, max_len, topk, scale, ws, nullptr,
-                                           host, int64_t(3) * max_len * 4)
+        indexer_topk_rows(qg, wg, cache, pt, kPage, sg, lg, max_len, topk, scale, ws, nullptr, host)
+            .to(Device::cpu);
+    const Tensor split = indexer_topk_rows(qg, wg, cache, pt, kPage, sg, lg, max_len, topk, scale, ws,
+                                           nullptr, host, int64_t(3) * max_len * 4)
                              .to(Device::cpu);
     const bool same = std::memcmp(whole.raw_data(), split.raw_data(), whole.nbytes()) == 0;
     std::printf("RESULT indexer row split (%s, %lld rows, blocks of <= 3 rows' scores): %s\n",
