@@ -100,10 +100,13 @@ TEST(MemoryPlan, FollowsTheStepLimits) {
   EXPECT_EQ(estimate_workspace(c, no_chunk).chunk_tokens, 16384);
   StepLimits mha = base;
   mha.max_context = 131072;
-  const int64_t absorbed = estimate_workspace(c, mha).total();
+  const WorkspaceEstimate automatic = estimate_workspace(c, mha);
+  EXPECT_EQ(term(automatic, "MHA form"), -1);  // today's rates: the absorbed form always
   mha.forward.attention = model::AttentionForm::mha;
-  const int64_t forced = estimate_workspace(c, mha).total();
-  EXPECT_GE(forced - absorbed, int64_t(131072) * 64 * (192 + 256) * 4);  // per-head K/V of the context
+  const WorkspaceEstimate forced = estimate_workspace(c, mha);
+  EXPECT_EQ(forced.peak_phase, "attention");
+  EXPECT_GE(term(forced, "MHA form: per-head K/V"), int64_t(131072) * 64 * (192 + 256) * 4);
+  EXPECT_GT(forced.total(), automatic.total());
   StepLimits graphs_off = base;
   graphs_off.cuda_graph_max_bs = 0;
   EXPECT_EQ(estimate_workspace(c, graphs_off).graph_pool_bytes, 0);
