@@ -1,6 +1,7 @@
 // `--load-format dummy` through the real binary at GLM-5.3's full widths (64 heads, 256 experts, hidden
 // 6144, vocab 154,880), so width-dependent paths run in CI: inspect reports the widths, generate binds
-// and generates, score's logits are finite.
+// and generates, score's logits are finite. Each test starts one process of ~4.7 GB (30-40 s on the shared
+// 2-core machine under load, most of it making and touching the weights).
 //
 // The model: glm-5.3.json as config.json, overridden to 2 layers (one dense, one MoE:
 // first_k_dense_replace 1) with moe_intermediate_size 128. A real MoE layer is 256 x 3 x 6144 x 2048 ~
@@ -9,6 +10,7 @@
 // bf16 embeddings and LM head (2 x 1.9 GB) dominate, ~4.7 GB in all.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -28,8 +30,8 @@ constexpr const char* kTwoLayers =
     R"('{"num_hidden_layers": 2, "first_k_dense_replace": 1, "moe_intermediate_size": 128}')";
 
 // A folder holding glm-5.3.json as its config.json (no checkpoint).
-fs::path config_dir(const fs::path& glm) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("dsaserve-dummy-{}", ::getpid());
+fs::path config_dir(const fs::path& glm, const std::string& tag = "") {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("dsaserve-dummy-{}{}", ::getpid(), tag);
   fs::create_directories(dir);
   fs::copy_file(glm, dir / "config.json", fs::copy_options::overwrite_existing);
   return dir;
@@ -69,9 +71,9 @@ TEST(DummyModelCli, InspectReportsTheFullWidths) {
   fs::remove_all(dir);
 }
 
-TEST(DummyModelCli, FullWidthModelGeneratesAndScoresFiniteLogits) {
+TEST(DummyModelCli, FullWidthModelGenerates) {
   DSA_FIXTURE_PATH(glm, "configs/glm-5.3.json");
-  const fs::path dir = config_dir(glm);
+  const fs::path dir = config_dir(glm, "generate");
   const std::string base =
       fmt::format("--model {} --load-format dummy --json-model-override-args {}", dir.string(), kTwoLayers);
   std::string out;
@@ -90,7 +92,17 @@ TEST(DummyModelCli, FullWidthModelGeneratesAndScoresFiniteLogits) {
   std::printf("RESULT full-width dummy generate: %s (load %.1f s, generate %.1f s, %d threads)\n",
               g["output_ids"].dump().c_str(), g["load_seconds"].get<double>(),
               g["generate_seconds"].get<double>(), g["threads"].get<int>());
-  // score: every logit finite and of a sane size.
+  fs::remove_all(dir);
+}
+
+// score at the same width: every logit finite and of a sane size (a test of its own, so that ctest can run
+// it beside the one above).
+TEST(DummyModelCli, FullWidthModelScoresFiniteLogits) {
+  DSA_FIXTURE_PATH(glm, "configs/glm-5.3.json");
+  const fs::path dir = config_dir(glm, "score");
+  const std::string base =
+      fmt::format("--model {} --load-format dummy --json-model-override-args {}", dir.string(), kTwoLayers);
+  std::string out;
   const fs::path logits = dir / "logits.safetensors";
   ASSERT_EQ(run_command(fmt::format("{} score {} --ids 1,2,3,4 --out {}", dsaserve_binary().string(), base,
                                     logits.string()),
