@@ -59,7 +59,8 @@ class DummySource final : public WeightSource {
       d.dtype = DType::f32;
       d.fill.scale = 0x1p-6f;
     } else if (ends_with(name, "embed_tokens.weight")) {
-      d.fill.scale = 1.0f;
+      // Tied, the matrix is also the LM head: then the scale of a linear (std 1/sqrt(H)).
+      d.fill.scale = cfg_.tie_word_embeddings ? float(std::sqrt(3.0 / double(shape[1]))) : 1.0f;
     } else if (shape.size() == 2) {  // a linear [out, in]: uniform of std 1/sqrt(in)
       last_in_ = shape[1];
       d.fill.scale = float(std::sqrt(3.0 / double(shape[1])));

@@ -10,7 +10,7 @@
 //   the MTP eh_proj; F32 e_score_correction_bias. Without fp8: bf16 everywhere (the bias F32).
 // - values (core/dummy_fill.h, a counter-based hash of (seed, tensor name, element)): linear weights
 //   uniform with std 1/sqrt(in_features) (so a projection keeps its input's scale), embeddings uniform
-//   in [-1, 1), norm weights 1 +- 1/16, biases small. Activations stay finite through many layers
+//   in [-1, 1) (tied to the LM head: a linear's scale), norm weights 1 +- 1/16, biases small. Activations stay finite through many layers
 //   (tests/cli/dummy_model_test.cpp checks logits and hidden-state norms at full width).
 // - a tensor's values depend only on its name and the seed: truncating layers or adding the MTP layer
 //   leaves the other tensors' bytes unchanged, and the CPU and CUDA fills give the same bytes.
