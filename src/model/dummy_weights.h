@@ -10,8 +10,9 @@
 //   the MTP eh_proj; F32 e_score_correction_bias. Without fp8: bf16 everywhere (the bias F32).
 // - values (core/dummy_fill.h, a counter-based hash of (seed, tensor name, element)): linear weights
 //   uniform with std 1/sqrt(in_features) (so a projection keeps its input's scale), embeddings uniform
-//   in [-1, 1) (tied to the LM head: a linear's scale), norm weights 1 +- 1/16, biases small. Activations stay finite through many layers
-//   (tests/cli/dummy_model_test.cpp checks logits and hidden-state norms at full width).
+//   in [-1, 1) (tied to the LM head: a linear's scale), norm weights 1 +- 1/16, biases small. Activations
+//   stay finite through many layers (tests: model/dummy_weights_test.cpp, 24 layers: logits and the final
+//   hidden state; cli/dummy_model_test.cpp: logits at GLM-5.3's full widths).
 // - a tensor's values depend only on its name and the seed: truncating layers or adding the MTP layer
 //   leaves the other tensors' bytes unchanged, and the CPU and CUDA fills give the same bytes.
 // - the MTP layers (num_nextn_predict_layers) only with with_mtp (SGLang loads them for speculative

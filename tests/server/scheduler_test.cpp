@@ -11,8 +11,8 @@
 #include <optional>
 #include <random>
 
-#include "core/error.h"
 #include "common/fixtures.h"
+#include "core/error.h"
 #include "core/parallel.h"
 #include "runtime/engine/memory_plan.h"
 
