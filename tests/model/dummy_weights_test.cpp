@@ -14,6 +14,7 @@
 
 #include "common/fixtures.h"
 #include "core/error.h"
+#include "kernels/ops.h"
 #include "model/forward_batch.h"
 #include "model/model.h"
 
@@ -64,6 +65,32 @@ TEST(ConfigOverrides, BadOverridesAreClearErrors) {
   // Growing past the per-layer list: the config parser names the list.
   EXPECT_NE(message(R"({"num_hidden_layers": 80})").find("indexer_types"), std::string::npos);
   EXPECT_NE(message(R"({"hidden_size": "wide"})").find("hidden_size"), std::string::npos);
+}
+
+// The CPU fill (parallel_for over hash groups) writes exactly core/dummy_fill.h's per-element reference
+// (the CUDA kernel follows the same reference): odd lengths, every dtype, offsets and positive scales.
+TEST(DummyFill, CpuFillEqualsThePerElementReference) {
+  for (const int64_t n : {int64_t(1), int64_t(7), int64_t(1001), int64_t(300007)}) {
+    const dummy::FillSpec spec{11, tensor_key("t"), 0x1p-4f, 1.0f, false}, pos{11, 5, 0.03f, 0.0f, true};
+    const uint64_t base = dummy::stream_base(spec.seed, spec.key),
+                   pbase = dummy::stream_base(pos.seed, pos.key);
+    Tensor b = Tensor::empty({n}, DType::bf16), f = Tensor::empty({n}, DType::f32),
+           q = Tensor::empty({n}, DType::f8e4m3fn);
+    kernels::fill_dummy(b, spec);
+    kernels::fill_dummy(f, pos);
+    kernels::fill_dummy(q, spec);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      bad += b.data_u16()[i] != dummy::bf16_element(spec, base, uint64_t(i));
+      bad += f.data<float>()[i] != dummy::f32_element(pos, pbase, uint64_t(i));
+      bad += q.data_u8()[i] != dummy::fp8_element(base, uint64_t(i));
+    }
+    EXPECT_EQ(bad, 0) << n;
+    if (n > 1000) {  // neighbours differ (the group split does not repeat values)
+      EXPECT_NE(b.data_u16()[0], b.data_u16()[1]);
+      EXPECT_NE(q.data_u8()[0] | (q.data_u8()[1] << 8), q.data_u8()[4] | (q.data_u8()[5] << 8));
+    }
+  }
 }
 
 TEST(DummyWeights, DtypesFollowTheFp8Checkpoints) {
