@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <unordered_map>
 #include <vector>
 
@@ -166,6 +167,21 @@ ojson parse_json_body(std::string_view body, const JsonLimits& limits, const std
   Builder b(limits, cancel);
   ojson::sax_parse(body, &b);
   return b.take();
+}
+
+JsonShape json_shape(const ojson& j) {
+  JsonShape shape;
+  std::vector<const ojson*> todo = {&j};  // no recursion: the depth is the client's
+  while (!todo.empty()) {
+    const ojson* v = todo.back();
+    todo.pop_back();
+    ++shape.values;
+    if (v->is_object()) shape.max_object_keys = std::max(shape.max_object_keys, int64_t(v->size()));
+    if (v->is_structured()) {
+      for (const ojson& x : *v) todo.push_back(&x);
+    }
+  }
+  return shape;
 }
 
 std::string printable(std::string_view s) {

@@ -24,6 +24,13 @@ struct JsonLimits {
 nlohmann::ordered_json parse_json_body(std::string_view body, const JsonLimits& limits,
                                        const std::atomic<bool>* cancel = nullptr);
 
+// Values (scalars, arrays and objects, `j` included) and the most keys of any one object in `j`.
+struct JsonShape {
+  int64_t values = 0;
+  int64_t max_object_keys = 0;
+};
+JsonShape json_shape(const nlohmann::ordered_json& j);
+
 // `s` with every byte that is not part of well-formed UTF-8 (and every control character) written as
 // \xNN: safe to put in a JSON reply or a log line.
 std::string printable(std::string_view s);

@@ -92,7 +92,8 @@ std::string post(const std::string& target, const std::string& body, const std::
 class Robust : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    server_ = new ServerProcess({"--model", "builtin:demo", "--kv-pages", "64", "--check-integrity"});
+    server_ = new ServerProcess(
+        {"--model", "builtin:demo", "--kv-pages", "64", "--check-integrity", "--tool-call-parser", "glm45"});
   }
   static void TearDownTestSuite() {
     EXPECT_EQ(server_->stop(), 0) << "SIGTERM should exit 0 (the server must not have died)";
@@ -208,6 +209,33 @@ TEST_F(Robust, JsonParsingIsLinearAndBounded) {
   expect_error(r, 400, "metadata");
   EXPECT_NE(r.body.find("more than 2097152 JSON values"), std::string::npos) << r.body;
   expect_alive();
+}
+
+// Item 4: a schema or forced tools become a grammar, whose compilation is superlinear (one object of
+// 20,000 properties took 134 s): bounded before anything is compiled.
+TEST_F(Robust, GrammarSourcesAreBounded) {
+  json props = json::object();
+  for (int i = 0; i < 20000; ++i) props[fmt::format("p{}", i)] = {{"type", "integer"}};
+  const json schema = {{"type", "object"}, {"properties", props}};
+  const json body = {
+      {"prompt", "x"},
+      {"max_tokens", 1},
+      {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "a"}, {"schema", schema}}}}}};
+  const auto t0 = Clock::now();
+  const RawReply r = raw_request(port(), post("/v1/completions", body.dump()));
+  expect_error(r, 400, "response_format.json_schema.schema");
+  EXPECT_LT(since(t0), 5.0);
+  json tools = json::array();
+  for (int i = 0; i < 1600; ++i) {
+    tools.push_back({{"type", "function"},
+                     {"function", {{"name", fmt::format("f{}", i)}, {"parameters", {{"type", "object"}}}}}});
+  }
+  const json call = {
+      {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tools", tools}, {"tool_choice", "required"}};
+  expect_error(raw_request(port(), post("/v1/chat/completions", call.dump())), 400, "tools");
+  json small = body;
+  small["response_format"]["json_schema"]["schema"]["properties"] = {{"a", {{"type", "integer"}}}};
+  EXPECT_EQ(raw_request(port(), post("/v1/completions", small.dump())).status, 200);
 }
 
 // Item 10: the API's rough edges.
