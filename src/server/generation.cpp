@@ -58,7 +58,7 @@ void Job::start() {
       po.start_in_reasoning = ctx_.reasoning && chat::prompt_opens_reasoning(prompt_text_);
       if (tools) {
         po.tool_format = ctx_.tool_format;
-        po.tools = nlohmann::json::parse(spec_.chat_request["tools"].dump());
+        po.tools = spec_.parser_tools;
       }
       c.parser.emplace(std::move(po));
     }

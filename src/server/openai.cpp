@@ -247,6 +247,8 @@ GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
     if (!t->empty()) {
       s.chat_request["tools"] = *t;
       s.has_tools = true;
+      // Converted here, on the preparation pool, not on the I/O thread that starts the job.
+      s.parser_tools = nlohmann::json::parse(t->dump());
     }
   }
   if (auto tc = b.find("tool_choice"); tc != b.end() && !tc->is_null()) {
