@@ -358,7 +358,8 @@ TEST(RobustLimits, AcceptResumesAfterDescriptorsRunOut) {
 }
 
 // Items 4 and 9: SIGTERM with --shutdown-grace 1 while large bodies are being prepared and a stream runs:
-// the process exits soon after the grace, and the stream ends with an error event, then [DONE].
+// the process exits soon after the grace, the stream ends with an error event, then [DONE], and a
+// request that is not streamed gets a 503.
 TEST(RobustShutdown, GraceIsHonouredAndCutStreamsGetAnErrorEvent) {
   ServerProcess s(
       {"--model", "builtin", "--kv-pages", "160", "--shutdown-grace", "1", "--max-body-bytes", "16000000"});
@@ -367,6 +368,11 @@ TEST(RobustShutdown, GraceIsHonouredAndCutStreamsGetAnErrorEvent) {
   std::thread streamer([&] {
     const json body = {{"prompt", "x"}, {"max_tokens", 8000}, {"ignore_eos", true}, {"stream", true}};
     stream = raw_request(s.port(), post("/v1/completions", body.dump()), 60);
+  });
+  RawReply plain;  // not streamed: a 503
+  std::thread waiter([&] {
+    const json body = {{"prompt", "x"}, {"max_tokens", 8000}, {"ignore_eos", true}};
+    plain = raw_request(s.port(), post("/v1/completions", body.dump()), 60);
   });
   std::string keys = "{\"prompt\":\"x\",\"metadata\":{";
   for (int i = 0; i < 60000; ++i) keys += fmt::format("{}\"k{}\":[{{\"a\":{}}}]", i ? "," : "", i, i);
@@ -381,7 +387,10 @@ TEST(RobustShutdown, GraceIsHonouredAndCutStreamsGetAnErrorEvent) {
   const double took = since(t0);
   EXPECT_LT(took, 3.5) << "--shutdown-grace 1";
   streamer.join();
+  waiter.join();
   for (auto& t : big) t.join();
+  EXPECT_EQ(plain.status, 503) << plain.body;
+  EXPECT_EQ(plain.json_body()["error"]["type"], "server_error") << plain.body;
   ASSERT_EQ(stream.status, 200) << stream.head;
   const size_t err = stream.body.find("data: {\"error\"");
   ASSERT_NE(err, std::string::npos) << "no error event in the cut stream";
