@@ -25,8 +25,10 @@ CommandRun setup(CLI::App& sub) {
                  "Jinja file overriding the tokenizer's chat template");
   sub.add_option("--served-model-name", cfg->served_model_name,
                  "model name in the API (default: folder name)");
-  sub.add_option("--host", cfg->host, "address to listen on")->capture_default_str();
-  sub.add_option("--port", cfg->port, "port (0: any free one, printed at start)")->capture_default_str();
+  sub.add_option("--host", cfg->host, "address or host name to listen on")->capture_default_str();
+  sub.add_option("--port", cfg->port, "port (0: any free one, printed at start)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
   sub.add_option("--api-key", cfg->api_key, "require Authorization: Bearer <key> on /v1/*");
   sub.add_option(
       "--reasoning-parser", cfg->reasoning_parser,
@@ -74,9 +76,13 @@ CommandRun setup(CLI::App& sub) {
   sub.add_option("--max-queued-requests", cfg->max_queued_requests, "waiting requests before 503")
       ->capture_default_str();
   sub.add_option("--max-prompt-tokens", cfg->max_prompt_tokens, "prompt length limit (default: context - 1)");
-  sub.add_option("--max-body-bytes", cfg->max_body_bytes, "request body limit")->capture_default_str();
-  sub.add_option("--shutdown-grace", cfg->shutdown_grace_s, "seconds in-flight requests get after SIGTERM")
-      ->capture_default_str();
+  sub.add_option("--max-body-bytes", cfg->max_body_bytes, "request body limit (larger: 413)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub.add_option("--shutdown-grace", cfg->shutdown_grace_s,
+                 "seconds in-flight requests get after SIGTERM (then they end with an error)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   sub.add_option("--seed", cfg->builtin_seed, "seed of the builtin model's random weights")
       ->capture_default_str();
   sub.add_flag(
