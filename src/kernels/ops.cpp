@@ -107,6 +107,13 @@ class Fp8EmulationBackend final : public CpuBackend {
     cpu::rope_inplace(ki_pe, positions, rope);
     cpu::paged_store(cache, slots, cpu::indexer_key_fp8_decode(cpu::indexer_key_fp8_encode(ki)));
   }
+  Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) override {
+    return cpu::moe_route(logits, bias, p);
+  }
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
+    return cpu::moe_experts(x, routing, experts);
+  }
+  void fill_dummy(Tensor& t, const dummy::FillSpec& f) override { cpu::fill_dummy(t, f); }
 
  private:
   cpu::Fp8Emulation e_;
@@ -251,6 +258,7 @@ Tensor Ops::argmax(const Tensor& x) const {
   DSA_KERNEL_SPAN("argmax", x);
   return on(x.device()).argmax(x);
 }
+void fill_dummy(Tensor& t, const dummy::FillSpec& f) { backend(t.device()).fill_dummy(t, f); }
 void Ops::add_inplace(Tensor& a, const Tensor& b) const {
   DSA_KERNEL_SPAN("add_inplace", a);
   on(a.device()).add_inplace(a, b);

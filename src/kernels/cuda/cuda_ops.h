@@ -46,6 +46,7 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
 // o.moe picks the path (device grouped kernels or per-expert host loop), o.gemm the host loop's GEMMs.
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
                    const KernelOptions& o);
+void fill_dummy(Tensor& t, const dummy::FillSpec& f);
 
 // The fused KV-cache writes (ops.h mla_kv_write / indexer_k_write) over kernel-format caches: the MLA
 // latent cache bf16 [slots, 576] or FP8 u8 [slots, 656], the indexer keys bf16 [slots, id <= 1024]. One

@@ -111,7 +111,8 @@ Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const P
 Tensor indexer_topk_batch(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
                           double weight_scale, const KernelOptions& o) {
   return indexer_topk_rows(q, w, keys.cache, keys.page_table, keys.page_size, keys.row_seq, keys.row_len,
-                           keys.max_len, topk, scale, weight_scale, op_stream(), keys.len_host, o);
+                           keys.max_len, topk, scale, weight_scale, op_stream(), keys.len_host,
+                           kIndexerScoreBudgetBytes, o);
 }
 
 Tensor mla_attention_batch(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,

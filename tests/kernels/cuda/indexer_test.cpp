@@ -363,7 +363,8 @@ void run_long_rows(const std::vector<int64_t>& lens, uint64_t seed, bool ties, b
   // Two rows or more: packed scores (host lengths given), one row: dense.
   auto run = [&](const KernelOptions& o) {
     return indexer_topk_rows(qg, wg, cache, pt, kPage, {}, lg, max_len, topk, scale, ws, nullptr,
-                             B > 1 ? std::span<const int32_t>(len32) : std::span<const int32_t>(), o);
+                             B > 1 ? std::span<const int32_t>(len32) : std::span<const int32_t>(),
+                             kIndexerScoreBudgetBytes, o);
   };
   // The new path (cooperative with several CTAs per row, else fused into the score kernel) and the old.
   const IndexerSelectPath path_new =
@@ -447,7 +448,7 @@ void run_many_rows(int64_t max_len, uint64_t seed) {
                pt = pg.table_gpu(), lg = gpu_i32(len32, {B}), sg = gpu_i32(seq, {B});
   auto run = [&](const KernelOptions& o) {
     return indexer_topk_rows(qg, wg, cache, pt, kPage, sg, lg, max_len, topk, scale, ws, nullptr,
-                             std::span<const int32_t>(len32), o);
+                             std::span<const int32_t>(len32), kIndexerScoreBudgetBytes, o);
   };
   int64_t split_len = 0;
   IndexerTopkParams probe{};
