@@ -62,6 +62,7 @@ class CpuBackend : public Backend {
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
     return cpu::moe_experts(x, routing, experts);
   }
+  void fill_dummy(Tensor& t, const dummy::FillSpec& f) override { cpu::fill_dummy(t, f); }
 };
 
 // The CPU backend with the CUDA backend's FP8 arithmetic emulated (cpu::Fp8Emulation): its linears (and
@@ -107,13 +108,6 @@ class Fp8EmulationBackend final : public CpuBackend {
     cpu::rope_inplace(ki_pe, positions, rope);
     cpu::paged_store(cache, slots, cpu::indexer_key_fp8_decode(cpu::indexer_key_fp8_encode(ki)));
   }
-  Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) override {
-    return cpu::moe_route(logits, bias, p);
-  }
-  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
-    return cpu::moe_experts(x, routing, experts);
-  }
-  void fill_dummy(Tensor& t, const dummy::FillSpec& f) override { cpu::fill_dummy(t, f); }
 
  private:
   cpu::Fp8Emulation e_;
