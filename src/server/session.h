@@ -31,7 +31,7 @@ class Session : public ResponseSink, public std::enable_shared_from_this<Session
   Session(tcp::socket socket, const Router& router, int64_t max_body_bytes, double read_timeout_s);
   void start();
 
-  void send(int status, std::string body, const std::string& content_type);
+  void send(int status, std::string body, const std::string& content_type) override;
   void send_json(int status, const nlohmann::json& body) override;
   void stream_begin() override;
   void stream_event(const std::string& data) override;
