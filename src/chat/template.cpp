@@ -128,7 +128,7 @@ bool compare(const std::string& op, const Value& a, const Value& b) {
 class Renderer {
  public:
   Renderer(const TemplateOptions& o, const Value& context) : o_(o) {
-    auto globals = std::make_shared<Frame>();
+    auto globals = new_frame();
     Value g = Value::dict();
     add_globals(g.dict_data(), o_);
     for (auto& [k, v] : g.dict_data().items) (*globals)[k.as_string()] = v;
@@ -138,7 +138,7 @@ class Renderer {
       throw_value_error(ErrorKind::kRuntime, "template context must be a dict");
     }
     scopes_.push_back(std::move(globals));
-    scopes_.push_back(std::make_shared<Frame>());
+    scopes_.push_back(new_frame());
   }
 
   std::string run(const Body& body) {
@@ -209,7 +209,7 @@ class Renderer {
         return f;
       }
       case StmtKind::kWith: {
-        auto frame = std::make_shared<Frame>();
+        auto frame = new_frame();
         std::vector<Value> values;
         for (const auto& e : s.values) values.push_back(eval(*e));
         scopes_.push_back(frame);
@@ -267,7 +267,7 @@ class Renderer {
     if (s.filter) {
       std::vector<Value> kept;
       for (const Value& item : items) {
-        scopes_.push_back(std::make_shared<Frame>());
+        scopes_.push_back(new_frame());
         assign(*s.target, item, s.pos);
         const bool keep = eval(*s.filter).truthy();
         scopes_.pop_back();
@@ -279,7 +279,7 @@ class Renderer {
     const auto n = static_cast<int64_t>(items.size());
     auto last_changed = std::make_shared<std::optional<Value>>();
     for (int64_t i = 0; i < n; ++i) {
-      auto frame = std::make_shared<Frame>();
+      auto frame = new_frame();
       auto d = std::make_shared<DictData>();
       auto& li = d->items;
       li.reserve(13);
@@ -345,7 +345,7 @@ class Renderer {
     Renderer* self = this;
     return Value::function(name, [self, closure, def, name](CallArgs& a) -> Value {
       const CallDepth depth(self);
-      auto frame = std::make_shared<Frame>();
+      auto frame = self->new_frame();
       Scopes saved = std::move(self->scopes_);
       self->scopes_ = closure;
       self->scopes_.push_back(frame);
@@ -539,8 +539,25 @@ class Renderer {
   };
   static constexpr int kMaxCallDepth = 200;
 
+  // Every scope frame of this render: a macro defined in a frame keeps that frame (its closure) alive,
+  // and the frame keeps the macro, so the frames are emptied when the render ends to break those cycles.
+  std::shared_ptr<Frame> new_frame() {
+    auto f = std::make_shared<Frame>();
+    frames_.push_back(f);
+    return f;
+  }
+
+ public:
+  ~Renderer() {
+    for (const std::weak_ptr<Frame>& w : frames_) {
+      if (const std::shared_ptr<Frame> f = w.lock()) f->clear();
+    }
+  }
+
+ private:
   const TemplateOptions& o_;
   Scopes scopes_;
+  std::vector<std::weak_ptr<Frame>> frames_;
   int call_depth_ = 0;
 };
 
