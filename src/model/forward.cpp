@@ -420,12 +420,13 @@ ForwardOutput Model::finish(const Tensor& hidden, const kernels::WeightRef& head
   ForwardOutput out;
   OpScope span("lm_head");
   // A decode step's last tokens are all of its tokens (one per request): no gather.
-  const bool one_per_request = b.num_tokens() == b.num_requests();
+  const bool one_per_request = b.num_tokens() == b.num_requests() && b.extra_logit_rows.empty();
   if (opt.all_logits || one_per_request) {
     out.logits = ops_.linear(hidden, head);
   } else {
     std::vector<int32_t> last;
     for (int64_t r = 0; r < b.num_requests(); ++r) last.push_back(int32_t(b.token_begin[size_t(r) + 1] - 1));
+    last.insert(last.end(), b.extra_logit_rows.begin(), b.extra_logit_rows.end());
     out.logits = ops_.linear(
         ops_.gather_rows(hidden, i32_tensor(last.data(), int64_t(last.size()), hidden.device())), head);
   }

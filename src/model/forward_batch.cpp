@@ -45,6 +45,9 @@ void ForwardBatch::validate(int64_t vocab_size, int64_t num_pages) const {
     DSA_CHECK(input_ids[size_t(t)] >= 0 && input_ids[size_t(t)] < vocab_size,
               "token id {} at batch index {} is out of range [0, {})", input_ids[size_t(t)], t, vocab_size);
   }
+  for (int32_t t : extra_logit_rows) {
+    DSA_CHECK(t >= 0 && t < T, "extra logits row {} outside the batch's {} tokens", t, T);
+  }
   for (int64_t p : page_indices) {
     DSA_CHECK(p >= 0 && p < num_pages, "page id {} outside the pool of {} pages", p, num_pages);
   }

@@ -25,6 +25,9 @@ struct ForwardBatch {
   // Page tables in CSR form: request r's pages are page_indices[page_begin[r] .. page_begin[r + 1]).
   std::vector<int64_t> page_begin{0};  // [R + 1]
   std::vector<int32_t> page_indices;
+  // Extra logits rows (ForwardOptions::all_logits false): batch token indices whose logits the step also
+  // returns, after the R last-token rows, in this order (prompt logprobs). Empty: the R rows only.
+  std::vector<int32_t> extra_logit_rows;
 
   int64_t num_tokens() const { return int64_t(input_ids.size()); }
   int64_t num_requests() const { return int64_t(start_pos.size()); }

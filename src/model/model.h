@@ -106,7 +106,7 @@ struct ForwardOptions {
 };
 
 struct ForwardOutput {
-  Tensor logits;  // f32 [T, vocab] (all_logits) or [R, vocab]
+  Tensor logits;  // f32 [T, vocab] (all_logits) or [R + extra_logit_rows, vocab]
   Tensor hidden;  // f32 [T, H] final normed hidden (lm_head input), when keep_hidden
 };
 

@@ -5,10 +5,11 @@
 #include <random>
 
 #include "server/json_body.h"
+#include "tokenizer/utf8.h"
 
 namespace dsaserve::server {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 std::string random_hex() {
@@ -23,6 +24,36 @@ json byte_array(std::string_view s) {
   return a;
 }
 }  // namespace
+
+TokenText token_text(const tokenizer::Tokenizer& tok, int32_t id) {
+  TokenText t;
+  const uint32_t u = uint32_t(id);
+  t.bytes = tok.bytewise_decoding() ? std::string(tok.token_bytes(u, false))
+                                    : tok.decode(std::span<const uint32_t>(&u, 1));
+  if (tokenizer::utf8_valid_prefix(t.bytes) == t.bytes.size()) {
+    t.text = t.bytes;
+  } else {  // OpenAI's spelling of a token that is not valid UTF-8 on its own
+    t.text = "bytes:";
+    for (unsigned char c : t.bytes) t.text += fmt::format("\\x{:02x}", c);
+  }
+  return t;
+}
+
+json completion_top_logprobs(const tokenizer::Tokenizer& tok, int32_t chosen, float chosen_logprob,
+                             std::span<const runtime::TokenLogprob> top) {
+  json d = json::object();
+  bool has_chosen = false;
+  for (const runtime::TokenLogprob& x : top) {
+    std::string key = token_text(tok, x.token).text;
+    if (!d.contains(key)) d[std::move(key)] = x.logprob;  // a collision keeps the higher-ranked entry
+    has_chosen = has_chosen || x.token == chosen;
+  }
+  if (!has_chosen) {
+    std::string key = token_text(tok, chosen).text;
+    if (!d.contains(key)) d[std::move(key)] = chosen_logprob;
+  }
+  return d;
+}
 
 Job::Job(ServingContext& ctx, GenerationSpec spec, std::vector<int32_t> prompt, std::string prompt_text,
          std::shared_ptr<ResponseSink> sink, std::string endpoint, Clock::time_point arrival)
@@ -45,8 +76,25 @@ Job::~Job() = default;
 void Job::start() {
   ++ctx_.active_jobs;
   choices_.resize(size_t(spec_.n));
+  if (echo()) {
+    if (spec_.prompt_text) {
+      echo_text_ = prompt_text_;
+    } else {
+      const std::vector<uint32_t> ids(prompt_.begin(), prompt_.end());
+      echo_text_ = ctx_.tokenizer->decode(ids);
+    }
+  }
   for (size_t i = 0; i < choices_.size(); ++i) {
     Choice& c = choices_[i];
+    if (echo()) {
+      c.text_offset = int64_t(echo_text_.size());  // completion offsets count the echoed prompt
+      if (spec_.params.logprobs && !prompt_.empty()) {
+        const TokenText t = token_text(*ctx_.tokenizer, prompt_[0]);
+        c.prompt_logprobs.push_back(
+            {{"token", t.text}, {"logprob", nullptr}, {"top", nullptr}, {"offset", 0}});
+        c.prompt_offset = int64_t(t.bytes.size());
+      }
+    }
     c.engine_id = ctx_.next_engine_id++;
     c.detok.emplace(*ctx_.tokenizer, spec_.skip_special_tokens);
     c.stop = StopMatcher(spec_.stop);
@@ -70,6 +118,7 @@ void Job::start() {
     g.id = choices_[i].engine_id;
     g.prompt = prompt_;
     g.params = spec_.params;
+    if (echo() && spec_.params.logprobs) g.params.prompt_logprobs = spec_.params.top_logprobs;
     if (g.params.seed) g.params.seed = *g.params.seed + i;  // n > 1: different but reproducible choices
     if (spec_.grammar != nullptr && ctx_.grammar != nullptr)
       g.params.constraint = ctx_.grammar->make_constraint(spec_.grammar);
@@ -80,6 +129,7 @@ void Job::start() {
 void Job::cancel() {
   if (finished_) return;
   cancelled_ = true;
+  ctx_.metrics->request_aborted(endpoint_);
   for (Choice& c : choices_) {
     if (!c.engine_done) ctx_.engine->abort(c.engine_id);
     c.done = true;
@@ -107,23 +157,34 @@ void Job::fail(const ApiError& e) {
 
 void Job::add_logprob(Choice& c, const runtime::StepOutput& o) {
   const tokenizer::Tokenizer& tok = *ctx_.tokenizer;
-  auto text_of = [&](int32_t id) {
-    return tok.decode(std::span<const uint32_t>(reinterpret_cast<const uint32_t*>(&id), 1));
-  };
-  const std::string t = text_of(o.token);
+  const TokenText t = token_text(tok, o.token);
   if (spec_.chat) {
     json top = json::array();
     for (const auto& x : o.top_logprobs) {
-      const std::string s = text_of(x.token);
-      top.push_back({{"token", s}, {"logprob", x.logprob}, {"bytes", byte_array(s)}});
+      const TokenText s = token_text(tok, x.token);
+      top.push_back({{"token", s.text}, {"logprob", x.logprob}, {"bytes", byte_array(s.bytes)}});
     }
     c.logprobs.push_back(
-        {{"token", t}, {"logprob", o.logprob}, {"bytes", byte_array(t)}, {"top_logprobs", top}});
+        {{"token", t.text}, {"logprob", o.logprob}, {"bytes", byte_array(t.bytes)}, {"top_logprobs", top}});
   } else {
-    json top = json::object();
-    for (const auto& x : o.top_logprobs) top[text_of(x.token)] = x.logprob;
-    c.logprobs.push_back({{"token", t}, {"logprob", o.logprob}, {"top", top}, {"offset", c.text_offset}});
-    c.text_offset += int64_t(t.size());
+    c.logprobs.push_back({{"token", t.text},
+                          {"logprob", o.logprob},
+                          {"top", completion_top_logprobs(tok, o.token, o.logprob, o.top_logprobs)},
+                          {"offset", c.text_offset}});
+    c.text_offset += int64_t(t.bytes.size());
+  }
+}
+
+void Job::add_prompt_logprobs(Choice& c, const runtime::StepOutput& o) {
+  const tokenizer::Tokenizer& tok = *ctx_.tokenizer;
+  for (size_t k = 0; k < o.prompt_logprobs.size(); ++k) {
+    const runtime::SampleResult& e = o.prompt_logprobs[k];
+    const TokenText t = token_text(tok, e.token);
+    c.prompt_logprobs.push_back({{"token", t.text},
+                                 {"logprob", e.logprob},
+                                 {"top", completion_top_logprobs(tok, e.token, e.logprob, e.top)},
+                                 {"offset", c.prompt_offset}});
+    c.prompt_offset += int64_t(t.bytes.size());
   }
 }
 
@@ -156,18 +217,73 @@ json completion_logprobs(const json& entries) {
 }
 }  // namespace
 
+namespace {
+// The tag that closes one call of `f` (the grammar always writes it; the parsers emit a DeepSeek call
+// whole when it arrives).
+std::string_view call_end_tag(chat::ToolCallFormat f) {
+  switch (f) {
+    case chat::ToolCallFormat::kGlm45: return "</tool_call>";
+    case chat::ToolCallFormat::kDeepSeekV3: return "<｜tool▁call▁end｜>";
+    case chat::ToolCallFormat::kDeepSeekV32: return "</｜DSML｜invoke>";
+    case chat::ToolCallFormat::kNone: break;
+  }
+  return {};
+}
+
+int64_t count_of(std::string_view s, std::string_view what) {
+  int64_t n = 0;
+  for (size_t at = s.find(what); !what.empty() && at != std::string_view::npos;
+       at = s.find(what, at + what.size()))
+    ++n;
+  return n;
+}
+}  // namespace
+
+bool Job::forced_calls() const {
+  return spec_.chat && spec_.grammar != nullptr && spec_.has_tools && spec_.tool_choice != "auto" &&
+         spec_.tool_choice != "none";
+}
+
+void Job::hold_unclosed_calls(Choice& c, chat::OutputDelta& delta, bool final) const {
+  // After the reasoning the grammar allows nothing but calls: what a parser returns as content is the
+  // markup of a call it could not finish.
+  delta.content.clear();
+  for (chat::ToolCallDelta& t : delta.tool_calls) c.held_calls.push_back(std::move(t));
+  delta.tool_calls.clear();
+  const std::string_view end = call_end_tag(ctx_.tool_format);
+  const int64_t closed = count_of(c.text, end) - count_of(c.parsed.reasoning_content, end) -
+                         count_of(delta.reasoning_content, end);
+  size_t k = 0;
+  while (k < c.held_calls.size() && c.held_calls[k].index < closed)
+    delta.tool_calls.push_back(c.held_calls[k++]);
+  c.held_calls.erase(c.held_calls.begin(), c.held_calls.begin() + std::ptrdiff_t(k));
+  if (final) c.held_calls.clear();  // cut by max_tokens (or a stop string): the unclosed call is dropped
+}
+
 void Job::emit(Choice& c, size_t index, const std::string& text, bool final) {
   c.text += text;
   chat::OutputDelta delta;
   if (c.parser) {
     delta = c.parser->feed(text);
     if (final) delta.append(c.parser->finish());
+    if (forced_calls()) hold_unclosed_calls(c, delta, final);
     c.parsed.apply(delta);
     if (final && !c.parsed.tool_calls.empty() && c.finish_reason == "stop") c.finish_reason = "tool_calls";
   } else {
     delta.content = text;
   }
   if (!spec_.stream || cancelled_) return;
+  if (echo() && !c.echo_sent) {  // the prompt first, in a chunk of its own
+    c.echo_sent = true;
+    json ch = {{"index", index},
+               {"text", echo_text_},
+               {"logprobs", spec_.params.logprobs ? completion_logprobs(c.prompt_logprobs) : json(nullptr)},
+               {"finish_reason", nullptr}};
+    json chunk = chunk_base();
+    chunk["choices"] = json::array({ch});
+    if (spec_.include_usage) chunk["usage"] = nullptr;
+    sink_->stream_event(chunk.dump());
+  }
   if (delta.empty() && !final && c.role_sent) return;
   json ch;
   ch["index"] = index;
@@ -219,6 +335,10 @@ void Job::on_output(const runtime::StepOutput& o) {
     ctx_.routes.erase(o.id);
   }
   if (c.done) return;
+  if (!o.prompt_logprobs.empty()) {
+    add_prompt_logprobs(c, o);
+    if (o.token < 0 && o.finish == runtime::FinishReason::none) return;
+  }
   cached_tokens_ = std::max(cached_tokens_, o.cached_tokens);
   prompt_tokens_ = o.prompt_tokens > 0 ? o.prompt_tokens : prompt_tokens_;
   std::string text;
@@ -310,8 +430,14 @@ void Job::complete() {
         ch["message"] = msg;
         ch["logprobs"] = spec_.params.logprobs ? json{{"content", c.logprobs}} : json(nullptr);
       } else {
-        ch["text"] = spec_.echo ? prompt_text_ + c.text : c.text;
-        ch["logprobs"] = spec_.params.logprobs ? completion_logprobs(c.logprobs) : json(nullptr);
+        ch["text"] = echo() ? echo_text_ + c.text : c.text;
+        if (spec_.params.logprobs) {
+          json entries = c.prompt_logprobs;  // empty without echo
+          for (const json& e : c.logprobs) entries.push_back(e);
+          ch["logprobs"] = completion_logprobs(entries);
+        } else {
+          ch["logprobs"] = nullptr;
+        }
       }
       ch["finish_reason"] = c.finish_reason;
       if (spec_.return_token_ids) ch["token_ids"] = c.token_ids;
@@ -320,7 +446,7 @@ void Job::complete() {
     json body = {{"id", id_},           {"object", spec_.chat ? "chat.completion" : "text_completion"},
                  {"created", created_}, {"model", ctx_.model_name},
                  {"choices", choices},  {"usage", u}};
-    sink_->send_json(200, body);
+    sink_->send(200, body.dump(), "application/json");
   }
   sink_->job_done();
 }

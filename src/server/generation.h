@@ -29,6 +29,8 @@ class ResponseSink {
  public:
   virtual ~ResponseSink() = default;
   virtual void send_json(int status, const nlohmann::json& body) = 0;
+  // A whole response body as it is (JSON whose key order must be kept: ordered_json dumps).
+  virtual void send(int status, std::string body, const std::string& content_type) = 0;
   virtual void stream_begin() = 0;
   virtual void stream_event(const std::string& data) = 0;  // one "data: ..." SSE event
   virtual void stream_end() = 0;
@@ -37,6 +39,21 @@ class ResponseSink {
 };
 
 class Job;
+
+// How a token is spelled in logprobs: `bytes`, what it contributes to the text (raw, possibly a part of a
+// UTF-8 character), and `text`, those bytes when they are valid UTF-8, else OpenAI's "bytes:\\xe2\\x80".
+struct TokenText {
+  std::string text;
+  std::string bytes;
+};
+TokenText token_text(const tokenizer::Tokenizer& tok, int32_t id);
+
+// A /v1/completions top_logprobs entry: {token text: logprob} in rank order (most likely first), with
+// the chosen token added last when it is not among `top` (so `logprobs: 0` gives just the chosen one,
+// as vLLM). Two tokens with the same text keep the higher-ranked one.
+nlohmann::ordered_json completion_top_logprobs(const tokenizer::Tokenizer& tok, int32_t chosen,
+                                               float chosen_logprob,
+                                               std::span<const runtime::TokenLogprob> top);
 
 // What jobs share; owned by the server, used on the I/O thread only (the engine is thread-safe).
 struct ServingContext {
@@ -79,9 +96,16 @@ class Job : public std::enable_shared_from_this<Job> {
     std::optional<chat::OutputParser> parser;  // reasoning / tool calls (chat)
     chat::ParsedMessage parsed;
     std::vector<int32_t> token_ids;
-    nlohmann::json logprobs = nlohmann::json::array();  // entries not yet streamed (or all)
+    nlohmann::ordered_json logprobs = nlohmann::ordered_json::array();  // entries not yet streamed (or all)
     int64_t tokens = 0;
     int64_t text_offset = 0;
+    // /v1/completions echo: the prompt's logprobs entries (the first token's logprob null) and whether
+    // the echoed prompt was streamed.
+    nlohmann::ordered_json prompt_logprobs = nlohmann::ordered_json::array();
+    int64_t prompt_offset = 0;
+    bool echo_sent = false;
+    // A forced call's deltas not sent yet: a call is sent once its closing tag is written.
+    std::vector<chat::ToolCallDelta> held_calls;
     bool done = false;
     bool engine_done = false;
     bool role_sent = false;
@@ -90,15 +114,22 @@ class Job : public std::enable_shared_from_this<Job> {
     Clock::time_point last_token;
   };
   void add_logprob(Choice& c, const runtime::StepOutput& o);
+  void add_prompt_logprobs(Choice& c, const runtime::StepOutput& o);
+  bool echo() const { return spec_.echo && !spec_.chat; }
+  // tool_choice "required" / a named function under the grammar: calls are sent whole (when closed), so
+  // one cut by max_tokens is never sent (finish_reason "length", the closed calls only, no content).
+  bool forced_calls() const;
+  void hold_unclosed_calls(Choice& c, chat::OutputDelta& delta, bool final) const;
   void emit(Choice& c, size_t index, const std::string& text, bool final);
   void complete();
-  nlohmann::json usage() const;
-  nlohmann::json chunk_base() const;
+  nlohmann::ordered_json usage() const;
+  nlohmann::ordered_json chunk_base() const;
 
   ServingContext& ctx_;
   GenerationSpec spec_;
   std::vector<int32_t> prompt_;
   std::string prompt_text_;
+  std::string echo_text_;  // the prompt as echoed (completions with echo; token-id prompts decoded)
   std::shared_ptr<ResponseSink> sink_;
   std::string endpoint_;
   Clock::time_point arrival_;

@@ -32,9 +32,43 @@ ServerMetrics::ServerMetrics()
       itl_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}),
       e2e_({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}) {}
 
-void ServerMetrics::request_done(const std::string& endpoint, int status) {
+std::string endpoint_label(std::string_view path) {
+  static constexpr std::string_view kRoutes[] = {"/health",    "/health_generate",     "/metrics",
+                                                 "/v1/models", "/v1/chat/completions", "/v1/completions"};
+  for (std::string_view r : kRoutes) {
+    if (path == r) return std::string(r);
+  }
+  constexpr std::string_view kModel = "/v1/models/";
+  if (path.size() > kModel.size() && path.substr(0, kModel.size()) == kModel) return "/v1/models/{id}";
+  return "unmatched";
+}
+
+std::string escape_label_value(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void ServerMetrics::request_done(std::string_view path, int status) {
+  std::string label = endpoint_label(path);
   std::lock_guard<std::mutex> lk(mu_);
-  ++requests_[{endpoint, status}];
+  ++requests_[{std::move(label), status}];
+}
+void ServerMetrics::request_aborted(std::string_view path) {
+  std::string label = endpoint_label(path);
+  std::lock_guard<std::mutex> lk(mu_);
+  ++aborted_[std::move(label)];
 }
 void ServerMetrics::observe_ttft(double s) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -60,8 +94,17 @@ std::string ServerMetrics::render(const runtime::EngineStats& e, int64_t active_
   out += "# HELP dsaserve_requests_total HTTP requests answered, by endpoint and status.\n";
   out += "# TYPE dsaserve_requests_total counter\n";
   for (const auto& [key, n] : requests_) {
-    out += fmt::format("dsaserve_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", key.first, key.second,
-                       n);
+    out += fmt::format("dsaserve_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n",
+                       escape_label_value(key.first), key.second, n);
+  }
+  out +=
+      "# HELP dsaserve_aborted_requests_total Generation requests whose client went away before the answer "
+      "was complete, by endpoint.\n";
+  out += "# TYPE dsaserve_aborted_requests_total counter\n";
+  for (const char* ep : {"/v1/chat/completions", "/v1/completions"}) {
+    const auto it = aborted_.find(ep);
+    out += fmt::format("dsaserve_aborted_requests_total{{endpoint=\"{}\"}} {}\n", ep,
+                       it == aborted_.end() ? 0 : it->second);
   }
   auto counter = [&](const char* name, const char* help, int64_t v) {
     out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {}\n", name, help, name, name, v);

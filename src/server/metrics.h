@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/engine/engine.h"
@@ -26,10 +27,22 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
+// The `endpoint` label of a request path: the route it matched ("/v1/models/{id}" for any model id), or
+// "unmatched" for every path the server has no route for, so that the label set stays bounded whatever
+// clients send.
+std::string endpoint_label(std::string_view path);
+
+// A Prometheus label value escaped for the text exposition (backslash, double quote, newline).
+std::string escape_label_value(std::string_view v);
+
 class ServerMetrics {
  public:
   ServerMetrics();
-  void request_done(const std::string& endpoint, int status);
+  // Counts a request answered with `status`; `path` is mapped by endpoint_label().
+  void request_done(std::string_view path, int status);
+  // A generation request whose client went away before its answer was complete (its engine requests
+  // were aborted).
+  void request_aborted(std::string_view path);
   void observe_ttft(double s);
   void observe_itl(double s);
   void observe_e2e(double s);
@@ -39,6 +52,7 @@ class ServerMetrics {
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
+  std::map<std::string, uint64_t> aborted_;
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
   Histogram ttft_, itl_, e2e_;
 };

@@ -37,7 +37,7 @@ class Session : public ResponseSink, public std::enable_shared_from_this<Session
           int64_t* writes_in_flight = nullptr);
   void start();
 
-  void send(int status, std::string body, const std::string& content_type);
+  void send(int status, std::string body, const std::string& content_type) override;
   void send_json(int status, const nlohmann::json& body) override;
   void stream_begin() override;
   void stream_event(const std::string& data) override;

@@ -26,6 +26,10 @@ struct RecordingSink : ResponseSink {
     status = s;
     body = b;
   }
+  void send(int s, std::string b, const std::string&) override {
+    status = s;
+    body = json::parse(b);
+  }
   void stream_begin() override {}
   void stream_event(const std::string& d) override {
     if (d == "[DONE]") {

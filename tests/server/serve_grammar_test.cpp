@@ -6,6 +6,9 @@
 // unsupported combinations are 400s naming the field; the engine keeps serving after them.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <map>
+
 #include "server/server_process.h"  // tests/server/
 
 namespace dsaserve::testing {
@@ -232,6 +235,94 @@ TEST_F(ServeGrammar, BadGrammarsAre400sNamingTheField) {
   const json last = r.json();
   expect_valid_call(last["choices"][0]["message"]["tool_calls"][0], "get_weather");
 }
+
+// The streamed calls of choice 0 (deltas joined by index) and its finish_reason.
+std::pair<json, std::string> streamed_calls(const std::string& body) {
+  bool done = false;
+  std::map<int, json> calls;
+  std::string finish;
+  for (const json& e : sse_events(body, &done)) {
+    for (const json& ch : e["choices"]) {
+      const json& d = ch["delta"];
+      EXPECT_TRUE(!d.contains("content") || d["content"].is_null() || d["content"] == "") << e.dump();
+      for (const json& t : d.value("tool_calls", json::array())) {
+        json& call = calls[t["index"].get<int>()];
+        if (t.contains("id")) call["id"] = t["id"];
+        if (t["function"].contains("name")) call["function"]["name"] = t["function"]["name"];
+        call["function"]["arguments"] =
+            call["function"].value("arguments", "") + t["function"].value("arguments", "");
+      }
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+  }
+  EXPECT_TRUE(done);
+  json out = json::array();
+  for (auto& [i, c] : calls) out.push_back(c);
+  return {out, finish};
+}
+
+// A forced call cut by max_tokens (issue 19, item 6): finish_reason "length", only the calls that were
+// closed before the cut (each schema-valid), never a partial one, no call markup in content; streamed
+// and not agree. Over many seeds and budgets, with and without reasoning, for GLM and DeepSeek formats.
+class ServeGrammarCut : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ServeGrammarCut, ACallCutByMaxTokensIsNeverSentHalfWritten) {
+  ServerProcess s({"--model", "builtin:demo", "--kv-pages", "64", "--tool-call-parser", GetParam(),
+                   "--reasoning-parser", "glm45"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  int cut = 0, complete = 0, cut_with_calls = 0;
+  // A whole call takes ~75-125 tokens in GLM's format on the demo model, ~150-270 in DeepSeek V3's and
+  // ~160-230 in V3.2's: budgets on both sides of that.
+  const int base = GetParam() == "glm45" ? 40 : GetParam() == "deepseekv3" ? 80 : 90;
+  const int step = GetParam() == "glm45" ? 20 : GetParam() == "deepseekv3" ? 35 : 40;
+  for (int seed = 0; seed < 16; ++seed) {
+    const bool thinking = seed % 3 == 0;
+    const int max_tokens = base + step * (seed % 8);
+    json req = {{"messages", json::array({{{"role", "user"}, {"content", "What is the weather?"}}})},
+                {"tools", tools()},
+                {"tool_choice", "required"},
+                {"max_tokens", thinking ? 2 * max_tokens : max_tokens},
+                {"temperature", 1.0},
+                {"seed", seed},
+                {"parallel_tool_calls", seed % 2 == 0},
+                {"chat_template_kwargs", {{"enable_thinking", thinking}}}};
+    const HttpResult r = post_json(s.port(), "/v1/chat/completions", req);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json body = r.json();
+    const json& c = body["choices"][0];
+    const json& m = c["message"];
+    const std::string finish = c["finish_reason"];
+    ASSERT_TRUE(finish == "tool_calls" || finish == "length") << r.body;
+    EXPECT_TRUE(m["content"].is_null() || m["content"] == "") << "markup in content: " << r.body;
+    const json calls = m.value("tool_calls", json::array());
+    for (const json& call : calls) expect_valid_call(call);
+    if (finish == "length") {
+      ++cut;
+      cut_with_calls += calls.empty() ? 0 : 1;
+    } else {
+      ++complete;
+      EXPECT_FALSE(calls.empty()) << r.body;
+    }
+    req["stream"] = true;
+    const HttpResult st = post_json(s.port(), "/v1/chat/completions", req);
+    ASSERT_EQ(st.status, 200) << st.body;
+    const auto [scalls, sfinish] = streamed_calls(st.body);
+    EXPECT_EQ(sfinish, finish) << st.body;
+    ASSERT_EQ(scalls.size(), calls.size()) << st.body << "\n" << r.body;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(scalls[i]["function"]["name"], calls[i]["function"]["name"]);
+      EXPECT_EQ(scalls[i]["function"]["arguments"], calls[i]["function"]["arguments"]);
+    }
+  }
+  // Both outcomes were exercised.
+  EXPECT_GE(cut, 3) << "budgets too large: too few calls were cut";
+  EXPECT_GE(complete, 3) << "budgets too small: too few calls completed";
+  std::printf("%s: %d cut (%d after a complete call), %d complete\n", GetParam().c_str(), cut, cut_with_calls,
+              complete);
+  EXPECT_EQ(s.stop(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, ServeGrammarCut, ::testing::Values("glm45", "deepseekv3", "deepseekv32"));
 
 TEST(ServeGrammarNoParser, ForcedToolChoiceNeedsAToolCallParser) {
   ServerProcess s({"--model", "builtin:demo", "--kv-pages", "16"});

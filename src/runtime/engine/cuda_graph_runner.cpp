@@ -208,6 +208,7 @@ void CudaGraphRunner::capture(const GraphKey& k) {
 }
 
 std::optional<Tensor> CudaGraphRunner::run(const model::ForwardBatch& fb) {
+  if (!fb.extra_logit_rows.empty()) return std::nullopt;  // graphs return the R last-token rows only
   const std::optional<GraphKey> k = key_for(fb);
   if (!k) return std::nullopt;
   Impl& m = *impl_;

@@ -197,6 +197,14 @@ int64_t Engine::complete_in_flight(std::vector<StepOutput>& out, double& sched_s
   batch_args(sample_span, step, batch);
   if (error.empty()) {
     try {
+      // Prompt logprobs: their rows follow the R last-token rows; reported before the samples.
+      const int64_t R = int64_t(batch.items.size());
+      if (logits.size(0) > R) {
+        const Tensor rows = logits.slice(0, R, logits.size(0)).to(Device::cpu).contiguous();
+        scheduler_->process_prompt_logprobs(
+            batch, std::span<const float>(rows.data<float>(), size_t(rows.numel())), rows.size(1), out);
+        logits = logits.slice(0, 0, R);
+      }
       if (cfg_.sample_on_device) {
         DeviceSampledStep sampled;
         sample_on_device(*scheduler_, batch, logits, sampled);

@@ -29,6 +29,8 @@ void SamplingParams::validate(int64_t vocab_size) const {
               bias);
   }
   DSA_CHECK(top_logprobs >= 0 && top_logprobs <= 20, "top_logprobs must be in [0, 20], got {}", top_logprobs);
+  DSA_CHECK(prompt_logprobs >= -1 && prompt_logprobs <= 20, "prompt_logprobs must be in [0, 20], got {}",
+            prompt_logprobs);
   DSA_CHECK(max_new_tokens >= 0, "max_tokens must be >= 0, got {}", max_new_tokens);
   for (int32_t t : stop_token_ids) {
     DSA_CHECK(t >= 0 && t < vocab_size, "stop_token_ids: id {} is outside the vocabulary [0, {})", t,
@@ -207,6 +209,15 @@ void fill_logprobs(std::span<const float> logits, const SamplingParams& p, Sampl
 }
 
 }  // namespace
+
+SampleResult token_logprobs(std::span<const float> logits, int32_t token, int32_t top) {
+  SampleResult r;
+  r.token = token;
+  SamplingParams p;
+  p.top_logprobs = top;
+  fill_logprobs(logits, p, r);
+  return r;
+}
 
 SamplerState::SamplerState(uint64_t seed, std::span<const int32_t> prompt, bool track_tokens)
     : track_(track_tokens) {

@@ -61,6 +61,10 @@ inline bool uses_token_history(const SamplingParams& p) {
 SampleResult sample(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
                     std::vector<float>& scratch, TokenConstraint* constraint = nullptr);
 
+// `token`'s log-probability under log_softmax(`logits`) and the `top` most likely tokens (as reported for a
+// sample; ties to the lower id): prompt logprobs.
+SampleResult token_logprobs(std::span<const float> logits, int32_t token, int32_t top);
+
 // The softmax probabilities the sampler draws from (after penalties, temperature, top_k/top_p/min_p;
 // zero for dropped tokens). For tests: the distribution that sample() realises.
 std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,

@@ -24,7 +24,11 @@ struct SamplingParams {
   std::optional<uint64_t> seed;  // reproducible sampling; unset: a random seed per request
   bool logprobs = false;         // report the sampled token's log-probability
   int32_t top_logprobs = 0;      // [0, 20]: also the most likely alternatives
-  int64_t max_new_tokens = 16;   // >= 0
+  // vLLM's prompt_logprobs: -1 off; k in [0, 20]: the log-probability of every prompt token after the
+  // first (and its k most likely alternatives), reported before the first sample. Such a request skips
+  // the prefix cache until they are reported (cached tokens have no logits).
+  int32_t prompt_logprobs = -1;
+  int64_t max_new_tokens = 16;  // >= 0
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   // Scheduling, not sampling (carried here so that it reaches the scheduler with the request): with

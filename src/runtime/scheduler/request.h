@@ -36,6 +36,9 @@ struct Request {
   RadixCache::NodeId prefix_node = RadixCache::kRoot;  // locked while the request holds it
   int64_t prefix_pages = 0;                            // leading page_table entries owned by the cache
   int64_t kv_len = 0;                                  // tokens whose KV is in the cache
+  // params.prompt_logprobs: the next prompt position whose logprob is to be reported (1 .. prompt_len;
+  // prompt_len: all reported).
+  int64_t prompt_logprobs_next = 1;
 
   // Bookkeeping.
   int64_t cached_tokens = 0;  // prefix-cache hit at first admission (usage.cached_tokens)
@@ -54,6 +57,10 @@ struct Request {
   int64_t num_output() const { return int64_t(tokens.size()) - prompt_len; }
   int64_t remaining_input() const { return int64_t(tokens.size()) - kv_len; }
   bool finished() const { return finish != FinishReason::none; }
+  // Prompt logprobs are still to be reported (such a request does not take prefixes from the cache).
+  bool wants_prompt_logprobs() const {
+    return params.prompt_logprobs >= 0 && prompt_logprobs_next < prompt_len;
+  }
 };
 
 }  // namespace dsaserve::runtime

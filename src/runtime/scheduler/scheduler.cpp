@@ -147,7 +147,9 @@ void Scheduler::finish(Request& r, FinishReason why, std::string error, std::vec
 
 bool Scheduler::admit(Request& r, int64_t budget, ScheduleBatch& b, std::vector<StepOutput>& out) {
   const int64_t ps = pool_.page_size();
-  RadixCache::Match m = cache_.match_prefix(r.tokens, int64_t(r.tokens.size()) - 1);
+  // A request that still reports prompt logprobs computes its whole prompt (cached tokens have no logits).
+  RadixCache::Match m =
+      cache_.match_prefix(r.tokens, r.wants_prompt_logprobs() ? 0 : int64_t(r.tokens.size()) - 1);
   cache_.lock(m.node);
   // Admit only when the whole remaining input and the first output token fit (with what eviction can
   // free), so that a new request does not immediately push a running one out.
@@ -243,6 +245,15 @@ ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
     if (!admit(r, budget, b, out)) break;
     budget -= b.num_prefill_tokens - before;
   }
+  // Prompt logprobs: the rows of this chunk's positions that predict a prompt token not reported yet.
+  for (ScheduledRequest& s : b.items) {
+    const Request& r = *s.req;
+    if (!r.wants_prompt_logprobs()) continue;
+    const int64_t from = std::max(s.start, r.prompt_logprobs_next - 1);
+    const int64_t to = std::min(s.start + s.num_new, r.prompt_len - 1);
+    s.logprob_from = from;
+    s.logprob_rows = std::max<int64_t>(0, to - from);
+  }
   return b;
 }
 
@@ -252,10 +263,44 @@ model::ForwardBatch Scheduler::build_forward(const ScheduleBatch& batch) const {
   for (const ScheduledRequest& s : batch.items) {
     const Request& r = *s.req;
     DSA_CHECK(r.kv_len == s.start, "scheduler: request {} moved since it was scheduled", r.id);
+    const int64_t base = fb.num_tokens();
     fb.add_request(std::span<const int32_t>(r.tokens).subspan(size_t(r.kv_len), size_t(s.num_new)), r.kv_len,
                    r.page_table, s.decode);
+    for (int64_t q = 0; q < s.logprob_rows; ++q)
+      fb.extra_logit_rows.push_back(int32_t(base + s.logprob_from - s.start + q));
   }
   return fb;
+}
+
+int64_t Scheduler::num_prompt_logprob_rows(const ScheduleBatch& batch) {
+  int64_t n = 0;
+  for (const ScheduledRequest& s : batch.items) n += s.logprob_rows;
+  return n;
+}
+
+void Scheduler::process_prompt_logprobs(const ScheduleBatch& batch, std::span<const float> rows,
+                                        int64_t vocab, std::vector<StepOutput>& out) {
+  DSA_CHECK(int64_t(rows.size()) == num_prompt_logprob_rows(batch) * vocab,
+            "scheduler: {} prompt logprob values for {} rows of vocab {}", rows.size(),
+            num_prompt_logprob_rows(batch), vocab);
+  int64_t row = 0;
+  for (const ScheduledRequest& s : batch.items) {
+    Request* r = s.logprob_rows > 0 ? alive(s) : nullptr;
+    if (r != nullptr) {
+      StepOutput o;
+      o.id = r->id;
+      for (int64_t q = s.logprob_from; q < s.logprob_from + s.logprob_rows; ++q) {
+        if (q + 1 < r->prompt_logprobs_next) continue;  // reported before (a recomputation)
+        if (o.prompt_logprobs.empty()) o.prompt_logprobs_from = q + 1;
+        o.prompt_logprobs.push_back(
+            token_logprobs(rows.subspan(size_t((row + q - s.logprob_from) * vocab), size_t(vocab)),
+                           r->tokens[size_t(q + 1)], r->params.prompt_logprobs));
+        r->prompt_logprobs_next = q + 2;
+      }
+      if (!o.prompt_logprobs.empty()) out.push_back(std::move(o));
+    }
+    row += s.logprob_rows;
+  }
 }
 
 void Scheduler::commit(const ScheduleBatch& batch) {

@@ -58,6 +58,10 @@ struct ScheduledRequest {
   int64_t num_new = 0;
   bool sample = false;
   bool decode = false;  // a running request's single next token (else a prefill or a chunk of one)
+  // Prompt logprobs: the logits rows of positions [logprob_from, logprob_from + logprob_rows) (each
+  // predicts the prompt token after it) come back after the batch's last-token rows.
+  int64_t logprob_from = 0;
+  int64_t logprob_rows = 0;
 };
 
 struct ScheduleBatch {
@@ -70,9 +74,13 @@ struct ScheduleBatch {
 // What a step produced for one request (plain data for the output queue).
 struct StepOutput {
   uint64_t id = 0;
-  int32_t token = -1;  // -1: none (a finish without a new token: abort, error)
+  int32_t token = -1;  // -1: none (a finish without a new token: abort, error; prompt logprobs)
   float logprob = 0.0f;
   std::vector<TokenLogprob> top_logprobs;
+  // params.prompt_logprobs: entries for consecutive prompt tokens, from position prompt_logprobs_from on
+  // (the first prompt token has none); they come before the request's first sample.
+  std::vector<SampleResult> prompt_logprobs;
+  int64_t prompt_logprobs_from = 0;
   FinishReason finish = FinishReason::none;
   std::string error;
   int64_t prompt_tokens = 0;
@@ -116,6 +124,13 @@ class Scheduler {
   // (finished, aborted) are skipped.
   void process(const ScheduleBatch& batch, std::span<const float> logits, int64_t vocab,
                std::vector<StepOutput>& out);
+  // The batch's prompt-logprob rows ([sum of items' logprob_rows, vocab], in item order, the rows after
+  // the last-token ones): one StepOutput with prompt_logprobs per live item that has rows. Call before
+  // process() (the entries precede the first sample).
+  void process_prompt_logprobs(const ScheduleBatch& batch, std::span<const float> rows, int64_t vocab,
+                               std::vector<StepOutput>& out);
+  // Sum of the items' logprob_rows.
+  static int64_t num_prompt_logprob_rows(const ScheduleBatch& batch);
   // The CPU sampler's part of process(`logits`): rows[k].logits = item k's row, and for every item that
   // samples, is alive and has no constraint, results[k] = its sample (drawn from the request's sampler
   // state exactly as process() would) with rows[k].sampled pointing at it. Constrained rows are left to
