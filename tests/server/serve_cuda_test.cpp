@@ -460,12 +460,16 @@ TEST(ServeCuda, GpuSamplingSeededWithLogprobsAndGrammarRows) {
       EXPECT_GT(lp.get<double>(), -1e4) << a.body;
     }
     // Top entries are keyed by text (distinct ids may share one): 1..3 of them, the most likely of the
-    // raw row, so none is below the sampled token's log-probability by construction of its maximum.
+    // raw row, plus the sampled token when it is not among them (OpenAI: up to logprobs + 1 entries), so
+    // none is below the sampled token's log-probability by construction of its maximum.
     const json& tops = ca["logprobs"]["top_logprobs"];
+    const json& toks = ca["logprobs"]["tokens"];
     ASSERT_EQ(tops.size(), 16u) << a.body;
+    ASSERT_EQ(toks.size(), 16u) << a.body;
     for (size_t i = 0; i < tops.size(); ++i) {
       EXPECT_GE(tops[i].size(), 1u) << a.body;
-      EXPECT_LE(tops[i].size(), 3u) << a.body;
+      EXPECT_LE(tops[i].size(), 4u) << a.body;
+      EXPECT_TRUE(tops[i].contains(toks[i].get<std::string>())) << "token " << i << ": sampled token missing";
       double best = -1e30;
       for (const auto& [tok, lp] : tops[i].items()) {
         EXPECT_LE(lp.get<double>(), 0.0) << tok;
