@@ -1,5 +1,6 @@
 // CPU forward throughput: prefill and decode tokens/s of the fixture models (tiny, realdims, realdims_fp8).
 // forward_bench [--models DIR] [--prefill N] [--decode M] [--batch B] [--threads T]
+//               [--model PATH [--load-format dummy] [--json-model-override-args JSON]]  (one model instead)
 // Prefill: one request of N random tokens in one step. Decode: B requests, each with an N-token context,
 // then M steps of one token per request (a batch of B decodes per step).
 #include <fmt/format.h>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "core/parallel.h"
+#include "model/load.h"
 #include "model/model.h"
 
 namespace {
@@ -21,8 +23,9 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-void bench(const std::filesystem::path& dir, int64_t prefill, int64_t decode, int64_t batch) {
-  const auto model = model::Model::load(dir, false);
+void bench(const model::LoadSpec& spec, int64_t prefill, int64_t decode, int64_t batch) {
+  const std::filesystem::path dir = spec.model;
+  const auto model = model::load_model(spec, Device::cpu, false);
   const int64_t V = model->config().vocab_size, ps = 64;
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(V - 1));
@@ -75,6 +78,7 @@ int main(int argc, char** argv) {
   std::filesystem::path models = std::filesystem::path("..") / "shared" / "fixtures" / "models";
   if (const char* e = std::getenv("DSASERVE_FIXTURES")) models = std::filesystem::path(e) / "models";
   int64_t prefill = 512, decode = 64, batch = 4;
+  model::LoadSpec one;  // --model: this model only
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--models")
@@ -85,6 +89,12 @@ int main(int argc, char** argv) {
       decode = std::stoll(v);
     else if (a == "--batch")
       batch = std::stoll(v);
+    else if (a == "--model")
+      one.model = v;
+    else if (a == "--load-format")
+      one.load_format = v;
+    else if (a == "--json-model-override-args")
+      one.override_args = v;
     else if (a == "--threads")
       set_num_threads(std::stoi(v));
     else {
@@ -93,9 +103,13 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    if (!one.model.empty()) {
+      bench(one, prefill, decode, batch);
+      return 0;
+    }
     for (const char* name : {"tiny", "realdims", "realdims_fp8"}) {
       if (std::filesystem::exists(models / name))
-        bench(models / name, prefill, decode, batch);
+        bench(model::LoadSpec{(models / name).string()}, prefill, decode, batch);
       else
         fmt::print("{}: missing under {} (set DSASERVE_FIXTURES or --models)\n", name, models.string());
     }

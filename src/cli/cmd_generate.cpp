@@ -1,4 +1,5 @@
-// dsaserve generate --model DIR (--prompt-ids 1,2,3 | --prompt-ids-file F) --max-new-tokens N
+// dsaserve generate --model DIR [--load-format dummy] [--json-model-override-args JSON] (--prompt-ids 1,2,3 |
+// --prompt-ids-file F) --max-new-tokens N
 //                   [--temperature T --top-k K --top-p P --min-p M --seed S] [--page-size P] [--threads N]
 //                   [--device cpu|cuda] [--kv-cache-dtype auto|bf16|fp8_e4m3|f32]
 //                   [--cuda-graph-max-bs N | --disable-cuda-graph]
@@ -18,10 +19,12 @@
 #include <optional>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "cli/token_ids.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/ops.h"
+#include "model/load.h"
 #include "model/score.h"
 #include "runtime/engine/cuda_graph_runner.h"
 #include "runtime/engine/device.h"
@@ -55,7 +58,8 @@ std::vector<int32_t> generate_with_graphs(const model::Model& m, std::span<const
 
 CommandRun setup(CLI::App& sub) {
   struct Opts {
-    std::string model, prompt, prompt_file, device = "cpu", kv_cache_dtype = "auto";
+    model::LoadSpec model;
+    std::string prompt, prompt_file, device = "cpu", kv_cache_dtype = "auto";
     int64_t max_new = 16, page_size = 64, cuda_graph_max_bs = 256;
     bool disable_cuda_graph = false;
     int threads = 0;
@@ -64,7 +68,7 @@ CommandRun setup(CLI::App& sub) {
     uint64_t seed = 0;
   };
   auto o = std::make_shared<Opts>();
-  sub.add_option("--model", o->model, "model directory (config.json + safetensors)")->required();
+  add_model_options(sub, o->model)->required();
   auto* p = sub.add_option("--prompt-ids", o->prompt, "prompt token ids, comma-separated");
   auto* pf = sub.add_option("--prompt-ids-file", o->prompt_file, "file of prompt token ids");
   p->excludes(pf);
@@ -98,7 +102,7 @@ CommandRun setup(CLI::App& sub) {
     const Device device = runtime::parse_device(o->device);
     runtime::use_device(device);
     const auto t0 = std::chrono::steady_clock::now();
-    auto model = model::Model::load(o->model, false);
+    auto model = model::load_model(o->model, device, false);
     const model::KvCacheDtype kv_dtype =
         runtime::resolve_kv_cache_dtype(o->kv_cache_dtype, device, model->config());
     if (device == Device::cuda) model::set_default_cuda_kv_dtype(kv_dtype);  // the caches generate makes

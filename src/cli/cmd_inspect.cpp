@@ -1,4 +1,5 @@
-// dsaserve inspect --model DIR | --config FILE [--json]: architecture, per-layer kinds, parameter counts
+// dsaserve inspect --model DIR|FILE [--load-format dummy] [--json-model-override-args JSON] | --config FILE
+// [--json]: architecture, per-layer kinds, parameter counts
 // and (with a checkpoint) its tensors grouped by layer, the bytes per dtype and the weight binding check.
 #include <fmt/format.h>
 
@@ -8,8 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/dummy_weights.h"
 #include "model/param_count.h"
 #include "model/weights.h"
 
@@ -154,6 +157,14 @@ void print_text(const json& r) {
   fmt::print("  {:16} total {:>10}  active {:>10}   (MTP layers: {})\n", "ALL",
              human(double(p["total"].get<int64_t>())), human(double(p["active"].get<int64_t>())),
              human(double(p["mtp"].get<int64_t>())));
+  if (r.contains("dummy_weights")) {
+    const json& d = r["dummy_weights"];
+    fmt::print("dummy weights (--load-format dummy, MTP layers not included): {} tensors, {} bytes\n",
+               d["tensors"].get<int64_t>(), d["bytes"].get<int64_t>());
+    for (auto it = d["bytes_by_dtype"].begin(); it != d["bytes_by_dtype"].end(); ++it) {
+      fmt::print("  {:8} {} bytes\n", it.key(), it.value().get<int64_t>());
+    }
+  }
   if (r.contains("checkpoint")) {
     const json& ck = r["checkpoint"];
     fmt::print("checkpoint: {} files, {} tensors, {} bytes; binding: {}\n", ck["files"].get<int64_t>(),
@@ -171,27 +182,45 @@ void print_text(const json& r) {
   }
 }
 
+// The dummy weights' tensors (model/dummy_weights.h): count and bytes per dtype, no tensor made.
+json dummy_report(const ModelConfig& c) {
+  std::map<std::string, int64_t> bytes_by_dtype;
+  int64_t total = 0, n = 0;
+  for (const model::DummyTensor& t : model::dummy_tensors(c)) {
+    int64_t e = 1;
+    for (int64_t d : t.shape) e *= d;
+    bytes_by_dtype[std::string(dtype_safetensors_name(t.dtype))] += e * int64_t(dtype_size(t.dtype));
+    total += e * int64_t(dtype_size(t.dtype));
+    ++n;
+  }
+  return {{"tensors", n}, {"bytes", total}, {"bytes_by_dtype", bytes_by_dtype}};
+}
+
 const CommandRegistration reg("inspect",
                               "Summarise a model config and checkpoint (architecture, layers, parameters)",
                               [](CLI::App& sub) -> CommandRun {
-                                auto model_dir = std::make_shared<std::string>();
+                                auto spec = std::make_shared<model::LoadSpec>();
                                 auto config_file = std::make_shared<std::string>();
                                 auto as_json = std::make_shared<bool>(false);
-                                auto* mo = sub.add_option("--model", *model_dir, "checkpoint directory");
+                                auto* mo = add_model_options(
+                                    sub, *spec, "--model",
+                                    "checkpoint directory, or a config file (with --load-format dummy: the "
+                                    "dummy weights' tensors are reported)");
                                 auto* co = sub.add_option("--config", *config_file, "a config.json alone");
                                 mo->excludes(co);
                                 sub.add_flag("--json", *as_json, "print JSON");
                                 return [=]() -> int {
-                                  if (model_dir->empty() && config_file->empty()) {
+                                  if (spec->model.empty() && config_file->empty()) {
                                     throw Error("inspect: give --model DIR or --config FILE");
                                   }
-                                  const fs::path cfg_path = config_file->empty()
-                                                                ? fs::path(*model_dir) / "config.json"
-                                                                : fs::path(*config_file);
-                                  const ModelConfig cfg = ModelConfig::from_file(cfg_path);
+                                  const fs::path path =
+                                      config_file->empty() ? fs::path(spec->model) : fs::path(*config_file);
+                                  const ModelConfig cfg = ModelConfig::load(path, spec->override_args);
                                   json r = config_report(cfg);
-                                  if (!model_dir->empty()) {
-                                    const io::Checkpoint ckpt = io::Checkpoint::open(*model_dir);
+                                  if (spec->dummy()) {
+                                    r["dummy_weights"] = dummy_report(cfg);
+                                  } else if (!spec->model.empty() && fs::is_directory(spec->model)) {
+                                    const io::Checkpoint ckpt = io::Checkpoint::open(spec->model);
                                     r["checkpoint"] = checkpoint_report(cfg, ckpt);
                                     model::ModelWeights::bind(cfg, ckpt);  // throws listing mismatches
                                     r["binding"] = "ok (no missing or unexpected tensors)";

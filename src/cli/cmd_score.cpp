@@ -1,4 +1,5 @@
-// dsaserve score --model DIR (--ids 1,2,3 | --ids-file F) --out logits.safetensors [--chunk N]
+// dsaserve score --model DIR [--load-format dummy] [--json-model-override-args JSON] (--ids 1,2,3 |
+// --ids-file F) --out logits.safetensors [--chunk N]
 //                [--decode-from K] [--mtp] [--page-size P] [--attention auto|mha|absorbed] [--trace-dir D]
 //                [--device cpu|cuda] [--kv-cache-dtype auto|bf16|fp8_e4m3|f32]
 // Runs a token sequence through the model the way the engine serves it (a prefill in chunks of N, then
@@ -17,10 +18,12 @@
 #include <optional>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "cli/token_ids.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "io/safetensors.h"
+#include "model/load.h"
 #include "model/score.h"
 #include "plan/step.h"
 #include "plan/trace_summary.h"
@@ -32,14 +35,15 @@ namespace {
 
 CommandRun setup(CLI::App& sub) {
   struct Opts {
-    std::string model, ids, ids_file, out, attention = "auto", trace_dir, trace_plan_deployment,
-                                           device = "cpu", kv_cache_dtype = "auto";
+    model::LoadSpec model;
+    std::string ids, ids_file, out, attention = "auto", trace_dir, trace_plan_deployment, device = "cpu",
+                                    kv_cache_dtype = "auto";
     int64_t chunk = 0, decode_from = -1, page_size = 64;
     int threads = 0;
     bool mtp = false;
   };
   auto o = std::make_shared<Opts>();
-  sub.add_option("--model", o->model, "model directory (config.json + safetensors)")->required();
+  add_model_options(sub, o->model)->required();
   auto* ids_opt = sub.add_option("--ids", o->ids, "token ids, comma-separated");
   auto* file =
       sub.add_option("--ids-file", o->ids_file, "file of token ids (comma/space separated or a JSON array)");
@@ -71,14 +75,14 @@ CommandRun setup(CLI::App& sub) {
     const Device device = runtime::parse_device(o->device);
     runtime::use_device(device);
     const auto t0 = std::chrono::steady_clock::now();
-    auto model = model::Model::load(o->model, o->mtp);
+    auto model = model::load_model(o->model, device, o->mtp);
     const model::KvCacheDtype kv_dtype =
         runtime::resolve_kv_cache_dtype(o->kv_cache_dtype, device, model->config());
     if (device == Device::cuda) model::set_default_cuda_kv_dtype(kv_dtype);  // the caches score makes
     model = runtime::model_on_device(std::move(model), device);
     const int64_t V = model->config().vocab_size;
     check_token_ids(ids, V);
-    DSA_CHECK(!o->mtp || model->num_mtp_layers() > 0, "--mtp: {} has no MTP layer", o->model);
+    DSA_CHECK(!o->mtp || model->num_mtp_layers() > 0, "--mtp: {} has no MTP layer", o->model.model);
     model::ScoreOptions so;
     so.chunk = o->chunk;
     so.decode_from = o->decode_from;
@@ -120,7 +124,7 @@ CommandRun setup(CLI::App& sub) {
     std::vector<std::pair<std::string, Tensor>> out{{"input_ids", id_t}, {"logits", r.logits}};
     if (o->mtp && r.mtp_logits.defined()) out.emplace_back("mtp_logits", r.mtp_logits);
     io::write_safetensors(o->out, out,
-                          {{"model", o->model},
+                          {{"model", o->model.model},
                            {"chunk", std::to_string(o->chunk)},
                            {"decode_from", std::to_string(o->decode_from)}});
     const double load_s = std::chrono::duration<double>(t1 - t0).count();

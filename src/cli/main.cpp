@@ -1,4 +1,5 @@
 // dsaserve: one binary, one subcommand per tool (inspect, score, tokenize, serve, plan, ...).
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -17,7 +18,10 @@ std::vector<Command>& commands() {
 
 int main(int argc, char** argv) {
   using namespace dsaserve::cli;
-  spdlog::set_pattern("%^%l%$: %v");  // errors print as one line: "error: <what, naming file/tensor/field>"
+  // Log lines (errors print as one: "error: <what, naming file/tensor/field>") go to stderr; stdout
+  // carries only the commands' output.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("dsaserve"));
+  spdlog::set_pattern("%^%l%$: %v");
   CLI::App app{"dsaserve: a native inference server for MLA + DSA + MoE models (GLM-5.x, DeepSeek-V3.2)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "dsaserve 0.1.0");

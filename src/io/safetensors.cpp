@@ -22,12 +22,17 @@ using nlohmann::json;
 class MappedFile {
  public:
   explicit MappedFile(const fs::path& path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer; it is refused below.
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     DSA_CHECK(fd_ >= 0, "{}: cannot open: {}", path.string(), std::strerror(errno));
     struct stat st {};
     if (::fstat(fd_, &st) != 0) {
       ::close(fd_);
       fail("{}: cannot stat: {}", path.string(), std::strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      fail("{}: not a regular file (a FIFO, device or socket cannot be mapped)", path.string());
     }
     size_ = size_t(st.st_size);
     if (size_ > 0) {

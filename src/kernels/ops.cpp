@@ -92,6 +92,7 @@ class CpuBackend final : public Backend {
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
     return cpu::moe_experts(x, routing, experts);
   }
+  void fill_dummy(Tensor& t, const dummy::FillSpec& f) override { cpu::fill_dummy(t, f); }
 };
 
 CpuBackend g_cpu;
@@ -221,6 +222,7 @@ Tensor argmax(const Tensor& x) {
   DSA_KERNEL_SPAN("argmax", x);
   return backend(x.device()).argmax(x);
 }
+void fill_dummy(Tensor& t, const dummy::FillSpec& f) { backend(t.device()).fill_dummy(t, f); }
 void add_inplace(Tensor& a, const Tensor& b) {
   DSA_KERNEL_SPAN("add_inplace", a);
   backend(a.device()).add_inplace(a, b);

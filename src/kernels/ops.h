@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "core/dummy_fill.h"
 #include "core/tensor.h"
 
 namespace dsaserve::kernels {
@@ -219,6 +220,15 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
 // sum_k routing.weights[t, k] * experts[routing.ids[t, k]](x[t]) -> f32 [T, H].
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts);
 
+// Dummy weights (--load-format dummy, model/dummy_weights.h): fills the contiguous tensor `t` (bf16, f32
+// or f8e4m3fn) as core/dummy_fill.h defines; every backend writes the same bytes for the same spec.
+void fill_dummy(Tensor& t, const dummy::FillSpec& f);
+
+// The CUDA indexer (indexer_topk_rows on kernel-format caches) splits its rows so that one launch's f32
+// score buffer stays within this many bytes (scores of one row of n keys: 4 n bytes; a row is never
+// split). runtime/engine/device.h's workspace estimate counts this bound, not rows x context.
+inline constexpr int64_t kIndexerScoreBudgetBytes = int64_t(1) << 30;
+
 // ---- backends ----
 
 // One implementation of every operator for a device. The CPU backend is built in; the CUDA module
@@ -269,6 +279,7 @@ class Backend {
                                const Tensor& slots);
   virtual Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) = 0;
   virtual Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) = 0;
+  virtual void fill_dummy(Tensor& t, const dummy::FillSpec& f) = 0;
 };
 
 // The backend of a device; throws when none is registered (e.g. CUDA in a CPU-only build).

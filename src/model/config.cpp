@@ -371,4 +371,47 @@ ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
   return from_json(j, path.string());
 }
 
+std::filesystem::path ModelConfig::config_path(const std::filesystem::path& model) {
+  return std::filesystem::is_directory(model) ? model / "config.json" : model;
+}
+
+json ModelConfig::apply_overrides(json config, const std::string& overrides_json) {
+  if (overrides_json.empty()) return config;
+  json o;
+  try {
+    o = json::parse(overrides_json);
+  } catch (const json::exception& e) {
+    fail("--json-model-override-args: not valid JSON: {}", e.what());
+  }
+  DSA_CHECK(o.is_object(), "--json-model-override-args: expected a JSON object, got {}", o.dump());
+  DSA_CHECK(config.is_object(), "--json-model-override-args: the config is not a JSON object");
+  for (auto it = o.begin(); it != o.end(); ++it) config[it.key()] = it.value();
+  if (o.contains("num_hidden_layers") && o["num_hidden_layers"].is_number_integer()) {
+    const int64_t L = o["num_hidden_layers"].get<int64_t>();
+    for (const char* key : {"indexer_types", "index_topk_pattern", "mlp_layer_types", "layer_types"}) {
+      if (o.contains(key) || !config.contains(key) || L < 0) continue;
+      json& v = config[key];
+      if (v.is_array() && int64_t(v.size()) > L) v.erase(v.begin() + L, v.end());
+      if (v.is_string() && int64_t(v.get<std::string>().size()) > L)
+        v = v.get<std::string>().substr(0, size_t(L));
+    }
+  }
+  return config;
+}
+
+ModelConfig ModelConfig::load(const std::filesystem::path& model, const std::string& overrides_json) {
+  const std::filesystem::path path = config_path(model);
+  if (overrides_json.empty()) return from_file(path);
+  std::ifstream in(path);
+  DSA_CHECK(in.good(), "{}: cannot open", path.string());
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON: {}", path.string(), e.what());
+  }
+  return from_json(apply_overrides(std::move(j), overrides_json),
+                   path.string() + " with --json-model-override-args");
+}
+
 }  // namespace dsaserve::model

@@ -87,6 +87,18 @@ struct ModelConfig {
   // Parses and validates; throws dsaserve::Error naming the key at fault.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& origin = "config.json");
   static ModelConfig from_file(const std::filesystem::path& path);
+  // from_file(config_path(model)) with apply_overrides(overrides_json) (empty: none).
+  static ModelConfig load(const std::filesystem::path& model, const std::string& overrides_json = "");
+
+  // `model` itself when it is a file, else model/config.json.
+  static std::filesystem::path config_path(const std::filesystem::path& model);
+  // --json-model-override-args (SGLang's flag): the keys of `overrides_json` (a JSON object) replace the
+  // config's top-level keys, as SGLang's config.update() does. When num_hidden_layers changes, the
+  // per-layer lists the overrides leave alone (indexer_types, index_topk_pattern, mlp_layer_types,
+  // layer_types) keep their first num_hidden_layers entries, so a truncated model keeps its
+  // first_k_dense_replace dense layers and its indexer pattern; a list that is too short stays as it is
+  // (from_json then names it). Throws naming the flag on bad JSON or a non-object.
+  static nlohmann::json apply_overrides(nlohmann::json config, const std::string& overrides_json);
 };
 
 }  // namespace dsaserve::model

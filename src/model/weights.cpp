@@ -14,20 +14,33 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A checkpoint's tensors by name.
+class CheckpointSource final : public WeightSource {
+ public:
+  explicit CheckpointSource(const io::Checkpoint& ckpt) : ckpt_(ckpt) {}
+  bool has(const std::string& name) const override { return ckpt_.contains(name); }
+  Tensor get(const std::string& name, const Shape&) override { return ckpt_.get(name); }
+  std::vector<std::string> names() const override { return ckpt_.names(); }
+
+ private:
+  const io::Checkpoint& ckpt_;
+};
+
 // Looks tensors up by name, checks shapes, and remembers what was used and what was missing.
 class Binder {
  public:
-  Binder(const ModelConfig& cfg, const io::Checkpoint& ckpt) : cfg_(cfg), ckpt_(ckpt) {}
+  Binder(const ModelConfig& cfg, WeightSource& src) : cfg_(cfg), src_(src) {}
 
-  bool has(const std::string& name) const { return ckpt_.contains(name); }
+  bool has(const std::string& name) const { return src_.has(name); }
 
   Tensor get(const std::string& name, const Shape& shape) {
-    if (!ckpt_.contains(name)) {
+    if (!src_.has(name)) {
       missing_.push_back(name);
       return {};
     }
     used_.insert(name);
-    Tensor t = ckpt_.get(name);
+    Tensor t = src_.get(name, shape);
+    if (!t.defined()) return t;  // a dry run (dummy_tensors): nothing is made
     if (t.shape() != shape) {
       errors_.push_back(fmt::format("tensor '{}': shape {} but the config implies {}", name,
                                     shape_str(t.shape()), shape_str(shape)));
@@ -109,7 +122,7 @@ class Binder {
   void finish(bool with_mtp) const {
     std::vector<std::string> unexpected;
     const std::string mtp_prefix_base = "model.layers.";
-    for (const std::string& n : ckpt_.names()) {
+    for (const std::string& n : src_.names()) {
       if (used_.count(n)) continue;
       if (!with_mtp && is_mtp_tensor(n)) continue;
       unexpected.push_back(n);
@@ -137,7 +150,7 @@ class Binder {
 
  private:
   const ModelConfig& cfg_;
-  const io::Checkpoint& ckpt_;
+  WeightSource& src_;
   std::set<std::string> used_;
   std::vector<std::string> missing_;
   std::vector<std::string> errors_;
@@ -146,7 +159,12 @@ class Binder {
 }  // namespace
 
 ModelWeights ModelWeights::bind(const ModelConfig& cfg, const io::Checkpoint& ckpt, bool with_mtp) {
-  Binder b(cfg, ckpt);
+  CheckpointSource src(ckpt);
+  return bind(cfg, src, with_mtp);
+}
+
+ModelWeights ModelWeights::bind(const ModelConfig& cfg, WeightSource& src, bool with_mtp) {
+  Binder b(cfg, src);
   ModelWeights w;
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
   w.embed_tokens = b.get("model.embed_tokens.weight", {V, H});

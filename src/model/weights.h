@@ -70,6 +70,18 @@ struct MtpWeights {
   std::optional<Linear> shared_head;  // [vocab, H] copy of lm_head (absent -> lm_head)
 };
 
+// Where the binder finds tensors by their checkpoint names: a checkpoint (ModelWeights::bind), or
+// generated ones (model/dummy_weights.h). get() is called once per name that has() reports, with the
+// shape the config implies; a dry source may return an undefined tensor (nothing is made).
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  virtual bool has(const std::string& name) const = 0;
+  virtual Tensor get(const std::string& name, const Shape& shape) = 0;
+  // Every name the source holds (those no slot takes are reported as unexpected).
+  virtual std::vector<std::string> names() const = 0;
+};
+
 struct ModelWeights {
   Tensor embed_tokens;  // [vocab, H]
   std::vector<LayerWeights> layers;
@@ -80,6 +92,7 @@ struct ModelWeights {
   // Binds every checkpoint tensor to a slot. Throws dsaserve::Error listing missing and unexpected
   // tensors (by name) and shape or dtype mismatches. `with_mtp` false ignores the MTP layers' tensors.
   static ModelWeights bind(const ModelConfig& cfg, const io::Checkpoint& ckpt, bool with_mtp = true);
+  static ModelWeights bind(const ModelConfig& cfg, WeightSource& src, bool with_mtp = true);
 
   // A copy with every tensor on `device`, dtypes kept as stored (bf16, FP8 + F32 scales). Tensors that
   // are views of one another (a tied lm_head, the MTP layer's copies) are uploaded once.

@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "server/json_body.h"
 #include "tokenizer/utf8.h"
 
 namespace dsaserve::server {
@@ -105,7 +106,7 @@ void Job::start() {
       po.start_in_reasoning = ctx_.reasoning && chat::prompt_opens_reasoning(prompt_text_);
       if (tools) {
         po.tool_format = ctx_.tool_format;
-        po.tools = nlohmann::json::parse(spec_.chat_request["tools"].dump());
+        po.tools = spec_.parser_tools;
       }
       c.parser.emplace(std::move(po));
     }
@@ -132,6 +133,24 @@ void Job::cancel() {
   for (Choice& c : choices_) {
     if (!c.engine_done) ctx_.engine->abort(c.engine_id);
     c.done = true;
+  }
+  complete();
+}
+
+void Job::fail(const ApiError& e) {
+  if (finished_) return;
+  for (Choice& x : choices_) {
+    if (!x.engine_done) ctx_.engine->abort(x.engine_id);
+    x.done = true;
+  }
+  if (!cancelled_) {
+    if (spec_.stream) {
+      sink_->stream_event(dump_json(e.body()));
+    } else {
+      cancelled_ = true;  // nothing more is written
+      ctx_.metrics->request_done(endpoint_, e.status);
+      sink_->send_json(e.status, e.body());
+    }
   }
   complete();
 }
@@ -303,7 +322,7 @@ void Job::emit(Choice& c, size_t index, const std::string& text, bool final) {
   json chunk = chunk_base();
   chunk["choices"] = json::array({ch});
   if (spec_.include_usage) chunk["usage"] = nullptr;
-  sink_->stream_event(chunk.dump());
+  sink_->stream_event(dump_json(chunk));
 }
 
 void Job::on_output(const runtime::StepOutput& o) {
@@ -358,19 +377,7 @@ void Job::on_output(const runtime::StepOutput& o) {
   }
   if (!c.error.empty()) {
     // An engine error (the prompt cannot be served): the whole request fails.
-    if (spec_.stream) {
-      sink_->stream_event(ApiError(400, c.error).body().dump());
-    }
-    for (Choice& x : choices_) {
-      if (!x.engine_done) ctx_.engine->abort(x.engine_id);
-      x.done = true;
-    }
-    if (!spec_.stream) {
-      cancelled_ = true;  // nothing more is written
-      ctx_.metrics->request_done(endpoint_, 400);
-      sink_->send_json(400, ApiError(400, c.error, spec_.chat ? "messages" : "prompt").body());
-    }
-    complete();
+    fail(ApiError(400, c.error, spec_.chat ? "messages" : "prompt"));
     return;
   }
   emit(c, index, text, c.done);
@@ -397,7 +404,7 @@ void Job::complete() {
       json chunk = chunk_base();
       chunk["choices"] = json::array();
       chunk["usage"] = u;
-      sink_->stream_event(chunk.dump());
+      sink_->stream_event(dump_json(chunk));
     }
     sink_->stream_event("[DONE]");
     sink_->stream_end();

@@ -82,6 +82,9 @@ class Job : public std::enable_shared_from_this<Job> {
   void on_output(const runtime::StepOutput& o);
   // The client went away: abort what is still generating; nothing more is written.
   void cancel();
+  // Ends the job with an error (engine error, server shutdown): aborts what is still generating; a
+  // stream gets an OpenAI error object as an event, then [DONE]; otherwise the error is the response.
+  void fail(const ApiError& e);
   bool finished() const { return finished_; }
 
  private:

@@ -48,13 +48,26 @@ std::optional<double> get_number(const json& b, const char* key, double lo, doub
 std::optional<int64_t> get_int(const json& b, const char* key, int64_t lo, int64_t hi) {
   auto it = b.find(key);
   if (it == b.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number_integer() &&
-      !(it->is_number_float() && std::floor(it->get<double>()) == it->get<double>())) {
+  const auto out_of_range = [&](const std::string& v) {
+    bad(key, fmt::format("{} is not in [{}, {}]", v, lo, hi));
+  };
+  int64_t v = 0;
+  if (it->is_number_unsigned()) {  // JSON's non-negative integers, up to 2^64 - 1
+    const uint64_t u = it->get<uint64_t>();
+    if (hi < 0 || u > uint64_t(hi)) out_of_range(std::to_string(u));
+    v = int64_t(u);
+  } else if (it->is_number_integer()) {
+    v = it->get<int64_t>();
+  } else if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()) {
+    const double d = it->get<double>();  // an integer written as 2.0 or 1e3
+    // Doubles in [-2^63, 2^63) convert to int64 exactly; others are out of any int64 range.
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) out_of_range(fmt::format("{}", d));
+    v = int64_t(d);
+  } else {
     bad(key, fmt::format("expected an integer, got {}", type_name(*it)));
   }
-  const double d = it->get<double>();
-  if (d < double(lo) || d > double(hi)) bad(key, fmt::format("{} is not in [{}, {}]", d, lo, hi));
-  return int64_t(d);
+  if (v < lo || v > hi) out_of_range(std::to_string(v));
+  return v;
 }
 
 std::optional<bool> get_bool(const json& b, const char* key) {
@@ -73,7 +86,8 @@ void parse_common(const json& b, int64_t vocab, int64_t max_n, GenerationSpec& s
   runtime::SamplingParams& p = s.params;
   if (auto v = get_number(b, "temperature", 0, 2)) p.temperature = float(*v);
   if (auto v = get_number(b, "top_p", 0, 1)) {
-    if (*v <= 0) bad("top_p", "must be greater than 0");
+    // float(1e-300) is 0: the value the sampler would get must be > 0.
+    if (float(*v) <= 0) bad("top_p", fmt::format("must be greater than 0 (as a float32), got {}", *v));
     p.top_p = float(*v);
   }
   if (auto v = get_int(b, "top_k", -1, std::numeric_limits<int32_t>::max())) p.top_k = int32_t(*v);
@@ -81,7 +95,8 @@ void parse_common(const json& b, int64_t vocab, int64_t max_n, GenerationSpec& s
   if (auto v = get_number(b, "presence_penalty", -2, 2)) p.presence_penalty = float(*v);
   if (auto v = get_number(b, "frequency_penalty", -2, 2)) p.frequency_penalty = float(*v);
   if (auto v = get_number(b, "repetition_penalty", 0, 2)) {
-    if (*v <= 0) bad("repetition_penalty", "must be greater than 0");
+    if (float(*v) <= 0)
+      bad("repetition_penalty", fmt::format("must be greater than 0 (as a float32), got {}", *v));
     p.repetition_penalty = float(*v);
   }
   if (auto v = get_int(b, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max())) {
@@ -102,6 +117,7 @@ void parse_common(const json& b, int64_t vocab, int64_t max_n, GenerationSpec& s
   if (auto v = get_bool(b, "stream")) s.stream = *v;
   if (auto it = b.find("stream_options"); it != b.end() && !it->is_null()) {
     if (!it->is_object()) bad("stream_options", fmt::format("expected an object, got {}", type_name(*it)));
+    if (!s.stream) bad("stream_options", "only allowed when stream is true");
     if (auto v = get_bool(*it, "include_usage")) s.include_usage = *v;
   }
   if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
@@ -231,6 +247,8 @@ GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
     if (!t->empty()) {
       s.chat_request["tools"] = *t;
       s.has_tools = true;
+      // Converted here, on the preparation pool, not on the I/O thread that starts the job.
+      s.parser_tools = nlohmann::json::parse(t->dump());
     }
   }
   if (auto tc = b.find("tool_choice"); tc != b.end() && !tc->is_null()) {

@@ -49,6 +49,7 @@ struct GenerationSpec {
   // Chat: the request for the chat template ({messages, tools?, add_generation_prompt,
   // chat_template_kwargs?}). Completions: the prompt as text or as token ids.
   nlohmann::ordered_json chat_request;
+  nlohmann::json parser_tools;  // the tools again, for the tool-call output parser
   bool has_tools = false;
   std::string tool_choice = "auto";  // "auto", "none", "required", or a function name (forced)
   bool parallel_tool_calls = true;   // false: tool_choice "required" allows one call only

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/signal_set.hpp>
+#include <cctype>
 #include <csignal>
 #include <fstream>
 #include <map>
@@ -16,8 +18,10 @@
 #include "core/error.h"
 #include "plan/trace_summary.h"
 #include "runtime/engine/device.h"
+#include "runtime/engine/memory_plan.h"
 #include "server/builtin.h"
 #include "server/constrained.h"
+#include "server/json_body.h"
 #include "server/session.h"
 #include "trace/trace.h"
 
@@ -46,6 +50,22 @@ chat::ToolCallFormat tool_format(const std::string& name) {
                                                             {"deepseek-r1", "deepseek_r1"}};
   auto it = sglang.find(name);
   return chat::tool_call_format_from_name(it == sglang.end() ? name : it->second);
+}
+
+// "Authorization: Bearer <key>", the scheme in any case (RFC 7235), spaces around the key allowed.
+bool bearer_matches(std::string_view auth, const std::string& key) {
+  auto trim = [](std::string_view v) {
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+    return v;
+  };
+  auth = trim(auth);
+  if (auth.size() < 7) return false;
+  for (size_t i = 0; i < 6; ++i) {
+    if (std::tolower(static_cast<unsigned char>(auth[i])) != "bearer"[i]) return false;
+  }
+  if (auth[6] != ' ' && auth[6] != '\t') return false;
+  return trim(auth.substr(7)) == key;
 }
 
 // Threads that prepare requests (template, tokenizer, grammar) off the I/O thread.
@@ -82,10 +102,23 @@ class Server {
   runtime::EngineStats engine_stats() const { return engine_->stats(); }
 
   int run() {
-    const tcp::endpoint ep(net::ip::make_address(cfg_.host), static_cast<unsigned short>(cfg_.port));
+    // --host: an address or a name (localhost); the first address it resolves to.
+    beast::error_code rec;
+    tcp::resolver resolver(ioc_);
+    const auto found = resolver.resolve(cfg_.host, std::to_string(cfg_.port),
+                                        tcp::resolver::passive | tcp::resolver::numeric_service, rec);
+    DSA_CHECK(!rec && !found.empty(), "--host {}: cannot resolve it: {}", cfg_.host, rec.message());
+    tcp::endpoint ep = found.begin()->endpoint();
+    for (const auto& r : found) {
+      if (r.endpoint().address().is_v4()) {
+        ep = r.endpoint();  // IPv4 first (localhost: 127.0.0.1)
+        break;
+      }
+    }
     acceptor_.open(ep.protocol());
     acceptor_.set_option(net::socket_base::reuse_address(true));
-    acceptor_.bind(ep);
+    acceptor_.bind(ep, rec);
+    DSA_CHECK(!rec, "--host {} --port {}: cannot listen there: {}", cfg_.host, cfg_.port, rec.message());
     acceptor_.listen(net::socket_base::max_listen_connections);
     engine_->start();
     pump_ = std::thread([this] { pump(); });
@@ -93,11 +126,30 @@ class Server {
       if (!ec) begin_drain(sig);
     });
     accept();
+    const auto bound = acceptor_.local_endpoint();
+    const std::string addr =
+        bound.address().is_v6() ? "[" + bound.address().to_string() + "]" : bound.address().to_string();
     fmt::print("dsaserve serve: listening on http://{}:{} (model {}, {} KV pages of {} tokens, context {})\n",
-               cfg_.host, acceptor_.local_endpoint().port(), cfg_.served_model_name, cfg_.engine.kv_pages,
-               cfg_.engine.page_size, context_);
+               addr, bound.port(), cfg_.served_model_name, cfg_.engine.kv_pages, cfg_.engine.page_size,
+               context_);
     std::fflush(stdout);
-    ioc_.run();
+    // Every handler catches what a request can throw; should anything still escape one, it is logged
+    // and the I/O thread goes on serving (an exception must not end the process).
+    for (;;) {
+      try {
+        ioc_.run();
+        break;
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "dsaserve serve: error: unexpected exception on the I/O thread: {}\n",
+                   printable(e.what()));
+      } catch (...) {
+        fmt::print(stderr, "dsaserve serve: error: unexpected exception on the I/O thread\n");
+      }
+    }
+    // Requests still on the preparation pool stop at their next check; queued ones never start.
+    stopping_ = true;
+    prep_pool_.stop();
+    prep_pool_.join();
     pump_stop_ = true;
     if (pump_.joinable()) pump_.join();
     engine_->stop();
@@ -107,8 +159,24 @@ class Server {
  private:
   void accept() {
     acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
-      if (ec) return;  // closed by the drain
-      std::make_shared<Session>(std::move(socket), router_, cfg_.max_body_bytes, cfg_.read_timeout_s)
+      if (draining_ || !acceptor_.is_open()) return;  // closed by the drain
+      if (ec) {
+        // Out of descriptors (EMFILE, ENFILE) or memory, or a connection reset while queued: the
+        // listening socket stays; try again after a pause (10 ms, doubling to 1 s) so that an error that
+        // persists does not spin. Connections wait in the backlog meanwhile.
+        if (accept_backoff_ms_ == 0) {
+          fmt::print(stderr, "dsaserve serve: warning: accept failed: {} (retrying)\n", ec.message());
+        }
+        accept_backoff_ms_ = std::min<int64_t>(std::max<int64_t>(10, accept_backoff_ms_ * 2), 1000);
+        accept_timer_.expires_after(std::chrono::milliseconds(accept_backoff_ms_));
+        accept_timer_.async_wait([this](beast::error_code e) {
+          if (!e) accept();
+        });
+        return;
+      }
+      accept_backoff_ms_ = 0;
+      std::make_shared<Session>(std::move(socket), router_, cfg_.max_body_bytes, cfg_.read_timeout_s,
+                                &open_writes_)
           ->start();
       accept();
     });
@@ -128,12 +196,47 @@ class Server {
   void check_drained() {
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - drain_start_).count();
-    if ((ctx_.active_jobs == 0 && preparing_ == 0) || waited >= cfg_.shutdown_grace_s) {
-      ioc_.stop();
-      return;
+    if (ctx_.active_jobs == 0 && preparing_ == 0) {
+      flush_until_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      return stop_when_flushed();  // the last answers are written out first
     }
+    if (waited >= cfg_.shutdown_grace_s) return end_grace();
     drain_timer_.expires_after(std::chrono::milliseconds(50));
     drain_timer_.async_wait([this](beast::error_code) { check_drained(); });
+  }
+
+  // The grace is over: what still runs ends with an error (a stream gets an error event, then [DONE]),
+  // then the I/O thread stops once those last writes are out (at most 1 s more).
+  void end_grace() {
+    stopping_ = true;
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (auto& [id, weak] : ctx_.routes) {
+      if (auto job = weak.lock()) jobs.push_back(std::move(job));
+    }
+    std::sort(jobs.begin(), jobs.end());
+    jobs.erase(std::unique(jobs.begin(), jobs.end()), jobs.end());
+    fmt::print("dsaserve serve: shutdown grace of {} s over; ending {} requests with an error\n",
+               cfg_.shutdown_grace_s, jobs.size());
+    std::fflush(stdout);
+    for (const auto& job : jobs) {
+      try {
+        job->fail(ApiError(503,
+                           fmt::format("the server shut down before the request finished (shutdown "
+                                       "grace {} s)",
+                                       cfg_.shutdown_grace_s),
+                           "", "server_error"));
+      } catch (const std::exception&) {
+        job->cancel();
+      }
+    }
+    flush_until_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    stop_when_flushed();
+  }
+
+  void stop_when_flushed() {
+    if (open_writes_ == 0 || std::chrono::steady_clock::now() >= flush_until_) return ioc_.stop();
+    drain_timer_.expires_after(std::chrono::milliseconds(10));
+    drain_timer_.async_wait([this](beast::error_code) { stop_when_flushed(); });
   }
 
   // Moves engine outputs to the I/O thread, where each goes to its job in order.
@@ -159,7 +262,17 @@ class Server {
       }
       return;
     }
-    job->on_output(o);
+    try {
+      job->on_output(o);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "dsaserve serve: error: request failed while writing its output: {}\n",
+                 printable(e.what()));
+      try {
+        job->fail(ApiError(500, printable(e.what()), "", "server_error"));
+      } catch (const std::exception&) {
+        job->cancel();
+      }
+    }
   }
 
   void route(const std::shared_ptr<Session>& s, const http::request<http::string_body>& req) {
@@ -169,7 +282,7 @@ class Server {
     try {
       if (path.rfind("/v1/", 0) == 0 && !cfg_.api_key.empty()) {
         const auto auth = req[http::field::authorization];
-        if (auth != "Bearer " + cfg_.api_key) {
+        if (!bearer_matches(std::string_view(auth.data(), auth.size()), cfg_.api_key)) {
           throw ApiError(401, "Incorrect or missing API key (send \"Authorization: Bearer <key>\")", "",
                          "invalid_request_error", "invalid_api_key");
         }
@@ -189,21 +302,37 @@ class Server {
       if (path == "/v1/models") {
         if (!get) throw ApiError(405, "use GET");
         metrics_.request_done(path, 200);
-        const json m = {{"id", cfg_.served_model_name},
-                        {"object", "model"},
-                        {"created", 0},
-                        {"owned_by", "dsaserve"},
-                        {"max_model_len", context_}};
-        return s->send_json(200, json{{"object", "list"}, {"data", json::array({m})}});
+        return s->send_json(200, json{{"object", "list"}, {"data", json::array({model_card()})}});
+      }
+      if (path.rfind("/v1/models/", 0) == 0) {
+        if (!get) throw ApiError(405, "use GET");
+        const std::string id = path.substr(11);
+        if (id != cfg_.served_model_name) {
+          throw ApiError(404,
+                         fmt::format("The model '{}' does not exist (this server serves '{}')", printable(id),
+                                     cfg_.served_model_name),
+                         "model", "invalid_request_error", "model_not_found");
+        }
+        metrics_.request_done(path, 200);
+        return s->send_json(200, model_card());
       }
       if (path == "/v1/chat/completions" || path == "/v1/completions") {
         if (!post) throw ApiError(405, "use POST");
         return generate(s, req, path, arrival);
       }
-      throw ApiError(404, fmt::format("no route {} {}", std::string(req.method_string()), path));
+      throw ApiError(
+          404, fmt::format("no route {} {}", printable(std::string(req.method_string())), printable(path)));
     } catch (...) {
       reply_error(s, path);
     }
+  }
+
+  json model_card() const {
+    return {{"id", cfg_.served_model_name},
+            {"object", "model"},
+            {"created", 0},
+            {"owned_by", "dsaserve"},
+            {"max_model_len", context_}};
   }
 
   // Inside a catch: answers `path` on `s` with the exception in flight (an ApiError's status and body, else
@@ -216,7 +345,10 @@ class Server {
       s->send_json(e.status, e.body());
     } catch (const std::exception& e) {
       metrics_.request_done(path, 500);
-      s->send_json(500, ApiError(500, e.what(), "", "server_error").body());
+      s->send_json(500, ApiError(500, printable(e.what()), "", "server_error").body());
+    } catch (...) {
+      metrics_.request_done(path, 500);
+      s->send_json(500, ApiError(500, "internal error", "", "server_error").body());
     }
   }
 
@@ -242,7 +374,9 @@ class Server {
       } catch (const ApiError& e) {
         api_error = e;
       } catch (const std::exception& e) {
-        internal_error = e.what();
+        internal_error = printable(e.what());
+      } catch (...) {
+        internal_error = "unknown error while preparing the request";
       }
       net::post(ioc_, [this, s, path, arrival, prep, api_error, internal_error] {
         --preparing_;
@@ -261,6 +395,29 @@ class Server {
     });
   }
 
+  // A constrained request's schema or tools become a grammar, whose compilation grows faster than linearly
+  // with their size (xgrammar: ~3 s for one object of 2,000 properties, ~4 s for 1,600 tools): bounded.
+  static void check_grammar_source(const GenerationSpec& spec) {
+    static constexpr int64_t kMaxValues = 4096, kMaxKeys = 512;
+    const bool forced_call =
+        spec.chat && spec.has_tools && spec.tool_choice != "auto" && spec.tool_choice != "none";
+    const bool schema = spec.response_format == "json_schema";
+    if (!forced_call && !schema) return;
+    const JsonShape shape = json_shape(forced_call ? spec.chat_request.at("tools") : spec.response_schema);
+    const char* param = forced_call ? "tools" : "response_format.json_schema.schema";
+    if (shape.values > kMaxValues || shape.max_object_keys > kMaxKeys) {
+      throw ApiError(400,
+                     fmt::format("{} has {} JSON values and an object of {} keys; a grammar-constrained "
+                                 "request allows at most {} values and {} keys per object",
+                                 param, shape.values, shape.max_object_keys, kMaxValues, kMaxKeys),
+                     param);
+    }
+  }
+
+  void check_stopping() const {
+    if (stopping_) throw ApiError(503, "the server is shutting down", "", "server_error");
+  }
+
   struct Prepared {
     GenerationSpec spec;
     std::vector<int32_t> prompt;
@@ -271,20 +428,10 @@ class Server {
   // preparation pool: reads only what is immutable while serving (the tokenizer, templates, the grammar
   // backend, which is thread-safe, the limits).
   Prepared prepare(const std::string& raw, bool chat) const {
-    nlohmann::ordered_json body;  // key order kept (tools and schemas reach the template and grammar as sent)
-    try {
-      // Nesting is bounded: the request's values are copied and walked recursively afterwards (templates,
-      // schemas, the grammar compiler), so a deeply nested body must not reach them.
-      static constexpr int kMaxDepth = 64;
-      body = nlohmann::ordered_json::parse(
-          raw, [](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json&) {
-            if (depth > kMaxDepth)
-              throw ApiError(400, fmt::format("the body nests more than {} levels", kMaxDepth));
-            return true;
-          });
-    } catch (const json::parse_error& e) {
-      throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()));
-    }
+    // Key order kept (tools and schemas reach the template and grammar as sent); time linear in the body;
+    // nesting bounded (the request's values are copied and walked recursively afterwards: templates,
+    // schemas, the grammar compiler), and keys and values too.
+    const nlohmann::ordered_json body = parse_json_body(raw, JsonLimits{}, &stopping_);
     const int64_t vocab = model_->config().vocab_size;
     GenerationSpec spec = chat ? parse_chat_request(body, vocab, cfg_.max_n)
                                : parse_completion_request(body, vocab, cfg_.max_n);
@@ -294,8 +441,10 @@ class Server {
                                  cfg_.served_model_name),
                      "model", "invalid_request_error", "model_not_found");
     }
+    check_grammar_source(spec);
     std::vector<int32_t> prompt;
     std::string prompt_text;
+    check_stopping();
     if (chat) {
       const auto& tmpl = spec.has_tools && chat_tools_ ? chat_tools_ : chat_;
       if (!tmpl) throw ApiError(400, "this model has no chat template: use /v1/completions", "messages");
@@ -310,6 +459,7 @@ class Server {
     } else {
       prompt = spec.prompt_ids;
     }
+    check_stopping();
     if (prompt.empty()) {
       try {
         for (uint32_t id : tok_.encode(prompt_text)) prompt.push_back(int32_t(id));
@@ -333,6 +483,7 @@ class Server {
                      "max_tokens", "invalid_request_error", "context_length_exceeded");
     }
     if (!spec.max_tokens_given) spec.params.max_new_tokens = chat ? room : std::min<int64_t>(16, room);
+    check_stopping();
     spec.grammar = request_grammar(grammar_.get(), spec, ctx_.tool_format, ctx_.reasoning, prompt_text);
     return Prepared{std::move(spec), std::move(prompt), std::move(prompt_text)};
   }
@@ -356,7 +507,13 @@ class Server {
   std::chrono::steady_clock::time_point drain_start_;
   int64_t context_ = 0;
   int64_t max_prompt_ = 0;
-  int64_t preparing_ = 0;  // requests on the preparation pool (I/O thread only)
+  int64_t preparing_ = 0;    // requests on the preparation pool (I/O thread only)
+  int64_t open_writes_ = 0;  // sessions with a write under way (I/O thread only)
+  int64_t accept_backoff_ms_ = 0;
+  net::steady_timer accept_timer_{ioc_};
+  std::chrono::steady_clock::time_point flush_until_;
+  // Set when the server stops: preparations under way give up at their next check.
+  std::atomic<bool> stopping_{false};
   // Last member: destroyed (stopped and joined) first, before anything its tasks read.
   net::thread_pool prep_pool_{kPrepThreads};
 };
@@ -384,18 +541,23 @@ int run_server(const ServerConfig& in) {
   // Model.
   std::shared_ptr<model::Model> model;
   std::filesystem::path model_dir;
-  if (is_builtin_model(cfg.model_path)) {
+  const std::string& model_path = cfg.model.model;
+  if (is_builtin_model(model_path)) {
     const auto dir = std::filesystem::temp_directory_path() / fmt::format("dsaserve-builtin-{}", ::getpid());
     model = make_builtin_model(dir, cfg.builtin_seed);
     std::error_code ec;
-    std::filesystem::remove_all(dir, ec);                                       // the weights stay mapped
-    if (cfg.served_model_name.empty()) cfg.served_model_name = cfg.model_path;  // builtin:demo or builtin
+    std::filesystem::remove_all(dir, ec);                                   // the weights stay mapped
+    if (cfg.served_model_name.empty()) cfg.served_model_name = model_path;  // builtin:demo or builtin
   } else {
-    DSA_CHECK(!cfg.model_path.empty(), "--model is required (a model folder, or builtin:demo)");
-    model_dir = cfg.model_path;
-    model = model::Model::load(model_dir, false);
+    DSA_CHECK(!model_path.empty(), "--model is required (a model folder, or builtin:demo)");
+    // A folder, or a config file (dummy weights): its folder holds the tokenizer and generation config.
+    model_dir = std::filesystem::is_directory(model_path)
+                    ? std::filesystem::path(model_path)
+                    : std::filesystem::absolute(model_path).parent_path();
+    // Dummy weights are generated on the device directly; a checkpoint is bound on the host.
+    model = model::load_model(cfg.model, device, false);
     if (cfg.served_model_name.empty())
-      cfg.served_model_name = std::filesystem::absolute(model_dir).filename().string();
+      cfg.served_model_name = std::filesystem::absolute(model_path).filename().string();
   }
   // The weights on the device (dtypes kept); the engine's KV cache follows them.
   const model::KvCacheDtype kv_dtype =
@@ -404,11 +566,18 @@ int run_server(const ServerConfig& in) {
   const auto t_loaded = std::chrono::steady_clock::now();
   model = runtime::model_on_device(std::move(model), device);
   const auto t_uploaded = std::chrono::steady_clock::now();
+  const runtime::DeviceMemory after_weights = runtime::device_memory(device);
   // Tokenizer and chat template.
   std::string tok_path = cfg.tokenizer_path;
   if (tok_path.empty()) {
-    if (is_builtin_model(cfg.model_path)) {
+    if (is_builtin_model(model_path)) {
       tok_path = "builtin:bytes";
+    } else if (cfg.model.dummy() && !std::filesystem::exists(model_dir / "tokenizer.json")) {
+      // Random weights and no tokenizer beside the config: the byte-level one (any text is a few ids).
+      tok_path = "builtin:bytes";
+      fmt::print(
+          "dsaserve serve: {} has no tokenizer.json: dummy weights served with --tokenizer builtin:bytes\n",
+          model_dir.string());
     } else {
       DSA_CHECK(std::filesystem::exists(model_dir / "tokenizer.json"),
                 "{} has no tokenizer.json: pass --tokenizer DIR or --tokenizer builtin:bytes",
@@ -423,7 +592,9 @@ int run_server(const ServerConfig& in) {
   if (tok_path == "builtin:bytes") {
     tok.emplace(make_builtin_tokenizer());
     const nlohmann::ordered_json special = {{"bos_token", kBuiltinBos}, {"eos_token", kBuiltinEos}};
-    chat_tmpl.emplace(builtin_chat_template(), special);
+    chat_tmpl.emplace(
+        cfg.chat_template_path.empty() ? builtin_chat_template() : read_text(cfg.chat_template_path),
+        special);
     eos.push_back(int32_t(*tok->token_to_id(kBuiltinEos)));
   } else {
     tok.emplace(tokenizer::Tokenizer::from_file(tok_path));
@@ -462,10 +633,13 @@ int run_server(const ServerConfig& in) {
     }
   }
   cfg.engine.scheduler.eos_token_ids = eos;
-  // Warm-up (CUDA): kernel loading, cuBLASLt heuristics and allocator growth before the first request.
+  // Warm-up (CUDA): kernel loading, cuBLASLt heuristics and allocator growth before the first request;
+  // its cached blocks go back to the device, so the free memory measured next is what steps can use.
   const double warm_s = device == Device::cuda ? runtime::warm_up(*model, kv_dtype, 64) : 0.0;
+  runtime::release_cached_memory(device);
   constexpr double kGiB = 1024.0 * 1024 * 1024;
-  const double weight_gib = double(model->weights().bytes()) / kGiB;
+  const int64_t weight_bytes = model->weights().bytes();
+  const double weight_gib = double(weight_bytes) / kGiB;
   const double page_bytes =
       double(model::KvCache::bytes_per_token(model->config(), model->num_mtp_layers() > 0, kv_dtype) *
              cfg.engine.page_size);
@@ -473,42 +647,58 @@ int run_server(const ServerConfig& in) {
   cfg.engine.scheduler.max_context =
       cfg.context_length > 0 ? std::min(cfg.context_length, model_ctx > 0 ? model_ctx : cfg.context_length)
                              : model_ctx;
+  // --kv-pages: N; 0: from --mem-fraction-static; unset (-1): 512 pages on the CPU, on CUDA what the
+  // device has free after the weights, less the activation workspace a step can hold and a reserve.
+  if (cfg.engine.kv_pages < 0 && device == Device::cpu) cfg.engine.kv_pages = 512;
   if (cfg.engine.kv_pages <= 0) {
-    DSA_CHECK(cfg.mem_fraction_static > 0 && cfg.mem_fraction_static < 1,
-              "--mem-fraction-static must be in (0, 1) when --kv-pages is not given, got {}",
-              cfg.mem_fraction_static);
+    const bool fraction = cfg.engine.kv_pages == 0 || cfg.mem_fraction_static > 0;
+    if (fraction) {
+      DSA_CHECK(cfg.mem_fraction_static > 0 && cfg.mem_fraction_static < 1,
+                "--mem-fraction-static must be in (0, 1) with --kv-pages 0, got {}", cfg.mem_fraction_static);
+    }
     const runtime::DeviceMemory mem = runtime::device_memory(device);
     double kv_bytes = 0;
     if (device == Device::cpu) {
-      kv_bytes = cfg.mem_fraction_static * double(mem.total) - double(model->weights().bytes());
+      kv_bytes = cfg.mem_fraction_static * double(mem.total) - double(weight_bytes);
     } else {
       const auto& sc = cfg.engine.scheduler;
-      const int64_t step_tokens =
-          std::max<int64_t>(sc.max_prefill_tokens, sc.chunked_prefill_size) + sc.max_running_requests;
-      // CUDA graphs (when on) keep their own pool: one decode step of the largest batch bucket.
-      const int64_t graph_bs = cfg.engine.cuda_graph_max_bs > 0 && kv_dtype != model::KvCacheDtype::f32
-                                   ? std::min(cfg.engine.cuda_graph_max_bs, sc.max_running_requests)
-                                   : 0;
-      const int64_t workspace = runtime::activation_workspace_bytes(model->config(), step_tokens,
-                                                                    sc.max_running_requests, sc.max_context) +
-                                runtime::cuda_graph_pool_bytes(model->config(), graph_bs, sc.max_context);
-      kv_bytes = cfg.mem_fraction_static * double(mem.free) - double(workspace);
+      runtime::StepLimits lim;
+      lim.max_running_requests = sc.max_running_requests;
+      lim.max_prefill_tokens = sc.max_prefill_tokens;
+      lim.chunked_prefill_size = sc.chunked_prefill_size;
+      lim.max_context = sc.max_context;
+      lim.cuda_graph_max_bs = kv_dtype != model::KvCacheDtype::f32 ? cfg.engine.cuda_graph_max_bs : 0;
+      lim.forward = cfg.engine.forward;
+      const runtime::WorkspaceEstimate ws = runtime::estimate_workspace(model->config(), lim);
+      const runtime::MemorySplit split =
+          runtime::split_memory(weight_bytes, after_weights.free, mem.free, mem.total, ws.total(),
+                                fraction ? cfg.mem_fraction_static : 0.0);
+      kv_bytes = double(split.kv_bytes);
       fmt::print(
-          "dsaserve serve: device memory {:.2f} GiB free of {:.2f} GiB after the weights ({:.2f} GiB) and "
-          "warm-up; KV budget {:.2f} x free - {:.2f} GiB activation workspace ({} tokens/step) = {:.2f} "
-          "GiB\n",
-          double(mem.free) / kGiB, double(mem.total) / kGiB, weight_gib, cfg.mem_fraction_static,
-          double(workspace) / kGiB, step_tokens, kv_bytes / kGiB);
+          "dsaserve serve: device memory {:.2f} GiB; weights {:.2f} GiB; free after the weights {:.2f} GiB, "
+          "after warm-up {:.2f} GiB; activation workspace {}; {}KV pool {:.2f} GiB = {:.1f}% of the memory "
+          "free after the weights\n",
+          double(mem.total) / kGiB, weight_gib, double(split.free_after_weights) / kGiB,
+          double(split.free_now) / kGiB, ws.describe(),
+          fraction ? fmt::format("--mem-fraction-static {} x free - workspace: ", cfg.mem_fraction_static)
+                   : fmt::format("reserve {:.2f} GiB; ", double(split.reserve) / kGiB),
+          kv_bytes / kGiB, 100.0 * split.kv_share());
+      DSA_CHECK(split.kv_bytes > 0,
+                "the device has {:.2f} GiB free after the weights and warm-up, less than the {:.2f} GiB a "
+                "step can hold ({}); lower --max-prefill-tokens, --chunked-prefill-size or "
+                "--max-running-requests, or give --kv-pages",
+                double(mem.free) / kGiB, double(ws.total()) / kGiB, ws.describe());
     }
     cfg.engine.kv_pages = int64_t(kv_bytes / page_bytes);
     DSA_CHECK(cfg.engine.kv_pages > 0, "--mem-fraction-static {} leaves no memory for the KV cache",
               cfg.mem_fraction_static);
   }
   fmt::print(
-      "dsaserve serve: device {} ({}); weights {:.3f} GiB; KV cache {}: {} pages of {} tokens ({:.3f} GiB)\n",
+      "dsaserve serve: device {} ({}); weights {:.3f} GiB; KV cache {}: {} pages of {} tokens = {} tokens "
+      "({:.3f} GiB)\n",
       device_name(device), runtime::device_description(device), weight_gib,
       runtime::kv_cache_dtype_name(kv_dtype), cfg.engine.kv_pages, cfg.engine.page_size,
-      double(cfg.engine.kv_pages) * page_bytes / kGiB);
+      cfg.engine.kv_pages * cfg.engine.page_size, double(cfg.engine.kv_pages) * page_bytes / kGiB);
   std::fflush(stdout);
   if (int64_t(tok->vocab_size()) > model->config().vocab_size) {
     fmt::print(stderr, "dsaserve serve: warning: the tokenizer has {} ids, the model's vocabulary {}\n",

@@ -8,12 +8,15 @@
 #include <cstdint>
 #include <string>
 
+#include "model/load.h"
 #include "runtime/engine/engine.h"
 
 namespace dsaserve::server {
 
 struct ServerConfig {
-  std::string model_path;          // a model folder, or "builtin" (the built-in random-weight model)
+  // model.model: a model folder, "builtin" (the built-in random-weight model), or with load_format dummy
+  // a config file; model.load_format / override_args: --load-format, --json-model-override-args.
+  model::LoadSpec model;
   std::string tokenizer_path;      // a folder / tokenizer.json, "builtin:bytes"; empty: the model folder's
   std::string chat_template_path;  // a Jinja file overriding the tokenizer's chat template
   std::string served_model_name;   // empty: "builtin" or the model folder's name
@@ -25,9 +28,12 @@ struct ServerConfig {
   // --tool-call-parser glm45 | glm47 | deepseekv3 | deepseekv31 | deepseekv32 (or the chat module's names).
   std::string reasoning_parser;
   std::string tool_call_parser;  // non-empty: /v1/* needs "Authorization: Bearer <key>"
-  runtime::EngineConfig engine;  // engine.kv_pages 0: from mem_fraction_static
-  // > 0 with kv_pages 0: the KV pool gets (fraction of RAM - weights) on the CPU, (fraction of the free
-  // device memory after the weights - an activation workspace estimate) on CUDA.
+  // engine.kv_pages: > 0 as given; 0: from mem_fraction_static; < 0 (the CLI's default): 512 on the CPU,
+  // on CUDA the device memory free after the weights and warm-up less the activation workspace a step
+  // can hold (runtime/engine/memory_plan.h) and a reserve.
+  runtime::EngineConfig engine;
+  // > 0 (with kv_pages <= 0): the KV pool gets (fraction of RAM - weights) on the CPU, (fraction of the
+  // free device memory after the weights - the activation workspace estimate) on CUDA.
   double mem_fraction_static = 0;
   std::string device = "cpu";           // cpu | cuda (runtime/engine/device.h)
   std::string sampling_device = "cpu";  // cpu | gpu (gpu: needs device cuda; engine.sample_on_device)

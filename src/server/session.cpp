@@ -2,13 +2,17 @@
 
 #include <fmt/format.h>
 
+#include "server/json_body.h"
+
 namespace dsaserve::server {
 
-Session::Session(tcp::socket socket, const Router& router, int64_t max_body_bytes, double read_timeout_s)
+Session::Session(tcp::socket socket, const Router& router, int64_t max_body_bytes, double read_timeout_s,
+                 int64_t* writes_in_flight)
     : stream_(std::move(socket)),
       router_(router),
       max_body_bytes_(max_body_bytes),
-      read_timeout_s_(read_timeout_s) {}
+      read_timeout_s_(read_timeout_s),
+      writes_in_flight_(writes_in_flight) {}
 
 void Session::start() {
   net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
@@ -17,6 +21,7 @@ void Session::start() {
 void Session::read() {
   if (closed_) return;
   parser_.emplace();
+  parser_->header_limit(kMaxHeaderBytes);
   parser_->body_limit(uint64_t(max_body_bytes_));
   stream_.expires_after(std::chrono::milliseconds(int64_t(read_timeout_s_ * 1000)));
   http::async_read(stream_, buffer_, *parser_,
@@ -25,16 +30,40 @@ void Session::read() {
 
 void Session::on_read(beast::error_code ec) {
   if (ec == http::error::body_limit) {
-    keep_alive_ = false;
-    send_json(413, ApiError(413, fmt::format("the request body exceeds {} bytes", max_body_bytes_)).body());
-    return;
+    return reject(413, fmt::format("the request body exceeds {} bytes", max_body_bytes_));
+  }
+  if (ec == http::error::header_limit) {
+    return reject(431, fmt::format("the request line and header fields exceed {} bytes", kMaxHeaderBytes));
+  }
+  // A request that does not parse (a clean close before a request, or in the middle of one, is not one).
+  if (ec && ec.category() == http::make_error_code(http::error::bad_target).category() &&
+      ec != http::error::end_of_stream && ec != http::error::partial_message) {
+    return reject(400, fmt::format("malformed HTTP request: {}", ec.message()));
   }
   if (ec) return close();  // end of stream, timeout, reset
   stream_.expires_never();
   req_ = parser_->release();
   keep_alive_ = req_.keep_alive();
+  http10_ = req_.version() < 11;
   respond_done_ = false;
-  router_(shared_from_this(), req_);
+  try {
+    router_(shared_from_this(), req_);
+  } catch (...) {
+    // The router answers its own errors; this is the last line, so that nothing a client sends ends the
+    // process.
+    if (!respond_done_) {
+      keep_alive_ = false;
+      send(500, R"({"error":{"message":"internal error","type":"server_error","param":null,"code":null}})",
+           "application/json");
+    }
+  }
+}
+
+void Session::reject(int status, const std::string& message) {
+  keep_alive_ = false;
+  linger_ = true;
+  respond_done_ = false;
+  send_json(status, ApiError(status, printable(message)).body());
 }
 
 void Session::set_job(std::shared_ptr<Job> job) {
@@ -50,8 +79,16 @@ void Session::watch_disconnect() {
       beast::error_code pe;
       const size_t n = self->stream_.socket().receive(net::buffer(&c, 1), tcp::socket::message_peek, pe);
       if (n > 0 && !pe) return;  // a pipelined request: not a disconnect
+      if (pe == net::error::eof) {
+        // End of stream: the client shut down its sending side, which a client still waiting for the
+        // answer may do. It gets the answer; one that is gone entirely fails the next write (a stream's
+        // next event), which cancels the generation.
+        self->peer_eof_ = true;
+        self->keep_alive_ = false;
+        return;
+      }
     }
-    // EOF or error: the client is gone.
+    // A reset or another error: the client is gone.
     auto job = self->job_;
     job->cancel();
     self->close();
@@ -69,10 +106,18 @@ void Session::send(int status, std::string body, const std::string& content_type
 }
 
 void Session::send_json(int status, const nlohmann::json& body) {
-  send(status, body.dump(), "application/json");
+  send(status, dump_json(body), "application/json");
 }
 
 void Session::stream_begin() {
+  if (http10_) {
+    // No chunked encoding in HTTP/1.0: the end of the connection ends the stream.
+    keep_alive_ = false;
+    queue_write(
+        "HTTP/1.1 200 OK\r\nServer: dsaserve\r\nContent-Type: text/event-stream\r\nCache-Control: "
+        "no-cache\r\nConnection: close\r\n\r\n");
+    return;
+  }
   queue_write(
       "HTTP/1.1 200 OK\r\nServer: dsaserve\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
       "Transfer-Encoding: chunked\r\nConnection: " +
@@ -81,12 +126,14 @@ void Session::stream_begin() {
 
 void Session::stream_event(const std::string& data) {
   const std::string ev = "data: " + data + "\n\n";
+  if (http10_) return queue_write(ev);
   queue_write(fmt::format("{:x}\r\n", ev.size()) + ev + "\r\n");
 }
 
 void Session::stream_end() {
   respond_done_ = true;
-  queue_write("0\r\n\r\n");
+  if (!http10_) return queue_write("0\r\n\r\n");
+  if (!writing_ && !closed_) after_response();
 }
 
 void Session::job_done() { job_.reset(); }
@@ -100,11 +147,11 @@ void Session::queue_write(std::string data) {
 void Session::write_next() {
   if (closed_) return;
   if (out_.empty()) {
-    writing_ = false;
+    set_writing(false);
     if (respond_done_) after_response();
     return;
   }
-  writing_ = true;
+  set_writing(true);
   net::async_write(stream_, net::buffer(out_.front()),
                    [self = shared_from_this()](beast::error_code ec, size_t) {
                      if (ec) {
@@ -116,16 +163,39 @@ void Session::write_next() {
                    });
 }
 
+void Session::set_writing(bool writing) {
+  if (writing == writing_) return;
+  writing_ = writing;
+  if (writes_in_flight_ != nullptr) *writes_in_flight_ += writing ? 1 : -1;
+}
+
 void Session::after_response() {
   respond_done_ = false;
   if (job_ && !job_->finished()) return;  // still generating (cannot happen: responses end jobs)
-  if (!keep_alive_) return close();
+  if (!keep_alive_) return linger_ ? linger_close() : close();
   read();
+}
+
+void Session::linger_close() {
+  if (closed_) return;
+  beast::error_code ec;
+  stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  stream_.expires_after(std::chrono::seconds(2));
+  drain_buf_.resize(4096);
+  drain_input();
+}
+
+void Session::drain_input() {
+  stream_.async_read_some(net::buffer(drain_buf_), [self = shared_from_this()](beast::error_code ec, size_t) {
+    if (ec) return self->close();  // end of stream, reset or the 2 s are up
+    self->drain_input();
+  });
 }
 
 void Session::close() {
   if (closed_) return;
   closed_ = true;
+  set_writing(false);
   if (job_) {
     auto job = job_;
     job_.reset();

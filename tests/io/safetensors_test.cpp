@@ -1,6 +1,7 @@
 #include "io/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <fstream>
 #include <random>
@@ -109,6 +110,21 @@ TEST(Safetensors, RejectsTruncatedFiles) {
     write_all(p, bytes.substr(0, n));
     EXPECT_THROW(SafetensorsFile::open(p), Error) << "length " << n;
   }
+}
+
+// issue 19: a FIFO would block open() until a writer came; it (and any non-regular file) is refused.
+TEST(Safetensors, RejectsFifosWithoutBlocking) {
+  const fs::path p = temp_path("fifo.safetensors");
+  fs::remove(p);
+  ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+  try {
+    SafetensorsFile::open(p);
+    FAIL() << "a FIFO opened";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(SafetensorsFile::open("/dev/null"), Error);
+  fs::remove(p);
 }
 
 // Randomised corruption of real headers: every mutated file either opens with a consistent index or

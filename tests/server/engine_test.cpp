@@ -273,34 +273,4 @@ TEST(Engine, OverlapScheduleOnTheEngineThread) {
 }
 
 }  // namespace
-// The KV pool on a GPU is sized from free memory less this workspace: buffers that grow with the context
-// (indexer scores, a prefill's MHA-form keys and values) count, at GLM-5.3's widths.
-TEST(DeviceWorkspace, GrowsWithTheContext) {
-  DSA_FIXTURE_PATH(path, "configs/glm-5.3.json");
-  const model::ModelConfig c = model::ModelConfig::from_file(path);
-  const int64_t tokens = 16384 + 64, requests = 64;
-  const int64_t short_ctx = runtime::activation_workspace_bytes(c, tokens, requests, 1);
-  const int64_t long_ctx = runtime::activation_workspace_bytes(c, tokens, requests, 131072);
-  const int64_t mha =
-      int64_t(131071) * c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) * 4;
-  EXPECT_GE(long_ctx - short_ctx, mha);                       // per-head K/V of the whole context
-  EXPECT_LE(long_ctx - short_ctx, mha + (int64_t(1) << 30));  // + indexer scores, capped at 1 GiB
-  EXPECT_GT(short_ctx, int64_t(1) << 30);
-}
-
-// CUDA graphs keep one decode step of their largest batch bucket apart: logits and per-token intermediates
-// of max_bs rows and the indexer scores of bs x context (capped at 512 MiB); nothing when graphs are off.
-TEST(DeviceWorkspace, CudaGraphPoolCountsOneDecodeStep) {
-  DSA_FIXTURE_PATH(path, "configs/glm-5.3.json");
-  const model::ModelConfig c = model::ModelConfig::from_file(path);
-  EXPECT_EQ(runtime::cuda_graph_pool_bytes(c, 0, 131072), 0);
-  const int64_t small = runtime::cuda_graph_pool_bytes(c, 64, 1),
-                big = runtime::cuda_graph_pool_bytes(c, 256, 1);
-  EXPECT_GE(small, int64_t(64) * c.vocab_size * 4);  // the logits at least
-  EXPECT_EQ(big - small, 3 * small);                 // linear in the batch
-  EXPECT_EQ(runtime::cuda_graph_pool_bytes(c, 256, 131072) - big, int64_t(256) * (131072 - 1) * 4);  // scores
-  EXPECT_EQ(runtime::cuda_graph_pool_bytes(c, 256, int64_t(1) << 20) - big,
-            (int64_t(1) << 29) - 256 * 4);  // cap
-}
-
 }  // namespace dsaserve::runtime

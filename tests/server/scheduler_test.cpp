@@ -11,8 +11,10 @@
 #include <optional>
 #include <random>
 
+#include "common/fixtures.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "runtime/engine/memory_plan.h"
 
 namespace dsaserve::runtime {
 namespace {
@@ -34,6 +36,8 @@ struct Harness {
   std::map<uint64_t, StepOutput> finished;
   int64_t steps = 0;
   std::map<uint64_t, std::pair<int64_t, int64_t>> last_batch;  // id -> (kv_len, num_new) of the last step
+  // The largest step seen: tokens, one request's new tokens, requests.
+  int64_t max_step_tokens = 0, max_item_tokens = 0, max_step_requests = 0;
 
   bool overlap = false;
   // process() with presampled rows (the engine's device-sampling path), sampled here by the CPU sampler
@@ -145,6 +149,9 @@ struct Harness {
     }
     sched.check_integrity();
     if (b.empty()) return had_flying || !sched.idle();
+    max_step_tokens = std::max(max_step_tokens, fb.num_tokens());
+    max_step_requests = std::max(max_step_requests, fb.num_requests());
+    for (const ScheduledRequest& it : b.items) max_item_tokens = std::max(max_item_tokens, it.num_new);
     std::vector<float> logits = forward(b, fb);
     sched.commit(b);
     if (overlap) {
@@ -203,6 +210,36 @@ TEST_P(SchedulerTest, ChunkedPrefillAndDecodeProduceTheReferenceTokens) {
     EXPECT_EQ(h.finished[id].completion_tokens, 9);
   }
   EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
+}
+
+// The activation workspace the KV pool is sized around (runtime/engine/memory_plan.h) bounds a step by these
+// limits: no step the scheduler makes is larger (tokens, one request's chunk, requests), with long
+// prompts, decodes and retraction on a small pool mixed.
+TEST_P(SchedulerTest, StepsStayWithinTheWorkspaceEstimatesLimits) {
+  DSA_FIXTURE_PATH(glm, "configs/glm-5.3.json");
+  for (const int64_t chunk : {int64_t(5), int64_t(0)}) {
+    SchedulerConfig cfg;
+    cfg.chunked_prefill_size = chunk;
+    cfg.max_prefill_tokens = 11;
+    cfg.max_running_requests = 4;
+    Harness h(40, 4, cfg, GetParam());
+    std::mt19937 rng(3);
+    for (uint64_t id = 1; id <= 10; ++id) h.add(id, random_prompt(rng, 2 + int64_t(id) * 5), 6);
+    h.run();
+    StepLimits lim;
+    lim.max_running_requests = cfg.max_running_requests;
+    lim.max_prefill_tokens = cfg.max_prefill_tokens;
+    lim.chunked_prefill_size = cfg.chunked_prefill_size;
+    lim.max_context = 64;
+    const model::ModelConfig c = model::ModelConfig::from_file(glm);
+    const WorkspaceEstimate e = estimate_workspace(c, lim);
+    EXPECT_LE(h.max_step_tokens, e.step_tokens) << "chunk " << chunk;
+    EXPECT_LE(h.max_item_tokens, e.chunk_tokens) << "chunk " << chunk;
+    EXPECT_LE(h.max_step_requests, lim.max_running_requests);
+    EXPECT_GE(h.max_item_tokens, chunk > 0 ? chunk : 11)
+        << "the limit was never reached: the case tests nothing";
+    EXPECT_EQ(h.finished.size(), 10u);
+  }
 }
 
 // process() with results sampled outside the scheduler (the engine's --sampling-device gpu path): the

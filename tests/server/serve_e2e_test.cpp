@@ -369,6 +369,24 @@ TEST_P(Serve, ManyConcurrentStreamsCompleteWithHealthAnswering) {
 INSTANTIATE_TEST_SUITE_P(Overlap, Serve, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "on" : "off"; });
 
+// --load-format dummy from a config file alone (no checkpoint, no tokenizer beside it: builtin:bytes), with
+// --json-model-override-args: the server starts, says where its weights came from and answers chat and
+// completions.
+TEST(ServeDummy, ConfigFileWithDummyWeightsAnswers) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny/config.json");
+  ServerProcess s({"--model", tiny.string(), "--load-format", "dummy", "--json-model-override-args",
+                   R"({"num_hidden_layers": 2})", "--kv-pages", "16"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  EXPECT_NE(s.log().find("--tokenizer builtin:bytes"), std::string::npos) << s.log();
+  const HttpResult c = post_json(s.port(), "/v1/completions", {{"prompt", "hi"}, {"max_tokens", 3}});
+  EXPECT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(c.json()["usage"]["completion_tokens"], 3) << c.body;
+  const HttpResult ch = post_json(s.port(), "/v1/chat/completions",
+                                  {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}});
+  EXPECT_EQ(ch.status, 200) << ch.body;
+  EXPECT_EQ(s.stop(), 0);
+}
+
 TEST(ServeAuth, ApiKeyIsRequiredOnV1) {  // the built-in model: no fixtures needed
   ServerProcess s({"--model", "builtin:demo", "--api-key", "sekrit", "--kv-pages", "16"});
   ASSERT_GT(s.port(), 0) << s.log();

@@ -5,6 +5,7 @@
 #include <utility>  // before Asio (Boost 1.74)
 // clang-format on
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -76,13 +77,18 @@ inline std::vector<nlohmann::json> sse_events(const std::string& body, bool* saw
 
 class ServerProcess {
  public:
-  explicit ServerProcess(const std::vector<std::string>& args) {
+  // max_open_files > 0: the server runs under that RLIMIT_NOFILE (as under `ulimit -n`).
+  explicit ServerProcess(const std::vector<std::string>& args, int max_open_files = 0) {
     int fds[2];
     if (::pipe(fds) != 0) throw std::runtime_error("pipe");
     pid_ = ::fork();
     if (pid_ == 0) {
       ::dup2(fds[1], 1);
       ::close(fds[0]);
+      if (max_open_files > 0) {
+        const rlimit lim{rlim_t(max_open_files), rlim_t(max_open_files)};
+        if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) std::_Exit(126);
+      }
       std::vector<std::string> argv = {dsaserve_binary().string(), "serve", "--port", "0"};
       argv.insert(argv.end(), args.begin(), args.end());
       std::vector<char*> cargs;
@@ -116,6 +122,7 @@ class ServerProcess {
     if (out_) std::fclose(out_);
   }
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   const std::string& log() const { return log_; }
   // SIGTERM; returns the exit status.
   int stop() {

@@ -34,6 +34,7 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
                      int64_t start_pos, const Tensor& sel, double scale);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts);
+void fill_dummy(Tensor& t, const dummy::FillSpec& f);
 
 // ---- emulation of the CUDA backend's FP8 GEMM arithmetic (opt-in; accuracy studies and tests) ----
 

@@ -238,7 +238,7 @@ Tensor indexer_key_cache_gather(const Tensor& cache, const Tensor& page_table, i
 Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
                          int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
                          int64_t topk, double scale, double weight_scale, cudaStream_t stream,
-                         std::span<const int32_t> row_len_host) {
+                         std::span<const int32_t> row_len_host, int64_t score_budget_bytes) {
   check_gpu(q, DType::f32, 3, "indexer q");
   check_gpu(w, DType::f32, 2, "indexer weights");
   const IndexerKeyFormat format = indexer_key_format(cache);
@@ -260,47 +260,68 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
       DSA_CHECK(n >= 0 && n <= max_len, "indexer: row length {} outside [0, {}]", n, max_len);
   }
   const int64_t score_stride = std::max<int64_t>(4, (max_len + 3) / 4 * 4);
-  const int64_t score_elems = max_len <= topk ? 0  // no row is scored
-                              : packed        ? indexer_packed_score_elems(row_len_host.data(), R, topk)
-                                              : R * score_stride;
-  Tensor scores = Tensor::empty({std::max<int64_t>(4, score_elems)}, DType::f32, Device::cuda);
-  Tensor offsets = packed ? Tensor::empty({R}, DType::i64, Device::cuda) : Tensor();
-  int64_t split_len = 0;
-  const int64_t splits = indexer_select_splits(R, max_len, indexer_num_sms(), &split_len);
-  Tensor work = Tensor::empty({indexer_workspace_words(R, splits)}, DType::i32, Device::cuda);
-  uint32_t* words = reinterpret_cast<uint32_t*>(work.data<int32_t>());
-  IndexerTopkParams p{};
-  p.q = q.data<float>();
-  p.w = w.data<float>();
-  p.cache = cache.raw_data();
-  p.page_table = page_table.data<int32_t>();
-  p.row_seq = d.row_seq;
-  p.row_len = row_len.data<int32_t>();
-  p.scores = scores.data<float>();
-  p.score_offsets = packed ? offsets.data<int64_t>() : nullptr;
-  p.out = out.data<int32_t>();
-  p.rows = R;
-  p.heads = ih;
-  p.q_s0 = q.stride(0);
-  p.q_s1 = q.stride(1);
-  p.w_s0 = w.stride(0);
-  p.num_seqs = d.num_seqs;
-  p.pt_cols = d.pt_cols;
-  p.pt_stride = d.pt_stride;
-  p.page_size = page_size;
-  p.num_slots = cache.size(0);
-  p.score_stride = score_stride;
-  p.out_stride = out_k;
-  p.out_k = out_k;
-  p.topk = topk;
-  p.max_len = max_len;
-  p.splits = splits;
-  p.split_len = split_len;
-  indexer_workspace_pointers(p, words);
-  p.scale = float(scale);
-  p.weight_scale = float(weight_scale);
-  p.key_format = format;
-  DSA_CUDA_CHECK(launch_indexer_topk_fused(p, stream));
+  // Floats row r scores (packed: its own keys when more than topk, dense: the stride).
+  auto row_elems = [&](int64_t r) -> int64_t {
+    if (max_len <= topk) return 0;  // no row is scored
+    if (!packed) return score_stride;
+    const int64_t n = row_len_host[size_t(r)];
+    return n > topk ? (n + 3) / 4 * 4 : 0;
+  };
+  // Rows [r0, r1) in one launch, their score buffer within the budget (a row is never split).
+  auto launch_block = [&](int64_t r0, int64_t r1, int64_t score_elems) {
+    const int64_t rows = r1 - r0;
+    Tensor scores = Tensor::empty({std::max<int64_t>(4, score_elems)}, DType::f32, Device::cuda);
+    Tensor offsets = packed ? Tensor::empty({rows}, DType::i64, Device::cuda) : Tensor();
+    int64_t split_len = 0;
+    const int64_t splits = indexer_select_splits(rows, max_len, indexer_num_sms(), &split_len);
+    Tensor work = Tensor::empty({indexer_workspace_words(rows, splits)}, DType::i32, Device::cuda);
+    uint32_t* words = reinterpret_cast<uint32_t*>(work.data<int32_t>());
+    IndexerTopkParams p{};
+    p.q = q.data<float>() + r0 * q.stride(0);
+    p.w = w.data<float>() + r0 * w.stride(0);
+    p.cache = cache.raw_data();
+    // Without row_seq row r reads page-table row r: the block's rows start at r0 there too.
+    p.page_table = page_table.data<int32_t>() + (d.row_seq == nullptr ? r0 * d.pt_stride : 0);
+    p.row_seq = d.row_seq == nullptr ? nullptr : d.row_seq + r0;
+    p.row_len = row_len.data<int32_t>() + r0;
+    p.scores = scores.data<float>();
+    p.score_offsets = packed ? offsets.data<int64_t>() : nullptr;
+    p.out = out.data<int32_t>() + r0 * out_k;
+    p.rows = rows;
+    p.heads = ih;
+    p.q_s0 = q.stride(0);
+    p.q_s1 = q.stride(1);
+    p.w_s0 = w.stride(0);
+    p.num_seqs = d.row_seq == nullptr ? d.num_seqs - r0 : d.num_seqs;
+    p.pt_cols = d.pt_cols;
+    p.pt_stride = d.pt_stride;
+    p.page_size = page_size;
+    p.num_slots = cache.size(0);
+    p.score_stride = score_stride;
+    p.out_stride = out_k;
+    p.out_k = out_k;
+    p.topk = topk;
+    p.max_len = max_len;
+    p.splits = splits;
+    p.split_len = split_len;
+    indexer_workspace_pointers(p, words);
+    p.scale = float(scale);
+    p.weight_scale = float(weight_scale);
+    p.key_format = format;
+    DSA_CUDA_CHECK(launch_indexer_topk_fused(p, stream));
+  };
+  const int64_t budget = std::max<int64_t>(score_budget_bytes / 4, 4);
+  int64_t r0 = 0, elems = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t e = row_elems(r);
+    if (r > r0 && elems + e > budget) {
+      launch_block(r0, r, elems);
+      r0 = r;
+      elems = 0;
+    }
+    elems += e;
+  }
+  launch_block(r0, R, elems);
   return out;
 }
 

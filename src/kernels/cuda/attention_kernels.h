@@ -66,11 +66,14 @@ Tensor indexer_key_cache_gather(const Tensor& cache, const Tensor& page_table, i
 // -> i32 [R, min(topk, max_len)]: ascending positions, or 0..n-1 padded with -1 when n <= topk.
 // row_len_host: the same lengths on the host, or empty. Workspace: the f32 scores of the rows with more
 // than topk keys packed (given row_len_host; the offsets are computed on the device), else dense [R,
-// max_len]; plus indexer_workspace_words(R, splits) u32 (8 KB a row).
+// max_len]; plus indexer_workspace_words(R, splits) u32 (8 KB a row). When the scores exceed
+// score_budget_bytes the rows run in consecutive blocks (one launch each, shapes from the host's lengths
+// only: capturable) whose scores stay within it (a row is never split); the output is the same.
 Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
                          int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
                          int64_t topk, double scale, double weight_scale, cudaStream_t stream = nullptr,
-                         std::span<const int32_t> row_len_host = {});
+                         std::span<const int32_t> row_len_host = {},
+                         int64_t score_budget_bytes = kIndexerScoreBudgetBytes);
 
 // The ops.h contract of indexer_topk for one request (keys.cache bf16 [slots, 128] or FP8 u8 [slots, 132]).
 Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos,

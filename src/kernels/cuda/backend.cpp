@@ -58,20 +58,10 @@ class CudaBackend final : public Backend {
   // Kernel-format caches: one launch of the ragged sm_90a kernel for the batch; f32 caches: per request.
   Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk,
                            double scale, double weight_scale) override {
-    // One launch for every row: the scores of the rows with more than topk keys packed (offsets computed
-    // on the device) plus the select workspace (8 KB a row). When that exceeds 1 GiB (e.g. long prefill
-    // chunks of many requests at long contexts), score request by request instead, which bounds the peak
-    // by the largest request.
-    constexpr int64_t kMaxScoreBytes = int64_t(1) << 30;
-    const int64_t rows = q.size(0);
-    int64_t split_len = 0;
-    const int64_t splits = indexer_select_splits(rows, keys.max_len, indexer_num_sms(), &split_len);
-    const bool host_lens = int64_t(keys.len_host.size()) == rows;
-    const int64_t score_elems =
-        host_lens ? indexer_packed_score_elems(keys.len_host.data(), rows, topk) : rows * (keys.max_len + 4);
-    const bool fits =
-        score_elems * 4 + rows * 8 + indexer_workspace_words(rows, splits) * 4 <= kMaxScoreBytes;
-    if (keys.cache.defined() && keys.cache.dtype() != DType::f32 && fits)
+    // One call for every row: the scores of the rows with more than topk keys packed (offsets computed
+    // on the device) plus the select workspace (8 KB a row); past kIndexerScoreBudgetBytes of scores the
+    // rows run in blocks that stay within it (attention_kernels.h).
+    if (keys.cache.defined() && keys.cache.dtype() != DType::f32)
       return cuda::indexer_topk_batch(q, w, keys, topk, scale, weight_scale);
     return Backend::indexer_topk_rows(q, w, keys, topk, scale, weight_scale);
   }
@@ -115,6 +105,7 @@ class CudaBackend final : public Backend {
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
     return cuda::moe_experts(x, routing, experts);
   }
+  void fill_dummy(Tensor& t, const dummy::FillSpec& f) override { cuda::fill_dummy(t, f); }
 };
 
 }  // namespace

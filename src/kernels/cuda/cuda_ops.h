@@ -41,6 +41,7 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
                      int64_t start_pos, const Tensor& sel, double scale);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts);
+void fill_dummy(Tensor& t, const dummy::FillSpec& f);
 
 // The fused KV-cache writes (ops.h mla_kv_write / indexer_k_write) over kernel-format caches: the MLA
 // latent cache bf16 [slots, 576] or FP8 u8 [slots, 656], the indexer keys bf16 [slots, id <= 1024]. One

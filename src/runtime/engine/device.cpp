@@ -13,6 +13,7 @@
 #ifdef DSASERVE_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/allocator.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/runtime.h"
 #endif
@@ -111,42 +112,11 @@ DeviceMemory device_memory(Device d) {
   return m;
 }
 
-namespace {
-// f32 values per new token alive within one layer (a generous sum, not a peak analysis): residual and
-// normed hidden states, the query (both MLA forms), expanded keys/values, attention output, the
-// indexer's queries, and the MoE's routed copies (gate, up, act) plus the dense/shared MLP.
-int64_t values_per_token(const model::ModelConfig& c) {
-  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-  return 4 * c.hidden_size + c.num_attention_heads * (qk + c.kv_lora_rank + c.v_head_dim) * 2 +
-         c.kv_cache_dim() + c.index_n_heads * c.index_head_dim +
-         c.num_experts_per_tok * c.moe_intermediate_size * 3 + c.intermediate_size * 3 + c.n_routed_experts;
-}
-}  // namespace
-
-int64_t cuda_graph_pool_bytes(const model::ModelConfig& c, int64_t max_bs, int64_t context) {
-  if (max_bs <= 0) return 0;
-  context = std::max<int64_t>(context, 1);
-  const int64_t scores = std::min<int64_t>(max_bs * context * 4, int64_t(1) << 29);
-  return 2 * 4 * max_bs * (values_per_token(c) + c.vocab_size) + scores;
-}
-
-int64_t activation_workspace_bytes(const model::ModelConfig& c, int64_t tokens, int64_t requests,
-                                   int64_t context) {
-  tokens = std::max<int64_t>(tokens, 1);
-  requests = std::max<int64_t>(requests, 1);
-  context = std::max<int64_t>(context, 1);
-  const int64_t heads = c.num_attention_heads;
-  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-  const int64_t per_token = values_per_token(c);
-  const int64_t logits = requests * c.vocab_size;
-  const int64_t fixed = int64_t(1) << 30;  // cuBLASLt workspaces, kernel scratch, size-class rounding
-  // Growing with the context: the indexer's f32 scores of the step's rows against the longest context
-  // (the batched GPU indexer stays under 1 GiB, else it scores request by request, each chunk against
-  // its own context), and a prefill in MHA form expanding one request's latent context into per-head
-  // f32 keys and values.
-  const int64_t scores = std::min<int64_t>(tokens * context * 4, int64_t(1) << 30);
-  const int64_t mha = context * heads * (qk + c.v_head_dim) * 4;
-  return 2 * 4 * (tokens * per_token + logits) + scores + mha + fixed;
+void release_cached_memory(Device d) {
+#ifdef DSASERVE_HAVE_CUDA
+  if (d == Device::cuda) kernels::cuda::release_cached_memory();
+#endif
+  (void)d;
 }
 
 double warm_up(const model::Model& m, model::KvCacheDtype kv_dtype, int64_t prompt_tokens) {

@@ -42,17 +42,9 @@ struct DeviceMemory {
 };
 DeviceMemory device_memory(Device d);
 
-// A bound on the activations of one step that are alive at once (bytes): hidden states, attention and
-// MoE intermediates for `tokens` new tokens, the logits of `requests` rows, the buffers that grow with
-// the `context` length (the indexer's scores of the step's rows, a prefill's MHA-form keys and values),
-// plus a fixed allowance for cuBLASLt workspaces and allocator rounding. Used to keep that much free
-// when sizing the KV pool from free device memory.
-int64_t activation_workspace_bytes(const model::ModelConfig& cfg, int64_t tokens, int64_t requests,
-                                   int64_t context);
-// A bound on the CUDA-graph pool (decode graphs up to `max_bs` requests of at most `context` positions):
-// one decode step's intermediates, logits and indexer scores, which the graphs keep apart from the eager
-// steps' memory (the graph runner caps bs x context bucket at 2^27, so the scores stay under 512 MiB).
-int64_t cuda_graph_pool_bytes(const model::ModelConfig& cfg, int64_t max_bs, int64_t context);
+// Gives the caching allocator's free blocks back to the device (CUDA; nothing on the CPU), so that
+// device_memory() then reports what the next steps can allocate.
+void release_cached_memory(Device d);
 
 // Runs one prefill of `prompt_tokens` tokens and one decode step on a throwaway cache (then frees it), so
 // that the first request does not pay for kernel loading, cuBLASLt heuristics and allocator growth.

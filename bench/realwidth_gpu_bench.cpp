@@ -1,0 +1,379 @@
+// GLM-5.3 at its real widths on one GPU (issue 15): a dummy-weight slice (--load-format dummy: FP8 where the
+// config says so, generated on the GPU) of the first --layers layers, then
+//   decode: steady-state decode steps (no prefill in the timed window: the KV cache is written with dummy
+//           latents / index keys through the real cache-write ops, every request its own pages) at
+//           batch x context, bf16 and FP8 KV, replayed through CUDA graphs (--no-graphs: eager);
+//   prefill: one request's chunk of N new tokens after 0 cached (eager, last-token logits);
+//   ops: for one batch, the trace's per-op table, measured (CUDA events, eager) vs the plan's roofline.
+// Every row prints the measured ms, the plan's roofline ms for the same batch (plan::plan_step on an H200)
+// and plan / measured (1.0 = at the roofline). Rows print as they finish (a timeout still shows them);
+// combinations whose KV does not fit the device are skipped with the reason.
+//
+//   realwidth_gpu_bench [--config $DSASERVE_FIXTURES/configs/glm-5.3.json] [--layers 8]
+//                       [--batches 1,8,32,64,128] [--contexts 4096,32768,131072] [--kv bf16,fp8_e4m3]
+//                       [--prefill 4096,16384] [--trace-batch 32] [--trace-context 4096] [--steps 20]
+//                       [--warmup 3] [--no-graphs] [--max-seconds 420]
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "model/dummy_weights.h"
+#include "model/model.h"
+#include "plan/step.h"
+#include "plan/trace_summary.h"
+#include "runtime/engine/cuda_graph_runner.h"
+#include "runtime/engine/device.h"
+#include "trace/trace.h"
+
+namespace dsaserve {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+constexpr int64_t kPage = 64;
+
+struct Args {
+  std::string config = std::string(std::getenv("DSASERVE_FIXTURES") ? std::getenv("DSASERVE_FIXTURES")
+                                                                    : "../shared/fixtures") +
+                       "/configs/glm-5.3.json";
+  int64_t layers = 8;
+  std::vector<int64_t> batches{1, 8, 32, 64, 128}, contexts{4096, 32768, 131072}, prefill{4096, 16384};
+  std::vector<std::string> kv{"bf16", "fp8_e4m3"};
+  int64_t trace_batch = 32, trace_context = 4096, steps = 20, warmup = 3;
+  bool graphs = true;
+  double max_seconds = 420;
+};
+
+std::vector<int64_t> ints(const std::string& s) {
+  std::vector<int64_t> v;
+  size_t p = 0;
+  while (p < s.size()) {
+    const size_t q = s.find(',', p);
+    v.push_back(std::stoll(s.substr(p, q == std::string::npos ? std::string::npos : q - p)));
+    if (q == std::string::npos) break;
+    p = q + 1;
+  }
+  return v;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        fmt::print(stderr, "{} needs a value\n", k);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--config")
+      a.config = val();
+    else if (k == "--layers")
+      a.layers = std::stoll(val());
+    else if (k == "--batches")
+      a.batches = ints(val());
+    else if (k == "--contexts")
+      a.contexts = ints(val());
+    else if (k == "--prefill")
+      a.prefill = val() == "none" ? std::vector<int64_t>{} : ints(argv[i]);
+    else if (k == "--kv") {
+      a.kv.clear();
+      const std::string s = val();
+      for (size_t p = 0; p <= s.size();) {
+        const size_t q = std::min(s.find(',', p), s.size());
+        a.kv.push_back(s.substr(p, q - p));
+        p = q + 1;
+      }
+    } else if (k == "--trace-batch")
+      a.trace_batch = std::stoll(val());
+    else if (k == "--trace-context")
+      a.trace_context = std::stoll(val());
+    else if (k == "--steps")
+      a.steps = std::stoll(val());
+    else if (k == "--warmup")
+      a.warmup = std::stoll(val());
+    else if (k == "--no-graphs")
+      a.graphs = false;
+    else if (k == "--max-seconds")
+      a.max_seconds = std::stod(val());
+    else {
+      fmt::print(stderr, "unknown flag {} (see the comment at the top of bench/realwidth_gpu_bench.cpp)\n",
+                 k);
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+void sync() {
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) throw Error(fmt::format("CUDA: {}", cudaGetErrorString(e)));
+}
+
+double since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// The plan's H200 roofline (ms) of one step of these requests.
+double roofline_ms(const model::ModelConfig& c, model::KvCacheDtype kv,
+                   const std::vector<plan::StepRequest>& reqs, bool decode) {
+  plan::Deployment d;
+  d.kv_cache_dtype = kv == model::KvCacheDtype::fp8_e4m3 ? plan::KvDtype::fp8_e4m3 : plan::KvDtype::bf16;
+  plan::StepShape s;
+  s.requests = reqs;
+  s.decode = decode;
+  const plan::Pass p = plan::plan_step(c, d, plan::Hardware::named("h200"), s);
+  return plan::step_totals({p}, 1).time_s * 1e3;
+}
+
+// Every slot of the cache written once with dummy latents and index keys through the real cache-write
+// ops (the FP8 formats quantise as a prefill would). Values: the layers' own norms over random rows.
+void fill_kv(const model::Model& m, model::KvCache& cache) {
+  const model::ModelConfig& c = m.config();
+  const int64_t slots = cache.num_pages * cache.page_size, chunk = int64_t(1) << 16;
+  kernels::RopeParams rope;
+  rope.dim = c.qk_rope_head_dim;
+  rope.theta = c.rope.theta;
+  std::vector<int32_t> host(static_cast<size_t>(chunk));
+  // One block of random rows, written to every chunk of slots of every layer (the values do not matter
+  // for the timing; the cache-write ops normalise, rotate and quantise them as a prefill would).
+  Tensor ckv = Tensor::empty({chunk, c.kv_cache_dim()}, DType::f32, Device::cuda);
+  kernels::fill_dummy(ckv, {77, 1, 1.0f, 0.0f, false});
+  Tensor k = Tensor::empty({chunk, std::max<int64_t>(c.index_head_dim, 1)}, DType::f32, Device::cuda);
+  kernels::fill_dummy(k, {78, 2, 1.0f, 0.0f, false});
+  for (int64_t s0 = 0; s0 < slots; s0 += chunk) {
+    const int64_t n = std::min(chunk, slots - s0);
+    std::iota(host.begin(), host.begin() + n, int32_t(s0));
+    Tensor sl = Tensor::empty({n}, DType::i32);
+    std::memcpy(sl.raw_data(), host.data(), size_t(n) * 4);
+    const Tensor slots_d = sl.to(Device::cuda);
+    Tensor pos = Tensor::empty({n}, DType::i32);
+    for (int64_t i = 0; i < n; ++i) pos.data<int32_t>()[i] = int32_t((s0 + i) % 131072);
+    const Tensor pos_d = pos.to(Device::cuda);
+    for (size_t l = 0; l < cache.kv.size() && l < m.weights().layers.size(); ++l) {
+      const model::LayerWeights& lw = m.weights().layers[l];
+      kernels::mla_kv_write(ckv.slice(0, 0, n), lw.attn.kv_a_layernorm, 1e-6, pos_d, rope, cache.kv[l],
+                            slots_d);
+      if (c.has_indexer() && cache.index_k[l].defined() && lw.attn.indexer) {
+        kernels::indexer_k_write(k.slice(0, 0, n), lw.attn.indexer->k_norm_weight,
+                                 lw.attn.indexer->k_norm_bias, c.indexer_norm_eps, pos_d, rope,
+                                 cache.index_k[l], slots_d);
+      }
+    }
+  }
+  sync();
+}
+
+struct DecodeResult {
+  double ms = 0;
+  bool replayed = false;
+};
+
+// B requests of ctx cached tokens on their own pages (request r: pages r * per_req ...), `warmup` untimed
+// steps (graph capture), then `steps` timed ones; each step one new token per request.
+DecodeResult time_decode(const model::Model& m, model::KvCache& cache, runtime::CudaGraphRunner* graphs,
+                         int64_t B, int64_t ctx, int64_t per_req, const Args& a) {
+  const int64_t vocab = m.config().vocab_size;
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(B));
+  for (int64_t r = 0; r < B; ++r) {
+    tables[size_t(r)].resize(size_t(per_req));
+    std::iota(tables[size_t(r)].begin(), tables[size_t(r)].end(), int32_t(r * per_req));
+  }
+  model::ForwardOptions fo;
+  fo.all_logits = false;
+  DecodeResult res;
+  clock_type::time_point t0;
+  for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
+    if (s == a.warmup) {
+      sync();
+      t0 = clock_type::now();
+    }
+    model::ForwardBatch b;
+    b.page_size = kPage;
+    const int64_t pos = ctx + s;
+    for (int64_t r = 0; r < B; ++r) {
+      const int32_t id = int32_t((r * 7919 + pos * 104729 + 13) % vocab);
+      b.add_request(std::span<const int32_t>(&id, 1), pos, tables[size_t(r)]);
+    }
+    std::optional<Tensor> g = graphs ? graphs->run(b) : std::nullopt;
+    if (g) res.replayed = true;
+    if (!g) (void)m.forward(b, cache, fo);
+  }
+  sync();
+  res.ms = since(t0) * 1e3 / double(a.steps);
+  return res;
+}
+
+int run(const Args& a) {
+  const auto t_start = clock_type::now();
+  runtime::use_device(Device::cuda);
+  fmt::print("realwidth_gpu_bench: {}\n", runtime::device_description(Device::cuda));
+  const model::ModelConfig c =
+      model::ModelConfig::load(a.config, fmt::format(R"({{"num_hidden_layers": {}}})", a.layers));
+  fmt::print(
+      "model: {} x {} layers ({} dense, {} full indexer), hidden {}, {} heads, {} experts top-{}, vocab {}, "
+      "FP8 weights: {}\n",
+      a.config, c.num_hidden_layers,
+      std::count(c.mlp_layer_types.begin(), c.mlp_layer_types.end(), model::MlpType::dense),
+      c.num_full_indexer_layers(), c.hidden_size, c.num_attention_heads, c.n_routed_experts,
+      c.num_experts_per_tok, c.vocab_size, c.fp8.enabled ? "yes (128x128 block scales)" : "no (bf16)");
+  std::fflush(stdout);
+  auto t0 = clock_type::now();
+  const auto model = model::make_dummy_model(c, Device::cuda, 0);
+  sync();
+  fmt::print("dummy weights generated on the GPU: {:.2f} GiB in {:.1f} s\n",
+             double(model->weights().bytes()) / kGiB, since(t0));
+  t0 = clock_type::now();
+  const double warm = runtime::warm_up(*model, model::KvCacheDtype::bf16, 64);
+  runtime::release_cached_memory(Device::cuda);
+  fmt::print("warm-up {:.1f} s\n", warm);
+  std::fflush(stdout);
+
+  // Prefill rows (eager; the KV pool of one request).
+  for (const std::string& kvn : a.kv) {
+    const model::KvCacheDtype kv =
+        kvn == "fp8_e4m3" ? model::KvCacheDtype::fp8_e4m3 : model::KvCacheDtype::bf16;
+    for (int64_t n : a.prefill) {
+      if (since(t_start) > a.max_seconds) break;
+      const int64_t pages = (n + kPage) / kPage;
+      model::KvCache cache = model::KvCache::create(c, pages, kPage, false, Device::cuda, kv);
+      std::vector<int32_t> table(static_cast<size_t>(pages)), ids(static_cast<size_t>(n));
+      std::iota(table.begin(), table.end(), 0);
+      for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 104729 + 13) % c.vocab_size);
+      model::ForwardOptions fo;
+      fo.all_logits = false;
+      double best = 1e30;
+      for (int rep = 0; rep < 3; ++rep) {  // the first pays for new shapes; keep the best
+        model::ForwardBatch b;
+        b.page_size = kPage;
+        b.add_request(ids, 0, table);
+        sync();
+        const auto t = clock_type::now();
+        (void)model->forward(b, cache, fo);
+        sync();
+        best = std::min(best, since(t) * 1e3);
+      }
+      const double plan = roofline_ms(c, kv, {{n, 0}}, false);
+      fmt::print(
+          "ROW prefill kv={} tokens={} cached=0 measured_ms={:.2f} plan_ms={:.3f} plan/measured={:.3f} "
+          "tok/s={:.0f}\n",
+          kvn, n, best, plan, plan / best, double(n) * 1e3 / best);
+      std::fflush(stdout);
+    }
+  }
+
+  // Decode rows: one KV pool per KV dtype, as large as the device allows, written once.
+  for (const std::string& kvn : a.kv) {
+    const model::KvCacheDtype kv =
+        kvn == "fp8_e4m3" ? model::KvCacheDtype::fp8_e4m3 : model::KvCacheDtype::bf16;
+    if (since(t_start) > a.max_seconds) {
+      fmt::print("SKIP decode kv={}: --max-seconds {} reached\n", kvn, a.max_seconds);
+      continue;
+    }
+    const int64_t page_bytes = model::KvCache::bytes_per_token(c, false, kv) * kPage;
+    runtime::release_cached_memory(Device::cuda);  // the previous pool's blocks back to the device
+    const runtime::DeviceMemory mem = runtime::device_memory(Device::cuda);
+    const int64_t keep = int64_t(12 * kGiB);  // step workspace, graph pool, scratch
+    const int64_t fit = std::max<int64_t>((mem.free - keep) / page_bytes - 1, 0);
+    int64_t want = 0;  // pages of the largest combination that fits (the pool is written once: no more)
+    for (int64_t B : a.batches) {
+      for (int64_t ctx : a.contexts) {
+        const int64_t need = B * ((ctx + a.warmup + a.steps + kPage) / kPage);
+        if (need <= fit) want = std::max(want, need);
+      }
+    }
+    const int64_t pages = want + 1;  // + the graphs' scratch page
+    t0 = clock_type::now();
+    model::KvCache cache = model::KvCache::create(c, pages, kPage, false, Device::cuda, kv);
+    fill_kv(*model, cache);
+    fmt::print("KV pool kv={}: {} pages ({} tokens, {:.1f} GiB) written with dummy KV in {:.1f} s\n", kvn,
+               pages, pages * kPage, double(pages * page_bytes) / kGiB, since(t0));
+    std::fflush(stdout);
+    model::ForwardOptions fo;
+    fo.all_logits = false;
+    const int64_t max_bs = *std::max_element(a.batches.begin(), a.batches.end());
+    std::unique_ptr<runtime::CudaGraphRunner> graphs;
+    if (a.graphs)
+      graphs =
+          std::make_unique<runtime::CudaGraphRunner>(*model, cache, int32_t(pages - 1), max_bs, fo, false);
+    for (int64_t ctx : a.contexts) {
+      for (int64_t B : a.batches) {
+        const int64_t per_req = (ctx + a.warmup + a.steps + kPage) / kPage;
+        if (B * per_req > pages - 1) {
+          fmt::print(
+              "SKIP decode kv={} batch={} context={}: needs {:.1f} GiB of KV, {:.1f} GiB fit beside the "
+              "weights\n",
+              kvn, B, ctx, double(B * per_req * page_bytes) / kGiB, double(fit * page_bytes) / kGiB);
+          std::fflush(stdout);
+          continue;
+        }
+        if (since(t_start) > a.max_seconds) {
+          fmt::print("SKIP decode kv={} batch={} context={}: --max-seconds {} reached\n", kvn, B, ctx,
+                     a.max_seconds);
+          continue;
+        }
+        const DecodeResult r = time_decode(*model, cache, graphs.get(), B, ctx, per_req, a);
+        const std::vector<plan::StepRequest> reqs(static_cast<size_t>(B),
+                                                  plan::StepRequest{1, ctx + a.warmup});
+        const double plan = roofline_ms(c, kv, reqs, true);
+        fmt::print(
+            "ROW decode kv={} batch={} context={} graphs={} measured_ms={:.3f} plan_ms={:.3f} "
+            "plan/measured={:.3f} tok/s={:.0f}\n",
+            kvn, B, ctx, r.replayed ? "yes" : "no", r.ms, plan, plan / r.ms, double(B) * 1e3 / r.ms);
+        std::fflush(stdout);
+      }
+    }
+    // The per-op table for one batch: one eager step traced (CUDA-event op spans), priced by the plan.
+    const int64_t tb = a.trace_batch, tctx = a.trace_context;
+    const int64_t per_req = (tctx + a.warmup + a.steps + kPage) / kPage;
+    if (tb > 0 && tb * per_req <= pages - 1 && since(t_start) <= a.max_seconds) {
+      Args one = a;
+      one.warmup = 1;
+      one.steps = 1;
+      (void)time_decode(*model, cache, nullptr, tb, tctx, per_req, one);  // shapes warmed
+      trace::Recorder rec;
+      trace::set_active(&rec);
+      one.warmup = 0;
+      const DecodeResult r = time_decode(*model, cache, nullptr, tb, tctx, per_req, one);
+      trace::set_active(nullptr);
+      rec.resolve_device(true);
+      plan::TraceSummaryOptions po;
+      po.deployment.kv_cache_dtype =
+          kv == model::KvCacheDtype::fp8_e4m3 ? plan::KvDtype::fp8_e4m3 : plan::KvDtype::bf16;
+      const nlohmann::json s = plan::measured_vs_planned(rec.events(), c, po);
+      fmt::print(
+          "OPS kv={} batch={} context={} (one eager traced decode step, {:.3f} ms wall; op spans timed "
+          "with CUDA events):\n{}",
+          kvn, tb, tctx, r.ms, plan::format_summary(s));
+      std::fflush(stdout);
+    }
+  }
+  fmt::print("done in {:.1f} s\n", since(t_start));
+  return 0;
+}
+
+}  // namespace
+}  // namespace dsaserve
+
+int main(int argc, char** argv) {
+  try {
+    return dsaserve::run(dsaserve::parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,42 @@
+#pragma once
+// Request bodies -> JSON, in time linear in the body and within stated limits (nesting, keys per object,
+// values in all), cancellable (server shutdown). Keys keep the client's order, as
+// nlohmann::ordered_json's own parser does, but without its linear-time key insertion (quadratic for an
+// object of many keys) or the callback parser's rescan of the parent after each nested value (quadratic
+// for an array of objects). Also: text helpers that keep whatever a client sent printable in replies.
+#include <atomic>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+namespace dsaserve::server {
+
+struct JsonLimits {
+  int max_depth = 64;                     // nested arrays / objects
+  int64_t max_object_keys = 65536;        // keys of one object
+  int64_t max_values = int64_t(1) << 21;  // every value of the body (scalars, arrays and objects)
+};
+
+// Throws ApiError: 400 for invalid JSON (ill-formed UTF-8 in a string and out-of-range numbers included;
+// `param` is the key whose value failed, at the top level) and for a limit exceeded (the message names
+// it); 503 when `cancel` (may be null) becomes true while parsing.
+nlohmann::ordered_json parse_json_body(std::string_view body, const JsonLimits& limits,
+                                       const std::atomic<bool>* cancel = nullptr);
+
+// Values (scalars, arrays and objects, `j` included) and the most keys of any one object in `j`.
+struct JsonShape {
+  int64_t values = 0;
+  int64_t max_object_keys = 0;
+};
+JsonShape json_shape(const nlohmann::ordered_json& j);
+
+// `s` with every byte that is not part of well-formed UTF-8 (and every control character) written as
+// \xNN: safe to put in a JSON reply or a log line.
+std::string printable(std::string_view s);
+
+// j.dump(), replacing ill-formed UTF-8 with U+FFFD instead of throwing.
+std::string dump_json(const nlohmann::json& j);
+std::string dump_json(const nlohmann::ordered_json& j);
+
+}  // namespace dsaserve::server
