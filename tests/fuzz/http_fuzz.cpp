@@ -63,7 +63,7 @@ std::string exchange(int port, const uint8_t* data, size_t size, int timeout_ms)
 int server_port() {
   static const int port = [] {
     dsaserve::server::ServerConfig cfg;
-    cfg.model_path = "builtin:demo";
+    cfg.model.model = "builtin:demo";
     cfg.port = free_port();
     cfg.engine.kv_pages = 64;
     cfg.context_length = 128;

@@ -1,5 +1,5 @@
 // libFuzzer target over a request body on its way to the engine, as the server prepares it: JSON
-// parsing (nesting bounded as the server bounds it), /v1/chat/completions or /v1/completions
+// parsing (the server's parse_json_body, within its limits), /v1/chat/completions or /v1/completions
 // validation, the chat template, the tokenizer, and the grammar for tool_choice / response_format
 // (compiled by xgrammar over the built-in vocabulary). Bad input may only end in ApiError (4xx) or, from
 // the template and tokenizer, a dsaserve::Error the server turns into a 400; every error body must be
@@ -14,6 +14,7 @@
 #include "fuzz/fuzz_util.h"
 #include "server/builtin.h"
 #include "server/constrained.h"
+#include "server/json_body.h"
 #include "server/openai.h"
 
 namespace {
@@ -45,18 +46,7 @@ constexpr dsaserve::chat::ToolCallFormat kFormats[] = {
 
 void prepare(const std::string& raw, bool chat, dsaserve::chat::ToolCallFormat format, bool reasoning) {
   const Setup& s = setup();
-  json body;
-  try {
-    body = json::parse(raw, [](int depth, json::parse_event_t, json&) {
-      if (depth > 64) throw ApiError(400, "the body nests more than 64 levels");
-      return true;
-    });
-  } catch (const json::exception& e) {
-    // parse_error, and out_of_range for a number that overflows (1e400: issue 19 item 10, a 500 from the
-    // server on main, found by this target; the fix parses bodies with server/json_body, which this
-    // target should then call instead of this copy of the server's former parse).
-    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
-  }
+  const json body = dsaserve::server::parse_json_body(raw, dsaserve::server::JsonLimits{});  // the server's
   dsaserve::server::GenerationSpec spec = chat ? dsaserve::server::parse_chat_request(body, s.vocab)
                                                : dsaserve::server::parse_completion_request(body, s.vocab);
   std::string text;
