@@ -359,16 +359,22 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
   return c;
 }
 
-ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
+namespace {
+
+json read_config_json(const std::filesystem::path& path) {
   std::ifstream in(path);
   DSA_CHECK(in.good(), "{}: cannot open", path.string());
-  json j;
   try {
-    j = json::parse(in);
+    return json::parse(in);
   } catch (const json::exception& e) {
     fail("{}: not valid JSON: {}", path.string(), e.what());
   }
-  return from_json(j, path.string());
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
+  return from_json(read_config_json(path), path.string());
 }
 
 std::filesystem::path ModelConfig::config_path(const std::filesystem::path& model) {
@@ -402,15 +408,7 @@ json ModelConfig::apply_overrides(json config, const std::string& overrides_json
 ModelConfig ModelConfig::load(const std::filesystem::path& model, const std::string& overrides_json) {
   const std::filesystem::path path = config_path(model);
   if (overrides_json.empty()) return from_file(path);
-  std::ifstream in(path);
-  DSA_CHECK(in.good(), "{}: cannot open", path.string());
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", path.string(), e.what());
-  }
-  return from_json(apply_overrides(std::move(j), overrides_json),
+  return from_json(apply_overrides(read_config_json(path), overrides_json),
                    path.string() + " with --json-model-override-args");
 }
 
