@@ -171,14 +171,14 @@ ojson parse_json_body(std::string_view body, const JsonLimits& limits, const std
 
 JsonShape json_shape(const ojson& j) {
   JsonShape shape;
-  std::vector<const ojson*> todo = {&j};  // no recursion: the depth is the client's
-  while (!todo.empty()) {
-    const ojson* v = todo.back();
-    todo.pop_back();
+  std::vector<const ojson*> pending = {&j};  // no recursion: the depth is the client's
+  while (!pending.empty()) {
+    const ojson* v = pending.back();
+    pending.pop_back();
     ++shape.values;
     if (v->is_object()) shape.max_object_keys = std::max(shape.max_object_keys, int64_t(v->size()));
     if (v->is_structured()) {
-      for (const ojson& x : *v) todo.push_back(&x);
+      for (const ojson& x : *v) pending.push_back(&x);
     }
   }
   return shape;
