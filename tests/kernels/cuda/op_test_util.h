@@ -1,7 +1,6 @@
 #pragma once
-// Helpers of the CUDA-vs-CPU operator tests: seeded random tensors (never zeros), random weights as the
-// checkpoints store them (bf16, fp8 e4m3 with 128x128 block scales), the relative error per row, and the
-// "RESULT" lines scripts/gpu.sh collects.
+// Helpers of the CUDA-vs-CPU operator tests: the random inputs and error measures of
+// tests/kernels/tensor_compare.h, and the "RESULT" lines scripts/gpu.sh collects.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -11,116 +10,23 @@
 #include <string>
 #include <vector>
 
-#include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "kernels/tensor_compare.h"
 
 namespace dsaserve::kernels::cuda::testing {
 
-// splitmix64: fast, seeded, reproducible.
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  uint64_t next() { return splitmix64(s); }
-  float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }  // [-1, 1)
-  int64_t below(int64_t n) { return int64_t(next() % uint64_t(n)); }
-};
+using kernels::testing::mismatch;
+using kernels::testing::rand_bf16;
+using kernels::testing::rand_f32;
+using kernels::testing::rand_weight;
+using kernels::testing::Rng;
+using kernels::testing::row_l2_rel_error;
+using kernels::testing::row_rel_error;
 
-// f32 CPU tensor of uniform values in [-scale, scale) (zero has probability 2^-24).
-inline Tensor rand_f32(const Shape& shape, uint64_t seed, float scale = 1.0f) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  Rng r(seed);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = r.uniform() * scale;
-  return t;
-}
+inline WeightRef to_cuda(const WeightRef& w) { return kernels::testing::weight_on(w, Device::cuda); }
 
-inline Tensor rand_bf16(const Shape& shape, uint64_t seed, float scale = 1.0f) {
-  Tensor t = Tensor::empty(shape, DType::bf16);
-  Rng r(seed);
-  uint16_t* p = t.data_u16();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = f32_to_bf16(r.uniform() * scale);
-  return t;
-}
-
-// A Linear weight [n, k] on the CPU: bf16 ~ U(-1, 1) / sqrt(k), or fp8 e4m3 codes (finite) with block
-// scales around 1 / (64 sqrt(k)) (f32: U(-1, 1) / sqrt(k)).
-inline WeightRef rand_weight(int64_t n, int64_t k, DType dt, uint64_t seed) {
-  const float s = 1.0f / std::sqrt(float(k));
-  if (dt == DType::bf16) return WeightRef{rand_bf16({n, k}, seed, s), {}, 128, 128};
-  if (dt == DType::f32) return WeightRef{rand_f32({n, k}, seed, s), {}, 128, 128};
-  Tensor w = Tensor::empty({n, k}, DType::f8e4m3fn);
-  Rng r(seed);
-  uint8_t* p = w.data_u8();
-  for (int64_t i = 0; i < n * k; ++i) {
-    uint8_t c = uint8_t(r.next() & 0xff);
-    if ((c & 0x7f) == 0x7f) c = 0x7e;               // NaN codes -> largest finite
-    if ((c & 0x78) >= 0x60) c = uint8_t(c & 0xe7);  // keep most values within ~2^4 (like real weights)
-    p[i] = c;
-  }
-  const int64_t nb = (n + 127) / 128, kb = (k + 127) / 128;
-  Tensor sc = Tensor::empty({nb, kb}, DType::f32);
-  for (int64_t i = 0; i < nb * kb; ++i) sc.data<float>()[i] = s / 8.0f * (1.0f + 0.5f * r.uniform());
-  return WeightRef{w, sc, 128, 128};
-}
-
-inline WeightRef to_cuda(const WeightRef& w) {
-  return WeightRef{w.weight.to(Device::cuda), w.scale_inv.defined() ? w.scale_inv.to(Device::cuda) : Tensor(),
-                   w.block_n, w.block_k};
-}
-
-inline Tensor cpu(const Tensor& t) { return t.device() == Device::cpu ? t : t.to(Device::cpu); }
-
-// max over rows of max|a - b| / max|b| (rows = leading dimension; any shape, f32).
-inline double row_rel_error(const Tensor& got, const Tensor& want) {
-  const std::vector<float> a = cpu(got).contiguous().to_f32_vector(),
-                           b = cpu(want).contiguous().to_f32_vector();
-  EXPECT_EQ(a.size(), b.size());
-  if (a.size() != b.size() || b.empty()) return a.size() == b.size() ? 0.0 : INFINITY;
-  const int64_t rows = want.size(0), cols = int64_t(b.size()) / std::max<int64_t>(rows, 1);
-  double worst = 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
-    double num = 0.0, den = 0.0;
-    for (int64_t c = 0; c < cols; ++c) {
-      const double x = a[size_t(r * cols + c)], y = b[size_t(r * cols + c)];
-      num = std::max(num, std::isnan(x) ? INFINITY : std::fabs(x - y));
-      den = std::max(den, std::fabs(y));
-    }
-    worst = std::max(worst, den > 0 ? num / den : num);
-  }
-  return worst;
-}
-
-// max over rows of ||a - b||_2 / ||b||_2 (the usual measure for quantised GEMMs: FP8 e4m3 activations
-// round each value by up to 2^-4, which puts the largest single-element error of a 6144-wide row at ~3%
-// of the row's maximum even when the GEMM itself is exact).
-inline double row_l2_rel_error(const Tensor& got, const Tensor& want) {
-  const std::vector<float> a = cpu(got).contiguous().to_f32_vector(),
-                           b = cpu(want).contiguous().to_f32_vector();
-  if (a.size() != b.size() || b.empty()) return a.size() == b.size() ? 0.0 : INFINITY;
-  const int64_t rows = want.size(0), cols = int64_t(b.size()) / std::max<int64_t>(rows, 1);
-  double worst = 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
-    double num = 0.0, den = 0.0;
-    for (int64_t c = 0; c < cols; ++c) {
-      const double x = a[size_t(r * cols + c)], y = b[size_t(r * cols + c)];
-      num += std::isnan(x) ? INFINITY : (x - y) * (x - y);
-      den += y * y;
-    }
-    worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
-  }
-  return worst;
-}
-
-// Fraction of differing entries of two i32 tensors.
-inline double mismatch(const Tensor& got, const Tensor& want) {
-  const Tensor a = cpu(got).contiguous(), b = cpu(want).contiguous();
-  EXPECT_EQ(a.shape(), b.shape());
-  if (a.shape() != b.shape()) return 1.0;
-  int64_t bad = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) bad += a.data<int32_t>()[i] != b.data<int32_t>()[i];
-  return a.numel() ? double(bad) / double(a.numel()) : 0.0;
-}
+inline Tensor cpu(const Tensor& t) { return kernels::testing::host(t); }
 
 // Prints "RESULT op=... shape=... max_rel_err=... tol=..." and checks err <= tol.
 inline void report(const std::string& op, const std::string& shape, double err, double tol) {
