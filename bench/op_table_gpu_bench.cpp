@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
       const kernels::testing::OpRun run = c.make(gpu, cpu, T);
       const double us = median_us([&] { (void)run.device(); });
       const double floor_us = std::max(run.bytes / kHbm, run.flops / (run.fp8 ? kFp8 : kBf16)) * 1e6;
-      fmt::print("| {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {:.0f} | {:.1f} |\n", c.op, c.variant, T, us, floor_us,
-                 floor_us / us, run.bytes / (us * 1e-6) / 1e9, run.flops / (us * 1e-6) / 1e12);
+      fmt::print("| {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {:.0f} | {:.1f} |\n", c.op, c.variant, T, us,
+                 floor_us, floor_us / us, run.bytes / (us * 1e-6) / 1e9, run.flops / (us * 1e-6) / 1e12);
       std::fflush(stdout);
     }
     kernels::cuda::clear_gemm_caches();

@@ -51,13 +51,15 @@ Tensor on(const Tensor& t, const Backend& b) { return t.device() == b.device() ?
 WeightRef on(const WeightRef& w, const Backend& b) { return weight_on(w, b.device()); }
 Tensor ids_on(const std::vector<int32_t>& v, const Backend& b) { return i32_tensor(v, b.device()); }
 // A copy of its own on b's device (what an in-place operator updates: each side works on its own).
-Tensor own(const Tensor& t, const Backend& b) { return t.device() == b.device() ? t.clone() : t.to(b.device()); }
+Tensor own(const Tensor& t, const Backend& b) {
+  return t.device() == b.device() ? t.clone() : t.to(b.device());
+}
 double weight_bytes(const WeightRef& w) { return double(w.weight.nbytes()); }
 
 // A case over one input pair: `f(backend, inputs...)` run on each side with its own copies.
 OpRun same_op(Backend& dev, Backend& ref, std::function<Outs(Backend&)> on_dev,
-              std::function<Outs(Backend&)> on_ref, std::vector<Check> checks, double bytes,
-              double flops = 0, bool fp8 = false) {
+              std::function<Outs(Backend&)> on_ref, std::vector<Check> checks, double bytes, double flops = 0,
+              bool fp8 = false) {
   OpRun r;
   r.device = [&dev, f = std::move(on_dev)] { return f(dev); };
   r.reference = [&ref, f = std::move(on_ref)] { return f(ref); };
@@ -95,40 +97,45 @@ RopeParams yarn_rope() {
 // ---- row operators ----
 
 void add_row_cases(std::vector<OpCase>& t) {
-  for (auto [variant, dt, vocab, width] : {std::tuple{"bf16 table", DType::bf16, int64_t(16384), kH},
-                                           std::tuple{"f32 table", DType::f32, int64_t(512), int64_t(1000)},
-                                           std::tuple{"width 1004", DType::bf16, int64_t(512), int64_t(1004)}}) {
-    t.push_back({"embedding", variant, kTokens, [=](Backend& d, Backend& r, int64_t T) {
-                   const Tensor tab = dt == DType::bf16 ? rand_bf16({vocab, width}, 1) : rand_f32({vocab, width}, 1);
-                   const std::vector<int32_t> ids = random_ids(T, vocab, uint64_t(T));
-                   const Tensor tab_d = on(tab, d), ids_d = ids_on(ids, d), ids_r = i32_tensor(ids);
-                   return same_op(
-                       d, r, [=](Backend& b) { return Outs{b.embedding(tab_d, ids_d)}; },
-                       [=](Backend& b) { return Outs{b.embedding(tab, ids_r)}; }, {kElem},
-                       double(T) * double(width) * (dtype_size(dt) + kF32));
-                 }});
+  for (auto [variant, dt, vocab, width] :
+       {std::tuple{"bf16 table", DType::bf16, int64_t(16384), kH},
+        std::tuple{"f32 table", DType::f32, int64_t(512), int64_t(1000)},
+        std::tuple{"width 1004", DType::bf16, int64_t(512), int64_t(1004)}}) {
+    t.push_back(
+        {"embedding", variant, kTokens, [=](Backend& d, Backend& r, int64_t T) {
+           const Tensor tab = dt == DType::bf16 ? rand_bf16({vocab, width}, 1) : rand_f32({vocab, width}, 1);
+           const std::vector<int32_t> ids = random_ids(T, vocab, uint64_t(T));
+           const Tensor tab_d = on(tab, d), ids_d = ids_on(ids, d), ids_r = i32_tensor(ids);
+           return same_op(
+               d, r, [=](Backend& b) { return Outs{b.embedding(tab_d, ids_d)}; },
+               [=](Backend& b) { return Outs{b.embedding(tab, ids_r)}; }, {kElem},
+               double(T) * double(width) * (dtype_size(dt) + kF32));
+         }});
   }
   // rms_norm: the model width, the register-resident variants (1..8 float4 per thread), one past the
   // largest (scalar), a width off the vector width, and views (the kv latent; shifted by one element).
-  for (int64_t n : {kH, int64_t(1002), int64_t(2048), int64_t(4096), int64_t(7168), int64_t(8192), int64_t(8196)}) {
-    t.push_back({"rms_norm", fmt::format("width {}", n), kTokens, [=](Backend& d, Backend& r, int64_t T) {
-                   const Tensor x = rand_f32({T, n}, 10 + uint64_t(T) + uint64_t(n), 3.0f), w = rand_bf16({n}, 2);
-                   const Tensor xd = on(x, d), wd = on(w, d);
-                   return same_op(
-                       d, r, [=](Backend& b) { return Outs{b.rms_norm(xd, wd, 1e-5)}; },
-                       [=](Backend& b) { return Outs{b.rms_norm(x, w, 1e-5)}; }, {kElem}, double(T * n) * 2 * kF32);
-                 }});
+  for (int64_t n :
+       {kH, int64_t(1002), int64_t(2048), int64_t(4096), int64_t(7168), int64_t(8192), int64_t(8196)}) {
+    t.push_back(
+        {"rms_norm", fmt::format("width {}", n), kTokens, [=](Backend& d, Backend& r, int64_t T) {
+           const Tensor x = rand_f32({T, n}, 10 + uint64_t(T) + uint64_t(n), 3.0f), w = rand_bf16({n}, 2);
+           const Tensor xd = on(x, d), wd = on(w, d);
+           return same_op(
+               d, r, [=](Backend& b) { return Outs{b.rms_norm(xd, wd, 1e-5)}; },
+               [=](Backend& b) { return Outs{b.rms_norm(x, w, 1e-5)}; }, {kElem}, double(T * n) * 2 * kF32);
+         }});
   }
   for (int64_t c0 : {int64_t(0), int64_t(1)}) {
-    t.push_back({"rms_norm", c0 ? "kv latent view shifted by 1" : "kv latent view", kTokens,
-                 [=](Backend& d, Backend& r, int64_t T) {
-                   const Tensor ckv = rand_f32({T, kKvLora + kRope}, 30 + uint64_t(T)), w = rand_bf16({kKvLora}, 5);
-                   const Tensor cd = on(ckv, d), wd = on(w, d);
-                   return same_op(
-                       d, r, [=](Backend& b) { return Outs{b.rms_norm(cd.slice(1, c0, c0 + kKvLora), wd, 1e-6)}; },
-                       [=](Backend& b) { return Outs{b.rms_norm(ckv.slice(1, c0, c0 + kKvLora), w, 1e-6)}; },
-                       {kElem}, double(T * kKvLora) * 2 * kF32);
-                 }});
+    t.push_back(
+        {"rms_norm", c0 ? "kv latent view shifted by 1" : "kv latent view", kTokens,
+         [=](Backend& d, Backend& r, int64_t T) {
+           const Tensor ckv = rand_f32({T, kKvLora + kRope}, 30 + uint64_t(T)), w = rand_bf16({kKvLora}, 5);
+           const Tensor cd = on(ckv, d), wd = on(w, d);
+           return same_op(
+               d, r, [=](Backend& b) { return Outs{b.rms_norm(cd.slice(1, c0, c0 + kKvLora), wd, 1e-6)}; },
+               [=](Backend& b) { return Outs{b.rms_norm(ckv.slice(1, c0, c0 + kKvLora), w, 1e-6)}; }, {kElem},
+               double(T * kKvLora) * 2 * kF32);
+         }});
   }
   // add_rms_norm: the normed output and the updated residual; bf16 and f32 weights; the residual a view
   // inside a wider tensor (aligned, and shifted by one element: the scalar path).
@@ -148,7 +155,8 @@ void add_row_cases(std::vector<OpCase>& t) {
                    };
                    return same_op(
                        d, r, [=](Backend& b) { return run(b, mine_d, xd, wd); },
-                       [=](Backend& b) { return run(b, mine_r, x, w); }, {kElem, kElem}, double(T * kH) * 4 * kF32);
+                       [=](Backend& b) { return run(b, mine_r, x, w); }, {kElem, kElem},
+                       double(T * kH) * 4 * kF32);
                  }});
   }
   t.push_back({"layer_norm", "indexer k (128)", kTokens, [](Backend& d, Backend& r, int64_t T) {
@@ -157,7 +165,8 @@ void add_row_cases(std::vector<OpCase>& t) {
                  const Tensor xd = on(x, d), wd = on(w, d), bd = on(bb, d);
                  return same_op(
                      d, r, [=](Backend& b) { return Outs{b.layer_norm(xd, wd, bd, 1e-6)}; },
-                     [=](Backend& b) { return Outs{b.layer_norm(x, w, bb, 1e-6)}; }, {kElem}, double(T * kId) * 2 * kF32);
+                     [=](Backend& b) { return Outs{b.layer_norm(x, w, bb, 1e-6)}; }, {kElem},
+                     double(T * kId) * 2 * kF32);
                }});
 }
 
@@ -167,12 +176,15 @@ struct GemmShape {
   const char* name;
   int64_t n, k;
 };
-constexpr GemmShape kGemms[] = {
-    {"q_a_proj", kQLora, kH},           {"q_b_proj", kHeads*(kNope + kRope), kQLora},
-    {"kv_a_proj", kKvLora + kRope, kH}, {"kv_b_proj", kHeads*(kNope + kV), kKvLora},
-    {"o_proj", kH, kHeads* kV},         {"expert_gate_up", kI, kH},
-    {"expert_down", kH, kI},            {"router_gate", kExperts, kH},
-    {"indexer_wk_weights", kId + kIh, kH}};
+constexpr GemmShape kGemms[] = {{"q_a_proj", kQLora, kH},
+                                {"q_b_proj", kHeads*(kNope + kRope), kQLora},
+                                {"kv_a_proj", kKvLora + kRope, kH},
+                                {"kv_b_proj", kHeads*(kNope + kV), kKvLora},
+                                {"o_proj", kH, kHeads* kV},
+                                {"expert_gate_up", kI, kH},
+                                {"expert_down", kH, kI},
+                                {"router_gate", kExperts, kH},
+                                {"indexer_wk_weights", kId + kIh, kH}};
 
 void add_linear_cases(std::vector<OpCase>& t) {
   for (DType dt : {DType::bf16, DType::f8e4m3fn, DType::f32}) {
@@ -203,20 +215,22 @@ void add_linear_cases(std::vector<OpCase>& t) {
     const double tol = dt == DType::bf16 ? kTolBf16 : kTolFp8;
     for (int64_t h : {int64_t(0), int64_t(5)}) {
       const int64_t base = h * (kNope + kV);
-      t.push_back({"linear_t", fmt::format("{} W_UK head {}", tag, h), kTokens, [=](Backend& d, Backend& r, int64_t T) {
-                     const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 1200), wd = on(w, d);
-                     const Tensor q = rand_f32({T, kHeads, kNope + kRope}, 1300 + uint64_t(T)), qd = on(q, d);
-                     return same_op(
-                         d, r,
-                         [=](Backend& b) {
-                           return Outs{b.linear_t(qd.select(1, h).slice(1, 0, kNope), wd, base, base + kNope, {})};
-                         },
-                         [=](Backend& b) {
-                           return Outs{b.linear_t(q.select(1, h).slice(1, 0, kNope), w, base, base + kNope, {})};
-                         },
-                         {{Measure::gemm_l2, tol}}, double(kNope * kKvLora) * double(dtype_size(dt)),
-                         2.0 * double(T * kNope * kKvLora));
-                   }});
+      t.push_back(
+          {"linear_t", fmt::format("{} W_UK head {}", tag, h), kTokens,
+           [=](Backend& d, Backend& r, int64_t T) {
+             const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 1200), wd = on(w, d);
+             const Tensor q = rand_f32({T, kHeads, kNope + kRope}, 1300 + uint64_t(T)), qd = on(q, d);
+             return same_op(
+                 d, r,
+                 [=](Backend& b) {
+                   return Outs{b.linear_t(qd.select(1, h).slice(1, 0, kNope), wd, base, base + kNope, {})};
+                 },
+                 [=](Backend& b) {
+                   return Outs{b.linear_t(q.select(1, h).slice(1, 0, kNope), w, base, base + kNope, {})};
+                 },
+                 {{Measure::gemm_l2, tol}}, double(kNope * kKvLora) * double(dtype_size(dt)),
+                 2.0 * double(T * kNope * kKvLora));
+           }});
       t.push_back({"linear", fmt::format("{} W_UV into a head's columns, head {}", tag, h), kTokens,
                    [=](Backend& d, Backend& r, int64_t T) {
                      const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 1200), wd = on(w, d);
@@ -226,7 +240,15 @@ void add_linear_cases(std::vector<OpCase>& t) {
                      auto run = [=](Backend& b, Tensor all, const Tensor& x, const WeightRef& ww) {
                        Tensor o = all.select(1, h);
                        b.linear(x, ww, base + kNope, base + kNope + kV, o);
-                       return Outs{all.select(1, h), all.select(1, h + 1)};
+                       // The head's columns and its neighbour's, as contiguous tensors (strided device
+                       // views do not copy to the host).
+                       Outs heads;
+                       for (int64_t k : {h, h + 1}) {
+                         Tensor c = Tensor::empty({all.size(0), kV}, DType::f32, b.device());
+                         b.copy_rows(c, all.select(1, k));
+                         heads.push_back(c);
+                       }
+                       return heads;
                      };
                      return same_op(
                          d, r, [=](Backend& b) { return run(b, out_d, ld, wd); },
@@ -243,14 +265,16 @@ void add_linear_cases(std::vector<OpCase>& t) {
       if (via_norm && dt != DType::f8e4m3fn) continue;
       const double tol = dt == DType::bf16 ? kTolBf16 : kTolFp8;
       t.push_back({"linear_multi",
-                   fmt::format("{} q_a + kv_a{}", dt == DType::bf16 ? "bf16" : "fp8", via_norm ? " on norm_fp8's copy" : ""),
+                   fmt::format("{} q_a + kv_a{}", dt == DType::bf16 ? "bf16" : "fp8",
+                               via_norm ? " on norm_fp8's copy" : ""),
                    kTokens, [=](Backend& d, Backend& r, int64_t T) {
                      const std::vector<WeightRef> ws = {rand_weight(kQLora, kH, dt, 1600),
                                                         rand_weight(kKvLora + kRope, kH, dt, 1601)};
                      const std::vector<WeightRef> wd = {on(ws[0], d), on(ws[1], d)};
                      const Tensor x = rand_f32({T, kH}, 1700 + uint64_t(T), 3.0f), nw = rand_bf16({kH}, 9);
                      const Tensor xd = on(x, d), nwd = on(nw, d);
-                     auto run = [=](Backend& b, const Tensor& xx, const Tensor& nn, const std::vector<WeightRef>& w) {
+                     auto run = [=](Backend& b, const Tensor& xx, const Tensor& nn,
+                                    const std::vector<WeightRef>& w) {
                        if (!via_norm) return b.linear_multi(xx, w, nullptr);
                        Fp8Act q;
                        const Tensor h = b.norm_fp8(nullptr, xx, nn, 1e-5, q);
@@ -258,8 +282,10 @@ void add_linear_cases(std::vector<OpCase>& t) {
                      };
                      return same_op(
                          d, r, [=](Backend& b) { return run(b, xd, nwd, wd); },
-                         [=](Backend& b) { return run(b, x, nw, ws); }, {{Measure::gemm_l2, tol}, {Measure::gemm_l2, tol}},
-                         weight_bytes(ws[0]) + weight_bytes(ws[1]) + double(T) * double(kH + kQLora + kKvLora + kRope) * kF32,
+                         [=](Backend& b) { return run(b, x, nw, ws); },
+                         {{Measure::gemm_l2, tol}, {Measure::gemm_l2, tol}},
+                         weight_bytes(ws[0]) + weight_bytes(ws[1]) +
+                             double(T) * double(kH + kQLora + kKvLora + kRope) * kF32,
                          2.0 * double(T * kH * (kQLora + kKvLora + kRope)), dt == DType::f8e4m3fn);
                    }});
     }
@@ -267,7 +293,8 @@ void add_linear_cases(std::vector<OpCase>& t) {
   // norm_fp8: the normed output and the residual are the plain norm's; its FP8 copy is checked by what
   // reads it (linear_multi above; gemm_small_test checks the codes themselves).
   for (bool with_residual : {false, true}) {
-    t.push_back({"norm_fp8", with_residual ? "add + rms_norm" : "rms_norm", kTokens, [=](Backend& d, Backend& r, int64_t T) {
+    t.push_back({"norm_fp8", with_residual ? "add + rms_norm" : "rms_norm", kTokens,
+                 [=](Backend& d, Backend& r, int64_t T) {
                    const Tensor x = rand_f32({T, kH}, 1800 + uint64_t(T), 3.0f), w = rand_bf16({kH}, 10);
                    const Tensor res = rand_f32({T, kH}, 1900 + uint64_t(T));
                    const Tensor xd = on(x, d), wd = on(w, d);
@@ -279,7 +306,8 @@ void add_linear_cases(std::vector<OpCase>& t) {
                    };
                    return same_op(
                        d, r, [=](Backend& b) { return run(b, res_d, xd, wd); },
-                       [=](Backend& b) { return run(b, res_r, x, w); }, {kElem, kElem}, double(T * kH) * 4 * kF32);
+                       [=](Backend& b) { return run(b, res_r, x, w); }, {kElem, kElem},
+                       double(T * kH) * 4 * kF32);
                  }});
   }
 }
@@ -287,9 +315,10 @@ void add_linear_cases(std::vector<OpCase>& t) {
 // ---- elementwise, copies, paged caches ----
 
 void add_elementwise_cases(std::vector<OpCase>& t) {
-  for (auto [variant, n, pos_scale] : {std::tuple{"interleaved, 64 heads", kHeads, 0}, std::tuple{"yarn, 64 heads", kHeads, 1},
-                                       std::tuple{"neox, indexer 32 heads", kIh, 2}, std::tuple{"interleaved, 5 heads", int64_t(5), 0},
-                                       std::tuple{"neox, 1 head", int64_t(1), 2}}) {
+  for (auto [variant, n, pos_scale] :
+       {std::tuple{"interleaved, 64 heads", kHeads, 0}, std::tuple{"yarn, 64 heads", kHeads, 1},
+        std::tuple{"neox, indexer 32 heads", kIh, 2}, std::tuple{"interleaved, 5 heads", int64_t(5), 0},
+        std::tuple{"neox, 1 head", int64_t(1), 2}}) {
     t.push_back({"rope_inplace", variant, kTokens, [=](Backend& d, Backend& r, int64_t T) {
                    const RopeParams p = pos_scale == 1 ? yarn_rope() : glm_rope(pos_scale == 0);
                    const std::vector<int32_t> pos = random_ids(T, 160000, uint64_t(T));
@@ -304,50 +333,54 @@ void add_elementwise_cases(std::vector<OpCase>& t) {
                      return Outs{all};
                    };
                    return same_op(
-                       d, r, [=](Backend& b) { return run(b, xd, pd); }, [=](Backend& b) { return run(b, xr, pr); },
-                       {kElem}, double(T * n * kRope) * 2 * kF32);
+                       d, r, [=](Backend& b) { return run(b, xd, pd); },
+                       [=](Backend& b) { return run(b, xr, pr); }, {kElem}, double(T * n * kRope) * 2 * kF32);
                  }});
   }
   for (int64_t I : {kI, int64_t(1003)}) {
-    t.push_back({"silu_mul", fmt::format("gate_up halves, I {}", I), kTokens, [=](Backend& d, Backend& r, int64_t T) {
-                   const Tensor gu = rand_f32({T, 2 * I}, 1900 + uint64_t(T + I), 4.0f), gd = on(gu, d);
-                   return same_op(
-                       d, r, [=](Backend& b) { return Outs{b.silu_mul(gd.slice(1, 0, I), gd.slice(1, I, 2 * I))}; },
-                       [=](Backend& b) { return Outs{b.silu_mul(gu.slice(1, 0, I), gu.slice(1, I, 2 * I))}; }, {kElem},
-                       double(T * I) * 3 * kF32);
-                 }});
+    t.push_back(
+        {"silu_mul", fmt::format("gate_up halves, I {}", I), kTokens, [=](Backend& d, Backend& r, int64_t T) {
+           const Tensor gu = rand_f32({T, 2 * I}, 1900 + uint64_t(T + I), 4.0f), gd = on(gu, d);
+           return same_op(
+               d, r, [=](Backend& b) { return Outs{b.silu_mul(gd.slice(1, 0, I), gd.slice(1, I, 2 * I))}; },
+               [=](Backend& b) { return Outs{b.silu_mul(gu.slice(1, 0, I), gu.slice(1, I, 2 * I))}; },
+               {kElem}, double(T * I) * 3 * kF32);
+         }});
   }
   // argmax over the vocabulary; and rows of small integers full of ties (the first maximum wins; even rows
   // also hold three 6s spread over threads): whole, a vectorised view, an odd width, a shifted view.
   t.push_back({"argmax", "vocab 154880", kTokens, [](Backend& d, Backend& r, int64_t T) {
                  const Tensor x = rand_f32({T, kVocab}, 70 + uint64_t(T), 10.0f), xd = on(x, d);
                  return same_op(
-                     d, r, [=](Backend& b) { return Outs{b.argmax(xd)}; }, [=](Backend& b) { return Outs{b.argmax(x)}; },
-                     {kExact}, double(T * kVocab) * kF32);
+                     d, r, [=](Backend& b) { return Outs{b.argmax(xd)}; },
+                     [=](Backend& b) { return Outs{b.argmax(x)}; }, {kExact}, double(T * kVocab) * kF32);
                }});
   for (auto [c0, c1] : {std::pair{int64_t(0), int64_t(20004)}, std::pair{int64_t(0), int64_t(20000)},
                         std::pair{int64_t(0), int64_t(20001)}, std::pair{int64_t(1), int64_t(20001)}}) {
-    t.push_back({"argmax", fmt::format("ties, cols {}..{}", c0, c1), kTokens, [=](Backend& d, Backend& r, int64_t T) {
-                   Tensor ties = Tensor::empty({T, 20004}, DType::f32);
-                   Rng g(uint64_t(T) + 5);
-                   float* tp = ties.data<float>();
-                   for (int64_t i = 0; i < ties.numel(); ++i) tp[i] = float(g.below(6));
-                   for (int64_t row = 0; row < T; row += 2) {
-                     for (int k = 0; k < 3; ++k) tp[row * 20004 + g.below(20004)] = 6.0f;
-                   }
-                   const Tensor td = on(ties, d);
-                   return same_op(
-                       d, r, [=](Backend& b) { return Outs{b.argmax(td.slice(1, c0, c1))}; },
-                       [=](Backend& b) { return Outs{b.argmax(ties.slice(1, c0, c1))}; }, {kExact},
-                       double(T * (c1 - c0)) * kF32);
-                 }});
+    t.push_back(
+        {"argmax", fmt::format("ties, cols {}..{}", c0, c1), kTokens, [=](Backend& d, Backend& r, int64_t T) {
+           Tensor ties = Tensor::empty({T, 20004}, DType::f32);
+           Rng g(uint64_t(T) + 5);
+           float* tp = ties.data<float>();
+           for (int64_t i = 0; i < ties.numel(); ++i) tp[i] = float(g.below(6));
+           for (int64_t row = 0; row < T; row += 2) {
+             for (int k = 0; k < 3; ++k) tp[row * 20004 + g.below(20004)] = 6.0f;
+           }
+           const Tensor td = on(ties, d);
+           return same_op(
+               d, r, [=](Backend& b) { return Outs{b.argmax(td.slice(1, c0, c1))}; },
+               [=](Backend& b) { return Outs{b.argmax(ties.slice(1, c0, c1))}; }, {kExact},
+               double(T * (c1 - c0)) * kF32);
+         }});
   }
   // add_inplace: the model width, an odd width, a view shifted by one element (scalar path).
-  for (auto [variant, width, c0] : {std::tuple{"width 6144", kH, int64_t(-1)}, std::tuple{"width 1003", int64_t(1003), int64_t(-1)},
-                                    std::tuple{"view shifted by 1", kH, int64_t(1)}}) {
+  for (auto [variant, width, c0] :
+       {std::tuple{"width 6144", kH, int64_t(-1)}, std::tuple{"width 1003", int64_t(1003), int64_t(-1)},
+        std::tuple{"view shifted by 1", kH, int64_t(1)}}) {
     t.push_back({"add_inplace", variant, kTokens, [=](Backend& d, Backend& r, int64_t T) {
                    const int64_t full = c0 < 0 ? width : width + 4, b0 = c0 < 0 ? 0 : c0;
-                   const Tensor a = rand_f32({T, full}, 100 + uint64_t(T)), bb = rand_f32({T, width}, 200 + uint64_t(T));
+                   const Tensor a = rand_f32({T, full}, 100 + uint64_t(T)),
+                                bb = rand_f32({T, width}, 200 + uint64_t(T));
                    const Tensor ad = own(a, d), ar = own(a, r);
                    const Tensor bd = on(bb, d);
                    auto run = [=](Backend& b, Tensor all, const Tensor& y) {
@@ -356,12 +389,13 @@ void add_elementwise_cases(std::vector<OpCase>& t) {
                      return Outs{all};
                    };
                    return same_op(
-                       d, r, [=](Backend& b) { return run(b, ad, bd); }, [=](Backend& b) { return run(b, ar, bb); },
-                       {kElem}, double(T * width) * 3 * kF32);
+                       d, r, [=](Backend& b) { return run(b, ad, bd); },
+                       [=](Backend& b) { return run(b, ar, bb); }, {kElem}, double(T * width) * 3 * kF32);
                  }});
   }
   t.push_back({"copy_rows", "into a column slice", kTokens, [](Backend& d, Backend& r, int64_t T) {
-                 const Tensor wide = rand_f32({T, 2 * kH}, 300 + uint64_t(T)), src = rand_f32({T, kH}, 310 + uint64_t(T));
+                 const Tensor wide = rand_f32({T, 2 * kH}, 300 + uint64_t(T)),
+                              src = rand_f32({T, kH}, 310 + uint64_t(T));
                  const Tensor wd = own(wide, d), wr = own(wide, r);
                  const Tensor sd = on(src, d);
                  auto run = [](Backend& b, Tensor all, const Tensor& s) {
@@ -370,8 +404,8 @@ void add_elementwise_cases(std::vector<OpCase>& t) {
                    return Outs{all};
                  };
                  return same_op(
-                     d, r, [=](Backend& b) { return run(b, wd, sd); }, [=](Backend& b) { return run(b, wr, src); },
-                     {kElem}, double(T * kH) * 2 * kF32);
+                     d, r, [=](Backend& b) { return run(b, wd, sd); },
+                     [=](Backend& b) { return run(b, wr, src); }, {kElem}, double(T * kH) * 2 * kF32);
                }});
   t.push_back({"gather_rows", "hidden rows", kTokens, [](Backend& d, Backend& r, int64_t T) {
                  const Tensor x = rand_f32({T, kH}, 320 + uint64_t(T)), xd = on(x, d);
@@ -379,7 +413,8 @@ void add_elementwise_cases(std::vector<OpCase>& t) {
                  const Tensor id = ids_on(idx, d), ir = i32_tensor(idx);
                  return same_op(
                      d, r, [=](Backend& b) { return Outs{b.gather_rows(xd, id)}; },
-                     [=](Backend& b) { return Outs{b.gather_rows(x, ir)}; }, {kElem}, double(T * kH) * 2 * kF32);
+                     [=](Backend& b) { return Outs{b.gather_rows(x, ir)}; }, {kElem},
+                     double(T * kH) * 2 * kF32);
                }});
   // Paged KV: one request's new rows (start 100, pages in reverse order) stored into the kv_lora columns
   // and the rope columns of a [slots, kv_lora + rope] cache; then its first 100 + T rows gathered.
@@ -396,10 +431,13 @@ void add_elementwise_cases(std::vector<OpCase>& t) {
                    }
                    const Tensor cache = rand_f32({pages * kPage, kKvLora + kRope}, 400 + uint64_t(T));
                    const Tensor cd = own(cache, d), cr = own(cache, r);
-                   const Tensor kv = rand_f32({T, kKvLora}, 500 + uint64_t(T)), pe = rand_f32({T, kRope}, 600 + uint64_t(T));
-                   const Tensor kvd = on(kv, d), ped = on(pe, d), sd = ids_on(slots, d), sr = i32_tensor(slots);
+                   const Tensor kv = rand_f32({T, kKvLora}, 500 + uint64_t(T)),
+                                pe = rand_f32({T, kRope}, 600 + uint64_t(T));
+                   const Tensor kvd = on(kv, d), ped = on(pe, d), sd = ids_on(slots, d),
+                                sr = i32_tensor(slots);
                    const Tensor td = ids_on(table, d), tr = i32_tensor(table);
-                   auto run = [=](Backend& b, Tensor c, const Tensor& s, const Tensor& k, const Tensor& e, const Tensor& tab) {
+                   auto run = [=](Backend& b, Tensor c, const Tensor& s, const Tensor& k, const Tensor& e,
+                                  const Tensor& tab) {
                      if (gather) return Outs{b.paged_gather(PagedSeq{c, tab, kPage}, n)};
                      Tensor lat = c.slice(1, 0, kKvLora), rope = c.slice(1, kKvLora, kKvLora + kRope);
                      b.paged_store(lat, s, k);
@@ -494,31 +532,51 @@ void add_attention_cases(std::vector<OpCase>& t) {
   const double mscale = 1.0 / std::sqrt(double(kNope + kRope));
   // Selections may legitimately differ at near-ties of fp32 sums in another order: 1e-3 of entries.
   for (int64_t start : {int64_t(0), int64_t(4000)}) {
-    t.push_back({"indexer_topk", fmt::format("one request, start {}", start), kTokens, [=](Backend& d, Backend& r, int64_t T) {
-                   const OneSeq s = one_seq(start, T, kId, 2300 + uint64_t(T + start));
-                   const Tensor q = rand_f32({T, kIh, kId}, 2400 + uint64_t(T)), w = rand_f32({T, kIh}, 2500 + uint64_t(T));
-                   const Tensor cd = on(s.cache, d), td = ids_on(s.table, d), tr = i32_tensor(s.table);
-                   const Tensor qd = on(q, d), wd = on(w, d);
-                   return same_op(
-                       d, r,
-                       [=](Backend& b) { return Outs{b.indexer_topk(qd, wd, PagedSeq{cd, td, kPage}, start, kTopk, iscale, wscale)}; },
-                       [=](Backend& b) { return Outs{b.indexer_topk(q, w, PagedSeq{s.cache, tr, kPage}, start, kTopk, iscale, wscale)}; },
-                       {{Measure::ids, 1e-3}}, double((start + T) * kId) * kF32, 2.0 * double(T * kIh * kId * (start + T)));
-                 }});
+    t.push_back(
+        {"indexer_topk", fmt::format("one request, start {}", start), kTokens,
+         [=](Backend& d, Backend& r, int64_t T) {
+           const OneSeq s = one_seq(start, T, kId, 2300 + uint64_t(T + start));
+           const Tensor q = rand_f32({T, kIh, kId}, 2400 + uint64_t(T)),
+                        w = rand_f32({T, kIh}, 2500 + uint64_t(T));
+           const Tensor cd = on(s.cache, d), td = ids_on(s.table, d), tr = i32_tensor(s.table);
+           const Tensor qd = on(q, d), wd = on(w, d);
+           return same_op(
+               d, r,
+               [=](Backend& b) {
+                 return Outs{b.indexer_topk(qd, wd, PagedSeq{cd, td, kPage}, start, kTopk, iscale, wscale)};
+               },
+               [=](Backend& b) {
+                 return Outs{
+                     b.indexer_topk(q, w, PagedSeq{s.cache, tr, kPage}, start, kTopk, iscale, wscale)};
+               },
+               {{Measure::ids, 1e-3}}, double((start + T) * kId) * kF32,
+               2.0 * double(T * kIh * kId * (start + T)));
+         }});
   }
-  t.push_back({"indexer_topk_rows", "ragged decode batch, contexts to 8192", {1, 7, 33}, [=](Backend& d, Backend& r, int64_t R) {
-                 const auto b = rows_batch(R, 8192, kId, 2600 + uint64_t(R), 1.0f);
-                 const Tensor q = rand_f32({R, kIh, kId}, 2700 + uint64_t(R)), w = rand_f32({R, kIh}, 2800 + uint64_t(R));
-                 const Tensor cd = on(b->cache, d), qd = on(q, d), wd = on(w, d);
-                 double keys = 0;
-                 for (int32_t l : b->len) keys += l;
-                 return same_op(
-                     d, r, [=](Backend& be) { return Outs{be.indexer_topk_rows(qd, wd, paged_rows(b, cd, be), kTopk, iscale, wscale)}; },
-                     [=](Backend& be) { return Outs{be.indexer_topk_rows(q, w, paged_rows(b, b->cache, be), kTopk, iscale, wscale)}; },
-                     {{Measure::ids, 1e-3}}, keys * kId * kF32, 2.0 * keys * kIh * kId);
-               }});
+  t.push_back(
+      {"indexer_topk_rows",
+       "ragged decode batch, contexts to 8192",
+       {1, 7, 33},
+       [=](Backend& d, Backend& r, int64_t R) {
+         const auto b = rows_batch(R, 8192, kId, 2600 + uint64_t(R), 1.0f);
+         const Tensor q = rand_f32({R, kIh, kId}, 2700 + uint64_t(R)),
+                      w = rand_f32({R, kIh}, 2800 + uint64_t(R));
+         const Tensor cd = on(b->cache, d), qd = on(q, d), wd = on(w, d);
+         double keys = 0;
+         for (int32_t l : b->len) keys += l;
+         return same_op(
+             d, r,
+             [=](Backend& be) {
+               return Outs{be.indexer_topk_rows(qd, wd, paged_rows(b, cd, be), kTopk, iscale, wscale)};
+             },
+             [=](Backend& be) {
+               return Outs{be.indexer_topk_rows(q, w, paged_rows(b, b->cache, be), kTopk, iscale, wscale)};
+             },
+             {{Measure::ids, 1e-3}}, keys * kId * kF32, 2.0 * keys * kIh * kId);
+       }});
   for (bool selected : {false, true}) {
-    t.push_back({"mla_attention_absorbed", selected ? "one request, 128 selected keys" : "one request, all keys", kTokens,
+    t.push_back({"mla_attention_absorbed",
+                 selected ? "one request, 128 selected keys" : "one request, all keys", kTokens,
                  [=](Backend& d, Backend& r, int64_t T) {
                    const int64_t start = 300;
                    const OneSeq s = one_seq(start, T, kKvLora + kRope, 2900 + uint64_t(T));
@@ -529,48 +587,65 @@ void add_attention_cases(std::vector<OpCase>& t) {
                    const Tensor sel = selected ? random_selection(vis, 128, uint64_t(T)) : Tensor();
                    const Tensor cd = on(s.cache, d), td = ids_on(s.table, d), tr = i32_tensor(s.table);
                    const Tensor qld = on(ql, d), qrd = on(qr, d), seld = selected ? on(sel, d) : Tensor();
-                   const double keys = selected ? double(T * 128) : double(T) * double(start) + double(T * (T + 1)) / 2;
+                   const double keys =
+                       selected ? double(T * 128) : double(T) * double(start) + double(T * (T + 1)) / 2;
                    return same_op(
                        d, r,
-                       [=](Backend& b) { return Outs{b.mla_attention_absorbed(qld, qrd, PagedSeq{cd, td, kPage}, start, seld, mscale)}; },
-                       [=](Backend& b) { return Outs{b.mla_attention_absorbed(ql, qr, PagedSeq{s.cache, tr, kPage}, start, sel, mscale)}; },
+                       [=](Backend& b) {
+                         return Outs{b.mla_attention_absorbed(qld, qrd, PagedSeq{cd, td, kPage}, start, seld,
+                                                              mscale)};
+                       },
+                       [=](Backend& b) {
+                         return Outs{b.mla_attention_absorbed(ql, qr, PagedSeq{s.cache, tr, kPage}, start,
+                                                              sel, mscale)};
+                       },
                        {{Measure::elem, kTolAttn}}, double((start + T) * (kKvLora + kRope)) * kF32,
                        2.0 * keys * kHeads * double(2 * kKvLora + kRope));
                  }});
   }
   for (bool selected : {false, true}) {
-    t.push_back({"mla_attention_rows", selected ? "ragged decode batch, top-2048 selection" : "ragged decode batch, all keys",
-                 {1, 7, 33}, [=](Backend& d, Backend& r, int64_t R) {
+    t.push_back({"mla_attention_rows",
+                 selected ? "ragged decode batch, top-2048 selection" : "ragged decode batch, all keys",
+                 {1, 7, 33},
+                 [=](Backend& d, Backend& r, int64_t R) {
                    const auto b = rows_batch(R, 3000, kKvLora + kRope, 3200 + uint64_t(R), 0.3f);
                    const Tensor ql = rand_f32({R, kHeads, kKvLora}, 3300 + uint64_t(R), 0.2f);
                    const Tensor qr = rand_f32({R, kHeads, kRope}, 3400 + uint64_t(R), 0.2f);
                    const Tensor sel = selected ? random_selection(b->len, kTopk, uint64_t(R)) : Tensor();
-                   const Tensor cd = on(b->cache, d), qld = on(ql, d), qrd = on(qr, d), seld = selected ? on(sel, d) : Tensor();
+                   const Tensor cd = on(b->cache, d), qld = on(ql, d), qrd = on(qr, d),
+                                seld = selected ? on(sel, d) : Tensor();
                    double keys = 0;
-                   for (int32_t l : b->len) keys += selected ? double(std::min<int64_t>(l, kTopk)) : double(l);
+                   for (int32_t l : b->len)
+                     keys += selected ? double(std::min<int64_t>(l, kTopk)) : double(l);
                    return same_op(
-                       d, r, [=](Backend& be) { return Outs{be.mla_attention_rows(qld, qrd, paged_rows(b, cd, be), seld, mscale)}; },
-                       [=](Backend& be) { return Outs{be.mla_attention_rows(ql, qr, paged_rows(b, b->cache, be), sel, mscale)}; },
+                       d, r,
+                       [=](Backend& be) {
+                         return Outs{be.mla_attention_rows(qld, qrd, paged_rows(b, cd, be), seld, mscale)};
+                       },
+                       [=](Backend& be) {
+                         return Outs{be.mla_attention_rows(ql, qr, paged_rows(b, b->cache, be), sel, mscale)};
+                       },
                        {{Measure::elem, kTolAttn}}, keys * double(kKvLora + kRope) * kF32,
                        2.0 * keys * kHeads * double(2 * kKvLora + kRope));
                  }});
   }
-  t.push_back({"attention_mha", "one request, start 100", kTokens, [=](Backend& d, Backend& r, int64_t T) {
-                 const int64_t start = 100, S = start + T;
-                 const Tensor q = rand_f32({T, kHeads, kNope + kRope}, 3500 + uint64_t(T), 0.3f);
-                 const Tensor kvx = rand_f32({S, kHeads, kNope + kV}, 3600 + uint64_t(T), 0.3f);
-                 const Tensor lat = rand_f32({S, kKvLora + kRope}, 3700 + uint64_t(T), 0.3f);
-                 const Tensor qd = on(q, d), kd = on(kvx, d), ld = on(lat, d);
-                 auto run = [=](Backend& b, const Tensor& qq, const Tensor& kk, const Tensor& ll) {
-                   return Outs{b.attention_mha(qq, kk.slice(2, 0, kNope), ll.slice(1, kKvLora, kKvLora + kRope),
-                                               kk.slice(2, kNope, kNope + kV), start, {}, mscale)};
-                 };
-                 const double keys = double(T) * double(start) + double(T * (T + 1)) / 2;
-                 return same_op(
-                     d, r, [=](Backend& b) { return run(b, qd, kd, ld); }, [=](Backend& b) { return run(b, q, kvx, lat); },
-                     {{Measure::elem, kTolAttn}}, double(S * kHeads * (kNope + kV)) * kF32,
-                     2.0 * keys * kHeads * double(kNope + kRope + kV));
-               }});
+  t.push_back(
+      {"attention_mha", "one request, start 100", kTokens, [=](Backend& d, Backend& r, int64_t T) {
+         const int64_t start = 100, S = start + T;
+         const Tensor q = rand_f32({T, kHeads, kNope + kRope}, 3500 + uint64_t(T), 0.3f);
+         const Tensor kvx = rand_f32({S, kHeads, kNope + kV}, 3600 + uint64_t(T), 0.3f);
+         const Tensor lat = rand_f32({S, kKvLora + kRope}, 3700 + uint64_t(T), 0.3f);
+         const Tensor qd = on(q, d), kd = on(kvx, d), ld = on(lat, d);
+         auto run = [=](Backend& b, const Tensor& qq, const Tensor& kk, const Tensor& ll) {
+           return Outs{b.attention_mha(qq, kk.slice(2, 0, kNope), ll.slice(1, kKvLora, kKvLora + kRope),
+                                       kk.slice(2, kNope, kNope + kV), start, {}, mscale)};
+         };
+         const double keys = double(T) * double(start) + double(T * (T + 1)) / 2;
+         return same_op(
+             d, r, [=](Backend& b) { return run(b, qd, kd, ld); },
+             [=](Backend& b) { return run(b, q, kvx, lat); }, {{Measure::elem, kTolAttn}},
+             double(S * kHeads * (kNope + kV)) * kF32, 2.0 * keys * kHeads * double(kNope + kRope + kV));
+       }});
 }
 
 // ---- MLA fused / batched operators ----
@@ -580,23 +655,26 @@ void add_mla_cases(std::vector<OpCase>& t) {
   // its bf16 dequantisation), per row L2 within 1e-2.
   for (DType dt : {DType::bf16, DType::f8e4m3fn}) {
     const char* tag = dt == DType::bf16 ? "bf16" : "fp8";
-    t.push_back({"absorb_q", fmt::format("{} kv_b, 64 heads", tag), kTokens, [=](Backend& d, Backend& r, int64_t T) {
-                   const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 3800), wd = on(w, d);
-                   const Tensor q = rand_f32({T, kHeads, kNope + kRope}, 3900 + uint64_t(T)), qd = on(q, d);
-                   return same_op(
-                       d, r, [=](Backend& b) { return Outs{b.absorb_q(qd.slice(2, 0, kNope), wd, {})}; },
-                       [=](Backend& b) { return Outs{b.absorb_q(q.slice(2, 0, kNope), w, {})}; },
-                       {{Measure::gemm_l2, kTolBf16}}, double(kHeads * kNope * kKvLora) * double(dtype_size(dt)),
-                       2.0 * double(T * kHeads * kNope * kKvLora));
-                 }});
-    t.push_back({"absorb_v", fmt::format("{} kv_b, 64 heads", tag), kTokens, [=](Backend& d, Backend& r, int64_t T) {
-                   const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 3800), wd = on(w, d);
-                   const Tensor lat = rand_f32({T, kHeads, kKvLora}, 4000 + uint64_t(T)), ld = on(lat, d);
-                   return same_op(
-                       d, r, [=](Backend& b) { return Outs{b.absorb_v(ld, wd, kV, {})}; },
-                       [=](Backend& b) { return Outs{b.absorb_v(lat, w, kV, {})}; }, {{Measure::gemm_l2, kTolBf16}},
-                       double(kHeads * kV * kKvLora) * double(dtype_size(dt)), 2.0 * double(T * kHeads * kV * kKvLora));
-                 }});
+    t.push_back(
+        {"absorb_q", fmt::format("{} kv_b, 64 heads", tag), kTokens, [=](Backend& d, Backend& r, int64_t T) {
+           const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 3800), wd = on(w, d);
+           const Tensor q = rand_f32({T, kHeads, kNope + kRope}, 3900 + uint64_t(T)), qd = on(q, d);
+           return same_op(
+               d, r, [=](Backend& b) { return Outs{b.absorb_q(qd.slice(2, 0, kNope), wd, {})}; },
+               [=](Backend& b) { return Outs{b.absorb_q(q.slice(2, 0, kNope), w, {})}; },
+               {{Measure::gemm_l2, kTolBf16}}, double(kHeads * kNope * kKvLora) * double(dtype_size(dt)),
+               2.0 * double(T * kHeads * kNope * kKvLora));
+         }});
+    t.push_back(
+        {"absorb_v", fmt::format("{} kv_b, 64 heads", tag), kTokens, [=](Backend& d, Backend& r, int64_t T) {
+           const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 3800), wd = on(w, d);
+           const Tensor lat = rand_f32({T, kHeads, kKvLora}, 4000 + uint64_t(T)), ld = on(lat, d);
+           return same_op(
+               d, r, [=](Backend& b) { return Outs{b.absorb_v(ld, wd, kV, {})}; },
+               [=](Backend& b) { return Outs{b.absorb_v(lat, w, kV, {})}; }, {{Measure::gemm_l2, kTolBf16}},
+               double(kHeads * kV * kKvLora) * double(dtype_size(dt)),
+               2.0 * double(T * kHeads * kV * kKvLora));
+         }});
   }
   // The cache writes of T tokens at slots scattered over the pages, positions up to 128K, into f32 caches
   // (the kernel formats and their rounding: mla_fused_test).
@@ -607,17 +685,20 @@ void add_mla_cases(std::vector<OpCase>& t) {
                    std::vector<int32_t> all(static_cast<size_t>(pool));
                    std::iota(all.begin(), all.end(), 0);
                    Rng g(uint64_t(T) + 11);
-                   for (int64_t i = pool - 1; i > 0; --i) std::swap(all[size_t(i)], all[size_t(g.below(i + 1))]);
-                   const std::vector<int32_t> slots(all.begin(), all.begin() + T), pos = random_ids(T, 131072, uint64_t(T) + 12);
+                   for (int64_t i = pool - 1; i > 0; --i)
+                     std::swap(all[size_t(i)], all[size_t(g.below(i + 1))]);
+                   const std::vector<int32_t> slots(all.begin(), all.begin() + T),
+                       pos = random_ids(T, 131072, uint64_t(T) + 12);
                    const Tensor x = rand_f32({T, cols}, 4100 + uint64_t(T), 3.0f);
                    const Tensor nw = rand_bf16({indexer ? kId : kKvLora}, 13), nb = rand_bf16({kId}, 14);
                    const Tensor cache = rand_f32({pool, cols}, 4200 + uint64_t(T));
                    const Tensor cd = own(cache, d), cr = own(cache, r);
                    const Tensor xd = on(x, d), nwd = on(nw, d), nbd = on(nb, d);
-                   const Tensor sd = ids_on(slots, d), sr = i32_tensor(slots), pd = ids_on(pos, d), pr = i32_tensor(pos);
+                   const Tensor sd = ids_on(slots, d), sr = i32_tensor(slots), pd = ids_on(pos, d),
+                                pr = i32_tensor(pos);
                    const RopeParams rp = glm_rope(!indexer);
-                   auto run = [=](Backend& b, Tensor c, const Tensor& xx, const Tensor& w, const Tensor& bias, const Tensor& p,
-                                  const Tensor& s) {
+                   auto run = [=](Backend& b, Tensor c, const Tensor& xx, const Tensor& w, const Tensor& bias,
+                                  const Tensor& p, const Tensor& s) {
                      if (indexer) {
                        b.indexer_k_write(xx, w, bias, 1e-6, p, rp, c, s);
                      } else {
@@ -627,7 +708,8 @@ void add_mla_cases(std::vector<OpCase>& t) {
                    };
                    return same_op(
                        d, r, [=](Backend& b) { return run(b, cd, xd, nwd, nbd, pd, sd); },
-                       [=](Backend& b) { return run(b, cr, x, nw, nb, pr, sr); }, {kElem}, double(T * cols) * 2 * kF32);
+                       [=](Backend& b) { return run(b, cr, x, nw, nb, pr, sr); }, {kElem},
+                       double(T * cols) * 2 * kF32);
                  }});
   }
 }
@@ -641,12 +723,15 @@ void add_moe_cases(std::vector<OpCase>& t) {
     bool ties;
   };
   const MoeRouteParams glm{1, 1, kTopK, true, 2.5}, dsv3{8, 4, kTopK, true, 2.5};
-  for (const Route& c : {Route{"glm (1 group)", glm, false}, Route{"deepseek (8 groups, 4 chosen)", dsv3, false},
-                         Route{"ties (toward the lower index)", dsv3, true}}) {
+  for (const Route& c :
+       {Route{"glm (1 group)", glm, false}, Route{"deepseek (8 groups, 4 chosen)", dsv3, false},
+        Route{"ties (toward the lower index)", dsv3, true}}) {
     t.push_back({"moe_route", c.name, kTokens, [=](Backend& d, Backend& r, int64_t T) {
-                   Tensor logits = rand_f32({T, kExperts}, 4300 + uint64_t(T), 4.0f), bias = rand_f32({kExperts}, 4400, 0.1f);
+                   Tensor logits = rand_f32({T, kExperts}, 4300 + uint64_t(T), 4.0f),
+                          bias = rand_f32({kExperts}, 4400, 0.1f);
                    if (c.ties) {  // few distinct values: every choice is a tie
-                     for (int64_t i = 0; i < logits.numel(); ++i) logits.data<float>()[i] = std::round(logits.data<float>()[i]);
+                     for (int64_t i = 0; i < logits.numel(); ++i)
+                       logits.data<float>()[i] = std::round(logits.data<float>()[i]);
                      for (int64_t i = 0; i < kExperts; ++i) bias.data<float>()[i] = 0.0f;
                    }
                    const Tensor ld = on(logits, d), bd = on(bias, d);
@@ -655,46 +740,51 @@ void add_moe_cases(std::vector<OpCase>& t) {
                      return Outs{x.ids, x.weights};
                    };
                    return same_op(
-                       d, r, [=](Backend& b) { return run(b, ld, bd); }, [=](Backend& b) { return run(b, logits, bias); },
-                       {kExact, kElem}, double(T * kExperts) * kF32);
+                       d, r, [=](Backend& b) { return run(b, ld, bd); },
+                       [=](Backend& b) { return run(b, logits, bias); }, {kExact, kElem},
+                       double(T * kExperts) * kF32);
                  }});
   }
   // 32 experts' weights at the real expert shapes (256 would not test more), top-8 of distinct random
   // experts with positive weights like a router's.
   for (DType dt : {DType::bf16, DType::f8e4m3fn}) {
     constexpr int64_t kE = 32;
-    t.push_back({"moe_experts", fmt::format("{} 32 experts top-8", dt == DType::bf16 ? "bf16" : "fp8"),
-                 dt == DType::bf16 ? std::vector<int64_t>{1, 7, 33} : kTokens, [=](Backend& d, Backend& r, int64_t T) {
-                   auto ex = std::make_shared<std::vector<MlpRef>>(), ex_d = std::make_shared<std::vector<MlpRef>>();
-                   for (int64_t e = 0; e < kE; ++e) {
-                     MlpRef m{rand_weight(kI, kH, dt, 5000 + 3 * uint64_t(e)), rand_weight(kI, kH, dt, 5001 + 3 * uint64_t(e)),
-                              rand_weight(kH, kI, dt, 5002 + 3 * uint64_t(e))};
-                     ex_d->push_back({on(m.gate, d), on(m.up, d), on(m.down, d)});
-                     ex->push_back(std::move(m));
-                   }
-                   Routing rt{Tensor::empty({T, kTopK}, DType::i32), rand_f32({T, kTopK}, 5100 + uint64_t(T))};
-                   for (int64_t i = 0; i < T * kTopK; ++i) rt.weights.data<float>()[i] = 0.55f + 0.45f * rt.weights.data<float>()[i];
-                   Rng g(static_cast<uint64_t>(T));
-                   std::set<int32_t> used;
-                   for (int64_t row = 0; row < T; ++row) {
-                     std::vector<int32_t> all(kE);
-                     std::iota(all.begin(), all.end(), 0);
-                     for (int64_t k = 0; k < kTopK; ++k) {
-                       std::swap(all[size_t(k)], all[size_t(k + g.below(kE - k))]);
-                       rt.ids.data<int32_t>()[row * kTopK + k] = all[size_t(k)];
-                       used.insert(all[size_t(k)]);
-                     }
-                   }
-                   const Tensor x = rand_f32({T, kH}, 5200 + uint64_t(T)), xd = on(x, d);
-                   const Routing rd{on(rt.ids, d), on(rt.weights, d)};
-                   const double per_expert = 3.0 * double(kI * kH) * double(dtype_size(dt));
-                   return same_op(
-                       d, r, [=](Backend& b) { return Outs{b.moe_experts(xd, rd, *ex_d)}; },
-                       [=](Backend& b) { return Outs{b.moe_experts(x, rt, *ex)}; },
-                       {{Measure::gemm_l2, dt == DType::bf16 ? kTolBf16 : kTolFp8}},
-                       per_expert * double(used.size()) + double(T * kH) * 2 * kF32, 6.0 * double(T * kTopK * kI * kH),
-                       dt == DType::f8e4m3fn);
-                 }});
+    t.push_back(
+        {"moe_experts", fmt::format("{} 32 experts top-8", dt == DType::bf16 ? "bf16" : "fp8"),
+         dt == DType::bf16 ? std::vector<int64_t>{1, 7, 33} : kTokens,
+         [=](Backend& d, Backend& r, int64_t T) {
+           auto ex = std::make_shared<std::vector<MlpRef>>(), ex_d = std::make_shared<std::vector<MlpRef>>();
+           for (int64_t e = 0; e < kE; ++e) {
+             MlpRef m{rand_weight(kI, kH, dt, 5000 + 3 * uint64_t(e)),
+                      rand_weight(kI, kH, dt, 5001 + 3 * uint64_t(e)),
+                      rand_weight(kH, kI, dt, 5002 + 3 * uint64_t(e))};
+             ex_d->push_back({on(m.gate, d), on(m.up, d), on(m.down, d)});
+             ex->push_back(std::move(m));
+           }
+           Routing rt{Tensor::empty({T, kTopK}, DType::i32), rand_f32({T, kTopK}, 5100 + uint64_t(T))};
+           for (int64_t i = 0; i < T * kTopK; ++i)
+             rt.weights.data<float>()[i] = 0.55f + 0.45f * rt.weights.data<float>()[i];
+           Rng g(static_cast<uint64_t>(T));
+           std::set<int32_t> used;
+           for (int64_t row = 0; row < T; ++row) {
+             std::vector<int32_t> all(kE);
+             std::iota(all.begin(), all.end(), 0);
+             for (int64_t k = 0; k < kTopK; ++k) {
+               std::swap(all[size_t(k)], all[size_t(k + g.below(kE - k))]);
+               rt.ids.data<int32_t>()[row * kTopK + k] = all[size_t(k)];
+               used.insert(all[size_t(k)]);
+             }
+           }
+           const Tensor x = rand_f32({T, kH}, 5200 + uint64_t(T)), xd = on(x, d);
+           const Routing rd{on(rt.ids, d), on(rt.weights, d)};
+           const double per_expert = 3.0 * double(kI * kH) * double(dtype_size(dt));
+           return same_op(
+               d, r, [=](Backend& b) { return Outs{b.moe_experts(xd, rd, *ex_d)}; },
+               [=](Backend& b) { return Outs{b.moe_experts(x, rt, *ex)}; },
+               {{Measure::gemm_l2, dt == DType::bf16 ? kTolBf16 : kTolFp8}},
+               per_expert * double(used.size()) + double(T * kH) * 2 * kF32,
+               6.0 * double(T * kTopK * kI * kH), dt == DType::f8e4m3fn);
+         }});
   }
 }
 
@@ -705,7 +795,8 @@ void add_dummy_cases(std::vector<OpCase>& t) {
        {std::tuple{"bf16 [4096 x 6144]", DType::bf16, dummy::FillSpec{7, 11, 0.02f, 0.0f, false}},
         std::tuple{"f32 block scales, positive", DType::f32, dummy::FillSpec{7, 12, 0.001f, 0.0f, true}},
         std::tuple{"fp8 codes [4096 x 6144]", DType::f8e4m3fn, dummy::FillSpec{7, 13, 1.0f, 0.0f, false}},
-        std::tuple{"bf16 norm weights, offset 1", DType::bf16, dummy::FillSpec{7, 14, 0.0625f, 1.0f, false}}}) {
+        std::tuple{"bf16 norm weights, offset 1", DType::bf16,
+                   dummy::FillSpec{7, 14, 0.0625f, 1.0f, false}}}) {
     t.push_back({"fill_dummy", variant, {4096}, [=](Backend& d, Backend& r, int64_t T) {
                    const Shape s = dt == DType::f32 ? Shape{T / 128, kH / 128} : Shape{T, kH};
                    auto run = [=](Backend& b) {

@@ -54,7 +54,8 @@ TEST(OpTable, CasesAreNamedAndHaveChecks) {
     EXPECT_FALSE(c.variant.empty()) << c.op;
     EXPECT_FALSE(c.tokens.empty()) << c.op << " " << c.variant;
     EXPECT_TRUE(c.make) << c.op << " " << c.variant;
-    EXPECT_TRUE(seen.insert(c.op + " / " + c.variant).second) << "duplicate case " << c.op << " / " << c.variant;
+    EXPECT_TRUE(seen.insert(c.op + " / " + c.variant).second)
+        << "duplicate case " << c.op << " / " << c.variant;
   }
 }
 

@@ -62,7 +62,8 @@ inline WeightRef rand_weight(int64_t n, int64_t k, DType dt, uint64_t seed) {
 }
 
 inline WeightRef weight_on(const WeightRef& w, Device d) {
-  return WeightRef{w.weight.to(d), w.scale_inv.defined() ? w.scale_inv.to(d) : Tensor(), w.block_n, w.block_k};
+  return WeightRef{w.weight.to(d), w.scale_inv.defined() ? w.scale_inv.to(d) : Tensor(), w.block_n,
+                   w.block_k};
 }
 
 inline Tensor host(const Tensor& t) { return t.device() == Device::cpu ? t : t.to(Device::cpu); }

@@ -387,20 +387,22 @@ Fp8Act quantise_rows(const RowView& x) {
   return a;
 }
 
+// The split small-T kernels' counters (kFp8SmallCounters, zeroed once; each split launch leaves them zero).
+uint32_t* small_counters() {
+  Lt& l = lt();
+  std::lock_guard<std::mutex> lock(l.mu);
+  if (l.small_counters == nullptr) {
+    DSA_CUDA_CHECK(cudaMalloc(&l.small_counters, size_t(kFp8SmallCounters) * sizeof(uint32_t)));
+    DSA_CUDA_CHECK(cudaMemset(l.small_counters, 0, size_t(kFp8SmallCounters) * sizeof(uint32_t)));
+  }
+  return l.small_counters;
+}
+
 // The FP8 recipe's arithmetic for T <= kFp8SmallMaxTokens tokens with the weight-streaming kernel
 // (gemm_small_params.h), f32 output written in place.
 void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
   const int64_t T = a.rows, K = a.codes.size(1), N = r1 - r0;
-  Lt& l = lt();
-  uint32_t* counters = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(l.mu);
-    if (l.small_counters == nullptr) {  // once, zeroed; each split launch leaves it zero
-      DSA_CUDA_CHECK(cudaMalloc(&l.small_counters, size_t(kFp8SmallCounters) * sizeof(uint32_t)));
-      DSA_CUDA_CHECK(cudaMemset(l.small_counters, 0, size_t(kFp8SmallCounters) * sizeof(uint32_t)));
-    }
-    counters = l.small_counters;
-  }
+  uint32_t* counters = small_counters();
   Fp8SmallGemmParams p{};
   p.w = static_cast<const uint8_t*>(w.weight.raw_data()) + r0 * K;
   p.w_scale = static_cast<const float*>(w.scale_inv.raw_data());
@@ -423,6 +425,34 @@ void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, cons
   }
   check_launch(launch_fp8_small_gemm(p, op_stream()), "linear: fp8 small-T GEMM");
   count(&GemmStats::fp8_small_calls);
+}
+
+// The narrow bf16 linears' two-term recipe for T <= kBf16SmallMaxTokens in one weight-streaming launch
+// (gemm_small_params.h); false when the shapes or alignments do not fit it (cuBLASLt then runs).
+bool bf16_small(const RowView& x, const void* a_ptr, int64_t N, const RowView& o) {
+  const int64_t T = x.rows, K = x.cols;
+  if (T > kBf16SmallMaxTokens || K % 64 != 0 || x.stride % 4 != 0 ||
+      (reinterpret_cast<uintptr_t>(x.p) & 15) != 0 || (reinterpret_cast<uintptr_t>(a_ptr) & 15) != 0)
+    return false;
+  Bf16SmallGemmParams p{};
+  p.w = static_cast<const uint16_t*>(a_ptr);
+  p.x = x.p;
+  p.x_stride = x.stride;
+  p.out = o.p;
+  p.out_stride = o.stride;
+  p.T = T;
+  p.N = N;
+  p.K = K;
+  p.splits = bf16_small_gemm_splits(N, K);
+  Tensor partial;
+  if (p.splits > 1) {
+    partial = Tensor::empty({p.splits, T, N}, DType::f32, Device::cuda);
+    p.partial = partial.data<float>();
+    p.counters = small_counters();
+  }
+  check_launch(launch_bf16_small_gemm(p, op_stream()), "linear: bf16 small-T GEMM");
+  count(&GemmStats::bf16_small_calls);
+  return true;
 }
 
 bool fp8_recipe_applies(const WeightRef& w, int64_t K, int64_t r0, int64_t N) {
@@ -496,7 +526,9 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
                    : dt == DType::f8e4m3fn ? dequantised(w)
                                            : w.weight;
   const void* a_ptr = static_cast<const char*>(a.raw_data()) + r0 * K * (f32 ? 4 : 2);
-  gemm_dense(xv, a_ptr, f32, true, K, N, ov, !f32 && N <= kSplitMaxRows, "linear");
+  const bool split = !f32 && N <= kSplitMaxRows;
+  if (split && bf16_small(xv, a_ptr, N, ov)) return;
+  gemm_dense(xv, a_ptr, f32, true, K, N, ov, split, "linear");
 }
 
 void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,

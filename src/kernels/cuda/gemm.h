@@ -3,7 +3,9 @@
 //
 // - bf16 weights: the f32 activations are rounded to bf16 and multiplied in one bf16 GEMM. Narrow outputs
 //   (<= kSplitMaxRows features: routers, indexer heads, whose results feed top-k choices) use a two-term
-//   bf16 split of the activations (x ~ hi + lo, two GEMMs accumulating in f32), ~16 mantissa bits.
+//   bf16 split of the activations (x ~ hi + lo, two GEMMs accumulating in f32), ~16 mantissa bits; up to
+//   kBf16SmallMaxTokens tokens both terms run in one weight-streaming tensor-core launch instead
+//   (gemm_small_params.h: router_gate 35 -> see the op table bench).
 // - FP8 weights with 128x128 block scales: the activations are quantised per token per 128-group
 //   (e4m3, scale = amax / 448) and multiplied with cuBLASLt's block-scaled FP8 GEMM (docs/GPU.md recipe:
 //   A = W with BLK128x128 scales padded to rows of a multiple of 4, B = X with VEC128 scales [K/128][T],
@@ -56,15 +58,16 @@ void gemm_linear_fp8(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1
 void set_fp8_small_max_tokens(int64_t t);
 
 struct GemmStats {
-  int64_t plans = 0;            // cached cuBLASLt heuristics
-  int64_t tuned_plans = 0;      // plans whose algorithm was picked by timing the heuristic's candidates
-  int64_t fp8_calls = 0;        // block-scaled FP8 GEMMs through cuBLASLt
-  int64_t fp8_small_calls = 0;  // block-scaled FP8 GEMMs through the small-T kernel
-  int64_t bf16_calls = 0;       // bf16 GEMMs (split ones count once)
-  int64_t f32_calls = 0;        // f32 GEMMs
-  int64_t dequantised = 0;      // FP8 weights held dequantised to bf16 (fallback path)
-  int64_t failed_plans = 0;     // shapes cuBLASLt had no algorithm for (fallback path)
-  std::string last_failure;     // the last of them, described
+  int64_t plans = 0;             // cached cuBLASLt heuristics
+  int64_t tuned_plans = 0;       // plans whose algorithm was picked by timing the heuristic's candidates
+  int64_t fp8_calls = 0;         // block-scaled FP8 GEMMs through cuBLASLt
+  int64_t fp8_small_calls = 0;   // block-scaled FP8 GEMMs through the small-T kernel
+  int64_t bf16_calls = 0;        // bf16 GEMMs through cuBLASLt (split ones count once)
+  int64_t bf16_small_calls = 0;  // narrow (split) bf16 GEMMs through the small-T kernel
+  int64_t f32_calls = 0;         // f32 GEMMs
+  int64_t dequantised = 0;       // FP8 weights held dequantised to bf16 (fallback path)
+  int64_t failed_plans = 0;      // shapes cuBLASLt had no algorithm for (fallback path)
+  std::string last_failure;      // the last of them, described
 };
 GemmStats gemm_stats();
 // The weight as f32: an f32 weight itself, else its f32 copy (made once, cached per weight): the one

@@ -170,16 +170,174 @@ cudaError_t launch_nt(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t strea
   return cudaGetLastError();
 }
 
-}  // namespace
+// ---- bf16 weights x f32 activations (two-term split), few tokens ----
+//
+// Same CTA shape as the FP8 kernel: 8 warps x 16 weight rows, K in blocks of 64 bf16 (128 bytes a row),
+// kStages blocks in flight. The f32 activation rows of a K block ([Tp, 64] f32) are staged as they are
+// and split when a warp reads its B fragment: lane (g, t) of a 32-wide half takes physical k [8t, 8t + 8)
+// of token g (two float4), makes hi = bf16(x) and lo = bf16(x - hi), and feeds hi and lo against the
+// same A fragment (two mma pairs). The A fragment's physical k slots match (see the FP8 kernel's note).
+constexpr int kBf16XLd = 64 * 4 + 16;  // bytes per staged f32 token row (+16: spread the banks)
 
-int fp8_small_gemm_splits(int64_t N, int64_t K) {
-  const int64_t ctas = (N + kRows - 1) / kRows, kb = K / 128;
+template <int NT>
+struct Bf16Stage {
+  static constexpr int kTp = NT * 8;
+  static constexpr int kW = kRows * 128;
+  static constexpr int kBytes = kW + kTp * kBf16XLd;
+  static constexpr size_t kSmem = size_t(kStages) * kBytes;
+};
+
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const Bf16SmallGemmParams p) {
+  using S = Bf16Stage<NT>;
+  constexpr int Tp = S::kTp;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ bool s_last;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t kb_total = p.K / 64;
+  const int64_t per = (kb_total + p.splits - 1) / p.splits;
+  const int64_t kb0 = int64_t(blockIdx.y) * per;
+  const int64_t kb1 = kb0 + per < kb_total ? kb0 + per : kb_total;
+  const int64_t nkb = kb1 - kb0;
+  const int64_t row_base = int64_t(blockIdx.x) * kRows;
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w);
+
+  auto load = [&](int64_t kb, int stage) {
+    uint8_t* st = smem + size_t(stage) * S::kBytes;
+    for (int i = threadIdx.x; i < kRows * 8; i += kThreads) {
+      const int r = i >> 3, c = i & 7;
+      const int64_t row = row_base + r;
+      const bool ok = row < p.N;
+      const uint8_t* src = w + ((ok ? row : 0) * p.K + kb * 64) * 2 + c * 16;
+      mma::cp_async16(st + r * 128 + ((c ^ ((r & 1) << 2)) * 16), src, ok ? 16 : 0);
+    }
+    // Token rows: 16 chunks of 4 floats; rows >= T are zero-filled.
+    for (int i = threadIdx.x; i < Tp * 16; i += kThreads) {
+      const int r = i >> 4, c = i & 15;
+      const bool ok = r < p.T;
+      const float* src = p.x + (ok ? r : 0) * p.x_stride + kb * 64 + c * 4;
+      mma::cp_async16(st + S::kW + r * kBf16XLd + c * 16, src, ok ? 16 : 0);
+    }
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nkb) load(kb0 + s, s);
+    mma::cp_async_commit();
+  }
+  const int r_lo = warp * 16 + g, r_hi = r_lo + 8;
+  for (int64_t i = 0; i < nkb; ++i) {
+    mma::cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (i + kStages - 1 < nkb) load(kb0 + i + kStages - 1, int((i + kStages - 1) % kStages));
+    mma::cp_async_commit();
+    const uint8_t* st = smem + size_t(i % kStages) * S::kBytes;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = h * 4 + t;  // this lane's 16-byte chunk: bf16 k [8c, 8c + 8) of the block
+      const uint4 alo = *reinterpret_cast<const uint4*>(st + r_lo * 128 + ((c ^ ((r_lo & 1) << 2)) * 16));
+      const uint4 ahi = *reinterpret_cast<const uint4*>(st + r_hi * 128 + ((c ^ ((r_hi & 1) << 2)) * 16));
+      const uint32_t a0[4] = {alo.x, ahi.x, alo.y, ahi.y}, a1[4] = {alo.z, ahi.z, alo.w, ahi.w};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float* xr = reinterpret_cast<const float*>(st + S::kW + (nt * 8 + g) * kBf16XLd) + 8 * c;
+        const float4 v0 = *reinterpret_cast<const float4*>(xr), v1 = *reinterpret_cast<const float4*>(xr + 4);
+        uint32_t h0, l0, h1, l1, h2, l2, h3, l3;
+        split_pair(v0.x, v0.y, h0, l0);
+        split_pair(v0.z, v0.w, h1, l1);
+        split_pair(v1.x, v1.y, h2, l2);
+        split_pair(v1.z, v1.w, h3, l3);
+        mma::mma_bf16(acc[nt], a0, h0, h1);
+        mma::mma_bf16(acc[nt], a0, l0, l1);
+        mma::mma_bf16(acc[nt], a1, h2, h3);
+        mma::mma_bf16(acc[nt], a1, l2, l3);
+      }
+    }
+  }
+  mma::cp_async_wait<0>();
+
+  const int64_t n_lo = row_base + r_lo, n_hi = row_base + r_hi;
+  const bool ok_lo = n_lo < p.N, ok_hi = n_hi < p.N;
+  auto store = [&](float* dst, int64_t stride) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int64_t tok0 = nt * 8 + 2 * t, tok1 = tok0 + 1;
+      if (ok_lo && tok0 < p.T) dst[tok0 * stride + n_lo] = acc[nt][0];
+      if (ok_lo && tok1 < p.T) dst[tok1 * stride + n_lo] = acc[nt][1];
+      if (ok_hi && tok0 < p.T) dst[tok0 * stride + n_hi] = acc[nt][2];
+      if (ok_hi && tok1 < p.T) dst[tok1 * stride + n_hi] = acc[nt][3];
+    }
+  };
+  if (p.splits == 1) {
+    store(p.out, p.out_stride);
+    return;
+  }
+  store(p.partial + int64_t(blockIdx.y) * p.T * p.N, p.N);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(&p.counters[blockIdx.x], 1u) == uint32_t(p.splits - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int64_t i = threadIdx.x; i < int64_t(kRows) * p.T; i += kThreads) {
+    const int64_t tok = i / kRows, r = row_base + i % kRows;
+    if (r >= p.N) continue;
+    float sum = 0.0f;
+    for (int sp = 0; sp < p.splits; ++sp) sum += __ldcg(p.partial + (int64_t(sp) * p.T + tok) * p.N + r);
+    p.out[tok * p.out_stride + r] = sum;
+  }
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0u;
+}
+
+template <int NT>
+cudaError_t launch_bf16_nt(const Bf16SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
+  const cudaError_t attr = set_max_dynamic_smem(
+      reinterpret_cast<const void*>(sm90_bf16_small_gemm_kernel<NT>), int(Bf16Stage<NT>::kSmem));
+  if (attr != cudaSuccess) return attr;
+  sm90_bf16_small_gemm_kernel<NT><<<grid, kThreads, Bf16Stage<NT>::kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// CTAs along K for `ctas` row slices over `kb` K blocks: whole waves of ~kTargetCtas, every split at
+// least one block.
+int splits_for(int64_t ctas, int64_t kb) {
   if (kb <= 1 || ctas >= kTargetCtas || ctas > kMaxCounters) return 1;
   int64_t s = kTargetCtas / ctas;  // whole waves: one CTA more than the slots would double the time
   if (s > kb) s = kb;
   const int64_t per = (kb + s - 1) / s;
   return int((kb + per - 1) / per);  // every split gets at least one K block
 }
+
+}  // namespace
+
+int bf16_small_gemm_splits(int64_t N, int64_t K) { return splits_for((N + kRows - 1) / kRows, K / 64); }
+
+cudaError_t launch_bf16_small_gemm(const Bf16SmallGemmParams& p, cudaStream_t stream) {
+  if (p.T == 0 || p.N == 0) return cudaSuccess;
+  if (p.K <= 0 || p.K % 64 != 0 || p.T > kBf16SmallMaxTokens || p.x_stride % 4 != 0 ||
+      (reinterpret_cast<uintptr_t>(p.x) & 15) != 0 || (reinterpret_cast<uintptr_t>(p.w) & 15) != 0 ||
+      p.splits < 1 || (p.splits > 1 && (p.partial == nullptr || p.counters == nullptr)))
+    return cudaErrorInvalidValue;
+  const int64_t ctas = (p.N + kRows - 1) / kRows;
+  if (p.splits > 1 && ctas > kMaxCounters) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned(ctas), unsigned(p.splits));
+  if (p.T <= 8) return launch_bf16_nt<1>(p, grid, stream);
+  if (p.T <= 16) return launch_bf16_nt<2>(p, grid, stream);
+  return launch_bf16_nt<4>(p, grid, stream);
+}
+
+int fp8_small_gemm_splits(int64_t N, int64_t K) { return splits_for((N + kRows - 1) / kRows, K / 128); }
 
 cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stream) {
   if (p.T == 0 || p.N == 0) return cudaSuccess;

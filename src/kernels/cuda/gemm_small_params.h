@@ -39,4 +39,24 @@ struct Fp8SmallGemmParams {
 int fp8_small_gemm_splits(int64_t N, int64_t K);
 cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stream);
 
+// bf16 weights times f32 activations for few tokens, the narrow linears' two-term recipe (gemm.h: routers,
+// indexer heads): out[t][n] = sum_k (hi[t][k] + lo[t][k]) w[n][k] with hi = bf16(x), lo = bf16(x - hi),
+// fp32 accumulation, in one launch (the split is made from the f32 rows as they are staged). Weight-read
+// bound like the FP8 kernel above: 128-row slices of W streamed once through mma.sync m16n8k16, K split
+// over CTAs when the slices alone would not fill the GPU (partial sums added in a fixed order).
+inline constexpr int64_t kBf16SmallMaxTokens = 32;
+struct Bf16SmallGemmParams {
+  const uint16_t* w;  // [N, K] bf16, contiguous rows (row 0 = output feature 0 of this call)
+  const float* x;     // [T, K] f32, row stride x_stride (x 16-byte aligned, x_stride % 4 == 0)
+  int64_t x_stride;
+  float* out;  // [T, N] f32, row stride out_stride
+  int64_t out_stride;
+  int64_t T, N, K;     // T <= kBf16SmallMaxTokens, K % 64 == 0
+  float* partial;      // [splits, T, N] f32 scratch (splits > 1)
+  uint32_t* counters;  // [kFp8SmallCounters] zero on entry, left zero on exit (splits > 1)
+  int splits;
+};
+int bf16_small_gemm_splits(int64_t N, int64_t K);
+cudaError_t launch_bf16_small_gemm(const Bf16SmallGemmParams& p, cudaStream_t stream);
+
 }  // namespace dsaserve::kernels::cuda

@@ -271,5 +271,82 @@ TEST_F(CudaFp8SmallGemm, NormFp8CopyIsTheQuantisationOfItsOutput) {
   fmt::print("RESULT op=rms_norm_fp8_copy K=256,2048,6144 T=1,7,33,300 bitwise == quantize(norm) ok\n");
 }
 
+// The narrow bf16 linears' small-T kernel (launch_bf16_small_gemm): every output against the exact
+// two-term sum (hi = bf16(x), lo = bf16(x - hi), times the bf16 weight, in double on the host), at router /
+// indexer-head widths and odd ones, token counts across the three tile widths (1, 8, 9, 16, 17, 32), an
+// activation view with a row stride wider than K, with and without the split over K; then linear() on a
+// router-shaped weight takes it and matches the CPU linear.
+double split_term(float x, bool hi) {
+  const float h = bf16_to_f32(f32_to_bf16(x));
+  return hi ? double(h) : double(bf16_to_f32(f32_to_bf16(x - h)));
+}
+
+TEST_F(CudaFp8SmallGemm, Bf16SmallKernelIsTheExactTwoTermSum) {
+  struct Case {
+    int64_t N, K, T, x_stride;
+  };
+  for (const Case& c : {Case{256, 6144, 1, 6144}, Case{160, 6144, 8, 6144}, Case{256, 6144, 9, 6160},
+                        Case{200, 1024, 16, 1024}, Case{72, 2048, 17, 2052}, Case{512, 6144, 32, 6144},
+                        Case{136, 64, 5, 64}}) {
+    for (bool split : {false, true}) {
+      const WeightRef w = rand_weight(c.N, c.K, DType::bf16, uint64_t(c.N + c.T)), wd = to_cuda(w);
+      const Tensor x = rand_f32({c.T, c.x_stride}, uint64_t(c.K + c.T), 3.0f), xd = x.to(Device::cuda);
+      Tensor out = Tensor::empty({c.T, c.N}, DType::f32, Device::cuda);
+      const int splits = split ? bf16_small_gemm_splits(c.N, c.K) : 1;
+      Tensor partial = Tensor::empty({splits, c.T, c.N}, DType::f32, Device::cuda);
+      uint32_t* counters = nullptr;
+      ASSERT_EQ(cudaMalloc(&counters, size_t(kFp8SmallCounters) * 4), cudaSuccess);
+      ASSERT_EQ(cudaMemset(counters, 0, size_t(kFp8SmallCounters) * 4), cudaSuccess);
+      Bf16SmallGemmParams p{};
+      p.w = wd.weight.data_u16();
+      p.x = xd.data<float>();
+      p.x_stride = c.x_stride;
+      p.out = out.data<float>();
+      p.out_stride = c.N;
+      p.T = c.T;
+      p.N = c.N;
+      p.K = c.K;
+      p.splits = splits;
+      p.partial = partial.data<float>();
+      p.counters = counters;
+      ASSERT_EQ(launch_bf16_small_gemm(p, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      // Twice: the counters are left zero for the next launch.
+      ASSERT_EQ(launch_bf16_small_gemm(p, nullptr), cudaSuccess);
+      const Tensor got = out.to(Device::cpu);
+      cudaFree(counters);
+      double worst = 0;
+      for (int64_t t = 0; t < c.T; ++t) {
+        for (int64_t n = 0; n < c.N; ++n) {
+          double want = 0, mag = 0;
+          for (int64_t k = 0; k < c.K; ++k) {
+            const double wv = bf16_to_f32(w.weight.data_u16()[n * c.K + k]);
+            const float xv = x.data<float>()[t * c.x_stride + k];
+            const double term = wv * (split_term(xv, true) + split_term(xv, false));
+            want += term;
+            mag += std::fabs(term);
+          }
+          worst = std::max(worst, std::fabs(double(got.data<float>()[t * c.N + n]) - want) / mag);
+        }
+      }
+      fmt::print(
+          "RESULT op=bf16_small_gemm N={} K={} T={} x_stride={} splits={} worst_err/sum|terms|={:.3g}\n", c.N,
+          c.K, c.T, c.x_stride, splits, worst);
+      EXPECT_LE(worst, 1e-5) << c.N << " " << c.K << " " << c.T << " splits " << splits;
+    }
+  }
+  // Through linear(): a router-shaped bf16 weight at decode sizes takes the kernel.
+  const GemmStats before = gemm_stats();
+  const WeightRef w = rand_weight(256, 6144, DType::bf16, 7), wd = to_cuda(w);
+  for (int64_t T : {int64_t(1), int64_t(4), int64_t(32)}) {
+    const Tensor x = rand_f32({T, 6144}, uint64_t(T), 2.0f);
+    const double err =
+        testing::row_l2_rel_error(kernels::linear(x.to(Device::cuda), wd), kernels::linear(x, w));
+    fmt::print("RESULT op=linear bf16 router_gate(small-T) T={} l2_rel_err={:.3g}\n", T, err);
+    EXPECT_LE(err, 1e-4);
+  }
+  EXPECT_EQ(gemm_stats().bf16_small_calls, before.bf16_small_calls + 3);
+}
+
 }  // namespace
 }  // namespace dsaserve::kernels::cuda

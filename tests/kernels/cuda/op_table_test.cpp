@@ -3,6 +3,8 @@
 // per token count and output. Tolerances are the table's: elementwise 1e-5 (max |diff| / max |ref| per
 // row), fp32 attention reductions 1e-4, bf16 GEMMs 1e-2 and FP8 GEMMs 5e-2 (per row ||diff|| / ||ref||),
 // selections exact (indexer top-k: 1e-3 of entries for near-ties of fp32 sums), dummy fills bit-exact.
+#include "kernels/op_table.h"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -12,7 +14,6 @@
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/op_table.h"
 
 namespace dsaserve::kernels::cuda {
 namespace {
@@ -40,8 +41,9 @@ TEST_P(CudaOpTable, MatchesCpu) {
     for (size_t i = 0; i < got.size(); ++i) {
       const kernels::testing::Check& k = run.checks[i];
       const double err = kernels::testing::measure(k.measure, got[i], want[i]);
-      fmt::print("RESULT op={:<22} case={:<44} T={:<5} out={} {}={:<10.3g} tol={:<8.3g} {}\n", c.op, c.variant, T, i,
-                 kernels::testing::measure_name(k.measure), err, k.tol, err <= k.tol ? "ok" : "FAIL");
+      fmt::print("RESULT op={:<22} case={:<44} T={:<5} out={} {}={:<10.3g} tol={:<8.3g} {}\n", c.op,
+                 c.variant, T, i, kernels::testing::measure_name(k.measure), err, k.tol,
+                 err <= k.tol ? "ok" : "FAIL");
       EXPECT_LE(err, k.tol) << c.op << " / " << c.variant << " T=" << T << " output " << i;
     }
   }
