@@ -40,10 +40,13 @@ struct IndexerKWriteParams {
   const int32_t* positions;  // [tokens] i32, not null
   const float* inv_freq;     // [rope_dim / 2] f32, not null
   const int32_t* slots;      // [tokens] i32; slots outside [0, num_slots) are skipped
-  void* cache;               // [num_slots, dim] bf16, row stride cache_stride (elements), not null
+  // bf16 [num_slots, dim], row stride cache_stride (elements); or (fp8) the FP8 index-key format u8
+  // [num_slots, 132] (codes [num_slots, 128], then scales [num_slots] f32; dim == 128), not null
+  void* cache;
   int64_t tokens, dim, rope_dim, k_stride, cache_stride, num_slots;  // dim <= kIndexerKMaxDim
   double eps, attention_factor;
   bool w_bf16, b_bf16, interleaved;
+  bool fp8;  // the FP8 format: each key quantised as launch_indexer_key_store does (bit-identical)
 };
 cudaError_t launch_indexer_k_write(const IndexerKWriteParams& p, cudaStream_t stream);
 

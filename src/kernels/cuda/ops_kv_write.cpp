@@ -6,6 +6,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kv_write_params.h"
 #include "kernels/cuda/views.h"
@@ -91,12 +92,16 @@ bool mla_kv_write_fused(const Tensor& ckv, const Tensor& norm_w, double eps, con
 bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
                            const Tensor& positions, const RopeParams& rope, Tensor& cache,
                            const Tensor& slots) {
-  // bf16 index keys only; other formats (f32 stand-in, FP8 keys) take the unfused sequence.
-  if (!cache.defined() || cache.device() != Device::cuda || cache.dtype() != DType::bf16) return false;
+  // bf16 index keys and the FP8 format; the f32 stand-in takes the unfused sequence.
+  if (!cache.defined() || cache.device() != Device::cuda ||
+      (cache.dtype() != DType::bf16 && cache.dtype() != DType::u8))
+    return false;
+  const bool fp8 = cache.dtype() == DType::u8;
   const int64_t T = k.size(0), D = k.size(1);
   if (D > kIndexerKMaxDim) return false;
   DSA_CHECK(k.device() == Device::cuda && (k.stride(1) == 1 || D <= 1) && cache.dim() == 2 &&
-                cache.size(1) == D && (cache.stride(1) == 1 || D <= 1),
+                (fp8 ? D == kIndexerDim && indexer_key_format(cache) == IndexerKeyFormat::fp8_e4m3
+                     : cache.size(1) == D && (cache.stride(1) == 1 || D <= 1)),
             "indexer_k_write: keys {} do not fit the cache {}", k.describe(), cache.describe());
   DSA_CHECK(vec_ok(norm_w, D) && vec_ok(norm_b, D),
             "indexer_k_write: norm weight {} and bias {} should be CUDA bf16/f32 [{}]", norm_w.describe(),
@@ -123,6 +128,7 @@ bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& 
   p.w_bf16 = norm_w.dtype() == DType::bf16;
   p.b_bf16 = norm_b.dtype() == DType::bf16;
   p.interleaved = rope.interleaved;
+  p.fp8 = fp8;
   check_launch(launch_indexer_k_write(p, op_stream()), "indexer_k_write");
   return true;
 }

@@ -7,11 +7,13 @@
 // as sm90_mla_cache_store_kernel does.
 //
 // Indexer key: the LayerNorm statistics of sm90_layer_norm_kernel (same loops, same reduction), the row
-// in shared memory, the rope pairs rotated from it, bf16 stores.
+// in shared memory, the rope pairs rotated from it, bf16 stores; or, for the FP8 index-key format, the
+// finished key in shared memory, quantised and stored by warp 0 exactly as launch_indexer_key_store does.
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kv_write_params.h"
+#include "kernels/cuda/sm90_indexer_fp8.cuh"
 
 namespace dsaserve::kernels::cuda {
 
@@ -99,6 +101,7 @@ __global__ void __launch_bounds__(kKvThreads) sm90_mla_kv_write_kernel(const Mla
 
 __global__ void __launch_bounds__(kKvThreads) sm90_indexer_k_write_kernel(const IndexerKWriteParams p) {
   __shared__ float row[kIndexerKMaxDim];
+  __shared__ float key[kIndexerKMaxDim];  // the FP8 format's finished key, before quantisation
   const int64_t t = blockIdx.x;
   const int64_t slot = p.slots[t];
   if (slot < 0 || slot >= p.num_slots) return;  // the whole block
@@ -116,9 +119,17 @@ __global__ void __launch_bounds__(kKvThreads) sm90_indexer_k_write_kernel(const 
         float((x[i] - mean) * r * double(load_any(p.w, p.w_bf16, i)) + double(load_any(p.b, p.b_bf16, i)));
   }
   __syncthreads();
+  // Channels past the rope part as they are; rope pairs rotated (rope.cu's arithmetic, rope first). bf16:
+  // straight into the cache row; FP8: into `key`, which warp 0 then quantises and stores.
   __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.cache) + slot * p.cache_stride;
-  // Channels past the rope part as they are; rope pairs rotated (rope.cu's arithmetic, rope first).
-  for (int64_t i = p.rope_dim + threadIdx.x; i < p.dim; i += blockDim.x) dst[i] = __float2bfloat16_rn(row[i]);
+  auto put = [&](int64_t i, float v) {
+    if (p.fp8) {
+      key[i] = v;
+    } else {
+      dst[i] = __float2bfloat16_rn(v);
+    }
+  };
+  for (int64_t i = p.rope_dim + threadIdx.x; i < p.dim; i += blockDim.x) put(i, row[i]);
   const int64_t half = p.rope_dim / 2;
   const float pos = float(p.positions[t]);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -127,8 +138,15 @@ __global__ void __launch_bounds__(kKvThreads) sm90_indexer_k_write_kernel(const 
     const float sn = float(sin(double(ang)) * p.attention_factor);
     const float a = p.interleaved ? row[2 * i] : row[i];
     const float c = p.interleaved ? row[2 * i + 1] : row[i + half];
-    dst[i] = __float2bfloat16_rn(a * cs - c * sn);
-    dst[i + half] = __float2bfloat16_rn(c * cs + a * sn);
+    put(i, a * cs - c * sn);
+    put(i + half, c * cs + a * sn);
+  }
+  if (!p.fp8) return;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = int(threadIdx.x);
+    const float v[4] = {key[4 * lane], key[4 * lane + 1], key[4 * lane + 2], key[4 * lane + 3]};
+    indexer_key_store_fp8_warp(v, lane, p.cache, p.num_slots, slot);
   }
 }
 
@@ -142,7 +160,8 @@ cudaError_t launch_mla_kv_write(const MlaKvWriteParams& p, cudaStream_t stream) 
 
 cudaError_t launch_indexer_k_write(const IndexerKWriteParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return cudaSuccess;
-  if (p.dim > kIndexerKMaxDim || p.rope_dim % 2 != 0 || p.rope_dim > p.dim) return cudaErrorInvalidValue;
+  if (p.dim > kIndexerKMaxDim || p.rope_dim % 2 != 0 || p.rope_dim > p.dim || (p.fp8 && p.dim != kIndexerDim))
+    return cudaErrorInvalidValue;
   sm90_indexer_k_write_kernel<<<unsigned(p.tokens), kKvThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

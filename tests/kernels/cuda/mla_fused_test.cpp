@@ -19,6 +19,7 @@
 
 #include "core/dtype.h"
 #include "gpu_test.h"
+#include "kernels/cpu/indexer_key_fp8.h"
 #include "kernels/cuda/allocator.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
@@ -181,43 +182,54 @@ TEST_F(CudaMlaFused, KvWriteThroughTheOpAndF32Fallback) {
   }
 }
 
-TEST_F(CudaMlaFused, IndexerKWriteEqualsUnfusedBf16) {
-  for (bool interleaved : {true, false}) {
-    for (int64_t T : kTokens) {
-      const Batch b = scattered(T, 40 + T);
-      const Tensor k = rand_f32({T, kIdx}, 50 + T, 2.0f), k_d = k.to(Device::cuda);
-      const Tensor w = rand_bf16({kIdx}, 60 + T), bias = rand_bf16({kIdx}, 61 + T, 0.1f);
-      const Tensor w_d = w.to(Device::cuda), bias_d = bias.to(Device::cuda);
-      const Tensor pos = i32(b.positions), pos_d = pos.to(Device::cuda);
-      const Tensor sl = i32(b.slots), sl_d = sl.to(Device::cuda);
-      const RopeParams rp = glm_rope(interleaved);
-      Tensor fused = Tensor::empty({b.pool, kIdx}, DType::bf16, Device::cuda);
-      Tensor unfused = Tensor::empty({b.pool, kIdx}, DType::bf16, Device::cuda);
-      cudaMemset(fused.raw_data(), 0x3c, fused.nbytes());
-      cudaMemset(unfused.raw_data(), 0x3c, unfused.nbytes());
-      ASSERT_TRUE(indexer_k_write_fused(k_d, w_d, bias_d, 1e-6, pos_d, rp, fused, sl_d));
-      {
-        const Tensor ki = gpu().layer_norm(k_d, w_d, bias_d, 1e-6);
-        Tensor ki_pe = ki.view({T, 1, kIdx}).slice(2, 0, kRope);
-        gpu().rope_inplace(ki_pe, pos_d, rp);
-        gpu().paged_store(unfused, sl_d, ki);
+TEST_F(CudaMlaFused, IndexerKWriteEqualsUnfusedBf16AndFp8) {
+  for (IndexerKeyFormat f : {IndexerKeyFormat::bf16, IndexerKeyFormat::fp8_e4m3}) {
+    const bool fp8 = f == IndexerKeyFormat::fp8_e4m3;
+    for (bool interleaved : {true, false}) {
+      for (int64_t T : kTokens) {
+        const Batch b = scattered(T, 40 + T);
+        const Tensor k = rand_f32({T, kIdx}, 50 + T, 2.0f), k_d = k.to(Device::cuda);
+        const Tensor w = rand_bf16({kIdx}, 60 + T), bias = rand_bf16({kIdx}, 61 + T, 0.1f);
+        const Tensor w_d = w.to(Device::cuda), bias_d = bias.to(Device::cuda);
+        const Tensor pos = i32(b.positions), pos_d = pos.to(Device::cuda);
+        const Tensor sl = i32(b.slots), sl_d = sl.to(Device::cuda);
+        const RopeParams rp = glm_rope(interleaved);
+        Tensor fused = indexer_key_cache_empty(b.pool, f), unfused = indexer_key_cache_empty(b.pool, f);
+        cudaMemset(fused.raw_data(), 0x3c, fused.nbytes());
+        cudaMemset(unfused.raw_data(), 0x3c, unfused.nbytes());
+        ASSERT_TRUE(indexer_k_write_fused(k_d, w_d, bias_d, 1e-6, pos_d, rp, fused, sl_d));
+        {
+          const Tensor ki = gpu().layer_norm(k_d, w_d, bias_d, 1e-6);
+          Tensor ki_pe = ki.view({T, 1, kIdx}).slice(2, 0, kRope);
+          gpu().rope_inplace(ki_pe, pos_d, rp);
+          gpu().paged_store(unfused, sl_d, ki);
+        }
+        const int64_t bad = differing_rows(fused, unfused);
+        fmt::print("RESULT op=indexer_k_write {} {} T={:<5} rows_differing_from_unfused={} of {}\n",
+                   fp8 ? "fp8" : "bf16", interleaved ? "interleaved" : "neox", T, bad, b.pool);
+        EXPECT_EQ(bad, 0) << "T " << T;
+        // The slots' keys as f32 (FP8: codes times the key's scale) against the CPU op's f32 keys.
+        const Tensor keys = fp8 ? cpu::indexer_key_fp8_decode(cpu(fused)) : Tensor();
+        if (!fp8) {
+          Tensor blank = indexer_key_cache_empty(b.pool, f);
+          cudaMemset(blank.raw_data(), 0x3c, blank.nbytes());
+          EXPECT_EQ(differing_rows(fused, blank), T) << "exactly the T slots are written";
+        }
+        Tensor cache_ref = Tensor::zeros({b.pool, kIdx}, DType::f32);
+        ref().indexer_k_write(k, w, bias, 1e-6, pos, rp, cache_ref, sl);
+        Tensor got = Tensor::empty({T, kIdx}, DType::f32);
+        const Tensor fc = cpu(fused);
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t s = b.slots[size_t(t)];
+          for (int64_t j = 0; j < kIdx; ++j) {
+            got.data<float>()[t * kIdx + j] =
+                fp8 ? keys.data<float>()[s * kIdx + j] : bf16_to_f32(fc.data_u16()[s * kIdx + j]);
+          }
+        }
+        report(fmt::format("indexer_k_write {} vs cpu", fp8 ? "fp8" : "bf16"),
+               fmt::format("[{}, {}]", T, kIdx), row_rel_error(got, ref().gather_rows(cache_ref, sl)),
+               fp8 ? 7e-2 : 8e-3);
       }
-      const int64_t bad = differing_rows(fused, unfused);
-      fmt::print("RESULT op=indexer_k_write {} T={:<5} rows_differing_from_unfused={} of {} slots\n",
-                 interleaved ? "interleaved" : "neox", T, bad, b.pool);
-      EXPECT_EQ(bad, 0) << "T " << T;
-      Tensor blank = Tensor::empty({b.pool, kIdx}, DType::bf16, Device::cuda);
-      cudaMemset(blank.raw_data(), 0x3c, blank.nbytes());
-      EXPECT_EQ(differing_rows(fused, blank), T) << "exactly the T slots are written";
-      Tensor cache_ref = Tensor::zeros({b.pool, kIdx}, DType::f32);
-      ref().indexer_k_write(k, w, bias, 1e-6, pos, rp, cache_ref, sl);
-      Tensor got = Tensor::empty({T, kIdx}, DType::f32);
-      const Tensor fc = cpu(fused);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t j = 0; j < kIdx; ++j)
-          got.data<float>()[t * kIdx + j] = bf16_to_f32(fc.data_u16()[b.slots[size_t(t)] * kIdx + j]);
-      report("indexer_k_write vs cpu", fmt::format("[{}, {}]", T, kIdx),
-             row_rel_error(got, ref().gather_rows(cache_ref, sl)), 8e-3);
     }
   }
 }
