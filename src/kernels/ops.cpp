@@ -17,7 +17,8 @@ namespace {
 // The CPU backend: forwards to kernels/cpu (the reference).
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(const KernelOptions& o) : Backend(Device::cpu, 0, o) {}
+  CpuBackend(const KernelOptions& o, cpu::TopkObserver observer)
+      : Backend(Device::cpu, 0, o), observer_(std::move(observer)) {}
   Tensor embedding(const Tensor& table, const Tensor& ids) override { return cpu::embedding(table, ids); }
   Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) override { return cpu::rms_norm(x, w, eps); }
   Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) override {
@@ -46,7 +47,7 @@ class CpuBackend : public Backend {
   Tensor paged_gather(const PagedSeq& seq, int64_t n) override { return cpu::paged_gather(seq, n); }
   Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
                       double scale, double weight_scale) override {
-    return cpu::indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale);
+    return cpu::indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale, observer());
   }
   Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                                 int64_t start_pos, const Tensor& sel, double scale) override {
@@ -57,12 +58,18 @@ class CpuBackend : public Backend {
     return cpu::attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
   }
   Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) override {
-    return cpu::moe_route(logits, bias, p);
+    return cpu::moe_route(logits, bias, p, observer());
   }
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
     return cpu::moe_experts(x, routing, experts);
   }
   void fill_dummy(Tensor& t, const dummy::FillSpec& f) override { cpu::fill_dummy(t, f); }
+
+ protected:
+  const cpu::TopkObserver* observer() const { return observer_ ? &observer_ : nullptr; }
+
+ private:
+  cpu::TopkObserver observer_;  // empty: none (cpu_ops.h)
 };
 
 // The CPU backend with the CUDA backend's FP8 arithmetic emulated (cpu::Fp8Emulation): its linears (and
@@ -70,7 +77,8 @@ class CpuBackend : public Backend {
 // GPU's FP8 KV cache stores.
 class Fp8EmulationBackend final : public CpuBackend {
  public:
-  explicit Fp8EmulationBackend(cpu::Fp8Emulation e) : CpuBackend(KernelOptions{}), e_(std::move(e)) {}
+  Fp8EmulationBackend(cpu::Fp8Emulation e, cpu::TopkObserver observer)
+      : CpuBackend(KernelOptions{}, std::move(observer)), e_(std::move(e)) {}
   Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
     return cpu::linear(x, w, r0, r1, std::move(out), &e_);
   }
@@ -113,7 +121,7 @@ class Fp8EmulationBackend final : public CpuBackend {
   cpu::Fp8Emulation e_;
 };
 
-CpuBackend g_cpu{KernelOptions{}};
+CpuBackend g_cpu{KernelOptions{}, {}};
 
 // Kernel spans (trace/trace.h): off unless a recorder is installed.
 #define DSA_KERNEL_SPAN(name, x)      \
@@ -138,12 +146,12 @@ Backend& backend(Device d) {
   return *b;
 }
 
-std::shared_ptr<Backend> make_cpu_backend(const KernelOptions& options) {
-  return std::make_shared<CpuBackend>(options);
+std::shared_ptr<Backend> make_cpu_backend(const KernelOptions& options, cpu::TopkObserver observer) {
+  return std::make_shared<CpuBackend>(options, std::move(observer));
 }
 
-std::shared_ptr<Backend> make_fp8_emulation_backend(const cpu::Fp8Emulation& e) {
-  return std::make_shared<Fp8EmulationBackend>(e);
+std::shared_ptr<Backend> make_fp8_emulation_backend(const cpu::Fp8Emulation& e, cpu::TopkObserver observer) {
+  return std::make_shared<Fp8EmulationBackend>(e, std::move(observer));
 }
 
 Backend& Ops::on(Device d) const { return b_ != nullptr && b_->device() == d ? *b_ : kernels::backend(d); }

@@ -12,8 +12,10 @@
 //   (i32 [n_pages]) maps its position p to page_table[p / page_size].
 // - Top-k ties (indexer selection, expert routing, group choice, argmax) break toward the lower index.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "core/dummy_fill.h"
@@ -24,6 +26,12 @@ namespace dsaserve::kernels {
 
 namespace cpu {
 struct Fp8Emulation;  // kernels/cpu/cpu_ops.h
+// A top-k decision observer (analysis only), given to a CPU backend (make_cpu_backend,
+// make_fp8_emulation_backend; none by default): called by its moe_route ("moe_route": scores [T, E] =
+// sigmoid(logits) + bias after group masking, chosen = routing ids [T, top_k]) and indexer_topk
+// ("indexer_topk": scores [T, start_pos + T], NaN where a row is not ranked (at most topk visible keys) or
+// a key is not visible; chosen = the result).
+using TopkObserver = std::function<void(std::string_view op, const Tensor& scores, const Tensor& chosen)>;
 }  // namespace cpu
 
 // A Linear weight W [out, in]: y = x @ W^T. FP8 weights carry scale_inv F32 [ceil(out/block_n),
@@ -308,12 +316,13 @@ class Backend {
 Backend& backend(Device d);
 // A CPU backend of its own (the reference: no option changes its arithmetic; `options` is kept for
 // Backend::options()). For a CUDA one: kernels/cuda/backend.h make_backend (runtime::make_backend picks).
-std::shared_ptr<Backend> make_cpu_backend(const KernelOptions& options = {});
+std::shared_ptr<Backend> make_cpu_backend(const KernelOptions& options = {}, cpu::TopkObserver observer = {});
 // The CPU backend with the CUDA backend's FP8 arithmetic emulated (kernels/cpu/cpu_ops.h Fp8Emulation):
 // its linears and expert linears quantise their inputs as the GPU does, and with e.fp8_kv_cache its cache
 // writes round as the GPU's FP8 KV cache stores. A reference for the GPU's FP8 numbers, kept apart from
 // the pure reference (make_cpu_backend).
-std::shared_ptr<Backend> make_fp8_emulation_backend(const cpu::Fp8Emulation& e);
+std::shared_ptr<Backend> make_fp8_emulation_backend(const cpu::Fp8Emulation& e,
+                                                    cpu::TopkObserver observer = {});
 // Installs (or, with null, removes) the backend of a non-CPU device. The pointer must outlive its use.
 void register_backend(Device d, Backend* b);
 

@@ -103,16 +103,11 @@ const Fixture* fixture() {
   return f;
 }
 
-// Removes the observer when a test ends, passing or not.
-struct ObserverScope {
-  ~ObserverScope() { cpu::set_topk_observer({}); }
-};
-
 EmuRun run_all(const Fixture& fx, const cpu::Fp8Emulation& emu, ScoreOptions o = {},
                bool half_decode = false) {
-  const ObserverScope scope;
   EmuRun run;
-  cpu::set_topk_observer([&run](std::string_view op, const Tensor& scores, const Tensor& chosen) {
+  // The emulating backend records every top-k decision it makes.
+  cpu::TopkObserver observer = [&run](std::string_view op, const Tensor& scores, const Tensor& chosen) {
     Decision d;
     d.op = std::string(op);
     d.rows = scores.size(0);
@@ -122,9 +117,10 @@ EmuRun run_all(const Fixture& fx, const cpu::Fp8Emulation& emu, ScoreOptions o =
     const int32_t* c = chosen.data<int32_t>();
     d.chosen.assign(c, c + chosen.numel());
     run.decisions.push_back(std::move(d));
-  });
+  };
   // The same model on the emulating CPU backend.
-  const std::shared_ptr<Model> model = fx.model->with_backend(kernels::make_fp8_emulation_backend(emu));
+  const std::shared_ptr<Model> model =
+      fx.model->with_backend(kernels::make_fp8_emulation_backend(emu, std::move(observer)));
   for (int i = 0; i < fx.nseq; ++i) {
     const auto ids = dsaserve::testing::ids_of(fx.gold.get(fmt::format("seq{}.input_ids", i)));
     o.mtp = !half_decode;

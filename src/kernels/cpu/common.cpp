@@ -1,6 +1,5 @@
 // Shared helpers of the CPU kernels: tensor views, weight dequantisation, dot products.
 #include <array>
-#include <atomic>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -20,28 +19,7 @@ const std::array<float, 256>& f8_table() {
   return table;
 }
 
-struct ObserverState {
-  TopkObserver fn;
-  std::atomic<bool> on{false};
-};
-ObserverState& observer_state() {
-  static ObserverState s;
-  return s;
-}
-
 }  // namespace
-
-void set_topk_observer(TopkObserver obs) {
-  ObserverState& s = observer_state();
-  s.on.store(false, std::memory_order_release);
-  s.fn = std::move(obs);
-  s.on.store(bool(s.fn), std::memory_order_release);
-}
-
-const TopkObserver* topk_observer() {
-  ObserverState& s = observer_state();
-  return s.on.load(std::memory_order_acquire) ? &s.fn : nullptr;
-}
 
 Rows as_rows(const Tensor& t, const char* what) {
   DSA_CHECK(t.defined(), "{}: tensor is undefined", what);

@@ -30,12 +30,13 @@ Tensor gather_rows(const Tensor& x, const Tensor& idx);
 void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src);
 Tensor paged_gather(const PagedSeq& seq, int64_t n);
 Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
-                    double scale, double weight_scale);
+                    double scale, double weight_scale, const TopkObserver* observer = nullptr);
 Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                               int64_t start_pos, const Tensor& sel, double scale);
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                      int64_t start_pos, const Tensor& sel, double scale);
-Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
+Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p,
+                  const TopkObserver* observer = nullptr);
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
                    const Fp8Emulation* emu = nullptr);  // emu: as linear's, for every expert linear
 void fill_dummy(Tensor& t, const dummy::FillSpec& f);
@@ -84,17 +85,6 @@ Tensor mla_latent_fp8_round(const Tensor& rows, int64_t latent);
 // x [T, K] (K a multiple of 128 for group128) -> f32 [T, K] contiguous: every value replaced by
 // e4m3_to_f32(q) * s, the value the GPU's FP8 GEMM multiplies. Throws for Fp8ActScale::none.
 Tensor fp8_quant_dequant(const Tensor& x, Fp8ActScale scale = Fp8ActScale::group128);
-
-// ---- top-k decision observer (analysis only; off by default) ----
-
-// Called by moe_route ("moe_route": scores [T, E] = sigmoid(logits) + bias after group masking, chosen
-// = routing ids [T, top_k]) and indexer_topk ("indexer_topk": scores [T, start_pos + T], NaN where a
-// row is not ranked (at most topk visible keys) or a key is not visible; chosen = the result).
-using TopkObserver = std::function<void(std::string_view op, const Tensor& scores, const Tensor& chosen)>;
-// Installs (or, with an empty function, removes) the process-wide observer.
-void set_topk_observer(TopkObserver obs);
-// The installed observer, or null (cheap: one atomic load when none is installed).
-const TopkObserver* topk_observer();
 
 // ---- helpers shared by the CPU kernels ----
 

@@ -13,7 +13,7 @@
 namespace dsaserve::kernels::cpu {
 
 Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
-                    double scale, double weight_scale) {
+                    double scale, double weight_scale, const TopkObserver* observer) {
   const Rows3 qv = as_rows3(q, "indexer q");
   const Rows wv = as_rows(w, "indexer weights");
   const int64_t T = qv.n0, ih = qv.n1, id = qv.n2;
@@ -76,7 +76,7 @@ Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int6
       std::copy_n(idx.begin(), topk, row);
     }
   });
-  if (const TopkObserver* observer = topk_observer()) {
+  if (observer) {
     Tensor scores = Tensor::empty({T, S}, DType::f32);
     std::fill_n(scores.data<float>(), T * S, std::numeric_limits<float>::quiet_NaN());
     for (int64_t t = 0; t < T; ++t) {

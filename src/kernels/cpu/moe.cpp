@@ -24,7 +24,8 @@ std::vector<int32_t> top_indices(const std::vector<float>& v, int64_t k) {
 
 }  // namespace
 
-Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) {
+Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p,
+                  const TopkObserver* observer) {
   const Rows lr = as_rows(logits, "moe_route logits");
   const int64_t T = lr.rows, E = lr.cols;
   DSA_CHECK(bias.defined() && bias.dtype() == DType::f32 && bias.dim() == 1 && bias.size(0) == E &&
@@ -38,7 +39,6 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
   float* wts = r.weights.data<float>();
   std::vector<float> s(static_cast<size_t>(E)), choice(static_cast<size_t>(E)),
       group(static_cast<size_t>(p.n_group));
-  const TopkObserver* observer = topk_observer();
   Tensor observed = observer ? Tensor::empty({T, E}, DType::f32) : Tensor();
   for (int64_t t = 0; t < T; ++t) {
     const float* l = lr.row(t);
