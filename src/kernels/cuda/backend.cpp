@@ -134,10 +134,14 @@ Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Ten
   return out;
 }
 
-Backend& cuda_backend() {
-  static CudaBackend* b = new CudaBackend(current_device(), KernelOptions{});
-  return *b;
-}
+namespace {
+// The current device's default-options backend (per_device_state makes it with that device current).
+struct DefaultBackend {
+  CudaBackend backend{current_device(), KernelOptions{}};
+};
+}  // namespace
+
+Backend& cuda_backend() { return per_device_state<DefaultBackend>().backend; }
 
 std::shared_ptr<Backend> make_backend(const KernelOptions& options) {
   install();

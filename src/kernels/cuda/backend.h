@@ -11,7 +11,8 @@ namespace dsaserve::kernels::cuda {
 // Installs the caching allocator (runtime.h) and registers the CUDA backend with the default KernelOptions
 // (idempotent; the free operators of ops.h use it). Throws when no CUDA device is present.
 void install_backend();
-// The registered backend object itself (for tests that call it directly).
+// The current device's default-options backend object (one per device ordinal; the one install_backend
+// registers for the free operators is the installing thread's device's; for tests that call it directly).
 Backend& cuda_backend();
 // A CUDA backend of its own for the calling thread's current device (its ordinal()) running its kernels
 // with `options` (a model's device context: runtime::model_on_device); installs the allocator first.

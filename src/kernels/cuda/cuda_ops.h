@@ -12,6 +12,10 @@
 
 namespace dsaserve::kernels::cuda {
 
+// The fp32 inverse frequencies of a RopeParams on the current device (made once per device and parameter
+// set; the first use must not be inside a CUDA-graph capture).
+const float* rope_inv_freq_device(const RopeParams& p);
+
 Tensor embedding(const Tensor& table, const Tensor& ids);
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps);

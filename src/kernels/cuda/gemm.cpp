@@ -11,8 +11,10 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/elementwise_params.h"
 #include "kernels/cuda/gemm_small_params.h"
+#include "kernels/cuda/lt_handle.h"
 #include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
@@ -52,7 +54,13 @@ struct WeightCache {
   int64_t ld = 0;
 };
 
+// The linears' cuBLASLt state of one device (per_device_state): the device's one cuBLASLt handle (the
+// absorbed-MLA GEMMs use it too: lt_handle()), a workspace, the plans, the weight-derived tables.
 struct Lt {
+  Lt() {
+    DSA_LT_CHECK(cublasLtCreate(&handle));
+    DSA_CUDA_CHECK(cudaMalloc(&workspace, kWorkspace));
+  }
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::mutex mu;
@@ -65,15 +73,7 @@ struct Lt {
   GemmStats stats;
 };
 
-Lt& lt() {
-  static Lt* s = [] {
-    auto* l = new Lt();  // leaked: lives as long as the process, like the weights it caches
-    DSA_LT_CHECK(cublasLtCreate(&l->handle));
-    DSA_CUDA_CHECK(cudaMalloc(&l->workspace, kWorkspace));
-    return l;
-  }();
-  return *s;
-}
+Lt& lt() { return per_device_state<Lt>(); }
 
 int64_t alignment(const void* p, int64_t ld_bytes) {
   int64_t a = 256;
@@ -362,6 +362,8 @@ void gemm_dense(const RowView& x, const void* a_ptr, bool a_f32, bool trans_a, i
 int64_t fp8_small_max_tokens();
 
 }  // namespace
+
+cublasLtHandle_t device_lt_handle() { return lt().handle; }
 
 int64_t fp8_act_rows(int64_t T) {
   return T <= fp8_small_max_tokens() ? (T <= 8 ? 8 : T <= 16 ? 16 : 32) : (T + 3) / 4 * 4;

@@ -25,8 +25,10 @@
 #include "kernels/cuda/absorb_params.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/elementwise_params.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/lt_handle.h"
 #include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
@@ -56,34 +58,26 @@ struct Cached {
   Tensor data;
 };
 
+// The absorbed GEMMs' state of one device (per_device_state): the device's cuBLASLt handle (shared with
+// the linears), a workspace, the plans.
 struct State {
+  State() : handle(device_lt_handle()), workspace(Tensor::empty({kWorkspace}, DType::u8, Device::cuda)) {}
   cublasLtHandle_t handle = nullptr;
   Tensor workspace;  // from the caching allocator
   std::mutex mu;
   std::map<Key, Plan> plans;
 };
 
-State& state() {
-  static State* s = [] {
-    auto* st = new State();  // leaked: lives as long as the process, like the weight cache below
-    DSA_ABSORB_LT_CHECK(cublasLtCreate(&st->handle));
-    st->workspace = Tensor::empty({kWorkspace}, DType::u8, Device::cuda);
-    return st;
-  }();
-  return *s;
-}
+State& state() { return per_device_state<State>(); }
 
-// FP8 kv_b weights dequantised to bf16 (key: weight data). Apart from State so that clearing it creates
-// no cuBLASLt handle.
+// FP8 kv_b weights dequantised to bf16 (key: weight data), per device. Apart from State so that clearing
+// it makes no workspace.
 struct WeightCache {
   std::mutex mu;
   std::unordered_map<const void*, Cached> bf16;
 };
 
-WeightCache& weight_cache() {
-  static WeightCache* c = new WeightCache();  // leaked: lives as long as the weights it caches
-  return *c;
-}
+WeightCache& weight_cache() { return per_device_state<WeightCache>(); }
 
 int64_t align_of(const void* p, std::initializer_list<int64_t> byte_strides) {
   int64_t a = 256;

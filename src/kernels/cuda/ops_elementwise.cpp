@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/elementwise_params.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/graph.h"
@@ -39,25 +40,33 @@ void check_indices(const Tensor& idx, int64_t bound, const char* what) {
   }
 }
 
-// The fp32 inverse frequencies of a RopeParams on the device (cached per parameter set).
-const float* inv_freq_on_device(const RopeParams& p) {
+// The RoPE tables of one device (per_device_state): inverse frequencies per parameter set.
+struct RopeTables {
   using Key = std::tuple<int64_t, double, bool, double, int64_t, double, double>;
-  static std::mutex mu;
-  static std::map<Key, Tensor>* cache = new std::map<Key, Tensor>();
-  const Key key{p.dim,       p.theta,    p.yarn, p.factor, p.original_max_position_embeddings,
-                p.beta_fast, p.beta_slow};
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache->find(key);
-  if (it == cache->end()) {
+  std::mutex mu;
+  std::map<Key, Tensor> inv_freq;
+};
+
+}  // namespace
+
+const float* rope_inv_freq_device(const RopeParams& p) {
+  RopeTables& t = per_device_state<RopeTables>();
+  const RopeTables::Key key{p.dim,       p.theta,    p.yarn, p.factor, p.original_max_position_embeddings,
+                            p.beta_fast, p.beta_slow};
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.inv_freq.find(key);
+  if (it == t.inv_freq.end()) {
     DSA_CHECK(!capturing(),
               "rope: inverse frequencies first needed inside a CUDA graph capture (run one eager "
               "step of the same model before capturing)");
     const std::vector<float> inv = rope_inv_freq(p);
     const Tensor host = Tensor::from_vector(inv, {int64_t(inv.size())});
-    it = cache->emplace(key, host.to(Device::cuda)).first;
+    it = t.inv_freq.emplace(key, host.to(Device::cuda)).first;
   }
   return it->second.data<float>();
 }
+
+namespace {
 
 Tensor norm_common(const Tensor& x, Tensor* residual, const Tensor& w, double eps, const char* what,
                    Fp8Act* q = nullptr, GemmPrecision prec = GemmPrecision::fast) {
@@ -142,7 +151,7 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) {
   DSA_CHECK(v.n2 == p.dim, "rope: last dimension of {} should be the rope dim {}", x.describe(), p.dim);
   const int32_t* pos = i32_vec(positions, "rope positions");
   DSA_CHECK(positions.size(0) == v.n0, "rope: {} positions for {} tokens", positions.size(0), v.n0);
-  const float* inv = inv_freq_on_device(p);
+  const float* inv = rope_inv_freq_device(p);
   check_launch(launch_rope({v.p, pos, inv, v.n0, v.n1, v.n2, v.s0, v.s1, p.interleaved, p.attention_factor},
                            op_stream()),
                "rope");

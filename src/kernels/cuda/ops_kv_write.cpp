@@ -15,22 +15,6 @@ namespace dsaserve::kernels::cuda {
 
 namespace {
 
-// The fp32 inverse frequencies of a RopeParams on the device, uploaded on first use (cached).
-const float* rope_inv_freq_device(const RopeParams& p) {
-  using Key = std::tuple<int64_t, double, bool, double, int64_t, double, double>;
-  static std::mutex mu;
-  static auto* cache = new std::map<Key, Tensor>();
-  const Key key{p.dim,       p.theta,    p.yarn, p.factor, p.original_max_position_embeddings,
-                p.beta_fast, p.beta_slow};
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache->find(key);
-  if (it == cache->end()) {
-    const std::vector<float> inv = rope_inv_freq(p);
-    it = cache->emplace(key, Tensor::from_vector(inv, {int64_t(inv.size())}).to(Device::cuda)).first;
-  }
-  return it->second.data<float>();
-}
-
 bool is_aligned(const void* p, uintptr_t bytes) {
   return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
 }
