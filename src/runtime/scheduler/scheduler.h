@@ -11,12 +11,13 @@
 // max_running_requests allow, matching each against the prefix cache first. Decodes and prefill chunks
 // share one step (a mixed batch). A request that cannot fit the whole pool fails with an error; the
 // loop never deadlocks.
-// commit(): called when a batch's forward launches: advances each item's kv_len and appends a
-// kFutureToken for each sample, so that the next schedule() can run while this step computes
-// (overlap scheduling: the next decode's input is the future token). process(): samples the requests
-// whose input is complete into those slots, applies the stop rules and releases finished requests'
-// pages into the prefix cache. prune()/resolve(): before the next batch launches, drop its items whose
-// request finished meanwhile and fill its future input ids from the sampled tokens.
+// commit(): called when a batch's forward launches: advances each item's committed KV length
+// (KvManager::commit) and appends a kFutureToken for each sample, so that the next schedule() can run
+// while this step computes (overlap scheduling: the next decode's input is the future token).
+// process(): samples the requests whose input is complete into those slots, applies the stop rules and
+// releases finished requests' pages into the prefix cache. prune()/resolve(): before the next batch
+// launches, drop its items whose request finished meanwhile and fill its future input ids from the
+// sampled tokens.
 // Step order: schedule -> build_forward -> commit -> forward -> process; with overlap the engine runs
 // schedule(N+1) and build_forward(N+1) during forward(N), then process(N), prune/resolve(N+1),
 // commit(N+1), forward(N+1). The tokens are the same either way.
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "model/forward_batch.h"
+#include "runtime/kv/kv_manager.h"
 #include "runtime/kv/kv_pool.h"
 #include "runtime/radix/radix_cache.h"
 #include "runtime/scheduler/request.h"
@@ -54,7 +56,7 @@ struct ScheduledRequest {
   Request* req = nullptr;  // only valid while alive(): the request may be finished and freed meanwhile
   uint64_t id = 0;         // req->id and req->serial when scheduled
   uint64_t serial = 0;
-  int64_t start = 0;  // req->kv_len when scheduled: the item's input is tokens[start .. start + num_new)
+  int64_t start = 0;  // req->kv.len when scheduled: the item's input is tokens[start .. start + num_new)
   int64_t num_new = 0;
   bool sample = false;
   bool decode = false;  // a running request's single next token (else a prefill or a chunk of one)
@@ -110,7 +112,7 @@ class Scheduler {
 
   ScheduleBatch schedule(std::vector<StepOutput>& out);
   model::ForwardBatch build_forward(const ScheduleBatch& batch) const;
-  // The batch's forward launches: kv_len += num_new, a kFutureToken per sample.
+  // The batch's forward launches: kv.len += num_new, a kFutureToken per sample.
   void commit(const ScheduleBatch& batch);
   // Removes items whose request finished (or was aborted) since schedule(); true when any was removed
   // (the ForwardBatch must then be rebuilt).
@@ -178,7 +180,7 @@ class Scheduler {
   bool admit(Request& r, int64_t budget, ScheduleBatch& b, std::vector<StepOutput>& out);
 
   SchedulerConfig cfg_;
-  KvPool& pool_;
+  KvManager kv_;
   RadixCache& cache_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;
