@@ -8,7 +8,7 @@
 // in order per request). step() runs one iteration on the caller's thread (tests, `generate` and the
 // scheduler bench drive it directly). The parts: Scheduler (policy), KvManager (pages per request),
 // RadixCache, the ModelRunner (the model's ForwardModelRunner, or one the caller injects) and the
-// scheduler's output processing.
+// OutputProcessor (stop rules over each request's sampled tokens).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>

@@ -22,7 +22,7 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 Scheduler::Scheduler(SchedulerConfig cfg, KvPool& pool, RadixCache& cache)
-    : cfg_(std::move(cfg)), kv_(pool), cache_(cache) {
+    : cfg_(std::move(cfg)), kv_(pool), cache_(cache), output_(cfg_.eos_token_ids, cfg_.max_context) {
   DSA_CHECK(cfg_.max_running_requests > 0, "max_running_requests must be positive, got {}",
             cfg_.max_running_requests);
   DSA_CHECK(cfg_.max_prefill_tokens > 0, "max_prefill_tokens must be positive, got {}",
@@ -411,7 +411,7 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const SampleRow> r
     if (rp == nullptr) continue;  // aborted or failed while the step ran
     Request& r = *rp;
     const size_t slot = size_t(s.start + s.num_new);
-    DSA_CHECK(slot < r.tokens.size() && r.tokens[slot] == kFutureToken,
+    DSA_CHECK(slot + 1 == r.tokens.size() && r.tokens[slot] == kFutureToken,
               "scheduler: request {} has no future token at {} (batch not committed?)", r.id, slot);
     DSA_CHECK(rows[k].sampled == nullptr || r.params.constraint == nullptr,
               "scheduler: request {} has a constraint but was sampled outside the scheduler", r.id);
@@ -419,45 +419,22 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const SampleRow> r
     if (rows[k].sampled != nullptr) {
       res = *rows[k].sampled;
     } else if (r.params.constraint != nullptr) {
-      // A grammar that cannot continue fails its request only.
-      std::string error;
+      // Sampled under the grammar's mask; a grammar that cannot continue fails its request only.
       try {
         res = sample(rows[k].logits, r.params, r.sampler, scratch_, r.params.constraint.get());
-        if (!r.params.constraint->accept(res.token))
-          error = fmt::format("the grammar rejected token {}", res.token);
       } catch (const std::exception& e) {
-        error = e.what();
-      }
-      if (!error.empty()) {
-        finish(r, FinishReason::error, error, out);
+        finish(r, FinishReason::error, e.what(), out);
         continue;
       }
     } else {
       res = sample(rows[k].logits, r.params, r.sampler, scratch_);
     }
-    r.tokens[slot] = res.token;
-    r.sampler.record(res.token);
-    FinishReason why = FinishReason::none;
-    const auto& eos = cfg_.eos_token_ids;
-    const auto& stop = r.params.stop_token_ids;
-    if ((!r.params.ignore_eos && std::find(eos.begin(), eos.end(), res.token) != eos.end()) ||
-        std::find(stop.begin(), stop.end(), res.token) != stop.end() ||
-        (r.params.constraint != nullptr && r.params.constraint->terminated())) {
-      why = FinishReason::stop;
-    } else if (r.at_length_limit(cfg_.max_context)) {
-      why = FinishReason::length;
+    const OutputProcessor::Result done = output_.process(r, std::span<SampleResult>(&res, 1), out);
+    if (done.finish == FinishReason::error) {
+      finish(r, FinishReason::error, done.error, out);
+    } else if (done.finish != FinishReason::none) {
+      drop(r);
     }
-    StepOutput o;
-    o.id = r.id;
-    o.token = res.token;
-    o.logprob = res.logprob;
-    o.top_logprobs = std::move(res.top);
-    o.prompt_tokens = r.prompt_len;
-    o.cached_tokens = r.cached_tokens;
-    o.completion_tokens = r.num_output();
-    o.finish = why;
-    out.push_back(std::move(o));
-    if (why != FinishReason::none) drop(r);
   }
 }
 

@@ -33,7 +33,9 @@
 #include "runtime/kv/kv_manager.h"
 #include "runtime/kv/kv_pool.h"
 #include "runtime/radix/radix_cache.h"
+#include "runtime/scheduler/output_processor.h"
 #include "runtime/scheduler/request.h"
+#include "runtime/scheduler/step_output.h"
 
 namespace dsaserve::runtime {
 
@@ -71,23 +73,6 @@ struct ScheduleBatch {
   int64_t num_prefill_tokens = 0;  // tokens of items that are not single decodes
   int64_t num_decode = 0;
   bool empty() const { return items.empty(); }
-};
-
-// What a step produced for one request (plain data for the output queue).
-struct StepOutput {
-  uint64_t id = 0;
-  int32_t token = -1;  // -1: none (a finish without a new token: abort, error; prompt logprobs)
-  float logprob = 0.0f;
-  std::vector<TokenLogprob> top_logprobs;
-  // params.prompt_logprobs: entries for consecutive prompt tokens, from position prompt_logprobs_from on
-  // (the first prompt token has none); they come before the request's first sample.
-  std::vector<SampleResult> prompt_logprobs;
-  int64_t prompt_logprobs_from = 0;
-  FinishReason finish = FinishReason::none;
-  std::string error;
-  int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;
-  int64_t completion_tokens = 0;
 };
 
 // One item's input to process(): its host logits row [vocab], or (`sampled` non-null) the token the
@@ -182,6 +167,7 @@ class Scheduler {
   SchedulerConfig cfg_;
   KvManager kv_;
   RadixCache& cache_;
+  OutputProcessor output_;  // stop rules and outputs of each sampled run
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;
   // Admission order, the youngest last (priority mode: by rank, highest first, then admission order):
