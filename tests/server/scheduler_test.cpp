@@ -41,6 +41,7 @@ struct RunLog {
   // The largest step seen: tokens, one request's new tokens, requests.
   int64_t max_step_tokens = 0, max_item_tokens = 0, max_step_requests = 0;
   std::vector<std::pair<int64_t, int64_t>> last_batch;  // (start, new tokens) per request of the last step
+  int64_t fail_step = -1;  // this forward (0-based) fails: wait() throws, as a device error would
 };
 
 // The model-free runner: writes each fed token into its KV slot, reads each request's sequence back
@@ -75,9 +76,13 @@ class FakeRunner final : public ModelRunner {
     log_.max_step_tokens = std::max(log_.max_step_tokens, fb.num_tokens());
     log_.max_step_requests = std::max(log_.max_step_requests, R);
     rows_ = R + int64_t(fb.extra_logit_rows.size());
+    failing_ = log_.steps == log_.fail_step;
     ++log_.steps;
   }
-  Tensor wait() override { return Tensor::from_vector(logits_, {rows_, kVocab}); }
+  Tensor wait() override {
+    if (failing_) throw Error("fake forward failed");
+    return Tensor::from_vector(logits_, {rows_, kVocab});
+  }
 
  private:
   RunLog& log_;
@@ -85,6 +90,7 @@ class FakeRunner final : public ModelRunner {
   std::vector<int32_t> kv_;  // slot -> token
   std::vector<float> logits_;
   int64_t rows_ = 0;
+  bool failing_ = false;
 };
 
 EngineConfig engine_config(SchedulerConfig cfg, bool overlap, bool prefix_cache) {
@@ -478,6 +484,36 @@ TEST_P(SchedulerTest, RandomWorkloadKeepsInvariants) {
     EXPECT_EQ(f.finish, FinishReason::length) << id << " " << f.error;
     EXPECT_EQ(h.outputs[id], expected_output(pn.first, pn.second)) << id;
   }
+  EXPECT_EQ(h.pool().num_pages() - h.pool().free_pages(), h.cache().cached_pages());
+}
+
+// A forward that fails (the runner's wait() throws) fails the requests of its batch with the error, leaks no
+// page (the step's pages are rolled back and released), and the engine goes on serving the others.
+TEST_P(SchedulerTest, AFailedStepFailsItsRequestsAndTheEngineServesOn) {
+  SchedulerConfig cfg;
+  cfg.max_running_requests = 2;
+  cfg.chunked_prefill_size = 4;
+  Harness h(64, 4, cfg, GetParam());
+  h.log.fail_step = 3;
+  std::mt19937 rng(21);
+  std::map<uint64_t, std::vector<int32_t>> prompts;
+  for (uint64_t id = 1; id <= 4; ++id) {
+    prompts[id] = random_prompt(rng, 6 + int64_t(id));
+    h.add(id, prompts[id], 6);
+  }
+  h.run();
+  int64_t failed = 0;
+  for (auto& [id, p] : prompts) {
+    const StepOutput& f = h.finished.at(id);
+    if (f.finish == FinishReason::error) {
+      EXPECT_NE(f.error.find("model step failed: fake forward failed"), std::string::npos) << f.error;
+      ++failed;
+    } else {
+      EXPECT_EQ(f.finish, FinishReason::length) << id;
+      EXPECT_EQ(h.outputs[id], expected_output(p, 6)) << id;
+    }
+  }
+  EXPECT_EQ(failed, 2) << "the failed step held the two running requests";
   EXPECT_EQ(h.pool().num_pages() - h.pool().free_pages(), h.cache().cached_pages());
 }
 
