@@ -134,8 +134,8 @@ class Engine {
   const RadixCache& cache() const { return *cache_; }
 
  private:
-  // Checks cfg_, makes the pool over `cache` (its last `reserved` pages outside it), the prefix cache and
-  // the scheduler.
+  // Makes the pool over `cache` (its last `reserved` pages outside it), the prefix cache and the
+  // scheduler (the context limit defaults to the model's).
   void make_parts(model::KvCache cache, int64_t reserved);
   void loop();
   void drain_inputs(std::vector<StepOutput>& out);
