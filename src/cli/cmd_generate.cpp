@@ -3,20 +3,17 @@
 //                   [--temperature T --top-k K --top-p P --min-p M --seed S] [--page-size P] [--threads N]
 //                   [--device cpu|cuda] [--kv-cache-dtype auto|bf16|fp8_e4m3|f32]
 //                   [--cuda-graph-max-bs N | --disable-cuda-graph]
-// Continues a token prompt on the CPU or GPU (one prefill, then one decode step per token) and prints the
-// new token ids as JSON: {"output_ids": [...], ...timings}. On CUDA the decode steps replay a captured
-// CUDA graph (runtime/engine/cuda_graph_runner.h) unless --disable-cuda-graph (or --cuda-graph-max-bs 0).
-// Greedy (argmax, ties to the lowest id) unless a sampling flag is given; sampling uses the runtime sampler
-// (runtime/sampler).
+// Continues a token prompt on the CPU or GPU and prints the new token ids as JSON: {"output_ids": [...],
+// ...timings}. The serving engine's loop runs it (runtime::Engine::step on this thread, one request: one
+// prefill, then one decode step per token, no EOS stop), so `generate` and `serve` share the scheduler,
+// KV manager, model runner and sampler. On CUDA the decode steps replay a captured CUDA graph
+// (runtime/engine/cuda_graph_runner.h) unless --disable-cuda-graph (or --cuda-graph-max-bs 0). Greedy
+// (argmax, ties to the lowest id) unless a sampling flag is given.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <numeric>
-#include <optional>
 
 #include "cli/command.h"
 #include "cli/kernel_flags.h"
@@ -26,35 +23,28 @@
 #include "core/parallel.h"
 #include "kernels/ops.h"
 #include "model/load.h"
-#include "model/score.h"
-#include "runtime/engine/cuda_graph_runner.h"
 #include "runtime/engine/device.h"
+#include "runtime/engine/engine.h"
 #include "runtime/sampler/sampler.h"
 
 namespace dsaserve::cli {
 namespace {
 
-// model::generate_tokens with the decode steps replayed through a CUDA graph (batch 1): the cache has one
-// page more, the padding rows' scratch page (unused at batch 1, but the runner needs one). Returns the
-// tokens; `replays` counts the steps that replayed.
-std::vector<int32_t> generate_with_graphs(const model::Model& m, std::span<const int32_t> prompt,
-                                          int64_t max_new,
-                                          const std::function<int32_t(std::span<const float>)>& pick,
-                                          int64_t page_size, int64_t& replays) {
-  std::shared_ptr<runtime::CudaGraphRunner> graphs;
-  return model::generate_tokens(
-      m, prompt, max_new, pick, page_size, 1, [&](model::KvCache& cache, int64_t pages) -> model::StepFn {
-        model::ForwardOptions fo;
-        fo.all_logits = false;
-        graphs = std::make_shared<runtime::CudaGraphRunner>(m, cache, int32_t(pages), 1, fo, false);
-        return [&](const model::ForwardBatch& b, model::KvCache& c, const model::ForwardOptions& o) {
-          if (std::optional<Tensor> g = graphs->run(b)) {
-            ++replays;
-            return *g;
-          }
-          return m.forward(b, c, o).logits;
-        };
-      });
+// Runs one request through the engine on this thread; returns its tokens (a failed request throws).
+std::vector<int32_t> generate_on_engine(runtime::Engine& engine, runtime::GenerateRequest req) {
+  engine.submit(std::move(req));
+  std::vector<int32_t> out;
+  std::vector<runtime::StepOutput> outs;
+  for (bool working = true; working;) {
+    working = engine.step();
+    engine.wait_outputs(outs, std::chrono::milliseconds(0));
+    for (const runtime::StepOutput& o : outs) {
+      DSA_CHECK(o.finish != runtime::FinishReason::error, "generate: {}", o.error);
+      if (o.token >= 0) out.push_back(o.token);
+    }
+    outs.clear();
+  }
+  return out;
 }
 
 CommandRun setup(CLI::App& sub) {
@@ -120,27 +110,29 @@ CommandRun setup(CLI::App& sub) {
     sp.seed = o->seed;
     sp.max_new_tokens = o->max_new;
     sp.validate(V);
-    runtime::SamplerState state(o->seed, prompt);
-    std::vector<float> scratch;
+    sp.ignore_eos = true;  // max_new_tokens tokens, whatever they are
     const auto t1 = std::chrono::steady_clock::now();
-    std::vector<int32_t> out;
-    // Greedy: the first maximum (ties to the lowest id, like kernels::argmax and greedy_generate).
-    const std::function<int32_t(std::span<const float>)> pick = [&](std::span<const float> logits) {
-      if (!sampling) return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      const runtime::SampleResult r = runtime::sample(logits, sp, state, scratch);
-      state.record(r.token);
-      return int32_t(r.token);
-    };
+    // One request: its whole prompt in one prefill step, a context limit that max_new_tokens reaches
+    // first, KV pages for all of it (admission counts one token more), no prefix cache.
+    const int64_t total = int64_t(prompt.size()) + o->max_new;
+    runtime::EngineConfig ec;
+    ec.page_size = o->page_size;
+    ec.kv_pages = (total + 1 + o->page_size - 1) / o->page_size;
+    ec.enable_prefix_cache = false;
+    ec.scheduler.max_running_requests = 1;
+    ec.scheduler.chunked_prefill_size = 0;
+    ec.scheduler.max_prefill_tokens = int64_t(prompt.size());
+    ec.scheduler.max_context = total + 1;
     const bool graphs = device == Device::cuda && !o->disable_cuda_graph && o->cuda_graph_max_bs > 0 &&
                         kv_dtype != model::KvCacheDtype::f32;
-    int64_t replays = 0;
-    if (graphs) {
-      out = generate_with_graphs(*model, prompt, o->max_new, pick, o->page_size, replays);
-    } else if (!sampling) {
-      out = model::greedy_generate(*model, prompt, o->max_new, o->page_size);
-    } else {
-      out = model::generate_tokens(*model, prompt, o->max_new, pick, o->page_size);
-    }
+    ec.cuda_graph_max_bs = graphs ? o->cuda_graph_max_bs : 0;
+    ec.cuda_graph_log = false;  // stdout is the JSON line
+    runtime::Engine engine(std::move(model), ec);
+    runtime::GenerateRequest req;
+    req.prompt = prompt;
+    req.params = sp;
+    const std::vector<int32_t> out = generate_on_engine(engine, std::move(req));
+    const int64_t replays = engine.stats().cuda_graph_replays;
     const auto t2 = std::chrono::steady_clock::now();
     const double load_s = std::chrono::duration<double>(t1 - t0).count();
     const double run_s = std::chrono::duration<double>(t2 - t1).count();

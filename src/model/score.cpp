@@ -82,23 +82,17 @@ ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, con
   return res;
 }
 
-std::vector<int32_t> generate_tokens(const Model& model, std::span<const int32_t> prompt, int64_t max_new,
-                                     const std::function<int32_t(std::span<const float>)>& pick,
-                                     int64_t page_size, int64_t extra_pages, const StepFactory& make_step) {
+std::vector<int32_t> greedy_generate(const Model& model, std::span<const int32_t> prompt, int64_t max_new,
+                                     int64_t page_size) {
   DSA_CHECK(!prompt.empty(), "cannot generate from an empty prompt");
   DSA_CHECK(max_new >= 0, "max new tokens must be >= 0, got {}", max_new);
-  DSA_CHECK(extra_pages >= 0, "extra pages must be >= 0, got {}", extra_pages);
   const int64_t total = int64_t(prompt.size()) + max_new, V = model.config().vocab_size;
   const int64_t pages = (total + page_size - 1) / page_size;
-  KvCache cache = model.make_cache(pages + extra_pages, page_size);
+  KvCache cache = model.make_cache(pages, page_size);
   std::vector<int32_t> table(static_cast<size_t>(pages));
   std::iota(table.begin(), table.end(), 0);
   ForwardOptions fo;
   fo.all_logits = false;
-  const StepFn step_fn = make_step ? make_step(cache, pages)
-                                   : StepFn([&](const ForwardBatch& b, KvCache& c, const ForwardOptions& o) {
-                                       return model.forward(b, c, o).logits;
-                                     });
   std::vector<int32_t> out;
   std::vector<int32_t> step(prompt.begin(), prompt.end());
   int64_t pos = 0;
@@ -106,24 +100,15 @@ std::vector<int32_t> generate_tokens(const Model& model, std::span<const int32_t
     ForwardBatch batch;
     batch.page_size = page_size;
     batch.add_request(step, pos, table, pos > 0);
-    const Tensor logits = step_fn(batch, cache, fo).to(Device::cpu);  // [1, V]
-    const int32_t next = pick(std::span<const float>(logits.data<float>(), size_t(V)));
-    if (next < 0) break;
-    DSA_CHECK(next < V, "generate: picked token {} outside the vocabulary of {}", next, V);
+    const Tensor logits = model.forward(batch, cache, fo).logits.to(Device::cpu);  // [1, V]
+    const std::span<const float> row(logits.data<float>(), size_t(V));
+    // The first maximum, like kernels::argmax: ties go to the lowest id.
+    const int32_t next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
     pos += int64_t(step.size());
     step.assign(1, next);
     out.push_back(next);
   }
   return out;
-}
-
-std::vector<int32_t> greedy_generate(const Model& model, std::span<const int32_t> prompt, int64_t max_new,
-                                     int64_t page_size) {
-  // The first maximum, like kernels::argmax: ties go to the lowest id.
-  const auto first_max = [](std::span<const float> logits) {
-    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  };
-  return generate_tokens(model, prompt, max_new, first_max, page_size);
 }
 
 }  // namespace dsaserve::model

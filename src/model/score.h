@@ -3,7 +3,6 @@
 // engine would: a prefill in chunks, then optionally one token at a time. Used by `dsaserve score`,
 // the golden tests and the benchmark.
 #include <cstdint>
-#include <functional>
 #include <span>
 
 #include "model/model.h"
@@ -29,22 +28,9 @@ std::vector<std::pair<int64_t, int64_t>> score_schedule(int64_t n, const ScoreOp
 
 ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, const ScoreOptions& opt = {});
 
-// One step's last-token logits for generate_tokens (default: Model::forward).
-using StepFn = std::function<Tensor(const ForwardBatch&, KvCache&, const ForwardOptions&)>;
-// Makes the step function once the cache exists (`pages`: the pages the sequence uses; the cache has
-// `extra_pages` more after them, e.g. a CUDA-graph runner's scratch page).
-using StepFactory = std::function<StepFn(KvCache& cache, int64_t pages)>;
-
-// Continuation with a caller's token choice: one prefill of the prompt, then single-token decode steps;
-// `pick` gets the last position's logits (CPU, [vocab]) and returns the next token. Stops after max_new
-// tokens or when pick returns a negative id. `make_step` (optional) replaces Model::forward per step.
-std::vector<int32_t> generate_tokens(const Model& model, std::span<const int32_t> prompt, int64_t max_new,
-                                     const std::function<int32_t(std::span<const float>)>& pick,
-                                     int64_t page_size = 64, int64_t extra_pages = 0,
-                                     const StepFactory& make_step = {});
-
 // Greedy continuation: one prefill of the prompt, then `max_new` single-token decode steps, each taking
-// the argmax (ties: the lowest id) of the last logits. Returns the new tokens.
+// the argmax (ties: the lowest id) of the last logits. Returns the new tokens. The model-level reference
+// of the golden tests (model/ sits below the runtime); `dsaserve generate` runs the serving engine's loop.
 std::vector<int32_t> greedy_generate(const Model& model, std::span<const int32_t> prompt, int64_t max_new,
                                      int64_t page_size = 64);
 

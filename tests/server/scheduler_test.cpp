@@ -1,8 +1,8 @@
-// Scheduler without a model: a fake forward that stores each fed token in an emulated KV cache (slot ->
-// token) and checks that every earlier position of the request reads back its own token through the page
+// The scheduler, KV manager and prefix cache driven by the real Engine loop (Engine::step, with and without
+// overlap scheduling) over an injected model-free runner: a fake forward that stores each fed token in an
+// emulated KV cache (slot -> token) and reads every request's whole sequence back through its page
 // table, so page tables, prefix sharing, chunking and retraction are verified, not only counted. The
-// "model" predicts a hash of the request's whole sequence, so outputs are checkable against a plain loop.
-// Each test runs with and without overlap scheduling (schedule N+1 before N is sampled).
+// "model" predicts a hash of the sequence it read back, so outputs are checkable against a plain loop.
 #include "runtime/scheduler/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include "common/fixtures.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "runtime/engine/engine.h"
 #include "runtime/engine/memory_plan.h"
 
 namespace dsaserve::runtime {
@@ -27,44 +28,140 @@ int32_t next_token(std::span<const int32_t> seq) {
   return int32_t(h % uint64_t(kVocab - 2)) + 2;  // never 0/1 (eos is 1)
 }
 
-struct Harness {
-  KvPool pool;
-  RadixCache cache;
-  Scheduler sched;
-  std::vector<int32_t> kv;  // slot -> token
-  std::map<uint64_t, std::vector<int32_t>> outputs;
-  std::map<uint64_t, StepOutput> finished;
-  int64_t steps = 0;
-  std::map<uint64_t, std::pair<int64_t, int64_t>> last_batch;  // id -> (kv_len, num_new) of the last step
+model::KvCache fake_cache(int64_t pages, int64_t page_size) {
+  model::KvCache c;
+  c.num_pages = pages;
+  c.page_size = page_size;
+  return c;
+}
+
+// What the fake model saw.
+struct RunLog {
+  int64_t steps = 0;  // forwards launched
   // The largest step seen: tokens, one request's new tokens, requests.
   int64_t max_step_tokens = 0, max_item_tokens = 0, max_step_requests = 0;
+  std::vector<std::pair<int64_t, int64_t>> last_batch;  // (start, new tokens) per request of the last step
+  int64_t fail_step = -1;  // this forward (0-based) fails: wait() throws, as a device error would
+};
 
-  bool overlap = false;
-  // process() with presampled rows (the engine's device-sampling path), sampled here by the CPU sampler
-  // from each sampling_request()'s params and state; requests get `temperature` and seed = id.
-  bool presample = false;
-  float temperature = 0.0f;
-  std::optional<ScheduleBatch> in_flight;  // overlap: launched, not yet processed
-  std::vector<float> in_flight_logits;
+// The model-free runner: writes each fed token into its KV slot, reads each request's sequence back
+// through its page table (every position must have been written) and returns one-hot logits of
+// next_token(that sequence) for each request (and zero rows for any extra logits rows).
+class FakeRunner final : public ModelRunner {
+ public:
+  FakeRunner(RunLog& log, const model::KvCache& cache)
+      : log_(log), num_pages_(cache.num_pages), kv_(size_t(cache.num_pages * cache.page_size), -1) {}
+
+  void launch(model::ForwardBatch fb) override {
+    fb.validate(kVocab, num_pages_);
+    const int64_t R = fb.num_requests(), ps = fb.page_size;
+    logits_.assign(size_t((R + int64_t(fb.extra_logit_rows.size())) * kVocab), 0.0f);
+    log_.last_batch.clear();
+    for (int64_t k = 0; k < R; ++k) {
+      for (int64_t t = fb.token_begin[size_t(k)]; t < fb.token_begin[size_t(k) + 1]; ++t) {
+        EXPECT_NE(fb.input_ids[size_t(t)], kFutureToken) << "unresolved input, request " << k;
+        kv_[size_t(fb.out_cache_loc[size_t(t)])] = fb.input_ids[size_t(t)];
+      }
+      const std::span<const int32_t> pages = fb.pages(k);
+      const int64_t end = fb.start_pos[size_t(k)] + fb.num_new(k);
+      std::vector<int32_t> seq;
+      for (int64_t p = 0; p < end; ++p) {
+        seq.push_back(kv_[size_t(int64_t(pages[size_t(p / ps)]) * ps + p % ps)]);
+        EXPECT_GE(seq.back(), 0) << "position " << p << " of request " << k << " was never written";
+      }
+      logits_[size_t(k * kVocab + next_token(seq))] = 1.0f;
+      log_.last_batch.emplace_back(fb.start_pos[size_t(k)], fb.num_new(k));
+      log_.max_item_tokens = std::max(log_.max_item_tokens, fb.num_new(k));
+    }
+    log_.max_step_tokens = std::max(log_.max_step_tokens, fb.num_tokens());
+    log_.max_step_requests = std::max(log_.max_step_requests, R);
+    rows_ = R + int64_t(fb.extra_logit_rows.size());
+    failing_ = log_.steps == log_.fail_step;
+    ++log_.steps;
+  }
+  Tensor wait() override {
+    if (failing_) throw Error("fake forward failed");
+    return Tensor::from_vector(logits_, {rows_, kVocab});
+  }
+
+ private:
+  RunLog& log_;
+  int64_t num_pages_;
+  std::vector<int32_t> kv_;  // slot -> token
+  std::vector<float> logits_;
+  int64_t rows_ = 0;
+  bool failing_ = false;
+};
+
+EngineConfig engine_config(SchedulerConfig cfg, bool overlap, bool prefix_cache) {
+  EngineConfig ec;
+  ec.scheduler = std::move(cfg);
+  ec.overlap_schedule = overlap;
+  ec.enable_prefix_cache = prefix_cache;
+  ec.check_integrity = true;  // Scheduler::check_integrity after every step
+  return ec;
+}
+
+struct Harness {
+  RunLog log;
+  Engine engine;
+  std::map<uint64_t, std::vector<int32_t>> outputs;
+  std::map<uint64_t, StepOutput> finished;
+  int64_t calls = 0;         // step() calls
+  float temperature = 0.0f;  // of the requests add() makes (seed = id)
 
   Harness(int64_t pages, int64_t page_size, SchedulerConfig cfg, bool overlap_schedule,
           bool prefix_cache = true)
-      : pool(make(pages, page_size)),
-        cache(pool, prefix_cache),
-        sched(cfg, pool, cache),
-        kv(size_t(pages * page_size), -1),
-        overlap(overlap_schedule) {}
-  static model::KvCache make(int64_t pages, int64_t page_size) {
-    model::KvCache c;
-    c.num_pages = pages;
-    c.page_size = page_size;
-    return c;
+      : engine(
+            ModelShape{kVocab, 0}, fake_cache(pages, page_size),
+            [this](model::KvCache& c) { return std::make_unique<FakeRunner>(log, c); },
+            engine_config(std::move(cfg), overlap_schedule, prefix_cache)) {}
+
+  const Scheduler& sched() const { return engine.scheduler(); }
+  const KvPool& pool() const { return engine.pool(); }
+  const RadixCache& cache() const { return engine.cache(); }
+
+  void submit(uint64_t id, std::vector<int32_t> prompt, SamplingParams params) {
+    engine.submit({id, std::move(prompt), std::move(params)});
+  }
+  void add(uint64_t id, std::vector<int32_t> prompt, int64_t max_new, int64_t priority = 0) {
+    SamplingParams p;
+    p.priority = priority;
+    p.temperature = temperature;
+    p.seed = id;
+    p.max_new_tokens = max_new;
+    p.ignore_eos = true;
+    submit(id, std::move(prompt), std::move(p));
   }
 
-  void add(uint64_t id, std::vector<int32_t> prompt, int64_t max_new, int64_t priority = 0) {
+  // One Engine::step; false when the engine was idle.
+  bool step() {
+    const bool worked = engine.step();
+    ++calls;
+    std::vector<StepOutput> out;
+    engine.wait_outputs(out, std::chrono::milliseconds(0));
+    for (StepOutput& o : out) {
+      if (o.token >= 0) outputs[o.id].push_back(o.token);
+      if (o.finish != FinishReason::none) finished[o.id] = o;
+    }
+    return worked;
+  }
+
+  void run(int64_t max_calls = 100000) {
+    while (step()) ASSERT_LT(calls, max_calls) << "the engine does not make progress";
+  }
+};
+
+// The scheduler's parts alone, for tests of its sampling API (no step).
+struct Parts {
+  KvPool pool;
+  RadixCache cache;
+  Scheduler sched;
+  Parts(int64_t pages, int64_t page_size, SchedulerConfig cfg)
+      : pool(fake_cache(pages, page_size)), cache(pool, true), sched(std::move(cfg), pool, cache) {}
+  void add(uint64_t id, std::vector<int32_t> prompt, int64_t max_new, float temperature) {
     auto r = std::make_unique<Request>();
     r->id = id;
-    r->params.priority = priority;
     r->tokens = std::move(prompt);
     r->params.temperature = temperature;
     r->sampler = SamplerState(id, r->tokens);
@@ -72,105 +169,6 @@ struct Harness {
     r->params.ignore_eos = true;
     std::vector<StepOutput> out;
     sched.add(std::move(r), out);
-    collect(out);
-  }
-
-  void collect(std::vector<StepOutput>& out) {
-    for (StepOutput& o : out) {
-      if (o.token >= 0) outputs[o.id].push_back(o.token);
-      if (o.finish != FinishReason::none) finished[o.id] = o;
-    }
-    out.clear();
-  }
-
-  // The fake forward of a launched batch (before commit): writes each fed token into its slot, checks
-  // every earlier position reads back its own token, returns the "model's" next-token logits.
-  std::vector<float> forward(const ScheduleBatch& b, const model::ForwardBatch& fb) {
-    fb.validate(kVocab, pool.num_pages());
-    last_batch.clear();
-    for (const ScheduledRequest& s : b.items) last_batch[s.req->id] = {s.req->kv_len, s.num_new};
-    std::vector<float> logits(b.items.size() * size_t(kVocab), 0.0f);
-    for (size_t k = 0; k < b.items.size(); ++k) {
-      const Request& r = *b.items[k].req;
-      const int64_t end = r.kv_len + b.items[k].num_new;
-      for (int64_t t = fb.token_begin[k]; t < fb.token_begin[k + 1]; ++t) {
-        EXPECT_NE(fb.input_ids[size_t(t)], kFutureToken) << "unresolved input of request " << r.id;
-        kv[size_t(fb.out_cache_loc[size_t(t)])] = fb.input_ids[size_t(t)];
-      }
-      for (int64_t p = 0; p < end; ++p) {
-        const int64_t slot =
-            int64_t(r.page_table[size_t(p / pool.page_size())]) * pool.page_size() + p % pool.page_size();
-        EXPECT_EQ(kv[size_t(slot)], r.tokens[size_t(p)]) << "request " << r.id << " position " << p;
-      }
-      logits[k * size_t(kVocab) + size_t(next_token(std::span<const int32_t>(r.tokens).first(size_t(end))))] =
-          1.0f;
-    }
-    return logits;
-  }
-
-  void process(const ScheduleBatch& b, const std::vector<float>& logits, std::vector<StepOutput>& out) {
-    if (!presample) {
-      sched.process(b, logits, kVocab, out);
-      return;
-    }
-    std::vector<SampleResult> results(b.items.size());
-    std::vector<SampleRow> rows(b.items.size());
-    std::vector<float> scratch;
-    for (size_t k = 0; k < b.items.size(); ++k) {
-      Request* r = sched.sampling_request(b, k);
-      if (r == nullptr) continue;
-      const std::span<const float> row(logits.data() + k * size_t(kVocab), size_t(kVocab));
-      results[k] = sample(row, r->params, r->sampler, scratch);
-      rows[k].sampled = &results[k];
-    }
-    sched.process(b, rows, out);
-  }
-
-  // One step; returns false when there was nothing to do. With `overlap`, the engine's order: the next
-  // batch is scheduled and built while the previous one is in flight (its samples are future tokens),
-  // then the previous one is processed and the next pruned/resolved, committed and launched.
-  bool step() {
-    std::vector<StepOutput> out;
-    ScheduleBatch b;
-    model::ForwardBatch fb;
-    if (!sched.idle()) b = sched.schedule(out);
-    if (!b.empty()) fb = sched.build_forward(b);
-    collect(out);
-    const bool had_flying = in_flight.has_value();
-    if (in_flight) {
-      process(*in_flight, in_flight_logits, out);
-      collect(out);
-      in_flight.reset();
-      if (sched.prune(b)) {
-        fb = b.empty() ? model::ForwardBatch() : sched.build_forward(b);
-      } else if (!b.empty()) {
-        sched.resolve(b, fb);
-      }
-    }
-    sched.check_integrity();
-    if (b.empty()) return had_flying || !sched.idle();
-    max_step_tokens = std::max(max_step_tokens, fb.num_tokens());
-    max_step_requests = std::max(max_step_requests, fb.num_requests());
-    for (const ScheduledRequest& it : b.items) max_item_tokens = std::max(max_item_tokens, it.num_new);
-    std::vector<float> logits = forward(b, fb);
-    sched.commit(b);
-    if (overlap) {
-      in_flight = std::move(b);
-      in_flight_logits = std::move(logits);
-    } else {
-      process(b, logits, out);
-      collect(out);
-      sched.check_integrity();
-    }
-    ++steps;
-    return true;
-  }
-
-  void run(int64_t max_steps = 100000) {
-    while (!sched.idle() || in_flight) {
-      ASSERT_LT(steps, max_steps) << "scheduler does not make progress";
-      step();
-    }
   }
 };
 
@@ -209,7 +207,7 @@ TEST_P(SchedulerTest, ChunkedPrefillAndDecodeProduceTheReferenceTokens) {
     EXPECT_EQ(h.finished[id].finish, FinishReason::length);
     EXPECT_EQ(h.finished[id].completion_tokens, 9);
   }
-  EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
+  EXPECT_EQ(h.pool().num_pages() - h.pool().free_pages(), h.cache().cached_pages());
 }
 
 // The activation workspace the KV pool is sized around (runtime/engine/memory_plan.h) bounds a step by these
@@ -233,10 +231,10 @@ TEST_P(SchedulerTest, StepsStayWithinTheWorkspaceEstimatesLimits) {
     lim.max_context = 64;
     const model::ModelConfig c = model::ModelConfig::from_file(glm);
     const WorkspaceEstimate e = estimate_workspace(c, lim);
-    EXPECT_LE(h.max_step_tokens, e.step_tokens) << "chunk " << chunk;
-    EXPECT_LE(h.max_item_tokens, e.chunk_tokens) << "chunk " << chunk;
-    EXPECT_LE(h.max_step_requests, lim.max_running_requests);
-    EXPECT_GE(h.max_item_tokens, chunk > 0 ? chunk : 11)
+    EXPECT_LE(h.log.max_step_tokens, e.step_tokens) << "chunk " << chunk;
+    EXPECT_LE(h.log.max_item_tokens, e.chunk_tokens) << "chunk " << chunk;
+    EXPECT_LE(h.log.max_step_requests, lim.max_running_requests);
+    EXPECT_GE(h.log.max_item_tokens, chunk > 0 ? chunk : 11)
         << "the limit was never reached: the case tests nothing";
     EXPECT_EQ(h.finished.size(), 10u);
   }
@@ -244,23 +242,55 @@ TEST_P(SchedulerTest, StepsStayWithinTheWorkspaceEstimatesLimits) {
 
 // process() with results sampled outside the scheduler (the engine's --sampling-device gpu path): the
 // same tokens, finishes and page accounting as sampling inside it, greedy and seeded at temperature 1.
-TEST_P(SchedulerTest, PresampledRowsGiveTheSameOutputsAsSamplingInside) {
+// A test of the scheduler's API: its steps in their plainest order (no overlap), the model a hash of the
+// request's tokens.
+TEST(SchedulerPresampled, PresampledRowsGiveTheSameOutputsAsSamplingInside) {
   for (const float temperature : {0.0f, 1.0f}) {
     std::map<uint64_t, std::vector<int32_t>> outputs[2];
     for (const bool presample : {false, true}) {
       SchedulerConfig cfg;
       cfg.max_prefill_tokens = 48;
       cfg.chunked_prefill_size = 16;
-      Harness h(64, 4, cfg, GetParam());
-      h.presample = presample;
-      h.temperature = temperature;
+      Parts h(64, 4, cfg);
       std::mt19937 rng(5);
-      for (uint64_t id = 1; id <= 6; ++id) h.add(id, random_prompt(rng, 1 + int64_t(rng() % 40)), 9);
-      h.run();
-      EXPECT_EQ(h.finished.size(), 6u);
-      for (const auto& [id, o] : h.finished) EXPECT_EQ(o.finish, FinishReason::length) << id;
+      for (uint64_t id = 1; id <= 6; ++id)
+        h.add(id, random_prompt(rng, 1 + int64_t(rng() % 40)), 9, temperature);
+      std::map<uint64_t, StepOutput> finished;
+      std::vector<float> scratch;
+      for (int steps = 0; !h.sched.idle(); ++steps) {
+        ASSERT_LT(steps, 1000);
+        std::vector<StepOutput> out;
+        const ScheduleBatch b = h.sched.schedule(out);
+        std::vector<float> logits(b.items.size() * size_t(kVocab), 0.0f);
+        for (size_t k = 0; k < b.items.size(); ++k) {
+          const ScheduledRequest& it = b.items[k];
+          const std::span<const int32_t> seq(it.req->tokens.data(), size_t(it.start + it.num_new));
+          logits[k * size_t(kVocab) + size_t(next_token(seq))] = 1.0f;
+        }
+        h.sched.commit(b);
+        if (!presample) {
+          h.sched.process(b, logits, kVocab, out);
+        } else {
+          std::vector<SampleResult> results(b.items.size());
+          std::vector<SampleRow> rows(b.items.size());
+          for (size_t k = 0; k < b.items.size(); ++k) {
+            Request* r = h.sched.sampling_request(b, k);
+            if (r == nullptr) continue;
+            const std::span<const float> row(logits.data() + k * size_t(kVocab), size_t(kVocab));
+            results[k] = sample(row, r->params, r->sampler, scratch);
+            rows[k].sampled = &results[k];
+          }
+          h.sched.process(b, rows, out);
+        }
+        h.sched.check_integrity();
+        for (StepOutput& o : out) {
+          if (o.token >= 0) outputs[presample][o.id].push_back(o.token);
+          if (o.finish != FinishReason::none) finished[o.id] = o;
+        }
+      }
+      EXPECT_EQ(finished.size(), 6u);
+      for (const auto& [id, o] : finished) EXPECT_EQ(o.finish, FinishReason::length) << id;
       EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages()) << "pages leaked";
-      outputs[presample] = h.outputs;
     }
     EXPECT_EQ(outputs[0], outputs[1]) << "temperature " << temperature;
     if (temperature == 0.0f) {
@@ -277,11 +307,10 @@ TEST(SchedulerSampleRows, ParallelRowsEqualSequentialSamples) {
   SchedulerConfig cfg;
   cfg.max_prefill_tokens = 4096;
   cfg.chunked_prefill_size = 8;  // the 20-token prompt is chunked: its first item does not sample
-  Harness h(256, 4, cfg, false);
-  h.temperature = 1.0f;
+  Parts h(256, 4, cfg);
   std::mt19937 rng(11);
   for (uint64_t id = 1; id <= 40; ++id)
-    h.add(id, random_prompt(rng, id == 7 ? 20 : 1 + int64_t(rng() % 6)), 4);
+    h.add(id, random_prompt(rng, id == 7 ? 20 : 1 + int64_t(rng() % 6)), 4, 1.0f);
   std::vector<StepOutput> out;
   ScheduleBatch b = h.sched.schedule(out);
   ASSERT_EQ(b.items.size(), 40u);
@@ -315,8 +344,8 @@ TEST(SchedulerSampleRows, ParallelRowsEqualSequentialSamples) {
 }
 
 TEST(SchedulerPresampled, RowCountAndItemIndexAreChecked) {
-  Harness h(16, 4, SchedulerConfig{}, false);
-  h.add(1, {3, 4, 5}, 4);
+  Parts h(16, 4, SchedulerConfig{});
+  h.add(1, {3, 4, 5}, 4, 0.0f);
   std::vector<StepOutput> out;
   ScheduleBatch b = h.sched.schedule(out);
   ASSERT_EQ(b.items.size(), 1u);
@@ -338,9 +367,9 @@ TEST_P(SchedulerTest, PrefixCacheHitReportsCachedTokensAndSkipsThem) {
   second.push_back(6);
   h.add(2, second, 3);
   h.step();
-  ASSERT_EQ(h.last_batch.size(), 1u);
-  EXPECT_EQ(h.last_batch[2].first, 20);  // 5 whole pages of the first request's prompt
-  EXPECT_EQ(h.last_batch[2].second, 3);
+  ASSERT_EQ(h.log.last_batch.size(), 1u);    // request 2 alone
+  EXPECT_EQ(h.log.last_batch[0].first, 20);  // 5 whole pages of the first request's prompt
+  EXPECT_EQ(h.log.last_batch[0].second, 3);
   h.run();
   EXPECT_EQ(h.outputs[2], expected_output(second, 3));
   EXPECT_EQ(h.finished[2].cached_tokens, 20);
@@ -361,9 +390,9 @@ TEST_P(SchedulerTest, RetractsWhenPagesRunOutAndStillProducesTheReference) {
     h.add(id, prompts[id], lens[id]);
   }
   h.run();
-  EXPECT_GT(h.sched.num_retractions(), 0);
+  EXPECT_GT(h.sched().num_retractions(), 0);
   for (auto& [id, p] : prompts) EXPECT_EQ(h.outputs[id], expected_output(p, lens[id])) << id;
-  EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
+  EXPECT_EQ(h.pool().num_pages() - h.pool().free_pages(), h.cache().cached_pages());
 }
 
 TEST_P(SchedulerTest, RequestLargerThanThePoolFailsWithoutBlockingOthers) {
@@ -390,19 +419,18 @@ TEST_P(SchedulerTest, AbortFreesPagesAtOnceAndLimitsHold) {
   std::mt19937 rng(5);
   for (uint64_t id = 1; id <= 6; ++id) h.add(id, random_prompt(rng, 9), 20);
   h.step();
-  EXPECT_EQ(h.sched.num_running(), 3);
-  EXPECT_EQ(h.sched.num_waiting(), 3);
-  std::vector<StepOutput> out;
-  EXPECT_TRUE(h.sched.abort(2, out));  // running
-  EXPECT_TRUE(h.sched.abort(5, out));  // waiting
-  EXPECT_FALSE(h.sched.abort(99, out));
-  h.collect(out);
-  h.sched.check_integrity();
+  EXPECT_EQ(h.sched().num_running(), 3);
+  EXPECT_EQ(h.sched().num_waiting(), 3);
+  h.engine.abort(2);   // running
+  h.engine.abort(5);   // waiting
+  h.engine.abort(99);  // unknown: ignored
+  h.step();            // applies them (check_integrity runs after every step)
   EXPECT_EQ(h.finished[2].finish, FinishReason::abort);
   EXPECT_EQ(h.finished[5].finish, FinishReason::abort);
+  EXPECT_EQ(h.finished.count(99), 0u);
   h.run();
   EXPECT_EQ(h.finished.size(), 6u);
-  EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
+  EXPECT_EQ(h.pool().num_pages() - h.pool().free_pages(), h.cache().cached_pages());
 }
 
 TEST_P(SchedulerTest, StopTokensEosAndMaxContext) {
@@ -412,14 +440,11 @@ TEST_P(SchedulerTest, StopTokensEosAndMaxContext) {
   Harness h(32, 4, cfg, GetParam());
   const std::vector<int32_t> prompt = {3, 4, 5};
   const std::vector<int32_t> ref = expected_output(prompt, 20);
-  auto r = std::make_unique<Request>();
-  r->id = 1;
-  r->tokens = prompt;
-  r->params.temperature = 0;
-  r->params.max_new_tokens = 20;
-  r->params.stop_token_ids = {ref[2]};
-  std::vector<StepOutput> out;
-  h.sched.add(std::move(r), out);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_new_tokens = 20;
+  p.stop_token_ids = {ref[2]};
+  h.submit(1, prompt, p);
   h.add(2, prompt, 20);  // ends at max_context
   h.run();
   EXPECT_EQ(h.finished[1].finish, FinishReason::stop);
@@ -448,9 +473,7 @@ TEST_P(SchedulerTest, RandomWorkloadKeepsInvariants) {
       h.add(next++, p, n);
     }
     if (rng() % 17 == 0 && next > 1) {
-      std::vector<StepOutput> out;
-      h.sched.abort(1 + rng() % (next - 1), out);
-      h.collect(out);
+      h.engine.abort(1 + rng() % (next - 1));
     }
     h.step();
   }
@@ -461,7 +484,37 @@ TEST_P(SchedulerTest, RandomWorkloadKeepsInvariants) {
     EXPECT_EQ(f.finish, FinishReason::length) << id << " " << f.error;
     EXPECT_EQ(h.outputs[id], expected_output(pn.first, pn.second)) << id;
   }
-  EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
+  EXPECT_EQ(h.pool().num_pages() - h.pool().free_pages(), h.cache().cached_pages());
+}
+
+// A forward that fails (the runner's wait() throws) fails the requests of its batch with the error, leaks no
+// page (the step's pages are rolled back and released), and the engine goes on serving the others.
+TEST_P(SchedulerTest, AFailedStepFailsItsRequestsAndTheEngineServesOn) {
+  SchedulerConfig cfg;
+  cfg.max_running_requests = 2;
+  cfg.chunked_prefill_size = 4;
+  Harness h(64, 4, cfg, GetParam());
+  h.log.fail_step = 3;
+  std::mt19937 rng(21);
+  std::map<uint64_t, std::vector<int32_t>> prompts;
+  for (uint64_t id = 1; id <= 4; ++id) {
+    prompts[id] = random_prompt(rng, 6 + int64_t(id));
+    h.add(id, prompts[id], 6);
+  }
+  h.run();
+  int64_t failed = 0;
+  for (auto& [id, p] : prompts) {
+    const StepOutput& f = h.finished.at(id);
+    if (f.finish == FinishReason::error) {
+      EXPECT_NE(f.error.find("model step failed: fake forward failed"), std::string::npos) << f.error;
+      ++failed;
+    } else {
+      EXPECT_EQ(f.finish, FinishReason::length) << id;
+      EXPECT_EQ(h.outputs[id], expected_output(p, 6)) << id;
+    }
+  }
+  EXPECT_EQ(failed, 2) << "the failed step held the two running requests";
+  EXPECT_EQ(h.pool().num_pages() - h.pool().free_pages(), h.cache().cached_pages());
 }
 
 // Priority scheduling: with one running slot, requests run one at a time in admission order.
@@ -480,12 +533,12 @@ std::vector<uint64_t> completion_order(bool enable, bool low_first, bool overlap
     h.add(id, prompts[id], 3, prio);
   }
   std::vector<uint64_t> order;
-  while (!h.sched.idle() || h.in_flight) {
-    EXPECT_LT(h.steps, 1000);
-    if (h.steps >= 1000) break;
+  for (bool worked = true; worked;) {
+    EXPECT_LT(h.calls, 1000);
+    if (h.calls >= 1000) break;
     const size_t before = h.finished.size();
     std::map<uint64_t, StepOutput> seen = h.finished;
-    h.step();
+    worked = h.step();
     if (h.finished.size() != before) {
       for (auto& [id, o] : h.finished) {
         if (!seen.count(id)) order.push_back(id);
@@ -522,14 +575,14 @@ TEST_P(SchedulerTest, RetractionTakesTheLowestPriorityThenTheYoungest) {
     h.add(id, prompts[id], 8, prio);
   }
   std::vector<uint64_t> victims;
-  while ((!h.sched.idle() || h.in_flight) && h.steps < 1000) {
+  for (bool worked = true; worked && h.calls < 1000;) {
     std::map<uint64_t, int32_t> before;
     for (uint64_t id = 1; id <= 4; ++id) {
-      if (const Request* r = h.sched.find(id)) before[id] = r->num_retractions;
+      if (const Request* r = h.sched().find(id)) before[id] = r->num_retractions;
     }
-    h.step();
+    worked = h.step();
     for (auto [id, n] : before) {
-      const Request* r = h.sched.find(id);
+      const Request* r = h.sched().find(id);
       if (r != nullptr && r->num_retractions > n) victims.push_back(id);
     }
   }
@@ -537,7 +590,7 @@ TEST_P(SchedulerTest, RetractionTakesTheLowestPriorityThenTheYoungest) {
   EXPECT_EQ(victims.front(), 3u) << "the lowest priority's youngest goes first";
   for (uint64_t v : victims) EXPECT_TRUE(v == 1 || v == 3) << "high-priority request " << v << " retracted";
   for (auto& [id, p] : prompts) EXPECT_EQ(h.outputs[id], expected_output(p, 8)) << id;
-  EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
+  EXPECT_EQ(h.pool().num_pages() - h.pool().free_pages(), h.cache().cached_pages());
 }
 
 TEST_P(SchedulerTest, PriorityRandomWorkloadKeepsInvariants) {
@@ -562,9 +615,9 @@ TEST_P(SchedulerTest, PriorityRandomWorkloadKeepsInvariants) {
       for (int s = 0; s < 4; ++s) h.step();  // check_integrity runs each step (queue orders included)
     }
     h.run();
-    EXPECT_GT(h.sched.num_retractions(), 0);
+    EXPECT_GT(h.sched().num_retractions(), 0);
     for (auto& [i, p] : prompts) EXPECT_EQ(h.outputs[i], expected_output(p, lens[i])) << i;
-    EXPECT_EQ(h.pool.num_pages() - h.pool.free_pages(), h.cache.cached_pages());
+    EXPECT_EQ(h.pool().num_pages() - h.pool().free_pages(), h.cache().cached_pages());
   }
 }
 

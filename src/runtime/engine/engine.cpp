@@ -33,21 +33,18 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
   DSA_CHECK(model_ != nullptr, "engine: no model");
   DSA_CHECK(cfg_.kv_pages > 0, "--kv-pages must be positive, got {}", cfg_.kv_pages);
   DSA_CHECK(cfg_.page_size > 0, "--page-size must be positive, got {}", cfg_.page_size);
+  shape_ = {model_->config().vocab_size, model_->config().max_position_embeddings};
   // The KV cache lives where the model's weights do (see runtime/engine/device.h); the engine only ever
   // moves page ids, so prefix reuse, retraction and aborts need no device copies.
   // CUDA graphs need one KV page no request owns (their padding rows write there): the cache's last.
   const bool graphs = cfg_.cuda_graph_max_bs > 0 && cuda_graphs_built() &&
                       model_->weights().embed_tokens.device() == Device::cuda;
   const int64_t cache_pages = cfg_.kv_pages + (graphs ? 1 : 0);
-  pool_ = std::make_unique<KvPool>(
-      cfg_.kv_dtype ? model::KvCache::create(model_->config(), cache_pages, cfg_.page_size,
-                                             model_->num_mtp_layers() > 0,
-                                             model_->weights().embed_tokens.device(), cfg_.kv_dtype)
-                    : model_->make_cache(cache_pages, cfg_.page_size),
-      graphs ? 1 : 0);
-  cache_ = std::make_unique<RadixCache>(*pool_, cfg_.enable_prefix_cache);
-  if (cfg_.scheduler.max_context <= 0) cfg_.scheduler.max_context = model_->config().max_position_embeddings;
-  scheduler_ = std::make_unique<Scheduler>(cfg_.scheduler, *pool_, *cache_);
+  make_parts(cfg_.kv_dtype ? model::KvCache::create(model_->config(), cache_pages, cfg_.page_size,
+                                                    model_->num_mtp_layers() > 0,
+                                                    model_->weights().embed_tokens.device(), cfg_.kv_dtype)
+                           : model_->make_cache(cache_pages, cfg_.page_size),
+             graphs ? 1 : 0);
   cfg_.forward.all_logits = false;
   if (cfg_.sample_on_device) {
     DSA_CHECK(device_sampling_available(), "--sampling-device gpu: this dsaserve was built without CUDA");
@@ -61,12 +58,32 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
                                ? std::min(cfg_.cuda_graph_max_bs, cfg_.scheduler.max_running_requests)
                                : cfg_.cuda_graph_max_bs;
     graph_runner = std::make_unique<CudaGraphRunner>(*model_, pool_->cache(), pool_->reserved_page(0), max_bs,
-                                                     cfg_.forward);
+                                                     cfg_.forward, cfg_.cuda_graph_log);
     stats_.cuda_graph_seconds = graph_runner->capture_all();
     stats_.cuda_graphs = graph_runner->stats().graphs;
   }
   runner_ = std::make_unique<ForwardModelRunner>(*model_, pool_->cache(), cfg_.forward, cfg_.overlap_schedule,
                                                  cfg_.sample_on_device, std::move(graph_runner));
+}
+
+Engine::Engine(ModelShape shape, model::KvCache cache, RunnerFactory make_runner, EngineConfig cfg)
+    : shape_(shape), cfg_(std::move(cfg)) {
+  DSA_CHECK(shape_.vocab_size > 0, "engine: vocabulary of {} tokens", shape_.vocab_size);
+  DSA_CHECK(make_runner != nullptr, "engine: no runner");
+  DSA_CHECK(!cfg_.sample_on_device, "engine: device sampling needs the model's runner");
+  cfg_.kv_pages = cache.num_pages;
+  cfg_.page_size = cache.page_size;
+  cfg_.cuda_graph_max_bs = 0;
+  make_parts(std::move(cache), 0);
+  runner_ = make_runner(pool_->cache());
+  DSA_CHECK(runner_ != nullptr, "engine: the runner factory made no runner");
+}
+
+void Engine::make_parts(model::KvCache cache, int64_t reserved) {
+  pool_ = std::make_unique<KvPool>(std::move(cache), reserved);
+  cache_ = std::make_unique<RadixCache>(*pool_, cfg_.enable_prefix_cache);
+  if (cfg_.scheduler.max_context <= 0) cfg_.scheduler.max_context = shape_.max_position_embeddings;
+  scheduler_ = std::make_unique<Scheduler>(cfg_.scheduler, *pool_, *cache_);
   stats_.kv_pages_total = pool_->num_pages();
   stats_.kv_pages_free = pool_->free_pages();
   seed_counter_ = std::random_device{}();
@@ -131,7 +148,7 @@ void Engine::drain_inputs(std::vector<StepOutput>& out) {
     submits.swap(in_submit_);
     aborts.swap(in_abort_);
   }
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = shape_.vocab_size;
   for (GenerateRequest& g : submits) {
     auto r = std::make_unique<Request>();
     r->id = g.id;

@@ -5,12 +5,16 @@
 // future tokens of step N, resolved after step N is sampled and before step N+1 launches); the tokens
 // are the same as without overlap. Other threads talk to it only through two queues of
 // plain structs: submit()/abort() in, wait_outputs() out (one StepOutput per generated token or finish,
-// in order per request). step() runs one iteration on the caller's thread (tests drive it directly).
+// in order per request). step() runs one iteration on the caller's thread (tests, `generate` and the
+// scheduler bench drive it directly). The parts: Scheduler (policy), KvManager (pages per request),
+// RadixCache, the ModelRunner (the model's ForwardModelRunner, or one the caller injects) and the
+// OutputProcessor (stop rules over each request's sampled tokens).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -49,6 +53,16 @@ struct EngineConfig {
   // --disable-cuda-graph: off). Used when the model is on CUDA with a bf16 / FP8 KV cache; the cache then
   // has one page more than kv_pages, outside the pool (padding rows write there). See cuda_graph_runner.h.
   int64_t cuda_graph_max_bs = 256;
+  bool cuda_graph_log = true;  // the graph runner's capture lines on stdout (generate: off, stdout is JSON)
+};
+
+// Makes the runner an engine drives, over the engine's KV cache (called once, when the pool exists).
+using RunnerFactory = std::function<std::unique_ptr<ModelRunner>(model::KvCache& cache)>;
+
+// What the engine must know of the model behind an injected runner.
+struct ModelShape {
+  int64_t vocab_size = 0;               // prompt ids and sampling params are checked against it
+  int64_t max_position_embeddings = 0;  // the default context limit (0: none)
 };
 
 struct GenerateRequest {
@@ -83,7 +97,13 @@ struct EngineStats {
 
 class Engine {
  public:
+  // Serves `model` through a ForwardModelRunner on the model's device (CUDA graphs where they apply).
   Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg);
+  // Drives the runner `make_runner` makes over `cache` (the pool's pages: cfg.kv_pages and page_size are
+  // taken from it) for a model of `shape`; the tokens are the runner's logits sampled as usual. No CUDA
+  // graphs, no device sampling (cfg.sample_on_device must be off). Tests and benches inject a model-free
+  // runner this way.
+  Engine(ModelShape shape, model::KvCache cache, RunnerFactory make_runner, EngineConfig cfg);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -106,7 +126,7 @@ class Engine {
   bool step();
 
   EngineStats stats() const;
-  const model::Model& model() const { return *model_; }
+  const ModelShape& shape() const { return shape_; }
   const EngineConfig& config() const { return cfg_; }
   // For tests (engine thread not running): the scheduler and memory.
   const Scheduler& scheduler() const { return *scheduler_; }
@@ -114,13 +134,17 @@ class Engine {
   const RadixCache& cache() const { return *cache_; }
 
  private:
+  // Makes the pool over `cache` (its last `reserved` pages outside it), the prefix cache and the
+  // scheduler (the context limit defaults to the model's).
+  void make_parts(model::KvCache cache, int64_t reserved);
   void loop();
   void drain_inputs(std::vector<StepOutput>& out);
   void publish(std::vector<StepOutput>& out);
   // Waits for the step in flight and samples it; returns the tokens generated.
   int64_t complete_in_flight(std::vector<StepOutput>& out, double& sched_s);
 
-  std::shared_ptr<const model::Model> model_;
+  std::shared_ptr<const model::Model> model_;  // null with an injected runner
+  ModelShape shape_;
   EngineConfig cfg_;
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<RadixCache> cache_;

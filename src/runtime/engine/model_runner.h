@@ -5,7 +5,8 @@
 // whatever device the model's weights and the KV cache live on (the ForwardBatch it receives has every
 // input id resolved, so it needs no knowledge of the scheduler's future tokens) and brings the logits
 // to the host for the CPU sampler, or leaves them on the device for the device sampler
-// (engine/device_sampling.h, serve --sampling-device gpu).
+// (engine/device_sampling.h, serve --sampling-device gpu). Another runner can be injected into the Engine
+// (Engine's RunnerFactory constructor): tests and benches drive the real engine loop with a model-free one.
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -30,8 +31,8 @@ class ModelRunner {
   virtual Tensor wait() = 0;
   // The device's idle time between back-to-back steps so far (a step's end to the next one's start);
   // idle() says the engine has no work, so the next start does not count.
-  virtual double gap_seconds() = 0;
-  virtual void idle() = 0;
+  virtual double gap_seconds() { return 0; }
+  virtual void idle() {}
   // Steps that replayed a CUDA graph so far.
   virtual int64_t graph_replays() { return 0; }
 };

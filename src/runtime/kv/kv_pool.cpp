@@ -35,13 +35,6 @@ std::vector<int32_t> KvPool::allocate(int64_t n) {
   return out;
 }
 
-void KvPool::reserve(std::vector<int32_t>& page_table, int64_t tokens) {
-  const int64_t need = pages_for(tokens) - int64_t(page_table.size());
-  if (need <= 0) return;
-  const std::vector<int32_t> more = allocate(need);
-  page_table.insert(page_table.end(), more.begin(), more.end());
-}
-
 void KvPool::free(std::span<const int32_t> pages) {
   for (int32_t p : pages) {
     DSA_CHECK(p >= 0 && p < num_pages() && used_[size_t(p)], "KV pool: freeing page {} that is not allocated",

@@ -1,7 +1,8 @@
 #pragma once
 // KvPool: page allocation over a model::KvCache. Pages are page_size tokens (64 by default) and one page
 // id covers every layer's latent KV and indexer keys. Two-phase API: can_allocate(n) then allocate(n);
-// free() returns a request's pages; check_integrity() verifies the free list (tests and debug builds).
+// free() returns pages; check_integrity() verifies the free list (tests and debug builds). Requests
+// hold their pages through a KvManager (kv_manager.h).
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -27,8 +28,6 @@ class KvPool {
   bool can_allocate(int64_t n) const { return n >= 0 && n <= free_pages(); }
   // Takes n free pages; throws dsaserve::Error ("KV pool too small ...") when fewer are free.
   std::vector<int32_t> allocate(int64_t n);
-  // Grows a request's page table so it covers `tokens` positions (allocating the missing pages).
-  void reserve(std::vector<int32_t>& page_table, int64_t tokens);
   // Returns pages to the pool; throws on a page that is not allocated (double free, foreign id).
   void free(std::span<const int32_t> pages);
   // Throws when the free list and the allocation flags disagree.

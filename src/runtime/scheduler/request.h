@@ -1,14 +1,15 @@
 #pragma once
 // Request: one generation as the scheduler sees it. Its tokens are the prompt followed by what it
-// generated so far; kv_len of them have their KV in the cache. Each step feeds tokens[kv_len ..
-// kv_len + n): a whole prefill, a chunk of one, or (kv_len == tokens.size() - 1) one decode token.
-// The page table is the locked cached prefix (prefix_pages pages owned by the RadixCache) followed by
-// pages the request owns.
+// generated so far; kv.len of them have their KV in the cache. Each step feeds tokens[kv.len ..
+// kv.len + n): a whole prefill, a chunk of one, or (kv.len == tokens.size() - 1) one decode token.
+// Its pages are a KvSeq (runtime/kv/kv_manager.h): the locked cached prefix (kv.prefix_pages pages owned
+// by the RadixCache) followed by pages the request owns.
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "runtime/kv/kv_manager.h"
 #include "runtime/radix/radix_cache.h"
 #include "runtime/sampler/sampler.h"
 
@@ -32,10 +33,8 @@ struct Request {
   SamplerState sampler;
 
   // Memory.
-  std::vector<int32_t> page_table;
-  RadixCache::NodeId prefix_node = RadixCache::kRoot;  // locked while the request holds it
-  int64_t prefix_pages = 0;                            // leading page_table entries owned by the cache
-  int64_t kv_len = 0;                                  // tokens whose KV is in the cache
+  KvSeq kv;                                            // page table and committed / reserved lengths
+  RadixCache::NodeId prefix_node = RadixCache::kRoot;  // locked while the request holds it (kv's prefix)
   // params.prompt_logprobs: the next prompt position whose logprob is to be reported (1 .. prompt_len;
   // prompt_len: all reported).
   int64_t prompt_logprobs_next = 1;
@@ -55,7 +54,7 @@ struct Request {
            (max_context > 0 && int64_t(tokens.size()) >= max_context);
   }
   int64_t num_output() const { return int64_t(tokens.size()) - prompt_len; }
-  int64_t remaining_input() const { return int64_t(tokens.size()) - kv_len; }
+  int64_t remaining_input() const { return int64_t(tokens.size()) - kv.len; }
   bool finished() const { return finish != FinishReason::none; }
   // Prompt logprobs are still to be reported (such a request does not take prefixes from the cache).
   bool wants_prompt_logprobs() const {

@@ -22,7 +22,7 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 Scheduler::Scheduler(SchedulerConfig cfg, KvPool& pool, RadixCache& cache)
-    : cfg_(std::move(cfg)), pool_(pool), cache_(cache) {
+    : cfg_(std::move(cfg)), kv_(pool), cache_(cache), output_(cfg_.eos_token_ids, cfg_.max_context) {
   DSA_CHECK(cfg_.max_running_requests > 0, "max_running_requests must be positive, got {}",
             cfg_.max_running_requests);
   DSA_CHECK(cfg_.max_prefill_tokens > 0, "max_prefill_tokens must be positive, got {}",
@@ -90,23 +90,19 @@ bool Scheduler::abort(uint64_t id, std::vector<StepOutput>& out) {
 
 bool Scheduler::make_room(int64_t pages) {
   if (pages <= 0) return true;
-  if (pool_.free_pages() < pages) cache_.evict(pages - pool_.free_pages());
-  return pool_.can_allocate(pages);
+  if (kv_.free_pages() < pages) cache_.evict(pages - kv_.free_pages());
+  return kv_.free_pages() >= pages;
 }
 
 void Scheduler::release(Request& r) {
-  if (!r.page_table.empty() || r.prefix_node != RadixCache::kRoot) {
-    const int64_t ps = pool_.page_size();
-    const int64_t full = std::min<int64_t>(r.kv_len / ps, int64_t(r.page_table.size()));
-    const std::span<const int32_t> pt(r.page_table);
-    cache_.insert(std::span<const int32_t>(r.tokens).first(size_t(full * ps)), pt.first(size_t(full)));
-    pool_.free(pt.subspan(size_t(full)));
+  if (!r.kv.pages.empty() || r.prefix_node != RadixCache::kRoot) {
+    // The full computed pages go to the prefix cache (which owns them from now on), the rest to the pool.
+    const std::vector<int32_t> full = kv_.release(r.kv);
+    cache_.insert(std::span<const int32_t>(r.tokens).first(full.size() * size_t(kv_.page_size())), full);
     cache_.unlock(r.prefix_node);
   }
-  r.page_table.clear();
+  r.kv = KvSeq();
   r.prefix_node = RadixCache::kRoot;
-  r.prefix_pages = 0;
-  r.kv_len = 0;
 }
 
 void Scheduler::erase_running(Request* r) {
@@ -146,53 +142,51 @@ void Scheduler::finish(Request& r, FinishReason why, std::string error, std::vec
 }
 
 bool Scheduler::admit(Request& r, int64_t budget, ScheduleBatch& b, std::vector<StepOutput>& out) {
-  const int64_t ps = pool_.page_size();
+  const int64_t ps = kv_.page_size();
   // A request that still reports prompt logprobs computes its whole prompt (cached tokens have no logits).
   RadixCache::Match m =
       cache_.match_prefix(r.tokens, r.wants_prompt_logprobs() ? 0 : int64_t(r.tokens.size()) - 1);
   cache_.lock(m.node);
   // Admit only when the whole remaining input and the first output token fit (with what eviction can
   // free), so that a new request does not immediately push a running one out.
-  const int64_t need_all = pool_.pages_for(int64_t(r.tokens.size()) + 1) - int64_t(m.pages.size());
+  const int64_t need_all = kv_.pages_for(int64_t(r.tokens.size()) + 1) - int64_t(m.pages.size());
   const int64_t n = std::min({int64_t(r.tokens.size()) - m.num_tokens, chunk_cap(), budget});
-  const int64_t need_now = pool_.pages_for(m.num_tokens + n) - int64_t(m.pages.size());
-  if (pool_.free_pages() + cache_.evictable_pages() < need_all || !make_room(need_now)) {
+  const int64_t need_now = kv_.pages_for(m.num_tokens + n) - int64_t(m.pages.size());
+  if (kv_.free_pages() + cache_.evictable_pages() < need_all || !make_room(need_now)) {
     cache_.unlock(m.node);
     if (running_.empty() && b.empty()) {
       // Nothing else holds memory: this request can never fit.
       finish(r, FinishReason::error,
              fmt::format("the request needs {} KV pages of {} tokens, the pool has {}",
-                         pool_.pages_for(int64_t(r.tokens.size()) + 1), ps, pool_.num_pages()),
+                         kv_.pages_for(int64_t(r.tokens.size()) + 1), ps, kv_.num_pages()),
              out);
       return true;  // the queue moved on
     }
     return false;
   }
   waiting_.pop_front();
-  r.page_table = std::move(m.pages);
+  kv_.adopt_prefix(r.kv, std::move(m.pages), m.num_tokens);
   r.prefix_node = m.node;
-  r.prefix_pages = int64_t(r.page_table.size());
-  r.kv_len = m.num_tokens;
   if (!r.admitted_once) {
     r.cached_tokens = m.num_tokens;
     r.admitted_once = true;
     admitted_prompt_tokens_ += r.prompt_len;
     prefix_hit_tokens_ += m.num_tokens;
   }
-  pool_.reserve(r.page_table, r.kv_len + n);
+  kv_.reserve(r.kv, n);
   // Priority mode: after every running request of the same or higher rank (it is the youngest).
   const int64_t k = rank(r);
   running_.insert(
       std::find_if(running_.begin(), running_.end(), [&](const Request* o) { return rank(*o) < k; }), &r);
   const bool sample = n == r.remaining_input();
-  b.items.push_back({&r, r.id, r.serial, r.kv_len, n, sample, false});
+  b.items.push_back({&r, r.id, r.serial, r.kv.len, n, sample, false});
   b.num_prefill_tokens += n;
   return true;
 }
 
 ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
   ScheduleBatch b;
-  const int64_t ps = pool_.page_size();
+  const int64_t ps = kv_.page_size();
   int64_t budget = cfg_.max_prefill_tokens;
   // Running requests, oldest first (priority mode: highest priority first, then oldest).
   for (size_t i = 0; i < running_.size(); ++i) {
@@ -200,15 +194,15 @@ ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
     // Its sample in the step in flight reaches the length limit: nothing more to compute.
     if (r->at_length_limit(cfg_.max_context)) continue;
     // Decoding: its one new token is a generated one (a prompt's last chunk of one token is a prefill).
-    const bool decode = r->remaining_input() == 1 && r->kv_len >= r->prompt_len;
+    const bool decode = r->remaining_input() == 1 && r->kv.len >= r->prompt_len;
     int64_t n = decode ? 1 : std::min({r->remaining_input(), chunk_cap(), budget});
     if (n <= 0) continue;
     bool retracted_self = false;
     for (;;) {
-      const int64_t need = pool_.pages_for(r->kv_len + n) - int64_t(r->page_table.size());
+      const int64_t need = kv_.pages_needed(r->kv, n);
       if (make_room(need)) break;
       if (!decode) {  // shrink the chunk to the pages that can be had
-        const int64_t have = (int64_t(r->page_table.size()) + pool_.free_pages()) * ps - r->kv_len;
+        const int64_t have = (int64_t(r->kv.pages.size()) + kv_.free_pages()) * ps - r->kv.len;
         if (have >= 1 && have < n) {
           n = have;
           continue;
@@ -217,8 +211,7 @@ ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
       Request* victim = running_.back();
       if (victim == r && running_.size() == 1) {
         finish(*r, FinishReason::error,
-               fmt::format("the request needs more than the {} KV pages of the pool", pool_.num_pages()),
-               out);
+               fmt::format("the request needs more than the {} KV pages of the pool", kv_.num_pages()), out);
         retracted_self = true;
         break;
       }
@@ -229,8 +222,8 @@ ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
       }
     }
     if (retracted_self) break;  // r was the youngest: nothing after it
-    pool_.reserve(r->page_table, r->kv_len + n);
-    b.items.push_back({r, r->id, r->serial, r->kv_len, n, n == r->remaining_input(), decode});
+    kv_.reserve(r->kv, n);
+    b.items.push_back({r, r->id, r->serial, r->kv.len, n, n == r->remaining_input(), decode});
     if (decode) {
       ++b.num_decode;
     } else {
@@ -259,13 +252,13 @@ ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
 
 model::ForwardBatch Scheduler::build_forward(const ScheduleBatch& batch) const {
   model::ForwardBatch fb;
-  fb.page_size = pool_.page_size();
+  fb.page_size = kv_.page_size();
   for (const ScheduledRequest& s : batch.items) {
     const Request& r = *s.req;
-    DSA_CHECK(r.kv_len == s.start, "scheduler: request {} moved since it was scheduled", r.id);
+    DSA_CHECK(r.kv.len == s.start, "scheduler: request {} moved since it was scheduled", r.id);
     const int64_t base = fb.num_tokens();
-    fb.add_request(std::span<const int32_t>(r.tokens).subspan(size_t(r.kv_len), size_t(s.num_new)), r.kv_len,
-                   r.page_table, s.decode);
+    fb.add_request(std::span<const int32_t>(r.tokens).subspan(size_t(r.kv.len), size_t(s.num_new)), r.kv.len,
+                   r.kv.pages, s.decode);
     for (int64_t q = 0; q < s.logprob_rows; ++q)
       fb.extra_logit_rows.push_back(int32_t(base + s.logprob_from - s.start + q));
   }
@@ -306,10 +299,10 @@ void Scheduler::process_prompt_logprobs(const ScheduleBatch& batch, std::span<co
 void Scheduler::commit(const ScheduleBatch& batch) {
   for (const ScheduledRequest& s : batch.items) {
     Request& r = *s.req;
-    DSA_CHECK(r.kv_len == s.start, "scheduler: request {} moved since it was scheduled", r.id);
-    r.kv_len += s.num_new;
+    DSA_CHECK(r.kv.len == s.start, "scheduler: request {} moved since it was scheduled", r.id);
+    kv_.commit(r.kv, s.num_new);
     if (s.sample) {
-      DSA_CHECK(r.kv_len == int64_t(r.tokens.size()), "scheduler: request {} samples before its input ends",
+      DSA_CHECK(r.kv.len == int64_t(r.tokens.size()), "scheduler: request {} samples before its input ends",
                 r.id);
       r.tokens.push_back(kFutureToken);
     }
@@ -336,7 +329,7 @@ void Scheduler::fail(const ScheduleBatch& batch, const std::string& error, std::
   for (const ScheduledRequest& s : batch.items) {
     Request* r = alive(s);
     if (r == nullptr) continue;
-    if (r->kv_len == s.start + s.num_new) r->kv_len = s.start;
+    if (r->kv.len == s.start + s.num_new) kv_.rollback(r->kv, s.start);  // this step's KV: never written
     finish(*r, FinishReason::error, fmt::format("model step failed: {}", error), out);
   }
 }
@@ -418,7 +411,7 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const SampleRow> r
     if (rp == nullptr) continue;  // aborted or failed while the step ran
     Request& r = *rp;
     const size_t slot = size_t(s.start + s.num_new);
-    DSA_CHECK(slot < r.tokens.size() && r.tokens[slot] == kFutureToken,
+    DSA_CHECK(slot + 1 == r.tokens.size() && r.tokens[slot] == kFutureToken,
               "scheduler: request {} has no future token at {} (batch not committed?)", r.id, slot);
     DSA_CHECK(rows[k].sampled == nullptr || r.params.constraint == nullptr,
               "scheduler: request {} has a constraint but was sampled outside the scheduler", r.id);
@@ -426,50 +419,27 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const SampleRow> r
     if (rows[k].sampled != nullptr) {
       res = *rows[k].sampled;
     } else if (r.params.constraint != nullptr) {
-      // A grammar that cannot continue fails its request only.
-      std::string error;
+      // Sampled under the grammar's mask; a grammar that cannot continue fails its request only.
       try {
         res = sample(rows[k].logits, r.params, r.sampler, scratch_, r.params.constraint.get());
-        if (!r.params.constraint->accept(res.token))
-          error = fmt::format("the grammar rejected token {}", res.token);
       } catch (const std::exception& e) {
-        error = e.what();
-      }
-      if (!error.empty()) {
-        finish(r, FinishReason::error, error, out);
+        finish(r, FinishReason::error, e.what(), out);
         continue;
       }
     } else {
       res = sample(rows[k].logits, r.params, r.sampler, scratch_);
     }
-    r.tokens[slot] = res.token;
-    r.sampler.record(res.token);
-    FinishReason why = FinishReason::none;
-    const auto& eos = cfg_.eos_token_ids;
-    const auto& stop = r.params.stop_token_ids;
-    if ((!r.params.ignore_eos && std::find(eos.begin(), eos.end(), res.token) != eos.end()) ||
-        std::find(stop.begin(), stop.end(), res.token) != stop.end() ||
-        (r.params.constraint != nullptr && r.params.constraint->terminated())) {
-      why = FinishReason::stop;
-    } else if (r.at_length_limit(cfg_.max_context)) {
-      why = FinishReason::length;
+    const OutputProcessor::Result done = output_.process(r, std::span<SampleResult>(&res, 1), out);
+    if (done.finish == FinishReason::error) {
+      finish(r, FinishReason::error, done.error, out);
+    } else if (done.finish != FinishReason::none) {
+      drop(r);
     }
-    StepOutput o;
-    o.id = r.id;
-    o.token = res.token;
-    o.logprob = res.logprob;
-    o.top_logprobs = std::move(res.top);
-    o.prompt_tokens = r.prompt_len;
-    o.cached_tokens = r.cached_tokens;
-    o.completion_tokens = r.num_output();
-    o.finish = why;
-    out.push_back(std::move(o));
-    if (why != FinishReason::none) drop(r);
   }
 }
 
 void Scheduler::check_integrity() const {
-  pool_.check_integrity();
+  kv_.check_pool();
   cache_.check_integrity();
   DSA_CHECK(int64_t(running_.size()) <= cfg_.max_running_requests, "scheduler: {} running > max {}",
             running_.size(), cfg_.max_running_requests);
@@ -492,18 +462,16 @@ void Scheduler::check_integrity() const {
   }
   std::unordered_set<int32_t> own;
   for (const Request* r : waiting_) {
-    DSA_CHECK(r->page_table.empty() && r->prefix_node == RadixCache::kRoot && r->kv_len == 0,
+    DSA_CHECK(r->kv.empty() && r->prefix_node == RadixCache::kRoot,
               "scheduler: waiting request {} holds KV pages", r->id);
   }
   for (const Request* r : running_) {
-    DSA_CHECK(r->kv_len < int64_t(r->tokens.size()), "scheduler: request {} has KV for all its tokens",
+    DSA_CHECK(r->kv.len < int64_t(r->tokens.size()), "scheduler: request {} has KV for all its tokens",
               r->id);
-    DSA_CHECK(int64_t(r->page_table.size()) >= pool_.pages_for(r->kv_len),
-              "scheduler: request {} has {} pages for {} cached tokens", r->id, r->page_table.size(),
-              r->kv_len);
-    for (size_t i = 0; i < r->page_table.size(); ++i) {
-      const int32_t p = r->page_table[i];
-      if (int64_t(i) < r->prefix_pages) {
+    kv_.check(r->kv);
+    for (size_t i = 0; i < r->kv.pages.size(); ++i) {
+      const int32_t p = r->kv.pages[i];
+      if (int64_t(i) < r->kv.prefix_pages) {
         DSA_CHECK(cache_.holds_page(p), "scheduler: prefix page {} of request {} is not in the cache", p,
                   r->id);
       } else {
@@ -512,10 +480,12 @@ void Scheduler::check_integrity() const {
       }
     }
   }
-  const int64_t used = pool_.num_pages() - pool_.free_pages();
+  const int64_t used = kv_.num_pages() - kv_.free_pages();
   DSA_CHECK(used == cache_.cached_pages() + int64_t(own.size()),
             "scheduler: {} pages used, but the cache holds {} and requests {} (leak)", used,
             cache_.cached_pages(), own.size());
+  DSA_CHECK(kv_.held_pages() == int64_t(own.size()),
+            "scheduler: the KV manager counts {} held pages, requests {}", kv_.held_pages(), own.size());
 }
 
 }  // namespace dsaserve::runtime

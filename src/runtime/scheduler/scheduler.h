@@ -11,12 +11,13 @@
 // max_running_requests allow, matching each against the prefix cache first. Decodes and prefill chunks
 // share one step (a mixed batch). A request that cannot fit the whole pool fails with an error; the
 // loop never deadlocks.
-// commit(): called when a batch's forward launches: advances each item's kv_len and appends a
-// kFutureToken for each sample, so that the next schedule() can run while this step computes
-// (overlap scheduling: the next decode's input is the future token). process(): samples the requests
-// whose input is complete into those slots, applies the stop rules and releases finished requests'
-// pages into the prefix cache. prune()/resolve(): before the next batch launches, drop its items whose
-// request finished meanwhile and fill its future input ids from the sampled tokens.
+// commit(): called when a batch's forward launches: advances each item's committed KV length
+// (KvManager::commit) and appends a kFutureToken for each sample, so that the next schedule() can run
+// while this step computes (overlap scheduling: the next decode's input is the future token).
+// process(): samples the requests whose input is complete into those slots, applies the stop rules and
+// releases finished requests' pages into the prefix cache. prune()/resolve(): before the next batch
+// launches, drop its items whose request finished meanwhile and fill its future input ids from the
+// sampled tokens.
 // Step order: schedule -> build_forward -> commit -> forward -> process; with overlap the engine runs
 // schedule(N+1) and build_forward(N+1) during forward(N), then process(N), prune/resolve(N+1),
 // commit(N+1), forward(N+1). The tokens are the same either way.
@@ -29,9 +30,12 @@
 #include <vector>
 
 #include "model/forward_batch.h"
+#include "runtime/kv/kv_manager.h"
 #include "runtime/kv/kv_pool.h"
 #include "runtime/radix/radix_cache.h"
+#include "runtime/scheduler/output_processor.h"
 #include "runtime/scheduler/request.h"
+#include "runtime/scheduler/step_output.h"
 
 namespace dsaserve::runtime {
 
@@ -54,7 +58,7 @@ struct ScheduledRequest {
   Request* req = nullptr;  // only valid while alive(): the request may be finished and freed meanwhile
   uint64_t id = 0;         // req->id and req->serial when scheduled
   uint64_t serial = 0;
-  int64_t start = 0;  // req->kv_len when scheduled: the item's input is tokens[start .. start + num_new)
+  int64_t start = 0;  // req->kv.len when scheduled: the item's input is tokens[start .. start + num_new)
   int64_t num_new = 0;
   bool sample = false;
   bool decode = false;  // a running request's single next token (else a prefill or a chunk of one)
@@ -69,23 +73,6 @@ struct ScheduleBatch {
   int64_t num_prefill_tokens = 0;  // tokens of items that are not single decodes
   int64_t num_decode = 0;
   bool empty() const { return items.empty(); }
-};
-
-// What a step produced for one request (plain data for the output queue).
-struct StepOutput {
-  uint64_t id = 0;
-  int32_t token = -1;  // -1: none (a finish without a new token: abort, error; prompt logprobs)
-  float logprob = 0.0f;
-  std::vector<TokenLogprob> top_logprobs;
-  // params.prompt_logprobs: entries for consecutive prompt tokens, from position prompt_logprobs_from on
-  // (the first prompt token has none); they come before the request's first sample.
-  std::vector<SampleResult> prompt_logprobs;
-  int64_t prompt_logprobs_from = 0;
-  FinishReason finish = FinishReason::none;
-  std::string error;
-  int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;
-  int64_t completion_tokens = 0;
 };
 
 // One item's input to process(): its host logits row [vocab], or (`sampled` non-null) the token the
@@ -110,7 +97,7 @@ class Scheduler {
 
   ScheduleBatch schedule(std::vector<StepOutput>& out);
   model::ForwardBatch build_forward(const ScheduleBatch& batch) const;
-  // The batch's forward launches: kv_len += num_new, a kFutureToken per sample.
+  // The batch's forward launches: kv.len += num_new, a kFutureToken per sample.
   void commit(const ScheduleBatch& batch);
   // Removes items whose request finished (or was aborted) since schedule(); true when any was removed
   // (the ForwardBatch must then be rebuilt).
@@ -178,8 +165,9 @@ class Scheduler {
   bool admit(Request& r, int64_t budget, ScheduleBatch& b, std::vector<StepOutput>& out);
 
   SchedulerConfig cfg_;
-  KvPool& pool_;
+  KvManager kv_;
   RadixCache& cache_;
+  OutputProcessor output_;  // stop rules and outputs of each sampled run
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;
   // Admission order, the youngest last (priority mode: by rank, highest first, then admission order):
