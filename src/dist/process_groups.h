@@ -6,6 +6,8 @@
 #include <memory>
 
 #include "dist/communicator.h"
+#include "dist/gloo_communicator.h"
+#include "dist/launcher.h"
 #include "dist/layout.h"
 #include "dist/store.h"
 
@@ -18,7 +20,9 @@ using CommunicatorFactory = std::function<std::unique_ptr<Communicator>(
 class ProcessGroups {
  public:
   // Collective over every rank of the layout (validated here).
-  ProcessGroups(const ParallelLayout& layout, int64_t rank, const CommunicatorFactory& make);
+  // `store` (may be null) is kept alive with the groups.
+  ProcessGroups(const ParallelLayout& layout, int64_t rank, const CommunicatorFactory& make,
+                std::shared_ptr<Store> store = nullptr);
   const ParallelLayout& layout() const { return layout_; }
   int64_t rank() const { return rank_; }
   const Group& group(GroupKind k) const { return groups_[size_t(k)]; }
@@ -27,8 +31,15 @@ class ProcessGroups {
  private:
   ParallelLayout layout_;
   int64_t rank_ = 0;
+  std::shared_ptr<Store> store_;
   std::array<Group, std::size(kAllGroups)> groups_;
   std::array<std::unique_ptr<Communicator>, std::size(kAllGroups)> comms_;
 };
+
+// A launched rank's groups over Gloo (CPU tensors): its store client at args.store, then every group.
+// Collective over the layout's ranks; throws dsaserve::Error when the store or a peer is not reached
+// within opt.timeout.
+std::unique_ptr<ProcessGroups> connect_gloo_ranks(const ParallelLayout& layout, const RankArgs& args,
+                                                  const GlooOptions& opt);
 
 }  // namespace dsaserve::dist
