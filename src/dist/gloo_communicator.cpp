@@ -170,7 +170,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(Store& store, const std::st
   if (size > 1) {
     try {
       gloo::transport::tcp::attr attr;
-      attr.hostname = opt.host;
+      if (!opt.host.empty()) attr.hostname = opt.host;
       dev = gloo::transport::tcp::CreateDevice(attr);
       GlooStore gs(store, opt.timeout);
       gloo::rendezvous::PrefixStore ps(prefix, gs);

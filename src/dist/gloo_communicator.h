@@ -11,7 +11,8 @@
 namespace dsaserve::dist {
 
 struct GlooOptions {
-  std::string host = "127.0.0.1";  // the address this rank's transport listens on (its node's)
+  // The address this rank's transport listens on; empty: its hostname's (several machines).
+  std::string host = "127.0.0.1";
   // A collective that has not completed by then (a peer hung or died) throws.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
 };

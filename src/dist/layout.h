@@ -36,6 +36,7 @@ struct ParallelLayout {
   int64_t attn_dp_size = 1;       // --attn-dp-size
   int64_t moe_dense_tp_size = 0;  // --moe-dense-tp-size: 1 (dense MLPs replicated) or tp; 0 means tp
 
+  bool operator==(const ParallelLayout&) const = default;
   int64_t world_size() const { return tp; }
   int64_t attn_tp() const { return tp / attn_dp_size; }
   int64_t moe_tp() const { return tp / ep_size; }

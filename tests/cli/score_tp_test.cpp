@@ -1,0 +1,112 @@
+// End-to-end: `dsaserve score --tp N` (the real binary: its ranks are processes talking over Gloo) gives
+// the `--tp 1` logits within 1e-5 relative, for pure TP, TP with EP, and four ranks; and its flag errors.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/fixtures.h"
+#include "io/safetensors.h"
+
+namespace dsaserve {
+namespace {
+
+using testing::dsaserve_binary;
+using testing::run_command;
+
+// Max over rows of max |a - b| / max |b| (the golden tests' measure).
+double max_row_rel_error(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  const std::vector<float> x = a.to_f32_vector(), y = b.to_f32_vector();
+  const int64_t cols = b.size(1);
+  double worst = 0;
+  for (int64_t r = 0; r < b.size(0); ++r) {
+    double num = 0, den = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      num = std::max(num, double(std::abs(x[size_t(r * cols + c)] - y[size_t(r * cols + c)])));
+      den = std::max(den, double(std::abs(y[size_t(r * cols + c)])));
+    }
+    worst = std::max(worst, num / std::max(den, 1e-30));
+  }
+  return worst;
+}
+
+class ScoreTp : public ::testing::Test {
+ protected:
+  // Scores `ids` with `flags`; returns the output file's tensors.
+  std::shared_ptr<io::SafetensorsFile> score(const std::filesystem::path& model, const std::string& args,
+                                             const std::string& flags, const std::string& name) {
+    const auto out = ::testing::TempDir() + "score_tp_" + name + ".safetensors";
+    std::string msg;
+    const int rc = run_command(fmt::format("timeout 300 {} score --model {} --out {} {} {} --threads 1",
+                                           dsaserve_binary().string(), model.string(), out, args, flags),
+                               &msg);
+    EXPECT_EQ(rc, 0) << flags << "\n" << msg;
+    if (rc != 0) return nullptr;
+    if (flags.find("--tp") != std::string::npos) {
+      EXPECT_NE(msg.find("ranks (tp"), std::string::npos) << msg;
+    }
+    return io::SafetensorsFile::open(out);
+  }
+  void expect_equal_to_tp1(const std::filesystem::path& model, const std::string& args,
+                           const std::vector<std::string>& layouts, bool mtp) {
+    const auto ref = score(model, args, "", "tp1");
+    ASSERT_NE(ref, nullptr);
+    for (const std::string& l : layouts) {
+      const auto got = score(model, args, l, "tpn");
+      ASSERT_NE(got, nullptr) << l;
+      const double e = max_row_rel_error(got->get("logits"), ref->get("logits"));
+      EXPECT_LT(e, 1e-5) << l;
+      std::printf("RESULT score %s %s: logits max row rel error %.3g\n", model.filename().c_str(), l.c_str(),
+                  e);
+      if (mtp) {
+        const double m = max_row_rel_error(got->get("mtp_logits"), ref->get("mtp_logits"));
+        EXPECT_LT(m, 1e-5) << l;
+        std::printf("RESULT score %s %s: mtp logits max row rel error %.3g\n", model.filename().c_str(),
+                    l.c_str(), m);
+      }
+    }
+  }
+};
+
+std::string ids(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += fmt::format("{}{}", i ? "," : "", (i * 37 + 5) % 500);
+  return s;
+}
+
+TEST_F(ScoreTp, TinyPrefillChunksDecodeAndMtpEqualOneRank) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  // 80 tokens: chunks of 16 through the indexer's top-k (64), then decode steps; the MTP head too.
+  expect_equal_to_tp1(tiny, fmt::format("--ids {} --chunk 16 --decode-from 70 --mtp", ids(80)),
+                      {"--tp 2", "--tp 2 --ep-size 2", "--tp 4 --ep-size 2"}, true);
+}
+
+TEST_F(ScoreTp, RealdimsEqualsOneRank) {
+  DSA_FIXTURE_PATH(realdims, "models/realdims");
+  expect_equal_to_tp1(realdims, fmt::format("--ids {} --decode-from 12", ids(16)),
+                      {"--tp 2", "--tp 2 --ep-size 2"}, false);
+}
+
+TEST_F(ScoreTp, FlagErrorsEndWithOneLine) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  auto run = [&](const std::string& flags, std::string* msg) {
+    return run_command(fmt::format("{} score --model {} --ids 1,2,3 --out {} {}", dsaserve_binary().string(),
+                                   tiny.string(), ::testing::TempDir() + "score_tp_err.safetensors", flags),
+                       msg);
+  };
+  std::string msg;
+  EXPECT_NE(run("--tp 2 --ep-size 3", &msg), 0);
+  EXPECT_NE(msg.find("--tp 2 is not divisible by --ep-size 3"), std::string::npos) << msg;
+  EXPECT_NE(run("--tp 8", &msg), 0);  // 4 heads do not split 8 ways
+  EXPECT_NE(msg.find("num_attention_heads 4 does not split 8 ways"), std::string::npos) << msg;
+  EXPECT_NE(run("--tp 2 --attn-dp-size 2", &msg), 0);
+  EXPECT_NE(msg.find("--attn-dp-size"), std::string::npos) << msg;
+  EXPECT_NE(run("--tp 2 --dist-init-addr nohostport", &msg), 0);
+  EXPECT_NE(msg.find("--dist-init-addr must be HOST:PORT"), std::string::npos) << msg;
+  EXPECT_NE(run("--tp 2 --nnodes 2", &msg), 0);
+  EXPECT_NE(msg.find("--nnodes 2 needs --dist-init-addr"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dsaserve
