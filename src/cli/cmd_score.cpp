@@ -117,6 +117,13 @@ CommandRun setup(CLI::App& sub) {
     std::optional<nlohmann::json> plan_summary;
     if (!o->trace_dir.empty()) {
       plan::TraceSummaryOptions po;
+      if (groups) {  // the ops are this rank's shard, the collectives those of the deployment that ran
+        po.deployment.tp = dflags->layout.tp;
+        po.deployment.ep_size = dflags->layout.ep_size;
+        po.deployment.attn_dp_size = dflags->layout.attn_dp_size;
+        po.deployment.moe_dense_tp_size = dflags->layout.moe_dense_tp_size;
+        po.what_if = po.deployment;
+      }
       if (!o->trace_plan_deployment.empty())
         po.what_if = plan::parse_deployment(o->trace_plan_deployment, model->config());
       recorder.emplace().set_annotator(
@@ -135,11 +142,13 @@ CommandRun setup(CLI::App& sub) {
     }
     const auto t2 = std::chrono::steady_clock::now();
     if (recorder) {
-      if (groups) o->trace_dir += fmt::format("/rank{}", dflags->rank.rank);
-      trace::set_active(nullptr);
-      const auto path = recorder->write(o->trace_dir);
-      fmt::print("trace: {} events -> {}\n", recorder->events().size(), path.string());
-      if (plan_summary) fmt::print("{}", plan::format_summary(*plan_summary));
+      trace::set_active(nullptr);  // each rank writes its trace under D/rank<r>; rank 0 prints its summary
+      const auto path =
+          recorder->write(groups ? fmt::format("{}/rank{}", o->trace_dir, dflags->rank.rank) : o->trace_dir);
+      if (dflags->output_rank()) {
+        fmt::print("trace: {} events -> {}\n", recorder->events().size(), path.string());
+        if (plan_summary) fmt::print("{}", plan::format_summary(*plan_summary));
+      }
     }
 
     if (!dflags->output_rank()) return 0;  // rank 0 writes the logits (every rank holds all of them)

@@ -378,7 +378,8 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
                                             "shared_expert_down"};
   if (lw.mlp_type == MlpType::dense) {
     Tensor out = dense(*lw.mlp, kMlp);
-    all_reduce(out, dist::GroupKind::dense_tp, "tp_all_reduce", opt);
+    // Split over every rank (--moe-dense-tp-size tp, the default) or whole on each (1: nothing to sum).
+    if (shard_.dense_tp() > 1) all_reduce(out, dist::GroupKind::world, "tp_all_reduce", opt);
     return out;
   }
   const MoeWeights& moe = *lw.moe;

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "common/fixtures.h"
 #include "io/safetensors.h"
@@ -86,6 +89,46 @@ TEST_F(ScoreTp, RealdimsEqualsOneRank) {
   DSA_FIXTURE_PATH(realdims, "models/realdims");
   expect_equal_to_tp1(realdims, fmt::format("--ids {} --decode-from 12", ids(16)),
                       {"--tp 2", "--tp 2 --ep-size 2"}, false);
+}
+
+// The traced collectives of rank 0's decode steps against the plan of the deployment that ran
+// (plan_summary.collectives in the trace): the same collectives, as many per step, and the plan's bytes
+// twice over (the CPU's activations are f32, the plan's bf16).
+TEST_F(ScoreTp, TracedCollectivesOfADecodeStepAreThePlans) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  for (const std::string layout : {"--tp 2", "--tp 2 --ep-size 2"}) {
+    const std::filesystem::path dir = ::testing::TempDir() + "score_tp_trace";
+    std::filesystem::remove_all(dir);
+    ASSERT_NE(score(tiny, fmt::format("--ids {} --decode-from 6 --trace-dir {}", ids(9), dir.string()),
+                    layout, "trace"),
+              nullptr);
+    std::filesystem::path file;
+    for (const auto& e : std::filesystem::directory_iterator(dir / "rank0")) file = e.path();
+    std::ifstream f(file);
+    const nlohmann::json s = nlohmann::json::parse(f)["plan_summary"];
+    int64_t decode_passes = 0;
+    for (const auto& st : s["steps"])
+      if (st["step"] == "decode") decode_passes = st["passes"];
+    ASSERT_EQ(decode_passes, 3) << layout;
+    std::map<std::string, std::pair<double, double>> traced;  // name -> (count, bytes) per decode step
+    for (const auto& c : s["collectives"]["traced"]) {
+      if (c["step"] != "decode") continue;
+      auto& [n, b] = traced[c["name"].get<std::string>()];
+      n += 1;
+      b += c["bytes"].get<double>();
+    }
+    for (auto& [name, nb] : traced)
+      nb = {nb.first / double(decode_passes), nb.second / double(decode_passes)};
+    std::map<std::string, std::pair<double, double>> planned;
+    for (const auto& c : s["collectives"]["what_if"]["collectives"]) {
+      if (c["step"] != "decode") continue;
+      planned[c["name"].get<std::string>()] = {c["count_per_step"].get<double>(),
+                                               2 * c["bytes_per_step"].get<double>()};
+    }
+    // tiny: 4 layers (1 dense, 3 MoE): embed 1, attn_tp 4, tp 4 (dense + MoE), lm_head 1.
+    EXPECT_EQ(traced.size(), 4u) << layout << " " << s["collectives"].dump();
+    EXPECT_EQ(traced, planned) << layout << " " << s["collectives"].dump();
+  }
 }
 
 TEST_F(ScoreTp, FlagErrorsEndWithOneLine) {
