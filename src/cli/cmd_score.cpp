@@ -42,7 +42,7 @@ CommandRun setup(CLI::App& sub) {
                                     kv_cache_dtype = "auto";
     int64_t chunk = 0, decode_from = -1, page_size = 64;
     int threads = 0;
-    bool mtp = false;
+    bool mtp = false, dsa_topk_broadcast = false;
   };
   auto o = std::make_shared<Opts>();
   add_model_options(sub, o->model)->required();
@@ -68,6 +68,8 @@ CommandRun setup(CLI::App& sub) {
                  "KV cache dtype: auto (bf16 on cuda when the sm_90a kernels fit the model, else f32), bf16, "
                  "fp8_e4m3 (cuda) or f32")
       ->capture_default_str();
+  sub.add_flag("--dsa-topk-broadcast", o->dsa_topk_broadcast,
+               "with --tp: attention TP ranks take rank 0's DSA top-k indices (SGLANG_DSA_TOPK_BROADCAST)");
   auto kflags = add_kernel_flags(sub);
   auto dflags = add_dist_flags(sub);
   return [o, kflags, dflags]() -> int {
@@ -110,6 +112,7 @@ CommandRun setup(CLI::App& sub) {
     so.mtp = o->mtp;
     so.page_size = o->page_size;
     so.dist = groups.get();
+    so.dsa_topk_broadcast = o->dsa_topk_broadcast;
     so.attention = o->attention == "mha"        ? model::AttentionForm::mha
                    : o->attention == "absorbed" ? model::AttentionForm::absorbed
                                                 : model::AttentionForm::automatic;
@@ -122,6 +125,7 @@ CommandRun setup(CLI::App& sub) {
         po.deployment.ep_size = dflags->layout.ep_size;
         po.deployment.attn_dp_size = dflags->layout.attn_dp_size;
         po.deployment.moe_dense_tp_size = dflags->layout.moe_dense_tp_size;
+        po.deployment.dsa_topk_broadcast = o->dsa_topk_broadcast;
         po.what_if = po.deployment;
       }
       if (!o->trace_plan_deployment.empty())

@@ -215,6 +215,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
             ? Tensor()
             : ops_.indexer_topk_rows(qi, wts, st.rows(cache.index_k[size_t(kv_layer)], cache.page_size),
                                      c.index_topk, std::pow(double(id), -0.5), std::pow(double(ih), -0.5));
+    if (st.opt->dsa_topk_broadcast && st.sel_rows.defined()) broadcast_topk(st.sel_rows, *st.opt);
     for (int64_t r = 0; r < b.num_requests(); ++r) {
       const int64_t a0 = b.token_begin[size_t(r)], a1 = b.token_begin[size_t(r) + 1],
                     s0 = b.start_pos[size_t(r)];

@@ -35,6 +35,12 @@ Tensor Model::embed(const Tensor& table, const ForwardBatch& batch, const Tensor
   return x;
 }
 
+void Model::broadcast_topk(Tensor& sel, const ForwardOptions& opt) const {
+  if (shard_.whole()) return;
+  DSA_CHECK(sel.is_contiguous(), "forward: the top-k selection {} is not contiguous", sel.describe());
+  opt.dist->comm(dist::GroupKind::attn_tp).broadcast(sel, 0, "indexer_topk_broadcast");
+}
+
 Tensor Model::gather_vocab(const Tensor& local, const ForwardOptions& opt) const {
   if (shard_.whole()) return local;
   dist::Communicator& c = opt.dist->comm(dist::GroupKind::attn_tp);

@@ -111,6 +111,9 @@ struct ForwardOptions {
   // A sharded model's ranks (Model::sharded): the groups its collectives run in, of the model's layout and
   // rank. Every rank of the layout runs the same forward calls. Null for a whole model.
   const dist::ProcessGroups* dist = nullptr;
+  // SGLANG_DSA_TOPK_BROADCAST (--dsa-topk-broadcast): the attention TP ranks take rank 0's top-k indices
+  // (a broadcast after each full indexer layer) instead of trusting their own identical computation.
+  bool dsa_topk_broadcast = false;
 };
 
 struct ForwardOutput {
@@ -176,6 +179,8 @@ class Model {
                const ForwardOptions& opt) const;
   // Sums a shard's partial t over `group` (nothing for a whole model or a group of one).
   void all_reduce(Tensor& t, dist::GroupKind group, const char* name, const ForwardOptions& opt) const;
+  // --dsa-topk-broadcast: rank 0's selection [T, topk] to the attention TP group (in place).
+  void broadcast_topk(Tensor& sel, const ForwardOptions& opt) const;
   // The LM head's logits [T, vocab] from this rank's vocabulary rows [T, vocab / attn_tp] (an all-gather).
   Tensor gather_vocab(const Tensor& local, const ForwardOptions& opt) const;
 

@@ -17,6 +17,7 @@ struct ScoreOptions {
   int64_t page_size = 64;
   AttentionForm attention = AttentionForm::automatic;
   const dist::ProcessGroups* dist = nullptr;  // a sharded model's groups (ForwardOptions::dist)
+  bool dsa_topk_broadcast = false;            // ForwardOptions::dsa_topk_broadcast
 };
 
 struct ScoreResult {

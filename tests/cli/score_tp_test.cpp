@@ -82,7 +82,8 @@ TEST_F(ScoreTp, TinyPrefillChunksDecodeAndMtpEqualOneRank) {
   DSA_FIXTURE_PATH(tiny, "models/tiny");
   // 80 tokens: chunks of 16 through the indexer's top-k (64), then decode steps; the MTP head too.
   expect_equal_to_tp1(tiny, fmt::format("--ids {} --chunk 16 --decode-from 70 --mtp", ids(80)),
-                      {"--tp 2", "--tp 2 --ep-size 2", "--tp 4 --ep-size 2"}, true);
+                      {"--tp 2", "--tp 2 --ep-size 2", "--tp 4 --ep-size 2", "--tp 2 --dsa-topk-broadcast"},
+                      true);
 }
 
 TEST_F(ScoreTp, RealdimsEqualsOneRank) {
@@ -96,10 +97,11 @@ TEST_F(ScoreTp, RealdimsEqualsOneRank) {
 // twice over (the CPU's activations are f32, the plan's bf16).
 TEST_F(ScoreTp, TracedCollectivesOfADecodeStepAreThePlans) {
   DSA_FIXTURE_PATH(tiny, "models/tiny");
-  for (const std::string layout : {"--tp 2", "--tp 2 --ep-size 2"}) {
+  // 72 tokens, decoded from 69: past index_topk (64), so the indexer selects and the broadcast has rows.
+  for (const std::string layout : {"--tp 2", "--tp 2 --ep-size 2", "--tp 2 --dsa-topk-broadcast"}) {
     const std::filesystem::path dir = ::testing::TempDir() + "score_tp_trace";
     std::filesystem::remove_all(dir);
-    ASSERT_NE(score(tiny, fmt::format("--ids {} --decode-from 6 --trace-dir {}", ids(9), dir.string()),
+    ASSERT_NE(score(tiny, fmt::format("--ids {} --decode-from 69 --trace-dir {}", ids(72), dir.string()),
                     layout, "trace"),
               nullptr);
     std::filesystem::path file;
@@ -109,7 +111,7 @@ TEST_F(ScoreTp, TracedCollectivesOfADecodeStepAreThePlans) {
     int64_t decode_passes = 0;
     for (const auto& st : s["steps"])
       if (st["step"] == "decode") decode_passes = st["passes"];
-    ASSERT_EQ(decode_passes, 3) << layout;
+    ASSERT_EQ(decode_passes, 3) << layout;                    // positions 69, 70, 71
     std::map<std::string, std::pair<double, double>> traced;  // name -> (count, bytes) per decode step
     for (const auto& c : s["collectives"]["traced"]) {
       if (c["step"] != "decode") continue;
@@ -122,11 +124,17 @@ TEST_F(ScoreTp, TracedCollectivesOfADecodeStepAreThePlans) {
     std::map<std::string, std::pair<double, double>> planned;
     for (const auto& c : s["collectives"]["what_if"]["collectives"]) {
       if (c["step"] != "decode") continue;
-      planned[c["name"].get<std::string>()] = {c["count_per_step"].get<double>(),
-                                               2 * c["bytes_per_step"].get<double>()};
+      const std::string name = c["name"];
+      // The top-k indices are i32 in both; the activations f32 here, bf16 in the plan.
+      const double scale = name == "indexer_topk_broadcast" ? 1 : 2;
+      planned[name] = {c["count_per_step"].get<double>(), scale * c["bytes_per_step"].get<double>()};
     }
-    // tiny: 4 layers (1 dense, 3 MoE): embed 1, attn_tp 4, tp 4 (dense + MoE), lm_head 1.
-    EXPECT_EQ(traced.size(), 4u) << layout << " " << s["collectives"].dump();
+    // tiny: 4 layers (1 dense, 3 MoE; 2 full indexers): embed 1, attn_tp 4, tp 4 (dense + MoE), lm_head 1,
+    // with --dsa-topk-broadcast 2 broadcasts.
+    const bool broadcast = layout.find("broadcast") != std::string::npos;
+    EXPECT_EQ(traced.size(), broadcast ? 5u : 4u) << layout << " " << s["collectives"].dump();
+    EXPECT_EQ(traced.count("indexer_topk_broadcast") ? traced["indexer_topk_broadcast"].first : 0.0,
+              broadcast ? 2.0 : 0.0);
     EXPECT_EQ(traced, planned) << layout << " " << s["collectives"].dump();
   }
 }
