@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/dsaserve-gpu-out}
 export OUT
 mkdir -p "$OUT"
 T0=$(date +%s)
-GPU_BENCH=0 GPU_TARGETS="cuda_kernels_test ops_gpu_bench attention_gpu_bench dsaserve serve_cuda_test" \
+GPU_BENCH=0 GPU_TARGETS="cuda_kernels_test dist_cuda_test ops_gpu_bench attention_gpu_bench dsaserve serve_cuda_test" \
   timeout "${TEST_S:-330}" bash scripts/gpu.sh "${REGEX:-^(Cuda|Fixtures/Cuda|Indexer|MlaDecode)}" >"$OUT/gpu_sh.txt" 2>&1
 echo "gpu.sh rc=$? after $(($(date +%s) - T0)) s (124: cut by TEST_S; see ctest.log for the tests that ran)"
 grep -E "tests passed|tests failed" "$OUT/ctest.log"

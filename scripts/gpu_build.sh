@@ -6,7 +6,7 @@
 #   gpu_build LOGDIR TARGET...   logs: LOGDIR/device.txt, configure.log, build.log; returns non-zero on failure
 PREFIX=/tmp/dsaserve-deps
 ARCHLIB=$PREFIX/usr/lib/x86_64-linux-gnu
-export LD_LIBRARY_PATH="$ARCHLIB:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$ARCHLIB:$PREFIX/usr/lib:${LD_LIBRARY_PATH:-}"  # Gloo installs to /usr/lib
 export PATH="/usr/local/cuda/bin:$PATH"
 export DSASERVE_FIXTURES="$PWD/.fixtures"
 
@@ -29,6 +29,7 @@ gpu_build() {
     -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
     -DGTest_DIR="$ARCHLIB/cmake/GTest" -Dfmt_DIR="$ARCHLIB/cmake/fmt" -Dspdlog_DIR="$ARCHLIB/cmake/spdlog" \
     -DPCRE2_INCLUDE_DIR="$PREFIX/usr/include" -DPCRE2_LIBRARY="$ARCHLIB/libpcre2-8.so" \
+    -DGLOO_INCLUDE_DIR="$PREFIX/usr/include" -DGLOO_LIBRARY="$PREFIX/usr/lib/libgloo.so" \
     -Dbenchmark_DIR="$ARCHLIB/cmake/benchmark" "${boost[@]}" >"$log/configure.log" 2>&1 ||
     { tail -40 "$log/configure.log"; return 1; }
   cmake --build build-gpu -j"$(nproc)" --target "$@" >"$log/build.log" 2>&1 ||

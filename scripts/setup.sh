@@ -6,7 +6,8 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 pkgs=(
   build-essential cmake ninja-build pkg-config ccache clang libclang-rt-14-dev clang-format
-  libboost-dev libboost-system-dev   # Boost.Beast / Asio: the HTTP server
+  libboost-dev libboost-system-dev   # Boost.Beast / Asio: the HTTP server, the rendezvous store
+  libgloo-dev                        # Gloo: CPU collectives between ranks (src/dist)
   nlohmann-json3-dev                 # JSON: configs, safetensors headers, the API
   libpcre2-dev                       # PCRE2 (JIT): tokenizer pre-tokenizer regexes
   libcli11-dev                       # CLI11: command line

@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "cli/command.h"
+#include "cli/dist_flags.h"
 #include "cli/kernel_flags.h"
 #include "cli/model_options.h"
 #include "cli/token_ids.h"
@@ -41,7 +42,7 @@ CommandRun setup(CLI::App& sub) {
                                     kv_cache_dtype = "auto";
     int64_t chunk = 0, decode_from = -1, page_size = 64;
     int threads = 0;
-    bool mtp = false;
+    bool mtp = false, dsa_topk_broadcast = false;
   };
   auto o = std::make_shared<Opts>();
   add_model_options(sub, o->model)->required();
@@ -67,19 +68,40 @@ CommandRun setup(CLI::App& sub) {
                  "KV cache dtype: auto (bf16 on cuda when the sm_90a kernels fit the model, else f32), bf16, "
                  "fp8_e4m3 (cuda) or f32")
       ->capture_default_str();
+  sub.add_flag("--dsa-topk-broadcast", o->dsa_topk_broadcast,
+               "with --tp: attention TP ranks take rank 0's DSA top-k indices (SGLANG_DSA_TOPK_BROADCAST)");
   auto kflags = add_kernel_flags(sub);
-  return [o, kflags]() -> int {
+  auto dflags = add_dist_flags(sub);
+  return [o, kflags, dflags]() -> int {
     DSA_CHECK(!o->ids.empty() || !o->ids_file.empty(), "score: give the tokens with --ids or --ids-file");
     const std::vector<int32_t> ids = read_token_ids(o->ids, "--ids", o->ids_file, "--ids-file");
     DSA_CHECK(!ids.empty(), "score: the token sequence is empty");
     if (o->threads > 0) set_num_threads(o->threads);
 
     const Device device = runtime::parse_device(o->device);
+    DSA_CHECK(!dflags->multi_rank() || device == Device::cpu,
+              "score: --tp {} runs its ranks on the CPU (Gloo); ranks on GPUs are issue #16",
+              dflags->layout.tp);
+    if (dflags->multi_rank()) {  // checked once, before any rank starts
+      DSA_CHECK(
+          dflags->layout.attn_dp_size == 1,
+          "score: --attn-dp-size {} is not run yet (one sequence goes to one DP rank; the DP all-gather / "
+          "reduce-scatter around the MoE is not built)",
+          dflags->layout.attn_dp_size);
+      dflags->layout.validate();
+      model::Shard{dflags->layout, 0}.validate(model::load_config(o->model));
+    }
+    if (const auto status = launch_if_needed(*dflags)) return *status;  // this process ran the ranks
+    const std::unique_ptr<dist::ProcessGroups> groups = connect_rank(*dflags);
+    // The machine's threads are split over its ranks unless --threads says otherwise.
+    if (groups && o->threads <= 0)
+      set_num_threads(std::max(1, num_threads() / int(dflags->layout.tp / dflags->launch.nnodes)));
     runtime::use_device(device);
     const auto t0 = std::chrono::steady_clock::now();
     auto model = model::load_model(o->model, device, o->mtp);
     const model::KvCacheDtype kv_dtype =
         runtime::resolve_kv_cache_dtype(o->kv_cache_dtype, device, model->config());
+    if (groups) model = model->sharded({dflags->layout, dflags->rank.rank});  // this rank's shard only
     model = runtime::model_on_device(std::move(model), device, kflags->options(), kv_dtype);
     const int64_t V = model->config().vocab_size;
     check_token_ids(ids, V);
@@ -89,6 +111,8 @@ CommandRun setup(CLI::App& sub) {
     so.decode_from = o->decode_from;
     so.mtp = o->mtp;
     so.page_size = o->page_size;
+    so.dist = groups.get();
+    so.dsa_topk_broadcast = o->dsa_topk_broadcast;
     so.attention = o->attention == "mha"        ? model::AttentionForm::mha
                    : o->attention == "absorbed" ? model::AttentionForm::absorbed
                                                 : model::AttentionForm::automatic;
@@ -96,6 +120,14 @@ CommandRun setup(CLI::App& sub) {
     std::optional<nlohmann::json> plan_summary;
     if (!o->trace_dir.empty()) {
       plan::TraceSummaryOptions po;
+      if (groups) {  // the ops are this rank's shard, the collectives those of the deployment that ran
+        po.deployment.tp = dflags->layout.tp;
+        po.deployment.ep_size = dflags->layout.ep_size;
+        po.deployment.attn_dp_size = dflags->layout.attn_dp_size;
+        po.deployment.moe_dense_tp_size = dflags->layout.moe_dense_tp_size;
+        po.deployment.dsa_topk_broadcast = o->dsa_topk_broadcast;
+        po.what_if = po.deployment;
+      }
       if (!o->trace_plan_deployment.empty())
         po.what_if = plan::parse_deployment(o->trace_plan_deployment, model->config());
       recorder.emplace().set_annotator(
@@ -114,12 +146,16 @@ CommandRun setup(CLI::App& sub) {
     }
     const auto t2 = std::chrono::steady_clock::now();
     if (recorder) {
-      trace::set_active(nullptr);
-      const auto path = recorder->write(o->trace_dir);
-      fmt::print("trace: {} events -> {}\n", recorder->events().size(), path.string());
-      if (plan_summary) fmt::print("{}", plan::format_summary(*plan_summary));
+      trace::set_active(nullptr);  // each rank writes its trace under D/rank<r>; rank 0 prints its summary
+      const auto path =
+          recorder->write(groups ? fmt::format("{}/rank{}", o->trace_dir, dflags->rank.rank) : o->trace_dir);
+      if (dflags->output_rank()) {
+        fmt::print("trace: {} events -> {}\n", recorder->events().size(), path.string());
+        if (plan_summary) fmt::print("{}", plan::format_summary(*plan_summary));
+      }
     }
 
+    if (!dflags->output_rank()) return 0;  // rank 0 writes the logits (every rank holds all of them)
     Tensor id_t = Tensor::empty({int64_t(ids.size())}, DType::i32);
     std::memcpy(id_t.raw_data(), ids.data(), ids.size() * sizeof(int32_t));
     std::vector<std::pair<std::string, Tensor>> out{{"input_ids", id_t}, {"logits", r.logits}};
@@ -131,10 +167,13 @@ CommandRun setup(CLI::App& sub) {
     const double load_s = std::chrono::duration<double>(t1 - t0).count();
     const double run_s = std::chrono::duration<double>(t2 - t1).count();
     fmt::print(
-        "scored {} tokens in {} steps on {} (KV {}): load {:.3f} s, forward {:.3f} s ({:.1f} tokens/s, {} "
+        "scored {} tokens in {} steps on {}{} (KV {}): load {:.3f} s, forward {:.3f} s ({:.1f} tokens/s, {} "
         "threads) -> {}\n",
-        ids.size(), r.steps, device_name(device), runtime::kv_cache_dtype_name(kv_dtype), load_s, run_s,
-        double(ids.size()) / std::max(run_s, 1e-9), num_threads(), o->out);
+        ids.size(), r.steps, device_name(device),
+        groups ? fmt::format(" x {} ranks ({})", dflags->layout.tp, dflags->layout.describe())
+               : std::string(),
+        runtime::kv_cache_dtype_name(kv_dtype), load_s, run_s, double(ids.size()) / std::max(run_s, 1e-9),
+        num_threads(), o->out);
     return 0;
   };
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <optional>
 
+#include "dist/process_groups.h"
 #include "model/model.h"
 #include "trace/trace.h"
 
@@ -97,13 +98,14 @@ kernels::WeightRef Model::ref(const Linear& l) const {
 }
 
 Model::Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights,
-             std::shared_ptr<kernels::Backend> backend, std::optional<KvCacheDtype> kv_dtype)
+             std::shared_ptr<kernels::Backend> backend, std::optional<KvCacheDtype> kv_dtype, Shard shard)
     : cfg_(std::move(cfg)),
       ckpt_(std::move(ckpt)),
       w_(std::move(weights)),
       backend_(std::move(backend)),
       kv_dtype_(kv_dtype),
-      ops_(backend_.get()) {
+      ops_(backend_.get()),
+      shard_(std::move(shard)) {
   DSA_CHECK(backend_ == nullptr || backend_->device() == w_.embed_tokens.device(),
             "model: a {} backend for weights on {}", device_name(backend_ ? backend_->device() : Device::cpu),
             device_name(w_.embed_tokens.device()));
@@ -111,7 +113,7 @@ Model::Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights,
 
 std::shared_ptr<Model> Model::with_backend(std::shared_ptr<kernels::Backend> backend,
                                            std::optional<KvCacheDtype> kv_dtype) const {
-  return std::make_shared<Model>(cfg_, ckpt_, w_, std::move(backend), kv_dtype);
+  return std::make_shared<Model>(cfg_, ckpt_, w_, std::move(backend), kv_dtype, shard_);
 }
 
 std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, bool with_mtp) {
@@ -130,7 +132,8 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   const ModelConfig& c = cfg_;
   const AttentionWeights& aw = lw.attn;
   const ForwardBatch& b = *st.batch;
-  const int64_t T = h.size(0), nh = c.num_attention_heads, nope = c.qk_nope_head_dim,
+  // This rank's heads (q_b / kv_b / o_proj are split by heads over attention TP).
+  const int64_t T = h.size(0), nh = c.num_attention_heads / shard_.attn_tp(), nope = c.qk_nope_head_dim,
                 rope = c.qk_rope_head_dim;
   const int64_t dq = nope + rope, dv = c.v_head_dim, L = c.kv_lora_rank;
   constexpr double kLoraEps = 1e-6;  // q_a_layernorm / kv_a_layernorm use the RMSNorm default eps
@@ -212,6 +215,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
             ? Tensor()
             : ops_.indexer_topk_rows(qi, wts, st.rows(cache.index_k[size_t(kv_layer)], cache.page_size),
                                      c.index_topk, std::pow(double(id), -0.5), std::pow(double(ih), -0.5));
+    if (st.opt->dsa_topk_broadcast && st.sel_rows.defined()) broadcast_topk(st.sel_rows, *st.opt);
     for (int64_t r = 0; r < b.num_requests(); ++r) {
       const int64_t a0 = b.token_begin[size_t(r)], a1 = b.token_begin[size_t(r) + 1],
                     s0 = b.start_pos[size_t(r)];
@@ -348,7 +352,8 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   return out;
 }
 
-Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act& hq) const {
+Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act& hq,
+                  const ForwardOptions& opt) const {
   // names: {gate_up, act, down} span names ("mlp_*" or "shared_expert_*").
   auto dense = [&](const MlpWeights& m, const char* const* names) {
     Tensor g, u, a;
@@ -372,7 +377,12 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
   static constexpr const char* kMlp[] = {"mlp_gate_up", "mlp_act", "mlp_down"};
   static constexpr const char* kShared[] = {"shared_expert_gate_up", "shared_expert_act",
                                             "shared_expert_down"};
-  if (lw.mlp_type == MlpType::dense) return dense(*lw.mlp, kMlp);
+  if (lw.mlp_type == MlpType::dense) {
+    Tensor out = dense(*lw.mlp, kMlp);
+    // Split over every rank (--moe-dense-tp-size tp, the default) or whole on each (1: nothing to sum).
+    if (shard_.dense_tp() > 1) all_reduce(out, dist::GroupKind::world, "tp_all_reduce", opt);
+    return out;
+  }
   const MoeWeights& moe = *lw.moe;
   Tensor logits;
   {
@@ -389,7 +399,7 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
   kernels::Routing routing;
   {
     OpScope span("router_topk");
-    routing = ops_.moe_route(logits, moe.e_score_correction_bias, p);
+    routing = local_routing(ops_.moe_route(logits, moe.e_score_correction_bias, p));
     shape(span, "[{}, {}] -> top-{}", logits.size(0), logits.size(1), p.top_k);
   }
   Tensor out;
@@ -406,12 +416,15 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
                     fmt::format("[{}, {}]", rows, I), fmt::format("{} rows x [{}, {}]^T", rows, H, I)});
     }
   }
-  if (moe.shared_experts) {
+  // Sharded: each rank's routed experts and shared-expert slice give partial sums over the world (MoE TP x
+  // EP); the shared expert is split over MoE TP only, so one EP rank adds it.
+  if (moe.shared_experts && shard_.ep_rank() == 0) {
     const Tensor sh = dense(*moe.shared_experts, kShared);
     OpScope span("moe_sum");
     ops_.add_inplace(out, sh);
     shape(span, "[{}, {}]", out.size(0), out.size(1));
   }
+  all_reduce(out, dist::GroupKind::world, "tp_all_reduce", opt);
   return out;
 }
 
@@ -422,13 +435,15 @@ ForwardOutput Model::finish(const Tensor& hidden, const kernels::WeightRef& head
   // A decode step's last tokens are all of its tokens (one per request): no gather.
   const bool one_per_request = b.num_tokens() == b.num_requests() && b.extra_logit_rows.empty();
   if (opt.all_logits || one_per_request) {
-    out.logits = ops_.linear(hidden, head);
+    out.logits = gather_vocab(ops_.linear(hidden, head), opt);
   } else {
     std::vector<int32_t> last;
     for (int64_t r = 0; r < b.num_requests(); ++r) last.push_back(int32_t(b.token_begin[size_t(r) + 1] - 1));
     last.insert(last.end(), b.extra_logit_rows.begin(), b.extra_logit_rows.end());
-    out.logits = ops_.linear(
-        ops_.gather_rows(hidden, i32_tensor(last.data(), int64_t(last.size()), hidden.device())), head);
+    out.logits = gather_vocab(
+        ops_.linear(ops_.gather_rows(hidden, i32_tensor(last.data(), int64_t(last.size()), hidden.device())),
+                    head),
+        opt);
   }
   shape(span, "[{}, {}] x [{}, {}]^T", out.logits.size(0), hidden.size(1), out.logits.size(1),
         hidden.size(1));
@@ -456,6 +471,10 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   DSA_CHECK(batch.page_size == cache.page_size, "batch page size {} differs from the cache's {}",
             batch.page_size, cache.page_size);
   batch.validate(c.vocab_size, cache.num_pages);
+  DSA_CHECK(shard_.whole() || (opt.dist != nullptr && opt.dist->layout() == shard_.layout &&
+                               opt.dist->rank() == shard_.rank),
+            "forward: the shard of rank {} ({}) needs ForwardOptions::dist of that rank and layout",
+            shard_.rank, shard_.layout.describe());
   const int64_t L = c.num_hidden_layers, T = batch.num_tokens();
   DSA_CHECK(int64_t(cache.kv.size()) >= (mtp ? L + k + 1 : L), "the KV cache has {} layers, too few for {}",
             cache.kv.size(), mtp ? "the MTP layer" : "the model");
@@ -567,7 +586,8 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
       }
       shape(span, "[{}, {}]", h.size(0), h.size(1));
     }
-    const Tensor a = attention(lw, kv_layer, own_indexer, h, hq, st, cache);
+    Tensor a = attention(lw, kv_layer, own_indexer, h, hq, st, cache);
+    all_reduce(a, dist::GroupKind::attn_tp, "attn_tp_all_reduce", opt);  // o_proj's partial sums
     Tensor h2;
     {
       OpScope span("post_attention_layernorm");
@@ -576,7 +596,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
                : ops_.add_rms_norm(run.residual, a, lw.post_attention_layernorm, c.rms_norm_eps);
       shape(span, "[{}, {}]", h2.size(0), h2.size(1));
     }
-    run.pending = mlp(lw, h2, h2q);
+    run.pending = mlp(lw, h2, h2q, opt);
   };
   // Head and tail ops carry the kind "head" / "tail" (the plan's keys for them); layer -1.
 
@@ -585,7 +605,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     {
       trace::LayerScope head(-1, "head");
       OpScope span("embed_tokens");
-      run.residual = ops_.embedding(w_.embed_tokens, ids);  // [T, H]
+      run.residual = embed(w_.embed_tokens, batch, ids, opt);  // [T, H]
       shape(span, "[{}] -> [{}, {}]", T, T, run.residual.size(1));
     }
     for (int64_t l = 0; l < L; ++l) {
@@ -611,7 +631,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   {
     trace::LayerScope head(-1, "head");
     OpScope span("embed_tokens");
-    emb = ops_.embedding(m.embed_tokens.defined() ? m.embed_tokens : w_.embed_tokens, ids);
+    emb = embed(m.embed_tokens.defined() ? m.embed_tokens : w_.embed_tokens, batch, ids, opt);
     shape(span, "[{}] -> [{}, {}]", T, T, emb.size(1));
   }
   {

@@ -15,7 +15,12 @@
 #include "model/config.h"
 #include "model/forward_batch.h"
 #include "model/kv_cache.h"
+#include "model/shard.h"
 #include "model/weights.h"
+
+namespace dsaserve::dist {
+class ProcessGroups;
+}
 
 namespace dsaserve::model {
 
@@ -103,6 +108,12 @@ struct ForwardOptions {
   bool all_logits = true;               // logits of every token; false: only each request's last token
   bool keep_hidden = false;             // also return the final normed hidden states (the MTP layer's input)
   const StepTensors* inputs = nullptr;  // pre-uploaded inputs (see StepTensors); null: upload the batch's
+  // A sharded model's ranks (Model::sharded): the groups its collectives run in, of the model's layout and
+  // rank. Every rank of the layout runs the same forward calls. Null for a whole model.
+  const dist::ProcessGroups* dist = nullptr;
+  // SGLANG_DSA_TOPK_BROADCAST (--dsa-topk-broadcast): the attention TP ranks take rank 0's top-k indices
+  // (a broadcast after each full indexer layer) instead of trusting their own identical computation.
+  bool dsa_topk_broadcast = false;
 };
 
 struct ForwardOutput {
@@ -117,9 +128,10 @@ class Model {
   // backend: the device context the forward's operators run on (its device must be the weights'; its
   // KernelOptions pick the kernels); null: the registered backend of the weights' device (ops.h backend()).
   // kv_dtype: the dtype of the caches make_cache makes (unset: KvCache::create's default for the device).
+  // shard: the part of the weights `weights` are (model/shard.h; default: all of them).
   Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights,
         std::shared_ptr<kernels::Backend> backend = nullptr,
-        std::optional<KvCacheDtype> kv_dtype = std::nullopt);
+        std::optional<KvCacheDtype> kv_dtype = std::nullopt, Shard shard = {});
   // The same model (weights shared) running on `backend` (e.g. kernels::make_fp8_emulation_backend, or a
   // CUDA backend with other KernelOptions), its make_cache making kv_dtype caches.
   std::shared_ptr<Model> with_backend(std::shared_ptr<kernels::Backend> backend,
@@ -128,6 +140,11 @@ class Model {
   const std::shared_ptr<kernels::Backend>& backend() const { return backend_; }
   // The operators the forward calls (bound to backend()).
   const kernels::Ops& ops() const { return ops_; }
+
+  // The same model holding only rank `s.rank`'s shard of the weights (model/shard.h); its forward needs
+  // ForwardOptions::dist. Throws dsaserve::Error when a size does not split.
+  std::shared_ptr<Model> sharded(const Shard& s) const;
+  const Shard& shard() const { return shard_; }
 
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
@@ -149,11 +166,23 @@ class Model {
   // hq / the mlp's q: h's FP8 copy from its norm (empty where the backend made none).
   Tensor attention(const LayerWeights& lw, int64_t kv_layer, bool own_indexer, const Tensor& h,
                    const kernels::Fp8Act& hq, Step& st, KvCache& cache) const;
-  Tensor mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act& hq) const;
+  Tensor mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act& hq,
+             const ForwardOptions& opt) const;
+  // The routing restricted to this rank's experts (EP), renumbered from 0; other experts' picks get weight 0.
+  kernels::Routing local_routing(kernels::Routing r) const;
   Tensor decoder_layers(Tensor x, Step& st, KvCache& cache, bool mtp, int64_t k) const;
   ForwardOutput finish(const Tensor& hidden, const kernels::WeightRef& head, const ForwardBatch& batch,
                        const ForwardOptions& opt) const;
   kernels::WeightRef ref(const Linear& l) const;
+  // The token embedding (vocabulary-parallel when sharded: the attention TP group's all-reduce).
+  Tensor embed(const Tensor& table, const ForwardBatch& batch, const Tensor& ids,
+               const ForwardOptions& opt) const;
+  // Sums a shard's partial t over `group` (nothing for a whole model or a group of one).
+  void all_reduce(Tensor& t, dist::GroupKind group, const char* name, const ForwardOptions& opt) const;
+  // --dsa-topk-broadcast: rank 0's selection [T, topk] to the attention TP group (in place).
+  void broadcast_topk(Tensor& sel, const ForwardOptions& opt) const;
+  // The LM head's logits [T, vocab] from this rank's vocabulary rows [T, vocab / attn_tp] (an all-gather).
+  Tensor gather_vocab(const Tensor& local, const ForwardOptions& opt) const;
 
   ModelConfig cfg_;
   io::Checkpoint ckpt_;  // keeps the mapped weights alive
@@ -161,6 +190,7 @@ class Model {
   std::shared_ptr<kernels::Backend> backend_;
   std::optional<KvCacheDtype> kv_dtype_;
   kernels::Ops ops_;
+  Shard shard_;
 };
 
 }  // namespace dsaserve::model

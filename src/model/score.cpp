@@ -46,6 +46,8 @@ ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, con
   ForwardOptions fo;
   fo.attention = opt.attention;
   fo.keep_hidden = opt.mtp;
+  fo.dist = opt.dist;
+  fo.dsa_topk_broadcast = opt.dsa_topk_broadcast;
   const auto steps = score_schedule(n, opt);
   // Positions from decode_from on are decoded one per step; before it, prompt chunks (even of one token).
   auto decoding = [&](int64_t b) {

@@ -15,6 +15,8 @@ struct ScoreOptions {
   bool mtp = false;          // also compute the MTP layer's logits (positions 0..n-2)
   int64_t page_size = 64;
   AttentionForm attention = AttentionForm::automatic;
+  const dist::ProcessGroups* dist = nullptr;  // a sharded model's groups (ForwardOptions::dist)
+  bool dsa_topk_broadcast = false;            // ForwardOptions::dsa_topk_broadcast
 };
 
 struct ScoreResult {

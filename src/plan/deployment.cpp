@@ -26,17 +26,15 @@ Hardware Hardware::named(const std::string& gpu) {
 }
 
 void Deployment::validate(const model::ModelConfig& c) const {
-  DSA_CHECK(tp >= 1, "plan: --tp must be >= 1, got {}", tp);
-  DSA_CHECK(ep_size >= 1, "plan: --ep-size must be >= 1, got {}", ep_size);
-  DSA_CHECK(attn_dp_size >= 1, "plan: --attn-dp-size must be >= 1, got {}", attn_dp_size);
-  DSA_CHECK(tp % ep_size == 0, "plan: --tp {} is not divisible by --ep-size {}", tp, ep_size);
-  DSA_CHECK(tp % attn_dp_size == 0, "plan: --tp {} is not divisible by --attn-dp-size {}", tp, attn_dp_size);
+  try {
+    layout().validate();
+  } catch (const Error& e) {
+    fail("plan: {}", e.what());
+  }
   DSA_CHECK(c.num_attention_heads % attn_tp() == 0,
             "plan: num_attention_heads {} is not divisible by the attention TP size {} (--tp {} / "
             "--attn-dp-size {})",
             c.num_attention_heads, attn_tp(), tp, attn_dp_size);
-  DSA_CHECK(moe_dense_tp_size == 0 || moe_dense_tp_size == 1 || moe_dense_tp_size == tp,
-            "plan: --moe-dense-tp-size must be 1 or --tp ({}), got {}", tp, moe_dense_tp_size);
   const int64_t block = c.fp8.enabled ? c.fp8.block_n : 1;
   auto check_split = [&](const char* what, int64_t size, int64_t parts, const char* flag) {
     DSA_CHECK(size % parts == 0, "plan: {} {} is not divisible by {} ({})", what, size, parts, flag);

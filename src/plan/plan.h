@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/layout.h"
 #include "model/config.h"
 
 namespace dsaserve::plan {
@@ -47,9 +48,11 @@ struct Deployment {
   bool dsa_topk_broadcast = false;  // SGLANG_DSA_TOPK_BROADCAST: rank 0's top-k broadcast in attn TP
   double accept_length = 1.0;       // output tokens per request per decode step (MTP acceptance)
 
-  int64_t attn_tp() const { return tp / attn_dp_size; }
-  int64_t moe_tp() const { return tp / ep_size; }
-  int64_t dense_tp() const { return moe_dense_tp_size == 0 ? tp : moe_dense_tp_size; }
+  // The layout's group arithmetic is dist::ParallelLayout's (the ranks run what the plan prices).
+  dist::ParallelLayout layout() const { return {tp, ep_size, attn_dp_size, moe_dense_tp_size}; }
+  int64_t attn_tp() const { return layout().attn_tp(); }
+  int64_t moe_tp() const { return layout().moe_tp(); }
+  int64_t dense_tp() const { return layout().dense_tp(); }
   int64_t prefill() const { return prefill_tokens > 0 ? prefill_tokens : context; }
   int64_t chunk() const { return chunked_prefill_size > 0 ? chunked_prefill_size : prefill(); }
   // Throws dsaserve::Error naming the flag at fault (divisibility, ranges, unsupported combinations).

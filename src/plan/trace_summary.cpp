@@ -132,6 +132,8 @@ nlohmann::json measured_vs_planned(const std::vector<trace::Event>& events, cons
     }
     if (e.cat == "collective") {
       collectives.push_back({{"name", e.name},
+                             {"step", str(e.args, "step")},
+                             {"pass", str(e.args, "pass")},
                              {"group", str(e.args, "group")},
                              {"group_size", e.args.value("group_size", int64_t(0))},
                              {"bytes", e.args.value("bytes", 0.0)},

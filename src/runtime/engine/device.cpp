@@ -68,7 +68,7 @@ std::shared_ptr<model::Model> model_on_device(std::shared_ptr<model::Model> m, D
   }
 #endif
   return std::make_shared<model::Model>(m->config(), io::Checkpoint{}, std::move(w), make_backend(d, options),
-                                        kv_dtype);
+                                        kv_dtype, m->shard());
 }
 
 bool sm90_kv_shapes(const model::ModelConfig& cfg) {

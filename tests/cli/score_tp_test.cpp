@@ -1,0 +1,163 @@
+// End-to-end: `dsaserve score --tp N` (the real binary: its ranks are processes talking over Gloo) gives
+// the `--tp 1` logits within 1e-5 relative, for pure TP, TP with EP, and four ranks; and its flag errors.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "common/fixtures.h"
+#include "io/safetensors.h"
+
+namespace dsaserve {
+namespace {
+
+using testing::dsaserve_binary;
+using testing::run_command;
+
+// Max over rows of max |a - b| / max |b| (the golden tests' measure).
+double max_row_rel_error(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  const std::vector<float> x = a.to_f32_vector(), y = b.to_f32_vector();
+  const int64_t cols = b.size(1);
+  double worst = 0;
+  for (int64_t r = 0; r < b.size(0); ++r) {
+    double num = 0, den = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      num = std::max(num, double(std::abs(x[size_t(r * cols + c)] - y[size_t(r * cols + c)])));
+      den = std::max(den, double(std::abs(y[size_t(r * cols + c)])));
+    }
+    worst = std::max(worst, num / std::max(den, 1e-30));
+  }
+  return worst;
+}
+
+class ScoreTp : public ::testing::Test {
+ protected:
+  // Scores `ids` with `flags`; returns the output file's tensors.
+  std::shared_ptr<io::SafetensorsFile> score(const std::filesystem::path& model, const std::string& args,
+                                             const std::string& flags, const std::string& name) {
+    const auto out = ::testing::TempDir() + "score_tp_" + name + ".safetensors";
+    std::string msg;
+    const int rc = run_command(fmt::format("timeout 300 {} score --model {} --out {} {} {} --threads 1",
+                                           dsaserve_binary().string(), model.string(), out, args, flags),
+                               &msg);
+    EXPECT_EQ(rc, 0) << flags << "\n" << msg;
+    if (rc != 0) return nullptr;
+    if (flags.find("--tp") != std::string::npos) {
+      EXPECT_NE(msg.find("ranks (tp"), std::string::npos) << msg;
+    }
+    return io::SafetensorsFile::open(out);
+  }
+  void expect_equal_to_tp1(const std::filesystem::path& model, const std::string& args,
+                           const std::vector<std::string>& layouts, bool mtp) {
+    const auto ref = score(model, args, "", "tp1");
+    ASSERT_NE(ref, nullptr);
+    for (const std::string& l : layouts) {
+      const auto got = score(model, args, l, "tpn");
+      ASSERT_NE(got, nullptr) << l;
+      const double e = max_row_rel_error(got->get("logits"), ref->get("logits"));
+      EXPECT_LT(e, 1e-5) << l;
+      std::printf("RESULT score %s %s: logits max row rel error %.3g\n", model.filename().c_str(), l.c_str(),
+                  e);
+      if (mtp) {
+        const double m = max_row_rel_error(got->get("mtp_logits"), ref->get("mtp_logits"));
+        EXPECT_LT(m, 1e-5) << l;
+        std::printf("RESULT score %s %s: mtp logits max row rel error %.3g\n", model.filename().c_str(),
+                    l.c_str(), m);
+      }
+    }
+  }
+};
+
+std::string ids(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += fmt::format("{}{}", i ? "," : "", (i * 37 + 5) % 500);
+  return s;
+}
+
+TEST_F(ScoreTp, TinyPrefillChunksDecodeAndMtpEqualOneRank) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  // 80 tokens: chunks of 16 through the indexer's top-k (64), then decode steps; the MTP head too.
+  expect_equal_to_tp1(tiny, fmt::format("--ids {} --chunk 16 --decode-from 70 --mtp", ids(80)),
+                      {"--tp 2", "--tp 2 --ep-size 2", "--tp 4 --ep-size 2", "--tp 2 --dsa-topk-broadcast"},
+                      true);
+}
+
+TEST_F(ScoreTp, RealdimsEqualsOneRank) {
+  DSA_FIXTURE_PATH(realdims, "models/realdims");
+  expect_equal_to_tp1(realdims, fmt::format("--ids {} --decode-from 12", ids(16)),
+                      {"--tp 2", "--tp 2 --ep-size 2"}, false);
+}
+
+// The traced collectives of rank 0's decode steps against the plan of the deployment that ran
+// (plan_summary.collectives in the trace): the same collectives, as many per step, and the plan's bytes
+// twice over (the CPU's activations are f32, the plan's bf16).
+TEST_F(ScoreTp, TracedCollectivesOfADecodeStepAreThePlans) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  // 72 tokens, decoded from 69: past index_topk (64), so the indexer selects and the broadcast has rows.
+  for (const std::string layout : {"--tp 2", "--tp 2 --ep-size 2", "--tp 2 --dsa-topk-broadcast"}) {
+    const std::filesystem::path dir = ::testing::TempDir() + "score_tp_trace";
+    std::filesystem::remove_all(dir);
+    ASSERT_NE(score(tiny, fmt::format("--ids {} --decode-from 69 --trace-dir {}", ids(72), dir.string()),
+                    layout, "trace"),
+              nullptr);
+    std::filesystem::path file;
+    for (const auto& e : std::filesystem::directory_iterator(dir / "rank0")) file = e.path();
+    std::ifstream f(file);
+    const nlohmann::json s = nlohmann::json::parse(f)["plan_summary"];
+    int64_t decode_passes = 0;
+    for (const auto& st : s["steps"])
+      if (st["step"] == "decode") decode_passes = st["passes"];
+    ASSERT_EQ(decode_passes, 3) << layout;                    // positions 69, 70, 71
+    std::map<std::string, std::pair<double, double>> traced;  // name -> (count, bytes) per decode step
+    for (const auto& c : s["collectives"]["traced"]) {
+      if (c["step"] != "decode") continue;
+      auto& [n, b] = traced[c["name"].get<std::string>()];
+      n += 1;
+      b += c["bytes"].get<double>();
+    }
+    for (auto& [name, nb] : traced)
+      nb = {nb.first / double(decode_passes), nb.second / double(decode_passes)};
+    std::map<std::string, std::pair<double, double>> planned;
+    for (const auto& c : s["collectives"]["what_if"]["collectives"]) {
+      if (c["step"] != "decode") continue;
+      const std::string name = c["name"];
+      // The top-k indices are i32 in both; the activations f32 here, bf16 in the plan.
+      const double scale = name == "indexer_topk_broadcast" ? 1 : 2;
+      planned[name] = {c["count_per_step"].get<double>(), scale * c["bytes_per_step"].get<double>()};
+    }
+    // tiny: 4 layers (1 dense, 3 MoE; 2 full indexers): embed 1, attn_tp 4, tp 4 (dense + MoE), lm_head 1,
+    // with --dsa-topk-broadcast 2 broadcasts.
+    const bool broadcast = layout.find("broadcast") != std::string::npos;
+    EXPECT_EQ(traced.size(), broadcast ? 5u : 4u) << layout << " " << s["collectives"].dump();
+    EXPECT_EQ(traced.count("indexer_topk_broadcast") ? traced["indexer_topk_broadcast"].first : 0.0,
+              broadcast ? 2.0 : 0.0);
+    EXPECT_EQ(traced, planned) << layout << " " << s["collectives"].dump();
+  }
+}
+
+TEST_F(ScoreTp, FlagErrorsEndWithOneLine) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  auto run = [&](const std::string& flags, std::string* msg) {
+    return run_command(fmt::format("{} score --model {} --ids 1,2,3 --out {} {}", dsaserve_binary().string(),
+                                   tiny.string(), ::testing::TempDir() + "score_tp_err.safetensors", flags),
+                       msg);
+  };
+  std::string msg;
+  EXPECT_NE(run("--tp 2 --ep-size 3", &msg), 0);
+  EXPECT_NE(msg.find("--tp 2 is not divisible by --ep-size 3"), std::string::npos) << msg;
+  EXPECT_NE(run("--tp 8", &msg), 0);  // 4 heads do not split 8 ways
+  EXPECT_NE(msg.find("num_attention_heads 4 does not split 8 ways"), std::string::npos) << msg;
+  EXPECT_NE(run("--tp 2 --attn-dp-size 2", &msg), 0);
+  EXPECT_NE(msg.find("--attn-dp-size"), std::string::npos) << msg;
+  EXPECT_NE(run("--tp 2 --dist-init-addr nohostport", &msg), 0);
+  EXPECT_NE(msg.find("--dist-init-addr must be HOST:PORT"), std::string::npos) << msg;
+  EXPECT_NE(run("--tp 2 --nnodes 2", &msg), 0);
+  EXPECT_NE(msg.find("--nnodes 2 needs --dist-init-addr"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dsaserve

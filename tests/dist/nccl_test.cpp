@@ -1,0 +1,75 @@
+// The NCCL backend on one GPU: a world of one rank through NCCL itself (the same code path as many
+// ranks), every collective on CUDA tensors equal to its one-rank result, on a stream of its own and on the
+// legacy default stream. Skips without a CUDA device. The multi-GPU runs are issue #16's.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "dist/nccl_communicator.h"
+#include "dist/store.h"
+#include "kernels/cuda/runtime.h"
+#include "trace/trace.h"
+
+namespace dsaserve::dist {
+namespace {
+
+using namespace std::chrono_literals;
+
+Tensor host(const std::vector<float>& v) { return Tensor::from_vector(v, {int64_t(v.size())}); }
+
+void run_every_collective(CUstream_st* stream) {
+  TcpStoreServer server("127.0.0.1", 0);
+  TcpStore store("127.0.0.1", server.port(), 5s);
+  auto c = make_nccl_communicator(store, "world/0", "world", 0, 1, stream, 30s);
+  ASSERT_EQ(c->size(), 1);
+  const std::vector<float> v{1.f, -2.f, 3.5f, 4.f};
+  auto sync = [&] { ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess); };
+
+  Tensor t = host(v).to(Device::cuda);
+  c->all_reduce(t);
+  Tensor bf = host(v).to(DType::bf16).to(Device::cuda);
+  c->all_reduce(bf);
+  Tensor out = Tensor::empty({4}, DType::f32, Device::cuda);
+  c->reduce_scatter(t, out);
+  Tensor g = Tensor::empty({4}, DType::f32, Device::cuda);
+  c->all_gather(out, g);
+  const std::vector<int64_t> rows{4};
+  Tensor gv = Tensor::empty({4}, DType::f32, Device::cuda);
+  c->all_gather_v(g, gv, rows);
+  Tensor a = Tensor::empty({4}, DType::f32, Device::cuda);
+  c->all_to_all(gv, a);
+  Tensor av = Tensor::empty({4}, DType::f32, Device::cuda);
+  c->all_to_all_v(a, rows, av, rows);
+  c->broadcast(av, 0);
+  c->barrier();
+  sync();
+  EXPECT_EQ(t.to(Device::cpu).to_f32_vector(), v);
+  EXPECT_EQ(bf.to(Device::cpu).to_f32_vector(), v);
+  EXPECT_EQ(av.to(Device::cpu).to_f32_vector(), v);
+  // A CPU tensor is refused with the group's name.
+  Tensor cpu = host(v);
+  EXPECT_THROW(c->all_reduce(cpu), Error);
+}
+
+TEST(CudaNccl, WorldOfOneEveryCollectiveOnAStream) {
+  if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  kernels::cuda::install();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  run_every_collective(s);
+  cudaStreamDestroy(s);
+}
+
+TEST(CudaNccl, WorldOfOneOnTheDefaultStreamRecordsSpans) {
+  if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  kernels::cuda::install();
+  trace::Recorder rec;
+  trace::set_active(&rec);
+  run_every_collective(nullptr);
+  trace::set_active(nullptr);
+  int spans = 0;
+  for (const trace::Event& e : rec.events()) spans += e.cat == "collective";
+  EXPECT_EQ(spans, 10);  // 9 collectives, and the CPU tensor the backend refused inside its span
+}
+
+}  // namespace
+}  // namespace dsaserve::dist
