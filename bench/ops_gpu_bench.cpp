@@ -3,8 +3,7 @@
 // operator shows), the bytes it must move and the FLOPs it must do, the floor from the measured ceilings
 // of docs/GPU.md (4.3 TB/s; 797 TFLOP/s bf16, 1434 TFLOP/s FP8, 67 TFLOP/s fp32 for non-tensor work) and
 // floor / time. Weights are filled on the GPU with a constant pattern (values do not change GEMM speed).
-// moe_experts rows: "dev" is the device-grouped path (decode, CUDA-graph capturable), "host" the
-// host-grouped cuBLASLt path, "auto" what moe_experts picks (the host path at 4096 tokens).
+// The routed experts have their own table at the end (bench_moe_experts; `ops_gpu_bench moe` runs only it).
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -175,15 +174,82 @@ void bench_mla_fused(const int64_t* Ts, size_t nT) {
   }
 }
 
+// The routed experts of one GLM-5.3 MoE layer (256 experts of 2048 x 6144, top-8 of a random routing,
+// FP8 weights with 128x128 block scales) per path of moe_experts: dev (the device-grouped CUDA-core
+// kernels), dev_fp8 (the device-grouped tensor-core FP8 kernels), host (per-expert cuBLASLt GEMMs), auto
+// (what select_moe_path picks). Floor: the weights of the experts that received tokens + the activations
+// in and out (f32) at 4.3 TB/s, or the FLOPs at the FP8 peak, whichever is larger. DeepGEMM column: the
+// active experts times DeepGEMM's single-expert T = 1 times on the H200 (GPU.md: gate_up 16.1 us + down
+// 10.3 us, its weight-streaming rate; it has no grouped decode figure on this machine).
+void bench_moe_experts() {
+  namespace kc = dsaserve::kernels::cuda;
+  constexpr int64_t kE = 256, kI = 2048, kTopK = 8;
+  constexpr double kDeepGemmExpertUs = 16.1 + 10.3;
+  fmt::print("\n| {:<18} | {:>5} | {:>6} | {:<7} | {:>10} | {:>8} | {:>9} | {:>5} | {:>13} |\n",
+             "moe_experts fp8", "T", "active", "path", "time us", "GB/s", "floor us", "ratio",
+             "DeepGEMM-eq us");
+  fmt::print("|{:-<20}|{:->7}|{:->8}|{:-<9}|{:->12}|{:->10}|{:->11}|{:->7}|{:->15}|\n", "", "", "", "", "",
+             "", "", "", "");
+  std::vector<ops::MlpRef> experts;
+  for (int64_t e = 0; e < kE; ++e)
+    experts.push_back(
+        {weight(kI, kH, DType::f8e4m3fn), weight(kI, kH, DType::f8e4m3fn), weight(kH, kI, DType::f8e4m3fn)});
+  std::mt19937 r(11);
+  for (int64_t T : {1, 8, 32, 64, 128, 256, 1024, 4096}) {
+    Tensor ids = Tensor::empty({T, kTopK}, DType::i32);
+    std::vector<bool> used(kE, false);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> all(kE);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), r);
+      for (int64_t k = 0; k < kTopK; ++k) {
+        ids.data<int32_t>()[t * kTopK + k] = all[size_t(k)];
+        used[size_t(all[size_t(k)])] = true;
+      }
+    }
+    const int64_t active = std::count(used.begin(), used.end(), true);
+    const ops::Routing routing{ids.to(Device::cuda), rand_gpu({T, kTopK}, 12)};
+    const Tensor x = rand_gpu({T, kH}, 13);
+    const double bytes = double(active * 3 * kI * kH) + 8.0 * double(T * kH);
+    const double flops = 2.0 * double(T * kTopK * 3 * kI * kH);
+    const double floor_us = std::max(bytes / kHbm, flops / kFp8) * 1e6;
+    const struct {
+      const char* tag;
+      ops::MoePath path;
+    } paths[] = {{"dev", ops::MoePath::device},
+                 {"dev_fp8", ops::MoePath::device_fp8},
+                 {"host", ops::MoePath::host},
+                 {"auto", ops::MoePath::automatic}};
+    for (const auto& pa : paths) {
+      if (pa.path == ops::MoePath::device && T > 256) continue;  // the CUDA-core kernels: ~100 ms there
+      ops::KernelOptions ko;
+      ko.moe = pa.path;
+      const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
+      const double us = time_us([&] { be->moe_experts(x, routing, experts); }, 2, 10);
+      fmt::print(
+          "| {:<18} | {:>5} | {:>6} | {:<7} | {:>10.1f} | {:>8.1f} | {:>9.1f} | {:>5.2f} | {:>13.1f} |\n",
+          "per layer", T, active, pa.tag, us, bytes / (us * 1e-6) / 1e9, floor_us, floor_us / us,
+          double(active) * kDeepGemmExpertUs);
+      std::fflush(stdout);
+    }
+  }
+  kc::clear_gemm_caches();
+}
+
 }  // namespace
 
-int main() {
+// `ops_gpu_bench moe` runs only the routed experts' table.
+int main(int argc, char** argv) {
   if (dsaserve::kernels::cuda::device_count() == 0) {
     fmt::print("ops_gpu_bench: no CUDA device, nothing to measure\n");
     return 0;
   }
   ops::cuda::install_backend();
   fmt::print("ops_gpu_bench on {}\n", dsaserve::kernels::cuda::device_summary());
+  if (argc > 1 && std::string(argv[1]) == "moe") {
+    bench_moe_experts();
+    return 0;
+  }
   fmt::print("| {:<24} | {:>5} | {:<22} | {:>10} | {:>8} | {:>8} | {:>9} | {:>5} |\n", "op", "T",
              "shape [T,K,N]", "time us", "GB/s", "TFLOP/s", "floor us", "ratio");
   fmt::print("|{:-<26}|{:->7}|{:-<24}|{:->12}|{:->10}|{:->10}|{:->11}|{:->7}|\n", "", "", "", "", "", "", "",
@@ -278,55 +344,6 @@ int main() {
     }
   }
   {
-    // Routed experts at GLM-5.3 shapes: 256 experts (2048 x 6144), top-8 of a random routing, FP8 and bf16
-    // weights; both paths of moe_experts at decode sizes (dev: device-grouped kernels, no host sync; host:
-    // per-expert cuBLASLt GEMMs), the automatic choice at 4096 (the host path). Bytes: the weights of the
-    // experts that received tokens + the activations read and written (x, out).
-    namespace kc = dsaserve::kernels::cuda;
-    constexpr int64_t kE = 256, kI = 2048, kTopK = 8;
-    for (DType dt : {DType::f8e4m3fn, DType::bf16}) {
-      std::vector<ops::MlpRef> experts;
-      for (int64_t e = 0; e < kE; ++e)
-        experts.push_back({weight(kI, kH, dt), weight(kI, kH, dt), weight(kH, kI, dt)});
-      std::mt19937 r(11);
-      for (int64_t T : kTs) {
-        if (dt == DType::bf16 && T > 256) continue;
-        Tensor ids = Tensor::empty({T, kTopK}, DType::i32);
-        std::vector<bool> used(kE, false);
-        for (int64_t t = 0; t < T; ++t) {
-          std::vector<int32_t> all(kE);
-          std::iota(all.begin(), all.end(), 0);
-          std::shuffle(all.begin(), all.end(), r);
-          for (int64_t k = 0; k < kTopK; ++k) {
-            ids.data<int32_t>()[t * kTopK + k] = all[size_t(k)];
-            used[size_t(all[size_t(k)])] = true;
-          }
-        }
-        const int64_t active = std::count(used.begin(), used.end(), true);
-        const ops::Routing routing{ids.to(Device::cuda), rand_gpu({T, kTopK}, 12)};
-        const Tensor x = rand_gpu({T, kH}, 13);
-        const double wbytes = double(active * 3 * kI * kH) * (dt == DType::bf16 ? 2 : 1);
-        const struct {
-          const char* tag;
-          ops::MoePath path;
-        } paths[] = {
-            {"dev", ops::MoePath::device}, {"host", ops::MoePath::host}, {"auto", ops::MoePath::automatic}};
-        for (const auto& pa : paths) {
-          if ((T > 256) != (pa.path == ops::MoePath::automatic)) continue;
-          ops::KernelOptions ko;
-          ko.moe = pa.path;
-          const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
-          row(fmt::format("moe_experts {} {} 256x8", dt == DType::bf16 ? "bf16" : "fp8", pa.tag), T,
-              fmt::format("[{},{},{}]x8", T, kH, kI),
-              time_us([&] { be->moe_experts(x, routing, experts); }, 2, 10),
-              wbytes + 4.0 * double(T * kH * 2), 2.0 * double(T * kTopK * 3 * kI * kH),
-              dt == DType::bf16 ? kBf16 : kFp8);
-        }
-      }
-    }
-    dsaserve::kernels::cuda::clear_gemm_caches();
-  }
-  {
     // Absorbed MLA over a DSA selection of 2048 keys (the plain kernel; the fast one is CUDA path part 2).
     const int64_t start = 8192, ps = 64;
     for (int64_t T : kTs) {
@@ -385,6 +402,7 @@ int main() {
     }
   }
   bench_mla_fused(kTs, sizeof(kTs) / sizeof(kTs[0]));
+  bench_moe_experts();
   const auto st = dsaserve::kernels::cuda::gemm_stats();
   fmt::print(
       "GEMM paths: {} FP8 block-scaled calls, {} bf16, {} f32, {} FP8 weights dequantised (fallback), {} "

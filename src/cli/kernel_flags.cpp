@@ -39,7 +39,8 @@ std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub) {
       ->group(g)
       ->capture_default_str();
   sub.add_option("--moe-path", f->moe,
-                 "routed experts: auto, device (grouped kernels) or host (per-expert GEMMs)")
+                 "routed experts: auto, device_fp8 (grouped FP8 tensor-core kernels), device (grouped "
+                 "CUDA-core kernels) or host (per-expert GEMMs)")
       ->group(g)
       ->capture_default_str();
   return f;

@@ -25,10 +25,12 @@ enum class MlaV5Order : int { automatic = 0, early = 1, late = 2 };
 enum class IndexerScoreKernel : int { automatic = 0, v2 = 2, v3 = 3 };
 // How the indexer's select runs (every path gives the same output); see indexer_topk_params.h.
 enum class IndexerSelectPath : int { automatic = 0, row = 1, passes = 2, cooperative = 3, row_fused = 4 };
-// The routed experts' path (kernels/cuda/ops_moe.cpp). automatic: the device-grouped kernels when the op
-// stream is capturing or the expert GEMMs are small, else the host-grouped cuBLASLt path; device / host
-// force one (tests, benchmarks); capture always takes the device path.
-enum class MoePath : int32_t { automatic = 0, device = 1, host = 2 };
+// The routed experts' path (kernels/cuda/ops_moe.cpp; select_moe_path decides). device: the
+// device-grouped CUDA-core kernels (weights dequantised in registers, f32 activations); device_fp8: the
+// device-grouped tensor-core kernels of the FP8 recipe (FP8 experts with 128x128 blocks, fast GEMMs; not
+// the default yet: not measured on the GPU); host: the host-grouped per-expert cuBLASLt GEMMs. automatic
+// picks device or host by shape; capture never runs host.
+enum class MoePath : int32_t { automatic = 0, device = 1, host = 2, device_fp8 = 3 };
 // fast: the production GEMM recipes (bf16 / FP8 tensor cores); fp32: every weight dequantised once to
 // f32 and multiplied in f32 (a reference-precision mode for accuracy checks; several times the memory).
 enum class GemmPrecision : int { fast = 0, fp32 = 1 };
@@ -68,9 +70,22 @@ bool select_mla_v5_early(MlaV5Order requested, bool sparse);
 // batch 64 x 128K: FP8 350 us against v2's 363; bf16 527 us both); v3 over bf16 keys is v2.
 IndexerScoreKernel select_indexer_score_kernel(IndexerScoreKernel requested, bool fp8_keys);
 
+// What a moe_experts call is: `pairs` (token, expert) pairs over `experts` experts of width hidden x inter;
+// fp8_grouped: the experts fit the FP8 tensor-core kernels (FP8 weights, 128x128 blocks, hidden and inter
+// multiples of 128) and the GEMMs run in fast precision; capturing: the op stream is being captured.
+struct MoeCall {
+  int64_t pairs = 0, experts = 1, hidden = 0, inter = 0;
+  bool fp8_grouped = false, capturing = false;
+};
+// The path a call takes (never automatic): `requested` unless automatic, with two rules: device_fp8 where
+// the experts do not fit it runs device, and host while capturing runs device. automatic: device while
+// capturing, for at most 2 rows per expert on average or while the expert GEMMs are small (6 x pairs x
+// hidden x inter <= 3e8 x experts), else host.
+MoePath select_moe_path(MoePath requested, const MoeCall& c);
+
 // ---- names (command-line flags, benchmark output) ----
 // "auto", "v2", "v4", "v5" / "auto", "early", "late" / "auto", "v2", "v3" / "auto", "row", "row_fused",
-// "passes", "coop" / "fast", "fp32" / "auto", "device", "host".
+// "passes", "coop" / "fast", "fp32" / "auto", "device", "device_fp8", "host".
 std::string_view name(MlaDecodeKernel k);
 std::string_view name(MlaV5Order o);
 std::string_view name(IndexerScoreKernel k);

@@ -68,6 +68,55 @@ TEST(KernelSelect, IndexerScore) {
   EXPECT_EQ(select_indexer_score_kernel(S::v2, false), S::v2);
 }
 
+// GLM-5.3's routed experts: 256 of 6144 x 2048, top-8 (pairs = 8 x tokens).
+MoeCall glm_call(int64_t tokens, bool fp8, bool capturing = false) {
+  MoeCall c;
+  c.pairs = 8 * tokens;
+  c.experts = 256;
+  c.hidden = 6144;
+  c.inter = 2048;
+  c.fp8_grouped = fp8;
+  c.capturing = capturing;
+  return c;
+}
+
+TEST(KernelSelect, MoePathAutomatic) {
+  // Whatever the experts' dtype (device_fp8 is not the default yet): the CUDA-core grouped kernels up to 2
+  // rows per expert on average or while the GEMMs are small, else the host path; capture: device.
+  for (bool fp8 : {false, true}) {
+    EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(1, fp8)), MoePath::device);
+    EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(64, fp8)), MoePath::device);  // 2 rows
+    EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(96, fp8)), MoePath::device);  // small GEMMs
+    EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(256, fp8)), MoePath::host);
+    EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(4096, fp8)), MoePath::host);
+    EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(4096, fp8, true)), MoePath::device);
+  }
+  // Narrow experts (realdims: 16 of 256 x 128, top-4) stay on the device path while their GEMMs are small.
+  MoeCall narrow;
+  narrow.experts = 16;
+  narrow.hidden = 256;
+  narrow.inter = 128;
+  narrow.pairs = 4 * 300;  // 75 rows per expert
+  EXPECT_EQ(select_moe_path(MoePath::automatic, narrow), MoePath::device);
+  narrow.pairs = 4 * 100000;
+  EXPECT_EQ(select_moe_path(MoePath::automatic, narrow), MoePath::host);
+}
+
+TEST(KernelSelect, MoePathRequests) {
+  for (int64_t T : {1, 4096}) {
+    for (bool capturing : {false, true}) {
+      // device and device_fp8 run as asked (device_fp8 where the experts fit it, else device).
+      EXPECT_EQ(select_moe_path(MoePath::device, glm_call(T, true, capturing)), MoePath::device);
+      EXPECT_EQ(select_moe_path(MoePath::device_fp8, glm_call(T, true, capturing)), MoePath::device_fp8);
+      EXPECT_EQ(select_moe_path(MoePath::device_fp8, glm_call(T, false, capturing)), MoePath::device);
+    }
+    // host runs as asked, except under capture (no host synchronisation there): device.
+    EXPECT_EQ(select_moe_path(MoePath::host, glm_call(T, true)), MoePath::host);
+    EXPECT_EQ(select_moe_path(MoePath::host, glm_call(T, true, true)), MoePath::device);
+    EXPECT_EQ(select_moe_path(MoePath::host, glm_call(T, false, true)), MoePath::device);
+  }
+}
+
 TEST(KernelOptionsNames, RoundTripAndErrors) {
   for (K k : {K::automatic, K::v2, K::v4, K::v5}) EXPECT_EQ(parse_mla_decode_kernel(name(k), "--f"), k);
   for (MlaV5Order o : {MlaV5Order::automatic, MlaV5Order::early, MlaV5Order::late})
@@ -80,8 +129,10 @@ TEST(KernelOptionsNames, RoundTripAndErrors) {
     EXPECT_EQ(parse_indexer_select_path(name(p), "--f"), p);
   for (GemmPrecision g : {GemmPrecision::fast, GemmPrecision::fp32})
     EXPECT_EQ(parse_gemm_precision(name(g), "--f"), g);
-  for (MoePath m : {MoePath::automatic, MoePath::device, MoePath::host})
+  for (MoePath m : {MoePath::automatic, MoePath::device, MoePath::device_fp8, MoePath::host})
     EXPECT_EQ(parse_moe_path(name(m), "--f"), m);
+  EXPECT_EQ(name(MoePath::device_fp8), "device_fp8");
+  EXPECT_THROW(parse_moe_path("fp8", "--moe-path"), Error);
   // Removed kernels (MLA decode v1 / v3, indexer score v1) and unknown names are errors naming the flag.
   for (const char* bad : {"v1", "v3", "", "V5"}) {
     try {

@@ -41,14 +41,7 @@ struct Stage {
   static constexpr size_t kSmem = size_t(kStages) * kBytes;
 };
 
-__device__ __forceinline__ void mma_e4m3(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+using mma::mma_e4m3;
 
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_small_gemm_kernel(const Fp8SmallGemmParams p) {

@@ -92,4 +92,38 @@ struct MoeExpertGemmParams {
 };
 cudaError_t launch_moe_expert_gemm(const MoeExpertGemmParams& p, cudaStream_t stream);
 
+// The grouped expert GEMMs on tensor cores for FP8 experts (sm90_moe_fp8.cu): the FP8 recipe of the dense
+// linears (gemm.h: activations quantised per row per 128-group by launch_quant_fp8, e4m3 x e4m3 products
+// summed in f32 per 128-wide K block, times the weight's 128x128 block scale and the row's group scale)
+// over the device grouping's layout, one launch per matrix for every active expert.
+//   gate_up: out[m, n] = silu(xq[in_rows[m]] . gate[e][n]) * (xq[in_rows[m]] . up[e][n]),  n < inter
+//   down:    out[m, n] = xq[m] . down[e][n],                                                n < hidden
+// A persistent grid walks the work items (active slot, feature tile: gate_up 64 features of gate and the
+// same 64 of up, down 128 features); a CTA streams the item's 128 weight rows once per pass of
+// `tile_rows` packed rows of its expert (the "swap AB" form: weights are the M operand of mma.sync
+// m16n8k32, rows the N operand) through a cp.async pipeline. Slots >= header[0] are never visited:
+// experts without rows are never read; the grid depends on the shapes only. Requires 128x128 weight blocks, K
+// % 128 == 0, K <= kMoeFp8MaxK, 16-byte aligned weights and xq.
+inline constexpr int64_t kMoeFp8MaxK = 16384;
+struct MoeFp8GemmParams {
+  const MoeExpertWeights* table;  // [experts] device table (fp8 weights, f32 block scales)
+  const int32_t* header;          // [4] of the grouping (header[0] = active experts)
+  const int32_t* offsets;         // [experts + 1]
+  const int32_t* active;          // [experts]
+  const int32_t* in_rows;         // [pairs] row of xq holding packed row m's input (gate_up: its token),
+                                  // or null (row m)
+  const uint8_t* xq;              // [*, K] e4m3 codes, rows K bytes apart
+  const float* x_scale;           // row r's scale of K block kb at x_scale[kb * x_scale_ld + r]
+  int64_t x_scale_ld;
+  float* out;  // [pairs, N] f32 contiguous, packed by expert
+  int64_t N, K;
+  int experts;
+  bool gate_up;
+  int tile_rows;  // packed rows per pass: 8, 16, 32 or 64 (any count is correct; tunes speed)
+};
+// The tile_rows the launch takes for `pairs` rows over `experts` experts (shapes only): the power of two
+// >= 4 x the mean rows per expert, within [8, 64].
+int moe_fp8_tile_rows(int64_t pairs, int64_t experts);
+cudaError_t launch_moe_fp8_gemm(const MoeFp8GemmParams& p, cudaStream_t stream);
+
 }  // namespace dsaserve::kernels::cuda

@@ -1,15 +1,19 @@
 // Host wrappers of the MoE operators.
 //
 // moe_experts groups the (token, expert) pairs by expert on the device (moe_grouped.cu: counts, offsets,
-// packed rows in token order, the list of active experts), then takes one of two paths:
-// - device path (decode; always while the op stream is being captured into a CUDA graph): two grouped
-//   kernels (gate + up + SiLU-mul, then down) that visit only the active experts and read each one's
-//   weights once per group of rows, then the weighted combine. No host synchronisation, launch
-//   configurations that depend on shapes only; the experts' weight pointers reach the kernels through a
-//   small device table built on first use (outside capture) and cached per experts vector.
-// - host path (prefill): the expert offsets (E + 5 integers) come back to the host, then one cuBLASLt
-//   GEMM per active expert and matrix on its slice of the gathered tokens, SiLU-mul, the combine.
-// Both paths read only the experts that received tokens.
+// packed rows in token order, the list of active experts), then takes one of three paths
+// (kernels::select_moe_path):
+// - device_fp8 (asked for, FP8 experts with fast GEMMs; not the default yet): the tokens quantised once
+//   per 128-group (the dense FP8 recipe), a grouped tensor-core kernel for gate + up + SiLU-mul
+//   (sm90_moe_fp8.cu), the result quantised per 128-group, the grouped kernel for down, the combine;
+// - device (decode and graph capture by default): the same two grouped steps on the CUDA cores
+//   (moe_grouped.cu), weights dequantised in registers, f32 activations;
+// Both device paths visit only the active experts, need no host synchronisation and have launch
+// configurations that depend on shapes only; the experts' weight pointers reach the kernels through a
+// small device table built on first use (outside capture) and cached per experts vector.
+// - host path (prefill sizes): the expert offsets (E + 5 integers) come back to the host, then one
+//   cuBLASLt GEMM per active expert and matrix on its slice of the gathered tokens, SiLU-mul, the combine.
+// Every path reads only the experts that received tokens.
 //
 // Routing ids outside [0, E): the host path throws dsaserve::Error (it reads the count back anyway). The
 // device path cannot look without a host sync: it drops such pairs (they add nothing to their token),
@@ -27,6 +31,7 @@
 #include "kernels/cuda/elementwise_params.h"
 #include "kernels/cuda/moe_params.h"
 #include "kernels/cuda/views.h"
+#include "kernels/kernel_options.h"
 
 namespace dsaserve::kernels::cuda {
 
@@ -58,17 +63,6 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
 }
 
 namespace {
-
-// Device path while the experts get at most this many rows each on average (pairs <= rows x E). Measured
-// on the H200 at GLM-5.3 widths (256 experts, top-8, FP8): 1 row per expert (T = 32) 2.9 ms on the
-// device against 6.1 ms on the host path; 8 rows (T = 256) 27.1 ms against 11.4 ms: the grouped kernels
-// multiply on the CUDA cores at ~6 TFLOP/s, so their cost grows with the rows while the host path's is
-// mostly its ~12 launches per active expert.
-constexpr int64_t kDeviceMaxRowsPerExpert = 2;
-// Above that, the device path still wins while an expert's three GEMMs cost less on the CUDA cores than
-// the host path's launches for it (~50 us: about 0.3 GFLOP at the ~6 TFLOP/s the kernels reach; narrow
-// models such as realdims stay on the device path).
-constexpr double kDeviceFlopsPerExpert = 3e8;
 
 bool stream_capturing() {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
@@ -280,6 +274,69 @@ void device_experts(const RowView& xv, const Routing& routing, const TableView& 
       "moe_experts combine");
 }
 
+// The experts' shapes the FP8 tensor-core kernels take (the table's dtype and blocks are checked for every
+// expert when it is built).
+bool fp8_grouped_fits(const WeightRef& g0, int64_t H, GemmPrecision prec) {
+  if (prec != GemmPrecision::fast || !g0.weight.defined() || g0.weight.dim() != 2) return false;
+  const int64_t I = g0.rows();
+  return g0.weight.dtype() == DType::f8e4m3fn && g0.block_n == 128 && g0.block_k == 128 && g0.cols() == H &&
+         H % 128 == 0 && I % 128 == 0 && H <= kMoeFp8MaxK && I <= kMoeFp8MaxK;
+}
+
+// x's rows quantised per 128-group (codes [rows, cols], scales [cols / 128, rows]): the FP8 recipe.
+struct Quantised {
+  Tensor codes, scales;
+};
+Quantised quantise(const float* x, int64_t stride, int64_t rows, int64_t cols, const char* what) {
+  Quantised q{Tensor::empty({rows, cols}, DType::u8, Device::cuda),
+              Tensor::empty({cols / 128, rows}, DType::f32, Device::cuda)};
+  check_launch(
+      launch_quant_fp8({x, q.codes.data_u8(), q.scales.data<float>(), rows, rows, cols, stride}, op_stream()),
+      what);
+  return q;
+}
+
+void device_fp8_experts(const RowView& xv, const Routing& routing, const TableView& tab, const int32_t* plan,
+                        const PlanLayout& l, int64_t K, Tensor& out) {
+  const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
+  DSA_CHECK(tab.hidden == H, "moe_experts: experts take {} features, the input has {}", tab.hidden, H);
+  const Quantised xq = quantise(xv.p, xv.stride, T, H, "moe_experts fp8 input");
+  MoeFp8GemmParams p{};
+  p.table = static_cast<const MoeExpertWeights*>(tab.table.raw_data());
+  p.header = plan + l.header();
+  p.offsets = plan + l.offsets();
+  p.active = plan + l.active();
+  p.experts = int(E);
+  p.tile_rows = moe_fp8_tile_rows(M, E);
+  Tensor act = Tensor::empty({M, I}, DType::f32, Device::cuda);  // [M, I] silu(gate) * up, packed by expert
+  p.in_rows = plan + l.rows();
+  p.xq = xq.codes.data_u8();
+  p.x_scale = xq.scales.data<float>();
+  p.x_scale_ld = T;
+  p.out = act.data<float>();
+  p.N = I;
+  p.K = H;
+  p.gate_up = true;
+  check_launch(launch_moe_fp8_gemm(p, op_stream()), "moe_experts fp8 gate/up");
+  // Rows past the last expert's (dropped pairs) hold no value; their codes are never read.
+  const Quantised aq = quantise(act.data<float>(), I, M, I, "moe_experts fp8 act");
+  Tensor y = Tensor::empty({M, H}, DType::f32, Device::cuda);  // [M, H] expert outputs, packed by expert
+  p.in_rows = nullptr;
+  p.xq = aq.codes.data_u8();
+  p.x_scale = aq.scales.data<float>();
+  p.x_scale_ld = M;
+  p.out = y.data<float>();
+  p.N = H;
+  p.K = I;
+  p.gate_up = false;
+  check_launch(launch_moe_fp8_gemm(p, op_stream()), "moe_experts fp8 down");
+  check_launch(
+      launch_moe_combine({y.data<float>(), plan + l.pos(),
+                          static_cast<const float*>(routing.weights.raw_data()), out.data<float>(), T, K, H},
+                         op_stream()),
+      "moe_experts combine");
+}
+
 void host_experts(const RowView& xv, const Routing& routing, const std::vector<MlpRef>& experts,
                   const int32_t* plan, const PlanLayout& l, int64_t K, Tensor& out, GemmPrecision prec) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs;
@@ -364,21 +421,28 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
   check_launch(launch_moe_group(g, op_stream()), "moe_experts grouping");
 
   const bool capturing = stream_capturing();
-  const MoePath path = o.moe;
-  bool device = capturing || path == MoePath::device;
-  if (!device && path == MoePath::automatic) {
-    const WeightRef& g0 = experts[0].gate;
-    const double I = g0.weight.defined() ? double(g0.rows()) : 0.0;
-    device = l.pairs <= kDeviceMaxRowsPerExpert * E ||
-             6.0 * double(l.pairs) * double(H) * I <= kDeviceFlopsPerExpert * double(E);
-  }
-  if (device) {
+  const WeightRef& g0 = experts[0].gate;
+  MoeCall call;
+  call.pairs = l.pairs;
+  call.experts = E;
+  call.hidden = H;
+  call.inter = g0.weight.defined() && g0.weight.dim() == 2 ? g0.rows() : 0;
+  call.fp8_grouped = fp8_grouped_fits(g0, H, o.gemm);
+  call.capturing = capturing;
+  const MoePath path = select_moe_path(o.moe, call);
+  if (path != MoePath::host) {
     const TableView tab = expert_table(experts, capturing);
+    const bool fp8 = path == MoePath::device_fp8 && tab.dtype == DType::f8e4m3fn && tab.block_n == 128 &&
+                     tab.block_k == 128;
     if (tab.unusable.empty()) {
-      device_experts(xv, routing, tab, pd, l, K, out);
+      if (fp8) {
+        device_fp8_experts(xv, routing, tab, pd, l, K, out);
+      } else {
+        device_experts(xv, routing, tab, pd, l, K, out);
+      }
       return out;
     }
-    DSA_CHECK(!capturing && path != MoePath::device,
+    DSA_CHECK(!capturing && o.moe != MoePath::device && o.moe != MoePath::device_fp8,
               "moe_experts: the device path cannot run these experts: {}", tab.unusable);
   }
   host_experts(xv, routing, experts, pd, l, K, out, o.gemm);

@@ -1,6 +1,7 @@
 #pragma once
 // Warp-level tensor-core and async-copy primitives (sm_80+ instructions, used by the sm90_ attention
-// kernels): ldmatrix, mma.sync m16n8k16 bf16 with fp32 accumulation, cp.async with zero fill.
+// kernels): ldmatrix, mma.sync m16n8k16 bf16 and m16n8k32 e4m3 with fp32 accumulation, cp.async with zero
+// fill.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -30,6 +31,16 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c[16x8] += a[16x32] (row) * b[32x8] (col), e4m3 in, f32 accumulate (sm_89+).
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {

@@ -1,16 +1,19 @@
 // The MoE experts on the GPU: the device grouping of the routing against a host reference, moe_experts on
 // both paths (device-grouped kernels, host-grouped cuBLASLt) against the CPU op at GLM-5.3 shapes (hidden
 // 6144, moe_intermediate 2048, 256 experts top-8) and realdims shapes (hidden 256, 16 experts top-4,
-// intermediate 128), dropped out-of-range ids, and a CUDA-graph capture replayed with new routings.
+// intermediate 128), the grouped FP8 tensor-core kernels (device_fp8) at GLM-5.3 shapes with ragged rows,
+// dropped out-of-range ids, and a CUDA-graph capture replayed with new routings.
 //
 // GLM-5.3 shapes: the 256 experts share 16 distinct weight sets (expert e uses set e % 16; random weights
 // for 256 experts would take minutes to make), so the kernels still see 256 experts' pointers; the CPU
 // reference runs the 16 sets with the ids taken mod 16 (the same products, summed in another order).
 // Tolerances (per row ||diff||_2 / ||ref||_2): the device path multiplies the exactly dequantised weights
 // with the f32 activations like the CPU, 1e-4; the host path rounds activations to bf16 (1e-2 from the
-// CPU op) or, with FP8 weights, runs the FP8 recipe: it is held to the CPU op with that arithmetic
-// emulated (kernels::make_fp8_emulation_backend; 3e-2), its distance from the exact product (the
-// FP8 rounding itself, up to ~9e-2 at realdims widths) is printed.
+// CPU op) or, with FP8 weights, runs the FP8 recipe, as the device_fp8 path (the grouped tensor-core
+// kernels) does: both are held to the CPU op with that arithmetic emulated
+// (kernels::make_fp8_emulation_backend; 3e-2, 1e-2 at GLM-5.3 widths: see kTolFp8EmulatedGlm) and, at
+// GLM-5.3 widths, device_fp8 to the exact CPU op within the dense FP8 linears' tolerance (5e-2, ops_test);
+// at realdims widths the FP8 rounding itself (up to ~9e-2) is printed.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -42,6 +45,13 @@ constexpr double kTolDevice = 1e-4, kTolBf16 = 1e-2;
 // the worst row by 0.9e-2 / 1.9e-2 / 2.4e-2, bf16 products by 3.2e-2; the FP8 rounding itself is 6e-2 from
 // the exact product there (9.3e-2 measured on the H200).
 constexpr double kTolFp8Emulated = 3e-2;
+// device_fp8 against the emulation at GLM-5.3 widths: the inputs quantise to the same codes, the f32 sums
+// differ by accumulation order (~1e-6 relative), which flips an e4m3 code of the down projection's input
+// (the SiLU-mul output) only within ~1e-6 of a rounding boundary: ~3e-5 of the 2,048 values of a row,
+// each flip moving one of 2,048 products by at most one e4m3 step (2^-3): ~1e-3 of the row at worst.
+constexpr double kTolFp8EmulatedGlm = 1e-2;
+// The FP8 recipe against the exact product at GLM-5.3 widths: the dense FP8 linears' tolerance (ops_test).
+constexpr double kTolFp8Exact = 5e-2;
 
 class CudaMoe : public testing::GpuTest {
  protected:
@@ -256,10 +266,14 @@ void check_both_paths(const std::string& name, const Tensor& x, const Routing& r
   if (!host_path) return;
   const Tensor host = run_path(MoePath::host, x_d, r_d, s);
   if (dt == DType::f8e4m3fn) {
-    report_gemm(name + " host~cpu_fp8_emulation", shape_str(x.shape()), host, reference_fp8_emulated(x, r, s),
-                kTolFp8Emulated);
+    const Tensor emulated = reference_fp8_emulated(x, r, s);
+    report_gemm(name + " host~cpu_fp8_emulation", shape_str(x.shape()), host, emulated, kTolFp8Emulated);
     fmt::print("RESULT op={:<22} shape={:<34} l2_rel_err={:.3g} (the FP8 rounding: printed, not asserted)\n",
                name + " host~exact", shape_str(x.shape()), row_l2_rel_error(host, want));
+    const Tensor tc = run_path(MoePath::device_fp8, x_d, r_d, s);
+    report_gemm(name + " device_fp8~cpu_fp8_emulation", shape_str(x.shape()), tc, emulated, kTolFp8Emulated);
+    fmt::print("RESULT op={:<22} shape={:<34} l2_rel_err={:.3g} (printed, not asserted)\n",
+               name + " device_fp8~exact", shape_str(x.shape()), row_l2_rel_error(tc, want));
     return;
   }
   const double tol = dt == DType::bf16 ? kTolBf16 : kTolDevice;
@@ -307,6 +321,47 @@ TEST_F(CudaMoe, RealdimsShapesAllDtypesAndRoutings) {
   }
 }
 
+// The grouped FP8 tensor-core kernels (device_fp8) at GLM-5.3 widths against the CPU op with their
+// arithmetic emulated and against the exact CPU op: ragged row counts, every pair on one expert (2,056
+// rows: passes of 64), out-of-range ids dropped (adding nothing, counted).
+TEST_F(CudaMoe, Fp8TensorCoreGlmShapes) {
+  constexpr int64_t kH = 6144, kI = 2048, kE = 256, kK = 8, kSets = 16;
+  const ExpertSet s = make_experts(kSets, kE, kH, kI, DType::f8e4m3fn, 9000);
+  struct Case {
+    int64_t T;
+    int kind;  // as make_routing: 0 distinct experts per token, 2 every pair on expert 7
+    bool bad_ids;
+  };
+  const Case cases[] = {{1, 0, false},   {3, 0, false},   {32, 0, false}, {128, 0, false},
+                        {257, 0, false}, {257, 2, false}, {32, 0, true}};
+  for (const Case& c : cases) {
+    Routing r = make_routing(c.T, kK, kE, c.kind, 9100 + uint64_t(c.T * 3 + c.kind));
+    const Tensor x = rand_f32({c.T, kH}, 9200 + uint64_t(c.T));
+    Routing clean{r.ids.clone(), r.weights.clone()};  // the dropped pairs as weight-0 pairs on expert 0
+    if (c.bad_ids) {
+      r.ids.data<int32_t>()[5] = -1;
+      r.ids.data<int32_t>()[70] = int32_t(kE);
+      r.ids.data<int32_t>()[255] = 1 << 30;
+      for (int64_t i : {5, 70, 255}) {
+        clean.ids.data<int32_t>()[i] = 0;
+        clean.weights.data<float>()[i] = 0.0f;
+      }
+    }
+    const std::string name =
+        fmt::format("moe_experts glm device_fp8 T={} kind={}{}", c.T, c.kind, c.bad_ids ? " bad_ids" : "");
+    const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
+    int64_t dropped = 0;
+    ASSERT_EQ(moe_take_dropped_pairs(&dropped), cudaSuccess);
+    const Tensor got = run_path(MoePath::device_fp8, x.to(Device::cuda), r_d, s);
+    ASSERT_EQ(moe_take_dropped_pairs(&dropped), cudaSuccess);
+    EXPECT_EQ(dropped, c.bad_ids ? 3 : 0) << name;
+    report_gemm(name + " ~cpu_fp8_emulation", shape_str(x.shape()), got, reference_fp8_emulated(x, clean, s),
+                kTolFp8EmulatedGlm);
+    report_gemm(name + " ~exact", shape_str(x.shape()), got, reference(x, clean, s), kTolFp8Exact);
+  }
+  clear_gemm_caches();
+}
+
 // Out-of-range ids: the device path drops those pairs (they add nothing) and counts them; the host path
 // throws.
 TEST_F(CudaMoe, OutOfRangeIds) {
@@ -335,8 +390,13 @@ TEST_F(CudaMoe, OutOfRangeIds) {
 // Captures moe_experts on a non-blocking stream (OpStreamScope points the ops at it) and replays the graph
 // with routings and inputs written into the same device buffers: each replay equals an eager call
 // bit for bit, and the CPU op within tolerance.
+// FP8 experts run the device_fp8 kernels (asked for, eagerly and in the capture) and are held to the CPU
+// emulation of their arithmetic; the others the CUDA-core kernels (the capture asks for host: capture takes
+// the device path whatever is asked), held to the exact CPU op.
 void capture_and_replay(const std::string& name, int64_t T, int64_t K, int64_t E, int64_t H, int64_t I,
                         int64_t sets, DType dt) {
+  const bool fp8 = dt == DType::f8e4m3fn;
+  const MoePath eager_path = fp8 ? MoePath::device_fp8 : MoePath::device;
   const ExpertSet s = make_experts(sets, E, H, I, dt, 8000 + uint64_t(H));
   // The uploads above ran on the legacy stream, which a non-blocking stream does not wait for.
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -358,7 +418,7 @@ void capture_and_replay(const std::string& name, int64_t T, int64_t K, int64_t E
   };
   auto eager = [&] {
     OpStreamScope scope(st);
-    Tensor out = moe_on_path(MoePath::device, x_d, r_d, s.gpu);  // large T would take the host path eagerly
+    Tensor out = moe_on_path(eager_path, x_d, r_d, s.gpu);  // large T would take the host path eagerly
     Tensor h = Tensor::empty(out.shape(), DType::f32);
     EXPECT_EQ(cudaMemcpyAsync(h.raw_data(), out.raw_data(), out.nbytes(), cudaMemcpyDeviceToHost, st),
               cudaSuccess);
@@ -376,7 +436,7 @@ void capture_and_replay(const std::string& name, int64_t T, int64_t K, int64_t E
   {
     OpStreamScope scope(st);
     ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    out_g = moe_on_path(MoePath::host, x_d, r_d, s.gpu);  // capture takes the device path whatever is asked
+    out_g = moe_on_path(fp8 ? MoePath::device_fp8 : MoePath::host, x_d, r_d, s.gpu);
     ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess) << name << ": capture failed";
   }
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
@@ -395,8 +455,9 @@ void capture_and_replay(const std::string& name, int64_t T, int64_t K, int64_t E
     fmt::print("RESULT op=moe_graph {:<30} round={} kind={} replay_vs_eager_max_rel={:.3g} {}\n", name, round,
                kind, diff, diff == 0.0 ? "ok" : "FAIL");
     EXPECT_EQ(diff, 0.0) << name << " round " << round;
-    report_gemm(fmt::format("moe_graph {} r{}", name, round), shape_str(x.shape()), got, reference(x, r, s),
-                kTolDevice);
+    report_gemm(fmt::format("moe_graph {} r{}", name, round), shape_str(x.shape()), got,
+                fp8 ? reference_fp8_emulated(x, r, s) : reference(x, r, s),
+                fp8 ? kTolFp8Emulated : kTolDevice);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
