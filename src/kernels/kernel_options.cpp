@@ -35,6 +35,11 @@ MoePath select_moe_path(MoePath requested, const MoeCall& c) {
     case MoePath::host: return c.capturing ? MoePath::device : MoePath::host;
     case MoePath::automatic: break;
   }
+  // FP8 experts with 128x128 blocks: the tensor-core grouped kernels at every size (measured on the H200,
+  // ops_gpu_bench moe, one GLM-5.3 layer: T = 1 111 us against the CUDA-core kernels' 127; T = 32 1.51 ms
+  // against 2.82 (0.92 of the weight-streaming floor); T = 128 2.68 ms against 9.44 and the host path's
+  // 10.3; T = 4096 16.4 ms against the host path's 19.9).
+  if (c.fp8_grouped) return MoePath::device_fp8;
   if (c.capturing) return MoePath::device;
   // The CUDA-core kernels multiply at ~6 TFLOP/s: they win while an expert's GEMMs cost less than the
   // host path's ~50 us of launches for it (~0.3 GFLOP; narrow models such as realdims stay on them).

@@ -78,9 +78,10 @@ struct MoeCall {
   bool fp8_grouped = false, capturing = false;
 };
 // The path a call takes (never automatic): `requested` unless automatic, with two rules: device_fp8 where
-// the experts do not fit it runs device, and host while capturing runs device. automatic: device while
-// capturing, for at most 2 rows per expert on average or while the expert GEMMs are small (6 x pairs x
-// hidden x inter <= 3e8 x experts), else host.
+// the experts do not fit it runs device, and host while capturing runs device. automatic: device_fp8 for
+// experts it fits (FP8, 128x128 blocks, the fast GEMM precision: fp8_grouped) at every size; otherwise
+// device while capturing, for at most 2 rows per expert on average or while the expert GEMMs are small
+// (6 x pairs x hidden x inter <= 3e8 x experts), else host.
 MoePath select_moe_path(MoePath requested, const MoeCall& c);
 
 // ---- names (command-line flags, benchmark output) ----

@@ -81,16 +81,20 @@ MoeCall glm_call(int64_t tokens, bool fp8, bool capturing = false) {
 }
 
 TEST(KernelSelect, MoePathAutomatic) {
-  // Whatever the experts' dtype (device_fp8 is not the default yet): the CUDA-core grouped kernels up to 2
-  // rows per expert on average or while the GEMMs are small, else the host path; capture: device.
-  for (bool fp8 : {false, true}) {
-    EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(1, fp8)), MoePath::device);
-    EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(64, fp8)), MoePath::device);  // 2 rows
-    EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(96, fp8)), MoePath::device);  // small GEMMs
-    EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(256, fp8)), MoePath::host);
-    EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(4096, fp8)), MoePath::host);
-    EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(4096, fp8, true)), MoePath::device);
+  // FP8 experts (128x128 blocks): the tensor-core grouped kernels at every size, capture included.
+  for (int64_t T : {1, 64, 96, 256, 4096}) {
+    for (bool capturing : {false, true}) {
+      EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(T, true, capturing)), MoePath::device_fp8) << T;
+    }
   }
+  // Other experts: the CUDA-core grouped kernels up to 2 rows per expert on average or while the GEMMs are
+  // small, else the host path; capture: device.
+  EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(1, false)), MoePath::device);
+  EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(64, false)), MoePath::device);  // 2 rows
+  EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(96, false)), MoePath::device);  // small GEMMs
+  EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(256, false)), MoePath::host);
+  EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(4096, false)), MoePath::host);
+  EXPECT_EQ(select_moe_path(MoePath::automatic, glm_call(4096, false, true)), MoePath::device);
   // Narrow experts (realdims: 16 of 256 x 128, top-4) stay on the device path while their GEMMs are small.
   MoeCall narrow;
   narrow.experts = 16;
