@@ -108,6 +108,39 @@ TEST(CudaGraphPlan, OnlyPureDecodeBatchesReplay) {
   EXPECT_FALSE(decode_graph_key(decode_batch({5, 32, 129}), GraphPlan(cfg)).has_value());
 }
 
+// The one rule serve, the engine and the runner follow: a CUDA build, the model on CUDA, a kernel-format
+// cache and absorbed decode tokens; the largest batch capped by --max-running-requests.
+TEST(CudaGraphPlan, OneRuleDecidesWhetherGraphsRun) {
+  GraphSupport s;
+  s.max_bs = 256;
+  s.max_running_requests = 64;
+  s.built = true;
+  s.device = Device::cuda;
+  s.kernel_format_cache = true;
+  EXPECT_EQ(cuda_graph_max_batch(s), 64);
+  s.max_running_requests = 0;  // no limit
+  EXPECT_EQ(cuda_graph_max_batch(s), 256);
+  auto off = [&](auto change) {
+    GraphSupport t = s;
+    change(t);
+    return cuda_graph_max_batch(t) == 0;
+  };
+  EXPECT_TRUE(off([](GraphSupport& t) { t.max_bs = 0; }));
+  EXPECT_TRUE(off([](GraphSupport& t) { t.built = false; }));
+  EXPECT_TRUE(off([](GraphSupport& t) { t.device = Device::cpu; }));
+  EXPECT_TRUE(off([](GraphSupport& t) { t.kernel_format_cache = false; }));
+  EXPECT_TRUE(off([](GraphSupport& t) { t.attention = model::AttentionForm::mha; }));
+  EXPECT_TRUE(off([](GraphSupport& t) { t.mha_min_tokens = 1; }));
+  EXPECT_FALSE(off([](GraphSupport& t) { t.attention = model::AttentionForm::absorbed; }));
+  // From a model: a CPU model never replays graphs, whatever its flags.
+  DSA_FIXTURE_PATH(dir, "models/tiny");
+  const auto m = model::Model::load(dir, false);
+  const GraphSupport g = graph_support(*m, std::nullopt, model::ForwardOptions{}, 256, 64, true);
+  EXPECT_EQ(g.device, Device::cpu);
+  EXPECT_FALSE(g.kernel_format_cache);
+  EXPECT_EQ(cuda_graph_max_batch(g), 0);
+}
+
 TEST(CudaGraphPlan, PacksRequestsThenPadding) {
   const int64_t ps = 64;
   const ForwardBatch b = decode_batch({5, 70, 130}, ps, 10);  // pages 10-11, 12-14, 15-18
