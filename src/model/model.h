@@ -2,7 +2,8 @@
 // Model: the glm_moe_dsa / deepseek_v32 forward pass (../shared/docs/MODEL.md) over a ForwardBatch and a
 // paged KvCache, written once against kernels/ops.h (it never branches on the device).
 //
-// One forward serves any mix of prefills, prefill chunks and single-token decodes. Each step writes the
+// One forward serves any mix of prefills, prefill chunks and single-token decodes (and the verify shape:
+// decoding requests with several new tokens), planned once per step (model/step_plan.h). Each step writes the
 // new tokens' latent KV (and indexer keys) into the cache at out_cache_loc, then attends over every
 // cached position of the request (or its DSA selection). MTP layers run through forward_mtp with their
 // own KV layers (indices L, L+1, ...) in the same cache and the same page tables.

@@ -47,7 +47,9 @@ Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache
                   const KernelOptions& opts = {}, const MlaRowsPlan* plan = nullptr);
 
 // The ops.h contract of mla_attention_absorbed for one request (rows t = 0..T-1 at start_pos + t) over a
-// latent cache in a kernel format (kv.cache from mla_kv_cache_empty, kv.page_table i32 on the GPU).
+// latent cache in a kernel format (kv.cache from mla_kv_cache_empty, kv.page_table i32 on the GPU). It
+// uploads its rows' lengths (a synchronous copy) and plans the call: for direct callers of the one-request
+// operator; the model's steps call mla_decode over the step plan's rows and launch plan instead.
 Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                                    int64_t start_pos, const Tensor& sel, double scale,
                                    const KernelOptions& opts = {});
@@ -93,7 +95,8 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
                          int64_t score_budget_bytes = kIndexerScoreBudgetBytes,
                          const KernelOptions& opts = {}, const IndexerRowsPlan* plan = nullptr);
 
-// The ops.h contract of indexer_topk for one request (keys.cache bf16 [slots, 128] or FP8 u8 [slots, 132]).
+// The ops.h contract of indexer_topk for one request (keys.cache bf16 [slots, 128] or FP8 u8 [slots, 132]);
+// like mla_attention_absorbed_sm90 it uploads its rows and plans the call (the model's steps do not).
 Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos,
                          int64_t topk, double scale, double weight_scale, const KernelOptions& opts = {});
 
