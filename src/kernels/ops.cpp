@@ -301,6 +301,13 @@ Tensor Ops::mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const 
   DSA_KERNEL_SPAN("mla_attention_absorbed", q_lat);
   return on(q_lat.device()).mla_attention_rows(q_lat, q_rope, kv, sel, scale);
 }
+MlaRowsPlan Ops::plan_mla_rows(Device d, int64_t rows, int64_t heads, int64_t max_keys) const {
+  return on(d).plan_mla_rows(rows, heads, max_keys);
+}
+IndexerRowsPlan Ops::plan_indexer_rows(Device d, int64_t rows, int64_t max_len, int64_t topk,
+                                       std::span<const int32_t> len_host) const {
+  return on(d).plan_indexer_rows(rows, max_len, topk, len_host);
+}
 Tensor Ops::attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                           int64_t start_pos, const Tensor& sel, double scale) const {
   DSA_KERNEL_SPAN("attention_mha", q);
@@ -364,6 +371,11 @@ std::vector<Tensor> Backend::linear_multi(const Tensor& x, const std::vector<Wei
   out.reserve(ws.size());
   for (const WeightRef& w : ws) out.push_back(linear(x, w, 0, w.rows(), Tensor()));
   return out;
+}
+
+MlaRowsPlan Backend::plan_mla_rows(int64_t, int64_t, int64_t) { return MlaRowsPlan{}; }
+IndexerRowsPlan Backend::plan_indexer_rows(int64_t, int64_t, int64_t, std::span<const int32_t>) {
+  return IndexerRowsPlan{};
 }
 
 Tensor Backend::indexer_topk_rows(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk,

@@ -82,6 +82,32 @@ struct PagedSeq {
   int64_t page_size = 64;
 };
 
+// The attention kernels' launch plan for a step's rows (PagedRows): the split counts and workspace sizes
+// a batched kernel would otherwise work out on every call, worked out once per step on the host
+// (Ops::plan_mla_rows / plan_indexer_rows; model/step_plan.h) and read by every layer (FlashInfer's and
+// FlashMLA's plan-then-run). A plan depends on the call's shape only (plus, for the indexer, the host
+// row lengths when it was given them). A kernel given a plan checks that it was made for the call;
+// without one (planned false, or no plan) it plans the call itself, the same way. A backend whose
+// kernels need no plan (the CPU) returns empty plans.
+struct MlaRowsPlan {
+  bool planned = false;
+  int64_t rows = 0, heads = 0, max_keys = 0;  // the call it was made for (max_keys: sel's k, or max_len)
+  int splits = 1;                             // key-range splits per row (1: no partial workspace)
+  int64_t partial_out_floats = 0;             // workspace when splits > 1: [rows, splits, heads, kv_lora]
+  int64_t partial_lse_floats = 0;             // and [rows, splits, heads]
+};
+struct IndexerRowsPlan {
+  bool planned = false;
+  int64_t rows = 0, max_len = 0, topk = 0;  // the call it was made for
+  bool packed = false;  // scores only for the rows with more than topk keys (from the host lengths)
+  // Consecutive rows [r0, r1), one launch each, whose f32 scores (score_floats) stay within the score
+  // budget; splits / split_len: select CTAs per row; work_words: the u32 select workspace.
+  struct Block {
+    int64_t r0 = 0, r1 = 0, score_floats = 0, splits = 1, split_len = 0, work_words = 0;
+  };
+  std::vector<Block> blocks;
+};
+
 // A ragged batch of R query rows over one paged cache (many requests in one call): row i reads the page
 // table row row_seq[i] and sees positions 0..row_len[i]-1. A request's tokens are consecutive rows of one
 // sequence with lengths start_pos + 1, start_pos + 2, ...; a decode step has one row per request. The
@@ -95,6 +121,9 @@ struct PagedRows {
   // The same values on the host (backends without a batched kernel split the rows into requests).
   std::span<const int32_t> seq_host, len_host;
   int64_t max_len = 0;  // the largest row_len
+  // The step's launch plans for these rows (model/step_plan.h), or null: the kernel plans the call.
+  const MlaRowsPlan* mla_plan = nullptr;
+  const IndexerRowsPlan* indexer_plan = nullptr;
 };
 
 // Expert routing result: per token the chosen experts and their weights.
@@ -289,6 +318,12 @@ class Backend {
                                    double scale, double weight_scale);
   virtual Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv,
                                     const Tensor& sel, double scale);
+  // Launch plans of the batched forms for a step's rows (see MlaRowsPlan): mla_attention_rows of `rows`
+  // rows x `heads` heads over at most max_keys keys a row; indexer_topk_rows of `rows` rows of at most
+  // max_len keys (len_host: their lengths, or empty). The defaults: empty plans (nothing to plan).
+  virtual MlaRowsPlan plan_mla_rows(int64_t rows, int64_t heads, int64_t max_keys);
+  virtual IndexerRowsPlan plan_indexer_rows(int64_t rows, int64_t max_len, int64_t topk,
+                                            std::span<const int32_t> len_host);
   virtual Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                                int64_t start_pos, const Tensor& sel, double scale) = 0;
   // The MLA fused / batched forms. The defaults run the unfused sequence through this backend's own
@@ -361,6 +396,10 @@ class Ops {
                            double scale, double weight_scale) const;
   Tensor mla_attention_rows(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
                             double scale) const;
+  // The launch plans of the backend of device `d` (Backend::plan_mla_rows / plan_indexer_rows).
+  MlaRowsPlan plan_mla_rows(Device d, int64_t rows, int64_t heads, int64_t max_keys) const;
+  IndexerRowsPlan plan_indexer_rows(Device d, int64_t rows, int64_t max_len, int64_t topk,
+                                    std::span<const int32_t> len_host) const;
   Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                        int64_t start_pos, const Tensor& sel, double scale) const;
   Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out = {}) const;

@@ -3,11 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <optional>
 
 #include "dist/process_groups.h"
 #include "model/model.h"
+#include "model/step_plan.h"
 #include "trace/trace.h"
 
 namespace dsaserve::model {
@@ -28,12 +28,6 @@ void shapes(OpScope& s, std::vector<std::string> parts) {
 // Bytes per token of a paged cache tensor (the storage format the cache write produces).
 int64_t bytes_per_token(const Tensor& cache, const KvCache& kc) {
   return int64_t(cache.nbytes()) / (kc.num_pages * kc.page_size);
-}
-
-Tensor i32_tensor(const int32_t* v, int64_t n, Device d) {
-  Tensor t = Tensor::empty({n}, DType::i32);
-  if (n > 0) std::memcpy(t.raw_data(), v, size_t(n) * sizeof(int32_t));
-  return d == Device::cpu ? t : t.to(d);
 }
 
 double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
@@ -63,33 +57,42 @@ kernels::RopeParams rope_params(const ModelConfig& c, bool interleaved) {
 
 }  // namespace
 
-// Per-forward state: the batch as device tensors, and the DSA selection carried from layer to layer.
+// Per-forward state: the step's plan and its device inputs (both built once per step, the same for every
+// layer), and the DSA selection carried from layer to layer.
 struct Model::Step {
   const ForwardBatch* batch = nullptr;
   const ForwardOptions* opt = nullptr;
-  Tensor positions;                 // i32 [T]
-  Tensor slots;                     // i32 [T]
-  Tensor page_table;                // i32 [R, max_pages], every request's pages (padded with page 0)
-  std::vector<Tensor> page_tables;  // per request, i32 [n_pages] (views of page_table)
-  // The step's tokens as ragged attention rows (one per token: its request and visible length), on the
-  // host and the device; built and uploaded once per step, the same for every layer.
-  std::vector<int32_t> row_seq_host, row_len_host;
-  Tensor row_seq, row_len;  // i32 [T]
-  int64_t max_len = 0;      // the longest request's keys
+  const StepPlan* plan = nullptr;
+  const StepInputs* in = nullptr;
   Tensor sel_rows;          // i32 [T, k] from the last full indexer layer, or undefined (= every key)
   std::vector<Tensor> sel;  // per request, i32 [T_r, k] or undefined (= every visible key)
   bool have_sel = false;
 
-  // Whether the kernels may see row_seq_host / row_len_host. Not with pre-uploaded inputs (CUDA graphs):
-  // a captured kernel must not size its work from the capture batch's rows, which replays change.
-  bool host_rows = true;
-
-  // The rows over one layer's cache.
-  kernels::PagedRows rows(const Tensor& cache, int64_t page_size) const {
-    if (!host_rows)
-      return kernels::PagedRows{cache, page_table, page_size, row_seq, row_len, {}, {}, max_len};
-    return kernels::PagedRows{cache,   page_table,   page_size,    row_seq,
-                              row_len, row_seq_host, row_len_host, max_len};
+  // Rows [t0, t1) of the step over one layer's cache, seeing at most max_len keys, with the kernels'
+  // launch plan `mla` (and the indexer's plan for the whole step). The host rows only when the plan
+  // allows (not with CUDA graphs: a captured kernel must not size its work from the capture batch).
+  kernels::PagedRows rows(const Tensor& cache, int64_t t0, int64_t t1, int64_t max_len,
+                          const kernels::MlaRowsPlan* mla) const {
+    const StepPlan& p = *plan;
+    const bool whole = t0 == 0 && t1 == p.num_tokens();
+    std::span<const int32_t> seq, len;
+    if (p.host_rows) {
+      seq = std::span<const int32_t>(p.row_seq).subspan(size_t(t0), size_t(t1 - t0));
+      len = std::span<const int32_t>(p.row_len).subspan(size_t(t0), size_t(t1 - t0));
+    }
+    return kernels::PagedRows{cache,
+                              in->page_table,
+                              p.page_size,
+                              whole ? in->row_seq : in->row_seq.slice(0, t0, t1),
+                              whole ? in->row_len : in->row_len.slice(0, t0, t1),
+                              seq,
+                              len,
+                              max_len,
+                              mla,
+                              whole ? &p.indexer : nullptr};
+  }
+  kernels::PagedRows all_rows(const Tensor& cache) const {
+    return rows(cache, 0, plan->num_tokens(), plan->max_len, &plan->mla);
   }
 };
 
@@ -162,8 +165,8 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     // [kv | k_rope] stored at the step's slots (the FP8 cache quantises whole rows). Nothing reads kv
     // afterwards but the cache.
     OpScope span("kv_a_layernorm+kv_cache_write");
-    ops_.mla_kv_write(ckv, aw.kv_a_layernorm, kLoraEps, st.positions, rope_params(c, true),
-                      cache.kv[size_t(kv_layer)], st.slots);
+    ops_.mla_kv_write(ckv, aw.kv_a_layernorm, kLoraEps, st.in->positions, rope_params(c, true),
+                      cache.kv[size_t(kv_layer)], st.in->slots);
     shapes(span,
            {fmt::format("[{}, {}]", T, L), fmt::format("[{}, {}] -> {} B/token", T, ckv.size(1),
                                                        bytes_per_token(cache.kv[size_t(kv_layer)], cache))});
@@ -190,12 +193,12 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     {
       OpScope span("indexer_k_cache_write");
       Tensor qi_pe = qi.slice(2, 0, rope);
-      ops_.rope_inplace(qi_pe, st.positions, rope_params(c, c.indexer_rope_interleaved));
+      ops_.rope_inplace(qi_pe, st.in->positions, rope_params(c, c.indexer_rope_interleaved));
       // ki = LayerNorm(ki_raw), RoPE on its rope part (first), stored at the step's slots: one op (an FP8
       // cache, u8 [slots, 132], quantises each key: 128 e4m3 codes + one f32 scale).
-      ops_.indexer_k_write(ki_raw, iw.k_norm_weight, iw.k_norm_bias, c.indexer_norm_eps, st.positions,
+      ops_.indexer_k_write(ki_raw, iw.k_norm_weight, iw.k_norm_bias, c.indexer_norm_eps, st.in->positions,
                            rope_params(c, c.indexer_rope_interleaved), cache.index_k[size_t(kv_layer)],
-                           st.slots);
+                           st.in->slots);
       shape(span, "[{}, {}] q + [{}, {}] k -> {} B/token", T, ih * id, T, ki_raw.size(1),
             bytes_per_token(cache.index_k[size_t(kv_layer)], cache));
     }
@@ -211,10 +214,10 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     // One call for every token of the step; rows that see at most index_topk keys get all of them
     // (ascending, padded with -1), so when no request has more, the selection is left undefined.
     st.sel_rows =
-        st.max_len <= c.index_topk
+        !st.plan->runs_indexer
             ? Tensor()
-            : ops_.indexer_topk_rows(qi, wts, st.rows(cache.index_k[size_t(kv_layer)], cache.page_size),
-                                     c.index_topk, std::pow(double(id), -0.5), std::pow(double(ih), -0.5));
+            : ops_.indexer_topk_rows(qi, wts, st.all_rows(cache.index_k[size_t(kv_layer)]), c.index_topk,
+                                     std::pow(double(id), -0.5), std::pow(double(ih), -0.5));
     if (st.opt->dsa_topk_broadcast && st.sel_rows.defined()) broadcast_topk(st.sel_rows, *st.opt);
     for (int64_t r = 0; r < b.num_requests(); ++r) {
       const int64_t a0 = b.token_begin[size_t(r)], a1 = b.token_begin[size_t(r) + 1],
@@ -239,7 +242,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     if (q_roped) return;
     OpScope span("q_rope");
     Tensor q_pe = q.slice(2, nope, dq);  // [T, nh, rope]
-    ops_.rope_inplace(q_pe, st.positions, rope_params(c, true));
+    ops_.rope_inplace(q_pe, st.in->positions, rope_params(c, true));
     shape(span, "[{}, {}, {}]", q_pe.size(0), q_pe.size(1), q_pe.size(2));
     q_roped = true;
   };
@@ -249,31 +252,15 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   const double scale = c.attention_scale();
   const kernels::WeightRef kv_b = ref(aw.kv_b_proj);  // [nh * (nope + dv), L]
   Tensor attn = Tensor::empty({T, nh, dv}, DType::f32, h.device());
-  std::vector<int64_t> absorbed;  // requests in the absorbed form
-  std::vector<int32_t> abs_rows;  // their tokens, in order
+  // The plan chose each request's form (StepPlan::mha) once for the step.
+  const std::vector<int64_t>& absorbed = st.plan->absorbed;  // requests in the absorbed form
   for (int64_t r = 0; r < b.num_requests(); ++r) {
+    if (st.plan->mha[size_t(r)] == 0) continue;
     const int64_t a0 = b.token_begin[size_t(r)], a1 = b.token_begin[size_t(r) + 1],
                   s0 = b.start_pos[size_t(r)];
     const int64_t Tr = a1 - a0, S = s0 + Tr;
-    AttentionShape shape_r;
-    shape_r.tokens = Tr;
-    shape_r.context = s0;
-    shape_r.heads = nh;
-    shape_r.topk = c.has_indexer() ? c.index_topk : 0;
-    shape_r.latent = L;
-    shape_r.rope = rope;
-    shape_r.nope = nope;
-    shape_r.dv = dv;
-    const bool use_mha = st.opt->attention == AttentionForm::mha ||
-                         (st.opt->attention == AttentionForm::automatic &&
-                          automatic_uses_mha(st.opt->mha_min_tokens, st.opt->form_rule, shape_r));
-    if (!use_mha) {
-      absorbed.push_back(r);
-      for (int64_t t = a0; t < a1; ++t) abs_rows.push_back(int32_t(t));
-      continue;
-    }
     // [k_nope | v] = kv @ kv_b^T per head for every cached position.
-    const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.page_tables[size_t(r)], cache.page_size};
+    const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.in->page_tables[size_t(r)], cache.page_size};
     Tensor lat, kvx;
     {
       OpScope span("kv_b_proj");
@@ -291,14 +278,14 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     ops_.copy_rows(dst, o.view({Tr * nh, dv}));
   }
   if (!absorbed.empty()) {
-    const int64_t Ta = int64_t(abs_rows.size());
+    const int64_t Ta = st.plan->all_absorbed() ? T : st.plan->layout.absorbed_rows;
     // When Ta < T, MHA requests ran first and q is already rotated before this gather; when Ta == T,
     // qa is q itself and rope_q() below rotates it (the nope part read here is not touched by RoPE).
     Tensor qa, q_lat;
     {
       OpScope span("q_nope_absorb");
       qa = Ta == T ? q
-                   : ops_.gather_rows(q.view({T, nh * dq}), i32_tensor(abs_rows.data(), Ta, h.device()))
+                   : ops_.gather_rows(q.view({T, nh * dq}), st.in->absorbed_rows)
                          .view({Ta, nh, dq});  // [Ta, nh, dq]
       // q_lat[h] = q_nope[h] @ W_UK[h] -> [Ta, nh, L], every head in one batched op
       q_lat = ops_.absorb_q(qa.slice(2, 0, nope), kv_b);
@@ -316,16 +303,16 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
             c.has_indexer() ? std::min(c.index_topk, ctx) : ctx);
     }
     if (Ta == T) {  // every token: one call for the step's rows
-      out_lat = ops_.mla_attention_rows(q_lat, qa.slice(2, nope, dq),
-                                        st.rows(cache.kv[size_t(kv_layer)], cache.page_size),
+      out_lat = ops_.mla_attention_rows(q_lat, qa.slice(2, nope, dq), st.all_rows(cache.kv[size_t(kv_layer)]),
                                         c.has_indexer() ? st.sel_rows : Tensor(), scale);
-    } else {  // MHA requests took some tokens: one call per absorbed request
-      for (int64_t r : absorbed) {
-        const int64_t Tr = b.num_new(r), s0 = b.start_pos[size_t(r)];
-        const kernels::PagedSeq seq{cache.kv[size_t(kv_layer)], st.page_tables[size_t(r)], cache.page_size};
-        const Tensor o = ops_.mla_attention_absorbed(q_lat.slice(0, p0, p0 + Tr),
-                                                     qa.slice(0, p0, p0 + Tr).slice(2, nope, dq), seq, s0,
-                                                     st.sel[size_t(r)], scale);
+    } else {  // MHA requests took some tokens: one call per absorbed request, over its rows of the step
+      for (size_t i = 0; i < absorbed.size(); ++i) {
+        const int64_t r = absorbed[i], Tr = b.num_new(r), s0 = b.start_pos[size_t(r)],
+                      a0 = b.token_begin[size_t(r)];
+        const Tensor o = ops_.mla_attention_rows(
+            q_lat.slice(0, p0, p0 + Tr), qa.slice(0, p0, p0 + Tr).slice(2, nope, dq),
+            st.rows(cache.kv[size_t(kv_layer)], a0, a0 + Tr, s0 + Tr, &st.plan->mla_request[i]),
+            st.sel[size_t(r)], scale);
         Tensor dst = out_lat.slice(0, p0, p0 + Tr).view({Tr * nh, L});
         ops_.copy_rows(dst, o.view({Tr * nh, L}));
         p0 += Tr;
@@ -428,26 +415,18 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
   return out;
 }
 
-ForwardOutput Model::finish(const Tensor& hidden, const kernels::WeightRef& head, const ForwardBatch& b,
-                            const ForwardOptions& opt) const {
+ForwardOutput Model::finish(const Tensor& hidden, const kernels::WeightRef& head, const Step& st) const {
   ForwardOutput out;
   OpScope span("lm_head");
-  // A decode step's last tokens are all of its tokens (one per request): no gather.
-  const bool one_per_request = b.num_tokens() == b.num_requests() && b.extra_logit_rows.empty();
-  if (opt.all_logits || one_per_request) {
-    out.logits = gather_vocab(ops_.linear(hidden, head), opt);
-  } else {
-    std::vector<int32_t> last;
-    for (int64_t r = 0; r < b.num_requests(); ++r) last.push_back(int32_t(b.token_begin[size_t(r) + 1] - 1));
-    last.insert(last.end(), b.extra_logit_rows.begin(), b.extra_logit_rows.end());
-    out.logits = gather_vocab(
-        ops_.linear(ops_.gather_rows(hidden, i32_tensor(last.data(), int64_t(last.size()), hidden.device())),
-                    head),
-        opt);
-  }
+  // The plan's logits rows (each request's last token, a verifying request's every token, the extra rows),
+  // gathered; every row in order (all_logits, or a decode step's one token per request): no gather. With
+  // TP the vocab-parallel shards are gathered.
+  out.logits = gather_vocab(st.in->logit_rows.defined() ? ops_.linear(ops_.gather_rows(hidden, st.in->logit_rows), head)
+                                                        : ops_.linear(hidden, head),
+                            *st.opt);
   shape(span, "[{}, {}] x [{}, {}]^T", out.logits.size(0), hidden.size(1), out.logits.size(1),
         hidden.size(1));
-  if (opt.keep_hidden) out.hidden = hidden;
+  if (st.opt->keep_hidden) out.hidden = hidden;
   return out;
 }
 
@@ -457,6 +436,36 @@ struct LayerRun {
   Tensor pending;   // the last MLP output, added before the next norm (undefined at the start)
 };
 }  // namespace
+
+StepPlanConfig Model::plan_config(const ForwardOptions& opt, bool mtp) const {
+  const ModelConfig& c = cfg_;
+  StepPlanConfig pc;
+  pc.attention = opt.attention;
+  pc.mha_min_tokens = opt.mha_min_tokens;
+  pc.form_rule = opt.form_rule;
+  pc.all_logits = opt.all_logits;
+  pc.dims.heads = c.num_attention_heads;
+  pc.dims.topk = c.has_indexer() ? c.index_topk : 0;
+  pc.dims.latent = c.kv_lora_rank;
+  pc.dims.rope = c.qk_rope_head_dim;
+  pc.dims.nope = c.qk_nope_head_dim;
+  pc.dims.dv = c.v_head_dim;
+  pc.mtp = mtp;
+  return pc;
+}
+
+StepPlan Model::plan_step(const ForwardBatch& batch, const ForwardOptions& opt, const StepCapacity* capacity,
+                          bool mtp) const {
+  StepPlanConfig pc = plan_config(opt, mtp);
+  const Device dev = w_.embed_tokens.device();
+  if (capacity != nullptr) {
+    pc.capacity = *capacity;
+    pc.host_rows = dev == Device::cpu;  // the CPU backend splits rows by request on the host (no capture)
+  }
+  StepPlan p = StepPlan::build(batch, pc);
+  p.plan_kernels(ops_, dev);
+  return p;
+}
 
 ForwardOutput Model::forward(const ForwardBatch& batch, KvCache& cache, const ForwardOptions& opt) const {
   return forward_mtp(batch, Tensor(), cache, opt, -1);
@@ -484,72 +493,38 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   st.batch = &batch;
   st.opt = &opt;
   const int64_t R = batch.num_requests();
-  // The attention rows on the host (one per token: its request and visible length), for every layer.
-  st.row_seq_host.resize(size_t(T));
-  st.row_len_host.resize(size_t(T));
-  int64_t max_pages = 1;
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t a0 = batch.token_begin[size_t(r)], a1 = batch.token_begin[size_t(r) + 1],
-                  s0 = batch.start_pos[size_t(r)];
-    for (int64_t t = a0; t < a1; ++t) {
-      st.row_seq_host[size_t(t)] = int32_t(r);
-      st.row_len_host[size_t(t)] = int32_t(s0 + (t - a0) + 1);
-    }
-    st.max_len = std::max(st.max_len, s0 + (a1 - a0));
-    max_pages = std::max<int64_t>(max_pages, int64_t(batch.pages(r).size()));
+  // The step's plan and its device inputs: built and uploaded here (one copy) unless the caller has them.
+  DSA_CHECK(opt.inputs == nullptr || opt.plan != nullptr, "forward: pre-uploaded inputs without their plan");
+  std::optional<StepPlan> own_plan;
+  if (opt.plan == nullptr) own_plan.emplace(plan_step(batch, opt, nullptr, mtp));
+  const StepPlan& plan = opt.plan != nullptr ? *opt.plan : *own_plan;
+  {
+    int64_t longest = 0;
+    for (int64_t r = 0; r < R; ++r)
+      longest = std::max(longest, batch.start_pos[size_t(r)] + batch.num_new(r));
+    const bool plan_mtp = plan.kind == StepKind::draft || plan.kind == StepKind::draft_extend;
+    DSA_CHECK(plan.num_tokens() == T && plan.num_requests() == R && plan.page_size == batch.page_size &&
+                  plan.max_len >= longest && plan_mtp == mtp,
+              "forward: the step plan ({} tokens, {} requests, context {}, {}) does not match the batch ({} "
+              "tokens, {} requests, longest {}{})",
+              plan.num_tokens(), plan.num_requests(), plan.max_len, step_kind_name(plan.kind), T, R, longest,
+              mtp ? ", MTP" : "");
   }
-  Tensor ids;
-  if (opt.inputs != nullptr) {
-    // Pre-uploaded (CUDA graphs): no copies; the capacity max_len replaces the batch's own.
-    const StepTensors& in = *opt.inputs;
-    DSA_CHECK(in.ids.defined() && in.ids.size(0) == T && in.positions.size(0) == T && in.slots.size(0) == T &&
-                  in.row_seq.size(0) == T && in.row_len.size(0) == T && in.page_table.dim() == 2 &&
-                  in.page_table.size(0) == std::max<int64_t>(R, 1),
-              "forward: pre-uploaded step inputs do not match the batch ({} tokens, {} requests)", T, R);
-    // The page table holds the pages of max_len positions (a request's table may list more, reserved
-    // ahead). Whether the indexer runs follows max_len: the caller picks its side of index_topk.
-    DSA_CHECK(in.max_len >= st.max_len && in.page_table.size(1) * batch.page_size >= in.max_len,
-              "forward: context capacity {} is below the batch's longest request ({} tokens) or beyond its "
-              "page table ({} pages)",
-              in.max_len, st.max_len, in.page_table.size(1));
-    ids = in.ids;
-    st.positions = in.positions;
-    st.slots = in.slots;
-    st.page_table = in.page_table;
-    st.row_seq = in.row_seq;
-    st.row_len = in.row_len;
-    st.max_len = in.max_len;
-    st.host_rows = dev == Device::cpu;  // the CPU backend splits rows by request on the host (no capture)
-  } else {
-    // Page tables and attention rows, packed once for every layer: [R, max_pages] and [T] each.
-    st.positions = i32_tensor(batch.positions.data(), T, dev);
-    st.slots = i32_tensor(batch.out_cache_loc.data(), T, dev);
-    std::vector<int32_t> pt(size_t(std::max<int64_t>(R, 1) * max_pages), 0);
-    for (int64_t r = 0; r < R; ++r) {
-      const auto p = batch.pages(r);
-      std::copy(p.begin(), p.end(), pt.begin() + r * max_pages);
-    }
-    st.page_table = i32_tensor(pt.data(), std::max<int64_t>(R, 1) * max_pages, dev)
-                        .view({std::max<int64_t>(R, 1), max_pages});
-    st.row_seq = i32_tensor(st.row_seq_host.data(), T, dev);
-    st.row_len = i32_tensor(st.row_len_host.data(), T, dev);
-    ids = i32_tensor(batch.input_ids.data(), T, dev);
-  }
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t n = std::min<int64_t>(int64_t(batch.pages(r).size()), st.page_table.size(1));
-    st.page_tables.push_back(st.page_table.select(0, r).slice(0, 0, n));
-  }
+  std::optional<StepInputs> own_inputs;
+  if (opt.inputs == nullptr) own_inputs.emplace(plan.upload(dev));
+  const StepInputs& in = opt.inputs != nullptr ? *opt.inputs : *own_inputs;
+  DSA_CHECK(in.defined() && in.buffer.device() == dev && in.buffer.size(0) >= plan.layout.size() &&
+                int64_t(in.page_tables.size()) == R,
+            "forward: the step inputs do not match the plan ({} values on {})", plan.layout.size(),
+            device_name(dev));
+  st.plan = &plan;
+  st.in = &in;
+  const Tensor& ids = in.ids;
   st.sel.resize(size_t(R));
 
   // Trace context: the plan's step and pass names, from the requests' state (a one-token prompt or chunk
   // is a prefill; a step of decoding requests only is a decode).
-  const bool decode = batch.all_decoding();
-  const char* step_name = decode ? "decode" : "prefill";
-  trace::PassScope pass_scope(step_name,
-                              !mtp     ? step_name
-                              : decode ? "draft"
-                                       : "prefill_draft_extend",
-                              dev != Device::cpu);
+  trace::PassScope pass_scope(plan.trace_step(), plan.trace_pass(), dev != Device::cpu);
   if (pass_scope.on()) {  // the batch, for plan::plan_step: [[new tokens, cached tokens], ...]
     nlohmann::json reqs = nlohmann::json::array();
     for (int64_t r = 0; r < batch.num_requests(); ++r)
@@ -619,7 +594,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
       normed = ops_.add_rms_norm(run.residual, run.pending, w_.norm, c.rms_norm_eps);
       shape(span, "[{}, {}]", normed.size(0), normed.size(1));
     }
-    return finish(normed, ref(w_.lm_head), batch, opt);
+    return finish(normed, ref(w_.lm_head), st);
   }
 
   // MTP: u = eh_proj([RMSNorm(embed(t_{p+1})) * enorm ; RMSNorm(h_p) * hnorm]), one decoder layer, head.
@@ -661,7 +636,7 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     normed = ops_.add_rms_norm(run.residual, run.pending, m.shared_head_norm, c.rms_norm_eps);
     shape(span, "[{}, {}]", normed.size(0), normed.size(1));
   }
-  return finish(normed, m.shared_head ? ref(*m.shared_head) : ref(w_.lm_head), batch, opt);
+  return finish(normed, m.shared_head ? ref(*m.shared_head) : ref(w_.lm_head), st);
 }
 
 }  // namespace dsaserve::model

@@ -54,7 +54,6 @@ void ForwardBatch::validate(int64_t vocab_size, int64_t num_pages) const {
   for (int64_t r = 0; r < R; ++r) {
     const int64_t n = num_new(r);
     DSA_CHECK(n > 0, "request {} has no new tokens", r);
-    DSA_CHECK(!decoding[size_t(r)] || n == 1, "request {} is decoding with {} new tokens", r, n);
     const auto pt = pages(r);
     const int64_t used = (start_pos[size_t(r)] + n + page_size - 1) / page_size;
     std::vector<int32_t> seen(pt.begin(), pt.begin() + std::min<int64_t>(used, int64_t(pt.size())));

@@ -19,8 +19,10 @@ struct ForwardBatch {
   // Per request.
   std::vector<int64_t> token_begin{0};  // [R + 1]
   std::vector<int64_t> start_pos;       // [R] tokens already cached (= position of its first new token)
-  // [R] 1: the request is decoding (its new token is one it generated); 0: its new tokens are prompt
-  // tokens (a prefill, or a chunk of one, even of a single token). Labels the step in traces.
+  // [R] 1: the request is decoding (its new token is one it generated; several new tokens: its last
+  // accepted token and the drafts to verify, each row's logits returned: StepPlan's verify kind); 0: its
+  // new tokens are prompt tokens (a prefill, or a chunk of one, even of a single token). Picks the step's
+  // kind (model/step_plan.h), its logits rows and its name in traces.
   std::vector<uint8_t> decoding;
   // Page tables in CSR form: request r's pages are page_indices[page_begin[r] .. page_begin[r + 1]).
   std::vector<int64_t> page_begin{0};  // [R + 1]
@@ -43,7 +45,7 @@ struct ForwardBatch {
   // counts as a decode, so a caller that may schedule a one-token chunk of a prompt must say so.
   void add_request(std::span<const int32_t> tokens, int64_t start, std::span<const int32_t> page_table,
                    std::optional<bool> decoding = std::nullopt);
-  // All requests are decoding (the step is a decode step; a 1-token prompt or chunk is not one).
+  // All requests are decoding (a decode or verify step; a 1-token prompt or chunk is not one).
   bool all_decoding() const;
 
   // Checks the invariants against a vocabulary and a pool of `num_pages` pages; throws dsaserve::Error.

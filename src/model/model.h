@@ -2,7 +2,8 @@
 // Model: the glm_moe_dsa / deepseek_v32 forward pass (../shared/docs/MODEL.md) over a ForwardBatch and a
 // paged KvCache, written once against kernels/ops.h (it never branches on the device).
 //
-// One forward serves any mix of prefills, prefill chunks and single-token decodes. Each step writes the
+// One forward serves any mix of prefills, prefill chunks and single-token decodes (and the verify shape:
+// decoding requests with several new tokens), planned once per step (model/step_plan.h). Each step writes the
 // new tokens' latent KV (and indexer keys) into the cache at out_cache_loc, then attends over every
 // cached position of the request (or its DSA selection). MTP layers run through forward_mtp with their
 // own KV layers (indices L, L+1, ...) in the same cache and the same page tables.
@@ -30,21 +31,10 @@ namespace dsaserve::model {
 // mha_min_tokens new tokens).
 enum class AttentionForm { automatic, mha, absorbed };
 
-// A step's inputs already on the model's device (CUDA graph capture and replay: runtime/engine/
-// cuda_graph_runner.h). When given, the forward reads these instead of uploading the batch's, so it makes
-// no host->device copy, and on a device the operators get no host copy of the attention rows
-// (kernels::PagedRows' host spans stay empty: a captured kernel must not size its work from them, so the
-// device needs batched row kernels: CUDA with bf16 / FP8 caches); the batch still describes the step's
-// shape (requests, tokens, page counts) and must match the inputs.
-struct StepTensors {
-  Tensor ids, positions, slots;  // i32 [T]
-  Tensor page_table;             // i32 [R, max_pages], each request's pages first
-  Tensor row_seq, row_len;       // i32 [T]: each token's request and visible length
-  // The kernels' context capacity: >= every request's length; max_pages * page_size >= max_len. It picks
-  // whether the indexer runs (max_len > index_topk), so a caller keeps it on the side of index_topk of
-  // the batches it stands for (a graph captured on padding rows replays real ones).
-  int64_t max_len = 0;
-};
+struct StepPlan;        // model/step_plan.h
+struct StepPlanConfig;  // model/step_plan.h
+struct StepInputs;      // model/step_plan.h
+struct StepCapacity;    // model/step_plan.h
 
 // One request's attention work in a step, as the automatic form choice sees it: `tokens` new tokens after
 // `context` cached ones, `heads` query heads (per rank), each row attending min(topk, visible) keys
@@ -103,11 +93,17 @@ bool automatic_uses_mha(int64_t mha_min_tokens, const AttentionFormRule& rule, c
 
 struct ForwardOptions {
   AttentionForm attention = AttentionForm::automatic;
-  int64_t mha_min_tokens = 256;         // `automatic`: the absorbed form below this many new tokens
-  AttentionFormRule form_rule{};        // `automatic` from mha_min_tokens on (automatic_uses_mha)
-  bool all_logits = true;               // logits of every token; false: only each request's last token
-  bool keep_hidden = false;             // also return the final normed hidden states (the MTP layer's input)
-  const StepTensors* inputs = nullptr;  // pre-uploaded inputs (see StepTensors); null: upload the batch's
+  int64_t mha_min_tokens = 256;   // `automatic`: the absorbed form below this many new tokens
+  AttentionFormRule form_rule{};  // `automatic` from mha_min_tokens on (automatic_uses_mha)
+  bool all_logits = true;         // logits of every token; false: only each request's last token
+  bool keep_hidden = false;       // also return the final normed hidden states (the MTP layer's input)
+  // The step's plan (Model::plan_step of this batch and these options), and its inputs already on the
+  // model's device (CUDA graphs: bound to a graph's static buffer, so the forward makes no host->device
+  // copy; such a plan is built with a capacity and without host rows, so no kernel sizes its work from
+  // the capture batch). A plan without inputs is uploaded by the forward; neither: the forward plans the
+  // step itself. Inputs need their plan.
+  const StepPlan* plan = nullptr;
+  const StepInputs* inputs = nullptr;
   // A sharded model's ranks (Model::sharded): the groups its collectives run in, of the model's layout and
   // rank. Every rank of the layout runs the same forward calls. Null for a whole model.
   const dist::ProcessGroups* dist = nullptr;
@@ -117,7 +113,9 @@ struct ForwardOptions {
 };
 
 struct ForwardOutput {
-  Tensor logits;  // f32 [T, vocab] (all_logits) or [R + extra_logit_rows, vocab]
+  // f32 [T, vocab] (all_logits) or the plan's logit rows: each request's last token (a verifying request:
+  // each of its tokens), then extra_logit_rows (StepPlan::logit_rows).
+  Tensor logits;
   Tensor hidden;  // f32 [T, H] final normed hidden (lm_head input), when keep_hidden
 };
 
@@ -156,6 +154,13 @@ class Model {
 
   ForwardOutput forward(const ForwardBatch& batch, KvCache& cache, const ForwardOptions& opt = {}) const;
 
+  // The plan of one step (model/step_plan.h): host arrays, the attention forms and logits rows of `opt`,
+  // and the kernels' launch plans from this model's backend. capacity: fixed shapes (CUDA graphs; the
+  // kernels then see no host rows on a device); mtp: the MTP layer's pass.
+  StepPlanConfig plan_config(const ForwardOptions& opt, bool mtp = false) const;
+  StepPlan plan_step(const ForwardBatch& batch, const ForwardOptions& opt,
+                     const StepCapacity* capacity = nullptr, bool mtp = false) const;
+
   // MTP layer `k`: token p of the batch is t_{p+1} at position p, `hidden` [T, H] the target model's final
   // normed hidden state at p. Returns the MTP logits (predicting t_{p+2}).
   ForwardOutput forward_mtp(const ForwardBatch& batch, const Tensor& hidden, KvCache& cache,
@@ -171,8 +176,7 @@ class Model {
   // The routing restricted to this rank's experts (EP), renumbered from 0; other experts' picks get weight 0.
   kernels::Routing local_routing(kernels::Routing r) const;
   Tensor decoder_layers(Tensor x, Step& st, KvCache& cache, bool mtp, int64_t k) const;
-  ForwardOutput finish(const Tensor& hidden, const kernels::WeightRef& head, const ForwardBatch& batch,
-                       const ForwardOptions& opt) const;
+  ForwardOutput finish(const Tensor& hidden, const kernels::WeightRef& head, const Step& st) const;
   kernels::WeightRef ref(const Linear& l) const;
   // The token embedding (vocabulary-parallel when sharded: the attention TP group's all-reduce).
   Tensor embed(const Tensor& table, const ForwardBatch& batch, const Tensor& ids,

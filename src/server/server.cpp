@@ -17,6 +17,7 @@
 #include "chat/output_parser.h"
 #include "core/error.h"
 #include "plan/trace_summary.h"
+#include "runtime/engine/cuda_graph_runner.h"
 #include "runtime/engine/device.h"
 #include "runtime/engine/memory_plan.h"
 #include "server/builtin.h"
@@ -667,7 +668,9 @@ int run_server(const ServerConfig& in) {
       lim.max_prefill_tokens = sc.max_prefill_tokens;
       lim.chunked_prefill_size = sc.chunked_prefill_size;
       lim.max_context = sc.max_context;
-      lim.cuda_graph_max_bs = kv_dtype != model::KvCacheDtype::f32 ? cfg.engine.cuda_graph_max_bs : 0;
+      lim.cuda_graph_max_bs = runtime::cuda_graph_max_batch(
+          runtime::graph_support(*model, kv_dtype, cfg.engine.forward, cfg.engine.cuda_graph_max_bs,
+                                 sc.max_running_requests, runtime::cuda_graphs_built()));
       lim.forward = cfg.engine.forward;
       const runtime::WorkspaceEstimate ws = runtime::estimate_workspace(model->config(), lim);
       const runtime::MemorySplit split =

@@ -9,6 +9,7 @@
 #include "common/fixtures.h"
 #include "core/error.h"
 #include "model/model.h"
+#include "model/step_plan.h"
 
 namespace dsaserve::runtime {
 namespace {
@@ -107,6 +108,39 @@ TEST(CudaGraphPlan, OnlyPureDecodeBatchesReplay) {
   EXPECT_FALSE(decode_graph_key(decode_batch({5, 32, 129}), GraphPlan(cfg)).has_value());
 }
 
+// The one rule serve, the engine and the runner follow: a CUDA build, the model on CUDA, a kernel-format
+// cache and absorbed decode tokens; the largest batch capped by --max-running-requests.
+TEST(CudaGraphPlan, OneRuleDecidesWhetherGraphsRun) {
+  GraphSupport s;
+  s.max_bs = 256;
+  s.max_running_requests = 64;
+  s.built = true;
+  s.device = Device::cuda;
+  s.kernel_format_cache = true;
+  EXPECT_EQ(cuda_graph_max_batch(s), 64);
+  s.max_running_requests = 0;  // no limit
+  EXPECT_EQ(cuda_graph_max_batch(s), 256);
+  auto off = [&](auto change) {
+    GraphSupport t = s;
+    change(t);
+    return cuda_graph_max_batch(t) == 0;
+  };
+  EXPECT_TRUE(off([](GraphSupport& t) { t.max_bs = 0; }));
+  EXPECT_TRUE(off([](GraphSupport& t) { t.built = false; }));
+  EXPECT_TRUE(off([](GraphSupport& t) { t.device = Device::cpu; }));
+  EXPECT_TRUE(off([](GraphSupport& t) { t.kernel_format_cache = false; }));
+  EXPECT_TRUE(off([](GraphSupport& t) { t.attention = model::AttentionForm::mha; }));
+  EXPECT_TRUE(off([](GraphSupport& t) { t.mha_min_tokens = 1; }));
+  EXPECT_FALSE(off([](GraphSupport& t) { t.attention = model::AttentionForm::absorbed; }));
+  // From a model: a CPU model never replays graphs, whatever its flags.
+  DSA_FIXTURE_PATH(dir, "models/tiny");
+  const auto m = model::Model::load(dir, false);
+  const GraphSupport g = graph_support(*m, std::nullopt, model::ForwardOptions{}, 256, 64, true);
+  EXPECT_EQ(g.device, Device::cpu);
+  EXPECT_FALSE(g.kernel_format_cache);
+  EXPECT_EQ(cuda_graph_max_batch(g), 0);
+}
+
 TEST(CudaGraphPlan, PacksRequestsThenPadding) {
   const int64_t ps = 64;
   const ForwardBatch b = decode_batch({5, 70, 130}, ps, 10);  // pages 10-11, 12-14, 15-18
@@ -201,21 +235,23 @@ TEST(CudaGraphPlan, PackedPaddedStepEqualsTheEagerStepOnTheCpu) {
   const DecodeInputLayout L = decode_input_layout(*k, ps);
   Tensor buf = Tensor::empty({L.size()}, DType::i32);
   pack_decode_inputs(b, *k, scratch, std::span<int32_t>(buf.data<int32_t>(), size_t(L.size())));
-  model::StepTensors in;
-  in.ids = buf.slice(0, L.ids(), L.ids() + k->bs);
-  in.positions = buf.slice(0, L.positions(), L.positions() + k->bs);
-  in.slots = buf.slice(0, L.slots(), L.slots() + k->bs);
-  in.row_seq = buf.slice(0, L.row_seq(), L.row_seq() + k->bs);
-  in.row_len = buf.slice(0, L.row_len(), L.row_len() + k->bs);
-  in.page_table = buf.slice(0, L.page_table(), L.page_table() + k->bs * L.pages).view({k->bs, L.pages});
-  in.max_len = k->ctx;
-  // The batch the graph stands for: the requests, then a padding row (what padding_batch holds).
-  ForwardBatch padded = b;
-  const int32_t zero = 0;
-  padded.add_request(std::span<const int32_t>(&zero, 1), 0, std::span<const int32_t>(&scratch, 1), true);
+  // The batch the graph stands for: the requests, then a padding row (what padding_batch holds), planned
+  // at the graph's capacity and bound to the packed buffer (the graph's static inputs).
+  const ForwardBatch padded = graph_batch(b, *k, scratch);
+  EXPECT_EQ(padded.num_requests(), 4);
+  const model::StepCapacity cap = graph_capacity(*k, ps);
+  const model::StepPlan plan = m->plan_step(padded, fo, &cap);
+  EXPECT_EQ(plan.layout, L);
+  EXPECT_EQ(plan.max_len, k->ctx);
+  EXPECT_EQ(plan.kind, model::StepKind::decode);
+  std::vector<int32_t> again(size_t(L.size()));
+  plan.pack(again);
+  EXPECT_EQ(again, std::vector<int32_t>(buf.data<int32_t>(), buf.data<int32_t>() + L.size()));
+  const model::StepInputs in = plan.bind(buf);
   // Other pages must not change: remember one of a request's pages in the first layer's cache.
   const std::vector<float> before = cache.kv[0].to_f32_vector();
   model::ForwardOptions go = fo;
+  go.plan = &plan;
   go.inputs = &in;
   const Tensor graph = m->forward(padded, cache, go).logits;  // [4, V]
   ASSERT_EQ(graph.size(0), 4);
@@ -229,9 +265,10 @@ TEST(CudaGraphPlan, PackedPaddedStepEqualsTheEagerStepOnTheCpu) {
     for (int64_t j = 0; j < row; ++j)
       ASSERT_EQ(before[size_t(slot * row + j)], after[size_t(slot * row + j)]) << "slot " << slot;
   }
-  // A capacity below the batch's longest request is refused.
-  in.max_len = 16;
-  EXPECT_THROW((void)m->forward(padded, cache, go), Error);
+  // A capacity below the batch's longest request is refused, and so is a plan of another batch.
+  const model::StepCapacity small{16, 1};
+  EXPECT_THROW((void)m->plan_step(padded, fo, &small), Error);
+  EXPECT_THROW((void)m->forward(b, cache, go), Error);
 }
 
 }  // namespace

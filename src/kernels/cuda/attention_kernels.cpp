@@ -116,9 +116,27 @@ Tensor mla_kv_cache_gather(const Tensor& cache, const Tensor& page_table, int64_
   return out;
 }
 
+MlaRowsPlan plan_mla_decode(int64_t rows, int64_t heads, int64_t max_keys, const KernelOptions& opts) {
+  DSA_CHECK(rows >= 0 && heads >= 0 && max_keys >= 0, "mla decode plan: {} rows, {} heads, {} keys", rows,
+            heads, max_keys);
+  MlaRowsPlan pl;
+  pl.planned = true;
+  pl.rows = rows;
+  pl.heads = heads;
+  pl.max_keys = max_keys;
+  pl.splits =
+      rows == 0 || heads == 0 ? 1 : mla_decode_splits(rows, heads, max_keys, sm_count(), opts.mla_decode);
+  if (pl.splits > 1) {
+    pl.partial_out_floats = rows * pl.splits * heads * kMlaLatent;
+    pl.partial_lse_floats = rows * pl.splits * heads;
+  }
+  return pl;
+}
+
 Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache, const Tensor& page_table,
                   int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
-                  const Tensor& sel, double scale, cudaStream_t stream, const KernelOptions& opts) {
+                  const Tensor& sel, double scale, cudaStream_t stream, const KernelOptions& opts,
+                  const MlaRowsPlan* given) {
   const MlaKvFormat f = mla_kv_format(cache);
   check_gpu(q_lat, DType::f32, 3, "mla decode q_lat");
   check_gpu(q_rope, DType::f32, 3, "mla decode q_rope");
@@ -159,13 +177,18 @@ Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache
   p.max_keys = sel.defined() ? p.sel_k : max_len;
   p.kernel = opts.mla_decode;
   p.v5_order = opts.mla_v5_order;
-  p.splits = mla_decode_splits(R, nh, p.max_keys, sm_count(), p.kernel);
+  const MlaRowsPlan plan =
+      given != nullptr && given->planned ? *given : plan_mla_decode(R, nh, p.max_keys, opts);
+  DSA_CHECK(plan.rows == R && plan.heads == nh && plan.max_keys == p.max_keys,
+            "mla decode: a plan for {} rows x {} heads x {} keys, the call has {} x {} x {}", plan.rows,
+            plan.heads, plan.max_keys, R, nh, p.max_keys);
+  p.splits = plan.splits;
   p.scale = float(scale);
   p.format = f;
   Tensor part_out, part_lse;
   if (p.splits > 1) {
-    part_out = Tensor::empty({R, p.splits, nh, kMlaLatent}, DType::f32, Device::cuda);
-    part_lse = Tensor::empty({R, p.splits, nh}, DType::f32, Device::cuda);
+    part_out = Tensor::empty({plan.partial_out_floats}, DType::f32, Device::cuda);
+    part_lse = Tensor::empty({plan.partial_lse_floats}, DType::f32, Device::cuda);
     p.partial_out = part_out.data<float>();
     p.partial_lse = part_lse.data<float>();
   }
@@ -231,11 +254,61 @@ Tensor indexer_key_cache_gather(const Tensor& cache, const Tensor& page_table, i
   return out;
 }
 
+IndexerRowsPlan plan_indexer_topk(int64_t R, int64_t max_len, int64_t topk,
+                                  std::span<const int32_t> row_len_host, int64_t score_budget_bytes) {
+  DSA_CHECK(R >= 0 && max_len >= 0 && topk > 0, "indexer plan: {} rows, max length {}, topk {}", R, max_len,
+            topk);
+  IndexerRowsPlan pl;
+  pl.planned = true;
+  pl.rows = R;
+  pl.max_len = max_len;
+  pl.topk = topk;
+  if (R == 0 || std::min(topk, max_len) == 0) return pl;  // nothing to launch
+  // Scores: packed (only the rows with more than topk keys, offsets computed on the device) when the host
+  // knows the row lengths, else dense [R, max_len] (one row: the same, without the offsets launch).
+  pl.packed = R > 1 && int64_t(row_len_host.size()) == R && max_len > topk;  // one row: dense is packed
+  if (pl.packed) {
+    for (int32_t n : row_len_host)
+      DSA_CHECK(n >= 0 && n <= max_len, "indexer: row length {} outside [0, {}]", n, max_len);
+  }
+  const int64_t score_stride = std::max<int64_t>(4, (max_len + 3) / 4 * 4);
+  // Floats row r scores (packed: its own keys when more than topk, dense: the stride).
+  auto row_elems = [&](int64_t r) -> int64_t {
+    if (max_len <= topk) return 0;  // no row is scored
+    if (!pl.packed) return score_stride;
+    const int64_t n = row_len_host[size_t(r)];
+    return n > topk ? (n + 3) / 4 * 4 : 0;
+  };
+  // Rows [r0, r1) in one launch, their score buffer within the budget (a row is never split).
+  auto block = [&](int64_t r0, int64_t r1, int64_t score_elems) {
+    IndexerRowsPlan::Block b;
+    b.r0 = r0;
+    b.r1 = r1;
+    b.score_floats = std::max<int64_t>(4, score_elems);
+    b.splits = indexer_select_splits(r1 - r0, max_len, indexer_num_sms(), &b.split_len);
+    b.work_words = indexer_workspace_words(r1 - r0, b.splits);
+    pl.blocks.push_back(b);
+  };
+  const int64_t budget = std::max<int64_t>(score_budget_bytes / 4, 4);
+  int64_t r0 = 0, elems = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t e = row_elems(r);
+    if (r > r0 && elems + e > budget) {
+      block(r0, r, elems);
+      r0 = r;
+      elems = 0;
+    }
+    elems += e;
+  }
+  block(r0, R, elems);
+  return pl;
+}
+
 Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
                          int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
                          int64_t topk, double scale, double weight_scale, cudaStream_t stream,
                          std::span<const int32_t> row_len_host, int64_t score_budget_bytes,
-                         const KernelOptions& opts) {
+                         const KernelOptions& opts, const IndexerRowsPlan* given) {
   check_gpu(q, DType::f32, 3, "indexer q");
   check_gpu(w, DType::f32, 2, "indexer weights");
   const IndexerKeyFormat format = indexer_key_format(cache);
@@ -248,30 +321,18 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
   const int64_t out_k = std::min(topk, max_len);
   Tensor out = Tensor::empty({R, out_k}, DType::i32, Device::cuda);
   if (R == 0 || out_k == 0) return out;
-  // Scores: packed (only the rows with more than topk keys, offsets computed on the device) when the host
-  // knows the row lengths, else dense [R, max_len] (one row: the same, without the offsets launch).
-  const bool packed =
-      R > 1 && int64_t(row_len_host.size()) == R && max_len > topk;  // one row: dense is packed
-  if (packed) {
-    for (int32_t n : row_len_host)
-      DSA_CHECK(n >= 0 && n <= max_len, "indexer: row length {} outside [0, {}]", n, max_len);
-  }
+  const IndexerRowsPlan plan = given != nullptr && given->planned
+                                   ? *given
+                                   : plan_indexer_topk(R, max_len, topk, row_len_host, score_budget_bytes);
+  DSA_CHECK(plan.rows == R && plan.max_len == max_len && plan.topk == topk,
+            "indexer: a plan for {} rows of {} keys (top-{}), the call has {} of {} (top-{})", plan.rows,
+            plan.max_len, plan.topk, R, max_len, topk);
   const int64_t score_stride = std::max<int64_t>(4, (max_len + 3) / 4 * 4);
-  // Floats row r scores (packed: its own keys when more than topk, dense: the stride).
-  auto row_elems = [&](int64_t r) -> int64_t {
-    if (max_len <= topk) return 0;  // no row is scored
-    if (!packed) return score_stride;
-    const int64_t n = row_len_host[size_t(r)];
-    return n > topk ? (n + 3) / 4 * 4 : 0;
-  };
-  // Rows [r0, r1) in one launch, their score buffer within the budget (a row is never split).
-  auto launch_block = [&](int64_t r0, int64_t r1, int64_t score_elems) {
-    const int64_t rows = r1 - r0;
-    Tensor scores = Tensor::empty({std::max<int64_t>(4, score_elems)}, DType::f32, Device::cuda);
-    Tensor offsets = packed ? Tensor::empty({rows}, DType::i64, Device::cuda) : Tensor();
-    int64_t split_len = 0;
-    const int64_t splits = indexer_select_splits(rows, max_len, indexer_num_sms(), &split_len);
-    Tensor work = Tensor::empty({indexer_workspace_words(rows, splits)}, DType::i32, Device::cuda);
+  for (const IndexerRowsPlan::Block& b : plan.blocks) {
+    const int64_t r0 = b.r0, rows = b.r1 - b.r0;
+    Tensor scores = Tensor::empty({b.score_floats}, DType::f32, Device::cuda);
+    Tensor offsets = plan.packed ? Tensor::empty({rows}, DType::i64, Device::cuda) : Tensor();
+    Tensor work = Tensor::empty({b.work_words}, DType::i32, Device::cuda);
     uint32_t* words = reinterpret_cast<uint32_t*>(work.data<int32_t>());
     IndexerTopkParams p{};
     p.q = q.data<float>() + r0 * q.stride(0);
@@ -282,7 +343,7 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
     p.row_seq = d.row_seq == nullptr ? nullptr : d.row_seq + r0;
     p.row_len = row_len.data<int32_t>() + r0;
     p.scores = scores.data<float>();
-    p.score_offsets = packed ? offsets.data<int64_t>() : nullptr;
+    p.score_offsets = plan.packed ? offsets.data<int64_t>() : nullptr;
     p.out = out.data<int32_t>() + r0 * out_k;
     p.rows = rows;
     p.heads = ih;
@@ -299,8 +360,8 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
     p.out_k = out_k;
     p.topk = topk;
     p.max_len = max_len;
-    p.splits = splits;
-    p.split_len = split_len;
+    p.splits = b.splits;
+    p.split_len = b.split_len;
     indexer_workspace_pointers(p, words);
     p.scale = float(scale);
     p.weight_scale = float(weight_scale);
@@ -308,19 +369,7 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
     p.select_path = opts.indexer_select;
     p.score_kernel = opts.indexer_score;
     DSA_CUDA_CHECK(launch_indexer_topk_fused(p, stream));
-  };
-  const int64_t budget = std::max<int64_t>(score_budget_bytes / 4, 4);
-  int64_t r0 = 0, elems = 0;
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t e = row_elems(r);
-    if (r > r0 && elems + e > budget) {
-      launch_block(r0, r, elems);
-      r0 = r;
-      elems = 0;
-    }
-    elems += e;
   }
-  launch_block(r0, R, elems);
   return out;
 }
 

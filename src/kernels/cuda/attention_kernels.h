@@ -32,17 +32,24 @@ void mla_kv_cache_store(Tensor& cache, const Tensor& slots, const Tensor& src, c
 Tensor mla_kv_cache_gather(const Tensor& cache, const Tensor& page_table, int64_t page_size, int64_t n,
                            cudaStream_t stream = nullptr);
 
+// The launch plan of mla_decode for R rows x nh heads over at most max_keys keys a row (sel's k, or
+// max_len): its key splits (mla_decode_splits of opts' kernel and the SM count) and workspace sizes.
+MlaRowsPlan plan_mla_decode(int64_t rows, int64_t heads, int64_t max_keys, const KernelOptions& opts = {});
+
 // Absorbed MLA attention for R query rows. q_lat f32 [R, nh, 512], q_rope f32 [R, nh, 64] (last dims
 // contiguous); cache from mla_kv_cache_empty; page_table i32 [num_seqs, max_pages] (rows contiguous);
 // row_seq i32 [R] or undefined; row_len i32 [R]; max_len >= every row_len (host bound); sel i32 [R, k]
 // selected positions (-1 or invalid entries skipped) or undefined for all positions. -> f32 [R, nh, 512].
+// plan: from plan_mla_decode for this call's shape (checked), or null: planned here.
 Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache, const Tensor& page_table,
                   int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
                   const Tensor& sel, double scale, cudaStream_t stream = nullptr,
-                  const KernelOptions& opts = {});
+                  const KernelOptions& opts = {}, const MlaRowsPlan* plan = nullptr);
 
 // The ops.h contract of mla_attention_absorbed for one request (rows t = 0..T-1 at start_pos + t) over a
-// latent cache in a kernel format (kv.cache from mla_kv_cache_empty, kv.page_table i32 on the GPU).
+// latent cache in a kernel format (kv.cache from mla_kv_cache_empty, kv.page_table i32 on the GPU). It
+// uploads its rows' lengths (a synchronous copy) and plans the call: for direct callers of the one-request
+// operator; the model's steps call mla_decode over the step plan's rows and launch plan instead.
 Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                                    int64_t start_pos, const Tensor& sel, double scale,
                                    const KernelOptions& opts = {});
@@ -64,6 +71,13 @@ void indexer_key_cache_store(Tensor& cache, const Tensor& slots, const Tensor& s
 Tensor indexer_key_cache_gather(const Tensor& cache, const Tensor& page_table, int64_t page_size, int64_t n,
                                 cudaStream_t stream = nullptr);
 
+// The launch plan of indexer_topk_rows for R rows of at most max_len keys (row_len_host: their lengths,
+// or empty): packed or dense scores, the blocks of rows within score_budget_bytes, and each block's
+// select splits and workspace sizes. Throws when a host length is outside [0, max_len].
+IndexerRowsPlan plan_indexer_topk(int64_t rows, int64_t max_len, int64_t topk,
+                                  std::span<const int32_t> row_len_host = {},
+                                  int64_t score_budget_bytes = kIndexerScoreBudgetBytes);
+
 // Lightning indexer + top-k for R query rows: q f32 [R, ih, 128] (ih 32 or 64), w f32 [R, ih], cache
 // bf16 [slots, 128] or FP8 u8 [slots, 132], page table / row_seq / row_len / max_len as for mla_decode.
 // -> i32 [R, min(topk, max_len)]: ascending positions, or 0..n-1 padded with -1 when n <= topk.
@@ -72,14 +86,17 @@ Tensor indexer_key_cache_gather(const Tensor& cache, const Tensor& page_table, i
 // max_len]; plus indexer_workspace_words(R, splits) u32 (8 KB a row). When the scores exceed
 // score_budget_bytes the rows run in consecutive blocks (one launch each, shapes from the host's lengths
 // only: capturable) whose scores stay within it (a row is never split); the output is the same.
+// plan: from plan_indexer_topk for this call's shape (checked; row_len_host and score_budget_bytes are then
+// the plan's), or null: planned here from row_len_host and score_budget_bytes.
 Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, const Tensor& page_table,
                          int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
                          int64_t topk, double scale, double weight_scale, cudaStream_t stream = nullptr,
                          std::span<const int32_t> row_len_host = {},
                          int64_t score_budget_bytes = kIndexerScoreBudgetBytes,
-                         const KernelOptions& opts = {});
+                         const KernelOptions& opts = {}, const IndexerRowsPlan* plan = nullptr);
 
-// The ops.h contract of indexer_topk for one request (keys.cache bf16 [slots, 128] or FP8 u8 [slots, 132]).
+// The ops.h contract of indexer_topk for one request (keys.cache bf16 [slots, 128] or FP8 u8 [slots, 132]);
+// like mla_attention_absorbed_sm90 it uploads its rows and plans the call (the model's steps do not).
 Tensor indexer_topk_sm90(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos,
                          int64_t topk, double scale, double weight_scale, const KernelOptions& opts = {});
 

@@ -2,6 +2,7 @@
 
 #include <mutex>
 
+#include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/gemm.h"
@@ -72,6 +73,15 @@ class CudaBackend final : public Backend {
     if (kv.cache.defined() && kv.cache.dtype() != DType::f32)
       return cuda::mla_attention_batch(q_lat, q_rope, kv, sel, scale, options());
     return Backend::mla_attention_rows(q_lat, q_rope, kv, sel, scale);
+  }
+  // The step's launch plans of the two batched kernels above (kernel-format caches; an f32 cache's
+  // per-request path ignores them).
+  MlaRowsPlan plan_mla_rows(int64_t rows, int64_t heads, int64_t max_keys) override {
+    return cuda::plan_mla_decode(rows, heads, max_keys, options());
+  }
+  IndexerRowsPlan plan_indexer_rows(int64_t rows, int64_t max_len, int64_t topk,
+                                    std::span<const int32_t> len_host) override {
+    return cuda::plan_indexer_topk(rows, max_len, topk, len_host);
   }
   // MLA fused / batched ops: one kernel (or one batched GEMM) where it applies, else the unfused default.
   Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out) override {

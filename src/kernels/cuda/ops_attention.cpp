@@ -112,13 +112,13 @@ Tensor indexer_topk_batch(const Tensor& q, const Tensor& w, const PagedRows& key
                           double weight_scale, const KernelOptions& o) {
   return indexer_topk_rows(q, w, keys.cache, keys.page_table, keys.page_size, keys.row_seq, keys.row_len,
                            keys.max_len, topk, scale, weight_scale, op_stream(), keys.len_host,
-                           kIndexerScoreBudgetBytes, o);
+                           kIndexerScoreBudgetBytes, o, keys.indexer_plan);
 }
 
 Tensor mla_attention_batch(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
                            double scale, const KernelOptions& o) {
   return mla_decode(q_lat, q_rope, kv.cache, kv.page_table, kv.page_size, kv.row_seq, kv.row_len, kv.max_len,
-                    sel, scale, op_stream(), o);
+                    sel, scale, op_stream(), o, kv.mla_plan);
 }
 
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,

@@ -31,65 +31,99 @@ int64_t context_bucket(int64_t max_len, int64_t index_topk, int64_t page_size) {
 
 GraphPlan::GraphPlan(const GraphPlanConfig& cfg) : cfg_(cfg), buckets_(batch_buckets(cfg.max_bs)) {}
 
-std::optional<GraphKey> decode_graph_key(const model::ForwardBatch& b, const GraphPlan& plan) {
+int64_t cuda_graph_max_batch(const GraphSupport& s) {
+  // Decode tokens must take the absorbed form (the MHA form sizes its work from the host-side context).
+  const bool absorbed = s.attention == model::AttentionForm::absorbed ||
+                        (s.attention == model::AttentionForm::automatic && s.mha_min_tokens > 1);
+  if (s.max_bs <= 0 || !s.built || s.device != Device::cuda || !s.kernel_format_cache || !absorbed) return 0;
+  return s.max_running_requests > 0 ? std::min(s.max_bs, s.max_running_requests) : s.max_bs;
+}
+
+GraphSupport graph_support(const model::Model& m, std::optional<model::KvCacheDtype> kv_dtype,
+                           const model::ForwardOptions& forward, int64_t max_bs, int64_t max_running_requests,
+                           bool built) {
+  GraphSupport s;
+  s.max_bs = max_bs;
+  s.max_running_requests = max_running_requests;
+  s.built = built;
+  s.device = m.weights().embed_tokens.device();
+  const model::KvCacheDtype dt = kv_dtype.value_or(m.kv_dtype().value_or(
+      s.device == Device::cuda ? model::kDefaultCudaKvDtype : model::KvCacheDtype::f32));
+  s.kernel_format_cache = s.device == Device::cuda && dt != model::KvCacheDtype::f32;
+  s.attention = forward.attention;
+  s.mha_min_tokens = forward.mha_min_tokens;
+  return s;
+}
+
+namespace {
+// The one rule: a decode step of at most max_bs requests whose logits are its R rows, within the cells.
+std::optional<GraphKey> graph_key(model::StepKind kind, int64_t R, int64_t max_len, bool gathers_logits,
+                                  const GraphPlan& plan) {
   const GraphPlanConfig& cfg = plan.config();
-  const int64_t R = b.num_requests();
-  if (cfg.max_bs <= 0 || R == 0 || R > cfg.max_bs || b.num_tokens() != R || !b.all_decoding())
+  if (cfg.max_bs <= 0 || R == 0 || R > cfg.max_bs || kind != model::StepKind::decode || gathers_logits)
     return std::nullopt;
-  int64_t max_len = 0;
-  for (int64_t r = 0; r < R; ++r) max_len = std::max(max_len, b.start_pos[size_t(r)] + 1);
   const GraphKey k{batch_bucket(R, plan.buckets()), context_bucket(max_len, cfg.index_topk, cfg.page_size)};
   if (k.bs * k.ctx > cfg.max_ctx_cells) return std::nullopt;
   return k;
 }
 
-DecodeInputLayout decode_input_layout(const GraphKey& k, int64_t page_size) {
-  return DecodeInputLayout{k.bs, pages_for_ctx(k.ctx, page_size)};
+// The host plan of a batch as graphs see it (the engine's forward options; no kernel plans).
+model::StepPlan host_plan(const model::ForwardBatch& b, const model::StepCapacity* cap) {
+  model::StepPlanConfig pc;
+  pc.all_logits = false;
+  if (cap != nullptr) pc.capacity = *cap;
+  return model::StepPlan::build(b, pc);
+}
+}  // namespace
+
+std::optional<GraphKey> decode_graph_key(const model::StepPlan& p, const GraphPlan& plan) {
+  return graph_key(p.kind, p.num_requests(), p.max_len, !p.logit_rows.empty(), plan);
 }
 
-void pack_decode_inputs(const model::ForwardBatch& b, const GraphKey& k, int32_t scratch_page,
-                        std::span<int32_t> out) {
-  const DecodeInputLayout L = decode_input_layout(k, b.page_size);
+std::optional<GraphKey> decode_graph_key(const model::ForwardBatch& b, const GraphPlan& plan) {
+  // What the batch's plan would say (its kind, longest request, gathered logits rows), without building
+  // its arrays: a decode step's logits are gathered only for extra rows.
+  int64_t max_len = 0;
+  for (int64_t r = 0; r < b.num_requests(); ++r)
+    max_len = std::max(max_len, b.start_pos[size_t(r)] + b.num_new(r));
+  return graph_key(model::step_kind(b), b.num_requests(), max_len, !b.extra_logit_rows.empty(), plan);
+}
+
+DecodeInputLayout decode_input_layout(const GraphKey& k, int64_t page_size) {
+  return DecodeInputLayout{k.bs, k.bs, pages_for_ctx(k.ctx, page_size), 0, 0};
+}
+
+model::StepCapacity graph_capacity(const GraphKey& k, int64_t page_size) {
+  return model::StepCapacity{k.ctx, pages_for_ctx(k.ctx, page_size)};
+}
+
+model::ForwardBatch graph_batch(const model::ForwardBatch& b, const GraphKey& k, int32_t scratch_page) {
   const int64_t R = b.num_requests();
-  DSA_CHECK(int64_t(out.size()) >= L.size(), "pack_decode_inputs: buffer of {} values, the layout needs {}",
-            out.size(), L.size());
-  DSA_CHECK(R <= k.bs && b.num_tokens() == R, "pack_decode_inputs: {} requests / {} tokens for a graph of {}",
-            R, b.num_tokens(), k.bs);
-  DSA_CHECK(scratch_page >= 0, "pack_decode_inputs: no scratch page");
-  for (int64_t r = 0; r < k.bs; ++r) {
-    int32_t* pt = out.data() + L.page_table() + r * L.pages;
-    const size_t i = size_t(r);
-    out[size_t(L.row_seq()) + i] = int32_t(r);
-    if (r < R) {
-      const int64_t len = b.start_pos[i] + 1;
-      const auto pages = b.pages(r);
-      const int64_t used = pages_for_ctx(len, b.page_size);
-      DSA_CHECK(len <= k.ctx && used <= int64_t(pages.size()),
-                "pack_decode_inputs: request {} of {} tokens ({} pages) does not fit the graph's context {}",
-                r, len, pages.size(), k.ctx);
-      out[size_t(L.ids()) + i] = b.input_ids[i];
-      out[size_t(L.positions()) + i] = b.positions[i];
-      out[size_t(L.slots()) + i] = b.out_cache_loc[i];
-      out[size_t(L.row_len()) + i] = int32_t(len);
-      std::copy(pages.begin(), pages.begin() + used, pt);
-      std::fill(pt + used, pt + L.pages, pages[size_t(used - 1)]);
-    } else {
-      out[size_t(L.ids()) + i] = 0;
-      out[size_t(L.positions()) + i] = 0;
-      out[size_t(L.slots()) + i] = int32_t(int64_t(scratch_page) * b.page_size);
-      out[size_t(L.row_len()) + i] = 1;
-      std::fill(pt, pt + L.pages, scratch_page);
-    }
-  }
+  DSA_CHECK(R <= k.bs && b.num_tokens() == R && (R == 0 || b.all_decoding()),
+            "graph batch: {} requests / {} tokens for a decode graph of {}", R, b.num_tokens(), k.bs);
+  DSA_CHECK(scratch_page >= 0, "graph batch: no scratch page");
+  model::ForwardBatch g = b;
+  const int32_t token = 0, page = scratch_page;
+  for (int64_t r = R; r < k.bs; ++r)
+    g.add_request(std::span<const int32_t>(&token, 1), 0, std::span<const int32_t>(&page, 1), true);
+  return g;
 }
 
 model::ForwardBatch padding_batch(const GraphKey& k, int32_t scratch_page, int64_t page_size) {
   model::ForwardBatch b;
   b.page_size = page_size;
-  const int32_t token = 0, page = scratch_page;
-  for (int64_t r = 0; r < k.bs; ++r)
-    b.add_request(std::span<const int32_t>(&token, 1), 0, std::span<const int32_t>(&page, 1), true);
-  return b;
+  return graph_batch(b, k, scratch_page);
+}
+
+void pack_decode_inputs(const model::ForwardBatch& b, const GraphKey& k, int32_t scratch_page,
+                        std::span<int32_t> out) {
+  const DecodeInputLayout L = decode_input_layout(k, b.page_size);
+  DSA_CHECK(int64_t(out.size()) >= L.size(), "pack_decode_inputs: buffer of {} values, the layout needs {}",
+            out.size(), L.size());
+  const model::StepCapacity cap = graph_capacity(k, b.page_size);
+  const model::StepPlan p = host_plan(graph_batch(b, k, scratch_page), &cap);
+  DSA_CHECK(p.layout == L, "pack_decode_inputs: the batch's plan does not have the graph's layout");
+  p.pack(out);
 }
 
 }  // namespace dsaserve::runtime

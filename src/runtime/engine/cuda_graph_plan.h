@@ -15,7 +15,10 @@
 #include <span>
 #include <vector>
 
+#include "core/tensor.h"
 #include "model/forward_batch.h"
+#include "model/model.h"
+#include "model/step_plan.h"
 
 namespace dsaserve::runtime {
 
@@ -53,31 +56,52 @@ class GraphPlan {
   std::vector<int64_t> buckets_;
 };
 
-// The graph a batch replays: only a pure decode batch (every request decoding exactly one new token) of at
-// most max_bs requests, within max_ctx_cells; nullopt otherwise (the step runs eagerly). Allocates nothing.
+// Whether decode steps may replay CUDA graphs at all, and the largest batch captured: the one rule that
+// serve's memory estimate, the engine (its scratch page) and the runner follow. Graphs need a CUDA build,
+// the model and cache on CUDA, a kernel-format latent cache (bf16 / FP8: the f32 stand-in takes per-request
+// host paths) and decode tokens in the absorbed form (the MHA form sizes its work from the host context).
+struct GraphSupport {
+  int64_t max_bs = 0;                // --cuda-graph-max-bs (0: --disable-cuda-graph)
+  int64_t max_running_requests = 0;  // no bucket above it (larger batches never occur); 0: no limit
+  bool built = false;                // cuda_graphs_built()
+  Device device = Device::cpu;       // the model's weights and KV cache
+  bool kernel_format_cache = false;  // the latent cache is bf16 / FP8
+  model::AttentionForm attention = model::AttentionForm::automatic;
+  int64_t mha_min_tokens = 256;
+};
+// The largest batch graphs replay (min(max_bs, max_running_requests)), or 0 when they cannot run.
+int64_t cuda_graph_max_batch(const GraphSupport& s);
+// The support of a model whose cache will be kv_dtype (unset: the model's, else KvCache::create's default)
+// under `forward` (the engine's options), with the flags' limits; built: cuda_graphs_built().
+GraphSupport graph_support(const model::Model& m, std::optional<model::KvCacheDtype> kv_dtype,
+                           const model::ForwardOptions& forward, int64_t max_bs, int64_t max_running_requests,
+                           bool built);
+
+// The graph a step replays (the one per-step decision): only a decode step (every request decoding
+// exactly one new token) of at most max_bs requests whose logits are its R rows (no extra rows), within
+// max_ctx_cells; nullopt otherwise (the step runs eagerly). The plan is the step's own (no capacity).
+std::optional<GraphKey> decode_graph_key(const model::StepPlan& p, const GraphPlan& plan);
+// The same for a batch (what its plan under the engine's options would say). Allocates nothing.
 std::optional<GraphKey> decode_graph_key(const model::ForwardBatch& b, const GraphPlan& plan);
 
-// The static inputs of a graph, packed into one i32 buffer (one upload per replay): offsets in elements.
-struct DecodeInputLayout {
-  int64_t bs = 0, pages = 0;  // rows, page-table columns
-  int64_t ids() const { return 0; }
-  int64_t positions() const { return bs; }
-  int64_t slots() const { return 2 * bs; }
-  int64_t row_seq() const { return 3 * bs; }
-  int64_t row_len() const { return 4 * bs; }
-  int64_t page_table() const { return 5 * bs; }  // [bs, pages], row-major
-  int64_t size() const { return 5 * bs + bs * pages; }
-};
+// The static inputs of a graph: the step layout of bs one-token requests over pages_for_ctx(ctx) pages
+// (model/step_plan.h), one upload per replay.
+using DecodeInputLayout = model::StepLayout;
 DecodeInputLayout decode_input_layout(const GraphKey& k, int64_t page_size);
+// The shapes a graph of key k is captured with (the plan's capacity).
+model::StepCapacity graph_capacity(const GraphKey& k, int64_t page_size);
 
-// Packs a decode batch (decode_graph_key(b) gave key k) into `out` (layout's size): its B requests, then
-// bs - B padding rows on `scratch_page`. Page-table rows are padded with the row's last page (the scratch
-// page for padding rows). Throws when the batch does not fit the key.
+// The batch a graph of key k runs for `b` (decode_graph_key(b) gave k): its B requests, then bs - B
+// padding rows on `scratch_page` (token 0 at position 0, one visible key). Throws when b does not fit.
+model::ForwardBatch graph_batch(const model::ForwardBatch& b, const GraphKey& k, int32_t scratch_page);
+// The batch a graph is captured with: bs padding rows (graph_batch of an empty batch), so an eager run
+// of it only writes the scratch page.
+model::ForwardBatch padding_batch(const GraphKey& k, int32_t scratch_page, int64_t page_size);
+
+// Packs a decode batch into `out` (layout's size): the StepPlan of graph_batch(b, k, scratch_page) at the
+// graph's capacity, packed (page-table rows: the used pages, then the last used page; the scratch page for
+// padding rows). Throws when the batch does not fit the key.
 void pack_decode_inputs(const model::ForwardBatch& b, const GraphKey& k, int32_t scratch_page,
                         std::span<int32_t> out);
-
-// The batch a graph is captured with: bs padding rows on the scratch page (what pack_decode_inputs
-// writes for an empty batch), so an eager run of it only writes the scratch page.
-model::ForwardBatch padding_batch(const GraphKey& k, int32_t scratch_page, int64_t page_size);
 
 }  // namespace dsaserve::runtime

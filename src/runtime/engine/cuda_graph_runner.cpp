@@ -32,11 +32,13 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// One captured graph and its static inputs (i32, packed as DecodeInputLayout).
+// One captured graph: the plan it was captured with (its kernels' launch plans are the graph's) and its
+// static inputs (i32, packed as DecodeInputLayout), which every replay overwrites.
 struct Entry {
   DecodeInputLayout layout;
   Tensor inputs;            // i32 [layout.size()] on the device
-  model::StepTensors step;  // views of `inputs`
+  model::StepPlan plan;     // of the padding batch at the graph's capacity
+  model::StepInputs bound;  // plan's views of `inputs`
   kernels::cuda::CudaGraph graph;
 };
 
@@ -99,22 +101,20 @@ struct CudaGraphRunner::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     auto e = std::make_unique<Entry>();
     e->layout = decode_input_layout(k, cache.page_size);
-    const DecodeInputLayout& L = e->layout;
-    e->inputs = Tensor::empty({L.size()}, DType::i32, Device::cuda);
-    auto part = [&](int64_t off, int64_t n) { return e->inputs.slice(0, off, off + n); };
-    e->step.ids = part(L.ids(), k.bs);
-    e->step.positions = part(L.positions(), k.bs);
-    e->step.slots = part(L.slots(), k.bs);
-    e->step.row_seq = part(L.row_seq(), k.bs);
-    e->step.row_len = part(L.row_len(), k.bs);
-    e->step.page_table = part(L.page_table(), k.bs * L.pages).view({k.bs, L.pages});
-    e->step.max_len = k.ctx;
+    e->inputs = Tensor::empty({e->layout.size()}, DType::i32, Device::cuda);
     const model::ForwardBatch pad = padding_batch(k, scratch, cache.page_size);
-    upload(pad, k, *e);
     model::ForwardOptions o = opt;
     o.all_logits = false;
     o.keep_hidden = false;
-    o.inputs = &e->step;
+    // The plan at the graph's capacity, without host rows: its kernel launch plans depend on (bs, ctx)
+    // only, so they hold for every batch the graph replays.
+    const model::StepCapacity capacity = graph_capacity(k, cache.page_size);
+    e->plan = model.plan_step(pad, o, &capacity);
+    DSA_CHECK(e->plan.layout == e->layout, "CUDA graphs: the capture plan does not have the graph's layout");
+    e->bound = e->plan.bind(e->inputs);
+    upload(pad, k, *e);
+    o.plan = &e->plan;
+    o.inputs = &e->bound;
     // One eager run of the same shapes (writes only the scratch page): lazily made device data (RoPE
     // tables, GEMM plans and weight caches) exists before the capture, which may not create it.
     (void)model.forward(pad, cache, o);
@@ -171,10 +171,14 @@ CudaGraphRunner::CudaGraphRunner(const model::Model& model, model::KvCache& cach
   m.log = log;
   const bool on_cuda = model.weights().embed_tokens.device() == Device::cuda && !cache.kv.empty() &&
                        cache.kv[0].device() == Device::cuda;
-  // Decode tokens must take the absorbed form (the MHA form sizes its work from the host-side context).
-  const bool absorbed = opt.attention == model::AttentionForm::absorbed ||
-                        (opt.attention == model::AttentionForm::automatic && opt.mha_min_tokens > 1);
-  m.usable = max_bs > 0 && on_cuda && cache.kv[0].dtype() != DType::f32 && absorbed;
+  GraphSupport gs;
+  gs.max_bs = max_bs;
+  gs.built = true;
+  gs.device = on_cuda ? Device::cuda : Device::cpu;
+  gs.kernel_format_cache = on_cuda && cache.kv[0].dtype() != DType::f32;
+  gs.attention = opt.attention;
+  gs.mha_min_tokens = opt.mha_min_tokens;
+  m.usable = cuda_graph_max_batch(gs) > 0;
   if (!m.usable) return;
   DSA_CHECK(scratch_page >= 0 && scratch_page < cache.num_pages,
             "CUDA graphs: scratch page {} outside the cache's {} pages", scratch_page, cache.num_pages);
@@ -208,8 +212,7 @@ void CudaGraphRunner::capture(const GraphKey& k) {
 }
 
 std::optional<Tensor> CudaGraphRunner::run(const model::ForwardBatch& fb) {
-  if (!fb.extra_logit_rows.empty()) return std::nullopt;  // graphs return the R last-token rows only
-  const std::optional<GraphKey> k = key_for(fb);
+  const std::optional<GraphKey> k = key_for(fb);  // graphs return the R last-token rows only
   if (!k) return std::nullopt;
   Impl& m = *impl_;
   fb.validate(m.model.config().vocab_size, m.cache.num_pages);  // the graph's ops skip their host checks

@@ -36,9 +36,12 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
   shape_ = {model_->config().vocab_size, model_->config().max_position_embeddings};
   // The KV cache lives where the model's weights do (see runtime/engine/device.h); the engine only ever
   // moves page ids, so prefix reuse, retraction and aborts need no device copies.
-  // CUDA graphs need one KV page no request owns (their padding rows write there): the cache's last.
-  const bool graphs = cfg_.cuda_graph_max_bs > 0 && cuda_graphs_built() &&
-                      model_->weights().embed_tokens.device() == Device::cuda;
+  // CUDA graphs (when cuda_graph_max_batch allows: the one rule) need one KV page no request owns (their
+  // padding rows write there): the cache's last.
+  const int64_t graph_bs =
+      cuda_graph_max_batch(graph_support(*model_, cfg_.kv_dtype, cfg_.forward, cfg_.cuda_graph_max_bs,
+                                         cfg_.scheduler.max_running_requests, cuda_graphs_built()));
+  const bool graphs = graph_bs > 0;
   const int64_t cache_pages = cfg_.kv_pages + (graphs ? 1 : 0);
   make_parts(cfg_.kv_dtype ? model::KvCache::create(model_->config(), cache_pages, cfg_.page_size,
                                                     model_->num_mtp_layers() > 0,
@@ -53,12 +56,8 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
   }
   std::unique_ptr<CudaGraphRunner> graph_runner;
   if (graphs) {
-    // No bucket above the running batch's limit: larger batches never occur.
-    const int64_t max_bs = cfg_.scheduler.max_running_requests > 0
-                               ? std::min(cfg_.cuda_graph_max_bs, cfg_.scheduler.max_running_requests)
-                               : cfg_.cuda_graph_max_bs;
-    graph_runner = std::make_unique<CudaGraphRunner>(*model_, pool_->cache(), pool_->reserved_page(0), max_bs,
-                                                     cfg_.forward, cfg_.cuda_graph_log);
+    graph_runner = std::make_unique<CudaGraphRunner>(*model_, pool_->cache(), pool_->reserved_page(0),
+                                                     graph_bs, cfg_.forward, cfg_.cuda_graph_log);
     stats_.cuda_graph_seconds = graph_runner->capture_all();
     stats_.cuda_graphs = graph_runner->stats().graphs;
   }
