@@ -3,12 +3,17 @@
 //                   [--temperature T --top-k K --top-p P --min-p M --seed S] [--page-size P] [--threads N]
 //                   [--device cpu|cuda] [--kv-cache-dtype auto|bf16|fp8_e4m3|f32]
 //                   [--cuda-graph-max-bs N | --disable-cuda-graph]
+//                   [--speculative-algorithm EAGLE|NEXTN --speculative-num-steps N
+//                    --speculative-eagle-topk 1 --speculative-num-draft-tokens N+1]
 // Continues a token prompt on the CPU or GPU and prints the new token ids as JSON: {"output_ids": [...],
 // ...timings}. The serving engine's loop runs it (runtime::Engine::step on this thread, one request: one
 // prefill, then one decode step per token, no EOS stop), so `generate` and `serve` share the scheduler,
 // KV manager, model runner and sampler. On CUDA the decode steps replay a captured CUDA graph
 // (runtime/engine/cuda_graph_runner.h) unless --disable-cuda-graph (or --cuda-graph-max-bs 0). Greedy
-// (argmax, ties to the lowest id) unless a sampling flag is given.
+// (argmax, ties to the lowest id) unless a sampling flag is given. With --speculative-algorithm a greedy
+// request decodes speculatively (runtime/spec/spec_decoder.h: the MTP layer drafts N tokens, the target
+// verifies N + 1 rows, eagerly, no CUDA graphs) and the JSON adds "speculative" (its accept statistics); a
+// sampled request decodes without speculation ("speculative": {"used": false, ...}).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -18,6 +23,7 @@
 #include "cli/command.h"
 #include "cli/kernel_flags.h"
 #include "cli/model_options.h"
+#include "cli/spec_flags.h"
 #include "cli/token_ids.h"
 #include "core/error.h"
 #include "core/parallel.h"
@@ -26,6 +32,7 @@
 #include "runtime/engine/device.h"
 #include "runtime/engine/engine.h"
 #include "runtime/sampler/sampler.h"
+#include "runtime/spec/spec_decoder.h"
 
 namespace dsaserve::cli {
 namespace {
@@ -57,6 +64,7 @@ CommandRun setup(CLI::App& sub) {
     float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
     int32_t top_k = 0;
     uint64_t seed = 0;
+    runtime::SpeculativeConfig spec;
   };
   auto o = std::make_shared<Opts>();
   add_model_options(sub, o->model)->required();
@@ -81,6 +89,7 @@ CommandRun setup(CLI::App& sub) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub.add_flag("--disable-cuda-graph", o->disable_cuda_graph, "run every step eagerly (no CUDA graphs)");
+  add_spec_flags(sub, o->spec);
   auto kflags = add_kernel_flags(sub);
   return [o, temp, topk, topp, minp, seed, kflags]() -> int {
     DSA_CHECK(!o->prompt.empty() || !o->prompt_file.empty(),
@@ -94,7 +103,10 @@ CommandRun setup(CLI::App& sub) {
     const Device device = runtime::parse_device(o->device);
     runtime::use_device(device);
     const auto t0 = std::chrono::steady_clock::now();
-    auto model = model::load_model(o->model, device, false);
+    o->spec.validate(1);  // the flags alone; the model's MTP layer is checked once loaded
+    const bool speculate = o->spec.enabled() && !sampling;
+    auto model = model::load_model(o->model, device, speculate);
+    if (speculate) o->spec.validate(model->num_mtp_layers());
     const model::KvCacheDtype kv_dtype =
         runtime::resolve_kv_cache_dtype(o->kv_cache_dtype, device, model->config());
     const auto t_up = std::chrono::steady_clock::now();
@@ -127,12 +139,37 @@ CommandRun setup(CLI::App& sub) {
                         kv_dtype != model::KvCacheDtype::f32;
     ec.cuda_graph_max_bs = graphs ? o->cuda_graph_max_bs : 0;
     ec.cuda_graph_log = false;  // stdout is the JSON line
-    runtime::Engine engine(std::move(model), ec);
-    runtime::GenerateRequest req;
-    req.prompt = prompt;
-    req.params = sp;
-    const std::vector<int32_t> out = generate_on_engine(engine, std::move(req));
-    const int64_t replays = engine.stats().cuda_graph_replays;
+    std::vector<int32_t> out;
+    int64_t replays = 0;
+    nlohmann::json spec_json;
+    if (speculate) {
+      // Eager (no CUDA graphs); KV for the prompt, the outputs and one round's drafts.
+      const int64_t pages = (total + o->spec.verify_rows() + o->page_size) / o->page_size;
+      runtime::KvPool pool(model->make_cache(pages, o->page_size));
+      runtime::SpecDecoder dec(*model, pool, o->spec);
+      out = dec.generate({runtime::SpecRequest{prompt, o->max_new}}).at(0);
+      pool.check_integrity();
+      DSA_CHECK(pool.free_pages() == pool.num_pages(), "generate: {} KV pages leaked",
+                pool.num_pages() - pool.free_pages());
+      const runtime::SpecStats& st = dec.stats();
+      spec_json = {{"used", true},
+                   {"algorithm", o->spec.algorithm},
+                   {"num_steps", o->spec.num_steps},
+                   {"num_draft_tokens", o->spec.verify_rows()},
+                   {"rounds", st.rounds},
+                   {"drafted_tokens", st.drafted},
+                   {"accepted_tokens", st.accepted},
+                   {"accept_length_mean", st.mean_accept_length()},
+                   {"accept_length_histogram", st.accept_length_hist}};
+    } else {
+      runtime::Engine engine(std::move(model), ec);
+      runtime::GenerateRequest req;
+      req.prompt = prompt;
+      req.params = sp;
+      out = generate_on_engine(engine, std::move(req));
+      replays = engine.stats().cuda_graph_replays;
+      if (o->spec.enabled()) spec_json = {{"used", false}, {"reason", "sampling (only greedy requests speculate)"}};
+    }
     const auto t2 = std::chrono::steady_clock::now();
     const double load_s = std::chrono::duration<double>(t1 - t0).count();
     const double run_s = std::chrono::duration<double>(t2 - t1).count();
@@ -146,6 +183,7 @@ CommandRun setup(CLI::App& sub) {
                      {"generate_seconds", run_s},
                      {"cuda_graph_replays", replays},
                      {"threads", num_threads()}};
+    if (!spec_json.is_null()) j["speculative"] = spec_json;
     fmt::print("{}\n", j.dump());
     return 0;
   };
