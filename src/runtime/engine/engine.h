@@ -28,6 +28,7 @@
 #include "runtime/radix/radix_cache.h"
 #include "runtime/scheduler/scheduler.h"
 #include "runtime/spec/spec_config.h"
+#include "runtime/spec/spec_round.h"
 
 namespace dsaserve::runtime {
 
@@ -59,6 +60,7 @@ struct EngineConfig {
   // or penalties draft with the model's MTP layer and verify num_steps + 1 tokens per step; the others
   // decode one token per step. On: no overlap scheduling and no CUDA graphs (every step eager).
   SpeculativeConfig speculative;
+  DraftHook spec_draft_hook;  // tests only (spec_round.h): replaces the MTP drafts; its key: request id
 };
 
 // Makes the runner an engine drives, over the engine's KV cache (called once, when the pool exists).

@@ -42,12 +42,12 @@ int64_t Engine::spec_round(ScheduleBatch& batch, std::vector<StepOutput>& out) {
   std::vector<SpecSlot> slots;
   for (const ScheduledRequest& s : batch.items) {
     const Request& r = *s.req;
-    slots.push_back({r.tokens.back(), r.kv.len, r.kv.pages, r.spec_hidden});
+    slots.push_back({r.id, r.tokens.back(), r.kv.len, r.kv.pages, r.spec_hidden});
   }
   scheduler_->commit(batch);
   SpecVerdict v;
   try {
-    v = draft_and_verify(*model_, pool_->cache(), cfg_.forward, N, slots);
+    v = draft_and_verify(*model_, pool_->cache(), cfg_.forward, N, slots, cfg_.spec_draft_hook);
     draft_extend(*model_, pool_->cache(), cfg_.forward, N, slots, v);
   } catch (const std::exception& e) {
     scheduler_->fail(batch, e.what(), out);

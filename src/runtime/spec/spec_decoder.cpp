@@ -22,6 +22,7 @@ struct SpecDecoder::Seq {
   int64_t prompt_len = 0;
   int64_t max_new = 0;
   KvSeq kv;
+  uint64_t key = 0;
   Tensor hidden;  // [1, H]: the target's hidden state at kv.len - 1
   bool done = false;
   int64_t num_output() const { return int64_t(tokens.size()) - prompt_len; }
@@ -29,8 +30,14 @@ struct SpecDecoder::Seq {
 
 
 SpecDecoder::SpecDecoder(const model::Model& model, KvPool& pool, SpeculativeConfig cfg, model::ForwardOptions fo,
-                         int64_t prefill_chunk)
-    : model_(model), pool_(pool), kv_(pool), cfg_(cfg.resolved()), fo_(fo), prefill_chunk_(prefill_chunk) {
+                         int64_t prefill_chunk, DraftHook hook)
+    : model_(model),
+      pool_(pool),
+      kv_(pool),
+      cfg_(cfg.resolved()),
+      fo_(fo),
+      prefill_chunk_(prefill_chunk),
+      hook_(std::move(hook)) {
   cfg_.validate(model.num_mtp_layers());
   DSA_CHECK(cfg_.enabled(), "spec: speculative decoding is off (--speculative-algorithm)");
   DSA_CHECK(int64_t(pool.cache().kv.size()) > model.config().num_hidden_layers,
@@ -48,6 +55,7 @@ std::vector<std::vector<int32_t>> SpecDecoder::generate(const std::vector<SpecRe
   std::vector<Seq> seqs(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
     DSA_CHECK(!reqs[i].prompt.empty(), "spec: request {} has an empty prompt", i);
+    seqs[i].key = i;
     seqs[i].tokens = reqs[i].prompt;
     seqs[i].prompt_len = int64_t(reqs[i].prompt.size());
     seqs[i].max_new = reqs[i].max_new_tokens;
@@ -139,9 +147,9 @@ void SpecDecoder::round(std::vector<Seq*>& live) {
   for (Seq* s : live) {
     // Room for the pending token and the drafts (the first round's was reserved with the prefill).
     if (s->kv.reserved < s->kv.len + K) kv_.reserve(s->kv, K);
-    slots.push_back({s->tokens.back(), s->kv.len, s->kv.pages, s->hidden});
+    slots.push_back({s->key, s->tokens.back(), s->kv.len, s->kv.pages, s->hidden});
   }
-  const SpecVerdict v = draft_and_verify(model_, pool_.cache(), fo_, N, slots);
+  const SpecVerdict v = draft_and_verify(model_, pool_.cache(), fo_, N, slots, hook_);
   for (Seq* s : live) kv_.commit(s->kv, K);
   draft_extend(model_, pool_.cache(), fo_, N, slots, v);
   for (size_t r = 0; r < live.size(); ++r) {

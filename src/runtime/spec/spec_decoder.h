@@ -24,6 +24,7 @@
 #include "runtime/kv/kv_manager.h"
 #include "runtime/kv/kv_pool.h"
 #include "runtime/spec/spec_config.h"
+#include "runtime/spec/spec_round.h"
 
 namespace dsaserve::runtime {
 
@@ -47,8 +48,9 @@ class SpecDecoder {
  public:
   // `fo`: the target's forward options (its all_logits / keep_hidden are set per pass). `cfg` must be
   // enabled and valid for the model (SpeculativeConfig::validate).
+  // `hook` (tests): replaces the MTP layer's drafts (its key: the request's index in generate()'s list).
   SpecDecoder(const model::Model& model, KvPool& pool, SpeculativeConfig cfg, model::ForwardOptions fo = {},
-              int64_t prefill_chunk = 0);
+              int64_t prefill_chunk = 0, DraftHook hook = {});
   // Runs every request to its max_new_tokens (no EOS stop) and returns their new tokens. All pages are
   // back in the pool afterwards (also when a forward throws).
   std::vector<std::vector<int32_t>> generate(const std::vector<SpecRequest>& reqs);
@@ -66,6 +68,7 @@ class SpecDecoder {
   SpeculativeConfig cfg_;
   model::ForwardOptions fo_;
   int64_t prefill_chunk_;
+  DraftHook hook_;
   SpecStats stats_;
 };
 

@@ -32,7 +32,7 @@ Tensor stack_rows(const kernels::Ops& ops, const std::vector<Tensor>& parts) {
 }
 
 SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const model::ForwardOptions& fo,
-                             int64_t num_steps, const std::vector<SpecSlot>& slots) {
+                             int64_t num_steps, const std::vector<SpecSlot>& slots, const DraftHook& hook) {
   const int64_t V = m.config().vocab_size, N = num_steps, K = num_steps + 1;
   const size_t R = slots.size();
   DSA_CHECK(R > 0 && N >= 1, "spec: a round of {} requests and {} steps", R, N);
@@ -61,6 +61,8 @@ SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const
       const Tensor lg = host_f32(o.logits);
       for (size_t r = 0; r < R; ++r) {
         cur[r] = greedy_token(lg.data<float>() + int64_t(r) * V, V);
+        if (hook) cur[r] = hook(slots[r].key, slots[r].len + 1 + i, cur[r]);
+        DSA_CHECK(cur[r] >= 0 && cur[r] < V, "spec: draft token {} outside the vocabulary", cur[r]);
         drafts[r].push_back(cur[r]);
       }
       h = o.hidden;

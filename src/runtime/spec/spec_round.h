@@ -3,6 +3,7 @@
 // page tables the caller owns: SpecDecoder and the Engine share them, each doing its own KV bookkeeping.
 // Greedy (argmax, ties to the lowest id).
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -14,11 +15,18 @@ namespace dsaserve::runtime {
 // One request in a round: `len` target-KV tokens, `pending` its next input token (tokens[len]), `hidden`
 // [1, H] the target's hidden state at len - 1, `pages` room for len + num_steps + 1 tokens.
 struct SpecSlot {
+  uint64_t key = 0;  // the request's id (for a DraftHook)
   int32_t pending = 0;
   int64_t len = 0;
   std::span<const int32_t> pages;
   Tensor hidden;
 };
+
+// Replaces a draft token after the MTP layer proposed it: (slot key, the draft's token index in its
+// request, i.e. len + 1 + step, the proposal) -> the draft. A test seam: the fixtures' random-weight MTP
+// layers almost never agree with their targets, so tests plant an oracle drafter (the known greedy
+// continuation with planted mistakes) to exercise acceptance, rollback and draft_extend. Empty: none.
+using DraftHook = std::function<int32_t(uint64_t key, int64_t index, int32_t proposed)>;
 
 struct SpecVerdict {
   std::vector<std::vector<int32_t>> run;  // per slot: the accepted drafts, then the target's next token
@@ -35,7 +43,8 @@ Tensor stack_rows(const kernels::Ops& ops, const std::vector<Tensor>& parts);
 // pending + drafts, logits at every row), accept (the longest agreeing prefix + the target's token). The
 // caller has reserved len + num_steps + 1 tokens per slot; the verify writes the target KV of them all.
 SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const model::ForwardOptions& fo,
-                             int64_t num_steps, const std::vector<SpecSlot>& slots);
+                             int64_t num_steps, const std::vector<SpecSlot>& slots,
+                             const DraftHook& hook = {});
 
 // The MTP layer over `mb` (its token p is t_{p+1}) with the target's hidden rows (one part per request,
 // in order): its KV at those positions. No-op for an empty batch.
