@@ -11,9 +11,9 @@
 // KV manager, model runner and sampler. On CUDA the decode steps replay a captured CUDA graph
 // (runtime/engine/cuda_graph_runner.h) unless --disable-cuda-graph (or --cuda-graph-max-bs 0). Greedy
 // (argmax, ties to the lowest id) unless a sampling flag is given. With --speculative-algorithm a greedy
-// request decodes speculatively (runtime/spec/spec_decoder.h: the MTP layer drafts N tokens, the target
-// verifies N + 1 rows, eagerly, no CUDA graphs) and the JSON adds "speculative" (its accept statistics); a
-// sampled request decodes without speculation ("speculative": {"used": false, ...}).
+// request decodes speculatively through the engine (EngineConfig::speculative: the MTP layer drafts N
+// tokens, the target verifies N + 1 rows, eagerly, no CUDA graphs) and the JSON adds "speculative" (its
+// accept statistics); a sampled request decodes without speculation ("speculative": {"used": false, ...}).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -32,7 +32,7 @@
 #include "runtime/engine/device.h"
 #include "runtime/engine/engine.h"
 #include "runtime/sampler/sampler.h"
-#include "runtime/spec/spec_decoder.h"
+#include "runtime/spec/spec_config.h"
 
 namespace dsaserve::cli {
 namespace {
@@ -139,36 +139,32 @@ CommandRun setup(CLI::App& sub) {
                         kv_dtype != model::KvCacheDtype::f32;
     ec.cuda_graph_max_bs = graphs ? o->cuda_graph_max_bs : 0;
     ec.cuda_graph_log = false;  // stdout is the JSON line
-    std::vector<int32_t> out;
-    int64_t replays = 0;
+    if (speculate) {
+      ec.speculative = o->spec;  // the engine: eager steps, KV for one round's drafts too
+      ec.kv_pages = (total + 1 + o->spec.num_steps + 1 + o->page_size - 1) / o->page_size;
+      ec.scheduler.max_context += o->spec.num_steps + 1;  // max_new_tokens still cuts the last round
+    }
+    runtime::Engine engine(std::move(model), ec);
+    runtime::GenerateRequest req;
+    req.prompt = prompt;
+    req.params = sp;
+    const std::vector<int32_t> out = generate_on_engine(engine, std::move(req));
+    const runtime::EngineStats st = engine.stats();
+    const int64_t replays = st.cuda_graph_replays;
     nlohmann::json spec_json;
     if (speculate) {
-      // Eager (no CUDA graphs); KV for the prompt, the outputs and one round's drafts.
-      const int64_t pages = (total + o->spec.verify_rows() + o->page_size) / o->page_size;
-      runtime::KvPool pool(model->make_cache(pages, o->page_size));
-      runtime::SpecDecoder dec(*model, pool, o->spec);
-      out = dec.generate({runtime::SpecRequest{prompt, o->max_new}}).at(0);
-      pool.check_integrity();
-      DSA_CHECK(pool.free_pages() == pool.num_pages(), "generate: {} KV pages leaked",
-                pool.num_pages() - pool.free_pages());
-      const runtime::SpecStats& st = dec.stats();
       spec_json = {{"used", true},
                    {"algorithm", o->spec.algorithm},
                    {"num_steps", o->spec.num_steps},
                    {"num_draft_tokens", o->spec.verify_rows()},
-                   {"rounds", st.rounds},
-                   {"drafted_tokens", st.drafted},
-                   {"accepted_tokens", st.accepted},
-                   {"accept_length_mean", st.mean_accept_length()},
-                   {"accept_length_histogram", st.accept_length_hist}};
-    } else {
-      runtime::Engine engine(std::move(model), ec);
-      runtime::GenerateRequest req;
-      req.prompt = prompt;
-      req.params = sp;
-      out = generate_on_engine(engine, std::move(req));
-      replays = engine.stats().cuda_graph_replays;
-      if (o->spec.enabled()) spec_json = {{"used", false}, {"reason", "sampling (only greedy requests speculate)"}};
+                   {"rounds", st.spec_rounds},
+                   {"drafted_tokens", st.spec_drafted_tokens},
+                   {"accepted_tokens", st.spec_accepted_tokens},
+                   {"accept_length_mean",
+                    st.spec_rounds > 0 ? 1.0 + double(st.spec_accepted_tokens) / double(st.spec_rounds) : 0.0},
+                   {"accept_length_histogram", st.spec_accept_length_hist}};
+    } else if (o->spec.enabled()) {
+      spec_json = {{"used", false}, {"reason", "sampling (only greedy requests speculate)"}};
     }
     const auto t2 = std::chrono::steady_clock::now();
     const double load_s = std::chrono::duration<double>(t1 - t0).count();
