@@ -153,16 +153,17 @@ CommandRun setup(CLI::App& sub) {
     const int64_t replays = st.cuda_graph_replays;
     nlohmann::json spec_json;
     if (speculate) {
-      spec_json = {{"used", true},
-                   {"algorithm", o->spec.algorithm},
-                   {"num_steps", o->spec.num_steps},
-                   {"num_draft_tokens", o->spec.verify_rows()},
-                   {"rounds", st.spec_rounds},
-                   {"drafted_tokens", st.spec_drafted_tokens},
-                   {"accepted_tokens", st.spec_accepted_tokens},
-                   {"accept_length_mean",
-                    st.spec_rounds > 0 ? 1.0 + double(st.spec_accepted_tokens) / double(st.spec_rounds) : 0.0},
-                   {"accept_length_histogram", st.spec_accept_length_hist}};
+      spec_json = {
+          {"used", true},
+          {"algorithm", o->spec.algorithm},
+          {"num_steps", o->spec.num_steps},
+          {"num_draft_tokens", o->spec.verify_rows()},
+          {"rounds", st.spec_rounds},
+          {"drafted_tokens", st.spec_drafted_tokens},
+          {"accepted_tokens", st.spec_accepted_tokens},
+          {"accept_length_mean",
+           st.spec_rounds > 0 ? 1.0 + double(st.spec_accepted_tokens) / double(st.spec_rounds) : 0.0},
+          {"accept_length_histogram", st.spec_accept_length_hist}};
     } else if (o->spec.enabled()) {
       spec_json = {{"used", false}, {"reason", "sampling (only greedy requests speculate)"}};
     }

@@ -140,7 +140,8 @@ std::string ServerMetrics::render(const runtime::EngineStats& e, int64_t active_
       sum += int64_t(len) * e.spec_accept_length_hist[len];
       out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, len, cum);
     }
-    out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cum, name, sum, name, cum);
+    out +=
+        fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cum, name, sum, name, cum);
   }
   gauge("dsaserve_engine_busy_seconds_total", "Seconds spent in engine steps.", e.busy_seconds);
   gauge("dsaserve_scheduler_seconds_total", "Of which the scheduler's own CPU time.", e.schedule_seconds);

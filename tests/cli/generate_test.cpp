@@ -81,13 +81,14 @@ TEST(GenerateCli, SpeculativeGreedyEqualsPlain) {
   for (const char* name : {"tiny", "realdims", "realdims_fp8"}) {
     const auto gold = models / name / "goldens.safetensors";
     const auto prompt = read_i32(gold, "greedy0.prompt");
-    const std::string base = fmt::format("--model {} --prompt-ids {} --max-new-tokens 20", (models / name).string(),
-                                         fmt::join(prompt, ","));
+    const std::string base = fmt::format("--model {} --prompt-ids {} --max-new-tokens 20",
+                                         (models / name).string(), fmt::join(prompt, ","));
     const auto plain = run_json(base);
     for (int steps : {1, 3, 5}) {
-      const auto spec = run_json(base + fmt::format(" --speculative-algorithm {} --speculative-num-steps {} "
-                                                    "--speculative-eagle-topk 1 --speculative-num-draft-tokens {}",
-                                                    steps == 3 ? "NEXTN" : "EAGLE", steps, steps + 1));
+      const auto spec =
+          run_json(base + fmt::format(" --speculative-algorithm {} --speculative-num-steps {} "
+                                      "--speculative-eagle-topk 1 --speculative-num-draft-tokens {}",
+                                      steps == 3 ? "NEXTN" : "EAGLE", steps, steps + 1));
       EXPECT_EQ(spec["output_ids"], plain["output_ids"]) << name << " steps " << steps;
       const auto& st = spec["speculative"];
       EXPECT_TRUE(st["used"].get<bool>());

@@ -2,6 +2,8 @@
 // decoding, token for token, on the fixture models, for 1 and 8 requests, steps 1 / 3 / 5, with chunked
 // prefill and small pages (so rollbacks return pages); every page is back in the pool afterwards, also
 // when a round fails mid-way; the flags' validation names the flag.
+#include "runtime/spec/spec_decoder.h"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +13,6 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "runtime/engine/engine.h"
-#include "runtime/spec/spec_decoder.h"
 
 namespace dsaserve::runtime {
 namespace {
@@ -91,8 +92,8 @@ TEST(SpecDecoder, GreedyEqualsNonSpeculativeOnFixtures) {
           SpecDecoder dec(*m, pool, eagle(steps), {}, chunk, chunk > 0 ? oracle : DraftHook());
           const auto got = dec.generate(reqs);
           for (size_t i = 0; i < reqs.size(); ++i) {
-            EXPECT_EQ(got[i], want[i]) << name << " requests " << n << " steps " << steps << " chunk " << chunk
-                                       << " request " << i;
+            EXPECT_EQ(got[i], want[i])
+                << name << " requests " << n << " steps " << steps << " chunk " << chunk << " request " << i;
           }
           pool.check_integrity();
           EXPECT_EQ(pool.free_pages(), pool.num_pages()) << name;

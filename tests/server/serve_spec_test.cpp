@@ -25,15 +25,26 @@ struct SpecCase {
 class ServeSpec : public ::testing::TestWithParam<SpecCase> {};
 
 std::vector<std::string> server_args(const std::filesystem::path& dir, int steps) {
-  std::vector<std::string> a = {"--model",        dir.string(), "--tokenizer",  "builtin:bytes",
-                                "--kv-pages",     "48",         "--page-size",  "4",
-                                "--chunked-prefill-size", "16", "--max-running-requests", "8",
-                                "--check-integrity", "--served-model-name", "m"};
+  std::vector<std::string> a = {"--model",
+                                dir.string(),
+                                "--tokenizer",
+                                "builtin:bytes",
+                                "--kv-pages",
+                                "48",
+                                "--page-size",
+                                "4",
+                                "--chunked-prefill-size",
+                                "16",
+                                "--max-running-requests",
+                                "8",
+                                "--check-integrity",
+                                "--served-model-name",
+                                "m"};
   if (steps > 0) {
-    for (const std::string& s :
-         {std::string("--speculative-algorithm"), std::string("EAGLE"), std::string("--speculative-num-steps"),
-          std::to_string(steps), std::string("--speculative-eagle-topk"), std::string("1"),
-          std::string("--speculative-num-draft-tokens"), std::to_string(steps + 1)})
+    for (const std::string& s : {std::string("--speculative-algorithm"), std::string("EAGLE"),
+                                 std::string("--speculative-num-steps"), std::to_string(steps),
+                                 std::string("--speculative-eagle-topk"), std::string("1"),
+                                 std::string("--speculative-num-draft-tokens"), std::to_string(steps + 1)})
       a.push_back(s);
   }
   return a;
@@ -45,7 +56,7 @@ std::vector<std::vector<int32_t>> complete_all(int port, const std::vector<std::
   std::vector<std::thread> th;
   for (size_t i = 0; i < prompts.size(); ++i) {
     th.emplace_back([&, i] {
-      const json b = {{"model", "m"},      {"prompt", prompts[i]}, {"max_tokens", 12 + 2 * i},
+      const json b = {{"model", "m"},     {"prompt", prompts[i]}, {"max_tokens", 12 + 2 * i},
                       {"temperature", 0}, {"ignore_eos", true},   {"return_token_ids", true}};
       res[i] = post_json(port, "/v1/completions", b);
     });
@@ -93,7 +104,8 @@ TEST_P(ServeSpec, GreedyTokensEqualTheServerWithoutSpeculation) {
   ASSERT_GT(spec.port(), 0) << spec.log();
   EXPECT_EQ(complete_all(spec.port(), {prompts[0]}), want_one);
   EXPECT_EQ(complete_all(spec.port(), {prompts[0]}), want_one) << "prefix-cache hit";
-  EXPECT_GT(metric(http_request(spec.port(), "GET", "/metrics").body, "dsaserve_prefix_cache_hit_tokens_total"), 0);
+  EXPECT_GT(
+      metric(http_request(spec.port(), "GET", "/metrics").body, "dsaserve_prefix_cache_hit_tokens_total"), 0);
   EXPECT_EQ(complete_all(spec.port(), prompts), want) << c.model << " steps " << c.steps;
   const std::string m = http_request(spec.port(), "GET", "/metrics").body;
   EXPECT_GT(metric(m, "dsaserve_spec_draft_tokens_total"), 0);
@@ -112,9 +124,9 @@ TEST_P(ServeSpec, GreedyTokensEqualTheServerWithoutSpeculation) {
   net::io_context ioc;
   net::ip::tcp::socket sock(ioc);
   sock.connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(spec.port())});
-  const std::string body = json{{"prompt", "abc"},  {"max_tokens", 150}, {"temperature", 0},
-                                {"ignore_eos", true}, {"stream", true}}
-                               .dump();
+  const std::string body =
+      json{{"prompt", "abc"}, {"max_tokens", 150}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true}}
+          .dump();
   net::write(sock, net::buffer(fmt::format("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                                            "application/json\r\nContent-Length: {}\r\n\r\n{}",
                                            body.size(), body)));

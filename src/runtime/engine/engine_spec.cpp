@@ -69,7 +69,8 @@ int64_t Engine::spec_round(ScheduleBatch& batch, std::vector<StepOutput>& out) {
     stats_.spec_rounds += int64_t(batch.items.size());
     stats_.spec_drafted_tokens += N * int64_t(batch.items.size());
     stats_.spec_accepted_tokens += accepted;
-    if (stats_.spec_accept_length_hist.size() < hist.size()) stats_.spec_accept_length_hist.resize(hist.size());
+    if (stats_.spec_accept_length_hist.size() < hist.size())
+      stats_.spec_accept_length_hist.resize(hist.size());
     for (size_t i = 0; i < hist.size(); ++i) stats_.spec_accept_length_hist[i] += hist[i];
   }
   int64_t generated = 0;

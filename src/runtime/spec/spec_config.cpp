@@ -22,8 +22,8 @@ void SpeculativeConfig::validate(int64_t mtp_layers) const {
   DSA_CHECK(num_draft_tokens == 0 || num_draft_tokens == num_steps + 1,
             "--speculative-num-draft-tokens must be --speculative-num-steps + 1 ({}) with topk 1, got {}",
             num_steps + 1, num_draft_tokens);
-  DSA_CHECK(mtp_layers >= 1, "--speculative-algorithm {}: the model has no MTP layer (num_nextn_predict_layers)",
-            algorithm);
+  DSA_CHECK(mtp_layers >= 1,
+            "--speculative-algorithm {}: the model has no MTP layer (num_nextn_predict_layers)", algorithm);
 }
 
 SpeculativeConfig SpeculativeConfig::resolved() const {

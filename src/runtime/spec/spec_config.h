@@ -8,9 +8,9 @@
 namespace dsaserve::runtime {
 
 struct SpeculativeConfig {
-  std::string algorithm;      // "" (off), "EAGLE" or "NEXTN" (same thing: the model's MTP layer drafts)
-  int64_t num_steps = 0;      // --speculative-num-steps: draft tokens per round (>= 1 when on)
-  int64_t eagle_topk = 1;     // --speculative-eagle-topk: only 1 (one chain)
+  std::string algorithm;         // "" (off), "EAGLE" or "NEXTN" (same thing: the model's MTP layer drafts)
+  int64_t num_steps = 0;         // --speculative-num-steps: draft tokens per round (>= 1 when on)
+  int64_t eagle_topk = 1;        // --speculative-eagle-topk: only 1 (one chain)
   int64_t num_draft_tokens = 0;  // --speculative-num-draft-tokens: 0 = num_steps + 1; else must equal it
   bool enabled() const { return !algorithm.empty(); }
   // Rows the verify forward computes per request (num_steps + 1).

@@ -28,9 +28,8 @@ struct SpecDecoder::Seq {
   int64_t num_output() const { return int64_t(tokens.size()) - prompt_len; }
 };
 
-
-SpecDecoder::SpecDecoder(const model::Model& model, KvPool& pool, SpeculativeConfig cfg, model::ForwardOptions fo,
-                         int64_t prefill_chunk, DraftHook hook)
+SpecDecoder::SpecDecoder(const model::Model& model, KvPool& pool, SpeculativeConfig cfg,
+                         model::ForwardOptions fo, int64_t prefill_chunk, DraftHook hook)
     : model_(model),
       pool_(pool),
       kv_(pool),
@@ -84,8 +83,8 @@ std::vector<std::vector<int32_t>> SpecDecoder::generate(const std::vector<SpecRe
   std::vector<std::vector<int32_t>> out;
   for (Seq& s : seqs) {
     if (!s.kv.empty()) release(s);
-    out.emplace_back(s.tokens.begin() + s.prompt_len, s.tokens.begin() + s.prompt_len +
-                                                          std::min<int64_t>(s.num_output(), s.max_new));
+    out.emplace_back(s.tokens.begin() + s.prompt_len,
+                     s.tokens.begin() + s.prompt_len + std::min<int64_t>(s.num_output(), s.max_new));
   }
   return out;
 }

@@ -30,10 +30,10 @@ namespace dsaserve::runtime {
 
 // Accept statistics: a round's accept length is the tokens it yields (accepted drafts + 1).
 struct SpecStats {
-  int64_t rounds = 0;          // request-rounds (one per request per verify)
-  int64_t drafted = 0;         // draft tokens proposed
-  int64_t accepted = 0;        // draft tokens accepted
-  int64_t emitted = 0;         // tokens yielded by rounds (accepted + bonus, before the max_new cut)
+  int64_t rounds = 0;    // request-rounds (one per request per verify)
+  int64_t drafted = 0;   // draft tokens proposed
+  int64_t accepted = 0;  // draft tokens accepted
+  int64_t emitted = 0;   // tokens yielded by rounds (accepted + bonus, before the max_new cut)
   std::vector<int64_t> accept_length_hist;  // [num_steps + 2]: rounds per accept length 0 .. num_steps + 1
   double mean_accept_length() const { return rounds > 0 ? double(emitted) / double(rounds) : 0.0; }
   void add_round(int64_t num_steps, int64_t accepted_drafts);
