@@ -3,12 +3,17 @@
 //                   [--temperature T --top-k K --top-p P --min-p M --seed S] [--page-size P] [--threads N]
 //                   [--device cpu|cuda] [--kv-cache-dtype auto|bf16|fp8_e4m3|f32]
 //                   [--cuda-graph-max-bs N | --disable-cuda-graph]
+//                   [--speculative-algorithm EAGLE|NEXTN --speculative-num-steps N
+//                    --speculative-eagle-topk 1 --speculative-num-draft-tokens N+1]
 // Continues a token prompt on the CPU or GPU and prints the new token ids as JSON: {"output_ids": [...],
 // ...timings}. The serving engine's loop runs it (runtime::Engine::step on this thread, one request: one
 // prefill, then one decode step per token, no EOS stop), so `generate` and `serve` share the scheduler,
 // KV manager, model runner and sampler. On CUDA the decode steps replay a captured CUDA graph
 // (runtime/engine/cuda_graph_runner.h) unless --disable-cuda-graph (or --cuda-graph-max-bs 0). Greedy
-// (argmax, ties to the lowest id) unless a sampling flag is given.
+// (argmax, ties to the lowest id) unless a sampling flag is given. With --speculative-algorithm a greedy
+// request decodes speculatively through the engine (EngineConfig::speculative: the MTP layer drafts N
+// tokens, the target verifies N + 1 rows, eagerly, no CUDA graphs) and the JSON adds "speculative" (its
+// accept statistics); a sampled request decodes without speculation ("speculative": {"used": false, ...}).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -18,6 +23,7 @@
 #include "cli/command.h"
 #include "cli/kernel_flags.h"
 #include "cli/model_options.h"
+#include "cli/spec_flags.h"
 #include "cli/token_ids.h"
 #include "core/error.h"
 #include "core/parallel.h"
@@ -26,6 +32,7 @@
 #include "runtime/engine/device.h"
 #include "runtime/engine/engine.h"
 #include "runtime/sampler/sampler.h"
+#include "runtime/spec/spec_config.h"
 
 namespace dsaserve::cli {
 namespace {
@@ -57,6 +64,7 @@ CommandRun setup(CLI::App& sub) {
     float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
     int32_t top_k = 0;
     uint64_t seed = 0;
+    runtime::SpeculativeConfig spec;
   };
   auto o = std::make_shared<Opts>();
   add_model_options(sub, o->model)->required();
@@ -81,6 +89,7 @@ CommandRun setup(CLI::App& sub) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub.add_flag("--disable-cuda-graph", o->disable_cuda_graph, "run every step eagerly (no CUDA graphs)");
+  add_spec_flags(sub, o->spec);
   auto kflags = add_kernel_flags(sub);
   return [o, temp, topk, topp, minp, seed, kflags]() -> int {
     DSA_CHECK(!o->prompt.empty() || !o->prompt_file.empty(),
@@ -94,7 +103,10 @@ CommandRun setup(CLI::App& sub) {
     const Device device = runtime::parse_device(o->device);
     runtime::use_device(device);
     const auto t0 = std::chrono::steady_clock::now();
-    auto model = model::load_model(o->model, device, false);
+    o->spec.validate(1);  // the flags alone; the model's MTP layer is checked once loaded
+    const bool speculate = o->spec.enabled() && !sampling;
+    auto model = model::load_model(o->model, device, speculate);
+    if (speculate) o->spec.validate(model->num_mtp_layers());
     const model::KvCacheDtype kv_dtype =
         runtime::resolve_kv_cache_dtype(o->kv_cache_dtype, device, model->config());
     const auto t_up = std::chrono::steady_clock::now();
@@ -127,12 +139,34 @@ CommandRun setup(CLI::App& sub) {
                         kv_dtype != model::KvCacheDtype::f32;
     ec.cuda_graph_max_bs = graphs ? o->cuda_graph_max_bs : 0;
     ec.cuda_graph_log = false;  // stdout is the JSON line
+    if (speculate) {
+      ec.speculative = o->spec;  // the engine: eager steps, KV for one round's drafts too
+      ec.kv_pages = (total + 1 + o->spec.num_steps + 1 + o->page_size - 1) / o->page_size;
+      ec.scheduler.max_context += o->spec.num_steps + 1;  // max_new_tokens still cuts the last round
+    }
     runtime::Engine engine(std::move(model), ec);
     runtime::GenerateRequest req;
     req.prompt = prompt;
     req.params = sp;
     const std::vector<int32_t> out = generate_on_engine(engine, std::move(req));
-    const int64_t replays = engine.stats().cuda_graph_replays;
+    const runtime::EngineStats st = engine.stats();
+    const int64_t replays = st.cuda_graph_replays;
+    nlohmann::json spec_json;
+    if (speculate) {
+      spec_json = {
+          {"used", true},
+          {"algorithm", o->spec.algorithm},
+          {"num_steps", o->spec.num_steps},
+          {"num_draft_tokens", o->spec.verify_rows()},
+          {"rounds", st.spec_rounds},
+          {"drafted_tokens", st.spec_drafted_tokens},
+          {"accepted_tokens", st.spec_accepted_tokens},
+          {"accept_length_mean",
+           st.spec_rounds > 0 ? 1.0 + double(st.spec_accepted_tokens) / double(st.spec_rounds) : 0.0},
+          {"accept_length_histogram", st.spec_accept_length_hist}};
+    } else if (o->spec.enabled()) {
+      spec_json = {{"used", false}, {"reason", "sampling (only greedy requests speculate)"}};
+    }
     const auto t2 = std::chrono::steady_clock::now();
     const double load_s = std::chrono::duration<double>(t1 - t0).count();
     const double run_s = std::chrono::duration<double>(t2 - t1).count();
@@ -146,6 +180,7 @@ CommandRun setup(CLI::App& sub) {
                      {"generate_seconds", run_s},
                      {"cuda_graph_replays", replays},
                      {"threads", num_threads()}};
+    if (!spec_json.is_null()) j["speculative"] = spec_json;
     fmt::print("{}\n", j.dump());
     return 0;
   };

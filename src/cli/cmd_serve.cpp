@@ -5,6 +5,7 @@
 #include "command.h"
 #include "core/error.h"
 #include "kernel_flags.h"
+#include "spec_flags.h"
 #ifdef DSASERVE_HAVE_SERVER
 #include "server/server.h"
 #endif
@@ -105,9 +106,11 @@ CommandRun setup(CLI::App& sub) {
       ->capture_default_str();
   sub.add_flag("--check-integrity", cfg->engine.check_integrity,
                "check scheduler/KV invariants every step (debug)");
+  add_spec_flags(sub, cfg->engine.speculative);
   auto kflags = add_kernel_flags(sub);
   return [cfg, disable_graphs, kflags] {
     if (*disable_graphs) cfg->engine.cuda_graph_max_bs = 0;
+    cfg->engine.speculative.validate(1);  // the flags alone; the engine checks the model has an MTP layer
     cfg->kernels = kflags->options();
     return server::run_server(*cfg);
   };

@@ -125,6 +125,24 @@ std::string ServerMetrics::render(const runtime::EngineStats& e, int64_t active_
   counter("dsaserve_cuda_graph_replays_total", "Decode steps that replayed a captured CUDA graph.",
           e.cuda_graph_replays);
   counter("dsaserve_retractions_total", "Requests retracted for lack of KV pages.", e.retractions);
+  counter("dsaserve_spec_verify_rounds_total", "Speculative rounds verified (one per request per step).",
+          e.spec_rounds);
+  counter("dsaserve_spec_draft_tokens_total", "Draft tokens the MTP layer proposed.", e.spec_drafted_tokens);
+  counter("dsaserve_spec_accepted_tokens_total", "Draft tokens the target accepted.", e.spec_accepted_tokens);
+  {
+    // Accept length (tokens a round yields: accepted drafts + 1) as a cumulative histogram.
+    const char* name = "dsaserve_spec_accept_length";
+    out += fmt::format("# HELP {} Tokens per speculative round (accepted drafts + 1).\n# TYPE {} histogram\n",
+                       name, name);
+    int64_t cum = 0, sum = 0;
+    for (size_t len = 1; len < e.spec_accept_length_hist.size(); ++len) {
+      cum += e.spec_accept_length_hist[len];
+      sum += int64_t(len) * e.spec_accept_length_hist[len];
+      out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, len, cum);
+    }
+    out +=
+        fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cum, name, sum, name, cum);
+  }
   gauge("dsaserve_engine_busy_seconds_total", "Seconds spent in engine steps.", e.busy_seconds);
   gauge("dsaserve_scheduler_seconds_total", "Of which the scheduler's own CPU time.", e.schedule_seconds);
   gauge("dsaserve_engine_launch_gap_seconds_total",

@@ -556,7 +556,7 @@ int run_server(const ServerConfig& in) {
                     ? std::filesystem::path(model_path)
                     : std::filesystem::absolute(model_path).parent_path();
     // Dummy weights are generated on the device directly; a checkpoint is bound on the host.
-    model = model::load_model(cfg.model, device, false);
+    model = model::load_model(cfg.model, device, cfg.engine.speculative.enabled());
     if (cfg.served_model_name.empty())
       cfg.served_model_name = std::filesystem::absolute(model_path).filename().string();
   }

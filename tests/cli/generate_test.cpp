@@ -74,5 +74,51 @@ TEST(GenerateCli, SeededSamplingIsReproducibleAndBadInputFails) {
   EXPECT_NE(msg.find("empty"), std::string::npos) << msg;
 }
 
+// issue 17: `generate --speculative-*` gives the greedy ids of plain generate, token for token, and its JSON
+// carries the accept statistics; sampled requests decode without speculation; bad flags name themselves.
+TEST(GenerateCli, SpeculativeGreedyEqualsPlain) {
+  DSA_FIXTURE_PATH(models, "models");
+  for (const char* name : {"tiny", "realdims", "realdims_fp8"}) {
+    const auto gold = models / name / "goldens.safetensors";
+    const auto prompt = read_i32(gold, "greedy0.prompt");
+    const std::string base = fmt::format("--model {} --prompt-ids {} --max-new-tokens 20",
+                                         (models / name).string(), fmt::join(prompt, ","));
+    const auto plain = run_json(base);
+    for (int steps : {1, 3, 5}) {
+      const auto spec =
+          run_json(base + fmt::format(" --speculative-algorithm {} --speculative-num-steps {} "
+                                      "--speculative-eagle-topk 1 --speculative-num-draft-tokens {}",
+                                      steps == 3 ? "NEXTN" : "EAGLE", steps, steps + 1));
+      EXPECT_EQ(spec["output_ids"], plain["output_ids"]) << name << " steps " << steps;
+      const auto& st = spec["speculative"];
+      EXPECT_TRUE(st["used"].get<bool>());
+      EXPECT_GT(st["rounds"].get<int64_t>(), 0);
+      EXPECT_EQ(st["drafted_tokens"].get<int64_t>(), st["rounds"].get<int64_t>() * steps);
+      EXPECT_GE(st["accept_length_mean"].get<double>(), 1.0);
+      EXPECT_EQ(st["accept_length_histogram"].size(), size_t(steps + 2));
+    }
+  }
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  const std::string base = fmt::format("--model {} --prompt-ids 5,6,7 --max-new-tokens 8", tiny.string());
+  const auto sampled = run_json(base + " --temperature 0.8 --seed 3");
+  const auto sampled_spec =
+      run_json(base + " --temperature 0.8 --seed 3 --speculative-algorithm EAGLE --speculative-num-steps 3");
+  EXPECT_EQ(sampled_spec["output_ids"], sampled["output_ids"]);
+  EXPECT_FALSE(sampled_spec["speculative"]["used"].get<bool>());
+  const std::string bin = dsaserve_binary().string() + " generate " + base;
+  for (const auto& [flags, named] : std::vector<std::pair<std::string, std::string>>{
+           {"--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4",
+            "--speculative-eagle-topk"},
+           {"--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-num-draft-tokens 8",
+            "--speculative-num-draft-tokens"},
+           {"--speculative-algorithm MEDUSA --speculative-num-steps 3", "--speculative-algorithm"},
+           {"--speculative-algorithm EAGLE", "--speculative-num-steps"},
+           {"--speculative-num-steps 3", "--speculative-algorithm"}}) {
+    std::string msg;
+    EXPECT_NE(run_command(bin + " " + flags, &msg), 0) << flags;
+    EXPECT_NE(msg.find(named), std::string::npos) << flags << ": " << msg;
+  }
+}
+
 }  // namespace
 }  // namespace dsaserve

@@ -34,6 +34,15 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
   DSA_CHECK(cfg_.kv_pages > 0, "--kv-pages must be positive, got {}", cfg_.kv_pages);
   DSA_CHECK(cfg_.page_size > 0, "--page-size must be positive, got {}", cfg_.page_size);
   shape_ = {model_->config().vocab_size, model_->config().max_position_embeddings};
+  if (cfg_.speculative.enabled()) {
+    cfg_.speculative.validate(model_->num_mtp_layers());
+    cfg_.speculative = cfg_.speculative.resolved();
+    // Eager and in order: each speculative step's drafts depend on the previous step's verdict.
+    cfg_.overlap_schedule = false;
+    cfg_.cuda_graph_max_bs = 0;
+    cfg_.forward.keep_hidden = true;
+    cfg_.scheduler.speculative_num_steps = cfg_.speculative.num_steps;
+  }
   // The KV cache lives where the model's weights do (see runtime/engine/device.h); the engine only ever
   // moves page ids, so prefix reuse, retraction and aborts need no device copies.
   // CUDA graphs (when cuda_graph_max_batch allows: the one rule) need one KV page no request owns (their
@@ -70,6 +79,7 @@ Engine::Engine(ModelShape shape, model::KvCache cache, RunnerFactory make_runner
   DSA_CHECK(shape_.vocab_size > 0, "engine: vocabulary of {} tokens", shape_.vocab_size);
   DSA_CHECK(make_runner != nullptr, "engine: no runner");
   DSA_CHECK(!cfg_.sample_on_device, "engine: device sampling needs the model's runner");
+  DSA_CHECK(!cfg_.speculative.enabled(), "engine: speculative decoding needs the model's runner");
   cfg_.kv_pages = cache.num_pages;
   cfg_.page_size = cache.page_size;
   cfg_.cuda_graph_max_bs = 0;
@@ -176,6 +186,9 @@ void Engine::drain_inputs(std::vector<StepOutput>& out) {
       continue;
     }
     // Without penalties the sampler keeps no token history (no per-token map updates).
+    const SamplingParams& sp = r->params;
+    r->speculate = cfg_.speculative.enabled() && sp.temperature == 0.0f && sp.constraint == nullptr &&
+                   !sp.logprobs && sp.top_logprobs == 0 && sp.prompt_logprobs < 0 && !uses_token_history(sp);
     r->sampler = SamplerState(r->params.seed ? *r->params.seed : seed_counter_++, r->tokens,
                               uses_token_history(r->params));
     if (scheduler_->find(r->id) != nullptr) {
@@ -221,6 +234,7 @@ int64_t Engine::complete_in_flight(std::vector<StepOutput>& out, double& sched_s
             batch, std::span<const float>(rows.data<float>(), size_t(rows.numel())), rows.size(1), out);
         logits = logits.slice(0, 0, R);
       }
+      const Tensor hidden = runner_->hidden();
       if (cfg_.sample_on_device) {
         DeviceSampledStep sampled;
         sample_on_device(*scheduler_, batch, logits, sampled);
@@ -229,6 +243,7 @@ int64_t Engine::complete_in_flight(std::vector<StepOutput>& out, double& sched_s
         scheduler_->process(batch, std::span<const float>(logits.data<float>(), size_t(logits.numel())),
                             logits.size(1), out);
       }
+      if (cfg_.speculative.enabled()) mtp_after_step(batch, hidden);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -265,7 +280,7 @@ bool Engine::step() {
   // Step N+1's batch, from the state step N (in flight) will leave: its samples are future tokens.
   const int64_t step_no = step_no_;
   trace::Scope step_span("step", "engine");
-  ScheduleBatch batch;
+  ScheduleBatch batch, spec_batch;
   model::ForwardBatch fb;
   if (!scheduler_->idle()) {
     {
@@ -273,6 +288,14 @@ bool Engine::step() {
       batch = scheduler_->schedule(out);
       batch_args(span, step_no, batch);
     }
+    // Speculative items run their own passes after the normal ones (spec_round).
+    spec_batch.items.clear();
+    std::erase_if(batch.items, [&](const ScheduledRequest& s) {
+      if (s.drafts > 0) spec_batch.items.push_back(s);
+      return s.drafts > 0;
+    });
+    batch.num_decode -= int64_t(spec_batch.items.size());
+    spec_batch.num_decode = int64_t(spec_batch.items.size());
     if (!batch.empty()) {
       trace::Scope span("build_batch", "engine");
       span.arg("step", step_no);
@@ -295,7 +318,7 @@ bool Engine::step() {
     sched_s += seconds_since(t1);
   }
   if (cfg_.check_integrity) scheduler_->check_integrity();
-  const int64_t batch_size = int64_t(batch.items.size());
+  const int64_t batch_size = int64_t(batch.items.size() + spec_batch.items.size());
   const int64_t prefill_tokens = batch.num_prefill_tokens;
   batch_args(step_span, step_no, batch);
   if (!batch.empty()) {
@@ -312,6 +335,11 @@ bool Engine::step() {
       generated += complete_in_flight(out, sched_s);
       if (cfg_.check_integrity) scheduler_->check_integrity();
     }
+  }
+  if (!spec_batch.empty()) {
+    generated += spec_round(spec_batch, out);
+    step_no_ += batch.empty() ? 1 : 0;
+    if (cfg_.check_integrity) scheduler_->check_integrity();
   }
   trace::Scope post_span("postprocess", "engine");
   post_span.arg("step", step_no).arg("outputs", int64_t(out.size()));

@@ -27,6 +27,8 @@
 #include "runtime/kv/kv_pool.h"
 #include "runtime/radix/radix_cache.h"
 #include "runtime/scheduler/scheduler.h"
+#include "runtime/spec/spec_config.h"
+#include "runtime/spec/spec_round.h"
 
 namespace dsaserve::runtime {
 
@@ -54,6 +56,11 @@ struct EngineConfig {
   // has one page more than kv_pages, outside the pool (padding rows write there). See cuda_graph_runner.h.
   int64_t cuda_graph_max_bs = 256;
   bool cuda_graph_log = true;  // the graph runner's capture lines on stdout (generate: off, stdout is JSON)
+  // Speculative decoding (--speculative-*; runtime/spec): greedy, unconstrained requests without logprobs
+  // or penalties draft with the model's MTP layer and verify num_steps + 1 tokens per step; the others
+  // decode one token per step. On: no overlap scheduling and no CUDA graphs (every step eager).
+  SpeculativeConfig speculative;
+  DraftHook spec_draft_hook;  // tests only (spec_round.h): replaces the MTP drafts; its key: request id
 };
 
 // Makes the runner an engine drives, over the engine's KV cache (called once, when the pool exists).
@@ -93,6 +100,12 @@ struct EngineStats {
   int64_t cuda_graphs = 0;         // decode graphs captured at start-up
   double cuda_graph_seconds = 0;   // their capture time (start-up)
   int64_t cuda_graph_replays = 0;  // steps that replayed a graph
+  // Speculative decoding: request-rounds verified, draft tokens proposed / accepted, and rounds per accept
+  // length (tokens a round yields: accepted drafts + 1; index 0 unused).
+  int64_t spec_rounds = 0;
+  int64_t spec_drafted_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  std::vector<int64_t> spec_accept_length_hist;
 };
 
 class Engine {
@@ -142,6 +155,11 @@ class Engine {
   void publish(std::vector<StepOutput>& out);
   // Waits for the step in flight and samples it; returns the tokens generated.
   int64_t complete_in_flight(std::vector<StepOutput>& out, double& sched_s);
+  // Speculative decoding (engine_spec.cpp): the MTP layer over a finished normal step's positions (its KV
+  // there, each sampled request's draft hidden state); one draft / verify / draft_extend round over the
+  // batch's speculative items (returns the tokens generated).
+  void mtp_after_step(const ScheduleBatch& batch, const Tensor& hidden);
+  int64_t spec_round(ScheduleBatch& batch, std::vector<StepOutput>& out);
 
   std::shared_ptr<const model::Model> model_;  // null with an injected runner
   ModelShape shape_;

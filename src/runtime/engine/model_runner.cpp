@@ -37,7 +37,7 @@ void ForwardModelRunner::run(const model::ForwardBatch& fb) {
     if (chained_)
       gap_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - last_finish_).count();
   }
-  Tensor logits;
+  Tensor logits, hidden;
   std::exception_ptr err;
   bool replayed = false;
   // The step's logits where the forward computed them: a graph replay, else the eager forward.
@@ -48,7 +48,9 @@ void ForwardModelRunner::run(const model::ForwardBatch& fb) {
         return std::move(*g);
       }
     }
-    return model_.forward(fb, cache_, opt_).logits;
+    model::ForwardOutput o = model_.forward(fb, cache_, opt_);
+    hidden = std::move(o.hidden);  // opt_.keep_hidden (speculative decoding)
+    return std::move(o.logits);
   };
   try {
     if (logits_on_device_) {
@@ -68,6 +70,7 @@ void ForwardModelRunner::run(const model::ForwardBatch& fb) {
   }
   std::lock_guard<std::mutex> lk(mu_);
   result_ = std::move(logits);
+  hidden_ = std::move(hidden);
   error_ = err;
   done_ = true;
   chained_ = true;
@@ -115,6 +118,11 @@ Tensor ForwardModelRunner::wait() {
   result_ = Tensor();
   if (std::exception_ptr e = std::exchange(error_, nullptr)) std::rethrow_exception(e);
   return r;
+}
+
+Tensor ForwardModelRunner::hidden() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return std::exchange(hidden_, Tensor());
 }
 
 void ForwardModelRunner::worker() {

@@ -35,6 +35,9 @@ class ModelRunner {
   virtual void idle() {}
   // Steps that replayed a CUDA graph so far.
   virtual int64_t graph_replays() { return 0; }
+  // After wait(): the step's final normed hidden states [T, H] when the forward keeps them
+  // (ForwardOptions::keep_hidden: speculative decoding's MTP input), else undefined. Taken once.
+  virtual Tensor hidden() { return Tensor(); }
 };
 
 // Model::forward on the model's device (CPU, or CUDA with the weights uploaded and a CUDA KV cache).
@@ -59,6 +62,7 @@ class ForwardModelRunner final : public ModelRunner {
   double gap_seconds() override;
   void idle() override;
   int64_t graph_replays() override;
+  Tensor hidden() override;
 
  private:
   void run(const model::ForwardBatch& fb);
@@ -78,6 +82,7 @@ class ForwardModelRunner final : public ModelRunner {
   bool done_ = false;                       // result_/error_ ready
   bool stop_ = false;
   Tensor result_;
+  Tensor hidden_;
   std::exception_ptr error_;
   bool chained_ = false;  // a step finished and the engine was not idle since
   std::chrono::steady_clock::time_point last_finish_;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "runtime/kv/kv_manager.h"
 #include "runtime/radix/radix_cache.h"
 #include "runtime/sampler/sampler.h"
@@ -38,6 +39,11 @@ struct Request {
   // params.prompt_logprobs: the next prompt position whose logprob is to be reported (1 .. prompt_len;
   // prompt_len: all reported).
   int64_t prompt_logprobs_next = 1;
+  // Speculative decoding (runtime/spec): the request drafts (greedy, unconstrained, no logprobs or
+  // penalties); spec_hidden [1, H] is the target's hidden state at kv.len - 1 (set by each step that
+  // sampled it; undefined before its first sample and after a retraction).
+  bool speculate = false;
+  Tensor spec_hidden;
 
   // Bookkeeping.
   int64_t cached_tokens = 0;  // prefix-cache hit at first admission (usage.cached_tokens)

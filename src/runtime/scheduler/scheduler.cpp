@@ -95,6 +95,9 @@ bool Scheduler::make_room(int64_t pages) {
 }
 
 void Scheduler::release(Request& r) {
+  r.spec_hidden = Tensor();
+  // A speculative item committed KV for draft tokens that are not (yet) tokens: only KV of tokens is kept.
+  if (r.kv.len > int64_t(r.tokens.size())) kv_.rollback(r.kv, int64_t(r.tokens.size()));
   if (!r.kv.pages.empty() || r.prefix_node != RadixCache::kRoot) {
     // The full computed pages go to the prefix cache (which owns them from now on), the rest to the pool.
     const std::vector<int32_t> full = kv_.release(r.kv);
@@ -197,6 +200,19 @@ ScheduleBatch Scheduler::schedule(std::vector<StepOutput>& out) {
     const bool decode = r->remaining_input() == 1 && r->kv.len >= r->prompt_len;
     int64_t n = decode ? 1 : std::min({r->remaining_input(), chunk_cap(), budget});
     if (n <= 0) continue;
+    // Speculation: room for the drafts too when it can be had without retracting (and inside the context);
+    // otherwise a plain decode this step.
+    const int64_t N = cfg_.speculative_num_steps;
+    if (decode && N > 0 && r->speculate && r->spec_hidden.defined() &&
+        (cfg_.max_context <= 0 || int64_t(r->tokens.size()) + N <= cfg_.max_context) &&
+        make_room(kv_.pages_needed(r->kv, 1 + N))) {
+      kv_.reserve(r->kv, 1 + N);
+      ScheduledRequest it{r, r->id, r->serial, r->kv.len, 1, true, true};
+      it.drafts = N;
+      b.items.push_back(it);
+      ++b.num_decode;
+      continue;
+    }
     bool retracted_self = false;
     for (;;) {
       const int64_t need = kv_.pages_needed(r->kv, n);
@@ -300,6 +316,10 @@ void Scheduler::commit(const ScheduleBatch& batch) {
   for (const ScheduledRequest& s : batch.items) {
     Request& r = *s.req;
     DSA_CHECK(r.kv.len == s.start, "scheduler: request {} moved since it was scheduled", r.id);
+    if (s.drafts > 0) {  // the pending token and the drafts; the verdict adds the tokens
+      kv_.commit(r.kv, 1 + s.drafts);
+      continue;
+    }
     kv_.commit(r.kv, s.num_new);
     if (s.sample) {
       DSA_CHECK(r.kv.len == int64_t(r.tokens.size()), "scheduler: request {} samples before its input ends",
@@ -329,7 +349,8 @@ void Scheduler::fail(const ScheduleBatch& batch, const std::string& error, std::
   for (const ScheduledRequest& s : batch.items) {
     Request* r = alive(s);
     if (r == nullptr) continue;
-    if (r->kv.len == s.start + s.num_new) kv_.rollback(r->kv, s.start);  // this step's KV: never written
+    // This step's KV: never written.
+    if (r->kv.len == s.start + s.num_new + s.drafts) kv_.rollback(r->kv, s.start);
     finish(*r, FinishReason::error, fmt::format("model step failed: {}", error), out);
   }
 }
@@ -406,7 +427,7 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const SampleRow> r
             batch.items.size());
   for (size_t k = 0; k < batch.items.size(); ++k) {
     const ScheduledRequest& s = batch.items[k];
-    if (!s.sample) continue;
+    if (!s.sample || s.drafts > 0) continue;
     Request* rp = alive(s);
     if (rp == nullptr) continue;  // aborted or failed while the step ran
     Request& r = *rp;
@@ -435,6 +456,28 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const SampleRow> r
     } else if (done.finish != FinishReason::none) {
       drop(r);
     }
+  }
+}
+
+void Scheduler::accept_drafts(const ScheduledRequest& s, std::span<const int32_t> run,
+                              std::vector<StepOutput>& out) {
+  Request* rp = alive(s);
+  if (rp == nullptr) return;
+  Request& r = *rp;
+  const int64_t j = int64_t(run.size()) - 1;
+  DSA_CHECK(s.drafts > 0 && j >= 0 && j <= s.drafts && r.kv.len == s.start + 1 + s.drafts &&
+                int64_t(r.tokens.size()) == s.start + 1,
+            "scheduler: request {}: a verdict of {} tokens for {} drafts", r.id, run.size(), s.drafts);
+  // The pending token and the accepted drafts keep their KV.
+  kv_.rollback(r.kv, s.start + 1 + j);
+  r.tokens.push_back(kFutureToken);
+  std::vector<SampleResult> res(run.size());
+  for (size_t i = 0; i < run.size(); ++i) res[i].token = run[i];
+  const OutputProcessor::Result done = output_.process(r, res, out);
+  if (done.finish == FinishReason::error) {
+    finish(r, FinishReason::error, done.error, out);
+  } else if (done.finish != FinishReason::none) {
+    drop(r);  // release() cuts the KV back to the kept tokens
   }
 }
 

@@ -51,6 +51,9 @@ struct SchedulerConfig {
   // the lowest-priority request, the youngest of them.
   bool enable_priority = false;
   bool low_priority_values_first = false;
+  // Speculative decoding (runtime/spec): a decode of a request with `speculate` set and a draft hidden
+  // state reserves KV for its pending token and this many draft tokens (ScheduledRequest::drafts); 0: off.
+  int64_t speculative_num_steps = 0;
 };
 
 // One request's part of a step: its next num_new input tokens; sample when they complete its input.
@@ -66,6 +69,9 @@ struct ScheduledRequest {
   // predicts the prompt token after it) come back after the batch's last-token rows.
   int64_t logprob_from = 0;
   int64_t logprob_rows = 0;
+  // Speculative decode (> 0): the item verifies its pending token + `drafts` draft tokens; its KV is
+  // reserved for 1 + drafts tokens, commit() commits them all, accept_drafts() keeps the accepted ones.
+  int64_t drafts = 0;
 };
 
 struct ScheduleBatch {
@@ -127,6 +133,10 @@ class Scheduler {
   // The same with one SampleRow per item; a presampled row takes the stop/output handling of a row
   // sampled here (a request with a constraint must be sampled here: its row needs `logits`).
   void process(const ScheduleBatch& batch, std::span<const SampleRow> rows, std::vector<StepOutput>& out);
+  // A speculative item's verdict (`run`: the accepted drafts, then the target's token): the KV of the
+  // rejected drafts rolls back (pages past the kept length return to the pool), the run goes through the
+  // OutputProcessor (EOS, stop ids, max_new_tokens and the context cut it). No-op when the request is gone.
+  void accept_drafts(const ScheduledRequest& s, std::span<const int32_t> run, std::vector<StepOutput>& out);
   // Item k's request when it samples this step and is still alive, else null: for a sampler outside
   // process(), which reads the params and consumes the request's draw (sampler.uniform()) exactly as
   // sample() would, then passes its result to process().

@@ -1,0 +1,150 @@
+// issue 17 through the real binary: `dsaserve serve --speculative-algorithm EAGLE --speculative-num-steps N
+// --speculative-eagle-topk 1 --speculative-num-draft-tokens N+1` answers greedy completions with the same
+// token ids as the same server without speculation: 8 concurrent requests with chunked prefill on a small
+// pool (retractions), a repeated prompt (prefix-cache hit), on tiny (steps 1, 3, 5), realdims and
+// realdims_fp8 (steps 3); /metrics carries the accept counters and histogram; a client that disconnects
+// mid-stream leaves no page behind (--check-integrity runs every step).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "server/server_process.h"  // tests/server/
+
+namespace dsaserve::testing {
+namespace {
+
+using nlohmann::json;
+
+struct SpecCase {
+  const char* model;
+  int steps;
+};
+
+class ServeSpec : public ::testing::TestWithParam<SpecCase> {};
+
+std::vector<std::string> server_args(const std::filesystem::path& dir, int steps) {
+  std::vector<std::string> a = {"--model",
+                                dir.string(),
+                                "--tokenizer",
+                                "builtin:bytes",
+                                "--kv-pages",
+                                "48",
+                                "--page-size",
+                                "4",
+                                "--chunked-prefill-size",
+                                "16",
+                                "--max-running-requests",
+                                "8",
+                                "--check-integrity",
+                                "--served-model-name",
+                                "m"};
+  if (steps > 0) {
+    for (const std::string& s : {std::string("--speculative-algorithm"), std::string("EAGLE"),
+                                 std::string("--speculative-num-steps"), std::to_string(steps),
+                                 std::string("--speculative-eagle-topk"), std::string("1"),
+                                 std::string("--speculative-num-draft-tokens"), std::to_string(steps + 1)})
+      a.push_back(s);
+  }
+  return a;
+}
+
+// Token ids of greedy completions of `prompts`, sent concurrently.
+std::vector<std::vector<int32_t>> complete_all(int port, const std::vector<std::vector<int32_t>>& prompts) {
+  std::vector<HttpResult> res(prompts.size());
+  std::vector<std::thread> th;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    th.emplace_back([&, i] {
+      const json b = {{"model", "m"},     {"prompt", prompts[i]}, {"max_tokens", 12 + 2 * i},
+                      {"temperature", 0}, {"ignore_eos", true},   {"return_token_ids", true}};
+      res[i] = post_json(port, "/v1/completions", b);
+    });
+  }
+  for (auto& t : th) t.join();
+  std::vector<std::vector<int32_t>> out;
+  for (const HttpResult& r : res) {
+    EXPECT_EQ(r.status, 200) << r.body;
+    out.push_back(r.status == 200 ? r.json()["choices"][0]["token_ids"].get<std::vector<int32_t>>()
+                                  : std::vector<int32_t>{});
+  }
+  return out;
+}
+
+void expect_no_leak(int port) {
+  for (int i = 0; i < 100; ++i) {
+    const std::string m = http_request(port, "GET", "/metrics").body;
+    if (metric(m, "dsaserve_num_running_requests") == 0 && metric(m, "dsaserve_num_waiting_requests") == 0 &&
+        metric(m, "dsaserve_kv_pages_used") == metric(m, "dsaserve_prefix_cache_pages"))
+      return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "pages not released";
+}
+
+TEST_P(ServeSpec, GreedyTokensEqualTheServerWithoutSpeculation) {
+  DSA_FIXTURE_PATH(models, "models");
+  const SpecCase c = GetParam();
+  const auto dir = models / c.model;
+  std::mt19937 rng(uint32_t(7 + c.steps));
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int32_t> p;
+    for (uint32_t k = 0, n = 3 + rng() % 40; k < n; ++k) p.push_back(int32_t(rng() % 500));
+    prompts.push_back(std::move(p));
+  }
+  ServerProcess plain(server_args(dir, 0));
+  ASSERT_GT(plain.port(), 0) << plain.log();
+  // One prompt alone, then again (a prefix-cache hit), then all 8 at once (retractions on 48 pages).
+  const auto want_one = complete_all(plain.port(), {prompts[0]});
+  EXPECT_EQ(complete_all(plain.port(), {prompts[0]}), want_one);
+  const auto want = complete_all(plain.port(), prompts);
+
+  ServerProcess spec(server_args(dir, c.steps));
+  ASSERT_GT(spec.port(), 0) << spec.log();
+  EXPECT_EQ(complete_all(spec.port(), {prompts[0]}), want_one);
+  EXPECT_EQ(complete_all(spec.port(), {prompts[0]}), want_one) << "prefix-cache hit";
+  EXPECT_GT(
+      metric(http_request(spec.port(), "GET", "/metrics").body, "dsaserve_prefix_cache_hit_tokens_total"), 0);
+  EXPECT_EQ(complete_all(spec.port(), prompts), want) << c.model << " steps " << c.steps;
+  const std::string m = http_request(spec.port(), "GET", "/metrics").body;
+  EXPECT_GT(metric(m, "dsaserve_spec_draft_tokens_total"), 0);
+  EXPECT_GT(metric(m, "dsaserve_spec_verify_rounds_total"), 0);
+  EXPECT_EQ(metric(m, "dsaserve_spec_draft_tokens_total"),
+            c.steps * metric(m, "dsaserve_spec_verify_rounds_total"));
+  EXPECT_EQ(metric(m, "dsaserve_spec_accept_length_count"), metric(m, "dsaserve_spec_verify_rounds_total"));
+  EXPECT_GT(metric(m, "dsaserve_retractions_total"), 0);
+  fmt::print("serve {} steps={}: {} rounds, {} accepted of {} drafted, {} retractions\n", c.model, c.steps,
+             metric(m, "dsaserve_spec_verify_rounds_total"), metric(m, "dsaserve_spec_accepted_tokens_total"),
+             metric(m, "dsaserve_spec_draft_tokens_total"), metric(m, "dsaserve_retractions_total"));
+  expect_no_leak(spec.port());
+
+  // A streaming client that goes away mid-generation.
+  namespace net = boost::asio;
+  net::io_context ioc;
+  net::ip::tcp::socket sock(ioc);
+  sock.connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(spec.port())});
+  const std::string body =
+      json{{"prompt", "abc"}, {"max_tokens", 150}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true}}
+          .dump();
+  net::write(sock, net::buffer(fmt::format("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                           "application/json\r\nContent-Length: {}\r\n\r\n{}",
+                                           body.size(), body)));
+  std::string got;
+  char buf[1024];
+  while (got.find("data: ") == std::string::npos) got.append(buf, sock.read_some(net::buffer(buf)));
+  sock.close();
+  expect_no_leak(spec.port());
+  EXPECT_EQ(spec.stop(), 0) << spec.log();
+  EXPECT_EQ(plain.stop(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ServeSpec,
+                         ::testing::Values(SpecCase{"tiny", 1}, SpecCase{"tiny", 3}, SpecCase{"tiny", 5},
+                                           SpecCase{"realdims", 3}, SpecCase{"realdims_fp8", 3}),
+                         [](const auto& p) {
+                           return std::string(p.param.model) + "_steps" + std::to_string(p.param.steps);
+                         });
+
+}  // namespace
+}  // namespace dsaserve::testing
