@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
-#include <vector>
 
+#include "gpu_timing.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/runtime.h"
@@ -21,29 +21,6 @@ namespace {
 
 using namespace dsaserve;
 constexpr double kHbm = 4.3e12, kBf16 = 797e12, kFp8 = 1434e12;
-
-template <class F>
-double median_us(F&& fn, int warm = 3, int iters = 20) {
-  for (int i = 0; i < warm; ++i) fn();
-  cudaDeviceSynchronize();
-  std::vector<cudaEvent_t> ev(size_t(2 * iters));
-  for (auto& e : ev) cudaEventCreate(&e);
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(ev[size_t(2 * i)]);
-    fn();
-    cudaEventRecord(ev[size_t(2 * i + 1)]);
-  }
-  cudaEventSynchronize(ev.back());
-  std::vector<double> us;
-  for (int i = 0; i < iters; ++i) {
-    float ms = 0;
-    cudaEventElapsedTime(&ms, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
-    us.push_back(double(ms) * 1e3);
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
-}
 
 }  // namespace
 
@@ -62,7 +39,7 @@ int main(int argc, char** argv) {
     if (!only.empty() && (c.op + " / " + c.variant).find(only) == std::string::npos) continue;
     for (int64_t T : c.tokens) {
       const kernels::testing::OpRun run = c.make(gpu, cpu, T);
-      const double us = median_us([&] { (void)run.device(); });
+      const double us = bench::median_event_us([&] { (void)run.device(); });
       const double floor_us = std::max(run.bytes / kHbm, run.flops / (run.fp8 ? kFp8 : kBf16)) * 1e6;
       fmt::print("| {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {:.0f} | {:.1f} |\n", c.op, c.variant, T, us,
                  floor_us, floor_us / us, run.bytes / (us * 1e-6) / 1e9, run.flops / (us * 1e-6) / 1e12);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "gpu_timing.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/gemm.h"
@@ -58,27 +59,9 @@ ops::WeightRef weight(int64_t n, int64_t k, DType dt) {
   return {filled({n, k}, DType::f8e4m3fn, 0x38), sc.to(Device::cuda), 128, 128};
 }
 
-// Median microseconds of fn() over `iters` runs.
+// Median microseconds of fn() over `iters` runs (CUDA events around each).
 double time_us(const std::function<void()>& fn, int warm = 3, int iters = 20) {
-  for (int i = 0; i < warm; ++i) fn();
-  cudaDeviceSynchronize();
-  std::vector<cudaEvent_t> ev(size_t(2 * iters));
-  for (auto& e : ev) cudaEventCreate(&e);
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(ev[size_t(2 * i)]);
-    fn();
-    cudaEventRecord(ev[size_t(2 * i + 1)]);
-  }
-  cudaEventSynchronize(ev.back());
-  std::vector<double> us;
-  for (int i = 0; i < iters; ++i) {
-    float ms = 0;
-    cudaEventElapsedTime(&ms, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
-    us.push_back(ms * 1e3);
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return dsaserve::bench::median_event_us(fn, warm, iters);
 }
 
 void row(const std::string& op, int64_t T, const std::string& shape, double us, double bytes, double flops,

@@ -421,8 +421,9 @@ ForwardOutput Model::finish(const Tensor& hidden, const kernels::WeightRef& head
   // The plan's logits rows (each request's last token, a verifying request's every token, the extra rows),
   // gathered; every row in order (all_logits, or a decode step's one token per request): no gather. With
   // TP the vocab-parallel shards are gathered.
-  out.logits = gather_vocab(st.in->logit_rows.defined() ? ops_.linear(ops_.gather_rows(hidden, st.in->logit_rows), head)
-                                                        : ops_.linear(hidden, head),
+  out.logits = gather_vocab(st.in->logit_rows.defined()
+                                ? ops_.linear(ops_.gather_rows(hidden, st.in->logit_rows), head)
+                                : ops_.linear(hidden, head),
                             *st.opt);
   shape(span, "[{}, {}] x [{}, {}]^T", out.logits.size(0), hidden.size(1), out.logits.size(1),
         hidden.size(1));

@@ -43,6 +43,46 @@ struct Stage {
 
 using mma::mma_e4m3;
 
+// The small-T kernels' epilogue (both params structs name out, out_stride, T, N, partial, counters, splits
+// alike): lane (g, t) holds rows r_lo / r_lo + 8 for tokens nt * 8 + 2t and + 1. Without a K split the sums
+// go to the output; with one, each CTA publishes its partial sums and the last CTA of the row slice adds
+// them in split order (deterministic), then leaves its counter zero for the next launch on the stream.
+template <int NT, class P>
+__device__ __forceinline__ void small_gemm_epilogue(const P& p, const float (&acc)[NT][4], int64_t row_base,
+                                                    int r_lo, int t, bool& s_last) {
+  const int64_t n_lo = row_base + r_lo, n_hi = n_lo + 8;
+  const bool ok_lo = n_lo < p.N, ok_hi = n_hi < p.N;
+  auto store = [&](float* dst, int64_t stride) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int64_t tok0 = nt * 8 + 2 * t, tok1 = tok0 + 1;
+      if (ok_lo && tok0 < p.T) dst[tok0 * stride + n_lo] = acc[nt][0];
+      if (ok_lo && tok1 < p.T) dst[tok1 * stride + n_lo] = acc[nt][1];
+      if (ok_hi && tok0 < p.T) dst[tok0 * stride + n_hi] = acc[nt][2];
+      if (ok_hi && tok1 < p.T) dst[tok1 * stride + n_hi] = acc[nt][3];
+    }
+  };
+  if (p.splits == 1) {
+    store(p.out, p.out_stride);
+    return;
+  }
+  store(p.partial + int64_t(blockIdx.y) * p.T * p.N, p.N);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(&p.counters[blockIdx.x], 1u) == uint32_t(p.splits - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int64_t i = threadIdx.x; i < int64_t(kRows) * p.T; i += kThreads) {
+    const int64_t tok = i / kRows, r = row_base + i % kRows;
+    if (r >= p.N) continue;
+    float sum = 0.0f;
+    for (int sp = 0; sp < p.splits; ++sp) sum += __ldcg(p.partial + (int64_t(sp) * p.T + tok) * p.N + r);
+    p.out[tok * p.out_stride + r] = sum;
+  }
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0u;
+}
+
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_small_gemm_kernel(const Fp8SmallGemmParams p) {
   using S = Stage<NT>;
@@ -119,39 +159,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_small_gemm_kernel(const 
   }
   mma::cp_async_wait<0>();
 
-  // Lane (g, t) holds rows r_lo / r_hi for tokens nt * 8 + 2t and + 1.
-  const int64_t n_lo = row_base + r_lo, n_hi = row_base + r_hi;
-  const bool ok_lo = n_lo < p.N, ok_hi = n_hi < p.N;
-  auto store = [&](float* dst, int64_t stride) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int64_t tok0 = nt * 8 + 2 * t, tok1 = tok0 + 1;
-      if (ok_lo && tok0 < p.T) dst[tok0 * stride + n_lo] = acc[nt][0];
-      if (ok_lo && tok1 < p.T) dst[tok1 * stride + n_lo] = acc[nt][1];
-      if (ok_hi && tok0 < p.T) dst[tok0 * stride + n_hi] = acc[nt][2];
-      if (ok_hi && tok1 < p.T) dst[tok1 * stride + n_hi] = acc[nt][3];
-    }
-  };
-  if (p.splits == 1) {
-    store(p.out, p.out_stride);
-    return;
-  }
-  // Split K: publish this CTA's partial sums; the last CTA of the row slice adds them in split order.
-  store(p.partial + int64_t(blockIdx.y) * p.T * p.N, p.N);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(&p.counters[blockIdx.x], 1u) == uint32_t(p.splits - 1);
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int64_t i = threadIdx.x; i < int64_t(kRows) * p.T; i += kThreads) {
-    const int64_t tok = i / kRows, r = row_base + i % kRows;
-    if (r >= p.N) continue;
-    float sum = 0.0f;
-    for (int sp = 0; sp < p.splits; ++sp) sum += __ldcg(p.partial + (int64_t(sp) * p.T + tok) * p.N + r);
-    p.out[tok * p.out_stride + r] = sum;
-  }
-  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0u;  // ready for the next launch on the stream
+  small_gemm_epilogue<NT>(p, acc, row_base, r_lo, t, s_last);
 }
 
 template <int NT>
@@ -260,37 +268,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const
   }
   mma::cp_async_wait<0>();
 
-  const int64_t n_lo = row_base + r_lo, n_hi = row_base + r_hi;
-  const bool ok_lo = n_lo < p.N, ok_hi = n_hi < p.N;
-  auto store = [&](float* dst, int64_t stride) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int64_t tok0 = nt * 8 + 2 * t, tok1 = tok0 + 1;
-      if (ok_lo && tok0 < p.T) dst[tok0 * stride + n_lo] = acc[nt][0];
-      if (ok_lo && tok1 < p.T) dst[tok1 * stride + n_lo] = acc[nt][1];
-      if (ok_hi && tok0 < p.T) dst[tok0 * stride + n_hi] = acc[nt][2];
-      if (ok_hi && tok1 < p.T) dst[tok1 * stride + n_hi] = acc[nt][3];
-    }
-  };
-  if (p.splits == 1) {
-    store(p.out, p.out_stride);
-    return;
-  }
-  store(p.partial + int64_t(blockIdx.y) * p.T * p.N, p.N);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(&p.counters[blockIdx.x], 1u) == uint32_t(p.splits - 1);
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int64_t i = threadIdx.x; i < int64_t(kRows) * p.T; i += kThreads) {
-    const int64_t tok = i / kRows, r = row_base + i % kRows;
-    if (r >= p.N) continue;
-    float sum = 0.0f;
-    for (int sp = 0; sp < p.splits; ++sp) sum += __ldcg(p.partial + (int64_t(sp) * p.T + tok) * p.N + r);
-    p.out[tok * p.out_stride + r] = sum;
-  }
-  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0u;
+  small_gemm_epilogue<NT>(p, acc, row_base, r_lo, t, s_last);
 }
 
 template <int NT>
