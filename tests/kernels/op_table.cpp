@@ -527,6 +527,23 @@ Tensor random_selection(const std::vector<int32_t>& visible, int64_t k, uint64_t
   return sel;
 }
 
+// What the indexer hands the attention: per row min(k, visible) distinct positions, ascending, -1 padded.
+Tensor indexer_like_selection(const std::vector<int32_t>& visible, int64_t k, uint64_t seed) {
+  Tensor sel = Tensor::empty({int64_t(visible.size()), k}, DType::i32);
+  Rng g(seed);
+  for (size_t row = 0; row < visible.size(); ++row) {
+    std::vector<int32_t> pos(static_cast<size_t>(visible[row]));
+    std::iota(pos.begin(), pos.end(), 0);
+    const int64_t n = std::min<int64_t>(k, int64_t(pos.size()));
+    for (int64_t j = 0; j < n; ++j)
+      std::swap(pos[size_t(j)], pos[size_t(j + g.below(int64_t(pos.size()) - j))]);
+    std::sort(pos.begin(), pos.begin() + n);
+    int32_t* out = sel.data<int32_t>() + int64_t(row) * k;
+    for (int64_t j = 0; j < k; ++j) out[j] = j < n ? pos[size_t(j)] : -1;
+  }
+  return sel;
+}
+
 void add_attention_cases(std::vector<OpCase>& t) {
   const double iscale = 1.0 / std::sqrt(double(kId)), wscale = 1.0 / std::sqrt(double(kIh));
   const double mscale = 1.0 / std::sqrt(double(kNope + kRope));
@@ -629,6 +646,65 @@ void add_attention_cases(std::vector<OpCase>& t) {
                        2.0 * keys * kHeads * double(2 * kKvLora + kRope));
                  }});
   }
+  // The planners: the rows operators on kernel-format (bf16) caches under the device backend's own plan
+  // (the step plan's path: Backend::plan_mla_rows / plan_indexer_rows, then the call with the plan), against
+  // the CPU on the same bf16-rounded keys.
+  t.push_back({"plan_indexer_rows",
+               "indexer_topk_rows on a bf16 key cache under its plan",
+               {1, 7, 33},
+               [=](Backend& d, Backend& r, int64_t R) {
+                 const auto b = rows_batch(R, 8192, kId, 3600 + uint64_t(R), 1.0f);
+                 const Tensor keys_r = b->cache.to(DType::bf16).to(DType::f32);
+                 const Tensor keys_d = on(b->cache.to(DType::bf16), d);
+                 // bf16-exact queries and weights: the kernel's bf16 operands are the CPU's values.
+                 const Tensor q = rand_f32({R, kIh, kId}, 3700 + uint64_t(R)).to(DType::bf16).to(DType::f32),
+                              w = rand_f32({R, kIh}, 3800 + uint64_t(R)).to(DType::bf16).to(DType::f32);
+                 const Tensor qd = on(q, d), wd = on(w, d);
+                 double keys = 0;
+                 for (int32_t l : b->len) keys += l;
+                 return same_op(
+                     d, r,
+                     [=](Backend& be) {
+                       PagedRows pr = paged_rows(b, keys_d, be);
+                       const IndexerRowsPlan plan = be.plan_indexer_rows(R, b->max_len, kTopk, b->len);
+                       pr.indexer_plan = &plan;
+                       return Outs{be.indexer_topk_rows(qd, wd, pr, kTopk, iscale, wscale)};
+                     },
+                     [=](Backend& be) {
+                       return Outs{
+                           be.indexer_topk_rows(q, w, paged_rows(b, keys_r, be), kTopk, iscale, wscale)};
+                     },
+                     {{Measure::ids, 1e-3}}, keys * kId * 2, 2.0 * keys * kIh * kId);
+               }});
+  t.push_back({"plan_mla_rows",
+               "mla_attention_rows on a bf16 latent cache under its plan",
+               {1, 7, 33},
+               [=](Backend& d, Backend& r, int64_t R) {
+                 const auto b = rows_batch(R, 3000, kKvLora + kRope, 3900 + uint64_t(R), 0.3f);
+                 const Tensor lat_r = b->cache.to(DType::bf16).to(DType::f32);
+                 const Tensor lat_d = on(b->cache.to(DType::bf16), d);
+                 const Tensor ql =
+                     rand_f32({R, kHeads, kKvLora}, 4000 + uint64_t(R), 0.2f).to(DType::bf16).to(DType::f32);
+                 const Tensor qr =
+                     rand_f32({R, kHeads, kRope}, 4100 + uint64_t(R), 0.2f).to(DType::bf16).to(DType::f32);
+                 const Tensor sel = indexer_like_selection(b->len, kTopk, uint64_t(R) + 7);
+                 const Tensor qld = on(ql, d), qrd = on(qr, d), seld = on(sel, d);
+                 double keys = 0;
+                 for (int32_t l : b->len) keys += double(std::min<int64_t>(l, kTopk));
+                 return same_op(
+                     d, r,
+                     [=](Backend& be) {
+                       PagedRows pr = paged_rows(b, lat_d, be);
+                       const MlaRowsPlan plan = be.plan_mla_rows(R, kHeads, kTopk);
+                       pr.mla_plan = &plan;
+                       return Outs{be.mla_attention_rows(qld, qrd, pr, seld, mscale)};
+                     },
+                     [=](Backend& be) {
+                       return Outs{be.mla_attention_rows(ql, qr, paged_rows(b, lat_r, be), sel, mscale)};
+                     },
+                     {{Measure::elem, kTolBf16}}, keys * double(kKvLora + kRope) * 2,
+                     2.0 * keys * kHeads * double(2 * kKvLora + kRope));
+               }});
   t.push_back(
       {"attention_mha", "one request, start 100", kTokens, [=](Backend& d, Backend& r, int64_t T) {
          const int64_t start = 100, S = start + T;
