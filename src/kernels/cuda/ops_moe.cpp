@@ -28,6 +28,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/elementwise_params.h"
 #include "kernels/cuda/moe_params.h"
 #include "kernels/cuda/views.h"
@@ -80,6 +81,12 @@ struct ExpertTable {
   int64_t hidden = 0, inter = 0, block_n = 128, block_k = 128;
   std::string unusable;  // why the device path cannot run these experts; empty when it can
   Tensor table;          // CUDA u8 [experts * sizeof(MoeExpertWeights)]
+};
+
+// The current device's expert tables (per_device_state), by (first weight, count).
+struct ExpertTables {
+  std::mutex mu;
+  std::map<std::pair<const void*, size_t>, ExpertTable> by_first;
 };
 
 std::vector<const void*> pointers_of(const std::vector<MlpRef>& experts) {
@@ -169,11 +176,10 @@ struct TableView {
 // The table of `experts`: cached per (first weight, count), rebuilt when any pointer changed. Building
 // uploads with a synchronous copy, which capture forbids: the eager warm-up before a capture builds it.
 TableView expert_table(const std::vector<MlpRef>& experts, bool capturing) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, size_t>, ExpertTable> cache;
+  ExpertTables& tables = per_device_state<ExpertTables>();
   std::vector<const void*> ptrs = pointers_of(experts);
-  std::lock_guard<std::mutex> lock(mu);
-  ExpertTable& t = cache[{ptrs[0], experts.size()}];
+  std::lock_guard<std::mutex> lock(tables.mu);
+  ExpertTable& t = tables.by_first[{ptrs[0], experts.size()}];
   const WeightRef& g0 = experts[0].gate;
   const bool same = t.ptrs == ptrs && (t.table.defined() || !t.unusable.empty()) && g0.weight.defined() &&
                     g0.weight.dtype() == t.dtype && g0.rows() == t.inter && g0.cols() == t.hidden &&
