@@ -400,11 +400,20 @@ uint32_t* small_counters() {
   return l.small_counters;
 }
 
+// A small-T launch's K-split scratch (splits > 1): its partial sums [splits, T, N] and the shared counters.
+template <class P>
+Tensor split_scratch(P& p) {
+  if (p.splits <= 1) return Tensor();
+  Tensor partial = Tensor::empty({p.splits, p.T, p.N}, DType::f32, Device::cuda);
+  p.partial = partial.data<float>();
+  p.counters = small_counters();
+  return partial;
+}
+
 // The FP8 recipe's arithmetic for T <= kFp8SmallMaxTokens tokens with the weight-streaming kernel
 // (gemm_small_params.h), f32 output written in place.
 void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
   const int64_t T = a.rows, K = a.codes.size(1), N = r1 - r0;
-  uint32_t* counters = small_counters();
   Fp8SmallGemmParams p{};
   p.w = static_cast<const uint8_t*>(w.weight.raw_data()) + r0 * K;
   p.w_scale = static_cast<const float*>(w.scale_inv.raw_data());
@@ -419,12 +428,7 @@ void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, cons
   p.N = N;
   p.K = K;
   p.splits = fp8_small_gemm_splits(N, K);
-  Tensor partial;
-  if (p.splits > 1) {
-    partial = Tensor::empty({p.splits, T, N}, DType::f32, Device::cuda);
-    p.partial = partial.data<float>();
-    p.counters = counters;
-  }
+  const Tensor partial = split_scratch(p);
   check_launch(launch_fp8_small_gemm(p, op_stream()), "linear: fp8 small-T GEMM");
   count(&GemmStats::fp8_small_calls);
 }
@@ -446,12 +450,7 @@ bool bf16_small(const RowView& x, const void* a_ptr, int64_t N, const RowView& o
   p.N = N;
   p.K = K;
   p.splits = bf16_small_gemm_splits(N, K);
-  Tensor partial;
-  if (p.splits > 1) {
-    partial = Tensor::empty({p.splits, T, N}, DType::f32, Device::cuda);
-    p.partial = partial.data<float>();
-    p.counters = small_counters();
-  }
+  const Tensor partial = split_scratch(p);
   check_launch(launch_bf16_small_gemm(p, op_stream()), "linear: bf16 small-T GEMM");
   count(&GemmStats::bf16_small_calls);
   return true;

@@ -43,6 +43,20 @@ struct Stage {
 
 using mma::mma_e4m3;
 
+// Stages K block kb of a CTA's 128 weight rows: 128 bytes a row (128 FP8 codes or 64 bf16 values), 8
+// chunks of 16 bytes, XOR-swizzled by row parity (chunk c of row r at c ^ 4(r & 1)); rows past N are
+// zero-filled. `row_bytes`: the bytes of one weight row.
+__device__ __forceinline__ void stage_weight_tile(uint8_t* st, const uint8_t* w, int64_t row_bytes,
+                                                  int64_t row_base, int64_t N, int64_t kb) {
+  for (int i = threadIdx.x; i < kRows * 8; i += kThreads) {
+    const int r = i >> 3, c = i & 7;
+    const int64_t row = row_base + r;
+    const bool ok = row < N;
+    const uint8_t* src = w + (ok ? row : 0) * row_bytes + kb * 128 + c * 16;
+    mma::cp_async16(st + r * 128 + ((c ^ ((r & 1) << 2)) * 16), src, ok ? 16 : 0);
+  }
+}
+
 // The small-T kernels' epilogue (both params structs name out, out_stride, T, N, partial, counters, splits
 // alike): lane (g, t) holds rows r_lo / r_lo + 8 for tokens nt * 8 + 2t and + 1. Without a K split the sums
 // go to the output; with one, each CTA publishes its partial sums and the last CTA of the row slice adds
@@ -100,14 +114,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_small_gemm_kernel(const 
 
   auto load = [&](int64_t kb, int stage) {
     uint8_t* st = smem + size_t(stage) * S::kBytes;
-    // Weight tile: 128 rows x 8 chunks, 4 per thread; rows past N are zero-filled.
-    for (int i = threadIdx.x; i < kRows * 8; i += kThreads) {
-      const int r = i >> 3, c = i & 7;
-      const int64_t row = row_base + r;
-      const bool ok = row < p.N;
-      const uint8_t* src = p.w + (ok ? row : 0) * p.K + kb * 128 + c * 16;
-      mma::cp_async16(st + r * 128 + ((c ^ ((r & 1) << 2)) * 16), src, ok ? 16 : 0);
-    }
+    stage_weight_tile(st, p.w, p.K, row_base, p.N, kb);
     for (int i = threadIdx.x; i < Tp * 8; i += kThreads) {
       const int r = i >> 3, c = i & 7;
       mma::cp_async16(st + S::kW + r * kXLd + c * 16, p.xq + r * p.K + kb * 128 + c * 16, 16);
@@ -213,13 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const
 
   auto load = [&](int64_t kb, int stage) {
     uint8_t* st = smem + size_t(stage) * S::kBytes;
-    for (int i = threadIdx.x; i < kRows * 8; i += kThreads) {
-      const int r = i >> 3, c = i & 7;
-      const int64_t row = row_base + r;
-      const bool ok = row < p.N;
-      const uint8_t* src = w + ((ok ? row : 0) * p.K + kb * 64) * 2 + c * 16;
-      mma::cp_async16(st + r * 128 + ((c ^ ((r & 1) << 2)) * 16), src, ok ? 16 : 0);
-    }
+    stage_weight_tile(st, w, p.K * 2, row_base, p.N, kb);
     // Token rows: 16 chunks of 4 floats; rows >= T are zero-filled.
     for (int i = threadIdx.x; i < Tp * 16; i += kThreads) {
       const int r = i >> 4, c = i & 15;
