@@ -4,7 +4,14 @@
 //           latents / index keys through the real cache-write ops, every request its own pages) at
 //           batch x context, bf16 and FP8 KV, replayed through CUDA graphs (--no-graphs: eager);
 //   prefill: one request's chunk of N new tokens after 0 cached (eager, last-token logits);
-//   ops: for one batch, the trace's per-op table, measured (CUDA events, eager) vs the plan's roofline.
+//   ops: for one decode batch and for the first prefill (--trace-prefill), the trace's per-op table,
+//        measured (CUDA events, eager) vs the plan's roofline;
+//   spec: for the first context, per batch, the speculative round's steps (issue 17), eager: a verify step
+//         (--verify-tokens K new tokens per request, a logits row each), a draft step (the MTP layer, one
+//         token per request) and a draft-extend (the MTP layer over K tokens per request), beside the
+//         decode step; the accept length at which a round of K - 1 drafts pays for itself is
+//         (verify + (K - 1) x draft + draft-extend) / decode (the tokens one round must yield to match
+//         plain decoding's tokens per second). --verify-tokens 0: no spec rows (nor MTP weights).
 // Every row prints the measured ms, the plan's roofline ms for the same batch (plan::plan_step on an H200)
 // and plan / measured (1.0 = at the roofline). Rows print as they finish (a timeout still shows them);
 // combinations whose KV does not fit the device are skipped with the reason.
@@ -12,7 +19,8 @@
 //   realwidth_gpu_bench [--config $DSASERVE_FIXTURES/configs/glm-5.3.json] [--layers 8]
 //                       [--batches 1,8,32,64,128] [--contexts 4096,32768,131072] [--kv bf16,fp8_e4m3]
 //                       [--prefill 4096,16384] [--trace-batch 32] [--trace-context 4096] [--steps 20]
-//                       [--warmup 3] [--no-graphs] [--max-seconds 420]
+//                       [--warmup 3] [--no-graphs] [--max-seconds 420] [--trace-prefill 4096]
+//                       [--verify-tokens 4]
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -53,6 +61,7 @@ struct Args {
   std::vector<int64_t> batches{1, 8, 32, 64, 128}, contexts{4096, 32768, 131072}, prefill{4096, 16384};
   std::vector<std::string> kv{"bf16", "fp8_e4m3"};
   int64_t trace_batch = 32, trace_context = 4096, steps = 20, warmup = 3;
+  int64_t trace_prefill = 4096, verify_tokens = 4;
   bool graphs = true;
   double max_seconds = 420;
 };
@@ -106,6 +115,10 @@ Args parse(int argc, char** argv) {
       a.steps = std::stoll(val());
     else if (k == "--warmup")
       a.warmup = std::stoll(val());
+    else if (k == "--trace-prefill")
+      a.trace_prefill = std::stoll(val());
+    else if (k == "--verify-tokens")
+      a.verify_tokens = std::stoll(val());
     else if (k == "--no-graphs")
       a.graphs = false;
     else if (k == "--max-seconds")
@@ -130,12 +143,15 @@ double since(clock_type::time_point t0) {
 
 // The plan's H200 roofline (ms) of one step of these requests.
 double roofline_ms(const model::ModelConfig& c, model::KvCacheDtype kv,
-                   const std::vector<plan::StepRequest>& reqs, bool decode) {
+                   const std::vector<plan::StepRequest>& reqs, bool decode, bool all_logits = false,
+                   bool mtp = false) {
   plan::Deployment d;
   d.kv_cache_dtype = kv == model::KvCacheDtype::fp8_e4m3 ? plan::KvDtype::fp8_e4m3 : plan::KvDtype::bf16;
   plan::StepShape s;
   s.requests = reqs;
   s.decode = decode;
+  s.all_logits = all_logits;
+  s.mtp = mtp;
   const plan::Pass p = plan::plan_step(c, d, plan::Hardware::named("h200"), s);
   return plan::step_totals({p}, 1).time_s * 1e3;
 }
@@ -184,9 +200,12 @@ struct DecodeResult {
 };
 
 // B requests of ctx cached tokens on their own pages (request r: pages r * per_req ...), `warmup` untimed
-// steps (graph capture), then `steps` timed ones; each step one new token per request.
+// steps (graph capture), then `steps` timed ones; each step `tokens` new tokens per request (1: a decode;
+// more: a verify, every row's logits). `mtp`: the MTP layer's pass over them instead (a draft step with
+// 1 token, a draft-extend with more), fed `hidden` as the target's final hidden states.
 DecodeResult time_decode(const model::Model& m, model::KvCache& cache, runtime::CudaGraphRunner* graphs,
-                         int64_t B, int64_t ctx, int64_t per_req, const Args& a) {
+                         int64_t B, int64_t ctx, int64_t per_req, const Args& a, int64_t tokens = 1,
+                         const Tensor* mtp_hidden = nullptr) {
   const int64_t vocab = m.config().vocab_size;
   std::vector<std::vector<int32_t>> tables(static_cast<size_t>(B));
   for (int64_t r = 0; r < B; ++r) {
@@ -197,6 +216,7 @@ DecodeResult time_decode(const model::Model& m, model::KvCache& cache, runtime::
   fo.all_logits = false;
   DecodeResult res;
   clock_type::time_point t0;
+  std::vector<int32_t> ids(static_cast<size_t>(tokens));
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
     if (s == a.warmup) {
       sync();
@@ -204,18 +224,46 @@ DecodeResult time_decode(const model::Model& m, model::KvCache& cache, runtime::
     }
     model::ForwardBatch b;
     b.page_size = kPage;
-    const int64_t pos = ctx + s;
+    const int64_t pos = ctx + s * tokens;
     for (int64_t r = 0; r < B; ++r) {
-      const int32_t id = int32_t((r * 7919 + pos * 104729 + 13) % vocab);
-      b.add_request(std::span<const int32_t>(&id, 1), pos, tables[size_t(r)]);
+      for (int64_t j = 0; j < tokens; ++j)
+        ids[size_t(j)] = int32_t((r * 7919 + (pos + j) * 104729 + 13) % vocab);
+      b.add_request(ids, pos, tables[size_t(r)], true);
     }
-    std::optional<Tensor> g = graphs ? graphs->run(b) : std::nullopt;
+    if (mtp_hidden) {
+      (void)m.forward_mtp(b, mtp_hidden->slice(0, 0, B * tokens), cache, fo);
+      continue;
+    }
+    std::optional<Tensor> g = graphs && tokens == 1 ? graphs->run(b) : std::nullopt;
     if (g) res.replayed = true;
     if (!g) (void)m.forward(b, cache, fo);
   }
   sync();
   res.ms = since(t0) * 1e3 / double(a.steps);
   return res;
+}
+
+// One eager traced run of `step` (a warm-up first, so new shapes are paid for), its per-op table printed
+// under `title` beside the plan's roofline for the same ops.
+template <class F>
+void print_op_table(const model::ModelConfig& c, model::KvCacheDtype kv, const std::string& title, F step) {
+  step();
+  sync();
+  trace::Recorder rec;
+  trace::set_active(&rec);
+  const auto t = clock_type::now();
+  step();
+  sync();
+  const double ms = since(t) * 1e3;
+  trace::set_active(nullptr);
+  rec.resolve_device(true);
+  plan::TraceSummaryOptions po;
+  po.deployment.kv_cache_dtype =
+      kv == model::KvCacheDtype::fp8_e4m3 ? plan::KvDtype::fp8_e4m3 : plan::KvDtype::bf16;
+  const nlohmann::json s = plan::measured_vs_planned(rec.events(), c, po);
+  fmt::print("OPS {} ({:.3f} ms wall; op spans timed with CUDA events):\n{}", title, ms,
+             plan::format_summary(s));
+  std::fflush(stdout);
 }
 
 int run(const Args& a) {
@@ -233,7 +281,8 @@ int run(const Args& a) {
       c.num_experts_per_tok, c.vocab_size, c.fp8.enabled ? "yes (128x128 block scales)" : "no (bf16)");
   std::fflush(stdout);
   auto t0 = clock_type::now();
-  const auto model = model::make_dummy_model(c, Device::cuda, 0);
+  const bool spec = a.verify_tokens > 1 && c.num_nextn_predict_layers > 0;
+  const auto model = model::make_dummy_model(c, Device::cuda, 0, spec);
   sync();
   fmt::print("dummy weights generated on the GPU: {:.2f} GiB in {:.1f} s\n",
              double(model->weights().bytes()) / kGiB, since(t0));
@@ -273,6 +322,14 @@ int run(const Args& a) {
           "tok/s={:.0f}\n",
           kvn, n, best, plan, plan / best, double(n) * 1e3 / best);
       std::fflush(stdout);
+      if (n == a.trace_prefill && kvn == a.kv.front()) {
+        print_op_table(c, kv, fmt::format("kv={} prefill of {} tokens, eager", kvn, n), [&] {
+          model::ForwardBatch b;
+          b.page_size = kPage;
+          b.add_request(ids, 0, table);
+          (void)model->forward(b, cache, fo);
+        });
+      }
     }
   }
 
@@ -284,7 +341,7 @@ int run(const Args& a) {
       fmt::print("SKIP decode kv={}: --max-seconds {} reached\n", kvn, a.max_seconds);
       continue;
     }
-    const int64_t page_bytes = model::KvCache::bytes_per_token(c, false, kv) * kPage;
+    const int64_t page_bytes = model::KvCache::bytes_per_token(c, spec, kv) * kPage;
     runtime::release_cached_memory(Device::cuda);  // the previous pool's blocks back to the device
     const runtime::DeviceMemory mem = runtime::device_memory(Device::cuda);
     const int64_t keep = int64_t(12 * kGiB);  // step workspace, graph pool, scratch
@@ -292,13 +349,14 @@ int run(const Args& a) {
     int64_t want = 0;  // pages of the largest combination that fits (the pool is written once: no more)
     for (int64_t B : a.batches) {
       for (int64_t ctx : a.contexts) {
-        const int64_t need = B * ((ctx + a.warmup + a.steps + kPage) / kPage);
+        const int64_t need =
+            B * ((ctx + (a.warmup + a.steps) * std::max<int64_t>(a.verify_tokens, 1) + kPage) / kPage);
         if (need <= fit) want = std::max(want, need);
       }
     }
     const int64_t pages = want + 1;  // + the graphs' scratch page
     t0 = clock_type::now();
-    model::KvCache cache = model::KvCache::create(c, pages, kPage, false, Device::cuda, kv);
+    model::KvCache cache = model::KvCache::create(c, pages, kPage, spec, Device::cuda, kv);
     fill_kv(*model, cache);
     fmt::print("KV pool kv={}: {} pages ({} tokens, {:.1f} GiB) written with dummy KV in {:.1f} s\n", kvn,
                pages, pages * kPage, double(pages * page_bytes) / kGiB, since(t0));
@@ -312,7 +370,8 @@ int run(const Args& a) {
           std::make_unique<runtime::CudaGraphRunner>(*model, cache, int32_t(pages - 1), max_bs, fo, false);
     for (int64_t ctx : a.contexts) {
       for (int64_t B : a.batches) {
-        const int64_t per_req = (ctx + a.warmup + a.steps + kPage) / kPage;
+        const int64_t per_req =
+            (ctx + (a.warmup + a.steps) * std::max<int64_t>(a.verify_tokens, 1) + kPage) / kPage;
         if (B * per_req > pages - 1) {
           fmt::print(
               "SKIP decode kv={} batch={} context={}: needs {:.1f} GiB of KV, {:.1f} GiB fit beside the "
@@ -335,6 +394,30 @@ int run(const Args& a) {
             "plan/measured={:.3f} tok/s={:.0f}\n",
             kvn, B, ctx, r.replayed ? "yes" : "no", r.ms, plan, plan / r.ms, double(B) * 1e3 / r.ms);
         std::fflush(stdout);
+        if (spec && ctx == a.contexts.front() && since(t_start) <= a.max_seconds) {
+          const int64_t K = a.verify_tokens;
+          Args e = a;
+          e.warmup = 1;
+          e.steps = std::max<int64_t>(a.steps / 4, 3);
+          Tensor hidden = Tensor::empty({B * K, c.hidden_size}, DType::f32, Device::cuda);
+          kernels::fill_dummy(hidden, {79, 3, 1.0f, 0.0f, false});
+          const double dec = time_decode(*model, cache, nullptr, B, ctx, per_req, e).ms;
+          const double ver = time_decode(*model, cache, nullptr, B, ctx, per_req, e, K).ms;
+          const double dra = time_decode(*model, cache, nullptr, B, ctx, per_req, e, 1, &hidden).ms;
+          const double ext = time_decode(*model, cache, nullptr, B, ctx, per_req, e, K, &hidden).ms;
+          const std::vector<plan::StepRequest> vr(static_cast<size_t>(B), plan::StepRequest{K, ctx});
+          const std::vector<plan::StepRequest> dr(static_cast<size_t>(B), plan::StepRequest{1, ctx});
+          const double pv = roofline_ms(c, kv, vr, false, true);  // priced as the plan prices "verify"
+          const double pd = roofline_ms(c, kv, dr, true, false, true);
+          const double round = ver + double(K - 1) * dra + ext;
+          fmt::print(
+              "ROW spec kv={} batch={} context={} verify_tokens={} decode_eager_ms={:.3f} "
+              "decode_graph_ms={:.3f} verify_ms={:.3f} plan_verify_ms={:.3f} verify/decode_eager={:.2f} "
+              "draft_ms={:.3f} plan_draft_ms={:.3f} draft_extend_ms={:.3f} round_ms={:.3f} "
+              "pays_at_accept_length={:.2f} (vs graphs decode) {:.2f} (vs eager decode)\n",
+              kvn, B, ctx, K, dec, r.ms, ver, pv, ver / dec, dra, pd, ext, round, round / r.ms, round / dec);
+          std::fflush(stdout);
+        }
       }
     }
     // The per-op table for one batch: one eager step traced (CUDA-event op spans), priced by the plan.
@@ -342,24 +425,11 @@ int run(const Args& a) {
     const int64_t per_req = (tctx + a.warmup + a.steps + kPage) / kPage;
     if (tb > 0 && tb * per_req <= pages - 1 && since(t_start) <= a.max_seconds) {
       Args one = a;
-      one.warmup = 1;
-      one.steps = 1;
-      (void)time_decode(*model, cache, nullptr, tb, tctx, per_req, one);  // shapes warmed
-      trace::Recorder rec;
-      trace::set_active(&rec);
       one.warmup = 0;
-      const DecodeResult r = time_decode(*model, cache, nullptr, tb, tctx, per_req, one);
-      trace::set_active(nullptr);
-      rec.resolve_device(true);
-      plan::TraceSummaryOptions po;
-      po.deployment.kv_cache_dtype =
-          kv == model::KvCacheDtype::fp8_e4m3 ? plan::KvDtype::fp8_e4m3 : plan::KvDtype::bf16;
-      const nlohmann::json s = plan::measured_vs_planned(rec.events(), c, po);
-      fmt::print(
-          "OPS kv={} batch={} context={} (one eager traced decode step, {:.3f} ms wall; op spans timed "
-          "with CUDA events):\n{}",
-          kvn, tb, tctx, r.ms, plan::format_summary(s));
-      std::fflush(stdout);
+      one.steps = 1;
+      print_op_table(c, kv,
+                     fmt::format("kv={} batch={} context={} (one eager traced decode step)", kvn, tb, tctx),
+                     [&] { (void)time_decode(*model, cache, nullptr, tb, tctx, per_req, one); });
     }
   }
   fmt::print("done in {:.1f} s\n", since(t_start));
