@@ -178,7 +178,7 @@ void bench_moe_experts() {
     experts.push_back(
         {weight(kI, kH, DType::f8e4m3fn), weight(kI, kH, DType::f8e4m3fn), weight(kH, kI, DType::f8e4m3fn)});
   std::mt19937 r(11);
-  for (int64_t T : {1, 8, 32, 64, 128, 256, 1024, 4096}) {
+  for (int64_t T : {1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096}) {
     Tensor ids = Tensor::empty({T, kTopK}, DType::i32);
     std::vector<bool> used(kE, false);
     for (int64_t t = 0; t < T; ++t) {
