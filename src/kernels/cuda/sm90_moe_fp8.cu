@@ -42,6 +42,27 @@ struct Tile {
 
 using mma::mma_e4m3;
 
+// The cp.async pipeline both forms run over the K blocks: the first kStages - 1 blocks in flight (one commit
+// group each, empty past nkb), then per block i: wait for it (own copies), make it visible (the wgmma form:
+// also to the async proxy), a barrier (everyone's copies landed; the stage block i - 1 held is no longer
+// read), and block i + kStages - 1 issued into that stage.
+template <int kStages, class Load>
+__device__ __forceinline__ void pipeline_start(int64_t nkb, const Load& load) {
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nkb) load(s, s);
+    mma::cp_async_commit();
+  }
+}
+template <int kStages, bool ASYNC_PROXY, class Load>
+__device__ __forceinline__ void pipeline_step(int64_t i, int64_t nkb, const Load& load) {
+  mma::cp_async_wait<kStages - 2>();
+  if (ASYNC_PROXY) mma::fence_proxy_async_smem();
+  __syncthreads();
+  if (i + kStages - 1 < nkb) load(i + kStages - 1, int((i + kStages - 1) % kStages));
+  mma::cp_async_commit();
+}
+
 template <bool GATE_UP, int NT>
 __global__ void __launch_bounds__(kThreads, 2) sm90_moe_fp8_gemm_kernel(const MoeFp8GemmParams p) {
   using S = Tile<NT>;
@@ -111,16 +132,9 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_fp8_gemm_kernel(const Mo
       float acc[NT][4];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-#pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) {
-        if (s < nkb) load(s, s);
-        mma::cp_async_commit();
-      }
+      pipeline_start<kStages>(nkb, load);
       for (int64_t i = 0; i < nkb; ++i) {
-        mma::cp_async_wait<kStages - 2>();  // this K block has landed (own copies) ...
-        __syncthreads();                    // ... everyone's, and the stage refilled below is no longer read
-        if (i + kStages - 1 < nkb) load(i + kStages - 1, int((i + kStages - 1) % kStages));
-        mma::cp_async_commit();
+        pipeline_step<kStages, false>(i, nkb, load);
         const uint8_t* st = smem + size_t(i % kStages) * S::kBytes;
         const float* xs = reinterpret_cast<const float*>(st + S::kW + S::kX);
         float blk[NT][4];
@@ -264,17 +278,9 @@ __device__ __forceinline__ void wgmma_pass(const MoeFp8GemmParams& p, const WgPa
   float acc[kAcc];
 #pragma unroll
   for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nkb) load(s, s);
-    mma::cp_async_commit();
-  }
+  pipeline_start<kStages>(nkb, load);
   for (int64_t i = 0; i < nkb; ++i) {
-    mma::cp_async_wait<kStages - 2>();  // this K block has landed (own copies) ...
-    mma::fence_proxy_async_smem();      // ... visible to the wgmma (async proxy) reads ...
-    __syncthreads();                    // ... everyone's; the stage refilled below is no longer read
-    if (i + kStages - 1 < nkb) load(i + kStages - 1, int((i + kStages - 1) % kStages));
-    mma::cp_async_commit();
+    pipeline_step<kStages, true>(i, nkb, load);
     const int stage = int(i % kStages);
     const uint32_t a_addr = mma::smem_addr(w.s_a + size_t(stage) * kA + q * 64 * 128);
     const uint32_t b_addr = mma::smem_addr(w.s_b + size_t(stage) * kB);
