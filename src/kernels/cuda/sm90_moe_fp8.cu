@@ -187,27 +187,31 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_fp8_gemm_kernel(const Mo
   }
 }
 
-template <bool GATE_UP, int NT>
-cudaError_t launch_tile(const MoeFp8GemmParams& p, cudaStream_t stream) {
-  constexpr int kFeat = GATE_UP ? 64 : 128;
-  const void* fn = reinterpret_cast<const void*>(sm90_moe_fp8_gemm_kernel<GATE_UP, NT>);
-  const cudaError_t attr = set_max_dynamic_smem(fn, int(Tile<NT>::kSmem));
+// Launches a persistent form: as many CTAs as fit on the device at once (computed once per kernel and
+// device), at most one per work item of every expert (items of kFeat output features).
+template <void (*KERNEL)(MoeFp8GemmParams), size_t kSmemBytes, int kFeat>
+cudaError_t launch_persistent(const MoeFp8GemmParams& p, cudaStream_t stream) {
+  const void* fn = reinterpret_cast<const void*>(KERNEL);
+  const cudaError_t attr = set_max_dynamic_smem(fn, int(kSmemBytes));
   if (attr != cudaSuccess) return attr;
-  // As many CTAs as fit on the device at once (computed once per instantiation and device), at most one
-  // per work item of every expert active.
   const int resident = per_device_value(
       fn, +[]() -> int {
         int dev = 0, sms = 0, per = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, sm90_moe_fp8_gemm_kernel<GATE_UP, NT>, kThreads,
-                                                      Tile<NT>::kSmem);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, KERNEL, kThreads, kSmemBytes);
         return (sms > 0 ? sms : 1) * (per > 0 ? per : 1);
       });
   const int64_t most = int64_t(p.experts) * ((p.N + kFeat - 1) / kFeat);
   const int grid = int(most < resident ? most : resident);
-  sm90_moe_fp8_gemm_kernel<GATE_UP, NT><<<grid, kThreads, Tile<NT>::kSmem, stream>>>(p);
+  KERNEL<<<grid, kThreads, kSmemBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <bool GATE_UP, int NT>
+cudaError_t launch_tile(const MoeFp8GemmParams& p, cudaStream_t stream) {
+  return launch_persistent < sm90_moe_fp8_gemm_kernel<GATE_UP, NT>, Tile<NT>::kSmem,
+         GATE_UP ? 64 : 128 > (p, stream);
 }
 
 // ---- the wgmma form (tile_rows 128: prefill-sized groups) ----
@@ -392,23 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_moe_fp8_wgmma_kernel(const M
 
 template <bool GATE_UP>
 cudaError_t launch_wgmma(const MoeFp8GemmParams& p, cudaStream_t stream) {
-  constexpr int kFeat = GATE_UP ? 64 : 128;
-  const void* fn = reinterpret_cast<const void*>(sm90_moe_fp8_wgmma_kernel<GATE_UP>);
-  const cudaError_t attr = set_max_dynamic_smem(fn, int(wg::kSmem));
-  if (attr != cudaSuccess) return attr;
-  const int resident = per_device_value(
-      fn, +[]() -> int {
-        int dev = 0, sms = 0, per = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, sm90_moe_fp8_wgmma_kernel<GATE_UP>, kThreads,
-                                                      wg::kSmem);
-        return (sms > 0 ? sms : 1) * (per > 0 ? per : 1);
-      });
-  const int64_t most = int64_t(p.experts) * ((p.N + kFeat - 1) / kFeat);
-  const int grid = int(most < resident ? most : resident);
-  sm90_moe_fp8_wgmma_kernel<GATE_UP><<<grid, kThreads, wg::kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_persistent < sm90_moe_fp8_wgmma_kernel<GATE_UP>, wg::kSmem, GATE_UP ? 64 : 128 > (p, stream);
 }
 
 template <bool GATE_UP>
