@@ -19,10 +19,10 @@
 #include "gpu_timing.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
+#include "kernels/cuda/common/graph.h"
+#include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/graph.h"
 #include "kernels/cuda/moe_params.h"
-#include "kernels/cuda/runtime.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/ops.h"
 

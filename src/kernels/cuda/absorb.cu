@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/absorb_params.h"
-#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/common/device_util.cuh"
 
 namespace dsaserve::kernels::cuda {
 

@@ -2,7 +2,7 @@
 // (token, head); each warp walks every kWarps-th key with an online softmax, the lanes splitting the head
 // dimensions (lane + 32 j); the warps merge their partial results through shared memory at the end.
 #include "kernels/cuda/attention_params.h"
-#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/common/device_util.cuh"
 
 namespace dsaserve::kernels::cuda {
 

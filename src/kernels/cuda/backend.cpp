@@ -3,11 +3,11 @@
 #include <mutex>
 
 #include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/indexer_topk_params.h"
-#include "kernels/cuda/runtime.h"
 #include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {

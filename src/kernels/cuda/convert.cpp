@@ -1,6 +1,6 @@
 #include "kernels/cuda/convert.h"
 
-#include "kernels/cuda/check.h"
+#include "kernels/cuda/common/check.h"
 #include "kernels/cuda/convert_params.h"
 
 namespace dsaserve::kernels::cuda {

@@ -5,7 +5,7 @@
 // the scalar form runs. Both compute each element with the same expression (bit-identical results).
 #include <cuda_bf16.h>
 
-#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/elementwise_params.h"
 
 namespace dsaserve::kernels::cuda {

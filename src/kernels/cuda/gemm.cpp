@@ -9,7 +9,7 @@
 #include <optional>
 #include <unordered_map>
 
-#include "kernels/cuda/check.h"
+#include "kernels/cuda/common/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/elementwise_params.h"

@@ -4,7 +4,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/attention_params.h"
-#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/common/device_util.cuh"
 
 namespace dsaserve::kernels::cuda {
 

@@ -1,5 +1,5 @@
 // MoE router (sigmoid, bias, grouped top-k, normalise, scale) and the weighted combine of expert outputs.
-#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/moe_params.h"
 
 namespace dsaserve::kernels::cuda {

@@ -2,7 +2,7 @@
 // RMSNorm of rows whose width is a multiple of 4 (<= 8192) and whose views are 16-byte aligned keeps the
 // row in registers (float4 loads, up to 8 per thread) between the sum of squares and the scaling, so x
 // (and the residual) are read from global memory once; other rows take the scalar two-pass kernel.
-#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/elementwise_params.h"
 
 namespace dsaserve::kernels::cuda {

@@ -5,11 +5,11 @@
 #include <tuple>
 
 #include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/common/graph.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/elementwise_params.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/graph.h"
 #include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {

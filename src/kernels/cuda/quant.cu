@@ -3,7 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/elementwise_params.h"
 
 namespace dsaserve::kernels::cuda {

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cuda/check.h"
+#include "kernels/cuda/common/check.h"
 #include "kernels/cuda/sampling_params.h"
 #include "kernels/cuda/views.h"
 

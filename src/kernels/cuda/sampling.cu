@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/sampling_params.h"
 
 namespace dsaserve::kernels::cuda {

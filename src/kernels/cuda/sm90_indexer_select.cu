@@ -3,9 +3,9 @@
 // that a few rows with long contexts spread over many SMs.
 #include <cooperative_groups.h>
 
+#include "kernels/cuda/common/launch_util.cuh"
 #include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/indexer_topk_params.h"
-#include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/sm90_indexer_select.cuh"
 
 namespace dsaserve::kernels::cuda {

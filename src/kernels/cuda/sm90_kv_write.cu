@@ -11,7 +11,7 @@
 // finished key in shared memory, quantised and stored by warp 0 exactly as launch_indexer_key_store does.
 #include <cuda_bf16.h>
 
-#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/kv_write_params.h"
 #include "kernels/cuda/sm90_indexer_fp8.cuh"
 

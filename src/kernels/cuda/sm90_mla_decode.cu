@@ -3,7 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include "kernels/cuda/launch_util.cuh"
+#include "kernels/cuda/common/launch_util.cuh"
 #include "kernels/cuda/mla_decode_params.h"
 #include "kernels/cuda/sm90_mla_decode.cuh"
 

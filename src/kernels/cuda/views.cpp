@@ -1,6 +1,6 @@
 #include "kernels/cuda/views.h"
 
-#include "kernels/cuda/check.h"
+#include "kernels/cuda/common/check.h"
 
 namespace dsaserve::kernels::cuda {
 

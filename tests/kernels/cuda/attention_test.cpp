@@ -23,7 +23,7 @@
 #include "indexer_test_util.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 #include "kernels/ops.h"
 
 namespace dsaserve::kernels::cuda {

@@ -9,7 +9,7 @@
 
 #include "core/tensor.h"
 #include "gpu_test.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 
 namespace dsaserve::kernels::cuda {
 namespace {

@@ -22,7 +22,7 @@
 #include "kernels/cpu/indexer_key_fp8.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 #include "kernels/ops.h"
 
 namespace dsaserve::kernels::cuda {

@@ -20,12 +20,12 @@
 #include "core/dtype.h"
 #include "gpu_test.h"
 #include "kernels/cpu/indexer_key_fp8.h"
-#include "kernels/cuda/allocator.h"
 #include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
+#include "kernels/cuda/common/allocator.h"
+#include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/runtime.h"
 #include "op_test_util.h"
 
 namespace dsaserve::kernels::cuda {

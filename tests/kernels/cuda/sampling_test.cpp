@@ -24,7 +24,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "gpu_test.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 #include "op_test_util.h"
 #include "runtime/sampler/sampler.h"
 

@@ -1,11 +1,11 @@
-#include "kernels/cuda/allocator.h"
+#include "kernels/cuda/common/allocator.h"
 
 #include <map>
 #include <mutex>
 #include <vector>
 
-#include "kernels/cuda/check.h"
-#include "kernels/cuda/graph.h"
+#include "kernels/cuda/common/check.h"
+#include "kernels/cuda/common/graph.h"
 #include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {

@@ -1,11 +1,11 @@
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 
 #include <fmt/format.h>
 
 #include <mutex>
 
-#include "kernels/cuda/allocator.h"
-#include "kernels/cuda/check.h"
+#include "kernels/cuda/common/allocator.h"
+#include "kernels/cuda/common/check.h"
 
 namespace dsaserve::kernels::cuda {
 

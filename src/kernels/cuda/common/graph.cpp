@@ -1,8 +1,8 @@
-#include "kernels/cuda/graph.h"
+#include "kernels/cuda/common/graph.h"
 
 #include <utility>
 
-#include "kernels/cuda/check.h"
+#include "kernels/cuda/common/check.h"
 #include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
