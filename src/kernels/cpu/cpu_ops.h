@@ -43,9 +43,10 @@ void fill_dummy(Tensor& t, const dummy::FillSpec& f);
 
 // ---- emulation of the CUDA backend's FP8 GEMM arithmetic (opt-in; accuracy studies and tests) ----
 
-// Granularity of the activation scale. group128 is what the CUDA backend does (kernels/cuda/quant.cu:
-// per token, per group of 128 columns); token (one scale per row) and tensor (one per linear call) exist
-// only to compare against it; none leaves the input unquantised (only bf16_output applies: a baseline).
+// Granularity of the activation scale. group128 is what the CUDA backend does
+// (kernels/cuda/elementwise/quant.cu: per token, per group of 128 columns); token (one scale per row) and
+// tensor (one per linear call) exist only to compare against it; none leaves the input unquantised (only
+// bf16_output applies: a baseline).
 enum class Fp8ActScale { group128, token, tensor, none };
 
 struct Fp8Emulation {

@@ -2,7 +2,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include "kernels/cuda/convert_params.h"
+#include "kernels/cuda/elementwise/convert_params.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -1,7 +1,7 @@
-#include "kernels/cuda/convert.h"
+#include "kernels/cuda/elementwise/convert.h"
 
 #include "kernels/cuda/common/check.h"
-#include "kernels/cuda/convert_params.h"
+#include "kernels/cuda/elementwise/convert_params.h"
 
 namespace dsaserve::kernels::cuda {
 
