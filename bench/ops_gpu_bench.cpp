@@ -21,7 +21,7 @@
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/graph.h"
 #include "kernels/cuda/common/runtime.h"
-#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe_params.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/ops.h"

@@ -70,7 +70,7 @@ struct Fp8Emulation {
 // backend (kernels/ops.h make_fp8_emulation_backend): the plain CPU backend stays the pure reference.
 
 // Whether the CUDA backend's linear takes its FP8 block GEMM for rows [r0, r1) of `w` (the rule of
-// kernels/cuda/gemm.cpp: an FP8 weight with 128x128 blocks, in features and r0 multiples of 128, r1 - r0
+// kernels/cuda/gemm/gemm.cpp: an FP8 weight with 128x128 blocks, in features and r0 multiples of 128, r1 - r0
 // a multiple of 8). The others run dequantised to bf16 there and are not quantised here.
 bool fp8_gemm_eligible(const WeightRef& w, int64_t r0, int64_t r1);
 // The activation scale of a group whose largest magnitude is amax: amax / 448 in fp32, 1 when amax is 0.

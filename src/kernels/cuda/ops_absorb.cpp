@@ -27,8 +27,8 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/elementwise_params.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/lt_handle.h"
+#include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/gemm/lt_handle.h"
 #include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {

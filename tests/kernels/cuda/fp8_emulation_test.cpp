@@ -21,7 +21,7 @@
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/elementwise_params.h"
-#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm/gemm.h"
 #include "model/model.h"
 #include "op_test_util.h"
 

@@ -21,8 +21,8 @@
 #include "kernels/cuda/common/graph.h"
 #include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/elementwise_params.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/gemm_small_params.h"
+#include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/gemm/gemm_small_params.h"
 #include "op_test_util.h"
 
 namespace dsaserve::kernels::cuda {

@@ -37,7 +37,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/runtime.h"
-#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm/gemm.h"
 #include "model/model.h"
 #include "model/score.h"
 

@@ -25,7 +25,7 @@
 #include "kernels/cuda/common/allocator.h"
 #include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm/gemm.h"
 #include "op_test_util.h"
 
 namespace dsaserve::kernels::cuda {

@@ -25,7 +25,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/runtime.h"
-#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe_params.h"
 #include "kernels/cuda/views.h"
 #include "op_test_util.h"

@@ -8,7 +8,7 @@
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/allocator.h"
 #include "kernels/cuda/common/runtime.h"
-#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm/gemm.h"
 #include "op_test_util.h"
 
 namespace dsaserve::kernels::cuda {

@@ -1,4 +1,4 @@
-#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm/gemm.h"
 
 #include <cublasLt.h>
 #include <fmt/format.h>
@@ -13,8 +13,8 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/elementwise_params.h"
-#include "kernels/cuda/gemm_small_params.h"
-#include "kernels/cuda/lt_handle.h"
+#include "kernels/cuda/gemm/gemm_small_params.h"
+#include "kernels/cuda/gemm/lt_handle.h"
 #include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {

@@ -15,7 +15,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/device_cache.h"
-#include "kernels/cuda/gemm_small_params.h"
+#include "kernels/cuda/gemm/gemm_small_params.h"
 #include "kernels/cuda/sm90_mma.cuh"
 
 namespace dsaserve::kernels::cuda {
