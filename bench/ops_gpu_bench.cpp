@@ -17,7 +17,7 @@
 
 #include "bench_util.h"
 #include "gpu_timing.h"
-#include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/graph.h"
 #include "kernels/cuda/common/runtime.h"

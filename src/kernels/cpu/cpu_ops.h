@@ -77,11 +77,11 @@ bool fp8_gemm_eligible(const WeightRef& w, int64_t r0, int64_t r1);
 float fp8_act_scale(float amax);
 // q[i] = e4m3(x[i] / s), saturating to +-448 (NaN stays NaN), for i < n: the CUDA kernel's rounding.
 void fp8_quantize(const float* x, int64_t n, float s, uint8_t* q);
-// The values an FP8 latent-cache row holds (the CUDA store kernels' rule, kernels/cuda/mla_decode_params.h):
-// in each group of 128 of the first `latent` values, with amax the group's largest magnitude, x becomes
-// e4m3_satfinite(x * (448 / amax)) * (amax / 448) (an all-zero group stays zero); the values after them
-// (the rope key) are rounded to bf16. rows f32 [n, cols], latent a multiple of 128 <= cols -> new f32
-// [n, cols] contiguous.
+// The values an FP8 latent-cache row holds (the CUDA store kernels' rule,
+// kernels/cuda/attention/mla_decode_params.h): in each group of 128 of the first `latent` values, with amax
+// the group's largest magnitude, x becomes e4m3_satfinite(x * (448 / amax)) * (amax / 448) (an all-zero group
+// stays zero); the values after them (the rope key) are rounded to bf16. rows f32 [n, cols], latent a
+// multiple of 128 <= cols -> new f32 [n, cols] contiguous.
 Tensor mla_latent_fp8_round(const Tensor& rows, int64_t latent);
 // x [T, K] (K a multiple of 128 for group128) -> f32 [T, K] contiguous: every value replaced by
 // e4m3_to_f32(q) * s, the value the GPU's FP8 GEMM multiplies. Throws for Fp8ActScale::none.

@@ -3,7 +3,7 @@
 // out in ascending position order with a block scan.
 #include <cub/block/block_scan.cuh>
 
-#include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/attention/attention_params.h"
 #include "kernels/cuda/common/device_util.cuh"
 
 namespace dsaserve::kernels::cuda {

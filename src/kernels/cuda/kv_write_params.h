@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/mla_decode_params.h"
+#include "kernels/cuda/attention/mla_decode_params.h"
 
 namespace dsaserve::kernels::cuda {
 

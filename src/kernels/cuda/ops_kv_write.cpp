@@ -6,7 +6,7 @@
 #include <mutex>
 #include <tuple>
 
-#include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kv_write_params.h"
 #include "kernels/cuda/views.h"

@@ -20,7 +20,7 @@
 #include "core/dtype.h"
 #include "gpu_test.h"
 #include "kernels/cpu/indexer_key_fp8.h"
-#include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/allocator.h"
 #include "kernels/cuda/common/runtime.h"

@@ -3,8 +3,8 @@
 // (attention_kernels.h); over f32 caches the plain kernels of attention.cu / indexer.cu.
 #include <algorithm>
 
-#include "kernels/cuda/attention_kernels.h"
-#include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/attention/attention_kernels.h"
+#include "kernels/cuda/attention/attention_params.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/views.h"
 

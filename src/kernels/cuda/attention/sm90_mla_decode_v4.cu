@@ -12,8 +12,8 @@
 //   3. online softmax in f32 (log2 domain), then O[64 heads, 256w ..] += P V as two wgmma m64n256k16 per
 //      warpgroup with P from registers and V read N-major from the same tile.
 // Shared-memory reads per tile: Q 74 KB + K 37 KB by the tensor cores, 16 KB of partial sums, V 32 KB.
+#include "kernels/cuda/attention/sm90_mla_decode.cuh"
 #include "kernels/cuda/device_cache.h"
-#include "kernels/cuda/sm90_mla_decode.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
 

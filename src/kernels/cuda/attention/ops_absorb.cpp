@@ -22,7 +22,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "kernels/cuda/absorb_params.h"
+#include "kernels/cuda/attention/absorb_params.h"
 #include "kernels/cuda/common/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_cache.h"

@@ -10,7 +10,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include "kernels/cuda/mla_decode_params.h"
+#include "kernels/cuda/attention/mla_decode_params.h"
 #include "kernels/cuda/sm90_mma.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {

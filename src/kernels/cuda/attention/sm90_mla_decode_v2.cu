@@ -14,8 +14,8 @@
 // (3 with FP8). Shared-memory reads per tile ~316 KB (Q 147, K 74, scores 37, V 74) against 74 KB of
 // HBM bytes, well inside the SM's shared-memory bandwidth. Heads past 16 take more blocks (grid.y), each
 // reading the rows again (through L2).
+#include "kernels/cuda/attention/sm90_mla_decode.cuh"
 #include "kernels/cuda/device_cache.h"
-#include "kernels/cuda/sm90_mla_decode.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
 

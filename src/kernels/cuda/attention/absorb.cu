@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "kernels/cuda/absorb_params.h"
+#include "kernels/cuda/attention/absorb_params.h"
 #include "kernels/cuda/common/device_util.cuh"
 
 namespace dsaserve::kernels::cuda {

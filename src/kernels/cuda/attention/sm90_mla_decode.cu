@@ -3,9 +3,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include "kernels/cuda/attention/mla_decode_params.h"
+#include "kernels/cuda/attention/sm90_mla_decode.cuh"
 #include "kernels/cuda/common/launch_util.cuh"
-#include "kernels/cuda/mla_decode_params.h"
-#include "kernels/cuda/sm90_mla_decode.cuh"
 
 namespace dsaserve::kernels::cuda {
 

@@ -14,8 +14,8 @@
 #include <span>
 
 #include "core/tensor.h"
+#include "kernels/cuda/attention/mla_decode_params.h"
 #include "kernels/cuda/indexer_topk_params.h"
-#include "kernels/cuda/mla_decode_params.h"
 #include "kernels/ops.h"
 
 namespace dsaserve::kernels::cuda {

@@ -1,7 +1,7 @@
 // Plain attention kernels (the stand-ins until the fast ones land): one block of kWarps warps per
 // (token, head); each warp walks every kWarps-th key with an online softmax, the lanes splitting the head
 // dimensions (lane + 32 j); the warps merge their partial results through shared memory at the end.
-#include "kernels/cuda/attention_params.h"
+#include "kernels/cuda/attention/attention_params.h"
 #include "kernels/cuda/common/device_util.cuh"
 
 namespace dsaserve::kernels::cuda {

@@ -23,8 +23,8 @@
 // that bounds the kernel (an L2-resident cache runs no faster: 126-132 us at 64 heads x 128 rows x 2048
 // keys, 0.6 of the HBM floor). Q (73.7 KB) and four 36.9 KB stages fill the shared memory.
 
+#include "kernels/cuda/attention/sm90_mla_decode.cuh"
 #include "kernels/cuda/device_cache.h"
-#include "kernels/cuda/sm90_mla_decode.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
 

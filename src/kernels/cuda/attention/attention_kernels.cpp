@@ -1,4 +1,4 @@
-#include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/attention/attention_kernels.h"
 
 #include <algorithm>
 #include <vector>
