@@ -20,7 +20,7 @@ namespace dsaserve::kernels {
 enum class MlaDecodeKernel : int { automatic = 0, v2 = 2, v4 = 4, v5 = 5 };
 // v5's order of the P V product and the next tile's reload: early (dense rows) or late (sparse rows).
 enum class MlaV5Order : int { automatic = 0, early = 1, late = 2 };
-// The indexer's score kernel (kernels/cuda/sm90_indexer_topk.cu). v2: 3-8 stages, XOR-swizzled shared
+// The indexer's score kernel (kernels/cuda/indexer/sm90_indexer_topk.cu). v2: 3-8 stages, XOR-swizzled shared
 // rows, FP8 keys via f16 MMAs; v3: v2 with FP8 keys through wgmma (bf16 keys: v2).
 enum class IndexerScoreKernel : int { automatic = 0, v2 = 2, v3 = 3 };
 // How the indexer's select runs (every path gives the same output); see indexer_topk_params.h.

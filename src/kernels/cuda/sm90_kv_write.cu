@@ -12,8 +12,8 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/indexer/sm90_indexer_fp8.cuh"
 #include "kernels/cuda/kv_write_params.h"
-#include "kernels/cuda/sm90_indexer_fp8.cuh"
 
 namespace dsaserve::kernels::cuda {
 

@@ -15,7 +15,7 @@
 
 #include "core/tensor.h"
 #include "kernels/cuda/attention/mla_decode_params.h"
-#include "kernels/cuda/indexer_topk_params.h"
+#include "kernels/cuda/indexer/indexer_topk_params.h"
 #include "kernels/ops.h"
 
 namespace dsaserve::kernels::cuda {

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/indexer_topk_params.h"
+#include "kernels/cuda/indexer/indexer_topk_params.h"
 
 namespace dsaserve::kernels::cuda {
 

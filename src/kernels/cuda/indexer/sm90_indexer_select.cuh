@@ -2,7 +2,7 @@
 // Device helpers of the exact indexer top-k select (indexer_topk_params.h), templated on the CTA size T
 // (a multiple of 32 dividing 1024): the select kernels run them with 1024 threads, the score kernel's
 // fused row select (IndexerSelectPath::row_fused) with its 256. Every helper is called by all T threads.
-#include "kernels/cuda/indexer_topk_params.h"
+#include "kernels/cuda/indexer/indexer_topk_params.h"
 
 namespace dsaserve::kernels::cuda::indexer_select {
 

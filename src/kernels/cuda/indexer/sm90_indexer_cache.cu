@@ -2,8 +2,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include "kernels/cuda/indexer_topk_params.h"
-#include "kernels/cuda/sm90_indexer_fp8.cuh"
+#include "kernels/cuda/indexer/indexer_topk_params.h"
+#include "kernels/cuda/indexer/sm90_indexer_fp8.cuh"
 
 namespace dsaserve::kernels::cuda {
 

@@ -5,8 +5,8 @@
 
 #include "kernels/cuda/common/launch_util.cuh"
 #include "kernels/cuda/device_cache.h"
-#include "kernels/cuda/indexer_topk_params.h"
-#include "kernels/cuda/sm90_indexer_select.cuh"
+#include "kernels/cuda/indexer/indexer_topk_params.h"
+#include "kernels/cuda/indexer/sm90_indexer_select.cuh"
 
 namespace dsaserve::kernels::cuda {
 
