@@ -13,7 +13,7 @@
 
 #include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/indexer/sm90_indexer_fp8.cuh"
-#include "kernels/cuda/kv_write_params.h"
+#include "kernels/cuda/kv_write/kv_write_params.h"
 
 namespace dsaserve::kernels::cuda {
 
