@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common/device_util.cuh"
-#include "kernels/cuda/sampling_params.h"
+#include "kernels/cuda/sampling/sampling_params.h"
 
 namespace dsaserve::kernels::cuda {
 

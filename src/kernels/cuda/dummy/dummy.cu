@@ -1,6 +1,6 @@
 // The dummy-weight fill: one thread per 4 elements, grid-stride; the values of core/dummy_fill.h (the
 // CPU's fill_dummy writes the same bytes).
-#include "kernels/cuda/dummy_params.h"
+#include "kernels/cuda/dummy/dummy_params.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -1,13 +1,13 @@
 // Host side of the GPU sampler: validates the requests, packs them (descriptors, bias / history lists)
 // into device buffers, launches sampling.cu's kernels and copies the tokens and log-probabilities back.
-#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/sampling/sampling.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "kernels/cuda/common/check.h"
-#include "kernels/cuda/sampling_params.h"
+#include "kernels/cuda/sampling/sampling_params.h"
 #include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
