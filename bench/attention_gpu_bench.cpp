@@ -19,6 +19,7 @@
 #include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/attention/mla_decode_params.h"
 #include "kernels/cuda/backend.h"
+#include "kernels/cuda/indexer/indexer_kernels.h"
 #include "kernels/cuda/indexer/indexer_topk_params.h"
 #include "kernels/ops.h"
 #include "model/model.h"

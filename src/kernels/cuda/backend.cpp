@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/indexer/indexer_kernels.h"
 #include "kernels/cuda/indexer/indexer_topk_params.h"
 #include "kernels/cuda/views.h"
 

@@ -24,6 +24,7 @@
 #include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/indexer/indexer_kernels.h"
 #include "kernels/ops.h"
 
 namespace dsaserve::kernels::cuda {

@@ -26,6 +26,7 @@
 #include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/indexer/indexer_kernels.h"
 #include "op_test_util.h"
 
 namespace dsaserve::kernels::cuda {

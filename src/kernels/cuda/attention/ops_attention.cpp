@@ -1,6 +1,6 @@
-// Host wrappers of the attention operators: the DSA indexer top-k, absorbed MLA and MHA attention. Over
-// kernel-format caches (bf16 or FP8 index keys; bf16 or FP8 latent cache) they run the sm_90a kernels
-// (attention_kernels.h); over f32 caches the plain kernels of attention.cu / indexer.cu.
+// Host wrappers of the attention operators: absorbed MLA and MHA attention (the indexer's:
+// indexer/ops_indexer.cpp). Over kernel-format latent caches (bf16 or FP8) they run the sm_90a kernels
+// (attention_kernels.h); over f32 caches the plain kernels of attention.cu.
 #include <algorithm>
 
 #include "kernels/cuda/attention/attention_kernels.h"
@@ -26,49 +26,6 @@ KeySelection selection(const Tensor& sel, int64_t T, int64_t start_pos, const ch
 }
 
 }  // namespace
-
-Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
-                    double scale, double weight_scale, const KernelOptions& o) {
-  if (keys.cache.defined() && keys.cache.dtype() != DType::f32) {  // bf16 or FP8 u8 [slots, 132]
-    return indexer_topk_sm90(q, w, keys, start_pos, topk, scale, weight_scale, o);
-  }
-  const Rows3View qv = rows3_f32(q, "indexer q");
-  const RowView wv = rows_f32(w, "indexer weights");
-  const int64_t T = qv.n0, ih = qv.n1, id = qv.n2;
-  DSA_CHECK(wv.rows == T && wv.cols == ih, "indexer: weights {} should be [{}, {}]", w.describe(), T, ih);
-  DSA_CHECK(topk > 0 && start_pos >= 0, "indexer: topk {} and start position {} must be positive", topk,
-            start_pos);
-  const RowView c = rows_f32(keys.cache, "indexer key cache");
-  DSA_CHECK(c.cols == id, "indexer: key cache rows of {} values, queries of {}", c.cols, id);
-  const int64_t S = start_pos + T;
-  check_pages(keys, S, c.rows, "indexer keys");
-  const int64_t kout = std::min(topk, S);
-  Tensor out = Tensor::empty({T, kout}, DType::i32, Device::cuda);
-  if (T == 0) return out;
-  Tensor score = Tensor::empty({T, S}, DType::f32, Device::cuda);
-  IndexerScoreParams sp{qv.p,
-                        wv.p,
-                        c.p,
-                        i32_vec(keys.page_table, "indexer page table"),
-                        score.data<float>(),
-                        T,
-                        ih,
-                        id,
-                        qv.s0,
-                        qv.s1,
-                        wv.stride,
-                        c.stride,
-                        keys.page_size,
-                        c.rows,
-                        start_pos,
-                        float(scale),
-                        float(weight_scale)};
-  check_launch(launch_indexer_scores(sp, op_stream()), "indexer scores");
-  check_launch(launch_indexer_topk({score.data<float>(), out.data<int32_t>(), T, S, topk, kout, start_pos},
-                                   op_stream()),
-               "indexer top-k");
-  return out;
-}
 
 Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                               int64_t start_pos, const Tensor& sel, double scale, const KernelOptions& o) {
@@ -106,13 +63,6 @@ Tensor mla_attention_absorbed(const Tensor& q_lat, const Tensor& q_rope, const P
   p.scale = float(scale);
   check_launch(launch_mla_absorbed(p, op_stream()), "mla_attention_absorbed");
   return out;
-}
-
-Tensor indexer_topk_batch(const Tensor& q, const Tensor& w, const PagedRows& keys, int64_t topk, double scale,
-                          double weight_scale, const KernelOptions& o) {
-  return indexer_topk_rows(q, w, keys.cache, keys.page_table, keys.page_size, keys.row_seq, keys.row_len,
-                           keys.max_len, topk, scale, weight_scale, op_stream(), keys.len_host,
-                           kIndexerScoreBudgetBytes, o, keys.indexer_plan);
 }
 
 Tensor mla_attention_batch(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,

@@ -10,6 +10,7 @@
 #include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/elementwise_params.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/indexer/indexer_kernels.h"
 #include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
