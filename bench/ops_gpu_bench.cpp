@@ -22,7 +22,7 @@
 #include "kernels/cuda/common/graph.h"
 #include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/gemm/gemm.h"
-#include "kernels/cuda/moe_params.h"
+#include "kernels/cuda/moe/moe_params.h"
 #include "kernels/cuda/sampling/sampling.h"
 #include "kernels/ops.h"
 

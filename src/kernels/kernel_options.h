@@ -60,7 +60,7 @@ IndexerScoreKernel select_indexer_score_kernel(IndexerScoreKernel requested, boo
 
 // ---- moe/: routed experts (kernels/cuda/moe) ----
 
-// The routed experts' path (kernels/cuda/ops_moe.cpp; select_moe_path decides). device: the
+// The routed experts' path (kernels/cuda/moe/ops_moe.cpp; select_moe_path decides). device: the
 // device-grouped CUDA-core kernels (weights dequantised in registers, f32 activations); device_fp8: the
 // device-grouped tensor-core kernels of the FP8 recipe (FP8 experts with 128x128 blocks, fast GEMMs; not
 // the default yet: not measured on the GPU); host: the host-grouped per-expert cuBLASLt GEMMs. automatic

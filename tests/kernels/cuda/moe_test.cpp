@@ -26,7 +26,7 @@
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/gemm/gemm.h"
-#include "kernels/cuda/moe_params.h"
+#include "kernels/cuda/moe/moe_params.h"
 #include "kernels/cuda/views.h"
 #include "op_test_util.h"
 

@@ -11,7 +11,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/attention/mla_decode_params.h"
-#include "kernels/cuda/sm90_mma.cuh"
+#include "kernels/cuda/common/sm90_mma.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
 

@@ -1,6 +1,6 @@
 // MoE router (sigmoid, bias, grouped top-k, normalise, scale) and the weighted combine of expert outputs.
 #include "kernels/cuda/common/device_util.cuh"
-#include "kernels/cuda/moe_params.h"
+#include "kernels/cuda/moe/moe_params.h"
 
 namespace dsaserve::kernels::cuda {
 

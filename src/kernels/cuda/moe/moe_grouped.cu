@@ -6,7 +6,7 @@
 
 #include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/device_cache.h"
-#include "kernels/cuda/moe_params.h"
+#include "kernels/cuda/moe/moe_params.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -30,7 +30,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/elementwise_params.h"
-#include "kernels/cuda/moe_params.h"
+#include "kernels/cuda/moe/moe_params.h"
 #include "kernels/cuda/views.h"
 #include "kernels/kernel_options.h"
 
