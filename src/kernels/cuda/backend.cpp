@@ -3,13 +3,13 @@
 #include <mutex>
 
 #include "kernels/cuda/attention/attention_kernels.h"
+#include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/indexer/indexer_kernels.h"
 #include "kernels/cuda/indexer/indexer_topk_params.h"
-#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -25,9 +25,9 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe/moe_params.h"
-#include "kernels/cuda/views.h"
 #include "op_test_util.h"
 
 namespace dsaserve::kernels::cuda {

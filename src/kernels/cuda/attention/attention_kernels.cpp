@@ -3,10 +3,10 @@
 #include <vector>
 
 #include "kernels/cuda/common/check.h"
+#include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/query_rows.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/device_cache.h"
-#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 

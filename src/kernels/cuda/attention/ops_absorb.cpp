@@ -24,12 +24,12 @@
 
 #include "kernels/cuda/attention/absorb_params.h"
 #include "kernels/cuda/common/check.h"
+#include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/device_cache.h"
-#include "kernels/cuda/elementwise_params.h"
+#include "kernels/cuda/elementwise/elementwise_params.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/gemm/lt_handle.h"
-#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 

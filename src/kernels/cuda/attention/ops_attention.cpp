@@ -5,8 +5,8 @@
 
 #include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/attention/attention_params.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -15,7 +15,7 @@
 // HBM bytes, well inside the SM's shared-memory bandwidth. Heads past 16 take more blocks (grid.y), each
 // reading the rows again (through L2).
 #include "kernels/cuda/attention/sm90_mla_decode.cuh"
-#include "kernels/cuda/device_cache.h"
+#include "kernels/cuda/common/device_cache.h"
 
 namespace dsaserve::kernels::cuda::mla_detail {
 

@@ -13,7 +13,7 @@
 //      warpgroup with P from registers and V read N-major from the same tile.
 // Shared-memory reads per tile: Q 74 KB + K 37 KB by the tensor cores, 16 KB of partial sums, V 32 KB.
 #include "kernels/cuda/attention/sm90_mla_decode.cuh"
-#include "kernels/cuda/device_cache.h"
+#include "kernels/cuda/common/device_cache.h"
 
 namespace dsaserve::kernels::cuda::mla_detail {
 

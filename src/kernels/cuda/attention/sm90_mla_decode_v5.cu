@@ -24,7 +24,7 @@
 // keys, 0.6 of the HBM floor). Q (73.7 KB) and four 36.9 KB stages fill the shared memory.
 
 #include "kernels/cuda/attention/sm90_mla_decode.cuh"
-#include "kernels/cuda/device_cache.h"
+#include "kernels/cuda/common/device_cache.h"
 
 namespace dsaserve::kernels::cuda::mla_detail {
 

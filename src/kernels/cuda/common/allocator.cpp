@@ -6,7 +6,7 @@
 
 #include "kernels/cuda/common/check.h"
 #include "kernels/cuda/common/graph.h"
-#include "kernels/cuda/views.h"
+#include "kernels/cuda/common/views.h"
 
 namespace dsaserve::kernels::cuda {
 

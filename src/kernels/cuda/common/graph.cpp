@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "kernels/cuda/common/check.h"
-#include "kernels/cuda/views.h"
+#include "kernels/cuda/common/views.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -17,7 +17,7 @@
 #include <functional>
 #include <memory>
 
-#include "kernels/cuda/views.h"
+#include "kernels/cuda/common/views.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -1,7 +1,7 @@
 // Host wrapper of fill_dummy on CUDA (dummy.cu): validates, launches on op_stream().
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/dummy/dummy_params.h"
-#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -3,7 +3,7 @@
 // row in registers (float4 loads, up to 8 per thread) between the sum of squares and the scaling, so x
 // (and the residual) are read from global memory once; other rows take the scalar two-pass kernel.
 #include "kernels/cuda/common/device_util.cuh"
-#include "kernels/cuda/elementwise_params.h"
+#include "kernels/cuda/elementwise/elementwise_params.h"
 
 namespace dsaserve::kernels::cuda {
 

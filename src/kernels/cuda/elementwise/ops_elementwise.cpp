@@ -5,13 +5,13 @@
 #include <tuple>
 
 #include "kernels/cuda/attention/attention_kernels.h"
+#include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/graph.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/device_cache.h"
-#include "kernels/cuda/elementwise_params.h"
+#include "kernels/cuda/elementwise/elementwise_params.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/indexer/indexer_kernels.h"
-#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 

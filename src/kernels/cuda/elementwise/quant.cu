@@ -4,7 +4,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/common/device_util.cuh"
-#include "kernels/cuda/elementwise_params.h"
+#include "kernels/cuda/elementwise/elementwise_params.h"
 
 namespace dsaserve::kernels::cuda {
 

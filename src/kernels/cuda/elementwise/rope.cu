@@ -2,7 +2,7 @@
 // (fp32 angle, fp64 cos/sin rounded to fp32, times attention_factor: the CPU reference's rounding) into
 // shared memory; then each warp rotates groups of 4 whole heads, reading every pair of the group before
 // writing any (the interleaved form writes its result de-interleaved, over other lanes' inputs).
-#include "kernels/cuda/elementwise_params.h"
+#include "kernels/cuda/elementwise/elementwise_params.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -10,12 +10,12 @@
 #include <unordered_map>
 
 #include "kernels/cuda/common/check.h"
+#include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/device_cache.h"
-#include "kernels/cuda/elementwise_params.h"
+#include "kernels/cuda/elementwise/elementwise_params.h"
 #include "kernels/cuda/gemm/gemm_small_params.h"
 #include "kernels/cuda/gemm/lt_handle.h"
-#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -14,8 +14,8 @@
 // rows a quarter-warp reads sit in different bank halves.
 #include <cuda_fp8.h>
 
+#include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/sm90_mma.cuh"
-#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/gemm/gemm_small_params.h"
 
 namespace dsaserve::kernels::cuda {

@@ -5,8 +5,8 @@
 
 #include "kernels/cuda/common/check.h"
 #include "kernels/cuda/common/query_rows.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -4,9 +4,9 @@
 #include <algorithm>
 
 #include "kernels/cuda/attention/attention_params.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/indexer/indexer_kernels.h"
-#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 

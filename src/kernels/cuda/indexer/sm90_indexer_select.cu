@@ -3,8 +3,8 @@
 // that a few rows with long contexts spread over many SMs.
 #include <cooperative_groups.h>
 
+#include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/launch_util.cuh"
-#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/indexer/indexer_topk_params.h"
 #include "kernels/cuda/indexer/sm90_indexer_select.cuh"
 

@@ -7,9 +7,9 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/launch_util.cuh"
 #include "kernels/cuda/common/sm90_mma.cuh"
-#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/indexer/indexer_topk_params.h"
 #include "kernels/cuda/indexer/sm90_indexer_fp8.cuh"
 #include "kernels/cuda/indexer/sm90_indexer_select.cuh"

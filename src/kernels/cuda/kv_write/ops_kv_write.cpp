@@ -7,10 +7,10 @@
 #include <tuple>
 
 #include "kernels/cuda/attention/attention_kernels.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/indexer/indexer_kernels.h"
 #include "kernels/cuda/kv_write/kv_write_params.h"
-#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -4,8 +4,8 @@
 // launch here can be captured into a CUDA graph and replayed with other routings.
 #include <cuda_fp8.h>
 
+#include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/device_util.cuh"
-#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/moe/moe_params.h"
 
 namespace dsaserve::kernels::cuda {

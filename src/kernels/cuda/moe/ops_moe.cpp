@@ -27,11 +27,11 @@
 #include <mutex>
 #include <string>
 
+#include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/device_cache.h"
-#include "kernels/cuda/elementwise_params.h"
+#include "kernels/cuda/elementwise/elementwise_params.h"
 #include "kernels/cuda/moe/moe_params.h"
-#include "kernels/cuda/views.h"
 #include "kernels/kernel_options.h"
 
 namespace dsaserve::kernels::cuda {

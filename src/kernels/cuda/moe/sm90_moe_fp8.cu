@@ -14,8 +14,8 @@
 // to a second (A and B agree on which k sits in which slot), weight chunks XOR-swizzled by row parity.
 #include <cuda_fp8.h>
 
+#include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/sm90_mma.cuh"
-#include "kernels/cuda/device_cache.h"
 #include "kernels/cuda/moe/moe_params.h"
 
 namespace dsaserve::kernels::cuda {

@@ -7,8 +7,8 @@
 #include <cstring>
 
 #include "kernels/cuda/common/check.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/sampling/sampling_params.h"
-#include "kernels/cuda/views.h"
 
 namespace dsaserve::kernels::cuda {
 

@@ -1,4 +1,4 @@
-#include "kernels/cuda/device_cache.h"
+#include "kernels/cuda/common/device_cache.h"
 
 #include <map>
 #include <mutex>

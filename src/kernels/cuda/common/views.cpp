@@ -1,4 +1,4 @@
-#include "kernels/cuda/views.h"
+#include "kernels/cuda/common/views.h"
 
 #include "kernels/cuda/common/check.h"
 
