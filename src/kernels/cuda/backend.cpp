@@ -64,7 +64,7 @@ class CudaBackend final : public Backend {
                            double scale, double weight_scale) override {
     // One call for every row: the scores of the rows with more than topk keys packed (offsets computed
     // on the device) plus the select workspace (8 KB a row); past kIndexerScoreBudgetBytes of scores the
-    // rows run in blocks that stay within it (attention_kernels.h).
+    // rows run in blocks that stay within it (indexer/indexer_kernels.h).
     if (keys.cache.defined() && keys.cache.dtype() != DType::f32)
       return cuda::indexer_topk_batch(q, w, keys, topk, scale, weight_scale, options());
     return Backend::indexer_topk_rows(q, w, keys, topk, scale, weight_scale);
