@@ -16,10 +16,11 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/attention/attention_kernels.h"
+#include "kernels/cuda/attention/mla_decode_params.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/indexer_topk_params.h"
-#include "kernels/cuda/mla_decode_params.h"
+#include "kernels/cuda/indexer/indexer_kernels.h"
+#include "kernels/cuda/indexer/indexer_topk_params.h"
 #include "kernels/ops.h"
 #include "model/model.h"
 

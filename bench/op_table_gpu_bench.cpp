@@ -13,8 +13,8 @@
 
 #include "gpu_timing.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/gemm/gemm.h"
 #include "kernels/op_table.h"
 
 namespace {

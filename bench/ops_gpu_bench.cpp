@@ -17,13 +17,13 @@
 
 #include "bench_util.h"
 #include "gpu_timing.h"
-#include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/graph.h"
-#include "kernels/cuda/moe_params.h"
-#include "kernels/cuda/runtime.h"
-#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/common/graph.h"
+#include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/moe/moe_params.h"
+#include "kernels/cuda/sampling/sampling.h"
 #include "kernels/ops.h"
 
 namespace ops = dsaserve::kernels;
@@ -347,8 +347,9 @@ int main(int argc, char** argv) {
     }
   }
   {
-    // GPU sampler (kernels/cuda/sampling.h) over a batch of GLM-5.3 logit rows (vocab 154,880): the whole
-    // sample_rows call (request packing, upload, kernels, result download). Bytes: the logits read once.
+    // GPU sampler (kernels/cuda/sampling/sampling.h) over a batch of GLM-5.3 logit rows (vocab 154,880): the
+    // whole sample_rows call (request packing, upload, kernels, result download). Bytes: the logits read
+    // once.
     namespace kc = dsaserve::kernels::cuda;
     const int64_t V = 154880;
     std::vector<int32_t> seen(300);

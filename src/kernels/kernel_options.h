@@ -7,45 +7,22 @@
 //
 // The selectors below turn a request (automatic unless forced) and the launch's shapes into the kernel
 // that runs; they are plain functions of their inputs (tested on the CPU: tests/kernels/
-// kernel_options_test.cpp), and the only place the defaults live.
+// kernel_options_test.cpp), and the only place the defaults live. One section per operator folder of
+// kernels/cuda (each folder's README.md names its selector).
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace dsaserve::kernels {
 
-// Sparse MLA decode (kernels/cuda/sm90_mla_decode*.cu). v2: head groups of 16, keys split across warps;
-// v4: head groups of 64, Q K^T and P V by wgmma; v5: 64 heads, the two warpgroups taking turns on whole
-// key tiles (bf16 caches only: an FP8 cache runs v4).
+// ---- attention/: MLA decode (kernels/cuda/attention) ----
+
+// Sparse MLA decode (kernels/cuda/attention/sm90_mla_decode*.cu). v2: head groups of 16, keys split across
+// warps; v4: head groups of 64, Q K^T and P V by wgmma; v5: 64 heads, the two warpgroups taking turns on
+// whole key tiles (bf16 caches only: an FP8 cache runs v4).
 enum class MlaDecodeKernel : int { automatic = 0, v2 = 2, v4 = 4, v5 = 5 };
 // v5's order of the P V product and the next tile's reload: early (dense rows) or late (sparse rows).
 enum class MlaV5Order : int { automatic = 0, early = 1, late = 2 };
-// The indexer's score kernel (kernels/cuda/sm90_indexer_topk.cu). v2: 3-8 stages, XOR-swizzled shared
-// rows, FP8 keys via f16 MMAs; v3: v2 with FP8 keys through wgmma (bf16 keys: v2).
-enum class IndexerScoreKernel : int { automatic = 0, v2 = 2, v3 = 3 };
-// How the indexer's select runs (every path gives the same output); see indexer_topk_params.h.
-enum class IndexerSelectPath : int { automatic = 0, row = 1, passes = 2, cooperative = 3, row_fused = 4 };
-// The routed experts' path (kernels/cuda/ops_moe.cpp; select_moe_path decides). device: the
-// device-grouped CUDA-core kernels (weights dequantised in registers, f32 activations); device_fp8: the
-// device-grouped tensor-core kernels of the FP8 recipe (FP8 experts with 128x128 blocks, fast GEMMs; not
-// the default yet: not measured on the GPU); host: the host-grouped per-expert cuBLASLt GEMMs. automatic
-// picks device or host by shape; capture never runs host.
-enum class MoePath : int32_t { automatic = 0, device = 1, host = 2, device_fp8 = 3 };
-// fast: the production GEMM recipes (bf16 / FP8 tensor cores); fp32: every weight dequantised once to
-// f32 and multiplied in f32 (a reference-precision mode for accuracy checks; several times the memory).
-enum class GemmPrecision : int { fast = 0, fp32 = 1 };
-
-struct KernelOptions {
-  MlaDecodeKernel mla_decode = MlaDecodeKernel::automatic;
-  MlaV5Order mla_v5_order = MlaV5Order::automatic;
-  IndexerScoreKernel indexer_score = IndexerScoreKernel::automatic;
-  IndexerSelectPath indexer_select = IndexerSelectPath::automatic;
-  GemmPrecision gemm = GemmPrecision::fast;
-  MoePath moe = MoePath::automatic;
-  bool operator==(const KernelOptions&) const = default;
-};
-
-// ---- selectors ----
 
 // The head count up to which the MLA decode runs v2 by default (its 16-head blocks); above it v5. The
 // attention-form rule of model/model.h keeps its narrow / wide head classes at the same cutoff.
@@ -66,9 +43,29 @@ inline bool mla_decode_uses_v2(MlaDecodeKernel requested, int64_t heads, int64_t
 // pages, 109 us early vs 117 late at batch 128), late for sparse rows (top-2048: 133 us late vs 151).
 bool select_mla_v5_early(MlaV5Order requested, bool sparse);
 
+// ---- indexer/: lightning indexer scores and top-k select (kernels/cuda/indexer) ----
+
+// The indexer's score kernel (kernels/cuda/indexer/sm90_indexer_topk.cu). v2: 3-8 stages, XOR-swizzled shared
+// rows, FP8 keys via f16 MMAs; v3: v2 with FP8 keys through wgmma (bf16 keys: v2).
+enum class IndexerScoreKernel : int { automatic = 0, v2 = 2, v3 = 3 };
+// How the indexer's select runs (every path gives the same output); see indexer_topk_params.h.
+enum class IndexerSelectPath : int { automatic = 0, row = 1, passes = 2, cooperative = 3, row_fused = 4 };
+
 // The indexer score kernel a launch runs: `requested` unless automatic (v3 by measurement on the H200,
 // batch 64 x 128K: FP8 350 us against v2's 363; bf16 527 us both); v3 over bf16 keys is v2.
 IndexerScoreKernel select_indexer_score_kernel(IndexerScoreKernel requested, bool fp8_keys);
+
+// (The select path's rule needs the device's cooperative-launch capacity: indexer_select_path,
+// kernels/cuda/indexer/indexer_topk_params.h.)
+
+// ---- moe/: routed experts (kernels/cuda/moe) ----
+
+// The routed experts' path (kernels/cuda/moe/ops_moe.cpp; select_moe_path decides). device: the
+// device-grouped CUDA-core kernels (weights dequantised in registers, f32 activations); device_fp8: the
+// device-grouped tensor-core kernels of the FP8 recipe (FP8 experts with 128x128 blocks, fast GEMMs; not
+// the default yet: not measured on the GPU); host: the host-grouped per-expert cuBLASLt GEMMs. automatic
+// picks device or host by shape; capture never runs host.
+enum class MoePath : int32_t { automatic = 0, device = 1, host = 2, device_fp8 = 3 };
 
 // What a moe_experts call is: `pairs` (token, expert) pairs over `experts` experts of width hidden x inter;
 // fp8_grouped: the experts fit the FP8 tensor-core kernels (FP8 weights, 128x128 blocks, hidden and inter
@@ -83,6 +80,26 @@ struct MoeCall {
 // device while capturing, for at most 2 rows per expert on average or while the expert GEMMs are small
 // (6 x pairs x hidden x inter <= 3e8 x experts), else host.
 MoePath select_moe_path(MoePath requested, const MoeCall& c);
+
+// ---- gemm/: linears (kernels/cuda/gemm) ----
+
+// fast: the production GEMM recipes (bf16 / FP8 tensor cores); fp32: every weight dequantised once to
+// f32 and multiplied in f32 (a reference-precision mode for accuracy checks; several times the memory).
+enum class GemmPrecision : int { fast = 0, fp32 = 1 };
+// (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
+// the weight's dtype and shape, falling back where cuBLASLt has no plan.)
+
+// ---- the options value ----
+
+struct KernelOptions {
+  MlaDecodeKernel mla_decode = MlaDecodeKernel::automatic;
+  MlaV5Order mla_v5_order = MlaV5Order::automatic;
+  IndexerScoreKernel indexer_score = IndexerScoreKernel::automatic;
+  IndexerSelectPath indexer_select = IndexerSelectPath::automatic;
+  GemmPrecision gemm = GemmPrecision::fast;
+  MoePath moe = MoePath::automatic;
+  bool operator==(const KernelOptions&) const = default;
+};
 
 // ---- names (command-line flags, benchmark output) ----
 // "auto", "v2", "v4", "v5" / "auto", "early", "late" / "auto", "v2", "v3" / "auto", "row", "row_fused",

@@ -6,11 +6,11 @@
 //
 // Cache dtypes: f32 everywhere on the CPU. On CUDA the latent cache is bf16 [slots, kv_lora + rope] or
 // FP8 (u8 [slots, kv_lora + 16 + 2 * rope]: e4m3 latent codes, one f32 scale per 128 values, bf16 rope
-// key: the layout of kernels/cuda/mla_decode_params.h). Index keys follow the latent cache's dtype: bf16
-// [slots, index_head_dim], or FP8 as u8 [slots, index_head_dim + 4] holding e4m3 codes [slots, dim] followed
-// by one f32 scale per slot (scale = amax / 448; kernels/cuda/indexer_topk_params.h; the CPU twin of the
-// quantisation is kernels/cpu/indexer_key_fp8.h). The CUDA backend serves these formats with its sm_90a
-// kernels; an f32 CUDA cache runs its plain stand-in kernels.
+// key: the layout of kernels/cuda/attention/mla_decode_params.h). Index keys follow the latent cache's dtype:
+// bf16 [slots, index_head_dim], or FP8 as u8 [slots, index_head_dim + 4] holding e4m3 codes [slots, dim]
+// followed by one f32 scale per slot (scale = amax / 448; kernels/cuda/indexer/indexer_topk_params.h; the CPU
+// twin of the quantisation is kernels/cpu/indexer_key_fp8.h). The CUDA backend serves these formats with its
+// sm_90a kernels; an f32 CUDA cache runs its plain stand-in kernels.
 #include <cstdint>
 #include <optional>
 #include <vector>

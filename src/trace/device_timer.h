@@ -1,6 +1,6 @@
 #pragma once
 // Device timing of op spans: a pair of CUDA events recorded around a span on the stream the CUDA
-// operators launch on (kernels/cuda/views.h op_stream(): the legacy default stream), resolved later
+// operators launch on (kernels/cuda/common/views.h op_stream(): the legacy default stream), resolved later
 // without a synchronisation per op. Built with CUDA (DSASERVE_CUDA, device_timer_cuda.cpp) or without
 // it (device_timer_none.cpp: available() is false and spans keep their wall-clock times).
 //

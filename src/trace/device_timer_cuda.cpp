@@ -13,7 +13,7 @@ namespace dsaserve::trace::device {
 
 namespace {
 
-// The stream the CUDA operators launch on (kernels/cuda/views.h op_stream()).
+// The stream the CUDA operators launch on (kernels/cuda/common/views.h op_stream()).
 constexpr cudaStream_t kStream = nullptr;
 
 struct Anchor {

@@ -6,7 +6,7 @@
 
 #include "dist/nccl_communicator.h"
 #include "dist/store.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 #include "trace/trace.h"
 
 namespace dsaserve::dist {

@@ -1,6 +1,6 @@
 // The CPU emulation of the CUDA backend's FP8 activation arithmetic (kernels/cpu/cpu_ops.h Fp8Emulation,
-// run by kernels::make_fp8_emulation_backend): the quantisation rule of kernels/cuda/quant.cu on edge
-// cases (zeros, an amax that e4m3 represents exactly, saturation, e4m3 subnormals, an f32-subnormal amax
+// run by kernels::make_fp8_emulation_backend): the quantisation rule of kernels/cuda/elementwise/quant.cu on
+// edge cases (zeros, an amax that e4m3 represents exactly, saturation, e4m3 subnormals, an f32-subnormal amax
 // whose scale underflows), the scale granularities, and linear through the emulating backend (which rows
 // it applies to, the select predicate, bf16 output) while the plain CPU backend stays the reference.
 #include <gtest/gtest.h>

@@ -43,9 +43,10 @@ void fill_dummy(Tensor& t, const dummy::FillSpec& f);
 
 // ---- emulation of the CUDA backend's FP8 GEMM arithmetic (opt-in; accuracy studies and tests) ----
 
-// Granularity of the activation scale. group128 is what the CUDA backend does (kernels/cuda/quant.cu:
-// per token, per group of 128 columns); token (one scale per row) and tensor (one per linear call) exist
-// only to compare against it; none leaves the input unquantised (only bf16_output applies: a baseline).
+// Granularity of the activation scale. group128 is what the CUDA backend does
+// (kernels/cuda/elementwise/quant.cu: per token, per group of 128 columns); token (one scale per row) and
+// tensor (one per linear call) exist only to compare against it; none leaves the input unquantised (only
+// bf16_output applies: a baseline).
 enum class Fp8ActScale { group128, token, tensor, none };
 
 struct Fp8Emulation {
@@ -69,18 +70,18 @@ struct Fp8Emulation {
 // backend (kernels/ops.h make_fp8_emulation_backend): the plain CPU backend stays the pure reference.
 
 // Whether the CUDA backend's linear takes its FP8 block GEMM for rows [r0, r1) of `w` (the rule of
-// kernels/cuda/gemm.cpp: an FP8 weight with 128x128 blocks, in features and r0 multiples of 128, r1 - r0
+// kernels/cuda/gemm/gemm.cpp: an FP8 weight with 128x128 blocks, in features and r0 multiples of 128, r1 - r0
 // a multiple of 8). The others run dequantised to bf16 there and are not quantised here.
 bool fp8_gemm_eligible(const WeightRef& w, int64_t r0, int64_t r1);
 // The activation scale of a group whose largest magnitude is amax: amax / 448 in fp32, 1 when amax is 0.
 float fp8_act_scale(float amax);
 // q[i] = e4m3(x[i] / s), saturating to +-448 (NaN stays NaN), for i < n: the CUDA kernel's rounding.
 void fp8_quantize(const float* x, int64_t n, float s, uint8_t* q);
-// The values an FP8 latent-cache row holds (the CUDA store kernels' rule, kernels/cuda/mla_decode_params.h):
-// in each group of 128 of the first `latent` values, with amax the group's largest magnitude, x becomes
-// e4m3_satfinite(x * (448 / amax)) * (amax / 448) (an all-zero group stays zero); the values after them
-// (the rope key) are rounded to bf16. rows f32 [n, cols], latent a multiple of 128 <= cols -> new f32
-// [n, cols] contiguous.
+// The values an FP8 latent-cache row holds (the CUDA store kernels' rule,
+// kernels/cuda/attention/mla_decode_params.h): in each group of 128 of the first `latent` values, with amax
+// the group's largest magnitude, x becomes e4m3_satfinite(x * (448 / amax)) * (amax / 448) (an all-zero group
+// stays zero); the values after them (the rope key) are rounded to bf16. rows f32 [n, cols], latent a
+// multiple of 128 <= cols -> new f32 [n, cols] contiguous.
 Tensor mla_latent_fp8_round(const Tensor& rows, int64_t latent);
 // x [T, K] (K a multiple of 128 for group128) -> f32 [T, K] contiguous: every value replaced by
 // e4m3_to_f32(q) * s, the value the GPU's FP8 GEMM multiplies. Throws for Fp8ActScale::none.

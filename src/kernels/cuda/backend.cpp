@@ -2,13 +2,14 @@
 
 #include <mutex>
 
-#include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/attention/attention_kernels.h"
+#include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/device_cache.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/indexer_topk_params.h"
-#include "kernels/cuda/runtime.h"
-#include "kernels/cuda/views.h"
+#include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/indexer/indexer_kernels.h"
+#include "kernels/cuda/indexer/indexer_topk_params.h"
 
 namespace dsaserve::kernels::cuda {
 
@@ -63,7 +64,7 @@ class CudaBackend final : public Backend {
                            double scale, double weight_scale) override {
     // One call for every row: the scores of the rows with more than topk keys packed (offsets computed
     // on the device) plus the select workspace (8 KB a row); past kIndexerScoreBudgetBytes of scores the
-    // rows run in blocks that stay within it (attention_kernels.h).
+    // rows run in blocks that stay within it (indexer/indexer_kernels.h).
     if (keys.cache.defined() && keys.cache.dtype() != DType::f32)
       return cuda::indexer_topk_batch(q, w, keys, topk, scale, weight_scale, options());
     return Backend::indexer_topk_rows(q, w, keys, topk, scale, weight_scale);

@@ -12,7 +12,7 @@
 #ifdef DSASERVE_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda/graph.h"
+#include "kernels/cuda/common/graph.h"
 #endif
 
 namespace dsaserve::runtime {

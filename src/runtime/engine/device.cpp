@@ -13,9 +13,9 @@
 #ifdef DSASERVE_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda/allocator.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/allocator.h"
+#include "kernels/cuda/common/runtime.h"
 #endif
 
 namespace dsaserve::runtime {

@@ -5,7 +5,7 @@
 #include "core/error.h"
 
 #ifdef DSASERVE_HAVE_CUDA
-#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/sampling/sampling.h"
 #endif
 
 namespace dsaserve::runtime {

@@ -14,7 +14,7 @@ namespace {
 constexpr int64_t kMiB = int64_t(1) << 20;
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 
-// The caching allocator's size classes (kernels/cuda/allocator.h): four per power of two below 64 MiB
+// The caching allocator's size classes (kernels/cuda/common/allocator.h): four per power of two below 64 MiB
 // (at most 25% over), 2 MiB steps above. `n` tensors of `bytes` together.
 int64_t rounded(int64_t bytes, int64_t n = 1) {
   if (bytes <= 0) return 0;

@@ -9,7 +9,7 @@
 // positions): every intermediate of the forward (model/forward.cpp) and of the CUDA operators it calls
 // (gemm FP8 copies, the MoE's rows packed by expert, the indexer's select workspace), at the peak of a
 // layer (the attention or the MLP part, whichever is larger) plus what lives through the step (residual
-// stream, the DSA selection), each rounded as the caching allocator rounds (kernels/cuda/allocator.h).
+// stream, the DSA selection), each rounded as the caching allocator rounds (kernels/cuda/common/allocator.h).
 // The indexer's f32 scores count kernels::kIndexerScoreBudgetBytes at most (the CUDA indexer splits its
 // rows to stay within it), not rows x context. The MHA form's per-head K/V of a whole context counts
 // only when the attention form rule can choose it for such a step. CUDA graphs keep their own pool.

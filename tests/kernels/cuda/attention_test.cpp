@@ -1,4 +1,4 @@
-// The sm_90a attention-side kernels (kernels/cuda/attention_kernels.h) against the CPU operators
+// The sm_90a attention-side kernels (kernels/cuda/attention/attention_kernels.h, indexer/indexer_kernels.h)
 // (kernels::backend(Device::cpu)): sparse and dense MLA decode over bf16 and FP8 latent caches, ragged
 // batches across page boundaries, and the lightning indexer + top-k up to 131072 keys. Every case prints
 // a "RESULT " line (op, shape, error, tolerance). Skips without a GPU.
@@ -21,9 +21,10 @@
 #include "core/tensor.h"
 #include "gpu_test.h"
 #include "indexer_test_util.h"
-#include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/indexer/indexer_kernels.h"
 #include "kernels/ops.h"
 
 namespace dsaserve::kernels::cuda {

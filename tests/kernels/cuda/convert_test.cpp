@@ -1,6 +1,6 @@
 // CUDA dtype conversions against the CPU reference (core/dtype.h): every 8- and 16-bit code decoded,
 // and every rounding boundary encoded, bit for bit. Skips without a GPU.
-#include "kernels/cuda/convert.h"
+#include "kernels/cuda/elementwise/convert.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 
 #include "core/tensor.h"
 #include "gpu_test.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 
 namespace dsaserve::kernels::cuda {
 namespace {

@@ -1,6 +1,6 @@
-// CUDA graphs (kernels/cuda/graph.h, runtime/engine/cuda_graph_runner.h) on the GPU: the capture mechanism
-// and the graph pool on a few operators, then realdims decode steps replayed through captured graphs
-// against the eager forward (bf16 and FP8 latent caches; batches of 1, 3, 4, 8 and 32 requests with
+// CUDA graphs (kernels/cuda/common/graph.h, runtime/engine/cuda_graph_runner.h) on the GPU: the capture
+// mechanism and the graph pool on a few operators, then realdims decode steps replayed through captured
+// graphs against the eager forward (bf16 and FP8 latent caches; batches of 1, 3, 4, 8 and 32 requests with
 // ragged contexts on both sides of index_topk; changing inputs every step; a context bucket captured
 // lazily mid-run; no cudaMalloc in steady-state replays). Prints "RESULT cuda_graph ..." lines.
 #include <fmt/format.h>
@@ -15,10 +15,10 @@
 #include "core/error.h"
 #include "gpu_test.h"
 #include "io/safetensors.h"
-#include "kernels/cuda/allocator.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/graph.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/allocator.h"
+#include "kernels/cuda/common/graph.h"
+#include "kernels/cuda/common/runtime.h"
 #include "model/model.h"
 #include "runtime/engine/cuda_graph_runner.h"
 #include "runtime/engine/device.h"

@@ -20,7 +20,7 @@
 #include "gpu_test.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 #include "model/model.h"
 #include "runtime/engine/cuda_graph_runner.h"
 #include "runtime/engine/device.h"

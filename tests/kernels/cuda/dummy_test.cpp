@@ -12,7 +12,7 @@
 #include "common/fixtures.h"
 #include "gpu_test.h"
 #include "indexer_test_util.h"
-#include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/indexer/indexer_kernels.h"
 #include "kernels/ops.h"
 #include "model/dummy_weights.h"
 

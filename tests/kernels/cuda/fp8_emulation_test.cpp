@@ -19,9 +19,9 @@
 #include "gpu_test.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/elementwise_params.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/elementwise/elementwise_params.h"
+#include "kernels/cuda/gemm/gemm.h"
 #include "model/model.h"
 #include "op_test_util.h"
 

@@ -18,11 +18,11 @@
 #include "core/dtype.h"
 #include "gpu_test.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/elementwise_params.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/gemm_small_params.h"
-#include "kernels/cuda/graph.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/graph.h"
+#include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/elementwise/elementwise_params.h"
+#include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/gemm/gemm_small_params.h"
 #include "op_test_util.h"
 
 namespace dsaserve::kernels::cuda {

@@ -36,8 +36,8 @@
 #include "io/safetensors.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/gemm/gemm.h"
 #include "model/model.h"
 #include "model/score.h"
 

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 
 namespace dsaserve::kernels::cuda::testing {
 

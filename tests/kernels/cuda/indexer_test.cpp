@@ -20,9 +20,9 @@
 #include "gpu_test.h"
 #include "indexer_test_util.h"
 #include "kernels/cpu/indexer_key_fp8.h"
-#include "kernels/cuda/attention_kernels.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/indexer/indexer_kernels.h"
 #include "kernels/ops.h"
 
 namespace dsaserve::kernels::cuda {

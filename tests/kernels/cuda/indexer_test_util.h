@@ -11,7 +11,7 @@
 
 #include "core/random.h"
 #include "core/tensor.h"
-#include "kernels/cuda/indexer_topk_params.h"
+#include "kernels/cuda/indexer/indexer_topk_params.h"
 
 namespace dsaserve::kernels::cuda::test_util {
 

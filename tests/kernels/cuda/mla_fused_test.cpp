@@ -1,4 +1,4 @@
-// The MLA fused / batched CUDA ops (kernels/cuda/ops_kv_write.cpp, ops_absorb.cpp) at GLM-5.3 shapes
+// The MLA fused / batched CUDA ops (kernels/cuda/kv_write/ops_kv_write.cpp, ops_absorb.cpp) at GLM-5.3 shapes
 // (kv_lora 512, rope 64, index_head_dim 128, nope 192, v 256; heads 64 and the per-rank 16 / 8):
 // - mla_kv_write / indexer_k_write: every cache row bit-equal to the unfused CUDA sequence (RMSNorm or
 //   LayerNorm, RoPE, copy, paged store), bf16 and FP8 latent caches, T in {1, 7, 256, 4096}, slots
@@ -20,12 +20,13 @@
 #include "core/dtype.h"
 #include "gpu_test.h"
 #include "kernels/cpu/indexer_key_fp8.h"
-#include "kernels/cuda/allocator.h"
-#include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/backend.h"
+#include "kernels/cuda/common/allocator.h"
+#include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/indexer/indexer_kernels.h"
 #include "op_test_util.h"
 
 namespace dsaserve::kernels::cuda {

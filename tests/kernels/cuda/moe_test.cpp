@@ -24,10 +24,10 @@
 #include "gpu_test.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/moe_params.h"
-#include "kernels/cuda/runtime.h"
-#include "kernels/cuda/views.h"
+#include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/common/views.h"
+#include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/moe/moe_params.h"
 #include "op_test_util.h"
 
 namespace dsaserve::kernels::cuda {

@@ -13,7 +13,7 @@
 #include "gpu_test.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm/gemm.h"
 
 namespace dsaserve::kernels::cuda {
 namespace {

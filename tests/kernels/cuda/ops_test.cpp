@@ -5,10 +5,10 @@
 #include <gtest/gtest.h>
 
 #include "gpu_test.h"
-#include "kernels/cuda/allocator.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/allocator.h"
+#include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/gemm/gemm.h"
 #include "op_test_util.h"
 
 namespace dsaserve::kernels::cuda {

@@ -1,11 +1,11 @@
-// The GPU sampler (kernels/cuda/sampling.h) against the CPU sampler (runtime/sampler) on random logits at
-// the real vocabulary sizes (GLM-5.3 154,880; DeepSeek 129,280) in ragged batches (1, 3, 64 rows). Every
-// row draws with its own seeded SamplerState: the GPU gets the uniform the CPU's sample() then takes.
+// The GPU sampler (kernels/cuda/sampling/sampling.h) against the CPU sampler (runtime/sampler) on random
+// logits at the real vocabulary sizes (GLM-5.3 154,880; DeepSeek 129,280) in ragged batches (1, 3, 64 rows).
+// Every row draws with its own seeded SamplerState: the GPU gets the uniform the CPU's sample() then takes.
 // Greedy must agree exactly; a draw may differ only where the CPU's cumulative probability lies within
 // 1e-8 of the uniform (a float tie: printed and counted), at most 0.1% of draws; log-probabilities within
 // 1e-5 and the same top_logprobs ids. Half the logit rows are rounded to bf16 (many exact ties: checks
 // the lower-id tie rule of the sort, top-k and top_logprobs). Each case prints a "RESULT" line.
-#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/sampling/sampling.h"
 
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -24,7 +24,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "gpu_test.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 #include "op_test_util.h"
 #include "runtime/sampler/sampler.h"
 

@@ -16,7 +16,7 @@
 #include "common/fixtures.h"
 #include "gpu_test.h"
 #include "kernels/cuda/backend.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 #include "model/model.h"
 #include "runtime/engine/device.h"
 

@@ -1,0 +1,165 @@
+#include "kernels/cuda/attention/attention_kernels.h"
+
+#include <vector>
+
+#include "kernels/cuda/common/check.h"
+#include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/query_rows.h"
+#include "kernels/cuda/common/views.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace dsaserve::kernels::cuda {
+
+namespace {
+
+int sm_count() { return device_sm_count(); }
+
+}  // namespace
+
+Tensor mla_kv_cache_empty(int64_t num_slots, MlaKvFormat format) {
+  DSA_CHECK(num_slots > 0, "mla cache: {} slots", num_slots);
+  return format == MlaKvFormat::bf16 ? Tensor::empty({num_slots, kMlaDim}, DType::bf16, Device::cuda)
+                                     : Tensor::empty({num_slots, kMlaFp8RowBytes}, DType::u8, Device::cuda);
+}
+
+MlaKvFormat mla_kv_format(const Tensor& cache) {
+  DSA_CHECK(cache.defined() && cache.device() == Device::cuda && cache.dim() == 2 && cache.is_contiguous(),
+            "mla cache: expected a contiguous 2-D CUDA tensor, got {}",
+            cache.defined() ? cache.describe() : std::string("nothing"));
+  if (cache.dtype() == DType::bf16 && cache.size(1) == kMlaDim) return MlaKvFormat::bf16;
+  if (cache.dtype() == DType::u8 && cache.size(1) == kMlaFp8RowBytes) return MlaKvFormat::fp8_e4m3;
+  fail("mla cache: expected bf16 [slots, {}] or u8 [slots, {}] (fp8), got {}", kMlaDim, kMlaFp8RowBytes,
+       cache.describe());
+}
+
+void mla_kv_cache_store(Tensor& cache, const Tensor& slots, const Tensor& src, cudaStream_t stream) {
+  const MlaKvFormat f = mla_kv_format(cache);
+  check_gpu(src, DType::f32, 2, "mla cache store source");
+  check_gpu(slots, DType::i32, 1, "mla cache store slots");
+  DSA_CHECK(src.size(1) == kMlaDim && slots.size(0) == src.size(0),
+            "mla cache store: source {} should be [{}, {}] for slots {}", src.describe(), slots.size(0),
+            kMlaDim, slots.describe());
+  MlaCacheStoreParams p{};
+  p.src = src.data<float>();
+  p.slots = slots.data<int32_t>();
+  p.cache = cache.raw_data();
+  p.n = src.size(0);
+  p.src_stride = src.stride(0);
+  p.num_slots = cache.size(0);
+  p.format = f;
+  DSA_CUDA_CHECK(launch_mla_cache_store(p, stream));
+}
+
+Tensor mla_kv_cache_gather(const Tensor& cache, const Tensor& page_table, int64_t page_size, int64_t n,
+                           cudaStream_t stream) {
+  const MlaKvFormat f = mla_kv_format(cache);
+  check_gpu(page_table, DType::i32, 1, "mla cache gather page table");
+  DSA_CHECK(n >= 0, "mla cache gather: {} positions", n);
+  check_pages(PagedSeq{cache, page_table, page_size}, n, cache.size(0), "mla cache gather");
+  Tensor out = Tensor::empty({n, kMlaDim}, DType::f32, Device::cuda);
+  MlaCacheGatherParams p{};
+  p.cache = cache.raw_data();
+  p.page_table = page_table.data<int32_t>();
+  p.out = out.data<float>();
+  p.n = n;
+  p.page_size = page_size;
+  p.num_slots = cache.size(0);
+  p.format = f;
+  DSA_CUDA_CHECK(launch_mla_cache_gather(p, stream));
+  return out;
+}
+
+MlaRowsPlan plan_mla_decode(int64_t rows, int64_t heads, int64_t max_keys, const KernelOptions& opts) {
+  DSA_CHECK(rows >= 0 && heads >= 0 && max_keys >= 0, "mla decode plan: {} rows, {} heads, {} keys", rows,
+            heads, max_keys);
+  MlaRowsPlan pl;
+  pl.planned = true;
+  pl.rows = rows;
+  pl.heads = heads;
+  pl.max_keys = max_keys;
+  pl.splits =
+      rows == 0 || heads == 0 ? 1 : mla_decode_splits(rows, heads, max_keys, sm_count(), opts.mla_decode);
+  if (pl.splits > 1) {
+    pl.partial_out_floats = rows * pl.splits * heads * kMlaLatent;
+    pl.partial_lse_floats = rows * pl.splits * heads;
+  }
+  return pl;
+}
+
+Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache, const Tensor& page_table,
+                  int64_t page_size, const Tensor& row_seq, const Tensor& row_len, int64_t max_len,
+                  const Tensor& sel, double scale, cudaStream_t stream, const KernelOptions& opts,
+                  const MlaRowsPlan* given) {
+  const MlaKvFormat f = mla_kv_format(cache);
+  check_gpu(q_lat, DType::f32, 3, "mla decode q_lat");
+  check_gpu(q_rope, DType::f32, 3, "mla decode q_rope");
+  const int64_t R = q_lat.size(0), nh = q_lat.size(1);
+  DSA_CHECK(q_lat.size(2) == kMlaLatent && q_rope.size(0) == R && q_rope.size(1) == nh &&
+                q_rope.size(2) == kMlaRope,
+            "mla decode: q_lat {} / q_rope {} should be [R, heads, {}] / [R, heads, {}]", q_lat.describe(),
+            q_rope.describe(), kMlaLatent, kMlaRope);
+  const RowDesc d = check_rows(page_table, page_size, row_seq, row_len, R, max_len, "mla decode");
+  MlaDecodeParams p{};
+  if (sel.defined()) {
+    check_gpu(sel, DType::i32, 2, "mla decode selection");
+    DSA_CHECK(sel.size(0) == R, "mla decode: selection {} should have {} rows", sel.describe(), R);
+    p.sel = sel.data<int32_t>();
+    p.sel_k = sel.size(1);
+    p.sel_stride = sel.stride(0);
+  }
+  Tensor out = Tensor::empty({R, nh, kMlaLatent}, DType::f32, Device::cuda);
+  if (R == 0 || nh == 0) return out;
+  p.q_lat = q_lat.data<float>();
+  p.q_rope = q_rope.data<float>();
+  p.cache = cache.raw_data();
+  p.page_table = page_table.data<int32_t>();
+  p.row_seq = d.row_seq;
+  p.row_len = row_len.data<int32_t>();
+  p.out = out.data<float>();
+  p.rows = R;
+  p.heads = nh;
+  p.ql_s0 = q_lat.stride(0);
+  p.ql_s1 = q_lat.stride(1);
+  p.qr_s0 = q_rope.stride(0);
+  p.qr_s1 = q_rope.stride(1);
+  p.num_seqs = d.num_seqs;
+  p.pt_cols = d.pt_cols;
+  p.pt_stride = d.pt_stride;
+  p.page_size = page_size;
+  p.num_slots = cache.size(0);
+  p.max_keys = sel.defined() ? p.sel_k : max_len;
+  p.kernel = opts.mla_decode;
+  p.v5_order = opts.mla_v5_order;
+  const MlaRowsPlan plan =
+      given != nullptr && given->planned ? *given : plan_mla_decode(R, nh, p.max_keys, opts);
+  DSA_CHECK(plan.rows == R && plan.heads == nh && plan.max_keys == p.max_keys,
+            "mla decode: a plan for {} rows x {} heads x {} keys, the call has {} x {} x {}", plan.rows,
+            plan.heads, plan.max_keys, R, nh, p.max_keys);
+  p.splits = plan.splits;
+  p.scale = float(scale);
+  p.format = f;
+  Tensor part_out, part_lse;
+  if (p.splits > 1) {
+    part_out = Tensor::empty({plan.partial_out_floats}, DType::f32, Device::cuda);
+    part_lse = Tensor::empty({plan.partial_lse_floats}, DType::f32, Device::cuda);
+    p.partial_out = part_out.data<float>();
+    p.partial_lse = part_lse.data<float>();
+  }
+  DSA_CUDA_CHECK(launch_mla_decode(p, stream));
+  return out;
+}
+
+Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
+                                   int64_t start_pos, const Tensor& sel, double scale,
+                                   const KernelOptions& opts) {
+  const int64_t T = q_lat.size(0);
+  DSA_CHECK(start_pos >= 0, "mla: start position {}", start_pos);
+  check_gpu(kv.page_table, DType::i32, 1, "mla page table");
+  std::vector<int32_t> len(static_cast<size_t>(T)), seq(static_cast<size_t>(T), 0);
+  for (int64_t t = 0; t < T; ++t) len[size_t(t)] = int32_t(start_pos + t + 1);
+  const Tensor pt = kv.page_table.view({1, kv.page_table.size(0)});
+  return mla_decode(q_lat, q_rope, kv.cache, pt, kv.page_size, gpu_i32(seq), gpu_i32(len), start_pos + T, sel,
+                    scale, op_stream(), opts);
+}
+
+}  // namespace dsaserve::kernels::cuda

@@ -1,0 +1,207 @@
+#pragma once
+// Helpers shared by the sparse MLA decode kernels (absorbed form): v2 (sm90_mla_decode_v2.cu: 16 heads a
+// block, keys split across warps; the default for <= 16 heads), v4 (sm90_mla_decode_v4.cu: 64 heads a block,
+// Q K^T and P V by wgmma; runs FP8 caches above 16 heads) and v5 (sm90_mla_decode_v5.cu: 64 heads a block,
+// the two warpgroups taking turns on key tiles; bf16 caches, the default above 16 heads for three or more
+// query rows -- one or two rows run v2), and their launch
+// entry points (dispatched by launch_mla_decode in sm90_mla_decode.cu). Every kernel runs 256 threads a
+// block and gathers latent rows through the page table with cp.async.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "kernels/cuda/attention/mla_decode_params.h"
+#include "kernels/cuda/common/sm90_mma.cuh"
+
+namespace dsaserve::kernels::cuda::mla_detail {
+
+constexpr int kThreads = 256;
+constexpr int kLd = kMlaDim + 8;  // bf16 elements per shared row: 1168 bytes, ldmatrix conflict-free
+
+// Byte offset of 16-byte chunk cc (bf16 columns 8cc .. 8cc+7) of row r in a 128-byte-swizzled tile of
+// `rows` rows (the K-major layout wgmma reads): column block cc / 8 (rows x 128 bytes each), chunk cc % 8
+// stored at (cc % 8) ^ (r % 8).
+__device__ __forceinline__ uint32_t swz(int rows, int r, int cc) {
+  return uint32_t((cc >> 3) * rows * 128 + r * 128 + (((cc & 7) ^ (r & 7)) << 4));
+}
+
+constexpr size_t align1024(size_t x) { return (x + 1023) / 1024 * 1024; }
+
+// A key's cache slot: page id (-1: no key) and position within the page.
+struct KeySlot {
+  int32_t page;
+  int32_t off;
+};
+
+// The keys one decode block visits: query row `row`'s list (its selection, or positions 0 .. len - 1 when
+// dense) cut into p.splits chunks of whole tiles of kBn keys, this split's chunk [k_begin, k_end) in
+// n_tiles tiles; list entry li's position (-1: no key) and that position's slot through the row's page
+// table. Positions are < 2^31 (row_len is i32): one 32-bit division per key splits a position into page
+// and offset.
+struct RowKeys {
+  const MlaDecodeParams& p;
+  int row;
+  int64_t seq, n_vis, k_begin, k_end;
+  int n_tiles;
+  bool ps32;
+  uint32_t ps;
+  __device__ __forceinline__ RowKeys(const MlaDecodeParams& params, int r, int split, int kBn)
+      : p(params), row(r) {
+    seq = p.row_seq ? p.row_seq[row] : row;
+    const bool seq_ok = seq >= 0 && seq < p.num_seqs;
+    n_vis = seq_ok ? p.row_len[row] : 0;
+    const int64_t n_list = p.sel ? p.sel_k : (n_vis > 0 ? n_vis : 0);
+    const int64_t per_split = (n_list + p.splits - 1) / p.splits;
+    const int64_t chunk = (per_split + kBn - 1) / kBn * kBn;
+    k_begin = int64_t(split) * chunk;
+    k_end = k_begin + chunk < n_list ? k_begin + chunk : n_list;
+    n_tiles = k_end > k_begin ? int((k_end - k_begin + kBn - 1) / kBn) : 0;
+    ps32 = p.page_size > 0 && p.page_size <= 0x7fffffff;
+    ps = ps32 ? uint32_t(p.page_size) : 1u;
+  }
+  // The position of list entry li (>= k_begin), or -1 past the chunk / for an entry outside the row.
+  __device__ __forceinline__ int64_t position(int64_t li) const {
+    if (li >= k_end) return -1;
+    const int64_t pos = p.sel ? int64_t(p.sel[int64_t(row) * p.sel_stride + li]) : li;
+    return pos >= 0 && pos < n_vis && ps32 ? pos : -1;
+  }
+  __device__ __forceinline__ KeySlot slot(int64_t pos) const {
+    if (pos < 0) return {-1, 0};
+    const uint32_t pi = uint32_t(pos) / ps;
+    if (int64_t(pi) >= p.pt_cols) return {-1, 0};
+    return {p.page_table[seq * p.pt_stride + pi], int32_t(uint32_t(pos) - pi * ps)};
+  }
+};
+
+// O rows r0 / r1 of this thread (oacc[i][0..1] / [2..3]) times al0 / al1 after the running row maximum
+// moved; skipped when it moved in no row of the warp (the common case once the maxima settle).
+template <int N>
+__device__ __forceinline__ void rescale_rows(float (&oacc)[N][4], float al0, float al1) {
+  if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      oacc[i][0] *= al0;
+      oacc[i][1] *= al0;
+      oacc[i][2] *= al1;
+      oacc[i][3] *= al1;
+    }
+  }
+}
+
+// The end of a decode block: sums each head row's softmax denominator over the 4 lanes that share the row,
+// then writes this thread's O values (head rows hr0 / hr1; columns col + 8 i + 2 (lane % 4) and the next,
+// i < N) divided by it -- into `out` when the row has one split, else into this split's partial row -- and,
+// when lse_writer, the rows' log-sum-exp (log2 domain) for the combine kernel. Rows at or past p.heads are
+// skipped; rows without keys (m = -inf or l = 0) give zeros and a log-sum-exp of -inf.
+template <int N>
+__device__ __forceinline__ void store_decode_rows(const MlaDecodeParams& p, int row, int split, int64_t hr0,
+                                                  int64_t hr1, int col, const float (&oacc)[N][4], float m0,
+                                                  float m1, float l0, float l1, bool lse_writer) {
+  const int c4 = threadIdx.x & 3;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float f0 = m0 == -INFINITY || !(l0 > 0.f) ? 0.f : 1.f / l0;
+  const float f1 = m1 == -INFINITY || !(l1 > 0.f) ? 0.f : 1.f / l1;
+  const bool direct = p.splits == 1;
+  auto dst_row = [&](int64_t h) -> float* {
+    return direct ? p.out + (int64_t(row) * p.heads + h) * kMlaLatent
+                  : p.partial_out + ((int64_t(row) * p.splits + split) * p.heads + h) * kMlaLatent;
+  };
+  if (hr0 < p.heads) {
+    float* dst = dst_row(hr0) + col + 2 * c4;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      *reinterpret_cast<float2*>(dst + i * 8) = make_float2(oacc[i][0] * f0, oacc[i][1] * f0);
+  }
+  if (hr1 < p.heads) {
+    float* dst = dst_row(hr1) + col + 2 * c4;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      *reinterpret_cast<float2*>(dst + i * 8) = make_float2(oacc[i][2] * f1, oacc[i][3] * f1);
+  }
+  if (!direct && lse_writer && c4 == 0) {
+    float* lse = p.partial_lse + (int64_t(row) * p.splits + split) * p.heads;
+    if (hr0 < p.heads) lse[hr0] = f0 > 0.f ? m0 + log2f(l0) : -INFINITY;
+    if (hr1 < p.heads) lse[hr1] = f1 > 0.f ? m1 + log2f(l1) : -INFINITY;
+  }
+}
+
+// Q rows h0 .. h0 + kRows - 1 of query row `row` as bf16 into shared memory (rows past the last head are
+// zero): dst(r, c) is where the 4 values (r, c .. c+3) go (c % 4 == 0). Each thread has 9 float4 loads in
+// flight at a time (kRows * 144 / 256 per thread in all), so the load latency is paid kRows / 16 times
+// rather than once per element group.
+template <int kRows, class Dst>
+__device__ __forceinline__ void load_q_rows(Dst dst, const MlaDecodeParams& p, int row, int64_t h0, int tid) {
+  constexpr int kVec = kMlaDim / 4;  // float4 per head row
+  constexpr int kPer = kRows * kVec / kThreads;
+  constexpr int kBatch = 9;
+  static_assert(kRows * kVec % kThreads == 0 && kPer % kBatch == 0, "q load shape");
+  const bool vec =
+      ((reinterpret_cast<uintptr_t>(p.q_lat) | reinterpret_cast<uintptr_t>(p.q_rope)) & 15) == 0 &&
+      ((p.ql_s0 | p.ql_s1 | p.qr_s0 | p.qr_s1) & 3) == 0;
+  for (int b0 = 0; b0 < kPer; b0 += kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = tid + (b0 + j) * kThreads;
+      const int r = i / kVec, c = (i % kVec) * 4;
+      const int64_t h = h0 + r;
+      v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (h < p.heads) {
+        const float* src = c < kMlaLatent ? p.q_lat + row * p.ql_s0 + h * p.ql_s1 + c
+                                          : p.q_rope + row * p.qr_s0 + h * p.qr_s1 + (c - kMlaLatent);
+        if (vec)
+          v[j] = __ldg(reinterpret_cast<const float4*>(src));
+        else
+          v[j] = make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = tid + (b0 + j) * kThreads;
+      const int r = i / kVec, c = (i % kVec) * 4;
+      uint2 packed;
+      packed.x = mma::pack_bf16(v[j].x, v[j].y);
+      packed.y = mma::pack_bf16(v[j].z, v[j].w);
+      *reinterpret_cast<uint2*>(dst(r, c)) = packed;
+    }
+  }
+}
+
+// FP8 rows of one tile (kBn rows of kMlaFp8RowBytes in shared memory) -> bf16 rows [kBn, kLd]: latent codes
+// times their block scale, rope values copied.
+template <int kBn>
+__device__ __forceinline__ void dequant_fp8_tile(__nv_bfloat16* sKv, const unsigned char* raw, int tid) {
+  for (int i = tid; i < kBn * 72; i += kThreads) {
+    const int r = i / 72, c = i % 72;
+    const unsigned char* rr = raw + r * kMlaFp8RowBytes;
+    if (c < 64) {
+      const uint2 codes = *reinterpret_cast<const uint2*>(rr + c * 8);
+      const float sc = *reinterpret_cast<const float*>(rr + kMlaLatent + (c / 16) * 4);
+      const uint32_t w[2] = {codes.x, codes.y};
+      uint32_t o[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((w[j / 2] >> ((j % 2) * 16)) & 0xffff);
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+        o[j] = mma::pack_bf16(f.x * sc, f.y * sc);
+      }
+      *reinterpret_cast<uint4*>(sKv + r * kLd + c * 8) = make_uint4(o[0], o[1], o[2], o[3]);
+    } else {
+      *reinterpret_cast<uint4*>(sKv + r * kLd + kMlaLatent + (c - 64) * 8) =
+          *reinterpret_cast<const uint4*>(rr + kMlaLatent + 16 + (c - 64) * 16);
+    }
+  }
+}
+
+// Kernel v2 (sm90_mla_decode_v2.cu): 16 heads a block, both cache formats.
+cudaError_t launch_decode_v2(const MlaDecodeParams& p, cudaStream_t stream);
+// Kernel v4 (sm90_mla_decode_v4.cu): 64 heads a block, Q K^T and P V by wgmma; both cache formats.
+cudaError_t launch_decode_v4(const MlaDecodeParams& p, cudaStream_t stream);
+// Kernel v5 (sm90_mla_decode_v5.cu): 64 heads a block, the two warpgroups take turns on whole key tiles
+// (ping-pong); bf16 caches only (select_mla_decode_kernel sends FP8 caches to v4; an FP8 launch here fails).
+cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream);
+
+}  // namespace dsaserve::kernels::cuda::mla_detail

@@ -1,0 +1,298 @@
+// Sparse MLA decode, kernel v5 (bf16 latent cache): 64 heads a block like v4, but the two warpgroups take
+// turns on whole key tiles instead of splitting every tile's dot products between them, so one warpgroup's
+// softmax and waits overlap the other's matrix products.
+//
+// Block = (query row, group of 64 heads, key split); 256 threads = warpgroups 0 and 1. Key tiles of 32
+// (tile t lives in stage t % 4 of a 4-stage ring, 128-byte-swizzle K-major like v4). Tile t is OWNED by
+// warpgroup t % 2 and LOADED by the other one (cp.async through the page table, completion counted on the
+// stage's `full` mbarrier). For its own tile u a warpgroup
+//   a. computes S_u[64 heads, 32 keys] = Q K_u^T over all 576 dimensions (36 wgmma m64n32k16, Q and K
+//      from shared memory), left running while
+//   b. it takes over the other warpgroup's tile u - 1: its P (bf16 A fragments, handed over through the
+//      dead rope columns of that tile's stage) and its running row maximum M_{u-1} (named barrier
+//      `ready`, one per parity);
+//   c. softmax: M_u = max(M_{u-1}, row max of S_u), P_u = exp2(S_u - M_u); hands P_u and M_u over;
+//   d. O[64 heads, its 256 columns] += P_{u-1} V_{u-1}, then += P_u V_u (wgmma m64n256k16, P from
+//      registers, V N-major from the stage); once both warpgroups are done with tile u - 1's stage
+//      (`ofree` mbarrier, 256 arrivals) it loads tile u + 3 into it. kEarly moves the P_{u-1} V_{u-1}
+//      product before c. and / or the reload right after that product (measured per key layout).
+// O and the row sums are rescaled whenever M moves; both warpgroups see the same M sequence, so their
+// column halves stay consistent. Row sums are taken from the bf16-rounded P both warpgroups multiply.
+// While one warpgroup runs its softmax the other's products keep the tensor cores busy. A stage holds a
+// tile from its load until both warpgroups multiplied it: with three tiles in use, one is in flight, and
+// that bounds the kernel (an L2-resident cache runs no faster: 126-132 us at 64 heads x 128 rows x 2048
+// keys, 0.6 of the HBM floor). Q (73.7 KB) and four 36.9 KB stages fill the shared memory.
+
+#include "kernels/cuda/attention/sm90_mla_decode.cuh"
+#include "kernels/cuda/common/device_cache.h"
+
+namespace dsaserve::kernels::cuda::mla_detail {
+
+namespace {
+
+constexpr int kRows5 = 64;                  // heads of a block
+constexpr int kBn5 = 32;                    // keys per tile
+constexpr int kStages5 = 4;                 // ring of tiles (three in use at a time: see above)
+constexpr int kWgThreads = 128;             // threads of a warpgroup
+constexpr int kTile5 = kBn5 * kMlaDim * 2;  // 36864 bytes: 9 column blocks of 32 rows x 128 bytes
+constexpr int kRopeOff5 = 8 * kBn5 * 128;   // column block 8 (the rope key): 4 KB, P's hand-over slot
+constexpr size_t kQOff5 = 0;
+constexpr size_t kStageOff5 = size_t(kRows5) * kMlaDim * 2;  // 73728
+constexpr size_t kValidOff5 = kStageOff5 + size_t(kStages5) * kTile5;
+constexpr size_t kMOff5 = kValidOff5 + size_t(kStages5) * kBn5 * 4;  // [2][64] f32 row maxima
+constexpr size_t kBarOff5 = kMOff5 + 2 * kRows5 * 4;                 // full[4], ofree[4]
+constexpr size_t kSmem5 = kBarOff5 + 2 * kStages5 * 8 + 1024;        // + base alignment
+static_assert(kSmem5 <= 227 * 1024, "shared memory");
+static_assert(kStageOff5 % 1024 == 0 && kTile5 % 1024 == 0, "swizzled tiles 1024-aligned");
+
+// Named barriers: ready(t) for t even / odd, then one per warpgroup (0 is __syncthreads).
+__device__ __forceinline__ int ready_bar(int t) { return 1 + (t & 1); }
+__device__ __forceinline__ int wg_bar(int wg) { return 3 + wg; }
+
+__device__ const int kOne5[4] = {1, 1, 1, 1};  // the source of a valid key's flag
+
+// kEarly (chosen by measurement, see launch_decode_v5): P_{u-1} V_{u-1} before the own softmax and the
+// stage reloaded right after it; otherwise after the own hand-over, the stage reloaded after P_u V_u.
+template <bool kEarly>
+__global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const MlaDecodeParams p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (mma::smem_addr(smem_raw) & 1023u)) & 1023u);
+  unsigned char* sQ = smem + kQOff5;
+  unsigned char* sStage = smem + kStageOff5;
+  int* sValid = reinterpret_cast<int*>(smem + kValidOff5);
+  float* sM = reinterpret_cast<float*>(smem + kMOff5);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff5);
+  uint64_t* ofree = full + kStages5;
+
+  const int row = blockIdx.x, split = blockIdx.z;
+  const int64_t h0 = int64_t(blockIdx.y) * kRows5;
+  const int tid = threadIdx.x, wt = tid & 127;
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform to the compiler: wgmma stays async
+  const int wi = wt >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
+  const int r0 = wi * 16 + g, r1 = r0 + 8;  // this thread's two head rows (of 64)
+
+  const RowKeys keys(p, row, split, kBn5);
+  const int n_tiles = keys.n_tiles;
+  const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages5; ++s) {
+      mma::mbar_init(full + s, kWgThreads);
+      mma::mbar_init(ofree + s, kThreads);  // both warpgroups' P V
+    }
+  }
+  __syncthreads();
+
+  // Loading: this warpgroup loads the other's tiles, 1 - wg + 2k for k = 0, 1, ...; 4 threads per key row
+  // (18 chunks of 16 bytes each). The position of load k + 2 and the page of load k + 1 are fetched one
+  // step early so the dependent index loads do not stall the copies.
+  const int lr = wt >> 2, lsub = wt & 3;
+  auto load_tile = [&](int k) { return 1 - wg + 2 * k; };
+  auto fetch_pos = [&](int k) -> int64_t {  // -1: no key
+    const int t = load_tile(k);
+    return t < n_tiles ? keys.position(keys.k_begin + int64_t(t) * kBn5 + lr) : -1;
+  };
+  auto fetch_page = [&](int64_t pos) { return keys.slot(pos); };
+  KeySlot slot_a = fetch_page(fetch_pos(0));
+  int64_t pos_b = fetch_pos(1);
+  int next_load = 0;
+  // Issues load `next_load` (its tile must exist) into its stage and counts it on the stage's barrier.
+  auto issue_next = [&]() {
+    const int t = load_tile(next_load);
+    const int st = t % kStages5;
+    const int64_t slot = int64_t(slot_a.page) * p.page_size + slot_a.off;
+    const bool ok = slot_a.page >= 0 && slot < p.num_slots;
+    const unsigned char* src = ok ? cache + slot * kMlaBf16RowBytes : cache;
+    unsigned char* stage = sStage + size_t(st) * kTile5;
+#pragma unroll
+    for (int j = 0; j < kMlaDim / 8 / 4; ++j) {  // 18 chunks: lsub + 4j
+      const int c = lsub + 4 * j;
+      mma::cp_async16(stage + swz(kBn5, lr, c), src + c * 16, ok ? 16 : 0);
+    }
+    if (lsub == 0) mma::cp_async4(sValid + st * kBn5 + lr, kOne5, ok ? 4 : 0);
+    mma::cp_async_mbar_arrive_noinc(full + st);
+    ++next_load;
+    slot_a = fetch_page(pos_b);
+    pos_b = fetch_pos(next_load + 1);
+  };
+  if (load_tile(0) < n_tiles) issue_next();
+  if (load_tile(1) < n_tiles) issue_next();
+  // In iteration u: the stage of tile u - 1 takes tile u + 3 once both warpgroups are done with it.
+  auto reload = [&](int u) {
+    if (load_tile(next_load) < n_tiles) {
+      mma::mbar_wait(ofree + (u - 1) % kStages5, uint32_t((u - 1) / kStages5) & 1u);
+      issue_next();
+    }
+  };
+
+  load_q_rows<kRows5>([&](int r, int c) { return sQ + swz(kRows5, r, c >> 3) + (c & 7) * 2; }, p, row, h0,
+                      tid);
+  mma::fence_proxy_async_smem();
+  __syncthreads();
+
+  float oacc[32][4];  // O[r0 / r1][256 wg + 8 i + 2 c4 ..]
+#pragma unroll
+  for (int i = 0; i < 32; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+  float m_run0 = -INFINITY, m_run1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const float sl2 = p.scale * 1.4426950408889634f;
+  const uint32_t q_addr = mma::smem_addr(sQ);
+
+  // O (and the row sums) += P_t V_t over this warpgroup's 256 columns; P_t as A fragments, relative to
+  // the row maxima mt0 / mt1 (>= every earlier tile's).
+  auto accumulate = [&](int t, const uint32_t(&a)[2][4], float mt0, float mt1) {
+    const float mu0 = mt0 == -INFINITY ? 0.f : mt0, mu1 = mt1 == -INFINITY ? 0.f : mt1;
+    const float al0 = exp2f(m_run0 - mu0), al1 = exp2f(m_run1 - mu1);
+    m_run0 = mt0;
+    m_run1 = mt1;
+    float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&a[j][q]));
+        if (q % 2 == 0)
+          rs0 += f.x + f.y;
+        else
+          rs1 += f.x + f.y;
+      }
+    }
+    l0 = l0 * al0 + rs0;
+    l1 = l1 * al1 + rs1;
+    rescale_rows(oacc, al0, al1);
+    const uint32_t t_addr = mma::smem_addr(sStage + size_t(t % kStages5) * kTile5);
+    mma::wgmma_fence_operands(oacc);
+    mma::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      mma::wgmma_m64n256k16_bf16_rs(
+          oacc, a[j],
+          mma::wgmma_desc_sw128_mn(t_addr + uint32_t(wg * 4 * kBn5 * 128 + j * 16 * 128), kBn5 * 128), 1);
+    mma::wgmma_commit();
+    mma::wgmma_wait<0>();
+    mma::wgmma_fence_operands(oacc);
+  };
+
+  for (int u = wg; u <= n_tiles; u += 2) {  // u == n_tiles: only the other warpgroup's last tile
+    const bool own = u < n_tiles;
+    const int st = u % kStages5;
+    // a. S_u = Q K_u^T (left running while b. waits and multiplies).
+    float d[16] = {};
+    if (own) {
+      mma::mbar_wait(full + st, uint32_t(u / kStages5) & 1u);
+      mma::fence_proxy_async_smem();
+      const uint32_t t_addr = mma::smem_addr(sStage + size_t(st) * kTile5);
+      mma::wgmma_fence_operands(d);
+      mma::wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kMlaDim / 16; ++k) {  // column block k / 4, 32-byte step k % 4 inside it
+        const uint32_t koff = uint32_t(k & 3) * 32;
+        mma::wgmma_m64n32k16_bf16(d, mma::wgmma_desc_sw128(q_addr + uint32_t(k >> 2) * (kRows5 * 128) + koff),
+                                  mma::wgmma_desc_sw128(t_addr + uint32_t(k >> 2) * (kBn5 * 128) + koff),
+                                  k > 0 ? 1 : 0);
+      }
+      mma::wgmma_commit();
+    }
+    // b. The other warpgroup's tile u - 1: its P and row maxima; with kEarly, O += P_{u-1} V_{u-1} at
+    //    once, so that its stage is released early.
+    float mp0 = -INFINITY, mp1 = -INFINITY;
+    uint32_t ao[2][4];
+    auto other_pv = [&]() {  // O += P_{u-1} V_{u-1}; the stage then takes tile u + 3 (kEarly)
+      const int sp = (u - 1) % kStages5;
+      mma::mbar_wait(full + sp, uint32_t((u - 1) / kStages5) & 1u);  // complete; orders the copies
+      mma::fence_proxy_async_smem();
+      accumulate(u - 1, ao, mp0, mp1);
+      mma::mbar_arrive(ofree + sp);
+      if (kEarly) reload(u);
+    };
+    if (u >= 1) {
+      const int sp = (u - 1) % kStages5;
+      mma::named_sync(ready_bar(u - 1), kThreads);
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(sStage + size_t(sp) * kTile5 + kRopeOff5);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) ao[j][q] = src[(j * 4 + q) * kWgThreads + wt];
+      mp0 = sM[((u - 1) & 1) * kRows5 + r0];
+      mp1 = sM[((u - 1) & 1) * kRows5 + r1];
+      if (kEarly || !own) other_pv();  // (also waits for S_u)
+    }
+    if (!own) continue;
+    // c. Softmax of tile u; hand P_u and M_u over.
+    mma::wgmma_wait<0>();
+    mma::wgmma_fence_operands(d);
+    // Every warp's part of S_u has read the rope columns before any warp writes P_u over them.
+    mma::named_sync(wg_bar(wg), kWgThreads);
+    uint32_t a[2][4];
+    float s[16];
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = i * 8 + 2 * c4 + (e & 1);
+        s[i * 4 + e] = sValid[st * kBn5 + key] ? d[i * 4 + e] * sl2 : -INFINITY;
+      }
+      mx0 = fmaxf(mx0, fmaxf(s[i * 4], s[i * 4 + 1]));
+      mx1 = fmaxf(mx1, fmaxf(s[i * 4 + 2], s[i * 4 + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(mp0, mx0), mn1 = fmaxf(mp1, mx1);
+    const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s[i * 4] = exp2f(s[i * 4] - mu0);
+      s[i * 4 + 1] = exp2f(s[i * 4 + 1] - mu0);
+      s[i * 4 + 2] = exp2f(s[i * 4 + 2] - mu1);
+      s[i * 4 + 3] = exp2f(s[i * 4 + 3] - mu1);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {  // A fragments of the two 16-key steps
+      a[j][0] = mma::pack_bf16(s[8 * j], s[8 * j + 1]);
+      a[j][1] = mma::pack_bf16(s[8 * j + 2], s[8 * j + 3]);
+      a[j][2] = mma::pack_bf16(s[8 * j + 4], s[8 * j + 5]);
+      a[j][3] = mma::pack_bf16(s[8 * j + 6], s[8 * j + 7]);
+    }
+    uint32_t* dst = reinterpret_cast<uint32_t*>(sStage + size_t(st) * kTile5 + kRopeOff5);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) dst[(j * 4 + q) * kWgThreads + wt] = a[j][q];
+    if (c4 == 0) {
+      sM[(u & 1) * kRows5 + r0] = mn0;
+      sM[(u & 1) * kRows5 + r1] = mn1;
+    }
+    mma::named_arrive(ready_bar(u), kThreads);
+    if (!kEarly && u >= 1) other_pv();
+    // d. O += P_u V_u.
+    accumulate(u, a, mn0, mn1);
+    mma::mbar_arrive(ofree + st);
+    if (!kEarly && u >= 1) reload(u);
+  }
+  mma::grid_launch_dependents();  // the combine kernel may start launching (it waits for this grid)
+
+  store_decode_rows(p, row, split, h0 + r0, h0 + r1, wg * 256, oacc, m_run0, m_run1, l0, l1, wg == 0);
+}
+
+template <bool kEarly>
+cudaError_t launch_v5(const MlaDecodeParams& p, cudaStream_t stream) {
+  const cudaError_t e =
+      set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_mla_decode_v5_kernel<kEarly>), int(kSmem5));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(unsigned(p.rows), unsigned((p.heads + kRows5 - 1) / kRows5), unsigned(p.splits));
+  sm90_mla_decode_v5_kernel<kEarly><<<grid, kThreads, kSmem5, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream) {
+  if (p.format != MlaKvFormat::bf16) return cudaErrorInvalidValue;  // select_mla_decode_kernel runs v4 there
+  // The order: select_mla_v5_early (kernels/kernel_options.h; the measurements are there).
+  const bool early = select_mla_v5_early(p.v5_order, p.sel != nullptr);
+  return early ? launch_v5<true>(p, stream) : launch_v5<false>(p, stream);
+}
+
+}  // namespace dsaserve::kernels::cuda::mla_detail

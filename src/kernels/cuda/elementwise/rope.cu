@@ -1,0 +1,81 @@
+// Rotary position embedding in place: one block per token. The block first computes the token's cos/sin
+// (fp32 angle, fp64 cos/sin rounded to fp32, times attention_factor: the CPU reference's rounding) into
+// shared memory; then each warp rotates groups of 4 whole heads, reading every pair of the group before
+// writing any (the interleaved form writes its result de-interleaved, over other lanes' inputs).
+#include "kernels/cuda/elementwise/elementwise_params.h"
+
+namespace dsaserve::kernels::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxPairsPerLane = 4;  // dim <= 256
+constexpr int kMaxHalf = 32 * kMaxPairsPerLane;
+constexpr int kHeadsPerWarp = 4;  // heads a warp loads before writing any: four heads' loads in flight
+
+// kPairs: pairs per lane (dim / 2 <= 32 * kPairs), a template argument so the registers fit the dim.
+template <int kPairs>
+__global__ void __launch_bounds__(kWarps * 32) sm90_rope_kernel(RopeKernelParams p) {
+  __shared__ float cs[kMaxHalf], sn[kMaxHalf];
+  const int64_t t = blockIdx.x;
+  const int64_t half = p.dim / 2;
+  const float pos = float(p.positions[t]);
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float ang = p.inv_freq[i] * pos;
+    cs[i] = float(cos(double(ang)) * p.attention_factor);
+    sn[i] = float(sin(double(ang)) * p.attention_factor);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t h0 = int64_t(warp) * kHeadsPerWarp; h0 < p.heads; h0 += int64_t(kWarps) * kHeadsPerWarp) {
+    float a[kHeadsPerWarp][kPairs], c[kHeadsPerWarp][kPairs];
+#pragma unroll
+    for (int k = 0; k < kHeadsPerWarp; ++k) {
+      const int64_t h = h0 + k;
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        const int64_t i = lane + 32 * j;
+        a[k][j] = 0.f;
+        c[k][j] = 0.f;
+        if (h < p.heads && i < half) {
+          const float* r = p.x + t * p.s0 + h * p.s1;
+          a[k][j] = p.interleaved ? r[2 * i] : r[i];
+          c[k][j] = p.interleaved ? r[2 * i + 1] : r[i + half];
+        }
+      }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < kHeadsPerWarp; ++k) {
+      const int64_t h = h0 + k;
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        const int64_t i = lane + 32 * j;
+        if (h < p.heads && i < half) {
+          float* r = p.x + t * p.s0 + h * p.s1;
+          r[i] = a[k][j] * cs[i] - c[k][j] * sn[i];
+          r[i + half] = c[k][j] * cs[i] + a[k][j] * sn[i];
+        }
+      }
+    }
+    __syncwarp();
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_rope(const RopeKernelParams& p, cudaStream_t stream) {
+  if (p.tokens == 0 || p.heads == 0) return cudaSuccess;
+  if (p.dim / 2 > kMaxHalf || p.dim % 2 != 0) return cudaErrorInvalidValue;
+  const int64_t half = p.dim / 2;
+  if (half <= 32) {
+    sm90_rope_kernel<1><<<unsigned(p.tokens), kWarps * 32, 0, stream>>>(p);
+  } else if (half <= 64) {
+    sm90_rope_kernel<2><<<unsigned(p.tokens), kWarps * 32, 0, stream>>>(p);
+  } else {
+    sm90_rope_kernel<kMaxPairsPerLane><<<unsigned(p.tokens), kWarps * 32, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace dsaserve::kernels::cuda

@@ -1,0 +1,335 @@
+// Block-scaled FP8 GEMM for few tokens (see gemm_small_params.h).
+//
+// CTA: 8 warps x 16 weight rows = 128 rows (one row block of the weight scales: row0 % 128 == 0), a
+// range of 128-wide K blocks. Each K block's weight tile [128 rows, 128 B], activation codes [Tp, 128]
+// and activation scales [Tp] are copied into shared memory with cp.async, kStages blocks ahead (no
+// registers held for loads in flight); then every warp feeds its 16 rows x Tp tokens to the tensor
+// cores and folds the block's sums with the weight scale (one per CTA and K block) x token scale.
+//
+// mma.sync m16n8k32 wants lane (g, t) to hold k slots {4t..4t+3} and {16+4t..16+4t+3} of A row g / g+8
+// and of B column g. The dot product does not care which physical k sits in which slot as long as A
+// and B agree, so lane (g, t) feeds the 8 bytes at physical k [16t, 16t + 8) of a 64-byte half into one
+// mma and the next 8 into a second: both operands are plain 16-byte shared-memory reads. The weight
+// tile's 16-byte chunks are XOR-swizzled by row parity (chunk c of row r at c ^ 4(r & 1)), so the two
+// rows a quarter-warp reads sit in different bank halves.
+#include <cuda_fp8.h>
+
+#include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/sm90_mma.cuh"
+#include "kernels/cuda/gemm/gemm_small_params.h"
+
+namespace dsaserve::kernels::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = kWarps * 16;  // weight rows per CTA
+constexpr int kStages = 4;          // K blocks in flight
+// Bytes per token row of the activation tile: 128 + 64 of padding puts the two token rows a
+// quarter-warp reads at different bank halves.
+constexpr int kXLd = 192;
+constexpr int kTargetCtas = 2 * 132;  // ~2 CTAs per SM on the H200's 132 SMs
+constexpr int64_t kMaxCounters = kFp8SmallCounters;
+
+template <int NT>
+struct Stage {
+  static constexpr int kTp = NT * 8;
+  static constexpr int kW = kRows * 128;            // weight tile
+  static constexpr int kX = kTp * kXLd;             // activation codes
+  static constexpr int kBytes = kW + kX + kTp * 4;  // + activation scales
+  static constexpr size_t kSmem = size_t(kStages) * kBytes;
+};
+
+using mma::mma_e4m3;
+
+// Stages K block kb of a CTA's 128 weight rows: 128 bytes a row (128 FP8 codes or 64 bf16 values), 8
+// chunks of 16 bytes, XOR-swizzled by row parity (chunk c of row r at c ^ 4(r & 1)); rows past N are
+// zero-filled. `row_bytes`: the bytes of one weight row.
+__device__ __forceinline__ void stage_weight_tile(uint8_t* st, const uint8_t* w, int64_t row_bytes,
+                                                  int64_t row_base, int64_t N, int64_t kb) {
+  for (int i = threadIdx.x; i < kRows * 8; i += kThreads) {
+    const int r = i >> 3, c = i & 7;
+    const int64_t row = row_base + r;
+    const bool ok = row < N;
+    const uint8_t* src = w + (ok ? row : 0) * row_bytes + kb * 128 + c * 16;
+    mma::cp_async16(st + r * 128 + ((c ^ ((r & 1) << 2)) * 16), src, ok ? 16 : 0);
+  }
+}
+
+// The small-T kernels' epilogue (both params structs name out, out_stride, T, N, partial, counters, splits
+// alike): lane (g, t) holds rows r_lo / r_lo + 8 for tokens nt * 8 + 2t and + 1. Without a K split the sums
+// go to the output; with one, each CTA publishes its partial sums and the last CTA of the row slice adds
+// them in split order (deterministic), then leaves its counter zero for the next launch on the stream.
+template <int NT, class P>
+__device__ __forceinline__ void small_gemm_epilogue(const P& p, const float (&acc)[NT][4], int64_t row_base,
+                                                    int r_lo, int t, bool& s_last) {
+  const int64_t n_lo = row_base + r_lo, n_hi = n_lo + 8;
+  const bool ok_lo = n_lo < p.N, ok_hi = n_hi < p.N;
+  auto store = [&](float* dst, int64_t stride) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int64_t tok0 = nt * 8 + 2 * t, tok1 = tok0 + 1;
+      if (ok_lo && tok0 < p.T) dst[tok0 * stride + n_lo] = acc[nt][0];
+      if (ok_lo && tok1 < p.T) dst[tok1 * stride + n_lo] = acc[nt][1];
+      if (ok_hi && tok0 < p.T) dst[tok0 * stride + n_hi] = acc[nt][2];
+      if (ok_hi && tok1 < p.T) dst[tok1 * stride + n_hi] = acc[nt][3];
+    }
+  };
+  if (p.splits == 1) {
+    store(p.out, p.out_stride);
+    return;
+  }
+  store(p.partial + int64_t(blockIdx.y) * p.T * p.N, p.N);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(&p.counters[blockIdx.x], 1u) == uint32_t(p.splits - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int64_t i = threadIdx.x; i < int64_t(kRows) * p.T; i += kThreads) {
+    const int64_t tok = i / kRows, r = row_base + i % kRows;
+    if (r >= p.N) continue;
+    float sum = 0.0f;
+    for (int sp = 0; sp < p.splits; ++sp) sum += __ldcg(p.partial + (int64_t(sp) * p.T + tok) * p.N + r);
+    p.out[tok * p.out_stride + r] = sum;
+  }
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0u;
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kThreads, 2) sm90_fp8_small_gemm_kernel(const Fp8SmallGemmParams p) {
+  using S = Stage<NT>;
+  constexpr int Tp = S::kTp;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ bool s_last;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t kb_total = p.K / 128;
+  const int64_t per = (kb_total + p.splits - 1) / p.splits;
+  const int64_t kb0 = int64_t(blockIdx.y) * per;
+  const int64_t kb1 = kb0 + per < kb_total ? kb0 + per : kb_total;
+  const int64_t nkb = kb1 - kb0;
+  const int64_t row_base = int64_t(blockIdx.x) * kRows;
+  const float* ws = p.w_scale + ((p.row0 + row_base) / 128) * p.w_scale_ld;  // this CTA's scale row
+
+  auto load = [&](int64_t kb, int stage) {
+    uint8_t* st = smem + size_t(stage) * S::kBytes;
+    stage_weight_tile(st, p.w, p.K, row_base, p.N, kb);
+    for (int i = threadIdx.x; i < Tp * 8; i += kThreads) {
+      const int r = i >> 3, c = i & 7;
+      mma::cp_async16(st + S::kW + r * kXLd + c * 16, p.xq + r * p.K + kb * 128 + c * 16, 16);
+    }
+    for (int i = threadIdx.x; i < Tp / 4; i += kThreads)
+      mma::cp_async16(st + S::kW + S::kX + i * 16, p.x_scale + kb * p.Tp + i * 4, 16);
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nkb) load(kb0 + s, s);
+    mma::cp_async_commit();
+  }
+  const int r_lo = warp * 16 + g, r_hi = r_lo + 8;  // rows in the tile
+  for (int64_t i = 0; i < nkb; ++i) {
+    mma::cp_async_wait<kStages - 2>();  // this K block has landed (own copies) ...
+    __syncthreads();                    // ... everyone's, and the stage refilled below is no longer read
+    if (i + kStages - 1 < nkb) load(kb0 + i + kStages - 1, int((i + kStages - 1) % kStages));
+    mma::cp_async_commit();
+    const uint8_t* st = smem + size_t(i % kStages) * S::kBytes;
+    const float* xs = reinterpret_cast<const float*>(st + S::kW + S::kX);
+    float blk[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) blk[nt][0] = blk[nt][1] = blk[nt][2] = blk[nt][3] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = h * 4 + t;  // this lane's 16-byte chunk of the half
+      const uint4 alo = *reinterpret_cast<const uint4*>(st + r_lo * 128 + ((c ^ ((r_lo & 1) << 2)) * 16));
+      const uint4 ahi = *reinterpret_cast<const uint4*>(st + r_hi * 128 + ((c ^ ((r_hi & 1) << 2)) * 16));
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint4 b = *reinterpret_cast<const uint4*>(st + S::kW + (nt * 8 + g) * kXLd + c * 16);
+        mma_e4m3(blk[nt], alo.x, ahi.x, alo.y, ahi.y, b.x, b.y);
+        mma_e4m3(blk[nt], alo.z, ahi.z, alo.w, ahi.w, b.z, b.w);
+      }
+    }
+    const float sw = ws[kb0 + i];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float x0 = sw * xs[nt * 8 + 2 * t], x1 = sw * xs[nt * 8 + 2 * t + 1];
+      acc[nt][0] += blk[nt][0] * x0;
+      acc[nt][1] += blk[nt][1] * x1;
+      acc[nt][2] += blk[nt][2] * x0;
+      acc[nt][3] += blk[nt][3] * x1;
+    }
+  }
+  mma::cp_async_wait<0>();
+
+  small_gemm_epilogue<NT>(p, acc, row_base, r_lo, t, s_last);
+}
+
+template <int NT>
+cudaError_t launch_nt(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
+  const cudaError_t attr = set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_fp8_small_gemm_kernel<NT>),
+                                                int(Stage<NT>::kSmem));
+  if (attr != cudaSuccess) return attr;
+  sm90_fp8_small_gemm_kernel<NT><<<grid, kThreads, Stage<NT>::kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// ---- bf16 weights x f32 activations (two-term split), few tokens ----
+//
+// Same CTA shape as the FP8 kernel: 8 warps x 16 weight rows, K in blocks of 64 bf16 (128 bytes a row),
+// kStages blocks in flight. The f32 activation rows of a K block ([Tp, 64] f32) are staged as they are
+// and split when a warp reads its B fragment: lane (g, t) of a 32-wide half takes physical k [8t, 8t + 8)
+// of token g (two float4), makes hi = bf16(x) and lo = bf16(x - hi), and feeds hi and lo against the
+// same A fragment (two mma pairs). The A fragment's physical k slots match (see the FP8 kernel's note).
+constexpr int kBf16XLd = 64 * 4 + 16;  // bytes per staged f32 token row (+16: spread the banks)
+
+template <int NT>
+struct Bf16Stage {
+  static constexpr int kTp = NT * 8;
+  static constexpr int kW = kRows * 128;
+  static constexpr int kBytes = kW + kTp * kBf16XLd;
+  static constexpr size_t kSmem = size_t(kStages) * kBytes;
+};
+
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const Bf16SmallGemmParams p) {
+  using S = Bf16Stage<NT>;
+  constexpr int Tp = S::kTp;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ bool s_last;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t kb_total = p.K / 64;
+  const int64_t per = (kb_total + p.splits - 1) / p.splits;
+  const int64_t kb0 = int64_t(blockIdx.y) * per;
+  const int64_t kb1 = kb0 + per < kb_total ? kb0 + per : kb_total;
+  const int64_t nkb = kb1 - kb0;
+  const int64_t row_base = int64_t(blockIdx.x) * kRows;
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w);
+
+  auto load = [&](int64_t kb, int stage) {
+    uint8_t* st = smem + size_t(stage) * S::kBytes;
+    stage_weight_tile(st, w, p.K * 2, row_base, p.N, kb);
+    // Token rows: 16 chunks of 4 floats; rows >= T are zero-filled.
+    for (int i = threadIdx.x; i < Tp * 16; i += kThreads) {
+      const int r = i >> 4, c = i & 15;
+      const bool ok = r < p.T;
+      const float* src = p.x + (ok ? r : 0) * p.x_stride + kb * 64 + c * 4;
+      mma::cp_async16(st + S::kW + r * kBf16XLd + c * 16, src, ok ? 16 : 0);
+    }
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nkb) load(kb0 + s, s);
+    mma::cp_async_commit();
+  }
+  const int r_lo = warp * 16 + g, r_hi = r_lo + 8;
+  for (int64_t i = 0; i < nkb; ++i) {
+    mma::cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (i + kStages - 1 < nkb) load(kb0 + i + kStages - 1, int((i + kStages - 1) % kStages));
+    mma::cp_async_commit();
+    const uint8_t* st = smem + size_t(i % kStages) * S::kBytes;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = h * 4 + t;  // this lane's 16-byte chunk: bf16 k [8c, 8c + 8) of the block
+      const uint4 alo = *reinterpret_cast<const uint4*>(st + r_lo * 128 + ((c ^ ((r_lo & 1) << 2)) * 16));
+      const uint4 ahi = *reinterpret_cast<const uint4*>(st + r_hi * 128 + ((c ^ ((r_hi & 1) << 2)) * 16));
+      const uint32_t a0[4] = {alo.x, ahi.x, alo.y, ahi.y}, a1[4] = {alo.z, ahi.z, alo.w, ahi.w};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float* xr = reinterpret_cast<const float*>(st + S::kW + (nt * 8 + g) * kBf16XLd) + 8 * c;
+        const float4 v0 = *reinterpret_cast<const float4*>(xr), v1 = *reinterpret_cast<const float4*>(xr + 4);
+        uint32_t h0, l0, h1, l1, h2, l2, h3, l3;
+        split_pair(v0.x, v0.y, h0, l0);
+        split_pair(v0.z, v0.w, h1, l1);
+        split_pair(v1.x, v1.y, h2, l2);
+        split_pair(v1.z, v1.w, h3, l3);
+        mma::mma_bf16(acc[nt], a0, h0, h1);
+        mma::mma_bf16(acc[nt], a0, l0, l1);
+        mma::mma_bf16(acc[nt], a1, h2, h3);
+        mma::mma_bf16(acc[nt], a1, l2, l3);
+      }
+    }
+  }
+  mma::cp_async_wait<0>();
+
+  small_gemm_epilogue<NT>(p, acc, row_base, r_lo, t, s_last);
+}
+
+template <int NT>
+cudaError_t launch_bf16_nt(const Bf16SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
+  const cudaError_t attr = set_max_dynamic_smem(
+      reinterpret_cast<const void*>(sm90_bf16_small_gemm_kernel<NT>), int(Bf16Stage<NT>::kSmem));
+  if (attr != cudaSuccess) return attr;
+  sm90_bf16_small_gemm_kernel<NT><<<grid, kThreads, Bf16Stage<NT>::kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// CTAs along K for `ctas` row slices over `kb` K blocks: whole waves of ~kTargetCtas, every split at
+// least one block.
+int splits_for(int64_t ctas, int64_t kb) {
+  if (kb <= 1 || ctas >= kTargetCtas || ctas > kMaxCounters) return 1;
+  int64_t s = kTargetCtas / ctas;  // whole waves: one CTA more than the slots would double the time
+  if (s > kb) s = kb;
+  const int64_t per = (kb + s - 1) / s;
+  return int((kb + per - 1) / per);  // every split gets at least one K block
+}
+
+}  // namespace
+
+// At least 4 K blocks (256 inputs, 64 KB of a slice's weights) per split: one-block splits left the
+// last CTA of a slice adding ~100 partial rows (router_gate [256 x 6144]: 96 splits, 14.6 us at T = 7).
+int bf16_small_gemm_splits(int64_t N, int64_t K) {
+  const int64_t kb = K / 64;
+  return splits_for((N + kRows - 1) / kRows, kb < 8 ? kb : kb / 4);
+}
+
+cudaError_t launch_bf16_small_gemm(const Bf16SmallGemmParams& p, cudaStream_t stream) {
+  if (p.T == 0 || p.N == 0) return cudaSuccess;
+  if (p.K <= 0 || p.K % 64 != 0 || p.T > kBf16SmallMaxTokens || p.x_stride % 4 != 0 ||
+      (reinterpret_cast<uintptr_t>(p.x) & 15) != 0 || (reinterpret_cast<uintptr_t>(p.w) & 15) != 0 ||
+      p.splits < 1 || (p.splits > 1 && (p.partial == nullptr || p.counters == nullptr)))
+    return cudaErrorInvalidValue;
+  const int64_t ctas = (p.N + kRows - 1) / kRows;
+  if (p.splits > 1 && ctas > kMaxCounters) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned(ctas), unsigned(p.splits));
+  if (p.T <= 8) return launch_bf16_nt<1>(p, grid, stream);
+  if (p.T <= 16) return launch_bf16_nt<2>(p, grid, stream);
+  return launch_bf16_nt<4>(p, grid, stream);
+}
+
+int fp8_small_gemm_splits(int64_t N, int64_t K) { return splits_for((N + kRows - 1) / kRows, K / 128); }
+
+cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stream) {
+  if (p.T == 0 || p.N == 0) return cudaSuccess;
+  if (p.K <= 0 || p.K % 128 != 0 || p.row0 % 128 != 0 || p.T > p.Tp ||
+      (p.Tp != 8 && p.Tp != 16 && p.Tp != 32) || p.splits < 1 ||
+      (p.splits > 1 && (p.partial == nullptr || p.counters == nullptr)))
+    return cudaErrorInvalidValue;
+  const int64_t ctas = (p.N + kRows - 1) / kRows;
+  if (p.splits > 1 && ctas > kMaxCounters) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned(ctas), unsigned(p.splits));
+  switch (p.Tp) {
+    case 8: return launch_nt<1>(p, grid, stream);
+    case 16: return launch_nt<2>(p, grid, stream);
+    default: return launch_nt<4>(p, grid, stream);
+  }
+}
+
+}  // namespace dsaserve::kernels::cuda

@@ -1,0 +1,169 @@
+// Fused KV-cache writes: one block of 256 threads per token.
+//
+// MLA latent (kKvThreads threads): thread i < 128 holds latent values 4i..4i+3 (one float4), the block
+// reduces their squares in fp64 exactly as sm90_rms_norm_vec_kernel<1> does (same per-thread order, same
+// block_sum over 8 warps), scales them, and stores them; warp 0 rotates the 32 rope pairs as rope.cu does.
+// The FP8 format quantises each 128-value block in the warp that holds it (warp w: values 128w..128w+127),
+// as sm90_mla_cache_store_kernel does.
+//
+// Indexer key: the LayerNorm statistics of sm90_layer_norm_kernel (same loops, same reduction), the row
+// in shared memory, the rope pairs rotated from it, bf16 stores; or, for the FP8 index-key format, the
+// finished key in shared memory, quantised and stored by warp 0 exactly as launch_indexer_key_store does.
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/indexer/sm90_indexer_fp8.cuh"
+#include "kernels/cuda/kv_write/kv_write_params.h"
+
+namespace dsaserve::kernels::cuda {
+
+namespace {
+
+constexpr int kKvThreads = 256;  // the unfused norms' block size: the same reduction tree
+constexpr int kLatent4 = kMlaLatent / 4;
+constexpr int kRopeHalf = kMlaRope / 2;
+static_assert(kLatent4 <= kKvThreads && kRopeHalf <= 32, "one float4 per thread, rope pairs in warp 0");
+
+__global__ void __launch_bounds__(kKvThreads) sm90_mla_kv_write_kernel(const MlaKvWriteParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = p.slots[t];
+  if (slot < 0 || slot >= p.num_slots) return;  // the whole block: no barrier is left waiting
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float* x = p.ckv + t * p.ckv_stride;
+
+  // RMSNorm statistics (sm90_rms_norm_vec_kernel<1>'s order).
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (tid < kLatent4) v = reinterpret_cast<const float4*>(x)[tid];
+  double ss = 0.0;
+  if (tid < kLatent4) {
+    ss += double(v.x) * double(v.x);
+    ss += double(v.y) * double(v.y);
+    ss += double(v.z) * double(v.z);
+    ss += double(v.w) * double(v.w);
+  }
+  ss = block_sum(ss);
+  const float r = float(1.0 / sqrt(ss / double(kMlaLatent) + p.eps));
+  float4 o = v;
+  if (tid < kLatent4) {
+    const float4 w = load4_any(p.norm_w, p.norm_w_bf16, tid);
+    o = make_float4(w.x * (v.x * r), w.y * (v.y * r), w.z * (v.z * r), w.w * (v.w * r));
+  }
+
+  // RoPE of the shared key (rope.cu's arithmetic): lane i of warp 0 rotates pair i.
+  float e0 = 0.f, e1 = 0.f;  // the rotated values of channels i and i + 32 (de-interleaved layout)
+  if (warp == 0 && lane < kRopeHalf) {
+    const int i = lane;
+    const float pos = float(p.positions[t]);
+    const float ang = p.inv_freq[i] * pos;
+    const float cs = float(cos(double(ang)) * p.attention_factor);
+    const float sn = float(sin(double(ang)) * p.attention_factor);
+    const float* e = x + kMlaLatent;
+    const float a = p.interleaved ? e[2 * i] : e[i];
+    const float c = p.interleaved ? e[2 * i + 1] : e[i + kRopeHalf];
+    e0 = a * cs - c * sn;
+    e1 = c * cs + a * sn;
+  }
+
+  if (p.format == MlaKvFormat::bf16) {
+    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.cache) + slot * kMlaDim;
+    if (tid < kLatent4) {
+      __nv_bfloat162 lo = __halves2bfloat162(__float2bfloat16_rn(o.x), __float2bfloat16_rn(o.y));
+      __nv_bfloat162 hi = __halves2bfloat162(__float2bfloat16_rn(o.z), __float2bfloat16_rn(o.w));
+      uint2 u;
+      u.x = *reinterpret_cast<uint32_t*>(&lo);
+      u.y = *reinterpret_cast<uint32_t*>(&hi);
+      reinterpret_cast<uint2*>(dst)[tid] = u;  // 8-byte aligned: rows are 1152 bytes
+    }
+    if (warp == 0 && lane < kRopeHalf) {
+      dst[kMlaLatent + lane] = __float2bfloat16_rn(e0);
+      dst[kMlaLatent + kRopeHalf + lane] = __float2bfloat16_rn(e1);
+    }
+    return;
+  }
+  // FP8: warp w < 4 holds latent block w (values 128w + 4 lane + j), as the cache store reads it.
+  unsigned char* dst = static_cast<unsigned char*>(p.cache) + slot * kMlaFp8RowBytes;
+  if (tid < kLatent4) {
+    float amax = 0.f;
+    amax = fmaxf(amax, fabsf(o.x));
+    amax = fmaxf(amax, fabsf(o.y));
+    amax = fmaxf(amax, fabsf(o.z));
+    amax = fmaxf(amax, fabsf(o.w));
+    amax = warp_max(amax);
+    *reinterpret_cast<uint32_t*>(dst + 4 * tid) = fp8_kv_codes4(o.x, o.y, o.z, o.w, fp8_kv_inv_scale(amax));
+    if (lane == 0) *reinterpret_cast<float*>(dst + kMlaLatent + 4 * warp) = fp8_kv_scale(amax);
+  }
+  if (warp == 0 && lane < kRopeHalf) {
+    __nv_bfloat16* rope = reinterpret_cast<__nv_bfloat16*>(dst + kMlaLatent + 16);
+    rope[lane] = __float2bfloat16_rn(e0);
+    rope[kRopeHalf + lane] = __float2bfloat16_rn(e1);
+  }
+}
+
+__global__ void __launch_bounds__(kKvThreads) sm90_indexer_k_write_kernel(const IndexerKWriteParams p) {
+  __shared__ float row[kIndexerKMaxDim];
+  __shared__ float key[kIndexerKMaxDim];  // the FP8 format's finished key, before quantisation
+  const int64_t t = blockIdx.x;
+  const int64_t slot = p.slots[t];
+  if (slot < 0 || slot >= p.num_slots) return;  // the whole block
+  const float* x = p.k + t * p.k_stride;
+  // sm90_layer_norm_kernel's statistics, loop for loop.
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) s += double(x[i]);
+  const double mean = block_sum(s) / double(p.dim);
+  double v = 0.0;
+  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) v += (x[i] - mean) * (x[i] - mean);
+  const double var = block_sum(v) / double(p.dim);
+  const double r = 1.0 / sqrt(var + p.eps);
+  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) {
+    row[i] =
+        float((x[i] - mean) * r * double(load_any(p.w, p.w_bf16, i)) + double(load_any(p.b, p.b_bf16, i)));
+  }
+  __syncthreads();
+  // Channels past the rope part as they are; rope pairs rotated (rope.cu's arithmetic, rope first). bf16:
+  // straight into the cache row; FP8: into `key`, which warp 0 then quantises and stores.
+  __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.cache) + slot * p.cache_stride;
+  auto put = [&](int64_t i, float v) {
+    if (p.fp8) {
+      key[i] = v;
+    } else {
+      dst[i] = __float2bfloat16_rn(v);
+    }
+  };
+  for (int64_t i = p.rope_dim + threadIdx.x; i < p.dim; i += blockDim.x) put(i, row[i]);
+  const int64_t half = p.rope_dim / 2;
+  const float pos = float(p.positions[t]);
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float ang = p.inv_freq[i] * pos;
+    const float cs = float(cos(double(ang)) * p.attention_factor);
+    const float sn = float(sin(double(ang)) * p.attention_factor);
+    const float a = p.interleaved ? row[2 * i] : row[i];
+    const float c = p.interleaved ? row[2 * i + 1] : row[i + half];
+    put(i, a * cs - c * sn);
+    put(i + half, c * cs + a * sn);
+  }
+  if (!p.fp8) return;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = int(threadIdx.x);
+    const float v[4] = {key[4 * lane], key[4 * lane + 1], key[4 * lane + 2], key[4 * lane + 3]};
+    indexer_key_store_fp8_warp(v, lane, p.cache, p.num_slots, slot);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_mla_kv_write(const MlaKvWriteParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return cudaSuccess;
+  sm90_mla_kv_write_kernel<<<unsigned(p.tokens), kKvThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_indexer_k_write(const IndexerKWriteParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return cudaSuccess;
+  if (p.dim > kIndexerKMaxDim || p.rope_dim % 2 != 0 || p.rope_dim > p.dim || (p.fp8 && p.dim != kIndexerDim))
+    return cudaErrorInvalidValue;
+  sm90_indexer_k_write_kernel<<<unsigned(p.tokens), kKvThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace dsaserve::kernels::cuda
