@@ -1,9 +1,9 @@
 // Speculative sampling through the Engine (issue 17): with temperature 1 on the tiny model the tokens a
 // request emits with speculation on are distributed as without it (a two-sample chi-square test over
 // thousands of seeded draws, per output position and jointly over two positions), with the MTP layer's
-// own drafts and with planted drafts (a one-hot q: most are accepted); seeded requests reproduce; greedy
+// own drafts, against the same test of a deliberately broken rule, which must fail it; greedy
 // requests with penalties, logit_bias and logprobs speculate and equal their non-speculative tokens and
-// logprobs; a grammar-constrained request decodes without speculation.
+// logprobs (constrained requests: tests/server/serve_spec_test.cpp).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -152,6 +152,70 @@ TEST(EngineSpecSampling, TopKTopPMatchesNonSpeculative) {
   sp.max_new_tokens = 3;
   sp.ignore_eos = true;
   check_distribution(m, sp, "top_k/p/min_p", {3});
+}
+
+// Greedy requests with penalties, logit_bias and logprobs speculate: the tokens and the target's logprobs
+// equal the engine's without speculation, with the MTP's drafts and with an oracle drafter that knows the
+// answer except at planted mistakes (so drafts are accepted and the penalties count the accepted ones).
+TEST(EngineSpecSampling, GreedyPenaltiesAndLogprobsEqualNonSpeculative) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  const std::shared_ptr<const model::Model> m = model::Model::load(tiny, true);
+  const std::vector<int32_t> prompt{3, 17, 42, 99, 7, 250, 3, 17};
+  SamplingParams sp;
+  sp.temperature = 0.0f;
+  sp.frequency_penalty = 0.7f;
+  sp.presence_penalty = 0.3f;
+  sp.repetition_penalty = 1.3f;
+  sp.logit_bias = {{10, 1.5f}};
+  sp.logprobs = true;
+  sp.top_logprobs = 2;
+  sp.max_new_tokens = 24;
+  sp.ignore_eos = true;
+  const Draws plain = run_draws(m, {}, 4, 1, sp, prompt);
+  const std::vector<int32_t>& want = plain.tokens[0];
+  ASSERT_EQ(want.size(), 24u);
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(plain.tokens[i], want);  // greedy: seeds do not matter
+  for (bool oracle : {false, true}) {
+    EngineConfig ec;
+    ec.kv_pages = 256;
+    ec.page_size = 4;
+    ec.check_integrity = true;
+    ec.speculative = eagle(3);
+    if (oracle) {
+      ec.spec_draft_hook = [&](uint64_t, int64_t index, int32_t proposed) -> int32_t {
+        const int64_t o = index - int64_t(prompt.size());
+        if (o < 0 || o >= int64_t(want.size())) return proposed;
+        return index % 7 == 3 ? int32_t((want[size_t(o)] + 1) % 512) : want[size_t(o)];
+      };
+    }
+    Engine engine(m, ec);
+    GenerateRequest g;
+    g.prompt = prompt;
+    g.params = sp;
+    engine.submit(std::move(g));
+    std::vector<int32_t> got;
+    std::vector<float> lps;
+    std::vector<StepOutput> outs;
+    while (engine.step()) {
+      engine.wait_outputs(outs, std::chrono::milliseconds(0));
+      for (const StepOutput& o : outs) {
+        EXPECT_NE(o.finish, FinishReason::error) << o.error;
+        if (o.token < 0) continue;
+        got.push_back(o.token);
+        lps.push_back(o.logprob);
+        EXPECT_EQ(o.top_logprobs.size(), 2u);
+      }
+      outs.clear();
+    }
+    EXPECT_EQ(got, want) << (oracle ? "oracle" : "mtp");
+    ASSERT_EQ(lps.size(), plain.logprobs[0].size());
+    for (size_t i = 0; i < lps.size(); ++i) EXPECT_NEAR(lps[i], plain.logprobs[0][i], 1e-5) << i;
+    const EngineStats st = engine.stats();
+    EXPECT_GT(st.spec_rounds, 0);
+    if (oracle) {
+      EXPECT_GT(st.spec_accepted_tokens, st.spec_rounds);
+    }
+  }
 }
 
 }  // namespace
