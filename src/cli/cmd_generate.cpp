@@ -10,10 +10,11 @@
 // prefill, then one decode step per token, no EOS stop), so `generate` and `serve` share the scheduler,
 // KV manager, model runner and sampler. On CUDA the decode steps replay a captured CUDA graph
 // (runtime/engine/cuda_graph_runner.h) unless --disable-cuda-graph (or --cuda-graph-max-bs 0). Greedy
-// (argmax, ties to the lowest id) unless a sampling flag is given. With --speculative-algorithm a greedy
+// (argmax, ties to the lowest id) unless a sampling flag is given. With --speculative-algorithm the
 // request decodes speculatively through the engine (EngineConfig::speculative: the MTP layer drafts N
-// tokens, the target verifies N + 1 rows, eagerly, no CUDA graphs) and the JSON adds "speculative" (its
-// accept statistics); a sampled request decodes without speculation ("speculative": {"used": false, ...}).
+// tokens, the target verifies N + 1 rows, eagerly, no CUDA graphs; sampled requests by speculative
+// sampling: the same distribution, other tokens than without speculation for one seed) and the JSON adds
+// "speculative" (its accept statistics).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -104,7 +105,7 @@ CommandRun setup(CLI::App& sub) {
     runtime::use_device(device);
     const auto t0 = std::chrono::steady_clock::now();
     o->spec.validate(1);  // the flags alone; the model's MTP layer is checked once loaded
-    const bool speculate = o->spec.enabled() && !sampling;
+    const bool speculate = o->spec.enabled();
     auto model = model::load_model(o->model, device, speculate);
     if (speculate) o->spec.validate(model->num_mtp_layers());
     const model::KvCacheDtype kv_dtype =
@@ -164,8 +165,6 @@ CommandRun setup(CLI::App& sub) {
           {"accept_length_mean",
            st.spec_rounds > 0 ? 1.0 + double(st.spec_accepted_tokens) / double(st.spec_rounds) : 0.0},
           {"accept_length_histogram", st.spec_accept_length_hist}};
-    } else if (o->spec.enabled()) {
-      spec_json = {{"used", false}, {"reason", "sampling (only greedy requests speculate)"}};
     }
     const auto t2 = std::chrono::steady_clock::now();
     const double load_s = std::chrono::duration<double>(t1 - t0).count();

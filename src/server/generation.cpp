@@ -196,12 +196,23 @@ json Job::chunk_base() const {
 }
 
 json Job::usage() const {
-  int64_t completion = 0;
-  for (const Choice& c : choices_) completion += c.tokens;
-  return {{"prompt_tokens", prompt_tokens_},
-          {"completion_tokens", completion},
-          {"total_tokens", prompt_tokens_ + completion},
-          {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
+  int64_t completion = 0, verify = 0, accepted = 0;
+  for (const Choice& c : choices_) {
+    completion += c.tokens;
+    verify += c.spec_verify_ct;
+    accepted += c.spec_accepted_drafts;
+  }
+  json u = {{"prompt_tokens", prompt_tokens_},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt_tokens_ + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
+  // Extension (SGLang's meta_info names), when speculation ran: verify rounds and their mean accept
+  // length (tokens a round yields: accepted drafts + 1).
+  if (verify > 0) {
+    u["spec_verify_ct"] = verify;
+    u["spec_accept_length"] = 1.0 + double(accepted) / double(verify);
+  }
+  return u;
 }
 
 namespace {
@@ -341,6 +352,8 @@ void Job::on_output(const runtime::StepOutput& o) {
   }
   cached_tokens_ = std::max(cached_tokens_, o.cached_tokens);
   prompt_tokens_ = o.prompt_tokens > 0 ? o.prompt_tokens : prompt_tokens_;
+  c.spec_verify_ct = std::max(c.spec_verify_ct, o.spec_verify_ct);
+  c.spec_accepted_drafts = std::max(c.spec_accepted_drafts, o.spec_accepted_drafts);
   std::string text;
   if (o.token >= 0) {
     const auto now = Clock::now();

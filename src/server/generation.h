@@ -109,6 +109,10 @@ class Job : public std::enable_shared_from_this<Job> {
     bool done = false;
     bool engine_done = false;
     bool role_sent = false;
+    // Speculative decoding: the request's verify rounds and the drafts they accepted (the engine's
+    // running counts: the latest output's).
+    int64_t spec_verify_ct = 0;
+    int64_t spec_accepted_drafts = 0;
     std::string finish_reason;
     std::string error;
     Clock::time_point last_token;

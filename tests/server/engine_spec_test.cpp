@@ -2,7 +2,7 @@
 // without speculation, token for token, on the fixture models, 8 concurrent requests, steps 1 / 3 / 5,
 // chunked prefill, small pages, with the MTP layer's drafts and with an oracle drafter (so that drafts are
 // accepted and rolled back); a prefix-cache hit, retraction on a small pool, aborts mid-run (no page
-// leaks, integrity checked every step) and sampled requests (they decode without speculation).
+// leaks, integrity checked every step) and seeded sampled requests (they speculate and reproduce).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -169,15 +169,84 @@ TEST(EngineSpec, PrefixHitRetractionAbortsAndSampling) {
     }
     expect_no_leak(spec);
   }
-  // Sampled requests decode without speculation: the same seeded tokens as without it, no rounds.
+  // Sampled requests speculate (their distribution: engine_spec_sampling_test.cpp); seeded ones reproduce.
   {
-    Engine plain_s(m, base_config());
-    const auto want_s = run(plain_s, c, 1.0f);
+    Engine a(m, ec), b(m, ec);
+    const auto got = run(a, c, 1.0f);
+    EXPECT_EQ(run(b, c, 1.0f), got);
+    EXPECT_GT(a.stats().spec_rounds, 0);
+    for (const auto& [id, toks] : got) EXPECT_EQ(toks.size(), size_t(c.max_new)) << id;
+    expect_no_leak(a);
+  }
+}
+
+// Aborts that arrive while a round is in flight (issue 17): the drafter aborts odd requests from inside
+// the draft pass (the abort is queued while the round's KV is committed and applied at the next step),
+// and, with the engine thread running, another thread aborts requests at random moments while sampled and
+// greedy rounds run. Integrity is checked after every step; afterwards every page is free or cached.
+TEST(EngineSpec, AbortsMidRoundLeakNoPage) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  const std::shared_ptr<const model::Model> m = model::Model::load(tiny, true);
+  const int64_t V = m->config().vocab_size;
+  const Case c = make_case(8, V, 30);
+  for (float temperature : {0.0f, 1.0f}) {
+    EngineConfig ec = base_config(96);
+    ec.speculative = eagle(3);
+    Engine* self = nullptr;
+    int64_t aborted = 0;
+    ec.spec_draft_hook = [&](uint64_t id, int64_t index, int32_t proposed) {
+      if (id % 2 == 1 && index == int64_t(c.prompts[id].size()) + 6) {
+        self->abort(id);
+        ++aborted;
+      }
+      return proposed;
+    };
     Engine spec(m, ec);
-    EXPECT_EQ(run(spec, c, 1.0f), want_s);
-    EXPECT_EQ(spec.stats().spec_rounds, 0);
+    self = &spec;
+    const auto got = run(spec, c, temperature);
+    EXPECT_GT(aborted, 0);
+    for (size_t i = 1; i < c.prompts.size(); i += 2) {
+      EXPECT_LT(got.count(i) ? got.at(i).size() : 0, size_t(c.max_new)) << i;
+    }
+    for (size_t i = 0; i < c.prompts.size(); i += 2) EXPECT_EQ(got.at(i).size(), size_t(c.max_new)) << i;
     expect_no_leak(spec);
   }
+  // The engine thread: 24 requests, a third of them aborted from this thread while rounds run.
+  EngineConfig ec = base_config(96);
+  ec.speculative = eagle(3);
+  Engine spec(m, ec);
+  spec.start();
+  const Case many = make_case(24, V, 40);
+  for (size_t i = 0; i < many.prompts.size(); ++i) {
+    GenerateRequest g;
+    g.id = i;
+    g.prompt = many.prompts[i];
+    g.params.max_new_tokens = many.max_new;
+    g.params.ignore_eos = true;
+    g.params.temperature = i % 2 == 0 ? 1.0f : 0.0f;
+    g.params.seed = i;
+    spec.submit(std::move(g));
+  }
+  std::map<uint64_t, bool> finished;
+  std::vector<StepOutput> outs;
+  size_t next_abort = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (finished.size() < many.prompts.size() && std::chrono::steady_clock::now() < deadline) {
+    spec.wait_outputs(outs, std::chrono::milliseconds(5));
+    for (const StepOutput& o : outs) {
+      EXPECT_NE(o.finish, FinishReason::error) << o.error;
+      if (o.finish != FinishReason::none) finished[o.id] = true;
+    }
+    outs.clear();
+    if (next_abort < many.prompts.size() && spec.stats().spec_rounds > int64_t(4 * next_abort)) {
+      spec.abort(next_abort);
+      next_abort += 3;
+    }
+  }
+  spec.stop();
+  EXPECT_EQ(finished.size(), many.prompts.size());
+  EXPECT_GT(spec.stats().spec_rounds, 0);
+  expect_no_leak(spec);
 }
 
 }  // namespace

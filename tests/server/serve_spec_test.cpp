@@ -3,7 +3,8 @@
 // token ids as the same server without speculation: 8 concurrent requests with chunked prefill on a small
 // pool (retractions), a repeated prompt (prefix-cache hit), on tiny (steps 1, 3, 5), realdims and
 // realdims_fp8 (steps 3); /metrics carries the accept counters and histogram; a client that disconnects
-// mid-stream leaves no page behind (--check-integrity runs every step).
+// mid-stream leaves no page behind (--check-integrity runs every step). Sampled, penalised, logprob and
+// constrained requests: ServeSpecSampling below.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -135,6 +136,108 @@ TEST_P(ServeSpec, GreedyTokensEqualTheServerWithoutSpeculation) {
   while (got.find("data: ") == std::string::npos) got.append(buf, sock.read_some(net::buffer(buf)));
   sock.close();
   expect_no_leak(spec.port());
+  EXPECT_EQ(spec.stop(), 0) << spec.log();
+  EXPECT_EQ(plain.stop(), 0);
+}
+
+// Sampled, penalised, logprob and constrained requests on a speculative server (tiny, steps 3): seeded
+// sampled completions reproduce and carry usage.spec_verify_ct / spec_accept_length; greedy ones with a
+// frequency penalty, logit_bias and logprobs equal the plain server's tokens and logprobs; a json_object
+// request decodes without speculation (no rounds, no spec usage) and stays valid JSON; streaming sampled
+// clients that disconnect while rounds run leave no page behind (--check-integrity every step).
+TEST(ServeSpecSampling, SampledPenalisedConstrainedAndDisconnects) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  ServerProcess plain(server_args(tiny, 0));
+  ServerProcess spec(server_args(tiny, 3));
+  ASSERT_GT(plain.port(), 0) << plain.log();
+  ASSERT_GT(spec.port(), 0) << spec.log();
+  const json sampled = {
+      {"model", "m"}, {"prompt", {5, 6, 7, 8}}, {"max_tokens", 24}, {"temperature", 1.0},
+      {"seed", 11},   {"ignore_eos", true},     {"logprobs", 1},    {"return_token_ids", true}};
+  const HttpResult a = post_json(spec.port(), "/v1/completions", sampled);
+  const HttpResult b = post_json(spec.port(), "/v1/completions", sampled);
+  ASSERT_EQ(a.status, 200) << a.body;
+  ASSERT_EQ(b.status, 200) << b.body;
+  EXPECT_EQ(a.json()["choices"][0]["token_ids"], b.json()["choices"][0]["token_ids"])
+      << "seeded: reproducible";
+  EXPECT_EQ(a.json()["choices"][0]["token_ids"].size(), 24u);
+  const json u = a.json()["usage"];
+  ASSERT_TRUE(u.contains("spec_verify_ct")) << a.body;
+  EXPECT_GT(u["spec_verify_ct"].get<int64_t>(), 0);
+  EXPECT_GE(u["spec_accept_length"].get<double>(), 1.0);
+  EXPECT_LE(u["spec_accept_length"].get<double>(), 4.0);
+  EXPECT_EQ(a.json()["choices"][0]["logprobs"]["token_logprobs"].size(), 24u);
+  EXPECT_FALSE(
+      post_json(plain.port(), "/v1/completions", sampled).json()["usage"].contains("spec_verify_ct"));
+
+  json greedy = {{"model", "m"},
+                 {"prompt", {9, 10, 11, 12, 13}},
+                 {"max_tokens", 20},
+                 {"temperature", 0},
+                 {"frequency_penalty", 1.2},
+                 {"logit_bias", {{"7", 3.0}}},
+                 {"ignore_eos", true},
+                 {"logprobs", 2},
+                 {"return_token_ids", true}};
+  const HttpResult gp = post_json(plain.port(), "/v1/completions", greedy);
+  const HttpResult gs = post_json(spec.port(), "/v1/completions", greedy);
+  ASSERT_EQ(gp.status, 200) << gp.body;
+  ASSERT_EQ(gs.status, 200) << gs.body;
+  EXPECT_EQ(gs.json()["choices"][0]["token_ids"], gp.json()["choices"][0]["token_ids"]);
+  const json lp = gp.json()["choices"][0]["logprobs"]["token_logprobs"];
+  const json ls = gs.json()["choices"][0]["logprobs"]["token_logprobs"];
+  ASSERT_EQ(lp.size(), ls.size());
+  for (size_t i = 0; i < lp.size(); ++i) EXPECT_NEAR(ls[i].get<double>(), lp[i].get<double>(), 1e-4) << i;
+  EXPECT_GT(gs.json()["usage"]["spec_verify_ct"].get<int64_t>(), 0);
+
+  const double rounds =
+      metric(http_request(spec.port(), "GET", "/metrics").body, "dsaserve_spec_verify_rounds_total");
+  const json constrained = {{"model", "m"},     {"prompt", "JSON:"},
+                            {"max_tokens", 40}, {"temperature", 1.0},
+                            {"seed", 2},        {"response_format", {{"type", "json_object"}}}};
+  const HttpResult c = post_json(spec.port(), "/v1/completions", constrained);
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_FALSE(c.json()["usage"].contains("spec_verify_ct")) << c.body;
+  EXPECT_EQ(metric(http_request(spec.port(), "GET", "/metrics").body, "dsaserve_spec_verify_rounds_total"),
+            rounds)
+      << "a constrained request decodes without speculation";
+  const json cc = c.json()["choices"][0];
+  if (cc["finish_reason"] == "stop") {
+    EXPECT_TRUE(json::parse(cc["text"].get<std::string>(), nullptr, false).is_object()) << c.body;
+  }
+  expect_no_leak(spec.port());
+
+  // 8 streaming sampled clients that go away after 1..8 events, while rounds run for the others.
+  namespace net = boost::asio;
+  std::vector<std::thread> th;
+  for (int i = 0; i < 8; ++i) {
+    th.emplace_back([&, i] {
+      net::io_context ioc;
+      net::ip::tcp::socket sock(ioc);
+      sock.connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(spec.port())});
+      const std::string body =
+          json{{"prompt", {1 + i, 2, 3}}, {"max_tokens", 200}, {"temperature", 1.0}, {"seed", i},
+               {"ignore_eos", true},      {"stream", true}}
+              .dump();
+      net::write(sock, net::buffer(fmt::format("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                               "application/json\r\nContent-Length: {}\r\n\r\n{}",
+                                               body.size(), body)));
+      std::string got;
+      char buf[512];
+      size_t events = 0;
+      while (events < size_t(1 + i)) {
+        got.append(buf, sock.read_some(net::buffer(buf)));
+        events = 0;
+        for (size_t at = got.find("data: "); at != std::string::npos; at = got.find("data: ", at + 1))
+          ++events;
+      }
+      sock.close();
+    });
+  }
+  for (auto& t : th) t.join();
+  expect_no_leak(spec.port());
+  const std::string m = http_request(spec.port(), "GET", "/metrics").body;
+  EXPECT_GT(metric(m, "dsaserve_spec_verify_rounds_total"), rounds);
   EXPECT_EQ(spec.stop(), 0) << spec.log();
   EXPECT_EQ(plain.stop(), 0);
 }

@@ -187,8 +187,8 @@ void Engine::drain_inputs(std::vector<StepOutput>& out) {
     }
     // Without penalties the sampler keeps no token history (no per-token map updates).
     const SamplingParams& sp = r->params;
-    r->speculate = cfg_.speculative.enabled() && sp.temperature == 0.0f && sp.constraint == nullptr &&
-                   !sp.logprobs && sp.top_logprobs == 0 && sp.prompt_logprobs < 0 && !uses_token_history(sp);
+    // Grammar-constrained requests decode one token per step (their matcher advances per sampled token).
+    r->speculate = cfg_.speculative.enabled() && sp.constraint == nullptr;
     r->sampler = SamplerState(r->params.seed ? *r->params.seed : seed_counter_++, r->tokens,
                               uses_token_history(r->params));
     if (scheduler_->find(r->id) != nullptr) {

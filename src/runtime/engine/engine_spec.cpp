@@ -41,13 +41,14 @@ int64_t Engine::spec_round(ScheduleBatch& batch, std::vector<StepOutput>& out) {
   const int64_t N = cfg_.speculative.num_steps;
   std::vector<SpecSlot> slots;
   for (const ScheduledRequest& s : batch.items) {
-    const Request& r = *s.req;
-    slots.push_back({r.id, r.tokens.back(), r.kv.len, r.kv.pages, r.spec_hidden});
+    Request& r = *s.req;
+    slots.push_back({r.id, r.tokens.back(), r.kv.len, r.kv.pages, r.spec_hidden, &r.params, &r.sampler});
   }
   scheduler_->commit(batch);
   SpecVerdict v;
   try {
-    v = draft_and_verify(*model_, pool_->cache(), cfg_.forward, N, slots, cfg_.spec_draft_hook);
+    v = draft_and_verify(*model_, pool_->cache(), cfg_.forward, N, slots, cfg_.spec_draft_hook,
+                         cfg_.spec_wrong_residual_for_tests);
     draft_extend(*model_, pool_->cache(), cfg_.forward, N, slots, v);
   } catch (const std::exception& e) {
     scheduler_->fail(batch, e.what(), out);
@@ -62,7 +63,7 @@ int64_t Engine::spec_round(ScheduleBatch& batch, std::vector<StepOutput>& out) {
     }
     accepted += v.accepted[k];
     hist[size_t(v.accepted[k] + 1)] += 1;
-    scheduler_->accept_drafts(batch.items[k], v.run[k], out);
+    scheduler_->accept_drafts(batch.items[k], v.results[k], out);
   }
   {
     std::lock_guard<std::mutex> lk(stats_mu_);

@@ -52,6 +52,8 @@ OutputProcessor::Result OutputProcessor::process(Request& r, std::span<SampleRes
     o.prompt_tokens = r.prompt_len;
     o.cached_tokens = r.cached_tokens;
     o.completion_tokens = r.num_output();
+    o.spec_verify_ct = r.spec_verify_ct;
+    o.spec_accepted_drafts = r.spec_accepted_drafts;
     o.finish = res.finish;
     out.push_back(std::move(o));
     if (res.finish != FinishReason::none) break;

@@ -39,11 +39,13 @@ struct Request {
   // params.prompt_logprobs: the next prompt position whose logprob is to be reported (1 .. prompt_len;
   // prompt_len: all reported).
   int64_t prompt_logprobs_next = 1;
-  // Speculative decoding (runtime/spec): the request drafts (greedy, unconstrained, no logprobs or
-  // penalties); spec_hidden [1, H] is the target's hidden state at kv.len - 1 (set by each step that
+  // Speculative decoding (runtime/spec): the request drafts (any request without a grammar constraint);
+  // spec_hidden [1, H] is the target's hidden state at kv.len - 1 (set by each step that
   // sampled it; undefined before its first sample and after a retraction).
   bool speculate = false;
   Tensor spec_hidden;
+  int64_t spec_verify_ct = 0;        // speculative rounds verified for it
+  int64_t spec_accepted_drafts = 0;  // draft tokens they accepted
 
   // Bookkeeping.
   int64_t cached_tokens = 0;  // prefix-cache hit at first admission (usage.cached_tokens)

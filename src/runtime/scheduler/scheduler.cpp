@@ -461,19 +461,26 @@ void Scheduler::process(const ScheduleBatch& batch, std::span<const SampleRow> r
 
 void Scheduler::accept_drafts(const ScheduledRequest& s, std::span<const int32_t> run,
                               std::vector<StepOutput>& out) {
+  std::vector<SampleResult> res(run.size());
+  for (size_t i = 0; i < run.size(); ++i) res[i].token = run[i];
+  accept_drafts(s, res, out);
+}
+
+void Scheduler::accept_drafts(const ScheduledRequest& s, std::span<SampleResult> results,
+                              std::vector<StepOutput>& out) {
   Request* rp = alive(s);
   if (rp == nullptr) return;
   Request& r = *rp;
-  const int64_t j = int64_t(run.size()) - 1;
+  const int64_t j = int64_t(results.size()) - 1;
   DSA_CHECK(s.drafts > 0 && j >= 0 && j <= s.drafts && r.kv.len == s.start + 1 + s.drafts &&
                 int64_t(r.tokens.size()) == s.start + 1,
-            "scheduler: request {}: a verdict of {} tokens for {} drafts", r.id, run.size(), s.drafts);
+            "scheduler: request {}: a verdict of {} tokens for {} drafts", r.id, results.size(), s.drafts);
   // The pending token and the accepted drafts keep their KV.
   kv_.rollback(r.kv, s.start + 1 + j);
   r.tokens.push_back(kFutureToken);
-  std::vector<SampleResult> res(run.size());
-  for (size_t i = 0; i < run.size(); ++i) res[i].token = run[i];
-  const OutputProcessor::Result done = output_.process(r, res, out);
+  r.spec_verify_ct += 1;
+  r.spec_accepted_drafts += j;
+  const OutputProcessor::Result done = output_.process(r, results, out);
   if (done.finish == FinishReason::error) {
     finish(r, FinishReason::error, done.error, out);
   } else if (done.finish != FinishReason::none) {

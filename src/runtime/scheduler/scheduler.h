@@ -136,6 +136,10 @@ class Scheduler {
   // A speculative item's verdict (`run`: the accepted drafts, then the target's token): the KV of the
   // rejected drafts rolls back (pages past the kept length return to the pool), the run goes through the
   // OutputProcessor (EOS, stop ids, max_new_tokens and the context cut it). No-op when the request is gone.
+  // `results`: the run with its logprobs (moved into the outputs). Counts the round in the request's
+  // spec_verify_ct / spec_accepted_drafts (reported with its outputs: usage).
+  void accept_drafts(const ScheduledRequest& s, std::span<SampleResult> results,
+                     std::vector<StepOutput>& out);
   void accept_drafts(const ScheduledRequest& s, std::span<const int32_t> run, std::vector<StepOutput>& out);
   // Item k's request when it samples this step and is still alive, else null: for a sampler outside
   // process(), which reads the params and consumes the request's draw (sampler.uniform()) exactly as

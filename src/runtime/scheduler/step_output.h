@@ -24,6 +24,10 @@ struct StepOutput {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
   int64_t completion_tokens = 0;
+  // Speculative decoding so far: the request's verify rounds and the draft tokens they accepted (its mean
+  // accept length: 1 + spec_accepted_drafts / spec_verify_ct). 0 without speculation.
+  int64_t spec_verify_ct = 0;
+  int64_t spec_accepted_drafts = 0;
 };
 
 }  // namespace dsaserve::runtime

@@ -1,6 +1,9 @@
 #include "runtime/spec/spec_round.h"
 
+#include <memory>
+
 #include "core/error.h"
+#include "runtime/spec/spec_sampling.h"
 #include "trace/trace.h"
 
 namespace dsaserve::runtime {
@@ -32,11 +35,21 @@ Tensor stack_rows(const kernels::Ops& ops, const std::vector<Tensor>& parts) {
 }
 
 SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const model::ForwardOptions& fo,
-                             int64_t num_steps, const std::vector<SpecSlot>& slots, const DraftHook& hook) {
+                             int64_t num_steps, const std::vector<SpecSlot>& slots, const DraftHook& hook,
+                             bool wrong_residual_for_tests) {
   const int64_t V = m.config().vocab_size, N = num_steps, K = num_steps + 1;
   const size_t R = slots.size();
   DSA_CHECK(R > 0 && N >= 1, "spec: a round of {} requests and {} steps", R, N);
   std::vector<std::vector<int32_t>> drafts(R);
+  // Slots with params draft and accept through their ChainSampler; the others greedily.
+  std::vector<std::unique_ptr<ChainSampler>> samplers(R);
+  for (size_t r = 0; r < R; ++r) {
+    if (slots[r].params != nullptr) {
+      DSA_CHECK(slots[r].sampler != nullptr, "spec: slot {} has params but no sampler state", r);
+      samplers[r] =
+          std::make_unique<ChainSampler>(*slots[r].params, *slots[r].sampler, wrong_residual_for_tests);
+    }
+  }
   {
     trace::Scope span("draft", "spec");
     span.arg("requests", int64_t(R)).arg("steps", N);
@@ -60,8 +73,16 @@ SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const
       const model::ForwardOutput o = m.forward_mtp(mb, h, cache, mo, 0);
       const Tensor lg = host_f32(o.logits);
       for (size_t r = 0; r < R; ++r) {
-        cur[r] = greedy_token(lg.data<float>() + int64_t(r) * V, V);
-        if (hook) cur[r] = hook(slots[r].key, slots[r].len + 1 + i, cur[r]);
+        const int64_t index = slots[r].len + 1 + i;
+        const std::span<const float> row(lg.data<float>() + int64_t(r) * V, size_t(V));
+        if (samplers[r]) {
+          DraftTokenHook h1;
+          if (hook) h1 = [&](int64_t at, int32_t proposed) { return hook(slots[r].key, at, proposed); };
+          cur[r] = samplers[r]->propose(row, index, h1);
+        } else {
+          cur[r] = greedy_token(row.data(), V);
+          if (hook) cur[r] = hook(slots[r].key, index, cur[r]);
+        }
         DSA_CHECK(cur[r] >= 0 && cur[r] < V, "spec: draft token {} outside the vocabulary", cur[r]);
         drafts[r].push_back(cur[r]);
       }
@@ -89,16 +110,25 @@ SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const
   SpecVerdict v;
   v.hidden = out.hidden;
   for (size_t r = 0; r < R; ++r) {
-    int64_t j = 0;
-    int32_t next = greedy_token(lg.data<float>() + (int64_t(r) * K) * V, V);
-    while (j < N && drafts[r][size_t(j)] == next) {
-      ++j;
-      next = greedy_token(lg.data<float>() + (int64_t(r) * K + j) * V, V);
+    const float* rows = lg.data<float>() + (int64_t(r) * K) * V;
+    std::vector<SampleResult> res;
+    if (samplers[r]) {
+      res = samplers[r]->judge(std::span<const float>(rows, size_t(K * V)), V);
+    } else {
+      int64_t j = 0;
+      int32_t next = greedy_token(rows, V);
+      while (j < N && drafts[r][size_t(j)] == next) {
+        res.push_back({next, 0.0f, {}});
+        ++j;
+        next = greedy_token(rows + j * V, V);
+      }
+      res.push_back({next, 0.0f, {}});
     }
-    std::vector<int32_t> run(drafts[r].begin(), drafts[r].begin() + j);
-    run.push_back(next);
+    std::vector<int32_t> run;
+    for (const SampleResult& x : res) run.push_back(x.token);
+    v.accepted.push_back(int64_t(run.size()) - 1);
     v.run.push_back(std::move(run));
-    v.accepted.push_back(j);
+    v.results.push_back(std::move(res));
   }
   return v;
 }

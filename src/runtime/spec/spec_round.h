@@ -1,7 +1,9 @@
 #pragma once
 // The model passes of one speculative round (runtime/spec/spec_decoder.h describes the algorithm), over
 // page tables the caller owns: SpecDecoder and the Engine share them, each doing its own KV bookkeeping.
-// Greedy (argmax, ties to the lowest id).
+// A slot without sampling params is greedy (argmax, ties to the lowest id); one with them drafts and
+// accepts by speculative sampling (runtime/spec/spec_sampling.h), greedy requests included (their
+// penalties and logit_bias then apply on both sides).
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -9,6 +11,7 @@
 
 #include "core/tensor.h"
 #include "model/model.h"
+#include "runtime/sampler/sampler.h"
 
 namespace dsaserve::runtime {
 
@@ -20,6 +23,10 @@ struct SpecSlot {
   int64_t len = 0;
   std::span<const int32_t> pages;
   Tensor hidden;
+  // Null: greedy on the raw logits. Else the request's params (no constraint) and sampler state: the
+  // round draws from its generator and reads its token history (it records nothing into it).
+  const SamplingParams* params = nullptr;
+  SamplerState* sampler = nullptr;
 };
 
 // Replaces a draft token after the MTP layer proposed it: (slot key, the draft's token index in its
@@ -31,7 +38,9 @@ using DraftHook = std::function<int32_t(uint64_t key, int64_t index, int32_t pro
 struct SpecVerdict {
   std::vector<std::vector<int32_t>> run;  // per slot: the accepted drafts, then the target's next token
   std::vector<int64_t> accepted;          // per slot: accepted drafts (run.size() - 1)
-  Tensor hidden;                          // the verify pass's target hidden states [slots * (N + 1), H]
+  // per slot: the run with the target's logprobs of each token (when the slot's params ask for them)
+  std::vector<std::vector<SampleResult>> results;
+  Tensor hidden;  // the verify pass's target hidden states [slots * (N + 1), H]
 };
 
 // Argmax of a row (ties to the lowest id, as the sampler's greedy path).
@@ -40,11 +49,12 @@ int32_t greedy_token(const float* row, int64_t n);
 Tensor stack_rows(const kernels::Ops& ops, const std::vector<Tensor>& parts);
 
 // draft (num_steps one-token MTP forwards, at positions len - 1 ..), verify (one target forward over
-// pending + drafts, logits at every row), accept (the longest agreeing prefix + the target's token). The
+// pending + drafts, logits at every row), accept (greedy: the longest agreeing prefix + the target's
+// token; sampled: the rejection rule of spec_sampling.h). The
 // caller has reserved len + num_steps + 1 tokens per slot; the verify writes the target KV of them all.
 SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const model::ForwardOptions& fo,
                              int64_t num_steps, const std::vector<SpecSlot>& slots,
-                             const DraftHook& hook = {});
+                             const DraftHook& hook = {}, bool wrong_residual_for_tests = false);
 
 // The MTP layer over `mb` (its token p is t_{p+1}) with the target's hidden rows (one part per request,
 // in order): its KV at those positions. No-op for an empty batch.
