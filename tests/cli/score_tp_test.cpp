@@ -155,22 +155,27 @@ TEST_F(ScoreTp, TracedCollectivesOfADecodeStepAreThePlans) {
   }
 }
 
-// The same for attention DP (--tp 2 --ep-size 2 --attn-dp-size 2), one decode run and one prefill run,
-// groups included: rank 0's world gathers and scatters around every layer's MLP (the dense MLP is split
-// over the world too), padded to equal lengths in decode (the last step: DP group 1 idle), the rows of both
-// requests (72 + 71) in the prefill.
+// The same for attention DP, one decode run and one prefill run, groups included: rank 0's world gathers
+// and scatters around every layer's MLP (the dense MLP is split over the world too), padded to equal
+// lengths in decode (the last step: DP group 1 idle), the rows of both requests (72 + 71) in the prefill;
+// with attention TP 2 inside each DP group (--tp 4 --attn-dp-size 2) also the embedding's all-reduce,
+// o_proj's reduce-scatter, the rows' all-gather at each layer boundary and the LM head's all-gather.
 TEST_F(ScoreTp, TracedCollectivesOfAttentionDpStepsAreThePlans) {
   DSA_FIXTURE_PATH(tiny, "models/tiny");
   struct Case {
-    std::string args, step;
+    std::string layout, args, step;
     int64_t passes;
   };
-  for (const Case& k : {Case{fmt::format("--ids {} --decode-from 69", ids(72)), "decode", 3},
-                        Case{fmt::format("--ids {}", ids(72)), "prefill", 1}}) {
+  const std::string decode = fmt::format("--ids {} --decode-from 69", ids(72)),
+                    prefill = fmt::format("--ids {}", ids(72));
+  for (const Case& k : {Case{"--tp 2 --ep-size 2 --attn-dp-size 2", decode, "decode", 3},
+                        Case{"--tp 2 --ep-size 2 --attn-dp-size 2", prefill, "prefill", 1},
+                        Case{"--tp 4 --attn-dp-size 2", decode, "decode", 3},
+                        Case{"--tp 4 --attn-dp-size 2", prefill, "prefill", 1}}) {
+    const std::string what = k.layout + " " + k.step;
     const std::filesystem::path dir = ::testing::TempDir() + "score_tp_dp_trace";
     std::filesystem::remove_all(dir);
-    ASSERT_NE(score(tiny, fmt::format("{} --trace-dir {}", k.args, dir.string()),
-                    "--tp 2 --ep-size 2 --attn-dp-size 2", "dp_trace"),
+    ASSERT_NE(score(tiny, fmt::format("{} --trace-dir {}", k.args, dir.string()), k.layout, "dp_trace"),
               nullptr);
     std::filesystem::path file;
     for (const auto& e : std::filesystem::directory_iterator(dir / "rank0")) file = e.path();
@@ -179,7 +184,7 @@ TEST_F(ScoreTp, TracedCollectivesOfAttentionDpStepsAreThePlans) {
     int64_t passes = 0;
     for (const auto& st : s["steps"])
       if (st["step"] == k.step) passes = st["passes"];
-    ASSERT_EQ(passes, k.passes) << k.step;
+    ASSERT_EQ(passes, k.passes) << what;
     using Entry = std::tuple<std::string, int64_t, double, double>;  // group, size, count, bytes per step
     std::map<std::string, Entry> traced, planned;
     for (const auto& c : s["collectives"]["traced"]) {
@@ -196,15 +201,22 @@ TEST_F(ScoreTp, TracedCollectivesOfAttentionDpStepsAreThePlans) {
                                                c["count_per_step"].get<double>(),
                                                2 * c["bytes_per_step"].get<double>()};  // f32 vs bf16
     }
-    // tiny: 4 layers, each a DP all-gather and a DP reduce-scatter over the world (attention TP is 1).
-    ASSERT_EQ(traced.size(), 2u) << k.step << " " << s["collectives"].dump();
+    // tiny: 4 layers, each a DP all-gather and a DP reduce-scatter over the world.
+    const bool attn_tp = k.layout.find("--tp 4") != std::string::npos;
+    ASSERT_EQ(traced.size(), attn_tp ? 6u : 2u) << what << " " << s["collectives"].dump();
     EXPECT_EQ(std::get<0>(traced["dp_all_gather"]), "world");
     EXPECT_EQ(std::get<2>(traced["dp_all_gather"]), 4.0);
     EXPECT_EQ(std::get<2>(traced["dp_reduce_scatter"]), 4.0);
-    // hidden 128 (tiny), f32: decode 2 rows (1 per rank), prefill 72 + 71 rows, per layer.
-    const double rows = k.step == "decode" ? 2 : 143;
-    EXPECT_EQ(std::get<3>(traced["dp_all_gather"]), 4 * rows * 128 * 4) << k.step;
-    EXPECT_EQ(traced, planned) << k.step << " " << s["collectives"].dump();
+    // hidden 128 (tiny), f32: decode one row per rank (padded), prefill 72 + 71 rows, per layer.
+    const double rows = k.step == "decode" ? (attn_tp ? 4 : 2) : 143;
+    EXPECT_EQ(std::get<3>(traced["dp_all_gather"]), 4 * rows * 128 * 4) << what;
+    if (attn_tp) {
+      EXPECT_EQ(std::get<2>(traced["attn_tp_reduce_scatter"]), 4.0) << what;
+      EXPECT_EQ(std::get<2>(traced["attn_tp_all_gather"]), 4.0) << what;
+      EXPECT_EQ(std::get<0>(traced["attn_tp_all_gather"]), "attn_tp") << what;
+      EXPECT_EQ(traced.count("embed_all_reduce") + traced.count("lm_head_all_gather"), 2u) << what;
+    }
+    EXPECT_EQ(traced, planned) << what << " " << s["collectives"].dump();
   }
 }
 
