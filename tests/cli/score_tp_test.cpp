@@ -152,6 +152,14 @@ TEST_F(ScoreTp, TracedCollectivesOfADecodeStepAreThePlans) {
     EXPECT_EQ(traced.count("indexer_topk_broadcast") ? traced["indexer_topk_broadcast"].first : 0.0,
               broadcast ? 2.0 : 0.0);
     EXPECT_EQ(traced, planned) << layout << " " << s["collectives"].dump();
+    // The groups by the same names on both sides (the dist layout's: "world" is SGLang's TP group).
+    std::map<std::string, std::string> traced_group, planned_group;
+    for (const auto& c : s["collectives"]["traced"])
+      if (c["step"] == "decode") traced_group[c["name"].get<std::string>()] = c["group"].get<std::string>();
+    for (const auto& c : s["collectives"]["what_if"]["collectives"])
+      if (c["step"] == "decode") planned_group[c["name"].get<std::string>()] = c["group"].get<std::string>();
+    EXPECT_EQ(traced_group, planned_group) << layout;
+    EXPECT_EQ(traced_group["tp_all_reduce"], "world") << layout;
   }
 }
 
