@@ -10,6 +10,8 @@
 // measured time of every op next to the plan's roofline for the same batches (plan/trace_summary.h:
 // "plan_summary" in the JSON, and printed). --trace-plan-deployment tp8,ep8,dp8: also what that
 // deployment's plan would move in collectives for these batches (one process runs none).
+// With --attn-dp-size D > 1 DP group 0 scores the sequence and the other groups companion sequences in
+// the same steps (model/score.h: dp_companion).
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -83,11 +85,6 @@ CommandRun setup(CLI::App& sub) {
               "score: --tp {} runs its ranks on the CPU (Gloo); ranks on GPUs are issue #16",
               dflags->layout.tp);
     if (dflags->multi_rank()) {  // checked once, before any rank starts
-      DSA_CHECK(
-          dflags->layout.attn_dp_size == 1,
-          "score: --attn-dp-size {} is not run yet (one sequence goes to one DP rank; the DP all-gather / "
-          "reduce-scatter around the MoE is not built)",
-          dflags->layout.attn_dp_size);
       dflags->layout.validate();
       model::Shard{dflags->layout, 0}.validate(model::load_config(o->model));
     }
@@ -113,6 +110,7 @@ CommandRun setup(CLI::App& sub) {
     so.page_size = o->page_size;
     so.dist = groups.get();
     so.dsa_topk_broadcast = o->dsa_topk_broadcast;
+    so.moe_a2a_deepep = dflags->deepep();
     so.attention = o->attention == "mha"        ? model::AttentionForm::mha
                    : o->attention == "absorbed" ? model::AttentionForm::absorbed
                                                 : model::AttentionForm::automatic;
@@ -126,6 +124,7 @@ CommandRun setup(CLI::App& sub) {
         po.deployment.attn_dp_size = dflags->layout.attn_dp_size;
         po.deployment.moe_dense_tp_size = dflags->layout.moe_dense_tp_size;
         po.deployment.dsa_topk_broadcast = o->dsa_topk_broadcast;
+        if (dflags->deepep()) po.deployment.moe_a2a_backend = plan::A2aBackend::deepep;
         po.what_if = po.deployment;
       }
       if (!o->trace_plan_deployment.empty())

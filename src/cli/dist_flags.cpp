@@ -40,6 +40,11 @@ std::shared_ptr<DistFlags> add_dist_flags(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--moe-dense-tp-size", f->layout.moe_dense_tp_size,
                  "dense MLP TP size: 1 (replicated) or --tp");
+  sub.add_option("--moe-a2a-backend", f->moe_a2a_backend,
+                 "MoE all-to-all: none (each rank's experts on every row, then an all-reduce) or deepep "
+                 "(dispatch each row to its experts' ranks and combine back; needs --ep-size = --tp)")
+      ->check(CLI::IsMember({"none", "deepep"}))
+      ->capture_default_str();
   sub.add_option("--nnodes", f->launch.nnodes, "machines in the deployment")->capture_default_str();
   sub.add_option("--node-rank", f->launch.node_rank, "this machine's index")->capture_default_str();
   sub.add_option("--dist-init-addr", f->launch.dist_init_addr,
@@ -56,6 +61,10 @@ std::shared_ptr<DistFlags> add_dist_flags(CLI::App& sub) {
 
 std::optional<int> launch_if_needed(const DistFlags& f) {
   f.layout.validate();
+  DSA_CHECK(!f.deepep() || (f.layout.ep_size == f.layout.tp && f.layout.attn_dp_size == 1),
+            "--moe-a2a-backend deepep runs with --ep-size = --tp ({}) and --attn-dp-size 1 so far (got "
+            "--ep-size {}, --attn-dp-size {})",
+            f.layout.tp, f.layout.ep_size, f.layout.attn_dp_size);
   if (!f.multi_rank() || f.rank.launched()) return std::nullopt;
   dist::LaunchSpec spec = f.launch;
   spec.world_size = f.layout.tp;

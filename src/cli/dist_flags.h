@@ -1,7 +1,8 @@
 #pragma once
 // The parallel flags of the commands that run a model on several ranks (SGLang's names): --tp,
-// --ep-size, --attn-dp-size, --nnodes, --node-rank, --dist-init-addr HOST:PORT, --dist-timeout S, and the
-// rank arguments the launcher appends (--dist-rank, --dist-store; dist/launcher.h).
+// --ep-size, --attn-dp-size, --moe-a2a-backend, --nnodes, --node-rank, --dist-init-addr HOST:PORT,
+// --dist-timeout S, and the rank arguments the launcher appends (--dist-rank, --dist-store;
+// dist/launcher.h).
 //
 // With --tp > 1 the command is started once per rank: the process the user started launches its ranks
 // (copies of itself) and waits for them; each rank connects its groups and runs its shard. Rank 0 writes
@@ -21,6 +22,8 @@ struct DistFlags {
   dist::LaunchSpec launch;
   dist::RankArgs rank;
   int64_t timeout_s = 60;
+  std::string moe_a2a_backend = "none";  // --moe-a2a-backend none | deepep
+  bool deepep() const { return moe_a2a_backend == "deepep"; }
   bool multi_rank() const { return layout.tp > 1; }
   bool output_rank() const { return !rank.launched() || rank.rank == 0; }  // the rank that prints / writes
 };

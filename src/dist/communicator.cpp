@@ -59,6 +59,22 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, const char* nam
   }
 }
 
+void Communicator::reduce_scatter_v(const Tensor& in, Tensor& out, std::span<const int64_t> rows,
+                                    const char* name) {
+  check_rows_match(*this, in, out, "reduce_scatter_v");
+  check_counts(*this, rows, "rows", "reduce_scatter_v");
+  DSA_CHECK(
+      rows[size_t(rank_)] == rows_of(out) && sum(rows) == rows_of(in),
+      "dist {} reduce_scatter_v: rank {} receives {} rows (rows says {}), input has {} (rows sum to {})",
+      group_, rank_, rows_of(out), rows[size_t(rank_)], rows_of(in), sum(rows));
+  trace::CollectiveScope span(name, group_.c_str(), size_, double(in.nbytes()));
+  if (!trivial()) {
+    do_reduce_scatter_v(in, out, rows);
+  } else if (rows_of(in) > 0) {
+    out.copy_from(in);
+  }
+}
+
 void Communicator::all_gather(const Tensor& in, Tensor& out, const char* name) {
   check_rows_match(*this, in, out, "all_gather");
   DSA_CHECK(rows_of(out) == size_ * rows_of(in), "dist {} all_gather: output {} is not {} blocks of input {}",

@@ -36,6 +36,10 @@ class Communicator {
   void all_reduce(Tensor& t, const char* name = "all_reduce");
   // out [n, ...] = this rank's block of the sum of in [size() * n, ...].
   void reduce_scatter(const Tensor& in, Tensor& out, const char* name = "reduce_scatter");
+  // The variable form: out [rows[rank()], ...] = this rank's rows of the sum of in [sum(rows), ...], the
+  // blocks of in in rank order (rows: one entry per rank; entries may be 0).
+  void reduce_scatter_v(const Tensor& in, Tensor& out, std::span<const int64_t> rows,
+                        const char* name = "reduce_scatter_v");
   // out [size() * n, ...] = every rank's in [n, ...], in rank order.
   void all_gather(const Tensor& in, Tensor& out, const char* name = "all_gather");
   // out [sum(rows), ...] = every rank's in [rows[r], ...], in rank order (rows: one entry per rank).
@@ -57,6 +61,7 @@ class Communicator {
   virtual bool trivial() const { return size_ == 1; }
   virtual void do_all_reduce(Tensor& t) = 0;
   virtual void do_reduce_scatter(const Tensor& in, Tensor& out) = 0;
+  virtual void do_reduce_scatter_v(const Tensor& in, Tensor& out, std::span<const int64_t> rows) = 0;
   virtual void do_all_gather(const Tensor& in, Tensor& out) = 0;
   virtual void do_all_gather_v(const Tensor& in, Tensor& out, std::span<const int64_t> rows) = 0;
   virtual void do_all_to_all_v(const Tensor& in, std::span<const int64_t> send_rows, Tensor& out,

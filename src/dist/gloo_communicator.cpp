@@ -74,6 +74,21 @@ class GlooCommunicator : public Communicator {
     });
   }
 
+  void do_reduce_scatter_v(const Tensor& in, Tensor& out, std::span<const int64_t> rows) override {
+    DSA_CHECK(in.dtype() == DType::f32, "dist {} reduce_scatter_v: sums f32 on the CPU, got {}", group(),
+              in.describe());
+    if (in.numel() == 0) return;  // every rank sees the same rows: all skip
+    run("reduce_scatter_v", [&] {
+      Tensor work = in.clone();
+      const int64_t per_row = int64_t(row_bytes(in) / sizeof(float));
+      std::vector<int> recv;
+      for (int64_t r : rows) recv.push_back(int(r * per_row));
+      gloo::ReduceScatterHalvingDoubling<float> rs(ctx_, {work.data<float>()}, int(in.numel()), recv);
+      rs.run();
+      if (out.numel() > 0) std::memcpy(out.raw_data(), work.data<float>(), out.nbytes());
+    });
+  }
+
   void do_all_gather(const Tensor& in, Tensor& out) override {
     run("all_gather", [&] {
       gloo::AllgatherOptions o(ctx_);

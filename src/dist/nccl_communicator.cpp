@@ -1,5 +1,6 @@
 // NCCL's collectives (allreduce, reducescatter, allgather, broadcast; grouped broadcasts for the variable
-// all-gather and grouped send/recv for all-to-all, as PyTorch's NCCL group does) on CUDA tensors.
+// all-gather, grouped reduces for the variable reduce-scatter and grouped send/recv for all-to-all, as
+// PyTorch's NCCL group does) on CUDA tensors.
 #include "dist/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -43,6 +44,24 @@ class NcclCommunicator : public Communicator {
     check(ncclReduceScatter(ptr(in), ptr(out), size_t(out.numel()), sum_type(in, "reduce_scatter"), ncclSum,
                             comm_, stream_),
           group(), "reduce_scatter");
+  }
+  void do_reduce_scatter_v(const Tensor& in, Tensor& out, std::span<const int64_t> rows) override {
+    // One reduce per rank's block, rooted at that rank, in one NCCL group.
+    const ncclDataType_t type = sum_type(in, "reduce_scatter_v");
+    const size_t rb = row_bytes(in), per_row = rb / in.element_size();
+    const auto* src = static_cast<const uint8_t*>(ptr(in));
+    check(ncclGroupStart(), group(), "reduce_scatter_v");
+    size_t off = 0;
+    for (int64_t r = 0; r < size(); ++r) {
+      const size_t n = size_t(rows[size_t(r)]);
+      if (n > 0) {
+        check(ncclReduce(src + off, r == rank() ? ptr(out) : scratch_, n * per_row, type, ncclSum, int(r),
+                         comm_, stream_),
+              group(), "reduce_scatter_v");
+      }
+      off += n * rb;
+    }
+    check(ncclGroupEnd(), group(), "reduce_scatter_v");
   }
   void do_all_gather(const Tensor& in, Tensor& out) override {
     check(ncclAllGather(ptr(in), ptr(out), in.nbytes(), ncclUint8, comm_, stream_), group(), "all_gather");

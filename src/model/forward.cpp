@@ -67,6 +67,7 @@ struct Model::Step {
   Tensor sel_rows;          // i32 [T, k] from the last full indexer layer, or undefined (= every key)
   std::vector<Tensor> sel;  // per request, i32 [T_r, k] or undefined (= every visible key)
   bool have_sel = false;
+  RowSplit split;  // the step's rows over the ranks (sharded, in the scattered mode: Model::sliced)
 
   // Rows [t0, t1) of the step over one layer's cache, seeing at most max_len keys, with the kernels'
   // launch plan `mla` (and the indexer's plan for the whole step). The host rows only when the plan
@@ -339,38 +340,32 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   return out;
 }
 
-Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act& hq,
-                  const ForwardOptions& opt) const {
-  // names: {gate_up, act, down} span names ("mlp_*" or "shared_expert_*").
-  auto dense = [&](const MlpWeights& m, const char* const* names) {
-    Tensor g, u, a;
-    {
-      OpScope span(names[0]);
-      std::vector<Tensor> parts = ops_.linear_multi(h, {ref(m.gate), ref(m.up)}, &hq);
-      g = std::move(parts[0]);
-      u = std::move(parts[1]);
-      shape(span, "[{}, {}] x [{}, {}]^T", h.size(0), h.size(1), g.size(1) + u.size(1), h.size(1));
-    }
-    {
-      OpScope span(names[1]);
-      a = ops_.silu_mul(g, u);
-      shape(span, "[{}, {}]", a.size(0), a.size(1));
-    }
-    OpScope span(names[2]);
-    Tensor out = ops_.linear(a, ref(m.down));
-    shape(span, "[{}, {}] x [{}, {}]^T", a.size(0), a.size(1), out.size(1), a.size(1));
-    return out;
-  };
+Tensor Model::dense_mlp(const MlpWeights& m, const Tensor& h, const kernels::Fp8Act& hq, bool shared) const {
+  // The span names: "mlp_*" or "shared_expert_*".
   static constexpr const char* kMlp[] = {"mlp_gate_up", "mlp_act", "mlp_down"};
   static constexpr const char* kShared[] = {"shared_expert_gate_up", "shared_expert_act",
                                             "shared_expert_down"};
-  if (lw.mlp_type == MlpType::dense) {
-    Tensor out = dense(*lw.mlp, kMlp);
-    // Split over every rank (--moe-dense-tp-size tp, the default) or whole on each (1: nothing to sum).
-    if (shard_.dense_tp() > 1) all_reduce(out, dist::GroupKind::world, "tp_all_reduce", opt);
-    return out;
+  const char* const* names = shared ? kShared : kMlp;
+  Tensor g, u, a;
+  {
+    OpScope span(names[0]);
+    std::vector<Tensor> parts = ops_.linear_multi(h, {ref(m.gate), ref(m.up)}, &hq);
+    g = std::move(parts[0]);
+    u = std::move(parts[1]);
+    shape(span, "[{}, {}] x [{}, {}]^T", h.size(0), h.size(1), g.size(1) + u.size(1), h.size(1));
   }
-  const MoeWeights& moe = *lw.moe;
+  {
+    OpScope span(names[1]);
+    a = ops_.silu_mul(g, u);
+    shape(span, "[{}, {}]", a.size(0), a.size(1));
+  }
+  OpScope span(names[2]);
+  Tensor out = ops_.linear(a, ref(m.down));
+  shape(span, "[{}, {}] x [{}, {}]^T", a.size(0), a.size(1), out.size(1), a.size(1));
+  return out;
+}
+
+kernels::Routing Model::route(const MoeWeights& moe, const Tensor& h) const {
   Tensor logits;
   {
     OpScope span("router_gate");
@@ -383,12 +378,23 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
   p.top_k = cfg_.num_experts_per_tok;
   p.norm_topk_prob = cfg_.norm_topk_prob;
   p.routed_scaling_factor = cfg_.routed_scaling_factor;
-  kernels::Routing routing;
-  {
-    OpScope span("router_topk");
-    routing = local_routing(ops_.moe_route(logits, moe.e_score_correction_bias, p));
-    shape(span, "[{}, {}] -> top-{}", logits.size(0), logits.size(1), p.top_k);
+  OpScope span("router_topk");
+  kernels::Routing routing = ops_.moe_route(logits, moe.e_score_correction_bias, p);
+  shape(span, "[{}, {}] -> top-{}", logits.size(0), logits.size(1), p.top_k);
+  return routing;
+}
+
+Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act& hq,
+                  const ForwardOptions& opt, bool reduce) const {
+  auto dense = [&](const MlpWeights& m, bool shared) { return dense_mlp(m, h, hq, shared); };
+  if (lw.mlp_type == MlpType::dense) {
+    Tensor out = dense(*lw.mlp, false);
+    // Split over every rank (--moe-dense-tp-size tp, the default) or whole on each (1: nothing to sum).
+    if (reduce && shard_.dense_tp() > 1) all_reduce(out, dist::GroupKind::world, "tp_all_reduce", opt);
+    return out;
   }
+  const MoeWeights& moe = *lw.moe;
+  const kernels::Routing routing = local_routing(route(moe, h));
   Tensor out;
   {
     OpScope span("experts_gate_up+experts_act+experts_down");  // one kernel
@@ -397,8 +403,8 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
     for (const MlpWeights& e : moe.experts) experts.push_back({ref(e.gate), ref(e.up), ref(e.down)});
     out = ops_.moe_experts(h, routing, experts);
     if (span.on() && !moe.experts.empty()) {
-      const int64_t E = int64_t(moe.experts.size()), rows = h.size(0) * p.top_k, H = h.size(1),
-                    I = moe.experts[0].gate.weight.size(0);
+      const int64_t E = int64_t(moe.experts.size()), rows = h.size(0) * cfg_.num_experts_per_tok,
+                    H = h.size(1), I = moe.experts[0].gate.weight.size(0);
       shapes(span, {fmt::format("{} experts, {} rows x [{}, {}]^T", E, rows, 2 * I, H),
                     fmt::format("[{}, {}]", rows, I), fmt::format("{} rows x [{}, {}]^T", rows, H, I)});
     }
@@ -406,12 +412,12 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
   // Sharded: each rank's routed experts and shared-expert slice give partial sums over the world (MoE TP x
   // EP); the shared expert is split over MoE TP only, so one EP rank adds it.
   if (moe.shared_experts && shard_.ep_rank() == 0) {
-    const Tensor sh = dense(*moe.shared_experts, kShared);
+    const Tensor sh = dense(*moe.shared_experts, true);
     OpScope span("moe_sum");
     ops_.add_inplace(out, sh);
     shape(span, "[{}, {}]", out.size(0), out.size(1));
   }
-  all_reduce(out, dist::GroupKind::world, "tp_all_reduce", opt);
+  if (reduce) all_reduce(out, dist::GroupKind::world, "tp_all_reduce", opt);
   return out;
 }
 
@@ -522,6 +528,8 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   st.in = &in;
   const Tensor& ids = in.ids;
   st.sel.resize(size_t(R));
+  if (!shard_.whole() && (shard_.layout.attn_dp_size > 1 || opt.moe_a2a_deepep))
+    st.split = row_split(T, plan.kind == StepKind::decode || plan.kind == StepKind::draft, opt);
 
   // Trace context: the plan's step and pass names, from the requests' state (a one-token prompt or chunk
   // is a prefill; a step of decoding requests only is a decode).
@@ -531,6 +539,8 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     for (int64_t r = 0; r < batch.num_requests(); ++r)
       reqs.push_back({batch.num_new(r), batch.start_pos[size_t(r)]});
     pass_scope.arg("requests", std::move(reqs)).arg("all_logits", opt.all_logits).arg("mtp", mtp);
+    if (shard_.layout.attn_dp_size > 1)  // every DP group's tokens: the world gathers' rows
+      pass_scope.arg("dp_tokens", st.split.dp_tokens).arg("dp_equal", st.split.equal);
   }  // op spans of a device pass are timed with CUDA events
   auto kind_name = [&](const LayerWeights& lw, int64_t l) -> std::string {
     if (mtp) return "mtp";
@@ -563,6 +573,29 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
       shape(span, "[{}, {}]", h.size(0), h.size(1));
     }
     Tensor a = attention(lw, kv_layer, own_indexer, h, hq, st, cache);
+    if (sliced(lw, opt)) {
+      // The scattered mode (forward_dist.cpp): o_proj's partial sums reduce-scattered to this rank's rows,
+      // the residual and the norm on those rows, the MLP side across the ranks, and (attention TP) the
+      // rows all-gathered back at the layer boundary, the next residual whole again.
+      const RowSplit& sp = st.split;
+      Tensor a_s = scatter_attention(a, sp, opt);
+      Tensor res_s = run.residual.slice(0, sp.begin, sp.end);
+      Tensor h2_s = a_s;  // no rows: nothing to normalise
+      if (sp.rows() > 0) {
+        OpScope span("post_attention_layernorm");
+        h2_s = ops_.add_rms_norm(res_s, a_s, lw.post_attention_layernorm, c.rms_norm_eps);
+        shape(span, "[{}, {}]", h2_s.size(0), h2_s.size(1));
+      }
+      Tensor out_s = mlp_rows(lw, h2_s, sp, opt);
+      if (shard_.attn_tp() == 1) {
+        run.pending = out_s;
+      } else {
+        if (sp.rows() > 0) ops_.add_inplace(res_s, out_s);
+        run.residual = gather_attention_rows(res_s, sp, opt);
+        run.pending = Tensor();
+      }
+      return;
+    }
     all_reduce(a, dist::GroupKind::attn_tp, "attn_tp_all_reduce", opt);  // o_proj's partial sums
     Tensor h2;
     {
@@ -592,7 +625,8 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
     Tensor normed;
     {
       OpScope span("final_norm");
-      normed = ops_.add_rms_norm(run.residual, run.pending, w_.norm, c.rms_norm_eps);
+      normed = run.pending.defined() ? ops_.add_rms_norm(run.residual, run.pending, w_.norm, c.rms_norm_eps)
+                                     : ops_.rms_norm(run.residual, w_.norm, c.rms_norm_eps);
       shape(span, "[{}, {}]", normed.size(0), normed.size(1));
     }
     return finish(normed, ref(w_.lm_head), st);
@@ -634,7 +668,9 @@ ForwardOutput Model::forward_mtp(const ForwardBatch& batch, const Tensor& hidden
   Tensor normed;
   {
     OpScope span("shared_head_norm");
-    normed = ops_.add_rms_norm(run.residual, run.pending, m.shared_head_norm, c.rms_norm_eps);
+    normed = run.pending.defined()
+                 ? ops_.add_rms_norm(run.residual, run.pending, m.shared_head_norm, c.rms_norm_eps)
+                 : ops_.rms_norm(run.residual, m.shared_head_norm, c.rms_norm_eps);
     shape(span, "[{}, {}]", normed.size(0), normed.size(1));
   }
   return finish(normed, m.shared_head ? ref(*m.shared_head) : ref(w_.lm_head), st);

@@ -1,9 +1,19 @@
-// The sharded forward's collectives (model/shard.h): the vocabulary-parallel embedding and LM head, and
-// the partial sums of the row-parallel layers, at the places the reference article and the plan put them.
+// The sharded forward's collectives (model/shard.h): the vocabulary-parallel embedding and LM head, the
+// partial sums of the row-parallel layers, attention DP's gathers around the MLP and DeepEP's dispatch and
+// combine, at the places the reference article and the plan put them.
+//
+// The scattered mode (sliced(): attention DP, and DeepEP's MoE layers under attention TP), SGLang's
+// LayerCommunicator: o_proj's partial sums are reduce-scattered over attention TP to each rank's rows
+// (RowSplit), the residual add and the post-attention norm run on those rows, the MLP side sees the rows
+// of every rank (a world all-gather, the MLP's partial sums, a world reduce-scatter; or DeepEP), and at the
+// layer boundary the rows are all-gathered over attention TP again (attention needs every row of its DP
+// group). Decode steps gather equal lengths (each rank padded to the largest slice), prefill steps the
+// variable-length forms.
 #include <cstring>
 
 #include "dist/process_groups.h"
 #include "model/model.h"
+#include "trace/trace.h"
 
 namespace dsaserve::model {
 
@@ -14,7 +24,8 @@ std::shared_ptr<Model> Model::sharded(const Shard& s) const {
 
 void Model::all_reduce(Tensor& t, dist::GroupKind group, const char* name, const ForwardOptions& opt) const {
   if (shard_.whole()) return;
-  opt.dist->comm(group).all_reduce(t, name);
+  dist::Communicator& c = opt.dist->comm(group);
+  if (c.size() > 1) c.all_reduce(t, name);
 }
 
 Tensor Model::embed(const Tensor& table, const ForwardBatch& batch, const Tensor& ids,
@@ -36,13 +47,13 @@ Tensor Model::embed(const Tensor& table, const ForwardBatch& batch, const Tensor
 }
 
 void Model::broadcast_topk(Tensor& sel, const ForwardOptions& opt) const {
-  if (shard_.whole()) return;
+  if (shard_.whole() || shard_.attn_tp() == 1) return;
   DSA_CHECK(sel.is_contiguous(), "forward: the top-k selection {} is not contiguous", sel.describe());
   opt.dist->comm(dist::GroupKind::attn_tp).broadcast(sel, 0, "indexer_topk_broadcast");
 }
 
 Tensor Model::gather_vocab(const Tensor& local, const ForwardOptions& opt) const {
-  if (shard_.whole()) return local;
+  if (shard_.whole() || shard_.attn_tp() == 1) return local;
   dist::Communicator& c = opt.dist->comm(dist::GroupKind::attn_tp);
   const int64_t T = local.size(0), n = local.size(1), parts = c.size();
   Tensor g = Tensor::empty({parts * T, n}, local.dtype(), local.device());
@@ -70,6 +81,193 @@ kernels::Routing Model::local_routing(kernels::Routing r) const {
     }
   }
   return {d == Device::cpu ? ids : ids.to(d), d == Device::cpu ? w : w.to(d)};
+}
+
+bool Model::sliced(const LayerWeights& lw, const ForwardOptions& opt) const {
+  if (shard_.whole()) return false;
+  return shard_.layout.attn_dp_size > 1 || (opt.moe_a2a_deepep && lw.mlp_type == MlpType::moe);
+}
+
+RowSplit Model::row_split(int64_t tokens, bool decode, const ForwardOptions& opt) const {
+  const dist::ParallelLayout& l = shard_.layout;
+  DSA_CHECK(
+      !opt.moe_a2a_deepep || (l.ep_size == l.tp && l.attn_dp_size == 1),
+      "forward: --moe-a2a-backend deepep runs with --ep-size = --tp and --attn-dp-size 1 so far (got {})",
+      l.describe());
+  if (l.attn_dp_size == 1) return RowSplit::make(shard_, {tokens}, decode);
+  const int64_t d = l.attn_dp_rank(shard_.rank);
+  if (!opt.dp_tokens.empty()) {
+    DSA_CHECK(int64_t(opt.dp_tokens.size()) == l.attn_dp_size && opt.dp_tokens[size_t(d)] == tokens,
+              "forward: ForwardOptions::dp_tokens has {} entries (DP group {}: {}) for --attn-dp-size {} and "
+              "{} tokens here",
+              opt.dp_tokens.size(), d, d < int64_t(opt.dp_tokens.size()) ? opt.dp_tokens[size_t(d)] : -1,
+              l.attn_dp_size, tokens);
+    return RowSplit::make(shard_, opt.dp_tokens, opt.dp_decode);
+  }
+  // Every rank's [tokens, decode or idle], over the world (SGLang's scheduler syncs these once a step).
+  dist::Communicator& w = opt.dist->comm(dist::GroupKind::world);
+  Tensor mine = Tensor::empty({1, 2}, DType::i64), all = Tensor::empty({w.size(), 2}, DType::i64);
+  mine.data<int64_t>()[0] = tokens;
+  mine.data<int64_t>()[1] = decode || tokens == 0 ? 1 : 0;
+  w.all_gather(mine, all, "dp_tokens_all_gather");
+  std::vector<int64_t> dp(size_t(l.attn_dp_size));
+  bool equal = true;
+  for (int64_t r = 0; r < w.size(); ++r) {
+    dp[size_t(l.attn_dp_rank(r))] = all.data<int64_t>()[2 * r];
+    equal = equal && all.data<int64_t>()[2 * r + 1] != 0;
+  }
+  return RowSplit::make(shard_, std::move(dp), equal);
+}
+
+Tensor Model::scatter_attention(const Tensor& a, const RowSplit& sp, const ForwardOptions& opt) const {
+  if (shard_.attn_tp() == 1) return a;
+  Tensor out = Tensor::empty({sp.rows(), a.size(1)}, a.dtype(), a.device());
+  opt.dist->comm(dist::GroupKind::attn_tp)
+      .reduce_scatter_v(a.contiguous(), out, sp.attn_rows, "attn_tp_reduce_scatter");
+  return out;
+}
+
+Tensor Model::gather_attention_rows(const Tensor& rows, const RowSplit& sp, const ForwardOptions& opt) const {
+  int64_t T = 0;
+  for (int64_t n : sp.attn_rows) T += n;
+  Tensor out = Tensor::empty({T, rows.size(1)}, rows.dtype(), rows.device());
+  opt.dist->comm(dist::GroupKind::attn_tp)
+      .all_gather_v(rows.contiguous(), out, sp.attn_rows, "attn_tp_all_gather");
+  return out;
+}
+
+Tensor Model::mlp_rows(const LayerWeights& lw, const Tensor& h, const RowSplit& sp,
+                       const ForwardOptions& opt) const {
+  const bool moe = lw.mlp_type == MlpType::moe;
+  if (moe && opt.moe_a2a_deepep) return moe_deepep(lw, h, opt);
+  const int64_t n = h.size(0), H = h.size(1);
+  if (!moe && shard_.dense_tp() == 1)  // a replicated dense MLP: this rank's rows alone, nothing to sum
+    return n > 0 ? mlp(lw, h, {}, opt, false) : h;
+  // Every rank's rows (every DP group's tokens, in order), the MLP's partial sums over the world (dense
+  // TP, or MoE TP x EP), and this rank's rows of their sum.
+  dist::Communicator& w = opt.dist->comm(dist::GroupKind::world);
+  const int64_t G = sp.world_rows();
+  Tensor g = Tensor::empty({G, H}, h.dtype(), h.device());
+  if (sp.equal) {
+    Tensor padded = h;
+    if (n != sp.block) {
+      padded = Tensor::zeros({sp.block, H}, h.dtype(), h.device());
+      if (n > 0) {
+        Tensor head = padded.slice(0, 0, n);
+        head.copy_from(h);
+      }
+    }
+    w.all_gather(padded.contiguous(), g, "dp_all_gather");
+  } else {
+    w.all_gather_v(h.contiguous(), g, sp.rank_rows, "dp_all_gather");
+  }
+  const Tensor out = G > 0 ? mlp(lw, g, {}, opt, false) : g;
+  if (sp.equal) {
+    Tensor b = Tensor::empty({sp.block, H}, h.dtype(), h.device());
+    w.reduce_scatter(out.contiguous(), b, "dp_reduce_scatter");
+    return n == sp.block ? b : b.slice(0, 0, n).contiguous();
+  }
+  Tensor mine = Tensor::empty({n, H}, h.dtype(), h.device());
+  w.reduce_scatter_v(out.contiguous(), mine, sp.rank_rows, "dp_reduce_scatter");
+  return mine;
+}
+
+Tensor Model::moe_deepep(const LayerWeights& lw, const Tensor& h, const ForwardOptions& opt) const {
+  // DeepEP's pattern over the EP group (the world: --ep-size = --tp): each (row, pick) of this rank's
+  // rows goes to the EP rank holding the picked expert (the dispatch), that rank runs its experts on what
+  // it received, and the weighted outputs come back (the combine) to be summed per row. The payload is
+  // the rows as the model holds them (f32 on the CPU: the reference's numbers; the GPU's FP8 dispatch is
+  // issue #16). First the layout: how many pairs each rank sends to each.
+  using trace::OpScope;
+  const MoeWeights& moe = *lw.moe;
+  dist::Communicator& ep = opt.dist->comm(dist::GroupKind::ep);
+  const int64_t n = h.size(0), H = h.size(1), k = cfg_.num_experts_per_tok, El = shard_.local_experts(cfg_),
+                P = ep.size();
+  const Device dev = h.device();
+  DSA_CHECK(h.dtype() == DType::f32, "forward: DeepEP dispatch of {} rows (f32 expected)", h.describe());
+  Tensor ids, wts, hx;
+  if (n > 0) {
+    const kernels::Routing r = route(moe, h);
+    ids = r.ids.to(Device::cpu).contiguous();
+    wts = r.weights.to(Device::cpu).contiguous();
+    hx = h.to(Device::cpu).contiguous();
+  }
+  // The pairs by destination rank, in row order within each.
+  std::vector<std::vector<int64_t>> to(static_cast<size_t>(P));  // pair index r * k + j
+  for (int64_t p = 0; p < n * k; ++p) to[size_t(ids.data<int32_t>()[p] / El)].push_back(p);
+  std::vector<int64_t> send(static_cast<size_t>(P)), recv(static_cast<size_t>(P));
+  Tensor sc = Tensor::empty({P}, DType::i64), rc = Tensor::empty({P}, DType::i64);
+  int64_t pairs = 0;
+  for (int64_t q = 0; q < P; ++q)
+    pairs += sc.data<int64_t>()[q] = send[size_t(q)] = int64_t(to[size_t(q)].size());
+  ep.all_to_all(sc, rc, "ep_dispatch_layout");
+  int64_t R = 0;
+  for (int64_t q = 0; q < P; ++q) R += recv[size_t(q)] = rc.data<int64_t>()[q];
+  // A dispatched row: the hidden row, then its expert (local to the receiver) and its routing weight.
+  Tensor out_buf = Tensor::empty({pairs, H + 2}, DType::f32);
+  {
+    float* o = out_buf.data<float>();
+    for (int64_t q = 0, i = 0; q < P; ++q) {
+      for (int64_t p : to[size_t(q)]) {
+        float* row = o + (i++) * (H + 2);
+        std::memcpy(row, hx.data<float>() + (p / k) * H, size_t(H) * sizeof(float));
+        row[H] = float(ids.data<int32_t>()[p] - q * El);
+        row[H + 1] = wts.data<float>()[p];
+      }
+    }
+  }
+  Tensor in_buf = Tensor::empty({R, H + 2}, DType::f32);
+  ep.all_to_all_v(out_buf, send, in_buf, recv, "ep_dispatch");
+  Tensor y = Tensor::empty({R, H}, DType::f32);
+  if (R > 0) {
+    Tensor x = in_buf.slice(1, 0, H).contiguous();
+    Tensor rid = Tensor::empty({R, 1}, DType::i32), rw = Tensor::empty({R, 1}, DType::f32);
+    for (int64_t i = 0; i < R; ++i) {
+      rid.data<int32_t>()[i] = int32_t(in_buf.data<float>()[i * (H + 2) + H]);
+      rw.data<float>()[i] = in_buf.data<float>()[i * (H + 2) + H + 1];
+    }
+    std::vector<kernels::MlpRef> experts;
+    experts.reserve(moe.experts.size());
+    for (const MlpWeights& e : moe.experts) experts.push_back({ref(e.gate), ref(e.up), ref(e.down)});
+    OpScope span("experts_gate_up+experts_act+experts_down");
+    const kernels::Routing local{dev == Device::cpu ? rid : rid.to(dev),
+                                 dev == Device::cpu ? rw : rw.to(dev)};
+    y = ops_.moe_experts(dev == Device::cpu ? x : x.to(dev), local, experts).to(Device::cpu).contiguous();
+  }
+  Tensor back = Tensor::empty({pairs, H}, DType::f32);
+  ep.all_to_all_v(y, recv, back, send, "ep_combine");
+  Tensor out = Tensor::zeros({n, H}, DType::f32);
+  {
+    OpScope span("moe_sum");
+    float* o = out.data<float>();
+    const float* b = back.data<float>();
+    for (int64_t q = 0, i = 0; q < P; ++q) {
+      for (int64_t p : to[size_t(q)]) {
+        float* row = o + (p / k) * H;
+        const float* src = b + (i++) * H;
+        for (int64_t c = 0; c < H; ++c) row[c] += src[c];
+      }
+    }
+  }
+  if (dev != Device::cpu) out = out.to(dev);
+  if (moe.shared_experts && n > 0) {  // whole on each rank (MoE TP 1): this rank's rows
+    const Tensor sh = dense_mlp(*moe.shared_experts, h, {}, true);
+    ops_.add_inplace(out, sh);
+  }
+  return out;
+}
+
+void Model::idle_step(const ForwardOptions& opt, bool mtp) const {
+  DSA_CHECK(!shard_.whole() && shard_.layout.attn_dp_size > 1 && opt.dist != nullptr,
+            "idle_step: a rank of an attention DP layout with its groups (ForwardOptions::dist)");
+  DSA_CHECK(!mtp || num_mtp_layers() > 0, "idle_step: the MTP pass of a model without MTP layers");
+  const RowSplit sp = row_split(0, true, opt);
+  const Tensor none = Tensor::empty({0, cfg_.hidden_size}, DType::f32, w_.embed_tokens.device());
+  if (mtp) {
+    (void)mlp_rows(w_.mtp[0].layer, none, sp, opt);
+    return;
+  }
+  for (const LayerWeights& lw : w_.layers) (void)mlp_rows(lw, none, sp, opt);
 }
 
 }  // namespace dsaserve::model

@@ -110,6 +110,16 @@ struct ForwardOptions {
   // SGLANG_DSA_TOPK_BROADCAST (--dsa-topk-broadcast): the attention TP ranks take rank 0's top-k indices
   // (a broadcast after each full indexer layer) instead of trusting their own identical computation.
   bool dsa_topk_broadcast = false;
+  // Attention DP (--attn-dp-size > 1): the tokens each DP group runs in this step, by DP rank (this rank's
+  // group: the batch's), and whether every group's step is a decode or idle (the world gathers then pad
+  // to equal lengths, as SGLang's all_gather_into_tensor; otherwise the variable-length forms). Empty: the
+  // forward all-gathers them over the world first (one small collective, "dp_tokens_all_gather").
+  std::vector<int64_t> dp_tokens;
+  bool dp_decode = false;
+  // --moe-a2a-backend deepep: each MoE layer dispatches every rank's own rows to the EP ranks of their
+  // experts and combines the outputs back (all-to-all-v over EP; needs --ep-size = --tp and no attention
+  // DP), instead of each rank computing its experts' share of every row before an all-reduce.
+  bool moe_a2a_deepep = false;
 };
 
 struct ForwardOutput {
@@ -166,13 +176,33 @@ class Model {
   ForwardOutput forward_mtp(const ForwardBatch& batch, const Tensor& hidden, KvCache& cache,
                             const ForwardOptions& opt = {}, int64_t k = 0) const;
 
+  // A sharded rank whose DP group has no tokens in this step (SGLang's IDLE mode): takes part, with no
+  // rows, in the collectives the other DP groups' forward runs over the world (the MLPs' gathers and
+  // scatters). mtp: the MTP layer's pass. opt.dp_tokens as for forward (this group's entry 0).
+  void idle_step(const ForwardOptions& opt, bool mtp = false) const;
+
  private:
   struct Step;  // per-forward state (forward.cpp)
   // hq / the mlp's q: h's FP8 copy from its norm (empty where the backend made none).
   Tensor attention(const LayerWeights& lw, int64_t kv_layer, bool own_indexer, const Tensor& h,
                    const kernels::Fp8Act& hq, Step& st, KvCache& cache) const;
-  Tensor mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act& hq,
-             const ForwardOptions& opt) const;
+  // reduce: sum the shard's partial output over its group (false: the caller reduce-scatters it).
+  Tensor mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act& hq, const ForwardOptions& opt,
+             bool reduce = true) const;
+  // A dense MLP (or the shared expert: its span names) on h, the output whole for m's shard.
+  Tensor dense_mlp(const MlpWeights& m, const Tensor& h, const kernels::Fp8Act& hq, bool shared) const;
+  // The router's picks of h's rows (global expert ids).
+  kernels::Routing route(const MoeWeights& moe, const Tensor& h) const;
+  // forward_dist.cpp: the scattered mode (RowSplit). Whether layer lw runs in it; the step's split; the
+  // attention output's reduce-scatter to this rank's rows over attention TP and the rows' all-gather back;
+  // the MLP side of this rank's rows h (the world gather, the MLP, the reduce-scatter; or DeepEP).
+  bool sliced(const LayerWeights& lw, const ForwardOptions& opt) const;
+  RowSplit row_split(int64_t tokens, bool decode, const ForwardOptions& opt) const;
+  Tensor scatter_attention(const Tensor& a, const RowSplit& sp, const ForwardOptions& opt) const;
+  Tensor gather_attention_rows(const Tensor& rows, const RowSplit& sp, const ForwardOptions& opt) const;
+  Tensor mlp_rows(const LayerWeights& lw, const Tensor& h, const RowSplit& sp,
+                  const ForwardOptions& opt) const;
+  Tensor moe_deepep(const LayerWeights& lw, const Tensor& h, const ForwardOptions& opt) const;
   // The routing restricted to this rank's experts (EP), renumbered from 0; other experts' picks get weight 0.
   kernels::Routing local_routing(kernels::Routing r) const;
   Tensor decoder_layers(Tensor x, Step& st, KvCache& cache, bool mtp, int64_t k) const;

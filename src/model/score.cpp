@@ -29,7 +29,20 @@ void copy_rows_into(Tensor& dst, int64_t row0, const Tensor& src) {
 
 }  // namespace
 
-ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, const ScoreOptions& opt) {
+std::vector<int32_t> dp_companion(std::span<const int32_t> ids, int64_t dp_rank) {
+  std::vector<int32_t> out(ids.rbegin(), ids.rend());
+  if (dp_rank > 0) out.resize(size_t(std::max<int64_t>(1, int64_t(ids.size()) - dp_rank)));
+  return out;
+}
+
+ScoreResult score_sequence(const Model& model, std::span<const int32_t> all_ids, const ScoreOptions& opt) {
+  // Attention DP: every rank knows every DP group's sequence, so each step's token counts (dp_tokens).
+  const int64_t dp = opt.dist != nullptr ? model.shard().layout.attn_dp_size : 1;
+  const int64_t dp_rank = model.shard().layout.attn_dp_rank(model.shard().rank);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int64_t d = 0; d < dp; ++d)
+    seqs.push_back(d == 0 ? std::vector<int32_t>(all_ids.begin(), all_ids.end()) : dp_companion(all_ids, d));
+  const std::span<const int32_t> ids = seqs[size_t(dp > 1 ? dp_rank : 0)];
   const int64_t n = int64_t(ids.size());
   DSA_CHECK(n > 0, "cannot score an empty sequence");
   DSA_CHECK(!opt.mtp || model.num_mtp_layers() > 0, "--mtp: the model was loaded without MTP layers");
@@ -48,13 +61,43 @@ ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, con
   fo.keep_hidden = opt.mtp;
   fo.dist = opt.dist;
   fo.dsa_topk_broadcast = opt.dsa_topk_broadcast;
+  fo.moe_a2a_deepep = opt.moe_a2a_deepep;
   const auto steps = score_schedule(n, opt);
   // Positions from decode_from on are decoded one per step; before it, prompt chunks (even of one token).
   auto decoding = [&](int64_t b) {
     return opt.decode_from >= 0 && b >= std::max<int64_t>(opt.decode_from, 1);
   };
+  // Each DP group's steps ([begin, end) of its sequence), and the step count all of them run.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> group_steps;
+  size_t rounds = steps.size();
+  for (int64_t d = 0; d < dp; ++d) {
+    group_steps.push_back(score_schedule(int64_t(seqs[size_t(d)].size()), opt));
+    rounds = std::max(rounds, group_steps.back().size());
+  }
+  // Round i's token counts per DP group; a decode when every group decodes or idles. mtp: the MTP pass's
+  // steps (positions 0..len-2).
+  auto dp_round = [&](size_t i, bool mtp_pass) {
+    fo.dp_tokens.assign(size_t(dp), 0);
+    fo.dp_decode = true;
+    for (int64_t d = 0; d < dp; ++d) {
+      const auto& gs = group_steps[size_t(d)];
+      const int64_t len = int64_t(seqs[size_t(d)].size());
+      if (i >= gs.size()) continue;
+      const auto [b, e0] = gs[i];
+      const int64_t e = mtp_pass ? std::min(e0, len - 1) : e0;
+      if (b >= e) continue;
+      fo.dp_tokens[size_t(d)] = e - b;
+      fo.dp_decode = fo.dp_decode && decoding(b);
+    }
+  };
   Device hidden_device = Device::cpu;  // where the model's hidden states live (the MTP input goes back there)
-  for (const auto& [b, e] : steps) {
+  for (size_t i = 0; i < rounds; ++i) {
+    if (dp > 1) dp_round(i, false);
+    if (i >= steps.size()) {
+      model.idle_step(fo);
+      continue;
+    }
+    const auto [b, e] = steps[i];
     ForwardBatch batch;
     batch.page_size = opt.page_size;
     batch.add_request(ids.subspan(size_t(b), size_t(e - b)), b, table, decoding(b));
@@ -66,12 +109,18 @@ ScoreResult score_sequence(const Model& model, std::span<const int32_t> ids, con
     }
     ++res.steps;
   }
-  if (opt.mtp && n >= 2) {
+  if (opt.mtp && (n >= 2 || dp > 1)) {  // (attention DP: the other groups' MTP steps need this rank too)
     // MTP at position p consumes (token p+1, hidden p); same schedule over positions 0..n-2.
-    res.mtp_logits = Tensor::empty({n - 1, c.vocab_size}, DType::f32);
-    for (const auto& [b, e0] : steps) {
+    if (n >= 2) res.mtp_logits = Tensor::empty({n - 1, c.vocab_size}, DType::f32);
+    for (size_t i = 0; i < rounds; ++i) {
+      if (dp > 1) dp_round(i, true);
+      const auto [b, e0] = i < steps.size() ? steps[i] : std::pair<int64_t, int64_t>(n, n);
       const int64_t e = std::min(e0, n - 1);
-      if (b >= e) continue;
+      if (b >= e) {
+        if (dp > 1 && std::any_of(fo.dp_tokens.begin(), fo.dp_tokens.end(), [](int64_t t) { return t > 0; }))
+          model.idle_step(fo, true);
+        continue;
+      }
       ForwardBatch batch;
       batch.page_size = opt.page_size;
       batch.add_request(ids.subspan(size_t(b + 1), size_t(e - b)), b, table, decoding(b));

@@ -17,7 +17,15 @@ struct ScoreOptions {
   AttentionForm attention = AttentionForm::automatic;
   const dist::ProcessGroups* dist = nullptr;  // a sharded model's groups (ForwardOptions::dist)
   bool dsa_topk_broadcast = false;            // ForwardOptions::dsa_topk_broadcast
+  bool moe_a2a_deepep = false;                // ForwardOptions::moe_a2a_deepep
 };
+
+// Attention DP (--attn-dp-size D > 1): DP group 0 scores the sequence; each other DP group d scores its
+// companion (the sequence reversed, d tokens shorter, at least one), in the same steps: other requests, as
+// a server's other DP ranks would run, so that every gather carries rows of D requests of different
+// lengths (prefill chunks of different sizes) and a group whose sequence ended takes idle steps
+// (Model::idle_step). The result is the own group's sequence's.
+std::vector<int32_t> dp_companion(std::span<const int32_t> ids, int64_t dp_rank);
 
 struct ScoreResult {
   Tensor logits;      // f32 [n, vocab]

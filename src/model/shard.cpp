@@ -1,6 +1,7 @@
 // Slicing bound weights into one rank's shard (model/shard.h).
 #include "model/shard.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -90,6 +91,41 @@ void Shard::validate(const ModelConfig& c) const {
     split("shared expert intermediate size", c.moe_intermediate_size * c.n_shared_experts, moe_tp(),
           std::max(bn, bk), "MoE TP");
   if (c.n_routed_experts > 0) split("n_routed_experts", c.n_routed_experts, layout.ep_size, 1, "--ep-size");
+}
+
+int64_t RowSplit::world_rows() const {
+  if (equal) return int64_t(rank_rows.size()) * block;
+  int64_t n = 0;
+  for (int64_t r : rank_rows) n += r;
+  return n;
+}
+
+RowSplit RowSplit::make(const Shard& s, std::vector<int64_t> dp_tokens, bool equal) {
+  const int64_t dp = s.layout.attn_dp_size, atp = s.attn_tp();
+  DSA_CHECK(int64_t(dp_tokens.size()) == dp, "forward: {} DP token counts for --attn-dp-size {}",
+            dp_tokens.size(), dp);
+  RowSplit p;
+  p.equal = equal;
+  for (int64_t d = 0; d < dp; ++d) {
+    const int64_t T = dp_tokens[size_t(d)], base = T / atp, extra = T % atp;
+    DSA_CHECK(T >= 0, "forward: DP group {} has {} tokens", d, T);
+    int64_t row = 0;
+    for (int64_t a = 0; a < atp; ++a) {
+      const int64_t n = base + (a < extra ? 1 : 0);
+      p.rank_rows.push_back(n);
+      p.block = std::max(p.block, n);
+      if (d == s.layout.attn_dp_rank(s.rank)) {
+        p.attn_rows.push_back(n);
+        if (a == s.attn_tp_rank()) {
+          p.begin = row;
+          p.end = row + n;
+        }
+      }
+      row += n;
+    }
+  }
+  p.dp_tokens = std::move(dp_tokens);
+  return p;
 }
 
 ModelWeights shard_weights(const ModelWeights& w, const ModelConfig& c, const Shard& s) {

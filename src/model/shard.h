@@ -12,6 +12,7 @@
 // row shards and the embedding shard (one zero row appended, the row of every token outside this rank's
 // vocabulary) are copies of the shard alone. FP8 block scales are split with their weights.
 #include <cstdint>
+#include <vector>
 
 #include "dist/layout.h"
 #include "model/config.h"
@@ -40,6 +41,24 @@ struct Shard {
   // Throws dsaserve::Error naming the size that does not split (heads, vocabulary, intermediate sizes,
   // experts, FP8 blocks) and the flag that asked for it.
   void validate(const ModelConfig& c) const;
+};
+
+// Where one step's token rows live when the MLP side sees other ranks' rows (SGLang's scattered mode:
+// attention DP, and DeepEP's dispatch under attention TP). Each DP group runs its own tokens; within its
+// attention TP group the rows are split in order (torch's tensor_split: the first T % attn_tp ranks one
+// more): rank (d, a) holds the rows [begin, end) of group d's tokens. The world's ranks, in order, hold
+// every DP group's tokens in order.
+struct RowSplit {
+  std::vector<int64_t> dp_tokens;  // per DP group: its tokens this step (0: an idle group)
+  bool equal = false;              // decode: the world gathers pad every rank to `block` rows
+  std::vector<int64_t> rank_rows;  // per world rank: the rows of its slice
+  std::vector<int64_t> attn_rows;  // per attention TP rank of this rank's group
+  int64_t begin = 0, end = 0;      // this rank's slice of its group's tokens
+  int64_t block = 0;               // max over rank_rows
+  int64_t rows() const { return end - begin; }
+  int64_t world_rows() const;  // rows of a world gather: equal ? ranks x block : the sum
+  // Throws dsaserve::Error when dp_tokens has not one entry per DP group.
+  static RowSplit make(const Shard& s, std::vector<int64_t> dp_tokens, bool equal);
 };
 
 // The shard of `w` (bound whole for `c`) that `s.rank` holds.

@@ -238,16 +238,21 @@ void Builder::dense_mlp(LayerKindPlan& lp, const PassTokens& p) const {
   const double H = double(c_.hidden_size), occ = p.occurrences;
   const double T = p.tokens, Tg = p.tokens_global;
   const bool gathered = adp > 1 && dtp > 1;
+  // Attention DP under attention TP (the scattered mode, SGLang's LayerCommunicator): o_proj's partial
+  // sums are reduce-scattered to each rank's rows and all-gathered back at the layer boundary.
+  const bool scattered = adp > 1 && atp > 1;
   if (atp > 1) {
-    lp.collectives.push_back(
-        coll("attn_tp_all_reduce", CollKind::all_reduce, "attn_tp", atp, "o_proj", occ, T / occ * H * kAct));
+    lp.collectives.push_back(scattered ? coll("attn_tp_reduce_scatter", CollKind::reduce_scatter, "attn_tp",
+                                              atp, "o_proj", occ, T / occ * H * kAct)
+                                       : coll("attn_tp_all_reduce", CollKind::all_reduce, "attn_tp", atp,
+                                              "o_proj", occ, T / occ * H * kAct));
   }
   lp.ops.push_back(op("post_attention_layernorm", OpKind::norm, Precision::none,
                       fmt::format("[{}, {}]", p.tokens_shape, c_.hidden_size), kNormFlops * T * H,
                       H * kAct * occ, 2 * T * H * kAct, 2 * T * H * kAct));
   if (gathered) {
-    lp.collectives.push_back(coll("dp_all_gather", CollKind::all_gather, "tp", tp, "post_attention_layernorm",
-                                  occ, p.gather_tokens / occ * H * kAct));
+    lp.collectives.push_back(coll("dp_all_gather", CollKind::all_gather, "world", tp,
+                                  "post_attention_layernorm", occ, p.gather_tokens / occ * H * kAct));
   }
   const double Tm = gathered ? Tg : T;
   const int64_t tm = gathered ? p.tokens_global_shape : p.tokens_shape;
@@ -264,11 +269,15 @@ void Builder::dense_mlp(LayerKindPlan& lp, const PassTokens& p) const {
                       2 * Tm * double(Il) * H, linear_bytes(c_, c_.hidden_size, Il) * occ,
                       Tm * double(Il) * kAct, Tm * H * kAct));
   if (gathered) {
-    lp.collectives.push_back(coll("dp_reduce_scatter", CollKind::reduce_scatter, "tp", tp, "mlp_down", occ,
+    lp.collectives.push_back(coll("dp_reduce_scatter", CollKind::reduce_scatter, "world", tp, "mlp_down", occ,
                                   p.gather_tokens / occ * H * kAct));
   } else if (dtp > 1) {
     lp.collectives.push_back(
-        coll("tp_all_reduce", CollKind::all_reduce, "tp", tp, "mlp_down", occ, T / occ * H * kAct));
+        coll("tp_all_reduce", CollKind::all_reduce, "world", tp, "mlp_down", occ, T / occ * H * kAct));
+  }
+  if (scattered) {
+    lp.collectives.push_back(coll("attn_tp_all_gather", CollKind::all_gather, "attn_tp", atp, "mlp_down", occ,
+                                  T / occ * H * kAct));
   }
 }
 
@@ -279,9 +288,10 @@ void Builder::moe(LayerKindPlan& lp, const PassTokens& p) const {
   const bool deepep = d_.moe_a2a_backend == A2aBackend::deepep;
   const bool gathered = adp > 1;
   const Precision pr = c_.fp8.enabled ? Precision::fp8 : Precision::bf16;
-  // TP attention + DeepEP: the o_proj all-reduce becomes a reduce-scatter (each rank dispatches its slice)
-  // and an all-gather after the combine, the same bytes as the article's all-reduce.
-  const bool split_reduce = deepep && adp == 1 && atp > 1;
+  // TP attention + DeepEP, or attention DP under attention TP (the scattered mode): the o_proj all-reduce
+  // becomes a reduce-scatter (each rank dispatches, or DP-gathers, its slice) and an all-gather at the
+  // layer boundary, the same bytes as the article's all-reduce.
+  const bool split_reduce = atp > 1 && (deepep ? adp == 1 : adp > 1);
   if (atp > 1) {
     lp.collectives.push_back(split_reduce ? coll("attn_tp_reduce_scatter", CollKind::reduce_scatter,
                                                  "attn_tp", atp, "o_proj", occ, T / occ * H * kAct)
@@ -293,8 +303,8 @@ void Builder::moe(LayerKindPlan& lp, const PassTokens& p) const {
                       fmt::format("[{}, {}]", n(Tn / occ), c_.hidden_size), kNormFlops * Tn * H,
                       H * kAct * occ, 2 * Tn * H * kAct, 2 * Tn * H * kAct));
   if (gathered) {
-    lp.collectives.push_back(coll("dp_all_gather", CollKind::all_gather, "tp", tp, "post_attention_layernorm",
-                                  occ, p.gather_tokens / occ * H * kAct));
+    lp.collectives.push_back(coll("dp_all_gather", CollKind::all_gather, "world", tp,
+                                  "post_attention_layernorm", occ, p.gather_tokens / occ * H * kAct));
   }
   const double Tall = gathered ? Tg : T;  // tokens the MoE group sees
   const double Town =
@@ -359,14 +369,15 @@ void Builder::moe(LayerKindPlan& lp, const PassTokens& p) const {
                       fmt::format("[{}, {}]", town, c_.hidden_size), 2 * (deepep ? Town : pairs) * H, 0,
                       rows_in * H * kAct, Town * H * kAct));
   if (gathered) {
-    lp.collectives.push_back(coll("dp_reduce_scatter", CollKind::reduce_scatter, "tp", tp, "moe_sum", occ,
+    lp.collectives.push_back(coll("dp_reduce_scatter", CollKind::reduce_scatter, "world", tp, "moe_sum", occ,
                                   p.gather_tokens / occ * H * kAct));
-  } else if (split_reduce) {
+  }
+  if (split_reduce) {
     lp.collectives.push_back(
         coll("attn_tp_all_gather", CollKind::all_gather, "attn_tp", atp, "moe_sum", occ, T / occ * H * kAct));
-  } else if (tp > 1 && !deepep) {
+  } else if (!gathered && tp > 1 && !deepep) {
     lp.collectives.push_back(
-        coll("tp_all_reduce", CollKind::all_reduce, "tp", tp, "moe_sum", occ, T / occ * H * kAct));
+        coll("tp_all_reduce", CollKind::all_reduce, "world", tp, "moe_sum", occ, T / occ * H * kAct));
   }
 }
 

@@ -98,7 +98,7 @@ enum class CollKind : uint8_t { all_reduce, all_gather, reduce_scatter, dispatch
 struct Collective {
   std::string name;  // stable: "attn_tp_all_reduce", "dp_all_gather", "ep_dispatch", ...
   CollKind kind = CollKind::all_reduce;
-  std::string group;  // "attn_tp", "tp", "ep"
+  std::string group;  // dist::to_string(GroupKind): "attn_tp", "world" (SGLang's TP group), "ep"
   int64_t group_size = 1;
   std::string after;       // the op it follows ("" = before the first op)
   int64_t count = 1;       // times per layer of its kind per pass (prefill: chunks)

@@ -56,11 +56,22 @@ Pass plan_step(const model::ModelConfig& c, const Deployment& d, const Hardware&
   t.requests = double(s.requests.size());
   t.tokens = double(T);
   t.tokens_global = double(T) * dp;
-  t.gather_tokens = double(T) * dp;
+  if (!s.dp_tokens.empty()) {  // the rows the world gathers carried (model/shard.h RowSplit)
+    DSA_CHECK(int64_t(s.dp_tokens.size()) == d.attn_dp_size,
+              "plan_step: {} DP token counts for --attn-dp-size {}", s.dp_tokens.size(), d.attn_dp_size);
+    const int64_t atp = d.attn_tp();
+    int64_t sum = 0, block = 0;
+    for (int64_t n : s.dp_tokens) {
+      sum += n;
+      block = std::max(block, (n + atp - 1) / atp);  // the largest slice (tensor_split: the first ones)
+    }
+    t.tokens_global = s.dp_equal ? double(block * d.tp) : double(sum);
+  }
+  t.gather_tokens = t.tokens_global;
   t.logit_tokens = s.all_logits ? double(T) : t.requests;
   t.norm_tokens = double(T);
   t.tokens_shape = T;
-  t.tokens_global_shape = int64_t(double(T) * dp);
+  t.tokens_global_shape = int64_t(t.tokens_global);
   t.context_shape = ctx;
   const detail::Builder b(c, d, hw);
   const char* name =

@@ -22,14 +22,20 @@ struct StepShape {
   bool decode = false;      // the requests are decoding (the step's phase); else a prefill or a chunk of one
   bool mtp = false;         // the MTP layer's pass over these tokens ("draft" / "prefill_draft_extend")
   bool all_logits = false;  // the LM head runs on every token (score), else on each request's last one
+  // Attention DP: every DP group's tokens in this step (the traced pass's "dp_tokens") and whether the
+  // world gathers padded them to equal lengths ("dp_equal": ranks x the largest slice) or gathered the
+  // rows themselves (the variable-length form). Empty: every DP group runs a batch like this one.
+  std::vector<int64_t> dp_tokens;
+  bool dp_equal = false;
 };
 
 // The pass of one step on one rank of `d` (its layout and KV dtype; batch, context and prefill flags are
 // not used: the requests give them). With attention DP, every DP group is assumed to run a batch like
-// this one (the gathers and the MoE see attn_dp_size times these tokens). Named like the forward's trace
-// context: "prefill" / "decode", or for the MTP layer "prefill_draft_extend" / "draft". Unlike
-// build_plan's passes, the final norm runs on every token (the engine normalises the whole batch) and
-// sampling is the LM head's rows (the engine samples outside the model's forward pass).
+// this one (the gathers and the MoE see attn_dp_size times these tokens) unless s.dp_tokens says
+// otherwise. Named like the forward's trace context: "prefill" / "decode", or for the MTP layer
+// "prefill_draft_extend" / "draft". Unlike build_plan's passes, the final norm runs on every token (the
+// engine normalises the whole batch) and sampling is the LM head's rows (the engine samples outside the
+// model's forward pass).
 // Throws dsaserve::Error for an empty batch or a request without new tokens.
 Pass plan_step(const model::ModelConfig& c, const Deployment& d, const Hardware& hw, const StepShape& s);
 

@@ -38,6 +38,10 @@ bool step_shape(const trace::Event& e, StepShape* s) {
   for (const auto& r : a["requests"]) s->requests.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
   s->decode = str(a, "step") == "decode";
   s->mtp = a.value("mtp", false);
+  if (a.contains("dp_tokens") && a["dp_tokens"].is_array()) {
+    for (const auto& n : a["dp_tokens"]) s->dp_tokens.push_back(n.get<int64_t>());
+    s->dp_equal = a.value("dp_equal", false);
+  }
   s->all_logits = a.value("all_logits", false);
   return !s->requests.empty();
 }

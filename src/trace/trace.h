@@ -158,7 +158,7 @@ class OpScope : public Scope {
 
 // A "collective" span: one all-reduce, all-gather, reduce-scatter, EP dispatch/combine or broadcast of a
 // multi-rank run, named like the plan's collective records (plan.h Collective: "attn_tp_all_reduce",
-// "ep_dispatch", ...), with its group ("attn_tp", "tp", "ep"), group size and message bytes per rank,
+// "ep_dispatch", ...), with its group ("attn_tp", "world", "ep"), group size and message bytes per rank,
 // and the thread's context. Summary key "collective/step/pass/kind/name". (One process runs none.)
 class CollectiveScope : public Scope {
  public:

@@ -1,5 +1,6 @@
 // End-to-end: `dsaserve score --tp N` (the real binary: its ranks are processes talking over Gloo) gives
-// the `--tp 1` logits within 1e-5 relative, for pure TP, TP with EP, and four ranks; and its flag errors.
+// the `--tp 1` logits within 1e-5 relative, for pure TP, TP with EP, four ranks, attention DP and DeepEP's
+// dispatch / combine; the traced collectives against the plan; and its flag errors.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -7,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "common/fixtures.h"
 #include "io/safetensors.h"
@@ -86,10 +88,24 @@ TEST_F(ScoreTp, TinyPrefillChunksDecodeAndMtpEqualOneRank) {
                       true);
 }
 
+// Attention DP (DP group 0 scores the sequence, the others companion sequences of other lengths: the
+// gathers carry rows of several requests, variable-length in prefill, padded in decode, idle steps at the
+// end), with attention TP inside the DP groups (the scattered mode), and DeepEP's dispatch / combine.
+TEST_F(ScoreTp, TinyAttentionDpAndDeepepEqualOneRank) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  expect_equal_to_tp1(tiny, fmt::format("--ids {} --chunk 16 --decode-from 70 --mtp", ids(80)),
+                      {"--tp 2 --ep-size 2 --attn-dp-size 2", "--tp 4 --attn-dp-size 2",
+                       "--tp 4 --ep-size 2 --attn-dp-size 4", "--tp 2 --ep-size 2 --moe-a2a-backend deepep",
+                       "--tp 4 --ep-size 4 --moe-a2a-backend deepep"},
+                      true);
+}
+
 TEST_F(ScoreTp, RealdimsEqualsOneRank) {
   DSA_FIXTURE_PATH(realdims, "models/realdims");
   expect_equal_to_tp1(realdims, fmt::format("--ids {} --decode-from 12", ids(16)),
-                      {"--tp 2", "--tp 2 --ep-size 2"}, false);
+                      {"--tp 2", "--tp 2 --ep-size 2", "--tp 2 --ep-size 2 --attn-dp-size 2",
+                       "--tp 2 --ep-size 2 --moe-a2a-backend deepep"},
+                      false);
 }
 
 // The traced collectives of rank 0's decode steps against the plan of the deployment that ran
@@ -136,6 +152,79 @@ TEST_F(ScoreTp, TracedCollectivesOfADecodeStepAreThePlans) {
     EXPECT_EQ(traced.count("indexer_topk_broadcast") ? traced["indexer_topk_broadcast"].first : 0.0,
               broadcast ? 2.0 : 0.0);
     EXPECT_EQ(traced, planned) << layout << " " << s["collectives"].dump();
+    // The groups by the same names on both sides (the dist layout's: "world" is SGLang's TP group).
+    std::map<std::string, std::string> traced_group, planned_group;
+    for (const auto& c : s["collectives"]["traced"])
+      if (c["step"] == "decode") traced_group[c["name"].get<std::string>()] = c["group"].get<std::string>();
+    for (const auto& c : s["collectives"]["what_if"]["collectives"])
+      if (c["step"] == "decode") planned_group[c["name"].get<std::string>()] = c["group"].get<std::string>();
+    EXPECT_EQ(traced_group, planned_group) << layout;
+    EXPECT_EQ(traced_group["tp_all_reduce"], "world") << layout;
+  }
+}
+
+// The same for attention DP, one decode run and one prefill run, groups included: rank 0's world gathers
+// and scatters around every layer's MLP (the dense MLP is split over the world too), padded to equal
+// lengths in decode (the last step: DP group 1 idle), the rows of both requests (72 + 71) in the prefill;
+// with attention TP 2 inside each DP group (--tp 4 --attn-dp-size 2) also the embedding's all-reduce,
+// o_proj's reduce-scatter, the rows' all-gather at each layer boundary and the LM head's all-gather.
+TEST_F(ScoreTp, TracedCollectivesOfAttentionDpStepsAreThePlans) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  struct Case {
+    std::string layout, args, step;
+    int64_t passes;
+  };
+  const std::string decode = fmt::format("--ids {} --decode-from 69", ids(72)),
+                    prefill = fmt::format("--ids {}", ids(72));
+  for (const Case& k : {Case{"--tp 2 --ep-size 2 --attn-dp-size 2", decode, "decode", 3},
+                        Case{"--tp 2 --ep-size 2 --attn-dp-size 2", prefill, "prefill", 1},
+                        Case{"--tp 4 --attn-dp-size 2", decode, "decode", 3},
+                        Case{"--tp 4 --attn-dp-size 2", prefill, "prefill", 1}}) {
+    const std::string what = k.layout + " " + k.step;
+    const std::filesystem::path dir = ::testing::TempDir() + "score_tp_dp_trace";
+    std::filesystem::remove_all(dir);
+    ASSERT_NE(score(tiny, fmt::format("{} --trace-dir {}", k.args, dir.string()), k.layout, "dp_trace"),
+              nullptr);
+    std::filesystem::path file;
+    for (const auto& e : std::filesystem::directory_iterator(dir / "rank0")) file = e.path();
+    std::ifstream f(file);
+    const nlohmann::json s = nlohmann::json::parse(f)["plan_summary"];
+    int64_t passes = 0;
+    for (const auto& st : s["steps"])
+      if (st["step"] == k.step) passes = st["passes"];
+    ASSERT_EQ(passes, k.passes) << what;
+    using Entry = std::tuple<std::string, int64_t, double, double>;  // group, size, count, bytes per step
+    std::map<std::string, Entry> traced, planned;
+    for (const auto& c : s["collectives"]["traced"]) {
+      if (c["step"] != k.step) continue;
+      auto& [g, n, count, bytes] = traced[c["name"].get<std::string>()];
+      g = c["group"].get<std::string>();
+      n = c["group_size"].get<int64_t>();
+      count += 1.0 / double(passes);
+      bytes += c["bytes"].get<double>() / double(passes);
+    }
+    for (const auto& c : s["collectives"]["what_if"]["collectives"]) {
+      if (c["step"] != k.step) continue;
+      planned[c["name"].get<std::string>()] = {c["group"].get<std::string>(), c["group_size"].get<int64_t>(),
+                                               c["count_per_step"].get<double>(),
+                                               2 * c["bytes_per_step"].get<double>()};  // f32 vs bf16
+    }
+    // tiny: 4 layers, each a DP all-gather and a DP reduce-scatter over the world.
+    const bool attn_tp = k.layout.find("--tp 4") != std::string::npos;
+    ASSERT_EQ(traced.size(), attn_tp ? 6u : 2u) << what << " " << s["collectives"].dump();
+    EXPECT_EQ(std::get<0>(traced["dp_all_gather"]), "world");
+    EXPECT_EQ(std::get<2>(traced["dp_all_gather"]), 4.0);
+    EXPECT_EQ(std::get<2>(traced["dp_reduce_scatter"]), 4.0);
+    // hidden 128 (tiny), f32: decode one row per rank (padded), prefill 72 + 71 rows, per layer.
+    const double rows = k.step == "decode" ? (attn_tp ? 4 : 2) : 143;
+    EXPECT_EQ(std::get<3>(traced["dp_all_gather"]), 4 * rows * 128 * 4) << what;
+    if (attn_tp) {
+      EXPECT_EQ(std::get<2>(traced["attn_tp_reduce_scatter"]), 4.0) << what;
+      EXPECT_EQ(std::get<2>(traced["attn_tp_all_gather"]), 4.0) << what;
+      EXPECT_EQ(std::get<0>(traced["attn_tp_all_gather"]), "attn_tp") << what;
+      EXPECT_EQ(traced.count("embed_all_reduce") + traced.count("lm_head_all_gather"), 2u) << what;
+    }
+    EXPECT_EQ(traced, planned) << what << " " << s["collectives"].dump();
   }
 }
 
@@ -151,8 +240,10 @@ TEST_F(ScoreTp, FlagErrorsEndWithOneLine) {
   EXPECT_NE(msg.find("--tp 2 is not divisible by --ep-size 3"), std::string::npos) << msg;
   EXPECT_NE(run("--tp 8", &msg), 0);  // 4 heads do not split 8 ways
   EXPECT_NE(msg.find("num_attention_heads 4 does not split 8 ways"), std::string::npos) << msg;
-  EXPECT_NE(run("--tp 2 --attn-dp-size 2", &msg), 0);
-  EXPECT_NE(msg.find("--attn-dp-size"), std::string::npos) << msg;
+  EXPECT_NE(run("--tp 2 --moe-a2a-backend deepep", &msg), 0);  // --ep-size 1
+  EXPECT_NE(msg.find("--moe-a2a-backend deepep runs with --ep-size = --tp"), std::string::npos) << msg;
+  EXPECT_NE(run("--tp 2 --ep-size 2 --moe-a2a-backend mooncake", &msg), 0);
+  EXPECT_NE(msg.find("--moe-a2a-backend"), std::string::npos) << msg;
   EXPECT_NE(run("--tp 2 --dist-init-addr nohostport", &msg), 0);
   EXPECT_NE(msg.find("--dist-init-addr must be HOST:PORT"), std::string::npos) << msg;
   EXPECT_NE(run("--tp 2 --nnodes 2", &msg), 0);

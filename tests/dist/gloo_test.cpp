@@ -87,6 +87,19 @@ TEST_P(Gloo, EveryCollective) {
     Tensor rs_out = Tensor::empty({2}, DType::f32);
     c.reduce_scatter(Tensor::from_vector(in, {2 * n}), rs_out);
     EXPECT_EQ(values(rs_out), (std::vector<float>{s + float(n * 2 * r), s + float(n * (2 * r + 1))}));
+    // reduce_scatter_v: rank q receives q rows of [3] (rank 0 none); element e of the input is r + e.
+    {
+      std::vector<int64_t> rrows;
+      int64_t rtotal = 0;
+      for (int64_t q = 0; q < n; ++q) rtotal += (rrows.emplace_back(q), q);
+      std::vector<float> rin;
+      for (int64_t e = 0; e < rtotal * 3; ++e) rin.push_back(float(r + e));
+      Tensor rv_out = Tensor::empty({r, 3}, DType::f32);
+      c.reduce_scatter_v(Tensor::from_vector(rin, {rtotal, 3}), rv_out, rrows);
+      const int64_t first = r * (r - 1) / 2;  // rows before this rank's
+      for (int64_t e = 0; e < r * 3; ++e)
+        EXPECT_EQ(rv_out.data<float>()[e], s + float(n * (first * 3 + e))) << "rank " << r << " e " << e;
+    }
     // all_gather of [2, 2] blocks (any dtype: i32 here).
     Tensor g_in = Tensor::empty({2, 2}, DType::i32);
     for (int i = 0; i < 4; ++i) g_in.data<int32_t>()[i] = int32_t(100 * r + i);

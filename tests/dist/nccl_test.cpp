@@ -28,8 +28,11 @@ void run_every_collective(CUstream_st* stream) {
   c->all_reduce(t);
   Tensor bf = host(v).to(DType::bf16).to(Device::cuda);
   c->all_reduce(bf);
+  Tensor rv = Tensor::empty({4}, DType::f32, Device::cuda);
+  const std::vector<int64_t> all{4};
+  c->reduce_scatter_v(t, rv, all);  // one rank: its rows are all of them (grouped ncclReduce)
   Tensor out = Tensor::empty({4}, DType::f32, Device::cuda);
-  c->reduce_scatter(t, out);
+  c->reduce_scatter(rv, out);
   Tensor g = Tensor::empty({4}, DType::f32, Device::cuda);
   c->all_gather(out, g);
   const std::vector<int64_t> rows{4};
@@ -68,7 +71,7 @@ TEST(CudaNccl, WorldOfOneOnTheDefaultStreamRecordsSpans) {
   trace::set_active(nullptr);
   int spans = 0;
   for (const trace::Event& e : rec.events()) spans += e.cat == "collective";
-  EXPECT_EQ(spans, 10);  // 9 collectives, and the CPU tensor the backend refused inside its span
+  EXPECT_EQ(spans, 11);  // 10 collectives, and the CPU tensor the backend refused inside its span
 }
 
 }  // namespace

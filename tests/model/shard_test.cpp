@@ -110,5 +110,25 @@ TEST(Shard, SizesThatDoNotSplitAreErrors) {
   EXPECT_NO_THROW(Shard({{4, 4, 1}, 3}).validate(c));
 }
 
+// The rows of a step over the ranks (the scattered mode): tensor_split within each DP group's attention TP
+// ranks, every DP group's tokens in world order, the padded block of a decode.
+TEST(RowSplit, SlicesOfEachDpGroupsTokens) {
+  // --tp 4 --attn-dp-size 2: DP group 0 = ranks 0, 1; group 1 = ranks 2, 3.
+  const dist::ParallelLayout l{4, 1, 2};
+  const RowSplit r1 = RowSplit::make(Shard{l, 1}, {5, 2}, false);
+  EXPECT_EQ(r1.rank_rows, (std::vector<int64_t>{3, 2, 1, 1}));
+  EXPECT_EQ(r1.attn_rows, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(r1.begin, 3);
+  EXPECT_EQ(r1.end, 5);
+  EXPECT_EQ(r1.block, 3);
+  EXPECT_EQ(r1.world_rows(), 7);                                  // variable: the rows themselves
+  const RowSplit r2 = RowSplit::make(Shard{l, 2}, {1, 0}, true);  // decode; group 1 idle
+  EXPECT_EQ(r2.rank_rows, (std::vector<int64_t>{1, 0, 0, 0}));
+  EXPECT_EQ(r2.attn_rows, (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(r2.rows(), 0);
+  EXPECT_EQ(r2.world_rows(), 4);  // equal: every rank padded to the block of 1
+  EXPECT_THROW(RowSplit::make(Shard{l, 0}, {1, 2, 3}, false), Error);  // not one count per DP group
+}
+
 }  // namespace
 }  // namespace dsaserve::model

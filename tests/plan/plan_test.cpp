@@ -438,6 +438,54 @@ ModelConfig small_config() {
 
 // plan_step: one engine step's exact batch. A prompt chunk of 3 tokens and a request extending a 9-token
 // prefix by one (not decoding: the step is a prefill), checked by hand.
+// Attention DP under attention TP 2 (--tp 8 --attn-dp-size 4): the scattered mode, o_proj's reduction a
+// reduce-scatter in attention TP and the rows' all-gather at the layer boundary, the DP gathers over the
+// world group between them.
+TEST_F(Glm53, AttentionDpUnderAttentionTp) {
+  Deployment d;
+  d.tp = 8;
+  d.ep_size = 8;
+  d.attn_dp_size = 4;
+  d.batch = 32;
+  d.context = 4096;
+  const Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  const Pass& dec = pass_named(p.decode, "decode");
+  EXPECT_EQ(dec.tokens_local, 8);  // 32 requests over 4 DP groups
+  for (const char* kind : {"dense.full", "moe.shared"}) {
+    const LayerKindPlan& k = kind_named(dec, kind);
+    EXPECT_EQ(coll_names(k), (std::vector<std::string>{"attn_tp_reduce_scatter", "dp_all_gather",
+                                                       "dp_reduce_scatter", "attn_tp_all_gather"}))
+        << kind;
+    EXPECT_EQ(coll_named(k.collectives, "attn_tp_reduce_scatter")->group, "attn_tp");
+    EXPECT_EQ(coll_named(k.collectives, "attn_tp_reduce_scatter")->bytes, 8.0 * 6144 * 2);
+    EXPECT_EQ(coll_named(k.collectives, "attn_tp_all_gather")->bytes, 8.0 * 6144 * 2);
+    EXPECT_EQ(coll_named(k.collectives, "dp_all_gather")->group, "world");  // SGLang's TP group
+    EXPECT_EQ(coll_named(k.collectives, "dp_all_gather")->bytes, 32.0 * 6144 * 2);
+  }
+}
+
+// plan_step prices a traced pass's DP gathers from every group's tokens: the rows themselves (prefill's
+// variable form) or every rank padded to the largest attention TP slice (decode's equal lengths).
+TEST(PlanStep, DpTokensSetTheGatheredRows) {
+  const ModelConfig cfg = small_config();
+  Deployment d;
+  d.tp = 4;
+  d.attn_dp_size = 2;  // attention TP 2
+  StepShape s;
+  s.requests = {{5, 0}};
+  s.dp_tokens = {5, 2};
+  const double row = double(cfg.hidden_size) * 2;
+  auto gather = [&] {
+    const Pass p = plan_step(cfg, d, Hardware::named("h200"), s);
+    return coll_named(kind_named(p, "dense.full").collectives, "dp_all_gather")->bytes / row;
+  };
+  EXPECT_EQ(gather(), 7.0);  // 5 + 2
+  s.dp_equal = true;
+  EXPECT_EQ(gather(), 12.0);  // 4 ranks x the slice of 3 (5 = 3 + 2)
+  s.dp_tokens = {5};
+  EXPECT_THROW(gather(), Error);
+}
+
 TEST(PlanStep, HandComputedBatch) {
   const ModelConfig cfg = small_config();
   StepShape s;
