@@ -55,10 +55,14 @@ std::shared_ptr<DistFlags> add_dist_flags(CLI::App& sub) {
 }
 
 std::optional<int> launch_if_needed(const DistFlags& f) {
-  f.layout.validate();
-  if (!f.multi_rank() || f.rank.launched()) return std::nullopt;
   dist::LaunchSpec spec = f.launch;
   spec.world_size = f.layout.tp;
+  return launch_if_needed(f, spec, false);
+}
+
+std::optional<int> launch_if_needed(const DistFlags& f, const dist::LaunchSpec& spec, bool always) {
+  f.layout.validate();
+  if (!(f.multi_rank() || always) || f.rank.launched()) return std::nullopt;
   return dist::launch_ranks("/proc/self/exe", own_arguments(), spec);
 }
 

@@ -20,6 +20,7 @@
 #include "runtime/engine/cuda_graph_runner.h"
 #include "runtime/engine/device.h"
 #include "runtime/engine/memory_plan.h"
+#include "runtime/ranks/ranks.h"
 #include "server/builtin.h"
 #include "server/constrained.h"
 #include "server/json_body.h"
@@ -31,8 +32,6 @@ namespace dsaserve::server {
 namespace {
 
 using nlohmann::json;
-
-bool is_builtin_model(const std::string& p) { return p == "builtin" || p == "builtin:demo"; }
 
 std::string read_text(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -564,6 +563,9 @@ int run_server(const ServerConfig& in) {
   const model::KvCacheDtype kv_dtype =
       runtime::resolve_kv_cache_dtype(cfg.kv_cache_dtype, device, model->config());
   cfg.engine.kv_dtype = kv_dtype;
+  // --tp N: rank 0's shard only (runtime/ranks: the other ranks hold theirs and follow its steps).
+  if (cfg.engine.ranks && cfg.engine.ranks->world_size() > 1)
+    model = model->sharded(cfg.engine.ranks->shard());
   const auto t_loaded = std::chrono::steady_clock::now();
   model = runtime::model_on_device(std::move(model), device, cfg.kernels, kv_dtype);
   const auto t_uploaded = std::chrono::steady_clock::now();
@@ -636,7 +638,8 @@ int run_server(const ServerConfig& in) {
   cfg.engine.scheduler.eos_token_ids = eos;
   // Warm-up (CUDA): kernel loading, cuBLASLt heuristics and allocator growth before the first request;
   // its cached blocks go back to the device, so the free memory measured next is what steps can use.
-  const double warm_s = device == Device::cuda ? runtime::warm_up(*model, kv_dtype, 64) : 0.0;
+  const double warm_s =
+      device == Device::cuda ? runtime::warm_up(*model, kv_dtype, 64, cfg.engine.forward) : 0.0;
   runtime::release_cached_memory(device);
   constexpr double kGiB = 1024.0 * 1024 * 1024;
   const int64_t weight_bytes = model->weights().bytes();
