@@ -2,7 +2,7 @@
 // processes talking over Gloo) on the tiny fixture model. Greedy completions equal those of `--tp 1` and
 // the goldens, each alone and 8 at once (chunked prefills, prompts past the indexer's top-k); an idle
 // server outlives --dist-timeout (the idle beats); SIGTERM ends every rank with status 0; a follower or
-// rank 0 killed ends the whole server with an error in bounded time, never a hang.
+// rank 0 killed, or a follower hung, ends the whole server with an error in bounded time, never a hang.
 #include <dirent.h>
 #include <gtest/gtest.h>
 
@@ -202,6 +202,24 @@ TEST_F(ServeTp, AKilledRankEndsTheServerWithAnError) {
     std::printf("RESULT serve --tp 2: rank %d killed -> server ended with status %d in %.2f s\n", victim,
                 *status, secs);
   }
+}
+
+// A follower that hangs (SIGSTOP) fails rank 0's next message after --dist-timeout: the server ends.
+TEST_F(ServeTp, AHungFollowerEndsTheServerAfterTheDistTimeout) {
+  ServerProcess s(server_args(tiny_, {"--tp", "2", "--dist-timeout", "2"}), 0, true);
+  ASSERT_GT(s.port(), 0) << s.log();
+  const std::map<int, pid_t> ranks = ranks_of(s.pid());
+  ASSERT_EQ(ranks.size(), 2u);
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(ranks.at(1), SIGSTOP);
+  const std::optional<int> status = s.wait_exit(std::chrono::seconds(30));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::kill(ranks.at(1), SIGCONT);
+  ASSERT_TRUE(status.has_value()) << "a hung follower: the server did not end\n" << s.output();
+  EXPECT_NE(*status, 0) << s.output();
+  EXPECT_LT(secs, 15) << s.output();  // 2 s timeout + 3 s grace
+  EXPECT_NE(s.output().find("rank 0 exited with status 1"), std::string::npos) << s.output();
+  std::printf("RESULT serve --tp 2: rank 1 hung -> server ended with status %d in %.2f s\n", *status, secs);
 }
 
 }  // namespace
