@@ -31,7 +31,7 @@ std::vector<std::string> own_arguments() {
 std::shared_ptr<DistFlags> add_dist_flags(CLI::App& sub) {
   auto f = std::make_shared<DistFlags>();
   sub.add_option("--tp,--tp-size,--tensor-parallel-size", f->layout.tp,
-                 "ranks in all (SGLang --tp): CPU processes on one machine")
+                 "ranks in all (SGLang --tp): processes on this machine, one per GPU with --device cuda")
       ->capture_default_str();
   sub.add_option("--ep-size,--expert-parallel-size", f->layout.ep_size, "expert parallel size")
       ->capture_default_str();
