@@ -1,7 +1,6 @@
 #include "runtime/ranks/leader.h"
 
-#include <fmt/format.h>
-
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -94,11 +93,6 @@ Tensor LeaderRunner::wait() {
   busy_ = false;
   last_ = std::chrono::steady_clock::now();
   return logits;
-}
-
-int64_t LeaderRunner::messages() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return seq_;
 }
 
 void LeaderRunner::beat() {

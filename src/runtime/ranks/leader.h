@@ -40,9 +40,6 @@ class LeaderRunner final : public ModelRunner {
   int64_t graph_replays() override { return inner_->graph_replays(); }
   Tensor hidden() override { return inner_->hidden(); }
 
-  // Messages sent so far (init, steps, idle beats).
-  int64_t messages() const;
-
  private:
   void send(StepMessage m);  // under mu_
   void beat();
@@ -51,7 +48,7 @@ class LeaderRunner final : public ModelRunner {
   std::unique_ptr<ModelRunner> inner_;
   std::shared_ptr<Ranks> ranks_;
   std::chrono::milliseconds interval_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   bool busy_ = false;  // a step is in flight (no beats: the followers are in its forward)
   bool stop_ = false;
