@@ -729,13 +729,25 @@ int run_server(const ServerConfig& in) {
     recorder->set_max_events(size_t(cfg.trace_max_events));
     // Each trace file's "plan_summary": its op spans' time next to the plan's roofline for the same
     // batches (plan/trace_summary.h). A model the planner cannot price says why there instead.
-    recorder->set_annotator([mc = model->config()](const std::vector<trace::Event>& ev, nlohmann::json& j) {
-      try {
-        j["plan_summary"] = plan::measured_vs_planned(ev, mc, plan::TraceSummaryOptions{});
-      } catch (const std::exception& e) {
-        j["plan_summary"] = {{"error", e.what()}};
-      }
-    });
+    // With --tp: rank 0's ops are its shard's, the collectives those of the deployment that ran.
+    plan::TraceSummaryOptions po;
+    if (cfg.engine.ranks) {
+      const dist::ParallelLayout& l = cfg.engine.ranks->layout();
+      po.deployment.tp = l.tp;
+      po.deployment.ep_size = l.ep_size;
+      po.deployment.attn_dp_size = l.attn_dp_size;
+      po.deployment.moe_dense_tp_size = l.moe_dense_tp_size;
+      po.deployment.dsa_topk_broadcast = cfg.engine.forward.dsa_topk_broadcast;
+      po.what_if = po.deployment;
+    }
+    recorder->set_annotator(
+        [mc = model->config(), po](const std::vector<trace::Event>& ev, nlohmann::json& j) {
+          try {
+            j["plan_summary"] = plan::measured_vs_planned(ev, mc, po);
+          } catch (const std::exception& e) {
+            j["plan_summary"] = {{"error", e.what()}};
+          }
+        });
     trace::set_active(&*recorder);
     uninstall.on = true;
   }

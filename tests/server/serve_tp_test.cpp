@@ -8,6 +8,7 @@
 
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "io/safetensors.h"
 #include "model/golden_util.h"      // tests/model/: ids_of
@@ -202,6 +203,27 @@ TEST_F(ServeTp, AKilledRankEndsTheServerWithAnError) {
     std::printf("RESULT serve --tp 2: rank %d killed -> server ended with status %d in %.2f s\n", victim,
                 *status, secs);
   }
+}
+
+// --trace-dir traces rank 0: its collectives (the model's and the step messages') beside the plan of the
+// deployment that ran.
+TEST_F(ServeTp, TraceDirRecordsRankZerosCollectivesBesideTheDeploymentsPlan) {
+  const std::filesystem::path dir = ::testing::TempDir() + "serve_tp_trace";
+  std::filesystem::remove_all(dir);
+  ServerProcess s(server_args(tiny_, {"--tp", "2", "--ep-size", "2", "--trace-dir", dir.string()}));
+  ASSERT_GT(s.port(), 0) << s.log();
+  EXPECT_EQ(token_ids(post_json(s.port(), "/v1/completions", greedy_body({1, 2, 3}, 4))).size(), 4u);
+  EXPECT_EQ(s.stop(), 0);
+  std::filesystem::path file;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) file = e.path();
+  ASSERT_FALSE(file.empty()) << "no trace in " << dir;
+  std::ifstream f(file);
+  const json ps = json::parse(f)["plan_summary"];
+  EXPECT_EQ(ps["deployment"], "tp2,ep2,dp1") << ps.dump();
+  std::set<std::string> names;
+  for (const auto& c : ps["collectives"]["traced"]) names.insert(c["name"].get<std::string>());
+  for (const char* n : {"attn_tp_all_reduce", "embed_all_reduce", "lm_head_all_gather", "step_broadcast"})
+    EXPECT_TRUE(names.count(n)) << n << " not traced: " << ps["collectives"].dump();
 }
 
 // A follower that hangs (SIGSTOP) fails rank 0's next message after --dist-timeout: the server ends.
