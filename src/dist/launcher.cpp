@@ -218,6 +218,20 @@ int launch_ranks(const std::string& exe, const std::vector<std::string>& args, c
     if (!ok && failed < 0) {
       failed = first + i;
       why = describe_status(status);
+      if (!WIFSIGNALED(status)) {
+        // A peer already dead by a signal is the cause (this rank failed when that peer vanished): name
+        // it (peeked at, not reaped: the loop reaps it next).
+        for (int64_t j = 0; j < n; ++j) {
+          if (done[size_t(j)] || pids[size_t(j)] <= 0) continue;
+          siginfo_t si{};
+          if (waitid(P_PID, id_t(pids[size_t(j)]), &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+              si.si_pid == pids[size_t(j)] && (si.si_code == CLD_KILLED || si.si_code == CLD_DUMPED)) {
+            failed = first + j;
+            why = fmt::format("was killed by signal {} ({})", si.si_status, strsignal(si.si_status));
+            break;
+          }
+        }
+      }
       fmt::print(stderr, "error: rank {} {}; ending the other {} rank(s)\n", failed, why, left);
       std::fflush(stderr);
       end_survivors();
