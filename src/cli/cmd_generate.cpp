@@ -5,6 +5,7 @@
 //                   [--cuda-graph-max-bs N | --disable-cuda-graph]
 //                   [--speculative-algorithm EAGLE|NEXTN --speculative-num-steps N
 //                    --speculative-eagle-topk 1 --speculative-num-draft-tokens N+1]
+//                   [--tp N [--ep-size E] [--dsa-topk-broadcast] [--dist-timeout S] [--dist-launch]]
 // Continues a token prompt on the CPU or GPU and prints the new token ids as JSON: {"output_ids": [...],
 // ...timings}. The serving engine's loop runs it (runtime::Engine::step on this thread, one request: one
 // prefill, then one decode step per token, no EOS stop), so `generate` and `serve` share the scheduler,
@@ -15,6 +16,9 @@
 // tokens, the target verifies N + 1 rows, eagerly, no CUDA graphs; sampled requests by speculative
 // sampling: the same distribution, other tokens than without speculation for one seed) and the JSON adds
 // "speculative" (its accept statistics).
+// With --tp N the process launches N ranks of itself (cli/serving_ranks.h): each holds its shard of the
+// weights; rank 0 runs the engine and sends each step's batch to the others, which run the same forward
+// (runtime/ranks/leader.h); rank 0 prints the JSON.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -22,8 +26,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/dist_flags.h"
 #include "cli/kernel_flags.h"
 #include "cli/model_options.h"
+#include "cli/serving_ranks.h"
 #include "cli/spec_flags.h"
 #include "cli/token_ids.h"
 #include "core/error.h"
@@ -32,6 +38,7 @@
 #include "model/load.h"
 #include "runtime/engine/device.h"
 #include "runtime/engine/engine.h"
+#include "runtime/ranks/leader.h"
 #include "runtime/sampler/sampler.h"
 #include "runtime/spec/spec_config.h"
 
@@ -92,7 +99,9 @@ CommandRun setup(CLI::App& sub) {
   sub.add_flag("--disable-cuda-graph", o->disable_cuda_graph, "run every step eagerly (no CUDA graphs)");
   add_spec_flags(sub, o->spec);
   auto kflags = add_kernel_flags(sub);
-  return [o, temp, topk, topp, minp, seed, kflags]() -> int {
+  auto dflags = add_dist_flags(sub);
+  auto rflags = add_serving_rank_flags(sub);
+  return [o, temp, topk, topp, minp, seed, kflags, dflags, rflags]() -> int {
     DSA_CHECK(!o->prompt.empty() || !o->prompt_file.empty(),
               "generate: give the prompt with --prompt-ids or --prompt-ids-file");
     const std::vector<int32_t> prompt =
@@ -102,6 +111,11 @@ CommandRun setup(CLI::App& sub) {
     const bool sampling = temp->count() + topk->count() + topp->count() + minp->count() + seed->count() > 0;
 
     const Device device = runtime::parse_device(o->device);
+    o->spec.validate(1);  // the flags alone; the model's MTP layer is checked once loaded
+    // Ranks: checked once, before any starts; this process runs them, or is one.
+    check_serving_ranks(*dflags, *rflags, "generate", device, o->model, false, o->spec.enabled());
+    if (const auto status = launch_serving_ranks(*dflags, *rflags, device, false)) return *status;
+    const std::shared_ptr<runtime::Ranks> ranks = connect_serving_rank(*dflags, device, o->threads);
     runtime::use_device(device);
     const auto t0 = std::chrono::steady_clock::now();
     o->spec.validate(1);  // the flags alone; the model's MTP layer is checked once loaded
@@ -110,9 +124,14 @@ CommandRun setup(CLI::App& sub) {
     if (speculate) o->spec.validate(model->num_mtp_layers());
     const model::KvCacheDtype kv_dtype =
         runtime::resolve_kv_cache_dtype(o->kv_cache_dtype, device, model->config());
+    if (ranks && ranks->world_size() > 1) model = model->sharded(ranks->shard());  // this rank's shard only
     const auto t_up = std::chrono::steady_clock::now();
     model = runtime::model_on_device(std::move(model), device, kflags->options(), kv_dtype);
     const double upload_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_up).count();
+    if (ranks && !ranks->leader()) {  // a follower: rank 0's steps until it is done
+      runtime::follow_steps(*model, *ranks);
+      return 0;
+    }
     const int64_t V = model->config().vocab_size;
     check_token_ids(prompt, V);
     runtime::SamplingParams sp;
@@ -140,6 +159,8 @@ CommandRun setup(CLI::App& sub) {
                         kv_dtype != model::KvCacheDtype::f32;
     ec.cuda_graph_max_bs = graphs ? o->cuda_graph_max_bs : 0;
     ec.cuda_graph_log = false;  // stdout is the JSON line
+    ec.ranks = ranks;
+    ec.forward.dsa_topk_broadcast = rflags->dsa_topk_broadcast;
     if (speculate) {
       ec.speculative = o->spec;  // the engine: eager steps, KV for one round's drafts too
       ec.kv_pages = (total + 1 + o->spec.num_steps + 1 + o->page_size - 1) / o->page_size;
@@ -179,6 +200,7 @@ CommandRun setup(CLI::App& sub) {
                      {"generate_seconds", run_s},
                      {"cuda_graph_replays", replays},
                      {"threads", num_threads()}};
+    if (ranks) j["ranks"] = {{"world_size", ranks->world_size()}, {"layout", ranks->layout().describe()}};
     if (!spec_json.is_null()) j["speculative"] = spec_json;
     fmt::print("{}\n", j.dump());
     return 0;

@@ -1,12 +1,25 @@
 // dsaserve serve: the OpenAI-compatible server (flags named like SGLang's where the concept is the same).
+// With --tp N the process launches N ranks of itself (cli/serving_ranks.h): rank 0 is the server (HTTP
+// front, engine) and sends each step's batch to the others, which hold their shards of the weights and run
+// the same forward (runtime/ranks/leader.h). SIGTERM to the process reaches rank 0, which drains its
+// requests and then stops the others; a rank that dies ends them all with an error.
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <filesystem>
+
+#include "cli/dist_flags.h"
 #include "cli/model_options.h"
+#include "cli/serving_ranks.h"
 #include "command.h"
 #include "core/error.h"
 #include "kernel_flags.h"
 #include "spec_flags.h"
 #ifdef DSASERVE_HAVE_SERVER
+#include "model/load.h"
+#include "runtime/engine/device.h"
+#include "runtime/ranks/leader.h"
+#include "server/builtin.h"
 #include "server/server.h"
 #endif
 
@@ -14,6 +27,30 @@ namespace dsaserve::cli {
 namespace {
 
 #ifdef DSASERVE_HAVE_SERVER
+// A follower rank of `serve --tp N`: the model as rank 0 loads it (its shard, on its device, warmed up
+// alike), then rank 0's steps until the server stops.
+int follow_server(const server::ServerConfig& cfg, const runtime::Ranks& ranks) {
+  const Device device = runtime::parse_device(cfg.device);
+  runtime::use_device(device);
+  std::shared_ptr<model::Model> model;
+  if (server::is_builtin_model(cfg.model.model)) {
+    const auto dir = std::filesystem::temp_directory_path() / fmt::format("dsaserve-builtin-{}", ::getpid());
+    model = server::make_builtin_model(dir, cfg.builtin_seed);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);  // the weights stay mapped
+  } else {
+    model = model::load_model(cfg.model, device, false);
+  }
+  const model::KvCacheDtype kv_dtype =
+      runtime::resolve_kv_cache_dtype(cfg.kv_cache_dtype, device, model->config());
+  if (ranks.world_size() > 1) model = model->sharded(ranks.shard());
+  model = runtime::model_on_device(std::move(model), device, cfg.kernels, kv_dtype);
+  if (device == Device::cuda) runtime::warm_up(*model, kv_dtype, 64, cfg.engine.forward);  // as rank 0 does
+  runtime::release_cached_memory(device);
+  runtime::follow_steps(*model, ranks);
+  return 0;
+}
+
 CommandRun setup(CLI::App& sub) {
   auto cfg = std::make_shared<server::ServerConfig>();
   cfg->engine.kv_pages = -1;  // auto: 512 pages on the CPU, from free memory on CUDA
@@ -108,10 +145,22 @@ CommandRun setup(CLI::App& sub) {
                "check scheduler/KV invariants every step (debug)");
   add_spec_flags(sub, cfg->engine.speculative);
   auto kflags = add_kernel_flags(sub);
-  return [cfg, disable_graphs, kflags] {
+  auto dflags = add_dist_flags(sub);
+  auto rflags = add_serving_rank_flags(sub);
+  return [cfg, disable_graphs, kflags, dflags, rflags] {
     if (*disable_graphs) cfg->engine.cuda_graph_max_bs = 0;
     cfg->engine.speculative.validate(1);  // the flags alone; the engine checks the model has an MTP layer
     cfg->kernels = kflags->options();
+    const Device device = runtime::parse_device(cfg->device);
+    check_serving_ranks(*dflags, *rflags, "serve", device, cfg->model,
+                        server::is_builtin_model(cfg->model.model), cfg->engine.speculative.enabled());
+    if (const auto status = launch_serving_ranks(*dflags, *rflags, device, true)) return *status;
+    if (const auto ranks = connect_serving_rank(*dflags, device, 0)) {
+      cfg->engine.ranks = ranks;
+      cfg->engine.forward.dist = &ranks->groups();
+      cfg->engine.forward.dsa_topk_broadcast = rflags->dsa_topk_broadcast;
+      if (!ranks->leader()) return follow_server(*cfg, *ranks);
+    }
     return server::run_server(*cfg);
   };
 }

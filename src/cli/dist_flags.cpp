@@ -31,7 +31,7 @@ std::vector<std::string> own_arguments() {
 std::shared_ptr<DistFlags> add_dist_flags(CLI::App& sub) {
   auto f = std::make_shared<DistFlags>();
   sub.add_option("--tp,--tp-size,--tensor-parallel-size", f->layout.tp,
-                 "ranks in all (SGLang --tp): CPU processes on one machine")
+                 "ranks in all (SGLang --tp): processes on this machine, one per GPU with --device cuda")
       ->capture_default_str();
   sub.add_option("--ep-size,--expert-parallel-size", f->layout.ep_size, "expert parallel size")
       ->capture_default_str();
@@ -60,14 +60,18 @@ std::shared_ptr<DistFlags> add_dist_flags(CLI::App& sub) {
 }
 
 std::optional<int> launch_if_needed(const DistFlags& f) {
+  dist::LaunchSpec spec = f.launch;
+  spec.world_size = f.layout.tp;
+  return launch_if_needed(f, spec, false);
+}
+
+std::optional<int> launch_if_needed(const DistFlags& f, const dist::LaunchSpec& spec, bool always) {
   f.layout.validate();
   DSA_CHECK(!f.deepep() || (f.layout.ep_size == f.layout.tp && f.layout.attn_dp_size == 1),
             "--moe-a2a-backend deepep runs with --ep-size = --tp ({}) and --attn-dp-size 1 so far (got "
             "--ep-size {}, --attn-dp-size {})",
             f.layout.tp, f.layout.ep_size, f.layout.attn_dp_size);
-  if (!f.multi_rank() || f.rank.launched()) return std::nullopt;
-  dist::LaunchSpec spec = f.launch;
-  spec.world_size = f.layout.tp;
+  if (!(f.multi_rank() || always) || f.rank.launched()) return std::nullopt;
   return dist::launch_ranks("/proc/self/exe", own_arguments(), spec);
 }
 

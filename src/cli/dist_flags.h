@@ -33,6 +33,9 @@ std::shared_ptr<DistFlags> add_dist_flags(CLI::App& sub);
 // The launcher's part: with --tp > 1 in the process the user started, runs the ranks and returns their
 // exit status; otherwise nullopt (this process is a rank, or the only process). Validates the flags.
 std::optional<int> launch_if_needed(const DistFlags& f);
+// The same with `spec` (f.launch plus the caller's front rank and rank environments; world_size set);
+// `always`: also for --tp 1 (serve / generate --dist-launch).
+std::optional<int> launch_if_needed(const DistFlags& f, const dist::LaunchSpec& spec, bool always);
 
 // A launched rank's groups over Gloo (null for a single process).
 std::unique_ptr<dist::ProcessGroups> connect_rank(const DistFlags& f);

@@ -14,6 +14,8 @@
 
 namespace dsaserve::server {
 
+bool is_builtin_model(const std::string& p) { return p == "builtin" || p == "builtin:demo"; }
+
 namespace {
 
 uint64_t hash_name(const std::string& s, uint64_t seed) {

@@ -14,6 +14,8 @@
 
 namespace dsaserve::server {
 
+// Whether --model names the built-in model ("builtin:demo", or "builtin").
+bool is_builtin_model(const std::string& path);
 // The built-in model's config.json text.
 std::string builtin_config_json();
 // Writes config.json and model.safetensors (random bf16 weights from `seed`, MTP layer included) to

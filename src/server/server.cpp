@@ -20,6 +20,7 @@
 #include "runtime/engine/cuda_graph_runner.h"
 #include "runtime/engine/device.h"
 #include "runtime/engine/memory_plan.h"
+#include "runtime/ranks/ranks.h"
 #include "server/builtin.h"
 #include "server/constrained.h"
 #include "server/json_body.h"
@@ -31,8 +32,6 @@ namespace dsaserve::server {
 namespace {
 
 using nlohmann::json;
-
-bool is_builtin_model(const std::string& p) { return p == "builtin" || p == "builtin:demo"; }
 
 std::string read_text(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -564,6 +563,9 @@ int run_server(const ServerConfig& in) {
   const model::KvCacheDtype kv_dtype =
       runtime::resolve_kv_cache_dtype(cfg.kv_cache_dtype, device, model->config());
   cfg.engine.kv_dtype = kv_dtype;
+  // --tp N: rank 0's shard only (runtime/ranks: the other ranks hold theirs and follow its steps).
+  if (cfg.engine.ranks && cfg.engine.ranks->world_size() > 1)
+    model = model->sharded(cfg.engine.ranks->shard());
   const auto t_loaded = std::chrono::steady_clock::now();
   model = runtime::model_on_device(std::move(model), device, cfg.kernels, kv_dtype);
   const auto t_uploaded = std::chrono::steady_clock::now();
@@ -636,7 +638,8 @@ int run_server(const ServerConfig& in) {
   cfg.engine.scheduler.eos_token_ids = eos;
   // Warm-up (CUDA): kernel loading, cuBLASLt heuristics and allocator growth before the first request;
   // its cached blocks go back to the device, so the free memory measured next is what steps can use.
-  const double warm_s = device == Device::cuda ? runtime::warm_up(*model, kv_dtype, 64) : 0.0;
+  const double warm_s =
+      device == Device::cuda ? runtime::warm_up(*model, kv_dtype, 64, cfg.engine.forward) : 0.0;
   runtime::release_cached_memory(device);
   constexpr double kGiB = 1024.0 * 1024 * 1024;
   const int64_t weight_bytes = model->weights().bytes();
@@ -726,13 +729,25 @@ int run_server(const ServerConfig& in) {
     recorder->set_max_events(size_t(cfg.trace_max_events));
     // Each trace file's "plan_summary": its op spans' time next to the plan's roofline for the same
     // batches (plan/trace_summary.h). A model the planner cannot price says why there instead.
-    recorder->set_annotator([mc = model->config()](const std::vector<trace::Event>& ev, nlohmann::json& j) {
-      try {
-        j["plan_summary"] = plan::measured_vs_planned(ev, mc, plan::TraceSummaryOptions{});
-      } catch (const std::exception& e) {
-        j["plan_summary"] = {{"error", e.what()}};
-      }
-    });
+    // With --tp: rank 0's ops are its shard's, the collectives those of the deployment that ran.
+    plan::TraceSummaryOptions po;
+    if (cfg.engine.ranks) {
+      const dist::ParallelLayout& l = cfg.engine.ranks->layout();
+      po.deployment.tp = l.tp;
+      po.deployment.ep_size = l.ep_size;
+      po.deployment.attn_dp_size = l.attn_dp_size;
+      po.deployment.moe_dense_tp_size = l.moe_dense_tp_size;
+      po.deployment.dsa_topk_broadcast = cfg.engine.forward.dsa_topk_broadcast;
+      po.what_if = po.deployment;
+    }
+    recorder->set_annotator(
+        [mc = model->config(), po](const std::vector<trace::Event>& ev, nlohmann::json& j) {
+          try {
+            j["plan_summary"] = plan::measured_vs_planned(ev, mc, po);
+          } catch (const std::exception& e) {
+            j["plan_summary"] = {{"error", e.what()}};
+          }
+        });
     trace::set_active(&*recorder);
     uninstall.on = true;
   }

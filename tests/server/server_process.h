@@ -14,7 +14,9 @@
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,13 +79,16 @@ inline std::vector<nlohmann::json> sse_events(const std::string& body, bool* saw
 
 class ServerProcess {
  public:
-  // max_open_files > 0: the server runs under that RLIMIT_NOFILE (as under `ulimit -n`).
-  explicit ServerProcess(const std::vector<std::string>& args, int max_open_files = 0) {
+  // max_open_files > 0: the server runs under that RLIMIT_NOFILE (as under `ulimit -n`). merge_stderr:
+  // its stderr goes to the same pipe (output() has both).
+  explicit ServerProcess(const std::vector<std::string>& args, int max_open_files = 0,
+                         bool merge_stderr = false) {
     int fds[2];
     if (::pipe(fds) != 0) throw std::runtime_error("pipe");
     pid_ = ::fork();
     if (pid_ == 0) {
       ::dup2(fds[1], 1);
+      if (merge_stderr) ::dup2(fds[1], 2);
       ::close(fds[0]);
       if (max_open_files > 0) {
         const rlimit lim{rlim_t(max_open_files), rlim_t(max_open_files)};
@@ -109,10 +114,12 @@ class ServerProcess {
         break;
       }
     }
-    // Keep draining its stdout so that it never blocks on a full pipe.
+    // Keep draining its stdout so that it never blocks on a full pipe (kept for output()).
     reader_ = std::thread([this] {
       char buf[4096];
       while (std::fgets(buf, sizeof buf, out_) != nullptr) {
+        std::lock_guard<std::mutex> lk(out_mu_);
+        rest_ += buf;
       }
     });
   }
@@ -124,6 +131,24 @@ class ServerProcess {
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
   const std::string& log() const { return log_; }
+  // Everything it printed so far (the start-up log and what followed).
+  std::string output() {
+    std::lock_guard<std::mutex> lk(out_mu_);
+    return log_ + rest_;
+  }
+  // Its exit status (128 + signal when killed) once it has exited within `limit`; nullopt otherwise.
+  std::optional<int> wait_exit(std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      if (std::chrono::steady_clock::now() >= end) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
   // SIGTERM; returns the exit status.
   int stop() {
     ::kill(pid_, SIGTERM);
@@ -139,6 +164,8 @@ class ServerProcess {
   int port_ = 0;
   bool exited_ = false;
   std::string log_;
+  std::mutex out_mu_;
+  std::string rest_;
   std::thread reader_;
 };
 

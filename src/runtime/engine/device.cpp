@@ -134,7 +134,8 @@ void release_cached_memory(Device d) {
   (void)d;
 }
 
-double warm_up(const model::Model& m, model::KvCacheDtype kv_dtype, int64_t prompt_tokens) {
+double warm_up(const model::Model& m, model::KvCacheDtype kv_dtype, int64_t prompt_tokens,
+               const model::ForwardOptions& base) {
   const auto t0 = std::chrono::steady_clock::now();
   const model::ModelConfig& c = m.config();
   const int64_t n = std::max<int64_t>(prompt_tokens, 1), ps = 64, pages = (n + 1 + ps - 1) / ps;
@@ -144,7 +145,7 @@ double warm_up(const model::Model& m, model::KvCacheDtype kv_dtype, int64_t prom
   std::iota(table.begin(), table.end(), 0);
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 7 + 3) % c.vocab_size);
-  model::ForwardOptions fo;
+  model::ForwardOptions fo = base;
   fo.all_logits = false;
   {
     model::ForwardBatch b;

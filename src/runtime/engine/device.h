@@ -59,7 +59,9 @@ void release_cached_memory(Device d);
 
 // Runs one prefill of `prompt_tokens` tokens and one decode step on a throwaway cache (then frees it), so
 // that the first request does not pay for kernel loading, cuBLASLt heuristics and allocator growth.
-// Returns the seconds it took.
-double warm_up(const model::Model& m, model::KvCacheDtype kv_dtype, int64_t prompt_tokens);
+// Returns the seconds it took. `base`: the forward options (a sharded model's ranks: every rank warms up
+// with the same ones, ForwardOptions::dist its groups); only all_logits is changed.
+double warm_up(const model::Model& m, model::KvCacheDtype kv_dtype, int64_t prompt_tokens,
+               const model::ForwardOptions& base = {});
 
 }  // namespace dsaserve::runtime

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "runtime/engine/device_sampling.h"
+#include "runtime/ranks/leader.h"
 #include "trace/trace.h"
 
 namespace dsaserve::runtime {
@@ -34,6 +35,21 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
   DSA_CHECK(cfg_.kv_pages > 0, "--kv-pages must be positive, got {}", cfg_.kv_pages);
   DSA_CHECK(cfg_.page_size > 0, "--page-size must be positive, got {}", cfg_.page_size);
   shape_ = {model_->config().vocab_size, model_->config().max_position_embeddings};
+  if (cfg_.ranks) {
+    const Ranks& rk = *cfg_.ranks;
+    DSA_CHECK(rk.leader(), "engine: rank {} runs no engine (rank 0 leads the steps)", rk.rank());
+    DSA_CHECK(!cfg_.speculative.enabled(),
+              "--speculative-algorithm with --tp {}: speculative decoding runs on one rank only (not yet "
+              "with many)",
+              rk.world_size());
+    DSA_CHECK(cfg_.forward.dist == nullptr || cfg_.forward.dist == &rk.groups(),
+              "engine: forward.dist is not the ranks' groups");
+    const model::Shard& sh = model_->shard();
+    DSA_CHECK(sh.whole() ? rk.world_size() == 1 : sh.layout == rk.layout() && sh.rank == rk.rank(),
+              "engine: the model is not rank {}'s shard of {}", rk.rank(), rk.layout().describe());
+    cfg_.forward.dist = &rk.groups();
+    cfg_.cuda_graph_max_bs = 0;  // the followers replay no graphs: every step runs eagerly on every rank
+  }
   if (cfg_.speculative.enabled()) {
     cfg_.speculative.validate(model_->num_mtp_layers());
     cfg_.speculative = cfg_.speculative.resolved();
@@ -72,6 +88,13 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
   }
   runner_ = std::make_unique<ForwardModelRunner>(*model_, pool_->cache(), cfg_.forward, cfg_.overlap_schedule,
                                                  cfg_.sample_on_device, std::move(graph_runner));
+  if (cfg_.ranks) {
+    // The followers' caches: the same pages (ids), dtype and MTP layers as this one.
+    runner_ = std::make_unique<LeaderRunner>(
+        std::move(runner_), cfg_.ranks,
+        StepInit::of(pool_->cache().num_pages, cfg_.page_size, model_->num_mtp_layers() > 0, cfg_.kv_dtype,
+                     cfg_.forward));
+  }
 }
 
 Engine::Engine(ModelShape shape, model::KvCache cache, RunnerFactory make_runner, EngineConfig cfg)

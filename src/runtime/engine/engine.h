@@ -32,6 +32,8 @@
 
 namespace dsaserve::runtime {
 
+class Ranks;  // runtime/ranks/ranks.h
+
 struct EngineConfig {
   SchedulerConfig scheduler;
   int64_t kv_pages = 1024;  // pages of page_size tokens in the pool
@@ -65,6 +67,11 @@ struct EngineConfig {
   // Tests only: a broken speculative-sampling rule (a rejected row resamples from p, not from the
   // residual), which the distribution test must catch.
   bool spec_wrong_residual_for_tests = false;
+  // Many ranks (serve / generate --tp N; runtime/ranks/leader.h): this engine is rank 0's and leads the
+  // others, sending each step's batch to them before its own forward. The model is this rank's shard;
+  // forward.dist is set to the ranks' groups. No speculative decoding and no CUDA graphs (every rank
+  // runs each step eagerly).
+  std::shared_ptr<Ranks> ranks;
 };
 
 // Makes the runner an engine drives, over the engine's KV cache (called once, when the pool exists).

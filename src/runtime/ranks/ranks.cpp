@@ -1,0 +1,56 @@
+#include "runtime/ranks/ranks.h"
+
+#include "core/error.h"
+#include "dist/gloo_communicator.h"
+
+#ifdef DSASERVE_HAVE_CUDA
+#include "dist/nccl_communicator.h"
+#include "kernels/cuda/runtime.h"
+#endif
+
+namespace dsaserve::runtime {
+
+Ranks::Ranks(const dist::ParallelLayout& layout, const dist::RankArgs& args, const RanksOptions& opt)
+    : timeout_(opt.timeout) {
+  DSA_CHECK(args.launched(), "ranks: not a launched rank (no --dist-rank)");
+  layout.validate();
+  DSA_CHECK(args.rank < layout.world_size(), "ranks: --dist-rank {} of a layout of {} ranks", args.rank,
+            layout.world_size());
+  const auto [host, port] = dist::parse_host_port(args.store, "--dist-store");
+  store_ = std::make_shared<dist::TcpStore>(host, port, opt.timeout);
+  dist::Store& s = *store_;
+  dist::GlooOptions gloo;
+  gloo.host = opt.host;
+  gloo.timeout = opt.timeout;
+  dist::CommunicatorFactory make;
+  if (opt.device == Device::cpu) {
+    make = [&](const std::string& prefix, const std::string& group, int64_t rank, int64_t size) {
+      return dist::make_gloo_communicator(s, prefix, group, rank, size, gloo);
+    };
+  } else {
+#ifdef DSASERVE_HAVE_CUDA
+    // Each rank sees its one GPU as device 0 (the launcher's CUDA_VISIBLE_DEVICES); NCCL enqueues on the
+    // legacy default stream, where the operators run.
+    make = [&](const std::string& prefix, const std::string& group, int64_t rank, int64_t size) {
+      return dist::make_nccl_communicator(s, prefix, group, rank, size, nullptr, opt.timeout);
+    };
+#else
+    fail("--device cuda --tp {}: this dsaserve was built without CUDA (no NCCL)", layout.tp);
+#endif
+  }
+  groups_ = std::make_unique<dist::ProcessGroups>(layout, args.rank, make);
+  // The steps' channel: a world group of its own (never interleaved with the model's collectives).
+  control_ = dist::make_gloo_communicator(s, "control/0", "control", args.rank, layout.world_size(), gloo);
+}
+
+Ranks::~Ranks() = default;
+
+int64_t visible_cuda_devices() {
+#ifdef DSASERVE_HAVE_CUDA
+  return kernels::cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+}  // namespace dsaserve::runtime

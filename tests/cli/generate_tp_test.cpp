@@ -1,0 +1,124 @@
+// End-to-end: `dsaserve generate --tp N` (the real binary: rank 0's engine leads ranks that are processes
+// talking over Gloo) gives the greedy ids of `--tp 1` and of the goldens, for pure TP, TP with EP, four
+// ranks and the top-k broadcast; seeded sampling too; and its flag errors are one clear line.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/fixtures.h"
+
+namespace dsaserve {
+namespace {
+
+using testing::dsaserve_binary;
+using testing::run_command;
+
+// One I32 tensor of a safetensors file (the test does not link the io module).
+std::vector<int32_t> read_i32(const std::filesystem::path& p, const std::string& name) {
+  std::ifstream f(p, std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  f.read(header.data(), std::streamsize(n));
+  const nlohmann::json j = nlohmann::json::parse(header);
+  const auto& t = j.at(name);
+  const size_t b = t["data_offsets"][0], e = t["data_offsets"][1];
+  std::vector<int32_t> v((e - b) / 4);
+  f.seekg(std::streamoff(8 + n + b));
+  f.read(reinterpret_cast<char*>(v.data()), std::streamsize(e - b));
+  return v;
+}
+
+// The output ids of `generate ARGS` (a failed run: a test failure and no ids).
+std::vector<int32_t> generate(const std::string& args, nlohmann::json* out = nullptr) {
+  std::string msg;
+  const int rc = run_command(
+      fmt::format("timeout 300 {} generate {} --threads 1", dsaserve_binary().string(), args), &msg);
+  EXPECT_EQ(rc, 0) << args << "\n" << msg;
+  if (rc != 0) return {};
+  const nlohmann::json j = nlohmann::json::parse(msg.substr(msg.find('{')));
+  if (out) *out = j;
+  return j["output_ids"].get<std::vector<int32_t>>();
+}
+
+// generate's exit status != 0, and its output.
+std::string generate_fails(const std::string& args) {
+  std::string msg;
+  EXPECT_NE(
+      run_command(fmt::format("timeout 120 {} generate {} 2>&1", dsaserve_binary().string(), args), &msg), 0)
+      << args;
+  return msg;
+}
+
+std::string ids(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += fmt::format("{}{}", i ? "," : "", (i * 37 + 5) % 500);
+  return s;
+}
+
+void expect_goldens(const std::string& name, const std::vector<std::string>& layouts) {
+  DSA_FIXTURE_PATH(models, "models");
+  const auto gold = models / name / "goldens.safetensors";
+  for (int g = 0; g < 2; ++g) {
+    const auto prompt = read_i32(gold, fmt::format("greedy{}.prompt", g));
+    const auto expect = read_i32(gold, fmt::format("greedy{}.output", g));
+    for (const std::string& l : layouts) {
+      nlohmann::json j;
+      const auto got =
+          generate(fmt::format("--model {} --prompt-ids {} --max-new-tokens {} {}", (models / name).string(),
+                               fmt::join(prompt, ","), expect.size(), l),
+                   &j);
+      EXPECT_EQ(got, expect) << name << " greedy" << g << " " << l;
+      if (!got.empty()) {
+        EXPECT_TRUE(j.contains("ranks")) << j.dump();
+      }
+      std::printf("RESULT generate %s greedy%d %s: %s\n", name.c_str(), g, l.c_str(),
+                  got == expect ? "equal to the golden" : "DIFFERENT");
+    }
+  }
+}
+
+TEST(GenerateTp, TinyGreedyEqualsGoldensOnEveryLayout) {
+  expect_goldens("tiny", {"--tp 2", "--tp 2 --ep-size 2", "--tp 4 --ep-size 2", "--tp 2 --dsa-topk-broadcast",
+                          "--tp 1 --dist-launch"});
+}
+
+TEST(GenerateTp, RealdimsGreedyEqualsGoldens) {
+  expect_goldens("realdims", {"--tp 2", "--tp 2 --ep-size 2"});
+  expect_goldens("realdims_fp8", {"--tp 2 --ep-size 2"});
+}
+
+// A prompt past the indexer's top-k (64), so that the DSA selection matters, decoded 16 tokens; and a
+// seeded sampled request: the ranks' logits are --tp 1's to ~1e-6, so the draws are the same.
+TEST(GenerateTp, LongPromptAndSeededSamplingEqualOneRank) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  for (const std::string& req : {fmt::format("--prompt-ids {} --max-new-tokens 16", ids(80)),
+                                 std::string("--prompt-ids 5,6,7 --max-new-tokens 12 --temperature 0.8 "
+                                             "--top-k 50 --seed 3")}) {
+    const std::string base = fmt::format("--model {} {}", tiny.string(), req);
+    const auto one = generate(base);
+    ASSERT_FALSE(one.empty()) << req;
+    for (const char* l : {"--tp 2", "--tp 2 --ep-size 2 --dsa-topk-broadcast"}) {
+      EXPECT_EQ(generate(base + " " + l), one) << req << " " << l;
+    }
+  }
+}
+
+TEST(GenerateTp, FlagErrorsAreOneClearLine) {
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  const std::string base = fmt::format("--model {} --prompt-ids 1,2,3 --max-new-tokens 2", tiny.string());
+  std::string m = generate_fails(base + " --tp 2 --attn-dp-size 2");
+  EXPECT_NE(m.find("--attn-dp-size 2 is not run yet"), std::string::npos) << m;
+  m = generate_fails(base + " --tp 2 --speculative-algorithm EAGLE --speculative-num-steps 1");
+  EXPECT_NE(m.find("--speculative-algorithm with --tp 2"), std::string::npos) << m;
+  m = generate_fails(base + " --tp 3");
+  EXPECT_NE(m.find("error:"), std::string::npos) << m;
+  EXPECT_EQ(m.find("rank 0"), std::string::npos) << "checked before any rank starts:\n" << m;
+  m = generate_fails(base + " --tp 2 --device cuda");
+  EXPECT_NE(m.find("--device cuda"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace dsaserve

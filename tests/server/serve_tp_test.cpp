@@ -1,0 +1,248 @@
+// End to end: `dsaserve serve --tp N` (the real binary: rank 0 is the HTTP front and leads ranks that are
+// processes talking over Gloo) on the tiny fixture model. Greedy completions equal those of `--tp 1` and
+// the goldens, each alone and 8 at once (chunked prefills, prompts past the indexer's top-k); an idle
+// server outlives --dist-timeout (the idle beats); SIGTERM ends every rank with status 0; a follower or
+// rank 0 killed, or a follower hung, ends the whole server with an error in bounded time, never a hang.
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+#include <set>
+
+#include "io/safetensors.h"
+#include "model/golden_util.h"      // tests/model/: ids_of
+#include "server/server_process.h"  // tests/server/
+
+namespace dsaserve::testing {
+namespace {
+
+using nlohmann::json;
+
+std::vector<std::string> server_args(const std::filesystem::path& tiny,
+                                     const std::vector<std::string>& extra) {
+  std::vector<std::string> a = {"--model",
+                                tiny.string(),
+                                "--tokenizer",
+                                "builtin:bytes",
+                                "--kv-pages",
+                                "128",
+                                "--page-size",
+                                "16",
+                                "--chunked-prefill-size",
+                                "32",
+                                "--check-integrity",
+                                "--served-model-name",
+                                "tiny"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+json greedy_body(const std::vector<int32_t>& prompt, size_t n) {
+  return {{"model", "tiny"},  {"prompt", prompt},   {"max_tokens", n},
+          {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
+}
+
+std::vector<int32_t> token_ids(const HttpResult& r) {
+  EXPECT_EQ(r.status, 200) << r.body;
+  if (r.status != 200) return {};
+  return r.json()["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+}
+
+// The server's ranks: the launcher's children, by their --dist-rank argument.
+std::map<int, pid_t> ranks_of(pid_t launcher) {
+  std::map<int, pid_t> out;
+  DIR* d = ::opendir("/proc");
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+    std::string st((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t close = st.rfind(')');
+    if (close == std::string::npos) continue;
+    int ppid = 0;
+    char state = 0;
+    if (std::sscanf(st.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != launcher) continue;
+    std::ifstream cmd(fmt::format("/proc/{}/cmdline", pid));
+    std::vector<std::string> args;
+    for (std::string a; std::getline(cmd, a, '\0');) args.push_back(a);
+    for (size_t i = 0; i + 1 < args.size(); ++i)
+      if (args[i] == "--dist-rank") out[std::stoi(args[i + 1])] = pid;
+  }
+  ::closedir(d);
+  return out;
+}
+
+bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// Prompts: the goldens' two, and six of 1..90 random ids (past the indexer's top-k of 64, chunked by 32).
+struct Requests {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<size_t> new_tokens;
+  std::vector<std::vector<int32_t>> golden;  // the goldens' outputs (first two)
+};
+
+Requests make_requests(const std::filesystem::path& tiny) {
+  Requests q;
+  auto gold = io::SafetensorsFile::open(tiny / "goldens.safetensors");
+  for (int j = 0; j < 2; ++j) {
+    q.prompts.push_back(ids_of(gold->get(fmt::format("greedy{}.prompt", j))));
+    q.golden.push_back(ids_of(gold->get(fmt::format("greedy{}.output", j))));
+    q.new_tokens.push_back(q.golden.back().size());
+  }
+  std::mt19937 rng(11);
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> p;
+    for (uint32_t k = 0, n = 1 + rng() % 90; k < n; ++k) p.push_back(int32_t(rng() % 512));
+    q.prompts.push_back(p);
+    q.new_tokens.push_back(4 + rng() % 12);
+  }
+  return q;
+}
+
+class ServeTp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DSA_FIXTURE_PATH(dir, "models/tiny");
+    tiny_ = dir;
+  }
+  std::filesystem::path tiny_;
+};
+
+TEST_F(ServeTp, GreedyCompletionsEqualOneRankAloneAndEightAtOnce) {
+  const Requests q = make_requests(tiny_);
+  std::vector<std::vector<int32_t>> want;
+  {
+    ServerProcess one(server_args(tiny_, {}));
+    ASSERT_GT(one.port(), 0) << one.log();
+    for (size_t i = 0; i < q.prompts.size(); ++i)
+      want.push_back(
+          token_ids(post_json(one.port(), "/v1/completions", greedy_body(q.prompts[i], q.new_tokens[i]))));
+    EXPECT_EQ(one.stop(), 0);
+  }
+  for (size_t j = 0; j < q.golden.size(); ++j) ASSERT_EQ(want[j], q.golden[j]) << "--tp 1 greedy" << j;
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{"--tp", "2"}, std::vector<std::string>{"--tp", "2", "--ep-size", "2"},
+        std::vector<std::string>{"--tp", "4", "--ep-size", "2", "--dsa-topk-broadcast"}}) {
+    const std::string name = fmt::format("{}", fmt::join(layout, " "));
+    ServerProcess s(server_args(tiny_, layout));
+    ASSERT_GT(s.port(), 0) << s.log();
+    const std::map<int, pid_t> ranks = ranks_of(s.pid());
+    EXPECT_EQ(ranks.size(), size_t(std::stoi(layout[1]))) << name;
+    for (size_t i = 0; i < q.prompts.size(); ++i) {
+      EXPECT_EQ(token_ids(post_json(s.port(), "/v1/completions", greedy_body(q.prompts[i], q.new_tokens[i]))),
+                want[i])
+          << name << " request " << i << " alone";
+    }
+    std::vector<HttpResult> got(q.prompts.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < q.prompts.size(); ++i)
+      threads.emplace_back([&, i] {
+        got[i] = post_json(s.port(), "/v1/completions", greedy_body(q.prompts[i], q.new_tokens[i]));
+      });
+    for (auto& t : threads) t.join();
+    int equal = 0;
+    for (size_t i = 0; i < q.prompts.size(); ++i) {
+      EXPECT_EQ(token_ids(got[i]), want[i]) << name << " request " << i << " of 8 at once";
+      equal += token_ids(got[i]) == want[i] ? 1 : 0;
+    }
+    std::printf("RESULT serve %s: %d of 8 concurrent greedy completions equal --tp 1\n", name.c_str(), equal);
+    const std::string m = http_request(s.port(), "GET", "/metrics").body;
+    EXPECT_EQ(metric(m, "dsaserve_kv_pages_used"), metric(m, "dsaserve_prefix_cache_pages")) << name;
+    EXPECT_EQ(s.stop(), 0) << name << ": SIGTERM should end every rank with status 0\n" << s.output();
+    for (const auto& [r, pid] : ranks)
+      EXPECT_FALSE(alive(pid)) << name << ": rank " << r << " outlived the server";
+  }
+}
+
+// Idle for longer than --dist-timeout: the followers wait on rank 0's beats, not on a silent socket.
+TEST_F(ServeTp, AnIdleServerOutlivesTheDistTimeout) {
+  ServerProcess s(server_args(tiny_, {"--tp", "2", "--dist-timeout", "1"}), 0, true);
+  ASSERT_GT(s.port(), 0) << s.log();
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  const Requests q = make_requests(tiny_);
+  EXPECT_EQ(token_ids(post_json(s.port(), "/v1/completions", greedy_body(q.prompts[0], q.new_tokens[0]))),
+            q.golden[0])
+      << s.output();
+  EXPECT_EQ(s.stop(), 0) << s.output();
+}
+
+// A killed rank ends the server (the launcher, every rank) with an error well within the bound; a request
+// in flight ends (an error or a closed connection), never hanging.
+TEST_F(ServeTp, AKilledRankEndsTheServerWithAnError) {
+  for (const int victim : {1, 0}) {
+    ServerProcess s(server_args(tiny_, {"--tp", "2", "--dist-timeout", "30"}), 0, true);
+    ASSERT_GT(s.port(), 0) << s.log();
+    const std::map<int, pid_t> ranks = ranks_of(s.pid());
+    ASSERT_EQ(ranks.size(), 2u);
+    std::atomic<bool> answered{false};
+    std::thread client([&] {
+      try {
+        json b = greedy_body({1, 2, 3}, 3000);
+        b["stream"] = true;
+        (void)post_json(s.port(), "/v1/completions", b);
+      } catch (const std::exception&) {  // the connection was closed: the point is that it ends
+      }
+      answered = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const auto t0 = std::chrono::steady_clock::now();
+    ::kill(ranks.at(victim), SIGKILL);
+    const std::optional<int> status = s.wait_exit(std::chrono::seconds(20));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(status.has_value()) << "rank " << victim << " killed: the server did not end\n" << s.output();
+    EXPECT_NE(*status, 0) << s.output();
+    EXPECT_LT(secs, 10) << s.output();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const std::string out = s.output();
+    EXPECT_NE(out.find(fmt::format("rank {} was killed by signal 9", victim)), std::string::npos) << out;
+    for (const auto& [r, pid] : ranks) EXPECT_FALSE(alive(pid)) << "rank " << r << " outlived the server";
+    client.join();
+    EXPECT_TRUE(answered);
+    std::printf("RESULT serve --tp 2: rank %d killed -> server ended with status %d in %.2f s\n", victim,
+                *status, secs);
+  }
+}
+
+// --trace-dir traces rank 0: its collectives (the model's and the step messages') beside the plan of the
+// deployment that ran.
+TEST_F(ServeTp, TraceDirRecordsRankZerosCollectivesBesideTheDeploymentsPlan) {
+  const std::filesystem::path dir = ::testing::TempDir() + "serve_tp_trace";
+  std::filesystem::remove_all(dir);
+  ServerProcess s(server_args(tiny_, {"--tp", "2", "--ep-size", "2", "--trace-dir", dir.string()}));
+  ASSERT_GT(s.port(), 0) << s.log();
+  EXPECT_EQ(token_ids(post_json(s.port(), "/v1/completions", greedy_body({1, 2, 3}, 4))).size(), 4u);
+  EXPECT_EQ(s.stop(), 0);
+  std::filesystem::path file;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) file = e.path();
+  ASSERT_FALSE(file.empty()) << "no trace in " << dir;
+  std::ifstream f(file);
+  const json ps = json::parse(f)["plan_summary"];
+  EXPECT_EQ(ps["deployment"], "tp2,ep2,dp1") << ps.dump();
+  std::set<std::string> names;
+  for (const auto& c : ps["collectives"]["traced"]) names.insert(c["name"].get<std::string>());
+  for (const char* n : {"attn_tp_all_reduce", "embed_all_reduce", "lm_head_all_gather", "step_broadcast"})
+    EXPECT_TRUE(names.count(n)) << n << " not traced: " << ps["collectives"].dump();
+}
+
+// A follower that hangs (SIGSTOP) fails rank 0's next message after --dist-timeout: the server ends.
+TEST_F(ServeTp, AHungFollowerEndsTheServerAfterTheDistTimeout) {
+  ServerProcess s(server_args(tiny_, {"--tp", "2", "--dist-timeout", "2"}), 0, true);
+  ASSERT_GT(s.port(), 0) << s.log();
+  const std::map<int, pid_t> ranks = ranks_of(s.pid());
+  ASSERT_EQ(ranks.size(), 2u);
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(ranks.at(1), SIGSTOP);
+  const std::optional<int> status = s.wait_exit(std::chrono::seconds(30));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::kill(ranks.at(1), SIGCONT);
+  ASSERT_TRUE(status.has_value()) << "a hung follower: the server did not end\n" << s.output();
+  EXPECT_NE(*status, 0) << s.output();
+  EXPECT_LT(secs, 15) << s.output();  // 2 s timeout + 3 s grace
+  EXPECT_NE(s.output().find("rank 0 exited with status 1"), std::string::npos) << s.output();
+  std::printf("RESULT serve --tp 2: rank 1 hung -> server ended with status %d in %.2f s\n", *status, secs);
+}
+
+}  // namespace
+}  // namespace dsaserve::testing
