@@ -17,7 +17,7 @@
 #include "server/server_process.h"  // tests/server/
 
 #ifdef DSASERVE_HAVE_CUDA
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 #endif
 
 namespace dsaserve::testing {

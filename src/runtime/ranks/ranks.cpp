@@ -5,7 +5,7 @@
 
 #ifdef DSASERVE_HAVE_CUDA
 #include "dist/nccl_communicator.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/common/runtime.h"
 #endif
 
 namespace dsaserve::runtime {
