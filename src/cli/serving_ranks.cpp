@@ -40,6 +40,10 @@ std::vector<std::string> rank_gpus(int64_t ranks, int64_t visible) {
 void check_serving_ranks(const DistFlags& f, const ServingRankFlags& r, const char* command, Device device,
                          const model::LoadSpec& model, bool builtin, bool speculative) {
   f.layout.validate();
+  DSA_CHECK(!f.deepep(),
+            "{}: --moe-a2a-backend deepep is not run yet here (`score` runs its dispatch / combine); use "
+            "--moe-a2a-backend none",
+            command);
   if (!ranked(f, r)) return;
   DSA_CHECK(f.layout.attn_dp_size == 1,
             "{}: --attn-dp-size {} is not run yet (DP attention: each request on one DP rank, the DP "

@@ -62,9 +62,10 @@ IndexerScoreKernel select_indexer_score_kernel(IndexerScoreKernel requested, boo
 
 // The routed experts' path (kernels/cuda/moe/ops_moe.cpp; select_moe_path decides). device: the
 // device-grouped CUDA-core kernels (weights dequantised in registers, f32 activations); device_fp8: the
-// device-grouped tensor-core kernels of the FP8 recipe (FP8 experts with 128x128 blocks, fast GEMMs; not
-// the default yet: not measured on the GPU); host: the host-grouped per-expert cuBLASLt GEMMs. automatic
-// picks device or host by shape; capture never runs host.
+// device-grouped tensor-core kernels of the FP8 recipe (FP8 experts with 128x128 blocks, fast GEMMs:
+// mma.sync for decode-sized groups, wgmma for prefill-sized ones); host: the host-grouped per-expert
+// cuBLASLt GEMMs. automatic picks device_fp8 for such experts at every size (capture included), else
+// device or host by shape; capture never runs host.
 enum class MoePath : int32_t { automatic = 0, device = 1, host = 2, device_fp8 = 3 };
 
 // What a moe_experts call is: `pairs` (token, expert) pairs over `experts` experts of width hidden x inter;

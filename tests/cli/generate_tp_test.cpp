@@ -113,6 +113,8 @@ TEST(GenerateTp, FlagErrorsAreOneClearLine) {
   EXPECT_NE(m.find("--attn-dp-size 2 is not run yet"), std::string::npos) << m;
   m = generate_fails(base + " --tp 2 --speculative-algorithm EAGLE --speculative-num-steps 1");
   EXPECT_NE(m.find("--speculative-algorithm with --tp 2"), std::string::npos) << m;
+  m = generate_fails(base + " --tp 2 --ep-size 2 --moe-a2a-backend deepep");
+  EXPECT_NE(m.find("--moe-a2a-backend deepep is not run yet"), std::string::npos) << m;
   m = generate_fails(base + " --tp 3");
   EXPECT_NE(m.find("error:"), std::string::npos) << m;
   EXPECT_EQ(m.find("rank 0"), std::string::npos) << "checked before any rank starts:\n" << m;

@@ -3,9 +3,10 @@
 // moe_experts groups the (token, expert) pairs by expert on the device (moe_grouped.cu: counts, offsets,
 // packed rows in token order, the list of active experts), then takes one of three paths
 // (kernels::select_moe_path):
-// - device_fp8 (asked for, FP8 experts with fast GEMMs; not the default yet): the tokens quantised once
+// - device_fp8 (FP8 experts with fast GEMMs, the default for them at every size): the tokens quantised once
 //   per 128-group (the dense FP8 recipe), a grouped tensor-core kernel for gate + up + SiLU-mul
-//   (sm90_moe_fp8.cu), the result quantised per 128-group, the grouped kernel for down, the combine;
+//   (sm90_moe_fp8.cu: mma.sync or, for prefill-sized groups, wgmma), the result quantised per 128-group,
+//   the grouped kernel for down, the combine;
 // - device (decode and graph capture by default): the same two grouped steps on the CUDA cores
 //   (moe_grouped.cu), weights dequantised in registers, f32 activations;
 // Both device paths visit only the active experts, need no host synchronisation and have launch
