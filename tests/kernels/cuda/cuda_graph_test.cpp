@@ -71,7 +71,7 @@ TEST(CudaGraph, CapturedOpsReplayOnNewInputs) {
   }
   EXPECT_FALSE(cuda::capturing());
   ASSERT_TRUE(g.valid());
-  EXPECT_GE(g.num_nodes(), 3u);
+  EXPECT_GE(g.num_nodes(), 2u);  // the norm and the linear (at T = 8 one small-T bf16 GEMM launch)
   double worst = 0;
   int64_t mallocs = -1;
   for (int i = 0; i < 6; ++i) {
