@@ -15,23 +15,6 @@ namespace {
 using testing::dsaserve_binary;
 using testing::run_command;
 
-// Reads one I32 tensor from a safetensors file (the test does not link the io module).
-std::vector<int32_t> read_i32(const std::filesystem::path& p, const std::string& name) {
-  std::ifstream f(p, std::ios::binary);
-  uint64_t n = 0;
-  f.read(reinterpret_cast<char*>(&n), 8);
-  std::string header(n, '\0');
-  f.read(header.data(), std::streamsize(n));
-  const nlohmann::json j = nlohmann::json::parse(header);
-  const auto& t = j.at(name);
-  EXPECT_EQ(t.at("dtype"), "I32");
-  const size_t b = t["data_offsets"][0], e = t["data_offsets"][1];
-  std::vector<int32_t> v((e - b) / 4);
-  f.seekg(std::streamoff(8 + n + b));
-  f.read(reinterpret_cast<char*>(v.data()), std::streamsize(e - b));
-  return v;
-}
-
 nlohmann::json run_json(const std::string& args) {
   std::string out;
   EXPECT_EQ(run_command(fmt::format("{} generate {}", dsaserve_binary().string(), args), &out), 0) << out;
@@ -43,8 +26,8 @@ TEST(GenerateCli, GreedyMatchesGoldens) {
   for (const char* name : {"tiny", "realdims_fp8"}) {
     const auto gold = models / name / "goldens.safetensors";
     for (int j = 0; j < 2; ++j) {
-      const auto prompt = read_i32(gold, fmt::format("greedy{}.prompt", j));
-      const auto expect = read_i32(gold, fmt::format("greedy{}.output", j));
+      const auto prompt = testing::read_safetensors_i32(gold, fmt::format("greedy{}.prompt", j));
+      const auto expect = testing::read_safetensors_i32(gold, fmt::format("greedy{}.output", j));
       const auto res = run_json(fmt::format("--model {} --prompt-ids {} --max-new-tokens {}",
                                             (models / name).string(), fmt::join(prompt, ","), expect.size()));
       EXPECT_EQ(res["output_ids"].get<std::vector<int32_t>>(), expect) << name << " greedy" << j;
@@ -80,7 +63,7 @@ TEST(GenerateCli, SpeculativeGreedyEqualsPlain) {
   DSA_FIXTURE_PATH(models, "models");
   for (const char* name : {"tiny", "realdims", "realdims_fp8"}) {
     const auto gold = models / name / "goldens.safetensors";
-    const auto prompt = read_i32(gold, "greedy0.prompt");
+    const auto prompt = testing::read_safetensors_i32(gold, "greedy0.prompt");
     const std::string base = fmt::format("--model {} --prompt-ids {} --max-new-tokens 20",
                                          (models / name).string(), fmt::join(prompt, ","));
     const auto plain = run_json(base);

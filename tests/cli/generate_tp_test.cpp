@@ -15,22 +15,6 @@ namespace {
 using testing::dsaserve_binary;
 using testing::run_command;
 
-// One I32 tensor of a safetensors file (the test does not link the io module).
-std::vector<int32_t> read_i32(const std::filesystem::path& p, const std::string& name) {
-  std::ifstream f(p, std::ios::binary);
-  uint64_t n = 0;
-  f.read(reinterpret_cast<char*>(&n), 8);
-  std::string header(n, '\0');
-  f.read(header.data(), std::streamsize(n));
-  const nlohmann::json j = nlohmann::json::parse(header);
-  const auto& t = j.at(name);
-  const size_t b = t["data_offsets"][0], e = t["data_offsets"][1];
-  std::vector<int32_t> v((e - b) / 4);
-  f.seekg(std::streamoff(8 + n + b));
-  f.read(reinterpret_cast<char*>(v.data()), std::streamsize(e - b));
-  return v;
-}
-
 // The output ids of `generate ARGS` (a failed run: a test failure and no ids).
 std::vector<int32_t> generate(const std::string& args, nlohmann::json* out = nullptr) {
   std::string msg;
@@ -62,8 +46,8 @@ void expect_goldens(const std::string& name, const std::vector<std::string>& lay
   DSA_FIXTURE_PATH(models, "models");
   const auto gold = models / name / "goldens.safetensors";
   for (int g = 0; g < 2; ++g) {
-    const auto prompt = read_i32(gold, fmt::format("greedy{}.prompt", g));
-    const auto expect = read_i32(gold, fmt::format("greedy{}.output", g));
+    const auto prompt = testing::read_safetensors_i32(gold, fmt::format("greedy{}.prompt", g));
+    const auto expect = testing::read_safetensors_i32(gold, fmt::format("greedy{}.output", g));
     for (const std::string& l : layouts) {
       nlohmann::json j;
       const auto got =

@@ -5,6 +5,8 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 namespace dsaserve::testing {
 
@@ -32,6 +34,22 @@ int run_command(const std::string& cmd, std::string* output) {
   while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) output->append(buf.data(), n);
   const int status = pclose(f);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::vector<int32_t> read_safetensors_i32(const std::filesystem::path& p, const std::string& name) {
+  std::ifstream f(p, std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  f.read(header.data(), std::streamsize(n));
+  const nlohmann::json j = nlohmann::json::parse(header);
+  const auto& t = j.at(name);
+  EXPECT_EQ(t.at("dtype"), "I32") << name << " in " << p;
+  const size_t b = t["data_offsets"][0], e = t["data_offsets"][1];
+  std::vector<int32_t> v((e - b) / 4);
+  f.seekg(std::streamoff(8 + n + b));
+  f.read(reinterpret_cast<char*>(v.data()), std::streamsize(e - b));
+  return v;
 }
 
 }  // namespace dsaserve::testing

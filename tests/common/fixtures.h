@@ -2,8 +2,10 @@
 // Where the reference fixtures live: $DSASERVE_FIXTURES, else ../shared/fixtures beside the repository.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace dsaserve::testing {
 
@@ -14,6 +16,9 @@ std::filesystem::path fixtures_dir();
 std::filesystem::path dsaserve_binary();
 // Runs a shell command, returns its exit status and fills `output` with stdout+stderr.
 int run_command(const std::string& cmd, std::string* output);
+// One I32 tensor of a safetensors file (for tests that do not link the io module); a test failure when the
+// tensor is not I32.
+std::vector<int32_t> read_safetensors_i32(const std::filesystem::path& p, const std::string& name);
 
 }  // namespace dsaserve::testing
 
