@@ -159,11 +159,12 @@ void bench_mla_fused(const int64_t* Ts, size_t nT) {
 
 // The routed experts of one GLM-5.3 MoE layer (256 experts of 2048 x 6144, top-8 of a random routing,
 // FP8 weights with 128x128 block scales) per path of moe_experts: dev (the device-grouped CUDA-core
-// kernels), dev_fp8 (the device-grouped tensor-core FP8 kernels), host (per-expert cuBLASLt GEMMs), auto
-// (what select_moe_path picks). Floor: the weights of the experts that received tokens + the activations
-// in and out (f32) at 4.3 TB/s, or the FLOPs at the FP8 peak, whichever is larger. DeepGEMM column: the
-// active experts times DeepGEMM's single-expert T = 1 times on the H200 (GPU.md: gate_up 16.1 us + down
-// 10.3 us, its weight-streaming rate; it has no grouped decode figure on this machine).
+// kernels), dev_fp8 (the device-grouped tensor-core FP8 kernels; fp8/tN: with N packed rows per pass,
+// --moe-fp8-tile-rows), host (per-expert cuBLASLt GEMMs), auto (what select_moe_path picks). Floor: the
+// weights of the experts that received tokens + the activations in and out (f32) at 4.3 TB/s, or the FLOPs at
+// the FP8 peak, whichever is larger. DeepGEMM column: the active experts times DeepGEMM's single-expert T = 1
+// times on the H200 (GPU.md: gate_up 16.1 us + down 10.3 us, its weight-streaming rate; it has no grouped
+// decode figure on this machine).
 void bench_moe_experts() {
   namespace kc = dsaserve::kernels::cuda;
   constexpr int64_t kE = 256, kI = 2048, kTopK = 8;
@@ -199,14 +200,16 @@ void bench_moe_experts() {
     const struct {
       const char* tag;
       ops::MoePath path;
-    } paths[] = {{"dev", ops::MoePath::device},
-                 {"dev_fp8", ops::MoePath::device_fp8},
-                 {"host", ops::MoePath::host},
-                 {"auto", ops::MoePath::automatic}};
+      int tile_rows;
+    } paths[] = {{"dev", ops::MoePath::device, 0},        {"dev_fp8", ops::MoePath::device_fp8, 0},
+                 {"fp8/t8", ops::MoePath::device_fp8, 8}, {"fp8/t128", ops::MoePath::device_fp8, 128},
+                 {"host", ops::MoePath::host, 0},         {"auto", ops::MoePath::automatic, 0}};
     for (const auto& pa : paths) {
       if (pa.path == ops::MoePath::device && T > 256) continue;  // the CUDA-core kernels: ~100 ms there
+      if (pa.tile_rows == 8 && T > 1024) continue;  // mma.sync passes at prefill sizes: ~11 ms at T = 1,024
       ops::KernelOptions ko;
       ko.moe = pa.path;
+      ko.moe_fp8_tile_rows = pa.tile_rows;
       const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
       const double us = time_us([&] { be->moe_experts(x, routing, experts); }, 2, 10);
       fmt::print(

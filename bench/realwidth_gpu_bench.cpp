@@ -20,7 +20,7 @@
 //                       [--batches 1,8,32,64,128] [--contexts 4096,32768,131072] [--kv bf16,fp8_e4m3]
 //                       [--prefill 4096,16384] [--trace-batch 32] [--trace-context 4096] [--steps 20]
 //                       [--warmup 3] [--no-graphs] [--max-seconds 420] [--trace-prefill 4096]
-//                       [--verify-tokens 4]
+//                       [--verify-tokens 4] [--moe-path auto|device|device_fp8|host]
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -37,6 +37,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/backend.h"
+#include "kernels/kernel_options.h"
 #include "kernels/ops.h"
 #include "model/dummy_weights.h"
 #include "model/model.h"
@@ -64,6 +66,7 @@ struct Args {
   int64_t trace_prefill = 4096, verify_tokens = 4;
   bool graphs = true;
   double max_seconds = 420;
+  std::string moe_path = "auto";  // KernelOptions::moe (the routed experts' path)
 };
 
 std::vector<int64_t> ints(const std::string& s) {
@@ -123,6 +126,8 @@ Args parse(int argc, char** argv) {
       a.graphs = false;
     else if (k == "--max-seconds")
       a.max_seconds = std::stod(val());
+    else if (k == "--moe-path")
+      a.moe_path = val();
     else {
       fmt::print(stderr, "unknown flag {} (see the comment at the top of bench/realwidth_gpu_bench.cpp)\n",
                  k);
@@ -282,7 +287,13 @@ int run(const Args& a) {
   std::fflush(stdout);
   auto t0 = clock_type::now();
   const bool spec = a.verify_tokens > 1 && c.num_nextn_predict_layers > 0;
-  const auto model = model::make_dummy_model(c, Device::cuda, 0, spec);
+  std::shared_ptr<model::Model> model = model::make_dummy_model(c, Device::cuda, 0, spec);
+  if (a.moe_path != "auto") {
+    kernels::KernelOptions ko;
+    ko.moe = kernels::parse_moe_path(a.moe_path, "--moe-path");
+    model = model->with_backend(kernels::cuda::make_backend(ko));
+    fmt::print("routed experts: --moe-path {}\n", a.moe_path);
+  }
   sync();
   fmt::print("dummy weights generated on the GPU: {:.2f} GiB in {:.1f} s\n",
              double(model->weights().bytes()) / kGiB, since(t0));

@@ -1,5 +1,7 @@
 #include "cli/kernel_flags.h"
 
+#include "core/error.h"
+
 namespace dsaserve::cli {
 
 kernels::KernelOptions KernelFlags::options() const {
@@ -10,6 +12,10 @@ kernels::KernelOptions KernelFlags::options() const {
   o.indexer_select = kernels::parse_indexer_select_path(indexer_select, "--indexer-select-path");
   o.gemm = kernels::parse_gemm_precision(gemm, "--gemm-precision");
   o.moe = kernels::parse_moe_path(moe, "--moe-path");
+  DSA_CHECK(moe_fp8_tile_rows == 0 || moe_fp8_tile_rows == 8 || moe_fp8_tile_rows == 128,
+            "--moe-fp8-tile-rows {}: expected 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)",
+            moe_fp8_tile_rows);
+  o.moe_fp8_tile_rows = moe_fp8_tile_rows;
   return o;
 }
 
@@ -41,6 +47,10 @@ std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub) {
   sub.add_option("--moe-path", f->moe,
                  "routed experts: auto, device_fp8 (grouped FP8 tensor-core kernels), device (grouped "
                  "CUDA-core kernels) or host (per-expert GEMMs)")
+      ->group(g)
+      ->capture_default_str();
+  sub.add_option("--moe-fp8-tile-rows", f->moe_fp8_tile_rows,
+                 "FP8 grouped experts: packed rows per pass, 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)")
       ->group(g)
       ->capture_default_str();
   return f;

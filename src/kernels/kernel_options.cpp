@@ -17,6 +17,14 @@ MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t head
   return k;
 }
 
+bool select_mla_fp8_bf16_copy(MlaDecodeKernel requested, int64_t heads, int64_t rows, int64_t copy_tokens,
+                              int64_t keys_per_row) {
+  if (requested != MlaDecodeKernel::automatic && requested != MlaDecodeKernel::v5) return false;
+  if (select_mla_decode_kernel(requested, heads, rows, false) != MlaDecodeKernel::v5) return false;
+  if (copy_tokens <= 0 || copy_tokens > kMlaBf16CopyMaxTokens || rows <= 0 || keys_per_row <= 0) return false;
+  return copy_tokens <= rows * keys_per_row / 16;
+}
+
 bool select_mla_v5_early(MlaV5Order requested, bool sparse) {
   if (requested == MlaV5Order::automatic) return !sparse;
   return requested == MlaV5Order::early;
@@ -120,7 +128,8 @@ MoePath parse_moe_path(std::string_view s, std::string_view flag) { return parse
 std::string describe(const KernelOptions& o) {
   return fmt::format("mla_decode={} mla_v5_order={} indexer_score={} indexer_select={} gemm={} moe={}",
                      name(o.mla_decode), name(o.mla_v5_order), name(o.indexer_score), name(o.indexer_select),
-                     name(o.gemm), name(o.moe));
+                     name(o.gemm), name(o.moe)) +
+         (o.moe_fp8_tile_rows != 0 ? fmt::format(" moe_fp8_tile_rows={}", o.moe_fp8_tile_rows) : "");
 }
 
 }  // namespace dsaserve::kernels

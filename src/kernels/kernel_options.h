@@ -39,6 +39,16 @@ MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t head
 inline bool mla_decode_uses_v2(MlaDecodeKernel requested, int64_t heads, int64_t rows) {
   return select_mla_decode_kernel(requested, heads, rows, false) == MlaDecodeKernel::v2;
 }
+// Whether an MLA launch over an FP8 latent cache first copies its sequences' rows to bf16
+// (attention/mla_decode_params.h launch_mla_cache_bf16_copy) and runs v5 on the copy instead of v4 on the
+// FP8 rows: when `requested` is automatic or v5, the rows would run v5 over a bf16 cache, and the copy is
+// small beside the keys the rows read (copy_tokens x 16 <= rows x keys_per_row: prefill chunks, never a
+// decode or verify batch) and at most kMlaBf16CopyMaxTokens tokens. Measured on the H200 (4K-token GLM-5.3
+// prefill, top-2048, 64 heads): v4 on FP8 rows 7.6 ms a layer, v5 on bf16 rows 3.6 ms; the copy of 4K rows
+// is a few microseconds. SGLang does the same for FlashMLA's sparse prefill (bf16 only).
+inline constexpr int64_t kMlaBf16CopyMaxTokens = int64_t(1) << 18;  // 288 MiB of bf16 rows
+bool select_mla_fp8_bf16_copy(MlaDecodeKernel requested, int64_t heads, int64_t rows, int64_t copy_tokens,
+                              int64_t keys_per_row);
 // v5's order: `requested` unless automatic; automatic: early for dense rows (no selection: contiguous
 // pages, 109 us early vs 117 late at batch 128), late for sparse rows (top-2048: 133 us late vs 151).
 bool select_mla_v5_early(MlaV5Order requested, bool sparse);
@@ -99,6 +109,9 @@ struct KernelOptions {
   IndexerSelectPath indexer_select = IndexerSelectPath::automatic;
   GemmPrecision gemm = GemmPrecision::fast;
   MoePath moe = MoePath::automatic;
+  // The FP8 grouped experts' packed rows per pass (kernels/cuda/moe/moe_params.h MoeFp8GemmParams::tile_rows:
+  // 8 the mma.sync form, 128 the wgmma form); 0: by the shapes (moe_fp8_tile_rows).
+  int moe_fp8_tile_rows = 0;
   bool operator==(const KernelOptions&) const = default;
 };
 
@@ -118,7 +131,8 @@ IndexerScoreKernel parse_indexer_score_kernel(std::string_view s, std::string_vi
 IndexerSelectPath parse_indexer_select_path(std::string_view s, std::string_view flag);
 GemmPrecision parse_gemm_precision(std::string_view s, std::string_view flag);
 MoePath parse_moe_path(std::string_view s, std::string_view flag);
-// "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast moe=auto".
+// "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast moe=auto" (and
+// " moe_fp8_tile_rows=N" when set).
 std::string describe(const KernelOptions& o);
 
 }  // namespace dsaserve::kernels

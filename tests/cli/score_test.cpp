@@ -142,6 +142,10 @@ TEST(ScoreCli, RejectsBadInput) {
   EXPECT_NE(msg.find("--mla-decode-kernel"), std::string::npos) << msg;
   EXPECT_NE(run("--ids 1,2 --gemm-precision tf32", &msg), 0);
   EXPECT_NE(msg.find("accepted: fast, fp32"), std::string::npos) << msg;
+  EXPECT_NE(run("--ids 1,2 --moe-fp8-tile-rows 48", &msg), 0);
+  EXPECT_NE(msg.find("--moe-fp8-tile-rows 48: expected 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace

@@ -37,6 +37,22 @@ TEST(KernelSelect, MlaDecodeFp8RunsV4WhereV5WouldRun) {
   EXPECT_EQ(select_mla_decode_kernel(K::v4, 64, 128, true), K::v4);
 }
 
+// FP8 prefill chunks read a bf16 copy with v5; decode and verify batches (copy large beside their keys),
+// v2 shapes, a forced v4 and oversized copies stay on the FP8 rows.
+TEST(KernelSelect, MlaFp8Bf16CopyOnlyForPrefillSizedRows) {
+  EXPECT_TRUE(select_mla_fp8_bf16_copy(K::automatic, 64, 4096, 4096, 2048));    // 4K prefill chunk
+  EXPECT_TRUE(select_mla_fp8_bf16_copy(K::v5, 64, 4096, 131072, 2048));         // 4K chunk at 128K context
+  EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 64, 512, 131072, 2048));  // copy > keys / 16
+  EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 64, 128, 128 * 4096, 2048));    // decode batch
+  EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 64, 32 * 6, 32 * 4096, 2048));  // verify batch
+  EXPECT_FALSE(select_mla_fp8_bf16_copy(K::v4, 64, 4096, 4096, 2048));
+  EXPECT_FALSE(select_mla_fp8_bf16_copy(K::v2, 64, 4096, 4096, 2048));
+  EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 16, 4096, 4096, 2048));  // v2's head count
+  EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 64, 2, 1, 2048));        // v2's row count
+  EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 64, 1 << 20, kMlaBf16CopyMaxTokens + 1, 2048));
+  EXPECT_TRUE(select_mla_fp8_bf16_copy(K::automatic, 64, 1 << 20, kMlaBf16CopyMaxTokens, 2048));
+}
+
 TEST(KernelSelect, MlaDecodeRequestWins) {
   for (K k : {K::v2, K::v4, K::v5})
     for (int64_t nh : {8, 16, 64})
@@ -150,6 +166,11 @@ TEST(KernelOptionsNames, RoundTripAndErrors) {
   EXPECT_THROW(parse_indexer_score_kernel("v1", "--indexer-score-kernel"), Error);
   EXPECT_EQ(describe(KernelOptions{}),
             "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast moe=auto");
+  KernelOptions tiled;
+  tiled.moe_fp8_tile_rows = 128;
+  EXPECT_EQ(describe(tiled),
+            "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast moe=auto "
+            "moe_fp8_tile_rows=128");
 }
 
 }  // namespace

@@ -354,6 +354,62 @@ TEST_F(CudaMlaDecode, OpsContractPrefillRows) {
   }
 }
 
+// Prefill-sized rows over an FP8 cache run v5 on a bf16 copy of the sequences' rows
+// (select_mla_fp8_bf16_copy): two sequences' chunks of rows, each row its own visible length and top-1024
+// selection, against the CPU op per row and against v4 on the FP8 rows (forced: the direct path).
+TEST_F(CudaMlaDecode, Fp8PrefillRowsThroughTheBf16Copy) {
+  Rng r(67);
+  const std::vector<int64_t> lens = {3000, 1500};
+  const int64_t nh = 64, per = 48, R = per * 2, topk = 1024;
+  const Paging pg = make_paging(lens, r);
+  const LatentCache cache = make_latent(pg.num_pages * kPage, MlaKvFormat::fp8_e4m3, r);
+  const Tensor q_lat = rand_bf16_values({R, nh, kMlaLatent}, r, 2.0f);
+  const Tensor q_rope = rand_bf16_values({R, nh, kMlaRope}, r, 2.0f);
+  std::vector<int32_t> seq(static_cast<size_t>(R)), len(static_cast<size_t>(R));
+  Tensor sel = Tensor::empty({R, topk}, DType::i32);
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t b = i / per;
+    seq[size_t(i)] = int32_t(b);
+    len[size_t(i)] = int32_t(lens[size_t(b)] - per + 1 + i % per);
+    std::set<int32_t> chosen;
+    while (int64_t(chosen.size()) < topk - 24) chosen.insert(int32_t(r.below(len[size_t(i)])));
+    std::vector<int32_t> v(chosen.begin(), chosen.end());
+    v.resize(size_t(topk), -1);
+    std::copy(v.begin(), v.end(), sel.data<int32_t>() + i * topk);
+  }
+  const int64_t max_len = lens[0], seq_pages = (max_len + kPage - 1) / kPage;
+  ASSERT_TRUE(select_mla_fp8_bf16_copy(MlaDecodeKernel::automatic, nh, R, 2 * seq_pages * kPage, topk));
+  auto run = [&](MlaDecodeKernel k) {
+    KernelOptions ko;
+    ko.mla_decode = k;
+    return mla_decode(q_lat.to(Device::cuda), q_rope.to(Device::cuda), cache.gpu, pg.table_gpu(), kPage,
+                      gpu_i32(seq, {R}), gpu_i32(len, {R}), max_len, sel.to(Device::cuda), 0.0625, nullptr,
+                      ko)
+        .to(Device::cpu);
+  };
+  const Tensor copy = run(MlaDecodeKernel::automatic), direct = run(MlaDecodeKernel::v4);
+  Err worst, vs_direct;
+  for (int64_t i = 0; i < R; ++i) {
+    const size_t b = size_t(seq[size_t(i)]);
+    const Tensor ref = kernels::backend(Device::cpu)
+                           .mla_attention_absorbed(q_lat.slice(0, i, i + 1), q_rope.slice(0, i, i + 1),
+                                                   PagedSeq{cache.decoded, pg.row_cpu(b), kPage},
+                                                   len[size_t(i)] - 1, sel.slice(0, i, i + 1), 0.0625);
+    const Err e = compare(copy.data<float>() + i * nh * kMlaLatent, ref.data<float>(), nh * kMlaLatent);
+    const Err d = compare(copy.data<float>() + i * nh * kMlaLatent,
+                          direct.data<float>() + i * nh * kMlaLatent, nh * kMlaLatent);
+    if (e.rel() > worst.rel()) worst = e;
+    if (d.rel() > vs_direct.rel()) vs_direct = d;
+  }
+  std::printf(
+      "RESULT mla_decode fp8 prefill rows via bf16 copy (v5) rows=%lld heads=%lld top%lld rel=%.3g "
+      "(tol 1e-02) vs v4 direct rel=%.3g (tol 1e-02) %s\n",
+      (long long)R, (long long)nh, (long long)topk, worst.rel(), vs_direct.rel(),
+      worst.rel() <= 1e-2 && vs_direct.rel() <= 1e-2 ? "ok" : "FAIL");
+  EXPECT_LE(worst.rel(), 1e-2);
+  EXPECT_LE(vs_direct.rel(), 1e-2);
+}
+
 // The kernel choice is host code (no device needed; its rule: tests/kernels/kernel_options_test.cpp). The
 // split count follows the kernel the launch will run, and a launch's params select through the same rule.
 TEST(MlaDecodeKernelChoice, SplitsFollowTheSelectedKernel) {

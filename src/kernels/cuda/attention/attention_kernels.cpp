@@ -1,5 +1,6 @@
 #include "kernels/cuda/attention/attention_kernels.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels/cuda/common/check.h"
@@ -144,6 +145,30 @@ Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache
     part_lse = Tensor::empty({plan.partial_lse_floats}, DType::f32, Device::cuda);
     p.partial_out = part_out.data<float>();
     p.partial_lse = part_lse.data<float>();
+  }
+  Tensor copy, copy_pt;
+  const int64_t seq_pages = std::min(d.pt_cols, (max_len + page_size - 1) / page_size);
+  if (f == MlaKvFormat::fp8_e4m3 &&
+      select_mla_fp8_bf16_copy(opts.mla_decode, nh, R, d.num_seqs * seq_pages * page_size, p.max_keys)) {
+    // Prefill-sized rows: v5 on a bf16 copy of the sequences' rows (kernel_options.h).
+    copy = Tensor::empty({d.num_seqs * seq_pages * page_size, kMlaDim}, DType::bf16, Device::cuda);
+    copy_pt = Tensor::empty({d.num_seqs, seq_pages}, DType::i32, Device::cuda);
+    MlaCacheBf16CopyParams cp{};
+    cp.cache = p.cache;
+    cp.page_table = p.page_table;
+    cp.out = copy.raw_data();
+    cp.out_page_table = copy_pt.data<int32_t>();
+    cp.num_seqs = d.num_seqs;
+    cp.pt_stride = d.pt_stride;
+    cp.seq_pages = seq_pages;
+    cp.page_size = page_size;
+    cp.num_slots = p.num_slots;
+    DSA_CUDA_CHECK(launch_mla_cache_bf16_copy(cp, stream));
+    p.cache = copy.raw_data();
+    p.page_table = copy_pt.data<int32_t>();
+    p.pt_cols = p.pt_stride = seq_pages;
+    p.num_slots = copy.size(0);
+    p.format = MlaKvFormat::bf16;
   }
   DSA_CUDA_CHECK(launch_mla_decode(p, stream));
   return out;

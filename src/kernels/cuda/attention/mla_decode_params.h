@@ -49,6 +49,20 @@ struct MlaCacheGatherParams {
 };
 cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t stream);
 
+// The bf16 copy of an FP8 latent cache that prefill-sized launches read (kernel v5 reads bf16 rows only):
+// sequence s's positions 0 .. seq_pages * page_size - 1, in its own pages s * seq_pages .. of `out`, each row
+// dequantised exactly as kernel v4 does in shared memory (bf16 of code x scale; rope copied), and the copy's
+// page table out_page_table[s, i] = s * seq_pages + i. Rows of pages outside [0, num_slots / page_size) are
+// zeros. One warp per row.
+struct MlaCacheBf16CopyParams {
+  const void* cache;          // [num_slots, 656] FP8 latent cache, not null
+  const int32_t* page_table;  // [num_seqs, pt_stride] i32, not null
+  void* out;                  // [num_seqs * seq_pages * page_size, 576] bf16, not null
+  int32_t* out_page_table;    // [num_seqs, seq_pages] i32, not null
+  int64_t num_seqs, pt_stride, seq_pages, page_size, num_slots;
+};
+cudaError_t launch_mla_cache_bf16_copy(const MlaCacheBf16CopyParams& p, cudaStream_t stream);
+
 // out[r, h, :] = sum_j softmax_j(scale * (q_lat[r,h] . kv_j + q_rope[r,h] . rope_j)) kv_j over the keys
 // of row r: positions sel[r, 0..sel_k) (entries < 0 or >= row_len[r] are skipped) or, when sel is null,
 // positions 0..row_len[r]-1. Rows without any key give zeros.

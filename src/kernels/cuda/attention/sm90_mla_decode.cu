@@ -75,6 +75,39 @@ __global__ void sm90_mla_cache_gather_kernel(const MlaCacheGatherParams p) {
   for (int c = lane; c < kMlaRope; c += 32) dst[kMlaLatent + c] = __bfloat162float(rope[c]);
 }
 
+// One warp per row of the copy: lane l dequantises latent values 16 l .. 16 l + 15 (scale block l / 8) as
+// kernel v4's dequant_fp8_swizzled does; lanes 0-7 copy the rope's 16-byte chunks.
+__global__ void sm90_mla_cache_bf16_copy_kernel(const MlaCacheBf16CopyParams p) {
+  const int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t per_seq = p.seq_pages * p.page_size;
+  if (i < p.num_seqs * p.seq_pages && lane == 0) p.out_page_table[i] = int32_t(i);
+  if (i >= p.num_seqs * per_seq) return;
+  const int64_t s = i / per_seq, pos = i % per_seq;
+  const int64_t page = p.page_table[s * p.pt_stride + pos / p.page_size];
+  const int64_t slot = page * p.page_size + pos % p.page_size;
+  uint4* dst = reinterpret_cast<uint4*>(static_cast<unsigned char*>(p.out) + i * kMlaBf16RowBytes);
+  if (page < 0 || slot >= p.num_slots) {
+    dst[lane * 2] = dst[lane * 2 + 1] = make_uint4(0, 0, 0, 0);
+    if (lane < 8) dst[64 + lane] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  const unsigned char* src = static_cast<const unsigned char*>(p.cache) + slot * kMlaFp8RowBytes;
+  const uint4 codes = *reinterpret_cast<const uint4*>(src + lane * 16);
+  const float sc = reinterpret_cast<const float*>(src + kMlaLatent)[lane / 8];
+  const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((w[j / 2] >> ((j % 2) * 16)) & 0xffff);
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+    o[j] = mma::pack_bf16(f.x * sc, f.y * sc);
+  }
+  dst[lane * 2] = make_uint4(o[0], o[1], o[2], o[3]);
+  dst[lane * 2 + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+  if (lane < 8) dst[64 + lane] = reinterpret_cast<const uint4*>(src + kMlaLatent + 16)[lane];
+}
+
 // out[r, h] = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max) over the splits of (r, h). 128 threads of
 // 4 columns; the split weights go through shared memory 128 at a time, and the partial rows are read with
 // 8 loads in flight per thread (every split writes its partial row, zeros when it saw no key).
@@ -184,6 +217,15 @@ int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms
     }
   }
   return best_s;
+}
+
+cudaError_t launch_mla_cache_bf16_copy(const MlaCacheBf16CopyParams& p, cudaStream_t stream) {
+  const int64_t n = p.num_seqs * p.seq_pages * p.page_size;
+  if (n == 0) return cudaSuccess;
+  if (p.page_size <= 0) return cudaErrorInvalidValue;
+  const int warps = 8;
+  sm90_mla_cache_bf16_copy_kernel<<<unsigned((n + warps - 1) / warps), warps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {

@@ -101,6 +101,17 @@ __device__ __forceinline__ void named_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
+// Warpgroup register budgets (sm_90a; the kernel needs __launch_bounds__(threads, 1), and every warp of the
+// warpgroup runs it): a producer gives registers back, consumers take them.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 // ---- wgmma (sm_90a warpgroup MMA) ----
 // Shared-memory matrix descriptor of a K-major bf16 operand in the 128-byte-swizzle canonical layout:
 // rows of 64 values (128 bytes) whose 16-byte chunk j sits at chunk j ^ (row % 8), 8-row groups 1024

@@ -102,10 +102,10 @@ cudaError_t launch_moe_expert_gemm(const MoeExpertGemmParams& p, cudaStream_t st
 // same 64 of up, down 128 features); a CTA streams the item's 128 weight rows once per pass of
 // `tile_rows` packed rows of its expert (the "swap AB" form: weights are the M operand of mma.sync
 // m16n8k32, rows the N operand) through a cp.async pipeline; prefill-sized groups (tile_rows 128) take
-// the wgmma form: two warpgroups, passes of up to 128 rows as m64nNk32 wgmmas (N 16..128 by the pass's
-// rows), each 128-wide K block promoted into f32 with its scales. Slots >= header[0] are never visited:
-// experts without rows are never read; the grid depends on the shapes only. Requires 128x128 weight blocks, K
-// % 128 == 0, K <= kMoeFp8MaxK, 16-byte aligned weights and xq.
+// the wgmma form: a copying warpgroup and two multiplying ones, passes of up to 128 rows as m64nNk32 wgmmas
+// (N 16..128 by the pass's rows), each 128-wide K block promoted into f32 with its scales. Slots >= header[0]
+// are never visited: experts without rows are never read; the grid depends on the shapes only. Requires
+// 128x128 weight blocks, K % 128 == 0, K <= kMoeFp8MaxK, 16-byte aligned weights and xq.
 inline constexpr int64_t kMoeFp8MaxK = 16384;
 struct MoeFp8GemmParams {
   const MoeExpertWeights* table;  // [experts] device table (fp8 weights, f32 block scales)
@@ -121,13 +121,15 @@ struct MoeFp8GemmParams {
   int64_t N, K;
   int experts;
   bool gate_up;
-  int tile_rows;  // packed rows per pass: 8, 16, 32 or 64 (mma.sync), 128 (the wgmma form); any count is
-                  // correct, it tunes speed
+  int tile_rows;  // packed rows per pass: 8 (mma.sync) or 128 (the wgmma form); either is correct at any
+                  // size, it tunes speed
 };
-// Mean rows per expert from which the launch takes the wgmma form (tile_rows 128).
-inline constexpr int64_t kMoeFp8WgmmaMinMeanRows = 16;
+// Mean rows per expert from which the launch takes the wgmma form (tile_rows 128). Measured on the H200
+// (ops_gpu_bench moe, one GLM-5.3 layer, random top-8): T = 128 (4 rows per expert) mma.sync 2.55 ms
+// against wgmma 2.65; T = 256 (8) 3.61 against 2.72; 16, 32 and 64 rows per mma.sync pass lost at every T.
+inline constexpr int64_t kMoeFp8WgmmaMinMeanRows = 8;
 // The tile_rows the launch takes for `pairs` rows over `experts` experts (shapes only): 128 (the wgmma form)
-// from kMoeFp8WgmmaMinMeanRows mean rows per expert, else the power of two >= 4 x the mean, within [8, 64].
+// from kMoeFp8WgmmaMinMeanRows mean rows per expert, else 8.
 int moe_fp8_tile_rows(int64_t pairs, int64_t experts);
 cudaError_t launch_moe_fp8_gemm(const MoeFp8GemmParams& p, cudaStream_t stream);
 

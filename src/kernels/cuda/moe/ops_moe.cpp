@@ -304,7 +304,7 @@ Quantised quantise(const float* x, int64_t stride, int64_t rows, int64_t cols, c
 }
 
 void device_fp8_experts(const RowView& xv, const Routing& routing, const TableView& tab, const int32_t* plan,
-                        const PlanLayout& l, int64_t K, Tensor& out) {
+                        const PlanLayout& l, int64_t K, int tile_rows, Tensor& out) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
   DSA_CHECK(tab.hidden == H, "moe_experts: experts take {} features, the input has {}", tab.hidden, H);
   const Quantised xq = quantise(xv.p, xv.stride, T, H, "moe_experts fp8 input");
@@ -314,7 +314,7 @@ void device_fp8_experts(const RowView& xv, const Routing& routing, const TableVi
   p.offsets = plan + l.offsets();
   p.active = plan + l.active();
   p.experts = int(E);
-  p.tile_rows = moe_fp8_tile_rows(M, E);
+  p.tile_rows = tile_rows != 0 ? tile_rows : moe_fp8_tile_rows(M, E);
   Tensor act = Tensor::empty({M, I}, DType::f32, Device::cuda);  // [M, I] silu(gate) * up, packed by expert
   p.in_rows = plan + l.rows();
   p.xq = xq.codes.data_u8();
@@ -443,7 +443,7 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
                      tab.block_k == 128;
     if (tab.unusable.empty()) {
       if (fp8) {
-        device_fp8_experts(xv, routing, tab, pd, l, K, out);
+        device_fp8_experts(xv, routing, tab, pd, l, K, o.moe_fp8_tile_rows, out);
       } else {
         device_experts(xv, routing, tab, pd, l, K, out);
       }

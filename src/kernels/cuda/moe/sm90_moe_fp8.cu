@@ -33,7 +33,7 @@ constexpr int kXLd = 192;
 template <int NT>
 struct Tile {
   static constexpr int kTp = NT * 8;
-  static constexpr int kStages = NT >= 8 ? 3 : 4;  // two CTAs per SM either way
+  static constexpr int kStages = 4;  // two CTAs per SM
   static constexpr int kW = kRows * 128;
   static constexpr int kX = kTp * kXLd;
   static constexpr int kBytes = kW + kX + kTp * 4;
@@ -42,10 +42,10 @@ struct Tile {
 
 using mma::mma_e4m3;
 
-// The cp.async pipeline both forms run over the K blocks: the first kStages - 1 blocks in flight (one commit
-// group each, empty past nkb), then per block i: wait for it (own copies), make it visible (the wgmma form:
-// also to the async proxy), a barrier (everyone's copies landed; the stage block i - 1 held is no longer
-// read), and block i + kStages - 1 issued into that stage.
+// The mma.sync form's cp.async pipeline over the K blocks: the first kStages - 1 blocks in flight (one
+// commit group each, empty past nkb), then per block i: wait for it (own copies), a barrier (everyone's
+// copies landed; the stage block i - 1 held is no longer read), and block i + kStages - 1 issued into that
+// stage.
 template <int kStages, class Load>
 __device__ __forceinline__ void pipeline_start(int64_t nkb, const Load& load) {
 #pragma unroll
@@ -54,10 +54,9 @@ __device__ __forceinline__ void pipeline_start(int64_t nkb, const Load& load) {
     mma::cp_async_commit();
   }
 }
-template <int kStages, bool ASYNC_PROXY, class Load>
+template <int kStages, class Load>
 __device__ __forceinline__ void pipeline_step(int64_t i, int64_t nkb, const Load& load) {
   mma::cp_async_wait<kStages - 2>();
-  if (ASYNC_PROXY) mma::fence_proxy_async_smem();
   __syncthreads();
   if (i + kStages - 1 < nkb) load(i + kStages - 1, int((i + kStages - 1) % kStages));
   mma::cp_async_commit();
@@ -134,7 +133,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_fp8_gemm_kernel(const Mo
       for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
       pipeline_start<kStages>(nkb, load);
       for (int64_t i = 0; i < nkb; ++i) {
-        pipeline_step<kStages, false>(i, nkb, load);
+        pipeline_step<kStages>(i, nkb, load);
         const uint8_t* st = smem + size_t(i % kStages) * S::kBytes;
         const float* xs = reinterpret_cast<const float*>(st + S::kW + S::kX);
         float blk[NT][4];
@@ -214,80 +213,59 @@ cudaError_t launch_tile(const MoeFp8GemmParams& p, cudaStream_t stream) {
          GATE_UP ? 64 : 128 > (p, stream);
 }
 
-// ---- the wgmma form (tile_rows 128: prefill-sized groups) ----
+// ---- the wgmma form (tile_rows 128: prefill-sized groups), warp-specialised ----
 // Work item as above (128 weight rows of one active expert); a pass takes up to 128 packed rows of the
 // expert, so a group of <= 128 rows streams its weights once; the pass multiplies the narrowest wgmma N of
-// 16, 32, 64 and 128 that holds its rows (a group's tail pads to 16, not to 128). Two warpgroups: warpgroup q
-// multiplies weight rows 64q .. 64q + 63 (gate_up: q = 0 gate, q = 1 up features n0 .. n0 + 63; down:
-// features n0 + 64q ..) by the pass's rows, each 128-wide K block as four m64n128k32 e4m3 wgmmas into a
-// block accumulator that is then scaled (weight block scale x the row's scale) into the pass's sums, the
+// 16, 32, 64 and 128 that holds its rows (a group's tail pads to 16, not to 128). Multiplier warpgroup q
+// takes weight rows 64q .. 64q + 63 (gate_up: q = 0 gate, q = 1 up features n0 .. n0 + 63; down: features
+// n0 + 64q ..) times the pass's rows, each 128-wide K block as four m64nNk32 e4m3 wgmmas into a block
+// accumulator that is then scaled (weight block scale x the row's scale) into the pass's sums, the
 // block-scaled recipe of the mma.sync form. Weight and row tiles sit in shared memory in the 128-byte
-// swizzle of wgmma_desc_sw128 (row r's 16-byte chunk c at chunk c ^ (r % 8)), copied with cp.async
-// kStages - 1 blocks ahead by all 256 threads.
-namespace wg {
-static_assert(kThreads == 256, "two warpgroups");
+// swizzle of wgmma_desc_sw128 (row r's 16-byte chunk c at chunk c ^ (r % 8)).
+// Roles: warpgroup 0 copies (the weight and pass rows of every K block, cp.async into kStages stages, each
+// stage's arrival counted on its `full` mbarrier), warpgroups 1 and 2 multiply and release each stage on its
+// `empty` mbarrier once their wgmmas on it are done and its row scales read.
+// No CTA-wide barrier inside the K loop: the copies run up to kStages blocks ahead, across passes and items,
+// and the two multiplying warpgroups drift apart, so one's scale folding overlaps the other's wgmmas.
+// Registers move from the copier (72) to the multipliers (200). The gate_up epilogue hands the up sums from
+// warpgroup 2 to warpgroup 1 through a buffer of its own (named barrier 1 over the 256 multiplier threads).
+namespace ws {
+constexpr int kThreads = 384;
 constexpr int kTok = 128;  // packed rows per pass
 constexpr int kStages = 5;
 constexpr int kA = kRows * 128;  // weight tile bytes per stage
 constexpr int kB = kTok * 128;   // row tile bytes per stage
-constexpr size_t kSmem = size_t(kStages) * (kA + kB) + size_t(kStages) * kTok * 4 + 1024;  // + alignment
-}  // namespace wg
+constexpr int kXsOff = kStages * (kA + kB);
+constexpr int kUpOff = kXsOff + kStages * kTok * 4;  // [64][128] f32 up sums (gate_up)
+constexpr int kBarOff = kUpOff + 64 * 128 * 4;
+constexpr size_t kSmem = size_t(kBarOff) + 2 * kStages * 8 + 1024;  // + alignment
+static_assert(kSmem <= 227 * 1024, "shared memory");
+}  // namespace ws
 
-// One pass of the wgmma form: the item's 128 weight rows x the pass's rows (s_src, -1 past the last),
-// NW of them multiplied (16, 32, 64 or 128: the wgmma N, the narrowest that holds them).
-struct WgPass {
-  uint8_t* s_a;
-  uint8_t* s_b;
-  float* s_xs;
-  const float (*s_wscale)[kMaxKb];
-  const int64_t* s_src;
-  const uint8_t* w_lo;
-  const uint8_t* w_hi;
-  int64_t n0;
-  int32_t g0;
-  int nr;
-};
+// Rows the pass of `nr` packed rows multiplies: the narrowest wgmma N of 16, 32, 64, 128 that holds them.
+__device__ __forceinline__ int ws_width(int nr) { return nr > 64 ? 128 : nr > 32 ? 64 : nr > 16 ? 32 : 16; }
 
+// One multiplier warpgroup's pass: nkb K blocks from stages it0, it0 + 1, .. (mod kStages) into the pass's
+// sums, then the epilogue.
 template <bool GATE_UP, int NW>
-__device__ __forceinline__ void wgmma_pass(const MoeFp8GemmParams& p, const WgPass& w) {
-  using namespace wg;
+__device__ __forceinline__ void ws_consume(const MoeFp8GemmParams& p, uint8_t* smem, uint64_t* full,
+                                           uint64_t* empty, int64_t it0, int64_t nkb, const float* sc,
+                                           int64_t n0, int32_t g0, int nr, int q) {
+  using namespace ws;
   constexpr int kAcc = NW / 2;
-  const int tid = int(threadIdx.x), q = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const int g = lane >> 2, c4 = lane & 3;
-  const int64_t K = p.K, N = p.N, nkb = K / 128;
-  auto load = [&](int64_t kb, int stage) {
-    uint8_t* a = w.s_a + size_t(stage) * kA;
-    uint8_t* b = w.s_b + size_t(stage) * kB;
-#pragma unroll
-    for (int j = 0; j < kRows * 8 / kThreads; ++j) {
-      const int i = tid + j * kThreads, r = i >> 3, c = i & 7;
-      const bool hi = GATE_UP && r >= 64;
-      const int64_t f = w.n0 + (GATE_UP ? (r & 63) : r);
-      const bool ok = f < N;
-      const uint8_t* src = (hi ? w.w_hi : w.w_lo) + (ok ? f : 0) * K + kb * 128 + c * 16;
-      mma::cp_async16(a + r * 128 + ((c ^ (r & 7)) * 16), src, ok ? 16 : 0);
-    }
-    for (int i = tid; i < NW * 8; i += kThreads) {
-      const int r = i >> 3, c = i & 7;
-      const int64_t row = w.s_src[r];
-      const uint8_t* src = p.xq + (row >= 0 ? row : 0) * K + kb * 128 + c * 16;
-      mma::cp_async16(b + r * 128 + ((c ^ (r & 7)) * 16), src, row >= 0 ? 16 : 0);
-    }
-    if (tid < NW) {
-      const int64_t row = w.s_src[tid];
-      mma::cp_async4(w.s_xs + stage * kTok + tid, p.x_scale + kb * p.x_scale_ld + (row >= 0 ? row : 0),
-                     row >= 0 ? 4 : 0);
-    }
-  };
+  const int t = int(threadIdx.x) & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, c4 = lane & 3;
+  const int64_t N = p.N;
   float acc[kAcc];
 #pragma unroll
   for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
-  pipeline_start<kStages>(nkb, load);
+  float sw = __ldg(sc);
   for (int64_t i = 0; i < nkb; ++i) {
-    pipeline_step<kStages, true>(i, nkb, load);
-    const int stage = int(i % kStages);
-    const uint32_t a_addr = mma::smem_addr(w.s_a + size_t(stage) * kA + q * 64 * 128);
-    const uint32_t b_addr = mma::smem_addr(w.s_b + size_t(stage) * kB);
+    const int64_t it = it0 + i;
+    const int st = int(it % kStages);
+    mma::mbar_wait(full + st, uint32_t(it / kStages) & 1u);
+    mma::fence_proxy_async_smem();
+    const uint32_t a_addr = mma::smem_addr(smem + size_t(st) * kA + q * 64 * 128);
+    const uint32_t b_addr = mma::smem_addr(smem + size_t(kStages) * kA + size_t(st) * kB);
     float blk[kAcc];
     mma::wgmma_fence();
 #pragma unroll
@@ -295,10 +273,10 @@ __device__ __forceinline__ void wgmma_pass(const MoeFp8GemmParams& p, const WgPa
       mma::wgmma_m64nk32_e4m3<NW>(blk, mma::wgmma_desc_sw128(a_addr + k * 32),
                                   mma::wgmma_desc_sw128(b_addr + k * 32), k);
     mma::wgmma_commit();
+    const float sw_next = i + 1 < nkb ? __ldg(sc + i + 1) : 0.0f;
     mma::wgmma_wait<0>();
     mma::wgmma_fence_operands(blk);
-    const float sw = w.s_wscale[GATE_UP ? q : 0][i];
-    const float* xs = w.s_xs + stage * kTok;
+    const float* xs = reinterpret_cast<const float*>(smem + kXsOff) + st * kTok;
 #pragma unroll
     for (int j = 0; j < kAcc / 4; ++j) {
       const float2 x = *reinterpret_cast<const float2*>(xs + 8 * j + 2 * c4);
@@ -308,105 +286,157 @@ __device__ __forceinline__ void wgmma_pass(const MoeFp8GemmParams& p, const WgPa
       acc[4 * j + 2] += blk[4 * j + 2] * s0;
       acc[4 * j + 3] += blk[4 * j + 3] * s1;
     }
+    mma::mbar_arrive(empty + st);
+    sw = sw_next;
   }
-  mma::cp_async_wait<0>();
-  __syncthreads();  // every stage read: the weight tiles may hold the up half below
   // acc[4j + e]: weight row 16 warp + g + 8 (e / 2) of this warpgroup's 64, pass row 8j + 2 c4 + e % 2.
   if (GATE_UP) {
-    float* up = reinterpret_cast<float*>(w.s_a);  // [kAcc][128 threads]
+    float* up = reinterpret_cast<float*>(smem + kUpOff);  // [kAcc][128 threads]
     if (q == 1) {
 #pragma unroll
-      for (int j = 0; j < kAcc; ++j) up[j * 128 + (tid & 127)] = acc[j];
+      for (int j = 0; j < kAcc; ++j) up[j * 128 + t] = acc[j];
     }
-    __syncthreads();
+    mma::named_sync(1, 256);
     if (q == 0) {
 #pragma unroll
       for (int j = 0; j < kAcc; ++j) {
         const int r = 8 * (j >> 2) + 2 * c4 + (j & 1);
-        const int64_t f = w.n0 + 16 * warp + g + 8 * ((j >> 1) & 1);
-        if (r < w.nr && f < N) {
-          const float gv = acc[j], uv = up[j * 128 + tid];
-          p.out[int64_t(w.g0 + r) * N + f] = gv / (1.0f + expf(-gv)) * uv;
+        const int64_t f = n0 + 16 * warp + g + 8 * ((j >> 1) & 1);
+        if (r < nr && f < N) {
+          const float gv = acc[j], uv = up[j * 128 + t];
+          p.out[int64_t(g0 + r) * N + f] = gv / (1.0f + expf(-gv)) * uv;
         }
       }
     }
+    mma::named_sync(1, 256);  // the up buffer free for the next pass
   } else {
 #pragma unroll
     for (int j = 0; j < kAcc; ++j) {
       const int r = 8 * (j >> 2) + 2 * c4 + (j & 1);
-      const int64_t f = w.n0 + 64 * q + 16 * warp + g + 8 * ((j >> 1) & 1);
-      if (r < w.nr && f < N) p.out[int64_t(w.g0 + r) * N + f] = acc[j];
+      const int64_t f = n0 + 64 * q + 16 * warp + g + 8 * ((j >> 1) & 1);
+      if (r < nr && f < N) p.out[int64_t(g0 + r) * N + f] = acc[j];
     }
   }
-  __syncthreads();  // the pass's shared memory (s_src, stages, the up half) free for the next
 }
 
 template <bool GATE_UP>
-__global__ void __launch_bounds__(kThreads, 1) sm90_moe_fp8_wgmma_kernel(const MoeFp8GemmParams p) {
-  using namespace wg;
+__global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const MoeFp8GemmParams p) {
+  using namespace ws;
   constexpr int kFeat = GATE_UP ? 64 : 128;
   extern __shared__ uint8_t smem_raw[];
-  __shared__ float s_wscale[2][kMaxKb];
-  __shared__ int64_t s_src[kTok];
   uint8_t* smem = smem_raw + ((1024 - (mma::smem_addr(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1 KiB
-  WgPass w{};
-  w.s_a = smem;
-  w.s_b = smem + size_t(kStages) * kA;
-  w.s_xs = reinterpret_cast<float*>(smem + size_t(kStages) * (kA + kB));
-  w.s_wscale = s_wscale;
-  w.s_src = s_src;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff);
+  uint64_t* empty = full + kStages;
   const int tid = int(threadIdx.x);
-  const int64_t N = p.N, nkb = p.K / 128;
+  const int role = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform: 0 copies, 1 and 2 multiply
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mma::mbar_init(full + s, 128);
+      mma::mbar_init(empty + s, 256);
+    }
+  }
+  __syncthreads();
+  const int64_t N = p.N, K = p.K, nkb = K / 128;
   const int64_t tiles = (N + kFeat - 1) / kFeat;
   const int64_t items = int64_t(p.header[0]) * tiles;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int e = p.active[item / tiles];
-    w.n0 = (item % tiles) * kFeat;
-    const int32_t m0 = p.offsets[e], m1 = p.offsets[e + 1];
-    const MoeExpertWeights ew = p.table[e];
-    w.w_lo = static_cast<const uint8_t*>(GATE_UP ? ew.gate : ew.down);
-    w.w_hi = static_cast<const uint8_t*>(GATE_UP ? ew.up : ew.down);
-    {
-      // The previous item's last pass ended with a barrier: nobody reads the old scales any more.
-      const float* sc_lo = (GATE_UP ? ew.gate_scale : ew.down_scale) + (w.n0 / 128) * nkb;
-      const float* sc_hi = (GATE_UP ? ew.up_scale : ew.down_scale) + (w.n0 / 128) * nkb;
-      for (int64_t i = tid; i < nkb; i += kThreads) {
-        s_wscale[0][i] = sc_lo[i];
-        s_wscale[1][i] = sc_hi[i];
+  int64_t it = 0;  // K blocks this CTA has gone through (both roles count the same sequence)
+  if (role == 0) {
+    mma::setmaxnreg_dec<72>();
+    // Thread t copies 16-byte chunk t % 8 of tile rows t / 8 + 16 j, j = 0..7 (a warp: 4 whole rows of 128
+    // bytes, coalesced), and the scale of pass row t.
+    const int t = tid, c = t & 7, r0 = t >> 3;
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+      const int e = p.active[item / tiles];
+      const int64_t n0 = (item % tiles) * kFeat;
+      const int32_t m0 = p.offsets[e], m1 = p.offsets[e + 1];
+      const MoeExpertWeights ew = p.table[e];
+      const uint8_t* w_lo = static_cast<const uint8_t*>(GATE_UP ? ew.gate : ew.down);
+      const uint8_t* w_hi = static_cast<const uint8_t*>(GATE_UP ? ew.up : ew.down);
+      for (int32_t g0 = m0; g0 < m1; g0 += kTok) {
+        const int nr = m1 - g0 < kTok ? int(m1 - g0) : kTok;
+        const int nw = ws_width(nr);
+        int32_t src[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int r = r0 + 16 * j;
+          src[j] = r < nr ? (p.in_rows ? p.in_rows[g0 + r] : g0 + r) : -1;
+        }
+        const int32_t srow = t < nr ? (p.in_rows ? p.in_rows[g0 + t] : g0 + t) : -1;
+        for (int64_t kb = 0; kb < nkb; ++kb, ++it) {
+          const int st = int(it % kStages);
+          if (it >= kStages) mma::mbar_wait(empty + st, uint32_t(it / kStages - 1) & 1u);
+          uint8_t* a = smem + size_t(st) * kA;
+          uint8_t* b = smem + size_t(kStages) * kA + size_t(st) * kB;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int r = r0 + 16 * j;
+            const bool hi = GATE_UP && r >= 64;
+            const int64_t f = n0 + (GATE_UP ? (r & 63) : r);
+            const bool ok = f < N;
+            mma::cp_async16(a + r * 128 + ((c ^ (r & 7)) * 16),
+                            (hi ? w_hi : w_lo) + (ok ? f : 0) * K + kb * 128 + c * 16, ok ? 16 : 0);
+          }
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int r = r0 + 16 * j;
+            if (r < nw)
+              mma::cp_async16(b + r * 128 + ((c ^ (r & 7)) * 16),
+                              p.xq + int64_t(src[j] >= 0 ? src[j] : 0) * K + kb * 128 + c * 16,
+                              src[j] >= 0 ? 16 : 0);
+          }
+          if (t < nw)
+            mma::cp_async4(smem + kXsOff + (st * kTok + t) * 4,
+                           p.x_scale + kb * p.x_scale_ld + (srow >= 0 ? srow : 0), srow >= 0 ? 4 : 0);
+          mma::cp_async_mbar_arrive_noinc(full + st);
+        }
       }
     }
-    for (int32_t g0 = m0; g0 < m1; g0 += kTok) {
-      const int nr = m1 - g0 < kTok ? int(m1 - g0) : kTok;
-      w.g0 = g0;
-      w.nr = nr;
-      if (tid < kTok)
-        s_src[tid] = tid < nr ? (p.in_rows ? int64_t(p.in_rows[g0 + tid]) : int64_t(g0 + tid)) : -1;
-      __syncthreads();  // s_src (and, the first time, s_wscale) visible to every thread
-      if (nr > 64)
-        wgmma_pass<GATE_UP, 128>(p, w);
-      else if (nr > 32)
-        wgmma_pass<GATE_UP, 64>(p, w);
-      else if (nr > 16)
-        wgmma_pass<GATE_UP, 32>(p, w);
-      else
-        wgmma_pass<GATE_UP, 16>(p, w);
+    mma::cp_async_wait<0>();
+  } else {
+    mma::setmaxnreg_inc<200>();
+    const int q = role - 1;
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+      const int e = p.active[item / tiles];
+      const int64_t n0 = (item % tiles) * kFeat;
+      const int32_t m0 = p.offsets[e], m1 = p.offsets[e + 1];
+      const MoeExpertWeights ew = p.table[e];
+      const float* sc = (GATE_UP ? (q ? ew.up_scale : ew.gate_scale) : ew.down_scale) + (n0 / 128) * nkb;
+      for (int32_t g0 = m0; g0 < m1; g0 += kTok, it += nkb) {
+        const int nr = m1 - g0 < kTok ? int(m1 - g0) : kTok;
+        switch (ws_width(nr)) {
+          case 128: ws_consume<GATE_UP, 128>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+          case 64: ws_consume<GATE_UP, 64>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+          case 32: ws_consume<GATE_UP, 32>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+          default: ws_consume<GATE_UP, 16>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+        }
+      }
     }
   }
 }
 
 template <bool GATE_UP>
-cudaError_t launch_wgmma(const MoeFp8GemmParams& p, cudaStream_t stream) {
-  return launch_persistent < sm90_moe_fp8_wgmma_kernel<GATE_UP>, wg::kSmem, GATE_UP ? 64 : 128 > (p, stream);
+cudaError_t launch_ws(const MoeFp8GemmParams& p, cudaStream_t stream) {
+  const void* fn = reinterpret_cast<const void*>(sm90_moe_fp8_ws_kernel<GATE_UP>);
+  const cudaError_t attr = set_max_dynamic_smem(fn, int(ws::kSmem));
+  if (attr != cudaSuccess) return attr;
+  const int sms = per_device_value(
+      fn, +[]() -> int {
+        int dev = 0, n = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+        return n > 0 ? n : 1;
+      });
+  const int64_t most = int64_t(p.experts) * ((p.N + (GATE_UP ? 64 : 128) - 1) / (GATE_UP ? 64 : 128));
+  const int grid = int(most < sms ? most : sms);
+  sm90_moe_fp8_ws_kernel<GATE_UP><<<grid, ws::kThreads, ws::kSmem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 template <bool GATE_UP>
 cudaError_t launch_rows(const MoeFp8GemmParams& p, cudaStream_t stream) {
   switch (p.tile_rows) {
     case 8: return launch_tile<GATE_UP, 1>(p, stream);
-    case 16: return launch_tile<GATE_UP, 2>(p, stream);
-    case 32: return launch_tile<GATE_UP, 4>(p, stream);
-    case 64: return launch_tile<GATE_UP, 8>(p, stream);
-    case 128: return launch_wgmma<GATE_UP>(p, stream);
+    case 128: return launch_ws<GATE_UP>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -415,10 +445,7 @@ cudaError_t launch_rows(const MoeFp8GemmParams& p, cudaStream_t stream) {
 
 int moe_fp8_tile_rows(int64_t pairs, int64_t experts) {
   const int64_t mean = experts > 0 ? (pairs + experts - 1) / experts : pairs;
-  if (mean >= kMoeFp8WgmmaMinMeanRows) return 128;  // prefill-sized groups: the wgmma form
-  int tp = 8;
-  while (tp < 64 && tp < 4 * mean) tp *= 2;
-  return tp;
+  return mean >= kMoeFp8WgmmaMinMeanRows ? 128 : 8;
 }
 
 cudaError_t launch_moe_fp8_gemm(const MoeFp8GemmParams& p, cudaStream_t stream) {
