@@ -225,6 +225,42 @@ TEST_F(ServeDp, GreedyCompletionsEqualOneRankAloneAndEightAtOnceOverTheDpGroups)
   }
 }
 
+// A grammar-constrained request (its matcher lives in rank 0's process) runs on DP group 0, with the
+// output of one rank; an unconstrained one next still goes round robin.
+TEST_F(ServeDp, AConstrainedRequestRunsOnDpGroupZero) {
+  const json body = {{"model", "tiny"},
+                     {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                     {"max_tokens", 12},
+                     {"temperature", 0},
+                     {"response_format", {{"type", "json_object"}}}};
+  std::string want;
+  {
+    ServerProcess one(server_args(tiny_, {}));
+    ASSERT_GT(one.port(), 0) << one.log();
+    const HttpResult r = post_json(one.port(), "/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    want = r.json()["choices"][0]["message"]["content"].get<std::string>();
+    EXPECT_EQ(one.stop(), 0);
+  }
+  ASSERT_EQ(want.substr(0, 1), "{") << want;
+  ServerProcess s(server_args(tiny_, {"--tp", "2", "--attn-dp-size", "2"}), 0, true);
+  ASSERT_GT(s.port(), 0) << s.log();
+  for (int i = 0; i < 3; ++i) {
+    const HttpResult r = post_json(s.port(), "/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json()["choices"][0]["message"]["content"].get<std::string>(), want) << i;
+  }
+  std::string m = http_request(s.port(), "GET", "/metrics").body;
+  EXPECT_EQ(dp_metric(m, "dsaserve_dp_engine_generated_tokens_total", 1), 0) << m;
+  EXPECT_EQ(token_ids(post_json(s.port(), "/v1/completions", greedy_body({1, 2, 3}, 4))).size(),
+            4u);  // group 0
+  EXPECT_EQ(token_ids(post_json(s.port(), "/v1/completions", greedy_body({1, 2, 3}, 4))).size(),
+            4u);  // group 1
+  m = http_request(s.port(), "GET", "/metrics").body;
+  EXPECT_EQ(dp_metric(m, "dsaserve_dp_engine_generated_tokens_total", 1), 4) << m;
+  EXPECT_EQ(s.stop(), 0) << s.output();
+}
+
 // Idle for longer than --dist-timeout: the DP leaders' rounds and the followers' beats keep every rank
 // inside it.
 TEST_F(ServeDp, AnIdleServerOutlivesTheDistTimeout) {
