@@ -46,6 +46,15 @@ json greedy_body(const std::vector<int32_t>& prompt, size_t n) {
           {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
 }
 
+// post_json, a failed connection (the server gone) as status 0 with the reason as the body.
+HttpResult post(int port, const std::string& target, const json& body) {
+  try {
+    return post_json(port, target, body);
+  } catch (const std::exception& e) {
+    return {0, e.what()};
+  }
+}
+
 std::vector<int32_t> token_ids(const HttpResult& r) {
   EXPECT_EQ(r.status, 200) << r.body;
   if (r.status != 200) return {};
@@ -169,7 +178,7 @@ TEST_F(ServeDp, GreedyCompletionsEqualOneRankAloneAndEightAtOnceOverTheDpGroups)
     ASSERT_GT(one.port(), 0) << one.log();
     for (size_t i = 0; i < q.prompts.size(); ++i)
       want.push_back(
-          token_ids(post_json(one.port(), "/v1/completions", greedy_body(q.prompts[i], q.new_tokens[i]))));
+          token_ids(post(one.port(), "/v1/completions", greedy_body(q.prompts[i], q.new_tokens[i]))));
     EXPECT_EQ(one.stop(), 0);
   }
   for (size_t j = 0; j < q.golden.size(); ++j) ASSERT_EQ(want[j], q.golden[j]) << "--tp 1 greedy" << j;
@@ -184,20 +193,20 @@ TEST_F(ServeDp, GreedyCompletionsEqualOneRankAloneAndEightAtOnceOverTheDpGroups)
     const std::map<int, pid_t> ranks = ranks_of(s.pid());
     EXPECT_EQ(ranks.size(), size_t(std::stoi(layout[1]))) << name;
     for (size_t i = 0; i < q.prompts.size(); ++i) {
-      EXPECT_EQ(token_ids(post_json(s.port(), "/v1/completions", greedy_body(q.prompts[i], q.new_tokens[i]))),
+      EXPECT_EQ(token_ids(post(s.port(), "/v1/completions", greedy_body(q.prompts[i], q.new_tokens[i]))),
                 want[i])
-          << name << " request " << i << " alone";
+          << name << " request " << i << " alone\n"
+          << s.output();
     }
     std::vector<HttpResult> got(q.prompts.size());
     std::vector<std::thread> threads;
     for (size_t i = 0; i < q.prompts.size(); ++i)
-      threads.emplace_back([&, i] {
-        got[i] = post_json(s.port(), "/v1/completions", greedy_body(q.prompts[i], q.new_tokens[i]));
-      });
+      threads.emplace_back(
+          [&, i] { got[i] = post(s.port(), "/v1/completions", greedy_body(q.prompts[i], q.new_tokens[i])); });
     for (auto& t : threads) t.join();
     int equal = 0;
     for (size_t i = 0; i < q.prompts.size(); ++i) {
-      EXPECT_EQ(token_ids(got[i]), want[i]) << name << " request " << i << " of 8 at once";
+      EXPECT_EQ(token_ids(got[i]), want[i]) << name << " request " << i << " of 8 at once\n" << s.output();
       equal += token_ids(got[i]) == want[i] ? 1 : 0;
     }
     // Both DP groups ran requests (round robin: every other one; shortest queue: whichever had fewer).
@@ -237,7 +246,7 @@ TEST_F(ServeDp, AConstrainedRequestRunsOnDpGroupZero) {
   {
     ServerProcess one(server_args(tiny_, {}));
     ASSERT_GT(one.port(), 0) << one.log();
-    const HttpResult r = post_json(one.port(), "/v1/chat/completions", body);
+    const HttpResult r = post(one.port(), "/v1/chat/completions", body);
     ASSERT_EQ(r.status, 200) << r.body;
     want = r.json()["choices"][0]["message"]["content"].get<std::string>();
     EXPECT_EQ(one.stop(), 0);
@@ -246,15 +255,15 @@ TEST_F(ServeDp, AConstrainedRequestRunsOnDpGroupZero) {
   ServerProcess s(server_args(tiny_, {"--tp", "2", "--attn-dp-size", "2"}), 0, true);
   ASSERT_GT(s.port(), 0) << s.log();
   for (int i = 0; i < 3; ++i) {
-    const HttpResult r = post_json(s.port(), "/v1/chat/completions", body);
+    const HttpResult r = post(s.port(), "/v1/chat/completions", body);
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(r.json()["choices"][0]["message"]["content"].get<std::string>(), want) << i;
   }
   std::string m = http_request(s.port(), "GET", "/metrics").body;
   EXPECT_EQ(dp_metric(m, "dsaserve_dp_engine_generated_tokens_total", 1), 0) << m;
-  EXPECT_EQ(token_ids(post_json(s.port(), "/v1/completions", greedy_body({1, 2, 3}, 4))).size(),
+  EXPECT_EQ(token_ids(post(s.port(), "/v1/completions", greedy_body({1, 2, 3}, 4))).size(),
             4u);  // group 0
-  EXPECT_EQ(token_ids(post_json(s.port(), "/v1/completions", greedy_body({1, 2, 3}, 4))).size(),
+  EXPECT_EQ(token_ids(post(s.port(), "/v1/completions", greedy_body({1, 2, 3}, 4))).size(),
             4u);  // group 1
   m = http_request(s.port(), "GET", "/metrics").body;
   EXPECT_EQ(dp_metric(m, "dsaserve_dp_engine_generated_tokens_total", 1), 4) << m;
@@ -269,7 +278,7 @@ TEST_F(ServeDp, AnIdleServerOutlivesTheDistTimeout) {
   std::this_thread::sleep_for(std::chrono::seconds(4));
   const Requests q = make_requests(tiny_);
   for (int i = 0; i < 2; ++i)  // one on each DP group
-    EXPECT_EQ(token_ids(post_json(s.port(), "/v1/completions", greedy_body(q.prompts[i], q.new_tokens[i]))),
+    EXPECT_EQ(token_ids(post(s.port(), "/v1/completions", greedy_body(q.prompts[i], q.new_tokens[i]))),
               q.golden[i])
         << s.output();
   EXPECT_EQ(s.stop(), 0) << s.output();
