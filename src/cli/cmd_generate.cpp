@@ -5,7 +5,8 @@
 //                   [--cuda-graph-max-bs N | --disable-cuda-graph]
 //                   [--speculative-algorithm EAGLE|NEXTN --speculative-num-steps N
 //                    --speculative-eagle-topk 1 --speculative-num-draft-tokens N+1]
-//                   [--tp N [--ep-size E] [--dsa-topk-broadcast] [--dist-timeout S] [--dist-launch]]
+//                   [--tp N [--ep-size E] [--attn-dp-size D [--load-balance-method M]] [--dsa-topk-broadcast]
+//                    [--dist-timeout S] [--dist-launch]]
 // Continues a token prompt on the CPU or GPU and prints the new token ids as JSON: {"output_ids": [...],
 // ...timings}. The serving engine's loop runs it (runtime::Engine::step on this thread, one request: one
 // prefill, then one decode step per token, no EOS stop), so `generate` and `serve` share the scheduler,
@@ -18,7 +19,9 @@
 // "speculative" (its accept statistics).
 // With --tp N the process launches N ranks of itself (cli/serving_ranks.h): each holds its shard of the
 // weights; rank 0 runs the engine and sends each step's batch to the others, which run the same forward
-// (runtime/ranks/leader.h); rank 0 prints the JSON.
+// (runtime/ranks/leader.h); rank 0 prints the JSON. With --attn-dp-size D the request goes through the DP
+// controller (runtime/ranks/front.h) to one DP group's engine (round robin: group 0's) while the other
+// groups take idle steps.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -38,6 +41,8 @@
 #include "model/load.h"
 #include "runtime/engine/device.h"
 #include "runtime/engine/engine.h"
+#include "runtime/ranks/dp.h"
+#include "runtime/ranks/front.h"
 #include "runtime/ranks/leader.h"
 #include "runtime/sampler/sampler.h"
 #include "runtime/spec/spec_config.h"
@@ -59,6 +64,26 @@ std::vector<int32_t> generate_on_engine(runtime::Engine& engine, runtime::Genera
     }
     outs.clear();
   }
+  return out;
+}
+
+// The same through a front (attention DP: the DP controller routes the request to a DP group's engine).
+std::vector<int32_t> generate_on_front(runtime::EngineFront& front, runtime::GenerateRequest req) {
+  front.start();
+  front.submit(std::move(req));
+  std::vector<int32_t> out;
+  std::string error;
+  for (bool done = false; !done;) {
+    std::vector<runtime::StepOutput> outs;
+    front.wait_outputs(outs, std::chrono::milliseconds(100));
+    for (const runtime::StepOutput& o : outs) {
+      if (o.token >= 0) out.push_back(o.token);
+      if (o.finish == runtime::FinishReason::error) error = o.error;
+      done = done || o.finish != runtime::FinishReason::none;
+    }
+  }
+  front.stop();
+  DSA_CHECK(error.empty(), "generate: {}", error);
   return out;
 }
 
@@ -128,10 +153,12 @@ CommandRun setup(CLI::App& sub) {
     const auto t_up = std::chrono::steady_clock::now();
     model = runtime::model_on_device(std::move(model), device, kflags->options(), kv_dtype);
     const double upload_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_up).count();
-    if (ranks && !ranks->leader()) {  // a follower: rank 0's steps until it is done
+    if (ranks && !ranks->leader()) {  // a follower: its leader's steps until it is done
       runtime::follow_steps(*model, *ranks);
       return 0;
     }
+    // Attention DP: another DP group's leader serves the front's requests to its group (runtime/ranks/dp.h).
+    if (ranks && !ranks->front()) return runtime::serve_dp_group(std::move(model), ranks);
     const int64_t V = model->config().vocab_size;
     check_token_ids(prompt, V);
     runtime::SamplingParams sp;
@@ -166,12 +193,23 @@ CommandRun setup(CLI::App& sub) {
       ec.kv_pages = (total + 1 + o->spec.num_steps + 1 + o->page_size - 1) / o->page_size;
       ec.scheduler.max_context += o->spec.num_steps + 1;  // max_new_tokens still cuts the last round
     }
-    runtime::Engine engine(std::move(model), ec);
     runtime::GenerateRequest req;
     req.prompt = prompt;
     req.params = sp;
-    const std::vector<int32_t> out = generate_on_engine(engine, std::move(req));
-    const runtime::EngineStats st = engine.stats();
+    std::vector<int32_t> out;
+    runtime::EngineStats st;
+    std::vector<int64_t> routed;
+    if (ranks && ranks->dp_size() > 1) {
+      runtime::DpFront front(std::move(model), ec, ranks,
+                             runtime::parse_load_balance(rflags->load_balance_method));
+      out = generate_on_front(front, std::move(req));
+      st = front.stats();
+      routed = front.routed();
+    } else {
+      runtime::Engine engine(std::move(model), ec);
+      out = generate_on_engine(engine, std::move(req));
+      st = engine.stats();
+    }
     const int64_t replays = st.cuda_graph_replays;
     nlohmann::json spec_json;
     if (speculate) {
@@ -201,6 +239,7 @@ CommandRun setup(CLI::App& sub) {
                      {"cuda_graph_replays", replays},
                      {"threads", num_threads()}};
     if (ranks) j["ranks"] = {{"world_size", ranks->world_size()}, {"layout", ranks->layout().describe()}};
+    if (!routed.empty()) j["ranks"]["dp_routed"] = routed;  // requests per DP group
     if (!spec_json.is_null()) j["speculative"] = spec_json;
     fmt::print("{}\n", j.dump());
     return 0;

@@ -1,8 +1,10 @@
 // dsaserve serve: the OpenAI-compatible server (flags named like SGLang's where the concept is the same).
 // With --tp N the process launches N ranks of itself (cli/serving_ranks.h): rank 0 is the server (HTTP
 // front, engine) and sends each step's batch to the others, which hold their shards of the weights and run
-// the same forward (runtime/ranks/leader.h). SIGTERM to the process reaches rank 0, which drains its
-// requests and then stops the others; a rank that dies ends them all with an error.
+// the same forward (runtime/ranks/leader.h). With --attn-dp-size D each of the D DP groups' leaders runs
+// an engine of its own and rank 0's front routes the requests to them (runtime/ranks/dp.h). SIGTERM to
+// the process reaches rank 0, which drains its requests and then stops the others; a rank that dies ends
+// them all with an error.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 #ifdef DSASERVE_HAVE_SERVER
 #include "model/load.h"
 #include "runtime/engine/device.h"
+#include "runtime/ranks/dp.h"
 #include "runtime/ranks/leader.h"
 #include "server/builtin.h"
 #include "server/server.h"
@@ -27,9 +30,8 @@ namespace dsaserve::cli {
 namespace {
 
 #ifdef DSASERVE_HAVE_SERVER
-// A follower rank of `serve --tp N`: the model as rank 0 loads it (its shard, on its device, warmed up
-// alike), then rank 0's steps until the server stops.
-int follow_server(const server::ServerConfig& cfg, const runtime::Ranks& ranks) {
+// A rank's model as rank 0 loads it: its shard, on its device, warmed up alike.
+std::shared_ptr<model::Model> load_rank_model(const server::ServerConfig& cfg, const runtime::Ranks& ranks) {
   const Device device = runtime::parse_device(cfg.device);
   runtime::use_device(device);
   std::shared_ptr<model::Model> model;
@@ -47,6 +49,12 @@ int follow_server(const server::ServerConfig& cfg, const runtime::Ranks& ranks) 
   model = runtime::model_on_device(std::move(model), device, cfg.kernels, kv_dtype);
   if (device == Device::cuda) runtime::warm_up(*model, kv_dtype, 64, cfg.engine.forward);  // as rank 0 does
   runtime::release_cached_memory(device);
+  return model;
+}
+
+// A follower rank of `serve --tp N`: its leader's steps until the server stops.
+int follow_server(const server::ServerConfig& cfg, const runtime::Ranks& ranks) {
+  const std::shared_ptr<model::Model> model = load_rank_model(cfg, ranks);
   runtime::follow_steps(*model, ranks);
   return 0;
 }
@@ -159,7 +167,10 @@ CommandRun setup(CLI::App& sub) {
       cfg->engine.ranks = ranks;
       cfg->engine.forward.dist = &ranks->groups();
       cfg->engine.forward.dsa_topk_broadcast = rflags->dsa_topk_broadcast;
+      cfg->load_balance_method = rflags->load_balance_method;
       if (!ranks->leader()) return follow_server(*cfg, *ranks);
+      // Attention DP: another DP group's leader runs that group's engine for the front (runtime/ranks/dp.h).
+      if (!ranks->front()) return runtime::serve_dp_group(load_rank_model(*cfg, *ranks), ranks);
     }
     return server::run_server(*cfg);
   };

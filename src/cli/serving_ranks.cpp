@@ -15,6 +15,11 @@ std::shared_ptr<ServingRankFlags> add_serving_rank_flags(CLI::App& sub) {
                "run as launched ranks even with --tp 1 (the many-rank code path with one rank)");
   sub.add_flag("--dsa-topk-broadcast", r->dsa_topk_broadcast,
                "with --tp: attention TP ranks take rank 0's DSA top-k indices (SGLANG_DSA_TOPK_BROADCAST)");
+  sub.add_option("--load-balance-method", r->load_balance_method,
+                 "with --attn-dp-size > 1: how the front routes requests to the DP groups: round_robin, or "
+                 "shortest_queue (the group with the fewest unfinished requests)")
+      ->check(CLI::IsMember({"round_robin", "shortest_queue"}))
+      ->capture_default_str();
   return r;
 }
 
@@ -45,9 +50,9 @@ void check_serving_ranks(const DistFlags& f, const ServingRankFlags& r, const ch
             "--moe-a2a-backend none",
             command);
   if (!ranked(f, r)) return;
-  DSA_CHECK(f.layout.attn_dp_size == 1,
-            "{}: --attn-dp-size {} is not run yet (DP attention: each request on one DP rank, the DP "
-            "all-gather / reduce-scatter around the MoE); use --attn-dp-size 1",
+  DSA_CHECK(f.layout.attn_dp_size == 1 || device == Device::cpu,
+            "{}: --device cuda --attn-dp-size {} is not run yet (attention DP serves on CPU ranks; GPUs: "
+            "issue 16); use --attn-dp-size 1",
             command, f.layout.attn_dp_size);
   DSA_CHECK(!speculative,
             "{}: --speculative-algorithm with --tp {} is not run yet (speculative decoding runs on one rank)",

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "cli/dist_flags.h"
 #include "core/tensor.h"
@@ -17,13 +18,15 @@ namespace dsaserve::cli {
 struct ServingRankFlags {
   bool launch_one = false;          // --dist-launch: the launched-rank path even for --tp 1
   bool dsa_topk_broadcast = false;  // --dsa-topk-broadcast
+  // --load-balance-method (attention DP: how the front routes requests to the DP groups).
+  std::string load_balance_method = "round_robin";
 };
 
 std::shared_ptr<ServingRankFlags> add_serving_rank_flags(CLI::App& sub);
 
-// Before any rank starts (one-line errors naming the flag): no --attn-dp-size > 1, no speculative
-// decoding, a model that splits over the layout (skipped for the built-in model), and on CUDA a GPU per
-// rank of this machine.
+// Before any rank starts (one-line errors naming the flag): --attn-dp-size > 1 on the CPU only, no
+// speculative decoding, a model that splits over the layout (skipped for the built-in model), and on CUDA
+// a GPU per rank of this machine.
 void check_serving_ranks(const DistFlags& f, const ServingRankFlags& r, const char* command, Device device,
                          const model::LoadSpec& model, bool builtin, bool speculative);
 

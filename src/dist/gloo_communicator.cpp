@@ -1,5 +1,5 @@
 // Gloo's collectives (allreduce, allgather, allgatherv, alltoallv, broadcast, barrier; reduce-scatter by
-// its halving-doubling algorithm) on CPU tensors.
+// its halving-doubling algorithm, the variable form with a rank of no rows by allreduce) on CPU tensors.
 #include "dist/gloo_communicator.h"
 
 #include <gloo/allgather.h>
@@ -15,6 +15,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -83,6 +84,21 @@ class GlooCommunicator : public Communicator {
       const int64_t per_row = int64_t(row_bytes(in) / sizeof(float));
       std::vector<int> recv;
       for (int64_t r : rows) recv.push_back(int(r * per_row));
+      if (std::find(recv.begin(), recv.end(), 0) != recv.end()) {
+        // Gloo's halving-doubling reduce-scatter breaks (a peer's connection closes, or it hangs) when a
+        // rank receives nothing while others receive rows (attention DP: a decode of one token over
+        // attention TP 2 beside another group's prefill): sum everything and keep this rank's rows.
+        gloo::AllreduceOptions o(ctx_);
+        o.setTag(next_tag());
+        o.setOutput(work.data<float>(), size_t(work.numel()));
+        o.setReduceFunction(
+            static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+        gloo::allreduce(o);
+        int64_t first = 0;
+        for (int64_t q = 0; q < rank(); ++q) first += rows[size_t(q)];
+        if (out.numel() > 0) std::memcpy(out.raw_data(), work.data<float>() + first * per_row, out.nbytes());
+        return;
+      }
       gloo::ReduceScatterHalvingDoubling<float> rs(ctx_, {work.data<float>()}, int(in.numel()), recv);
       rs.run();
       if (out.numel() > 0) std::memcpy(out.raw_data(), work.data<float>(), out.nbytes());

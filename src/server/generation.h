@@ -16,6 +16,7 @@
 #include "chat/output_parser.h"
 #include "grammar/grammar.h"
 #include "runtime/engine/engine.h"
+#include "runtime/ranks/front.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/stop_matcher.h"
@@ -57,7 +58,7 @@ nlohmann::ordered_json completion_top_logprobs(const tokenizer::Tokenizer& tok, 
 
 // What jobs share; owned by the server, used on the I/O thread only (the engine is thread-safe).
 struct ServingContext {
-  runtime::Engine* engine = nullptr;
+  runtime::EngineFront* engine = nullptr;  // the engine, or the DP controller (runtime/ranks/front.h)
   const tokenizer::Tokenizer* tokenizer = nullptr;
   ServerMetrics* metrics = nullptr;
   std::string model_name;

@@ -164,4 +164,27 @@ std::string ServerMetrics::render(const runtime::EngineStats& e, int64_t active_
   return out;
 }
 
+std::string render_dp_groups(const std::vector<runtime::EngineStats>& groups) {
+  std::string out;
+  auto family = [&](const char* name, const char* type, const char* help, auto value) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    for (size_t d = 0; d < groups.size(); ++d)
+      out += fmt::format("{}{{dp_rank=\"{}\"}} {}\n", name, d, value(groups[d]));
+  };
+  using S = runtime::EngineStats;
+  family("dsaserve_dp_num_running_requests", "gauge", "Requests in the running batch, per DP group.",
+         [](const S& e) { return e.num_running; });
+  family("dsaserve_dp_num_waiting_requests", "gauge", "Requests in the waiting queue, per DP group.",
+         [](const S& e) { return e.num_waiting; });
+  family("dsaserve_dp_kv_pages_used", "gauge", "KV pool pages in use, per DP group.",
+         [](const S& e) { return e.kv_pages_total - e.kv_pages_free; });
+  family("dsaserve_dp_prefix_cache_pages", "gauge", "KV pages held by the prefix cache, per DP group.",
+         [](const S& e) { return e.prefix_cache_pages; });
+  family("dsaserve_dp_engine_generated_tokens_total", "counter", "Tokens sampled, per DP group.",
+         [](const S& e) { return e.generated_tokens; });
+  family("dsaserve_dp_engine_steps_total", "counter", "Model steps run, per DP group.",
+         [](const S& e) { return e.steps; });
+  return out;
+}
+
 }  // namespace dsaserve::server

@@ -35,6 +35,10 @@ std::string endpoint_label(std::string_view path);
 // A Prometheus label value escaped for the text exposition (backslash, double quote, newline).
 std::string escape_label_value(std::string_view v);
 
+// Attention DP: each DP group's engine gauges and counters, labelled dp_rank="d" (the unlabelled engine
+// metrics of ServerMetrics::render are their sums).
+std::string render_dp_groups(const std::vector<runtime::EngineStats>& groups);
+
 class ServerMetrics {
  public:
   ServerMetrics();

@@ -83,7 +83,8 @@ class Server {
         acceptor_(ioc_),
         signals_(ioc_, SIGINT, SIGTERM),
         drain_timer_(ioc_) {
-    engine_ = std::make_unique<runtime::Engine>(model_, cfg_.engine);
+    // One engine, or with attention DP the controller over every DP group's (runtime/ranks/front.h).
+    engine_ = runtime::make_front(model_, cfg_.engine, runtime::parse_load_balance(cfg_.load_balance_method));
     context_ = engine_->config().scheduler.max_context;
     max_prompt_ = cfg_.max_prompt_tokens > 0 ? std::min(cfg_.max_prompt_tokens, context_ - 1) : context_ - 1;
     ctx_.engine = engine_.get();
@@ -297,7 +298,9 @@ class Server {
       if (path == "/metrics") {
         if (!get) throw ApiError(405, "use GET");
         metrics_.request_done(path, 200);
-        return s->send(200, metrics_.render(engine_->stats(), ctx_.active_jobs), "text/plain; version=0.0.4");
+        std::string text = metrics_.render(engine_->stats(), ctx_.active_jobs);
+        if (const auto groups = engine_->group_stats(); groups.size() > 1) text += render_dp_groups(groups);
+        return s->send(200, text, "text/plain; version=0.0.4");
       }
       if (path == "/v1/models") {
         if (!get) throw ApiError(405, "use GET");
@@ -497,7 +500,7 @@ class Server {
   net::signal_set signals_;
   net::steady_timer drain_timer_;
   std::unique_ptr<grammar::GrammarBackend> grammar_;
-  std::unique_ptr<runtime::Engine> engine_;
+  std::unique_ptr<runtime::EngineFront> engine_;
   ServerMetrics metrics_;
   ServingContext ctx_;
   Router router_;

@@ -33,6 +33,9 @@ struct ServerConfig {
   // on CUDA the device memory free after the weights and warm-up less the activation workspace a step
   // can hold (runtime/engine/memory_plan.h) and a reserve.
   runtime::EngineConfig engine;
+  // With attention DP (engine.ranks, --attn-dp-size > 1): how the front routes requests to the DP groups
+  // (--load-balance-method round_robin | shortest_queue; runtime/ranks/front.h).
+  std::string load_balance_method = "round_robin";
   // > 0 (with kv_pages <= 0): the KV pool gets (fraction of RAM - weights) on the CPU, (fraction of the
   // free device memory after the weights - the activation workspace estimate) on CUDA.
   double mem_fraction_static = 0;

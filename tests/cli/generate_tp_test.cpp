@@ -74,6 +74,22 @@ TEST(GenerateTp, RealdimsGreedyEqualsGoldens) {
   expect_goldens("realdims_fp8", {"--tp 2 --ep-size 2"});
 }
 
+// Attention DP (the DP controller, runtime/ranks/dp.h): the request runs on DP group 0's engine (round
+// robin's first; shortest queue's emptiest) while the other groups take idle steps, over attention TP 1
+// and 2, with EP.
+TEST(GenerateTp, AttentionDpGreedyEqualsGoldens) {
+  expect_goldens("tiny",
+                 {"--tp 2 --attn-dp-size 2", "--tp 2 --ep-size 2 --attn-dp-size 2", "--tp 4 --attn-dp-size 2",
+                  "--tp 4 --ep-size 2 --attn-dp-size 4 --load-balance-method shortest_queue"});
+  expect_goldens("realdims", {"--tp 2 --ep-size 2 --attn-dp-size 2"});
+  DSA_FIXTURE_PATH(tiny, "models/tiny");
+  nlohmann::json j;
+  generate(
+      fmt::format("--model {} --prompt-ids 1,2,3 --max-new-tokens 2 --tp 2 --attn-dp-size 2", tiny.string()),
+      &j);
+  EXPECT_EQ(j["ranks"]["dp_routed"], nlohmann::json::array({1, 0})) << j.dump();
+}
+
 // A prompt past the indexer's top-k (64), so that the DSA selection matters, decoded 16 tokens; and a
 // seeded sampled request: the ranks' logits are --tp 1's to ~1e-6, so the draws are the same.
 TEST(GenerateTp, LongPromptAndSeededSamplingEqualOneRank) {
@@ -84,7 +100,7 @@ TEST(GenerateTp, LongPromptAndSeededSamplingEqualOneRank) {
     const std::string base = fmt::format("--model {} {}", tiny.string(), req);
     const auto one = generate(base);
     ASSERT_FALSE(one.empty()) << req;
-    for (const char* l : {"--tp 2", "--tp 2 --ep-size 2 --dsa-topk-broadcast"}) {
+    for (const char* l : {"--tp 2", "--tp 2 --ep-size 2 --dsa-topk-broadcast", "--tp 2 --attn-dp-size 2"}) {
       EXPECT_EQ(generate(base + " " + l), one) << req << " " << l;
     }
   }
@@ -93,8 +109,10 @@ TEST(GenerateTp, LongPromptAndSeededSamplingEqualOneRank) {
 TEST(GenerateTp, FlagErrorsAreOneClearLine) {
   DSA_FIXTURE_PATH(tiny, "models/tiny");
   const std::string base = fmt::format("--model {} --prompt-ids 1,2,3 --max-new-tokens 2", tiny.string());
-  std::string m = generate_fails(base + " --tp 2 --attn-dp-size 2");
+  std::string m = generate_fails(base + " --tp 2 --attn-dp-size 2 --device cuda");
   EXPECT_NE(m.find("--attn-dp-size 2 is not run yet"), std::string::npos) << m;
+  m = generate_fails(base + " --tp 2 --attn-dp-size 2 --load-balance-method random");
+  EXPECT_NE(m.find("--load-balance-method"), std::string::npos) << m;
   m = generate_fails(base + " --tp 2 --speculative-algorithm EAGLE --speculative-num-steps 1");
   EXPECT_NE(m.find("--speculative-algorithm with --tp 2"), std::string::npos) << m;
   m = generate_fails(base + " --tp 2 --ep-size 2 --moe-a2a-backend deepep");

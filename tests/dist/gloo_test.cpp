@@ -1,5 +1,7 @@
 // The Gloo backend and the TCP store: ranks as threads of this process, each with its own store client
 // and Gloo context (real TCP transport on 127.0.0.1). tests/dist/ranks_test.cpp runs them as processes.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -147,6 +149,39 @@ TEST_P(Gloo, EveryCollective) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Gloo, ::testing::Values(1, 2, 4));
+
+// The variable forms as attention DP's MLP gathers use them when one DP group decodes while another
+// prefills (tp 4, attention DP 2): rows [1, 0, 11, 11] of 64 values, a rank with none between ranks with
+// some; then [0, 1, 11, 11] and [11, 11, 1, 0].
+TEST(Gloo, VariableFormsWithAnEmptyRankBetween) {
+  for (const std::vector<int64_t>& rows :
+       {std::vector<int64_t>{1, 0, 11, 11}, std::vector<int64_t>{0, 1, 11, 11},
+        std::vector<int64_t>{11, 11, 1, 0}, std::vector<int64_t>{3, 0, 0, 2}}) {
+    const std::string err = run_ranks(
+        4,
+        [&](int64_t r, Communicator& c) {
+          const int64_t H = 64, total = rows[0] + rows[1] + rows[2] + rows[3];
+          int64_t before = 0;
+          for (int64_t q = 0; q < r; ++q) before += rows[size_t(q)];
+          Tensor mine = Tensor::empty({rows[size_t(r)], H}, DType::f32);
+          for (int64_t i = 0; i < mine.numel(); ++i) mine.data<float>()[i] = float(r);
+          Tensor all = Tensor::empty({total, H}, DType::f32);
+          c.all_gather_v(mine, all, rows);
+          int64_t row = 0;
+          for (int64_t q = 0; q < 4; ++q)
+            for (int64_t k = 0; k < rows[size_t(q)]; ++k, ++row)
+              EXPECT_EQ(all.data<float>()[row * H], float(q));
+          Tensor in = Tensor::empty({total, H}, DType::f32);
+          for (int64_t i = 0; i < in.numel(); ++i) in.data<float>()[i] = float(r + 1);
+          Tensor out = Tensor::empty({rows[size_t(r)], H}, DType::f32);
+          c.reduce_scatter_v(in, out, rows);
+          for (int64_t i = 0; i < out.numel(); ++i) EXPECT_EQ(out.data<float>()[i], 10.f) << "rank " << r;
+          (void)before;
+        },
+        5s);
+    EXPECT_EQ(err, "") << fmt::format("rows {}", fmt::join(rows, ","));
+  }
+}
 
 TEST(GlooErrors, MismatchedShapesAndDtypes) {
   EXPECT_NE(run_ranks(2,

@@ -57,7 +57,7 @@ class JobTest : public ::testing::Test {
   void SetUp() override {
     runtime::EngineConfig ec;
     ec.kv_pages = 8;
-    engine_ = std::make_unique<runtime::Engine>(*model_, ec);
+    engine_ = std::make_unique<runtime::LocalFront>(*model_, ec);
     ctx_.engine = engine_.get();
     ctx_.tokenizer = tok_;
     ctx_.metrics = &metrics_;
@@ -88,7 +88,7 @@ class JobTest : public ::testing::Test {
   }
   static inline std::shared_ptr<model::Model>* model_ = nullptr;
   static inline tokenizer::Tokenizer* tok_ = nullptr;
-  std::unique_ptr<runtime::Engine> engine_;
+  std::unique_ptr<runtime::LocalFront> engine_;
   ServerMetrics metrics_;
   ServingContext ctx_;
 };

@@ -111,7 +111,7 @@ void LeaderRunner::beat() {
 }
 
 int64_t follow_steps(const model::Model& model, const Ranks& ranks) {
-  DSA_CHECK(!ranks.leader(), "ranks: rank 0 leads; it does not follow");
+  DSA_CHECK(!ranks.leader(), "ranks: rank {} leads its attention-TP group; it does not follow", ranks.rank());
   dist::Communicator& control = ranks.control();
   StepMessage m = receive_step_message(control);
   DSA_CHECK(m.kind == StepKind::init && m.seq == 0, "ranks: rank {} expected the leader's init, got {} #{}",
@@ -125,7 +125,7 @@ int64_t follow_steps(const model::Model& model, const Ranks& ranks) {
       init.kv_dtype ? model::KvCache::create(model.config(), init.num_pages, init.page_size, init.mtp_layers,
                                              model.weights().embed_tokens.device(), init.kv_dtype)
                     : model.make_cache(init.num_pages, init.page_size);
-  const model::ForwardOptions opt = init.forward(&ranks.groups());
+  model::ForwardOptions opt = init.forward(&ranks.groups());
   int64_t steps = 0;
   for (int64_t seq = 1;; ++seq) {
     m = receive_step_message(control);
@@ -138,6 +138,19 @@ int64_t follow_steps(const model::Model& model, const Ranks& ranks) {
         // The leader's logits rows, here only to keep the collectives in step; the host copy ends the step.
         (void)model.forward(m.batch, cache, opt).logits.to(Device::cpu);
         ++steps;
+        break;
+      }
+      case StepKind::dp_step:  // attention DP (runtime/ranks/dp.h): every DP group's token counts too
+      case StepKind::dp_idle: {
+        opt.dp_tokens = std::move(m.dp_tokens);
+        opt.dp_decode = m.dp_decode;
+        if (m.kind == StepKind::dp_step) {
+          (void)model.forward(m.batch, cache, opt).logits.to(Device::cpu);
+          ++steps;
+        } else {
+          model.idle_step(opt);
+        }
+        opt.dp_tokens.clear();
         break;
       }
       case StepKind::init: fail("ranks: rank {} received a second init (#{})", ranks.rank(), m.seq);

@@ -11,7 +11,8 @@
 // step or message that fails on rank 0 (a peer died or hung past --dist-timeout) ends the process with
 // exit status 1 and the reason on stderr (the launcher then ends the others); on a follower it throws.
 // With pure TP every rank runs every step, so an idle rank never needs an empty forward (SGLang's IDLE
-// batches are for DP attention, --attn-dp-size > 1, which is not run here).
+// batches are for DP attention, --attn-dp-size > 1: runtime/ranks/dp.h, whose DP group leaders send their
+// followers dp_step / dp_idle messages, which follow_steps runs too).
 #include <chrono>
 #include <condition_variable>
 #include <memory>

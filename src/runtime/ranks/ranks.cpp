@@ -1,5 +1,7 @@
 #include "runtime/ranks/ranks.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "dist/gloo_communicator.h"
 
@@ -39,8 +41,21 @@ Ranks::Ranks(const dist::ParallelLayout& layout, const dist::RankArgs& args, con
 #endif
   }
   groups_ = std::make_unique<dist::ProcessGroups>(layout, args.rank, make);
-  // The steps' channel: a world group of its own (never interleaved with the model's collectives).
-  control_ = dist::make_gloo_communicator(s, "control/0", "control", args.rank, layout.world_size(), gloo);
+  // The steps' channel: a group of its own over this rank's attention-TP group (the world without
+  // attention DP; never interleaved with the model's collectives).
+  const int64_t atp = layout.attn_tp(), dp = layout.attn_dp_rank(args.rank);
+  control_ = dist::make_gloo_communicator(s, fmt::format("control/{}", dp), "control",
+                                          layout.attn_tp_rank(args.rank), atp, gloo);
+  if (layout.attn_dp_size > 1 && layout.attn_tp_rank(args.rank) == 0) {
+    dp_control_ =
+        dist::make_gloo_communicator(s, "dp_control/0", "dp_control", dp, layout.attn_dp_size, gloo);
+  }
+}
+
+dist::Communicator& Ranks::dp_control() const {
+  DSA_CHECK(dp_control_ != nullptr, "ranks: rank {} is not a DP group's leader (no dp_control group)",
+            rank());
+  return *dp_control_;
 }
 
 Ranks::~Ranks() = default;

@@ -1,10 +1,15 @@
 #pragma once
 // One rank of a deployment that serves (serve / generate --tp N): its model groups (dist::ProcessGroups:
-// Gloo for a model on the CPU, NCCL for one on CUDA) and the control communicator the leader's steps
-// travel on (runtime/ranks/step_message.h: Gloo over every rank, apart from the model's groups, as
-// SGLang's CPU group carries its scheduler's broadcasts). Rank 0 leads (its engine schedules, samples and
-// answers; LeaderRunner); every other rank follows (follow_steps: the same sharded forward, output
-// discarded). Both in runtime/ranks/leader.h.
+// Gloo for a model on the CPU, NCCL for one on CUDA) and the control communicators, Gloo apart from the
+// model's groups, as SGLang's CPU groups carry its schedulers' broadcasts:
+//   control     the ranks of this rank's attention-TP group (every rank without attention DP): its
+//               leader's steps travel on it (runtime/ranks/step_message.h)
+//   dp_control  with --attn-dp-size > 1, on the DP groups' leaders only (global ranks 0, attn_tp, ...):
+//               the DP controller's rounds (runtime/ranks/dp.h)
+// Each attention-TP group's rank 0 leads (its engine schedules, samples and answers: LeaderRunner, or
+// with attention DP the DP group's engine); the other ranks follow (follow_steps: the same sharded
+// forward, output discarded). Both in runtime/ranks/leader.h. Global rank 0 is the front (serve's HTTP
+// server; with attention DP also the controller that routes requests to the DP groups).
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -39,9 +44,15 @@ class Ranks {
   const dist::ParallelLayout& layout() const { return groups_->layout(); }
   int64_t rank() const { return groups_->rank(); }
   int64_t world_size() const { return layout().world_size(); }
-  bool leader() const { return rank() == 0; }
+  // Leads its attention-TP group's steps (with --attn-dp-size 1: rank 0 alone).
+  bool leader() const { return layout().attn_tp_rank(rank()) == 0; }
+  bool front() const { return rank() == 0; }
+  int64_t dp_size() const { return layout().attn_dp_size; }
+  int64_t dp_rank() const { return layout().attn_dp_rank(rank()); }
   const dist::ProcessGroups& groups() const { return *groups_; }
   dist::Communicator& control() const { return *control_; }
+  // The DP groups' leaders (attention DP, on a leader only; throws elsewhere).
+  dist::Communicator& dp_control() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
   model::Shard shard() const { return {layout(), rank()}; }
 
@@ -49,6 +60,7 @@ class Ranks {
   std::shared_ptr<dist::Store> store_;
   std::unique_ptr<dist::ProcessGroups> groups_;
   std::unique_ptr<dist::Communicator> control_;
+  std::unique_ptr<dist::Communicator> dp_control_;
   std::chrono::milliseconds timeout_;
 };
 

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "runtime/ranks/wire.h"
 
 namespace dsaserve::runtime {
 
@@ -12,58 +13,8 @@ namespace {
 constexpr int64_t kMagic = 0x64736173746570;  // "dsastep": a header that is not ours fails loudly
 constexpr int64_t kHeader = 4;                // magic, kind, seq, payload bytes
 
-class Writer {
- public:
-  template <class T>
-  void put(const T& v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const size_t at = out_.size();
-    out_.resize(at + sizeof(T));
-    std::memcpy(out_.data() + at, &v, sizeof(T));
-  }
-  template <class T>
-  void put_vec(const std::vector<T>& v) {
-    put<uint64_t>(v.size());
-    const size_t at = out_.size();
-    out_.resize(at + v.size() * sizeof(T));
-    if (!v.empty()) std::memcpy(out_.data() + at, v.data(), v.size() * sizeof(T));
-  }
-  std::vector<uint8_t> take() { return std::move(out_); }
-
- private:
-  std::vector<uint8_t> out_;
-};
-
-class Reader {
- public:
-  explicit Reader(const std::vector<uint8_t>& in) : in_(in) {}
-  template <class T>
-  T get() {
-    static_assert(std::is_trivially_copyable_v<T>);
-    need(sizeof(T));
-    T v;
-    std::memcpy(&v, in_.data() + at_, sizeof(T));
-    at_ += sizeof(T);
-    return v;
-  }
-  template <class T>
-  std::vector<T> get_vec() {
-    const auto n = get<uint64_t>();
-    DSA_CHECK(n <= (in_.size() - at_) / sizeof(T), "step message: a list of {} entries past its end", n);
-    std::vector<T> v(static_cast<size_t>(n));
-    if (n > 0) std::memcpy(v.data(), in_.data() + at_, size_t(n) * sizeof(T));
-    at_ += size_t(n) * sizeof(T);
-    return v;
-  }
-  void done() const { DSA_CHECK(at_ == in_.size(), "step message: {} bytes left over", in_.size() - at_); }
-
- private:
-  void need(size_t n) const {
-    DSA_CHECK(in_.size() - at_ >= n, "step message: truncated ({} bytes)", in_.size());
-  }
-  const std::vector<uint8_t>& in_;
-  size_t at_ = 0;
-};
+using wire::Reader;
+using wire::Writer;
 
 }  // namespace
 
@@ -73,6 +24,8 @@ const char* to_string(StepKind k) {
     case StepKind::step: return "step";
     case StepKind::idle: return "idle";
     case StepKind::shutdown: return "shutdown";
+    case StepKind::dp_step: return "dp_step";
+    case StepKind::dp_idle: return "dp_idle";
   }
   return "?";
 }
@@ -184,6 +137,17 @@ void send_step_message(dist::Communicator& control, const StepMessage& m) {
   std::vector<uint8_t> payload;
   if (m.kind == StepKind::init) payload = encode_init(m.init);
   if (m.kind == StepKind::step) payload = encode_batch(m.batch);
+  if (m.kind == StepKind::dp_step || m.kind == StepKind::dp_idle) {
+    // The DP groups' token counts and decode flag, then (dp_step) the batch.
+    Writer w;
+    w.put_vec(m.dp_tokens);
+    w.put<uint8_t>(m.dp_decode);
+    payload = w.take();
+    if (m.kind == StepKind::dp_step) {
+      const std::vector<uint8_t> b = encode_batch(m.batch);
+      payload.insert(payload.end(), b.begin(), b.end());
+    }
+  }
   Tensor head = Tensor::empty({kHeader}, DType::i64);
   int64_t* h = head.data<int64_t>();
   h[0] = kMagic;
@@ -202,7 +166,7 @@ StepMessage receive_step_message(dist::Communicator& control) {
   control.broadcast(head, 0, "step_header_broadcast");
   const int64_t* h = head.data<int64_t>();
   DSA_CHECK(h[0] == kMagic, "ranks: rank {} received a step header that is not one", control.rank());
-  DSA_CHECK(h[1] >= int64_t(StepKind::init) && h[1] <= int64_t(StepKind::shutdown),
+  DSA_CHECK(h[1] >= int64_t(StepKind::init) && h[1] <= int64_t(StepKind::dp_idle),
             "ranks: step message kind {}", h[1]);
   DSA_CHECK(h[3] >= 0 && h[3] < (int64_t(1) << 32), "ranks: a step payload of {} bytes", h[3]);
   StepMessage m;
@@ -215,6 +179,15 @@ StepMessage receive_step_message(dist::Communicator& control) {
   const std::vector<uint8_t> payload(p, p + h[3]);
   if (m.kind == StepKind::init) m.init = decode_init(payload);
   if (m.kind == StepKind::step) m.batch = decode_batch(payload);
+  if (m.kind == StepKind::dp_step || m.kind == StepKind::dp_idle) {
+    Reader r(payload);
+    m.dp_tokens = r.get_vec<int64_t>();
+    m.dp_decode = r.get<uint8_t>() != 0;
+    const size_t used = payload.size() - r.remaining();
+    if (m.kind == StepKind::dp_idle) r.done();
+    if (m.kind == StepKind::dp_step)
+      m.batch = decode_batch(std::vector<uint8_t>(payload.begin() + long(used), payload.end()));
+  }
   return m;
 }
 

@@ -1,10 +1,12 @@
 #pragma once
-// What rank 0 (the leader: scheduler, sampling, output) tells the other ranks of a deployment (--tp > 1),
+// What rank 0 (the leader: scheduler, sampling, output) tells the other ranks of a deployment (--tp > 1;
+// with attention DP each DP group's leader tells the other ranks of its group),
 // as SGLang's scheduler broadcasts its batch to the TP workers: once, the shape of the KV cache and the
 // forward options every rank must share; then per step the ForwardBatch (plain data, sent as bytes), an
 // idle beat when nothing runs (so a follower's wait never reaches --dist-timeout while the leader is up),
-// and shutdown at the end. Each message is two broadcasts from rank 0 over a control communicator (a
-// Gloo world group of its own, never the model's): a fixed header, then the payload.
+// and shutdown at the end. Each message is two broadcasts from the leader over a control communicator (a
+// Gloo group of its own over the attention-TP group, the world without attention DP; never the model's):
+// a fixed header, then the payload.
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -16,7 +18,10 @@
 
 namespace dsaserve::runtime {
 
-enum class StepKind : int64_t { init = 1, step = 2, idle = 3, shutdown = 4 };
+// dp_step / dp_idle (attention DP, runtime/ranks/dp.h): a DP group's leader to its attention-TP
+// followers: the step's batch with every DP group's token count, or an idle step (the group has no rows
+// this step; its ranks still join the MLPs' world collectives, Model::idle_step).
+enum class StepKind : int64_t { init = 1, step = 2, idle = 3, shutdown = 4, dp_step = 5, dp_idle = 6 };
 const char* to_string(StepKind k);
 
 // The KV cache and forward options of the leader's engine: the followers' caches have the same pages (the
@@ -44,7 +49,9 @@ struct StepMessage {
   StepKind kind = StepKind::idle;
   int64_t seq = 0;            // the leader's message number (0, 1, ...): a follower that misses one fails
   StepInit init;              // kind init
-  model::ForwardBatch batch;  // kind step
+  model::ForwardBatch batch;  // kind step, dp_step
+  std::vector<int64_t> dp_tokens;  // kind dp_step, dp_idle: ForwardOptions::dp_tokens
+  bool dp_decode = false;          // and ForwardOptions::dp_decode
 };
 
 // The bytes of a message's payload and back (throws dsaserve::Error on a malformed payload).
