@@ -3,7 +3,6 @@
 #include <dlpack/dlpack.h>
 #include <xgrammar/xgrammar.h>
 
-#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -12,8 +11,11 @@ namespace dsaserve::grammar {
 
 class CompiledGrammar {
  public:
-  explicit CompiledGrammar(xgrammar::CompiledGrammar g) : grammar(std::move(g)) {}
+  CompiledGrammar(xgrammar::CompiledGrammar g, bool budgets) : grammar(std::move(g)), has_budgets(budgets) {}
   xgrammar::CompiledGrammar grammar;
+  // The tag has a token or character budget (a bounded reasoning block): xgrammar then decides at each
+  // mask whether the next accept enforces it, so every accept must follow a mask at its state.
+  bool has_budgets;
 };
 
 namespace {
@@ -45,45 +47,79 @@ std::string without_log_prefix(std::string_view m) {
   return out;
 }
 
-// One request's matcher: the bitmask is filled before each sample and applied to the logits.
+// A budget key of a structural tag (xgrammar's "max_tokens" / "max_chars" of any_text / any_tokens)
+// anywhere in it; a JSON schema property of that name counts too (that only costs masks).
+bool has_budget_key(const nlohmann::ordered_json& j) {
+  if (j.is_object()) {
+    for (const auto& [k, v] : j.items()) {
+      if (k == "max_tokens" || k == "max_chars" || has_budget_key(v)) return true;
+    }
+  } else if (j.is_array()) {
+    for (const auto& v : j) {
+      if (has_budget_key(v)) return true;
+    }
+  }
+  return false;
+}
+
+// One request's matcher: the bitmask is filled before each sample and applied to the logits. Rollback
+// reaches back to the matcher's start (xgrammar 0.2.9 keeps its whole token history; its
+// max_rollback_tokens argument is unused).
 class XgrammarConstraint final : public runtime::TokenConstraint {
  public:
   XgrammarConstraint(std::shared_ptr<const CompiledGrammar> g, int64_t vocab_size)
       : grammar_(std::move(g)),
         matcher_(grammar_->grammar, std::nullopt, false),
-        vocab_size_(vocab_size),
-        bitmask_(size_t(xgrammar::GetBitmaskSize(int(vocab_size))), 0) {}
+        mask_{std::vector<uint32_t>(size_t(xgrammar::GetBitmaskSize(int(vocab_size))), 0u), vocab_size} {}
 
   void mask_logits(std::span<float> logits) override {
+    fill_mask(mask_);
+    mask_.apply(logits);
+  }
+
+  void fill_mask(runtime::TokenMask& m) override {
+    DSA_CHECK(!matcher_.IsTerminated(), "grammar: the matcher has terminated: no next token");
+    m.vocab = mask_.vocab;
+    m.words.resize(mask_.words.size());
     DLTensor t{};
-    int64_t shape[1] = {int64_t(bitmask_.size())};
-    t.data = bitmask_.data();
+    int64_t shape[1] = {int64_t(m.words.size())};
+    t.data = m.words.data();
     t.device = DLDevice{kDLCPU, 0};
     t.ndim = 1;
     t.dtype = xgrammar::GetBitmaskDLType();
     t.shape = shape;
     matcher_.FillNextTokenBitmask(&t, 0);
-    const size_t n = std::min(logits.size(), size_t(vocab_size_));
-    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    for (size_t w = 0; w * 32 < n; ++w) {
-      const uint32_t bits = uint32_t(bitmask_[w]);
-      if (bits == 0xFFFFFFFFu) continue;
-      const size_t end = std::min(n, w * 32 + 32);
-      for (size_t i = w * 32; i < end; ++i) {
-        if (((bits >> (i - w * 32)) & 1u) == 0) logits[i] = kNegInf;
-      }
-    }
-    for (size_t i = n; i < logits.size(); ++i) logits[i] = kNegInf;
+    masked_ = true;
   }
 
-  bool accept(int32_t token) override { return matcher_.AcceptToken(token); }
+  bool accept(int32_t token) override {
+    // The budget's decision for this position is taken by a mask: take it when no mask was asked for
+    // since the last accept (a speculative round's tokens, accepted again after its rollback).
+    if (grammar_->has_budgets && !masked_ && !matcher_.IsTerminated()) fill_mask(mask_);
+    const bool ok = matcher_.AcceptToken(token);
+    if (ok) {
+      ++accepted_;
+      masked_ = false;
+    }
+    return ok;
+  }
+
+  void rollback(int64_t n) override {
+    DSA_CHECK(n >= 0 && n <= accepted_, "grammar: rolling back {} of {} accepted tokens", n, accepted_);
+    if (n == 0) return;
+    matcher_.Rollback(int(n));
+    accepted_ -= n;
+    masked_ = false;
+  }
+
   bool terminated() const override { return matcher_.IsTerminated(); }
 
  private:
   std::shared_ptr<const CompiledGrammar> grammar_;
   xgrammar::GrammarMatcher matcher_;
-  int64_t vocab_size_;
-  std::vector<int32_t> bitmask_;
+  runtime::TokenMask mask_;  // mask_logits' (and accept's) own
+  int64_t accepted_ = 0;     // tokens accepted and not rolled back
+  bool masked_ = false;      // a mask was filled at the current state
 };
 
 }  // namespace
@@ -121,7 +157,8 @@ GrammarBackend::~GrammarBackend() = default;
 std::shared_ptr<const CompiledGrammar> GrammarBackend::compile(const nlohmann::ordered_json& structural_tag) {
   std::shared_ptr<const CompiledGrammar> g;
   try {
-    g = std::make_shared<CompiledGrammar>(impl_->compiler.CompileStructuralTag(structural_tag.dump()));
+    g = std::make_shared<CompiledGrammar>(impl_->compiler.CompileStructuralTag(structural_tag.dump()),
+                                          has_budget_key(structural_tag));
   } catch (const std::exception& e) {
     fail("{}", without_log_prefix(e.what()));
   }

@@ -4,7 +4,7 @@
 // allowed, so the constrained text is exactly what the detokenizer yields) and a compiler whose cache
 // keeps compiled grammars by their structural-tag text. compile() runs on the caller's thread (the HTTP
 // handler, not the engine); make_constraint() gives a request its own matcher (a
-// runtime::TokenConstraint the engine thread masks and advances).
+// runtime::TokenConstraint the engine thread masks, advances and, in speculative rounds, rolls back).
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>

@@ -41,11 +41,16 @@ class SequenceConstraint final : public TokenConstraint {
  public:
   explicit SequenceConstraint(std::vector<int32_t> seq) : seq_(std::move(seq)) {}
   void mask_logits(std::span<float>) override {}
+  void fill_mask(TokenMask& m) override {
+    m.vocab = 1 << 16;
+    m.words.assign(size_t(m.vocab / 32), 0xFFFFFFFFu);
+  }
   bool accept(int32_t token) override {
     if (pos_ >= seq_.size() || seq_[pos_] != token) return false;
     ++pos_;
     return true;
   }
+  void rollback(int64_t n) override { pos_ -= size_t(n); }
   bool terminated() const override { return pos_ == seq_.size(); }
 
  private:

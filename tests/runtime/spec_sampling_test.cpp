@@ -3,11 +3,16 @@
 // included); accept_or_resample's empirical output over 200,000 draws fits p (chi-square) while the
 // broken rule (resampling from p) fails the same statistic; ChainSampler's first token fits p_0 with
 // any q; greedy chains accept only the target's argmax and the penalties count the drafts before a row.
+// Under a grammar constraint (a small rule with real rollback; xgrammar's in tests/grammar): each verify
+// row is masked at the state after the drafts before it, a draft the rule refuses is rejected, a draft
+// that completes the rule ends the run, the constraint is back at its round-start state afterwards, and
+// the first emitted token of a sampled chain fits the masked p_0.
 #include "runtime/spec/spec_sampling.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "common/chi_square.h"
@@ -71,6 +76,13 @@ TEST(SpecSampling, DrawFromFollowsTheCumulativeScan) {
   EXPECT_EQ(draw_from(std::vector<double>{0.5, 0.49999, 0.0}, 0.999995), 1);  // rounding: last positive
 }
 
+// The broken rule the statistics must catch: a rejected row resamples from p, not from the residual.
+ResidualRule wrong_residual() {
+  return [](std::span<const double> p, std::span<const double>) {
+    return std::vector<double>(p.begin(), p.end());
+  };
+}
+
 // Draws x ~ q and applies accept_or_resample `n` times; returns the emitted tokens' counts.
 std::vector<int64_t> simulate(const std::vector<double>& p, const std::vector<double>& q, int64_t n,
                               bool wrong) {
@@ -78,7 +90,7 @@ std::vector<int64_t> simulate(const std::vector<double>& p, const std::vector<do
   std::vector<int64_t> counts(p.size(), 0);
   for (int64_t i = 0; i < n; ++i) {
     const int32_t x = draw_from(q, g.uniform());
-    counts[size_t(accept_or_resample(p, q, x, g, wrong).token)] += 1;
+    counts[size_t(accept_or_resample(p, q, x, g, wrong ? wrong_residual() : ResidualRule{}).token)] += 1;
   }
   return counts;
 }
@@ -175,6 +187,143 @@ TEST(SpecSampling, GreedyChainAcceptsTheArgmaxAndCountsDraftsInPenalties) {
   const double lse = std::log(std::exp(0.0) * 2 + std::exp(1.0) + std::exp(2.0));
   EXPECT_NEAR(r2[0].logprob, 2.0 - lse, 1e-6);
   EXPECT_NEAR(r2[1].logprob, 1.0 - lse, 1e-6);
+}
+
+// Tokens strictly increasing, then the stop token 0 (allowed after two tokens), which completes the rule.
+class Ascending final : public TokenConstraint {
+ public:
+  explicit Ascending(int64_t vocab) : vocab_(vocab) {}
+  void mask_logits(std::span<float> logits) override {
+    TokenMask m;
+    fill_mask(m);
+    m.apply(logits);
+  }
+  void fill_mask(TokenMask& m) override {
+    ASSERT_FALSE(terminated());
+    m.vocab = vocab_;
+    m.words.assign(size_t((vocab_ + 31) / 32), 0u);
+    for (int32_t t = 0; t < int32_t(vocab_); ++t) {
+      if (allows(t)) m.words[size_t(t) / 32] |= 1u << (uint32_t(t) % 32);
+    }
+  }
+  bool accept(int32_t t) override {
+    if (terminated() || !allows(t)) return false;
+    seq.push_back(t);
+    return true;
+  }
+  void rollback(int64_t n) override {
+    ASSERT_LE(size_t(n), seq.size());
+    seq.resize(seq.size() - size_t(n));
+  }
+  bool terminated() const override { return !seq.empty() && seq.back() == 0; }
+
+  std::vector<int32_t> seq;
+
+ private:
+  bool allows(int32_t t) const {
+    if (t == 0) return seq.size() >= 2;
+    return seq.empty() || t > seq.back();
+  }
+  int64_t vocab_;
+};
+
+TEST(SpecSamplingGrammar, GreedyRowsAreMaskedAfterTheDraftsBeforeThem) {
+  constexpr int64_t V = 8;
+  auto c = std::make_shared<Ascending>(V);
+  c->seq = {2};  // a request that has produced token 2
+  SamplingParams sp = sampled(0.0f);
+  sp.constraint = c;
+  SamplerState st(1, {});
+  // The MTP favours 1, refused after 2: the masked draft is 7.
+  const std::vector<float> mtp{0.0f, 9.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  {
+    ChainSampler cs(sp, st);
+    EXPECT_EQ(cs.propose(mtp, 0), 7);
+    EXPECT_EQ(c->seq, (std::vector<int32_t>{2, 7}));
+  }  // a round that is never judged (its forward threw) rolls its drafts back when it goes
+  EXPECT_EQ(c->seq, (std::vector<int32_t>{2}));
+  // The hook plants 3, 5, 4: draft 2 (4 after 5) is refused, so the constraint follows drafts 0 and 1.
+  ChainSampler hooked(sp, st);
+  const std::vector<int32_t> plant{3, 5, 4};
+  for (int64_t i = 0; i < 3; ++i)
+    hooked.propose(mtp, i, [&](int64_t at, int32_t) { return plant[size_t(at)]; });
+  EXPECT_EQ(c->seq, (std::vector<int32_t>{2, 3, 5})) << "the constraint follows the drafts it allows";
+  // Target rows: row 0 and row 1 favour the drafts; row 2 favours 4 (refused after 5): its masked argmax
+  // is 6, so the refused draft is rejected there and 6 emitted.
+  std::vector<float> rows(size_t(4 * V), 0.0f);
+  rows[0 * V + 3] = 5.0f;
+  rows[1 * V + 5] = 5.0f;
+  rows[2 * V + 4] = 9.0f;
+  rows[2 * V + 6] = 1.0f;
+  const std::vector<SampleResult> run = hooked.judge(rows, V);
+  ASSERT_EQ(run.size(), 3u);
+  EXPECT_EQ(run[0].token, 3);
+  EXPECT_EQ(run[1].token, 5);
+  EXPECT_EQ(run[2].token, 6);
+  EXPECT_EQ(c->seq, (std::vector<int32_t>{2})) << "rolled back to the round's start";
+}
+
+TEST(SpecSamplingGrammar, AnAcceptedDraftThatCompletesTheRuleEndsTheRun) {
+  constexpr int64_t V = 8;
+  auto c = std::make_shared<Ascending>(V);
+  c->seq = {1, 2};
+  SamplingParams sp = sampled(0.0f);
+  sp.constraint = c;
+  SamplerState st(1, {});
+  ChainSampler cs(sp, st);
+  const std::vector<int32_t> plant{4, 0, 6};  // 0 completes the rule: nothing may follow it
+  const std::vector<float> mtp(size_t(V), 0.0f);
+  for (int64_t i = 0; i < 3; ++i) cs.propose(mtp, i, [&](int64_t at, int32_t) { return plant[size_t(at)]; });
+  EXPECT_EQ(c->seq, (std::vector<int32_t>{1, 2, 4, 0}));
+  std::vector<float> rows(size_t(4 * V), 0.0f);
+  rows[0 * V + 4] = 5.0f;
+  rows[1 * V + 0] = 5.0f;
+  rows[2 * V + 6] = 5.0f;
+  rows[3 * V + 7] = 5.0f;
+  const std::vector<SampleResult> run = cs.judge(rows, V);
+  ASSERT_EQ(run.size(), 2u);
+  EXPECT_EQ(run[0].token, 4);
+  EXPECT_EQ(run[1].token, 0);
+  EXPECT_EQ(c->seq, (std::vector<int32_t>{1, 2}));
+  EXPECT_FALSE(c->terminated());
+}
+
+TEST(SpecSamplingGrammar, SampledFirstTokenFitsTheMaskedTargetRow) {
+  // The draft's q and the target's p_0 both masked at the state after token 5 (allowed: 6, 7, and 0):
+  // the emitted token follows masked p_0 whatever q is; a second row follows its own mask after draft 0.
+  constexpr int64_t V = 8;
+  const std::vector<float> target{0.5f, 2.0f, 1.0f, 0.0f, 1.5f, 0.2f, 0.3f, -0.5f};
+  const std::vector<float> draft{-1.0f, 0.0f, 0.5f, 1.0f, 0.0f, 2.0f, -1.0f, 1.5f};
+  SamplingParams sp = sampled(1.0f);
+  auto ref = std::make_shared<Ascending>(V);
+  ref->seq = {3, 5};
+  const std::vector<double> p0 = sampling_distribution(target, sp, SamplerState(0, {}), ref.get());
+  EXPECT_EQ(p0[1], 0.0);
+  std::vector<float> rows(target.begin(), target.end());
+  rows.insert(rows.end(), target.begin(), target.end());
+  std::vector<int64_t> counts(size_t(V), 0);
+  int64_t accepted = 0;
+  for (uint64_t seed = 0; seed < 40000; ++seed) {
+    auto c = std::make_shared<Ascending>(V);
+    c->seq = {3, 5};
+    SamplingParams p = sp;
+    p.constraint = c;
+    SamplerState st(seed, {});
+    ChainSampler cs(p, st);
+    cs.propose(draft, 10);
+    const std::vector<SampleResult> run = cs.judge(rows, V);
+    ASSERT_EQ(c->seq, (std::vector<int32_t>{3, 5}));
+    ASSERT_TRUE(run[0].token == 0 || run[0].token == 6 || run[0].token == 7) << run[0].token;
+    counts[size_t(run[0].token)] += 1;
+    if (run.size() == 2) {
+      ++accepted;
+      ASSERT_NE(run[0].token, 0) << "the stop token ends the run";
+      ASSERT_GT(run[1].token == 0 ? 8 : run[1].token, run[0].token) << "row 1 masked after draft 0";
+    }
+  }
+  const auto t = testing::chi_square_fit(counts, p0);
+  EXPECT_GT(t.p_value, 1e-3) << "chi2 " << t.stat;
+  EXPECT_GT(accepted, 0);
 }
 
 }  // namespace

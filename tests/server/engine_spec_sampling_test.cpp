@@ -42,7 +42,11 @@ Draws run_draws(const std::shared_ptr<const model::Model>& m, const SpeculativeC
   ec.page_size = 4;
   ec.scheduler.max_running_requests = 128;
   ec.speculative = spec;
-  ec.spec_wrong_residual_for_tests = wrong_residual;
+  if (wrong_residual) {  // the broken rule: a rejected row resamples from p, not from the residual
+    ec.spec_residual = [](std::span<const double> p, std::span<const double>) {
+      return std::vector<double>(p.begin(), p.end());
+    };
+  }
   Engine engine(m, ec);
   for (int64_t i = 0; i < n; ++i) {
     GenerateRequest g;

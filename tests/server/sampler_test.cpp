@@ -171,7 +171,15 @@ class AllowSet : public TokenConstraint {
       if (!allowed_[i]) logits[i] = -std::numeric_limits<float>::infinity();
     }
   }
+  void fill_mask(TokenMask& m) override {
+    m.vocab = int64_t(allowed_.size());
+    m.words.assign((allowed_.size() + 31) / 32, 0u);
+    for (size_t i = 0; i < allowed_.size(); ++i) {
+      if (allowed_[i]) m.words[i / 32] |= 1u << (i % 32);
+    }
+  }
   bool accept(int32_t token) override { return allowed_[size_t(token)]; }
+  void rollback(int64_t) override {}  // stateless
   bool terminated() const override { return false; }
 
  private:

@@ -4,7 +4,8 @@
 // pool (retractions), a repeated prompt (prefix-cache hit), on tiny (steps 1, 3, 5), realdims and
 // realdims_fp8 (steps 3); /metrics carries the accept counters and histogram; a client that disconnects
 // mid-stream leaves no page behind (--check-integrity runs every step). Sampled, penalised, logprob and
-// constrained requests: ServeSpecSampling below.
+// constrained requests: ServeSpecSampling below; grammar-constrained greedy requests give the same text
+// with and without speculation: ServeSpecGrammar.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -142,9 +143,9 @@ TEST_P(ServeSpec, GreedyTokensEqualTheServerWithoutSpeculation) {
 
 // Sampled, penalised, logprob and constrained requests on a speculative server (tiny, steps 3): seeded
 // sampled completions reproduce and carry usage.spec_verify_ct / spec_accept_length; greedy ones with a
-// frequency penalty, logit_bias and logprobs equal the plain server's tokens and logprobs; a json_object
-// request decodes without speculation (no rounds, no spec usage) and stays valid JSON; streaming sampled
-// clients that disconnect while rounds run leave no page behind (--check-integrity every step).
+// frequency penalty, logit_bias and logprobs equal the plain server's tokens and logprobs; sampled
+// json_object requests speculate (spec usage, rounds) and stay valid JSON; streaming sampled clients that
+// disconnect while rounds run leave no page behind (--check-integrity every step).
 TEST(ServeSpecSampling, SampledPenalisedConstrainedAndDisconnects) {
   DSA_FIXTURE_PATH(tiny, "models/tiny");
   ServerProcess plain(server_args(tiny, 0));
@@ -192,19 +193,21 @@ TEST(ServeSpecSampling, SampledPenalisedConstrainedAndDisconnects) {
 
   const double rounds =
       metric(http_request(spec.port(), "GET", "/metrics").body, "dsaserve_spec_verify_rounds_total");
-  const json constrained = {{"model", "m"},     {"prompt", "JSON:"},
-                            {"max_tokens", 40}, {"temperature", 1.0},
-                            {"seed", 2},        {"response_format", {{"type", "json_object"}}}};
-  const HttpResult c = post_json(spec.port(), "/v1/completions", constrained);
-  ASSERT_EQ(c.status, 200) << c.body;
-  EXPECT_FALSE(c.json()["usage"].contains("spec_verify_ct")) << c.body;
-  EXPECT_EQ(metric(http_request(spec.port(), "GET", "/metrics").body, "dsaserve_spec_verify_rounds_total"),
-            rounds)
-      << "a constrained request decodes without speculation";
-  const json cc = c.json()["choices"][0];
-  if (cc["finish_reason"] == "stop") {
-    EXPECT_TRUE(json::parse(cc["text"].get<std::string>(), nullptr, false).is_object()) << c.body;
+  for (int seed = 1; seed <= 4; ++seed) {
+    const json constrained = {{"model", "m"},     {"prompt", "JSON:"},
+                              {"max_tokens", 40}, {"temperature", 1.0},
+                              {"seed", seed},     {"response_format", {{"type", "json_object"}}}};
+    const HttpResult c = post_json(spec.port(), "/v1/completions", constrained);
+    ASSERT_EQ(c.status, 200) << c.body;
+    EXPECT_GT(c.json()["usage"].value("spec_verify_ct", 0), 0)
+        << "a constrained request speculates: " << c.body;
+    const json cc = c.json()["choices"][0];
+    if (cc["finish_reason"] == "stop") {
+      EXPECT_TRUE(json::parse(cc["text"].get<std::string>(), nullptr, false).is_object()) << c.body;
+    }
   }
+  EXPECT_GT(metric(http_request(spec.port(), "GET", "/metrics").body, "dsaserve_spec_verify_rounds_total"),
+            rounds);
   expect_no_leak(spec.port());
 
   // 8 streaming sampled clients that go away after 1..8 events, while rounds run for the others.
@@ -238,6 +241,75 @@ TEST(ServeSpecSampling, SampledPenalisedConstrainedAndDisconnects) {
   expect_no_leak(spec.port());
   const std::string m = http_request(spec.port(), "GET", "/metrics").body;
   EXPECT_GT(metric(m, "dsaserve_spec_verify_rounds_total"), rounds);
+  EXPECT_EQ(spec.stop(), 0) << spec.log();
+  EXPECT_EQ(plain.stop(), 0);
+}
+
+// Grammar-constrained greedy requests on the built-in model (--tool-call-parser / --reasoning-parser
+// glm45) with `--speculative-algorithm EAGLE --speculative-num-steps 3`: response_format json_schema on
+// both endpoints and a forced tool call behind a reasoning block that spends its whole budget give the
+// plain server's text and tool call; they ran speculative rounds; no page is left behind.
+TEST(ServeSpecGrammar, ConstrainedGreedyTextEqualsTheServerWithoutSpeculation) {
+  std::vector<std::string> args = {
+      "--model", "builtin:demo",     "--kv-pages", "64", "--tool-call-parser", "glm45", "--reasoning-parser",
+      "glm45",   "--check-integrity"};
+  ServerProcess plain(args);
+  for (const char* a : {"--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+                        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"})
+    args.push_back(a);
+  ServerProcess spec(args);
+  ASSERT_GT(plain.port(), 0) << plain.log();
+  ASSERT_GT(spec.port(), 0) << spec.log();
+  const json schema = json::parse(R"({"type": "object", "properties": {"city": {"type": "string",
+      "enum": ["Paris", "Tokyo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
+      "note": {"type": "string", "maxLength": 5}}, "required": ["city", "days", "note"]})");
+  const json format = {{"type", "json_schema"}, {"json_schema", {{"name", "w"}, {"schema", schema}}}};
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]},
+      "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"]}}}])");
+  const json messages = json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}});
+  const std::vector<std::pair<std::string, json>> requests = {
+      {"/v1/chat/completions",
+       {{"messages", messages}, {"max_tokens", 120}, {"temperature", 0}, {"response_format", format}}},
+      {"/v1/completions",
+       {{"prompt", "JSON:"}, {"max_tokens", 120}, {"temperature", 0}, {"response_format", format}}},
+      {"/v1/chat/completions",
+       {{"messages", messages},
+        {"max_tokens", 300},  // the reasoning budget (128 tokens) runs out, then the call completes
+        {"temperature", 0},
+        {"tools", tools},
+        {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}},
+  };
+  for (const auto& [path, body] : requests) {
+    const HttpResult a = post_json(plain.port(), path, body);
+    const HttpResult b = post_json(spec.port(), path, body);
+    ASSERT_EQ(a.status, 200) << a.body;
+    ASSERT_EQ(b.status, 200) << b.body;
+    const json ca = a.json()["choices"][0], cb = b.json()["choices"][0];
+    EXPECT_EQ(cb["finish_reason"], ca["finish_reason"]) << b.body;
+    if (body.contains("tools")) {
+      EXPECT_EQ(ca["finish_reason"], "tool_calls") << a.body;
+    }
+    if (path == "/v1/completions") {
+      EXPECT_EQ(cb["text"], ca["text"]) << b.body;
+    } else {
+      EXPECT_EQ(cb["message"]["content"], ca["message"]["content"]) << b.body;
+      EXPECT_EQ(cb["message"].value("reasoning_content", json()),
+                ca["message"].value("reasoning_content", json()));
+      ASSERT_EQ(cb["message"].contains("tool_calls"), ca["message"].contains("tool_calls")) << b.body;
+      if (ca["message"].contains("tool_calls")) {
+        ASSERT_EQ(cb["message"]["tool_calls"].size(), ca["message"]["tool_calls"].size());
+        for (size_t i = 0; i < ca["message"]["tool_calls"].size(); ++i)
+          EXPECT_EQ(cb["message"]["tool_calls"][i]["function"], ca["message"]["tool_calls"][i]["function"]);
+      }
+    }
+    EXPECT_EQ(b.json()["usage"]["completion_tokens"], a.json()["usage"]["completion_tokens"]);
+    EXPECT_GT(b.json()["usage"].value("spec_verify_ct", 0), 0) << b.body;
+    fmt::print("serve grammar spec {}: {} tokens, {} rounds, accept length {}\n", path,
+               b.json()["usage"]["completion_tokens"].dump(), b.json()["usage"]["spec_verify_ct"].dump(),
+               b.json()["usage"].value("spec_accept_length", json()).dump());
+  }
+  expect_no_leak(spec.port());
   EXPECT_EQ(spec.stop(), 0) << spec.log();
   EXPECT_EQ(plain.stop(), 0);
 }

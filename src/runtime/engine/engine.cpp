@@ -208,10 +208,9 @@ void Engine::drain_inputs(std::vector<StepOutput>& out) {
       out.push_back(std::move(o));
       continue;
     }
+    // Every request speculates, grammar-constrained ones included (runtime/spec/spec_sampling.h).
+    r->speculate = cfg_.speculative.enabled();
     // Without penalties the sampler keeps no token history (no per-token map updates).
-    const SamplingParams& sp = r->params;
-    // Grammar-constrained requests decode one token per step (their matcher advances per sampled token).
-    r->speculate = cfg_.speculative.enabled() && sp.constraint == nullptr;
     r->sampler = SamplerState(r->params.seed ? *r->params.seed : seed_counter_++, r->tokens,
                               uses_token_history(r->params));
     if (scheduler_->find(r->id) != nullptr) {

@@ -58,15 +58,15 @@ struct EngineConfig {
   // has one page more than kv_pages, outside the pool (padding rows write there). See cuda_graph_runner.h.
   int64_t cuda_graph_max_bs = 256;
   bool cuda_graph_log = true;  // the graph runner's capture lines on stdout (generate: off, stdout is JSON)
-  // Speculative decoding (--speculative-*; runtime/spec): requests without a grammar constraint draft
-  // with the model's MTP layer and verify num_steps + 1 tokens per step (greedy: exact agreement; sampled:
-  // speculative sampling, runtime/spec/spec_sampling.h); constrained ones decode one token per step.
-  // On: no overlap scheduling and no CUDA graphs (every step eager).
+  // Speculative decoding (--speculative-*; runtime/spec): every decode drafts with the model's MTP layer
+  // and verifies num_steps + 1 tokens per step (greedy: exact agreement; sampled: speculative sampling,
+  // runtime/spec/spec_sampling.h; a grammar constraint masks drafts and verify rows at the state after
+  // the drafts before them). On: no overlap scheduling and no CUDA graphs (every step eager).
   SpeculativeConfig speculative;
-  DraftHook spec_draft_hook;  // tests only (spec_round.h): replaces the MTP drafts; its key: request id
-  // Tests only: a broken speculative-sampling rule (a rejected row resamples from p, not from the
-  // residual), which the distribution test must catch.
-  bool spec_wrong_residual_for_tests = false;
+  // Test seams (spec_round.h, spec_sampling.h; empty in production): replace the MTP drafts (the key:
+  // the request id) and the rejection rule's residual.
+  DraftHook spec_draft_hook;
+  ResidualRule spec_residual;
   // Many ranks (serve / generate --tp N; runtime/ranks/leader.h): this engine is rank 0's and leads the
   // others, sending each step's batch to them before its own forward. The model is this rank's shard;
   // forward.dist is set to the ranks' groups. No speculative decoding and no CUDA graphs (every rank

@@ -48,7 +48,7 @@ int64_t Engine::spec_round(ScheduleBatch& batch, std::vector<StepOutput>& out) {
   SpecVerdict v;
   try {
     v = draft_and_verify(*model_, pool_->cache(), cfg_.forward, N, slots, cfg_.spec_draft_hook,
-                         cfg_.spec_wrong_residual_for_tests);
+                         cfg_.spec_residual);
     draft_extend(*model_, pool_->cache(), cfg_.forward, N, slots, v);
   } catch (const std::exception& e) {
     scheduler_->fail(batch, e.what(), out);

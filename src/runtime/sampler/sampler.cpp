@@ -65,10 +65,14 @@ void process_logits(std::span<const float> logits, const SamplingParams& p, cons
   }
 }
 
-// Masks `x` with the constraint; at least one token must stay (a -inf maximum would make every
-// probability NaN).
-void apply_constraint(TokenConstraint& c, std::vector<float>& x) {
-  c.mask_logits(x);
+// Masks `x` with the constraint or the mask snapshot (either may be null, not both); at least one token
+// must stay (a -inf maximum would make every probability NaN).
+void apply_constraint(TokenConstraint* c, const TokenMask* m, std::vector<float>& x) {
+  if (c != nullptr) {
+    c->mask_logits(x);
+  } else {
+    m->apply(x);
+  }
   bool any = false;
   for (float v : x) any = any || v > -std::numeric_limits<float>::infinity();
   DSA_CHECK(any, "sampler: the request's grammar allows no next token");
@@ -245,14 +249,17 @@ double SamplerState::uniform() {
   return double(result >> 11) * 0x1.0p-53;
 }
 
-SampleResult sample(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
-                    std::vector<float>& scratch, TokenConstraint* constraint) {
+namespace {
+
+SampleResult sample_masked(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
+                           std::vector<float>& scratch, TokenConstraint* constraint, const TokenMask* mask) {
   DSA_CHECK(!logits.empty(), "sampler: empty logits");
   // Without bias, penalties or a constraint the raw row is read in place (no copy of [vocab] floats).
   std::span<const float> x = logits;
-  if (constraint != nullptr || !no_processing(params)) {
+  const bool masked = constraint != nullptr || mask != nullptr;
+  if (masked || !no_processing(params)) {
     process_logits(logits, params, state, scratch);
-    if (constraint != nullptr) apply_constraint(*constraint, scratch);
+    if (masked) apply_constraint(constraint, mask, scratch);
     x = scratch;
   }
   SampleResult r;
@@ -277,11 +284,12 @@ SampleResult sample(std::span<const float> logits, const SamplingParams& params,
   return r;
 }
 
-std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,
-                                          const SamplerState& state, TokenConstraint* constraint) {
+std::vector<double> distribution_masked(std::span<const float> logits, const SamplingParams& params,
+                                        const SamplerState& state, TokenConstraint* constraint,
+                                        const TokenMask* mask) {
   std::vector<float> x;
   process_logits(logits, params, state, x);
-  if (constraint != nullptr) apply_constraint(*constraint, x);
+  if (constraint != nullptr || mask != nullptr) apply_constraint(constraint, mask, x);
   std::vector<double> dist(logits.size(), 0.0);
   if (params.temperature <= 0.0f) {
     dist[size_t(argmax(x))] = 1.0;
@@ -289,6 +297,28 @@ std::vector<double> sampling_distribution(std::span<const float> logits, const S
   }
   for (const auto& [t, pr] : candidates(x, params)) dist[size_t(t)] = pr;
   return dist;
+}
+
+}  // namespace
+
+SampleResult sample(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
+                    std::vector<float>& scratch, TokenConstraint* constraint) {
+  return sample_masked(logits, params, state, scratch, constraint, nullptr);
+}
+
+SampleResult sample(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
+                    std::vector<float>& scratch, const TokenMask* mask) {
+  return sample_masked(logits, params, state, scratch, nullptr, mask);
+}
+
+std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,
+                                          const SamplerState& state, TokenConstraint* constraint) {
+  return distribution_masked(logits, params, state, constraint, nullptr);
+}
+
+std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,
+                                          const SamplerState& state, const TokenMask* mask) {
+  return distribution_masked(logits, params, state, nullptr, mask);
 }
 
 }  // namespace dsaserve::runtime

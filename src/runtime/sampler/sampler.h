@@ -60,14 +60,20 @@ inline bool uses_token_history(const SamplingParams& p) {
 // (optional) masks the candidates; it is not advanced here (the caller accepts the result).
 SampleResult sample(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
                     std::vector<float>& scratch, TokenConstraint* constraint = nullptr);
+// The same under a mask snapshot (a speculative round's row: the constraint's state after the drafts
+// before it); null: no mask.
+SampleResult sample(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
+                    std::vector<float>& scratch, const TokenMask* mask);
 
 // `token`'s log-probability under log_softmax(`logits`) and the `top` most likely tokens (as reported for a
 // sample; ties to the lower id): prompt logprobs.
 SampleResult token_logprobs(std::span<const float> logits, int32_t token, int32_t top);
 
 // The softmax probabilities the sampler draws from (after penalties, temperature, top_k/top_p/min_p;
-// zero for dropped tokens). For tests: the distribution that sample() realises.
+// zero for dropped tokens): the distribution that sample() realises (tests; speculative sampling).
 std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,
                                           const SamplerState& state, TokenConstraint* constraint = nullptr);
+std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,
+                                          const SamplerState& state, const TokenMask* mask);
 
 }  // namespace dsaserve::runtime

@@ -39,7 +39,7 @@ struct Request {
   // params.prompt_logprobs: the next prompt position whose logprob is to be reported (1 .. prompt_len;
   // prompt_len: all reported).
   int64_t prompt_logprobs_next = 1;
-  // Speculative decoding (runtime/spec): the request drafts (any request without a grammar constraint);
+  // Speculative decoding (runtime/spec): the request drafts (every request when speculation is on);
   // spec_hidden [1, H] is the target's hidden state at kv.len - 1 (set by each step that
   // sampled it; undefined before its first sample and after a retraction).
   bool speculate = false;

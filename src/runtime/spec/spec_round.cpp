@@ -36,7 +36,7 @@ Tensor stack_rows(const kernels::Ops& ops, const std::vector<Tensor>& parts) {
 
 SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const model::ForwardOptions& fo,
                              int64_t num_steps, const std::vector<SpecSlot>& slots, const DraftHook& hook,
-                             bool wrong_residual_for_tests) {
+                             const ResidualRule& residual) {
   const int64_t V = m.config().vocab_size, N = num_steps, K = num_steps + 1;
   const size_t R = slots.size();
   DSA_CHECK(R > 0 && N >= 1, "spec: a round of {} requests and {} steps", R, N);
@@ -46,8 +46,7 @@ SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const
   for (size_t r = 0; r < R; ++r) {
     if (slots[r].params != nullptr) {
       DSA_CHECK(slots[r].sampler != nullptr, "spec: slot {} has params but no sampler state", r);
-      samplers[r] =
-          std::make_unique<ChainSampler>(*slots[r].params, *slots[r].sampler, wrong_residual_for_tests);
+      samplers[r] = std::make_unique<ChainSampler>(*slots[r].params, *slots[r].sampler, residual);
     }
   }
   {

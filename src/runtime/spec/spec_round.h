@@ -12,6 +12,7 @@
 #include "core/tensor.h"
 #include "model/model.h"
 #include "runtime/sampler/sampler.h"
+#include "runtime/spec/spec_sampling.h"
 
 namespace dsaserve::runtime {
 
@@ -23,8 +24,9 @@ struct SpecSlot {
   int64_t len = 0;
   std::span<const int32_t> pages;
   Tensor hidden;
-  // Null: greedy on the raw logits. Else the request's params (no constraint) and sampler state: the
-  // round draws from its generator and reads its token history (it records nothing into it).
+  // Null: greedy on the raw logits. Else the request's params and sampler state: the round draws from
+  // its generator and reads its token history (it records nothing into it); a grammar constraint masks
+  // the drafts and the verify rows and is back at its state before the round when the round returns.
   const SamplingParams* params = nullptr;
   SamplerState* sampler = nullptr;
 };
@@ -50,11 +52,12 @@ Tensor stack_rows(const kernels::Ops& ops, const std::vector<Tensor>& parts);
 
 // draft (num_steps one-token MTP forwards, at positions len - 1 ..), verify (one target forward over
 // pending + drafts, logits at every row), accept (greedy: the longest agreeing prefix + the target's
-// token; sampled: the rejection rule of spec_sampling.h). The
-// caller has reserved len + num_steps + 1 tokens per slot; the verify writes the target KV of them all.
+// token; sampled: the rejection rule of spec_sampling.h; a grammar masks both sides). The caller has
+// reserved len + num_steps + 1 tokens per slot; the verify writes the target KV of them all. `residual`
+// (tests): replaces the rejection rule's residual (spec_sampling.h).
 SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const model::ForwardOptions& fo,
                              int64_t num_steps, const std::vector<SpecSlot>& slots,
-                             const DraftHook& hook = {}, bool wrong_residual_for_tests = false);
+                             const DraftHook& hook = {}, const ResidualRule& residual = {});
 
 // The MTP layer over `mb` (its token p is t_{p+1}) with the target's hidden rows (one part per request,
 // in order): its KV at those positions. No-op for an empty batch.

@@ -1,5 +1,7 @@
 #include "runtime/spec/spec_sampling.h"
 
+#include <exception>
+
 #include "core/error.h"
 
 namespace dsaserve::runtime {
@@ -34,14 +36,15 @@ std::vector<double> residual_distribution(std::span<const double> p, std::span<c
 }
 
 ChainStep accept_or_resample(std::span<const double> p, std::span<const double> q, int32_t x,
-                             SamplerState& rng, bool wrong_residual_for_tests) {
+                             SamplerState& rng, const ResidualRule& residual) {
   DSA_CHECK(x >= 0 && size_t(x) < p.size() && p.size() == q.size(), "spec: draft token {} of {}", x,
             p.size());
   DSA_CHECK(q[size_t(x)] > 0.0, "spec: draft token {} has no mass in the draft distribution", x);
   const double u = rng.uniform();
   if (u * q[size_t(x)] < p[size_t(x)]) return {true, x};  // u < p(x) / q(x)
-  if (wrong_residual_for_tests) return {false, draw_from(p, rng.uniform())};
-  return {false, draw_from(residual_distribution(p, q), rng.uniform())};
+  const std::vector<double> r = residual ? residual(p, q) : residual_distribution(p, q);
+  DSA_CHECK(r.size() == p.size(), "spec: a residual of {} entries for {}", r.size(), p.size());
+  return {false, draw_from(r, rng.uniform())};
 }
 
 namespace {
@@ -54,23 +57,52 @@ int32_t argmax_of(std::span<const double> d) {
 }
 }  // namespace
 
-ChainSampler::ChainSampler(const SamplingParams& params, SamplerState& state, bool wrong_residual_for_tests)
+ChainSampler::ChainSampler(const SamplingParams& params, SamplerState& state, ResidualRule residual)
     : params_(params),
       state_(state),
       history_(state),
       draft_history_(state),
-      wrong_residual_(wrong_residual_for_tests) {
-  DSA_CHECK(params.constraint == nullptr, "spec: a constrained request does not speculate");
+      residual_(std::move(residual)),
+      constraint_(params.constraint.get()) {
+  following_ = constraint_ != nullptr && !constraint_->terminated();
+}
+
+ChainSampler::~ChainSampler() {
+  try {
+    restore_constraint();
+  } catch (const std::exception&) {
+    // Only a round that threw before judge() gets here with drafts to undo; its requests fail.
+  }
+}
+
+const TokenMask* ChainSampler::next_mask() {
+  if (constraint_ == nullptr) return nullptr;
+  const size_t row = drafts_.size();
+  if (following_ && masks_.size() == row) {
+    masks_.emplace_back();
+    constraint_->fill_mask(masks_.back());
+  }
+  return row < masks_.size() ? &masks_[row] : nullptr;
+}
+
+void ChainSampler::restore_constraint() {
+  following_ = false;
+  if (constraint_ != nullptr && advanced_ > 0) {
+    const int64_t n = advanced_;
+    advanced_ = 0;
+    constraint_->rollback(n);
+  }
 }
 
 int32_t ChainSampler::propose(std::span<const float> mtp_logits, int64_t index, const DraftTokenHook& hook) {
+  const TokenMask* mask = next_mask();  // draft i under the grammar's state after drafts 0..i-1
   int32_t x = 0;
   if (params_.temperature <= 0.0f) {
     // Greedy: the argmax of the adjusted logits (sample() draws nothing at temperature 0).
-    x = sample(mtp_logits, params_, draft_history_, scratch_).token;
+    x = sample(mtp_logits, params_, draft_history_, scratch_, mask).token;
     if (hook) x = hook(index, x);
   } else {
-    std::vector<double> q = sampling_distribution(mtp_logits, params_, draft_history_);
+    std::vector<double> q = sampling_distribution(mtp_logits, params_, draft_history_, mask);
     if (hook) {
       x = hook(index, argmax_of(q));
       q.assign(q.size(), 0.0);
@@ -82,6 +114,18 @@ int32_t ChainSampler::propose(std::span<const float> mtp_logits, int64_t index, 
   }
   DSA_CHECK(x >= 0 && int64_t(x) < int64_t(mtp_logits.size()), "spec: draft token {} outside the vocabulary",
             x);
+  if (following_) {
+    // A draft the grammar refuses (a hook's) is rejected at its row: no row after it is judged.
+    if (constraint_->accept(x)) {
+      ++advanced_;
+      if (constraint_->terminated()) {
+        ends_at_ = int64_t(drafts_.size());
+        following_ = false;
+      }
+    } else {
+      following_ = false;
+    }
+  }
   drafts_.push_back(x);
   draft_history_.record(x);
   return x;
@@ -91,20 +135,27 @@ std::vector<SampleResult> ChainSampler::judge(std::span<const float> rows, int64
   const size_t N = drafts_.size();
   DSA_CHECK(int64_t(rows.size()) == int64_t(N + 1) * vocab,
             "spec: {} verify logits for {} drafts of vocab {}", rows.size(), N, vocab);
+  next_mask();  // the bonus row's
+  restore_constraint();
   const bool want_logprobs = params_.logprobs || params_.top_logprobs > 0;
   std::vector<SampleResult> run;
   SamplerState& h = history_;  // + the drafts accepted so far
   for (size_t i = 0; i <= N; ++i) {
+    const TokenMask* mask = i < masks_.size() ? &masks_[i] : nullptr;
+    // Every accepted draft was allowed by its row's mask, so the constraint followed it: a later row
+    // without a mask means the constraint and its masks disagree; the run then ends at the last draft
+    // (the OutputProcessor's accept has the last word on it).
+    if (constraint_ != nullptr && mask == nullptr && i > 0) break;
     const std::span<const float> row = rows.subspan(i * size_t(vocab), size_t(vocab));
     int32_t token = 0;
     bool accepted = false;
     if (params_.temperature <= 0.0f) {
-      token = sample(row, params_, h, scratch_).token;
+      token = sample(row, params_, h, scratch_, mask).token;
       accepted = i < N && token == drafts_[i];
     } else {
-      const std::vector<double> p = sampling_distribution(row, params_, h);
+      const std::vector<double> p = sampling_distribution(row, params_, h, mask);
       if (i < N) {
-        const ChainStep st = accept_or_resample(p, q_[i], drafts_[i], state_, wrong_residual_);
+        const ChainStep st = accept_or_resample(p, q_[i], drafts_[i], state_, residual_);
         accepted = st.accepted;
         token = st.token;
       } else {
@@ -117,6 +168,7 @@ std::vector<SampleResult> ChainSampler::judge(std::span<const float> rows, int64
     run.push_back(std::move(res));
     if (!accepted) break;
     h.record(token);
+    if (int64_t(i) == ends_at_) break;  // the draft completed the grammar: nothing may follow it
   }
   return run;
 }
