@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <map>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "model/step_plan.h"
 #include "runtime/engine/cuda_graph_plan.h"
 #include "runtime/engine/memory_plan.h"
+#include "runtime/spec/spec_round.h"
 
 namespace dsaserve::runtime {
 namespace {
@@ -278,6 +281,127 @@ TEST(CudaGraphSpecPlan, PackedPaddedVerifyAndDraftEqualTheEagerPassesOnTheCpu) {
       for (int64_t j = 0; j < row; ++j)
         ASSERT_EQ(a[size_t(slot * row + j)], b[size_t(slot * row + j)]) << "layer " << l << " slot " << slot;
   }
+}
+
+// The round's seam (SpecGraphs, runtime/spec/spec_round.h) with the graphs' host path on the CPU: each
+// draft step and the verify run padded to their bucket, planned at its capacity over packed inputs (what a
+// replay runs), and only the real rows come back. The round's verdict (runs, accepted drafts, hidden rows
+// for the next round) equals the eager round's, with drafts accepted and rejected (an oracle drafter).
+class PackedPasses final : public SpecGraphs {
+ public:
+  PackedPasses(const model::Model& m, model::KvCache& cache, int32_t scratch, int64_t steps)
+      : m_(m), cache_(cache), scratch_(scratch), steps_(steps) {
+    GraphPlanConfig cfg;
+    cfg.max_bs = 8;
+    cfg.index_topk = m.config().index_topk;
+    cfg.page_size = cache.page_size;
+    plan_ = GraphPlan(cfg);
+  }
+  std::optional<model::ForwardOutput> draft(const ForwardBatch& mb, const Tensor& hidden) override {
+    const auto k = spec_graph_key(mb, 1, plan_);
+    if (!k) return std::nullopt;
+    ++drafts;
+    Tensor h = Tensor::zeros({k->bs, hidden.size(1)}, DType::f32);
+    Tensor dst = h.slice(0, 0, hidden.size(0));
+    m_.ops().copy_rows(dst, hidden);
+    return run(mb, *k, h, true);
+  }
+  std::optional<model::ForwardOutput> verify(const ForwardBatch& fb) override {
+    const auto k = spec_graph_key(fb, steps_ + 1, plan_);
+    if (!k) return std::nullopt;
+    ++verifies;
+    return run(fb, *k, Tensor(), false);
+  }
+  int64_t drafts = 0, verifies = 0;
+
+ private:
+  model::ForwardOutput run(const ForwardBatch& b, const GraphKey& k, const Tensor& hidden, bool mtp) {
+    const ForwardBatch padded = graph_batch(b, k, scratch_);
+    model::ForwardOptions go;
+    go.all_logits = false;
+    go.keep_hidden = true;
+    const model::StepCapacity cap = graph_capacity(k, b.page_size);
+    const model::StepPlan plan = m_.plan_step(padded, go, &cap, mtp);
+    const DecodeInputLayout L = decode_input_layout(k, b.page_size);
+    Tensor buf = Tensor::empty({L.size()}, DType::i32);
+    pack_decode_inputs(b, k, scratch_, std::span<int32_t>(buf.data<int32_t>(), size_t(L.size())));
+    const model::StepInputs in = plan.bind(buf);
+    go.plan = &plan;
+    go.inputs = &in;
+    model::ForwardOutput o =
+        mtp ? m_.forward_mtp(padded, hidden, cache_, go, 0) : m_.forward(padded, cache_, go);
+    const int64_t rows = b.num_tokens();
+    o.logits = o.logits.slice(0, 0, rows);
+    o.hidden = o.hidden.slice(0, 0, rows);
+    return o;
+  }
+  const model::Model& m_;
+  model::KvCache& cache_;
+  int32_t scratch_;
+  int64_t steps_;
+  GraphPlan plan_;
+};
+
+TEST(CudaGraphSpecPlan, RoundThroughPackedPassesEqualsTheEagerRoundOnTheCpu) {
+  DSA_FIXTURE_PATH(dir, "models/tiny");
+  const auto m = model::Model::load(dir, true);
+  const int64_t ps = 16, V = m->config().vocab_size, H = m->config().hidden_size, N = 3;
+  const std::vector<int64_t> lens = {5, 10, 22};
+  const int64_t per_req = 3, R = int64_t(lens.size()), pages = R * per_req + 1;
+  std::vector<std::vector<int32_t>> tables(lens.size());
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < per_req; ++i) tables[size_t(r)].push_back(int32_t(i * R + r));
+  // Each request's prompt prefilled (target KV) and its last hidden row (the first draft's input).
+  auto make = [&](std::vector<Tensor>& hidden) {
+    model::KvCache cache = m->make_cache(pages, ps);
+    for (int64_t r = 0; r < R; ++r) {
+      ForwardBatch pre;
+      pre.page_size = ps;
+      std::vector<int32_t> ids;
+      for (int64_t p = 0; p < lens[size_t(r)]; ++p) ids.push_back(int32_t((r * 31 + p * 7 + 1) % V));
+      pre.add_request(ids, 0, tables[size_t(r)]);
+      model::ForwardOptions fo;
+      fo.all_logits = false;
+      fo.keep_hidden = true;
+      const model::ForwardOutput o = m->forward(pre, cache, fo);
+      hidden.push_back(o.hidden.slice(0, lens[size_t(r)] - 1, lens[size_t(r)]));
+    }
+    return cache;
+  };
+  std::vector<Tensor> he, hg;
+  model::KvCache ce = make(he), cg = make(hg);
+  auto slots_of = [&](const std::vector<Tensor>& hidden) {
+    std::vector<SpecSlot> slots;
+    for (int64_t r = 0; r < R; ++r)
+      slots.push_back({uint64_t(r), int32_t(40 + r), lens[size_t(r)], tables[size_t(r)], hidden[size_t(r)]});
+    return slots;
+  };
+  // The drafter: token 7 (the target rarely agrees), except where planted: the first draft of requests 1
+  // and 2 is the target's greedy choice (found by a first eager round; rewriting the same positions is
+  // deterministic), so those drafts are accepted and the rest of their runs judged.
+  std::map<std::pair<uint64_t, int64_t>, int32_t> plant;
+  const DraftHook hook = [&](uint64_t key, int64_t index, int32_t) {
+    const auto it = plant.find({key, index});
+    return it != plant.end() ? it->second : 7;
+  };
+  model::ForwardOptions fo;
+  fo.all_logits = false;
+  const SpecVerdict e0 = draft_and_verify(*m, ce, fo, N, slots_of(he), hook);
+  for (int64_t r : {1, 2}) plant[{uint64_t(r), lens[size_t(r)] + 1}] = e0.run[size_t(r)][0];
+  const SpecVerdict e = draft_and_verify(*m, ce, fo, N, slots_of(he), hook);
+  EXPECT_GE(e.accepted[1], 1);
+  EXPECT_GE(e.accepted[2], 1);
+  PackedPasses passes(*m, cg, int32_t(pages - 1), N);
+  const SpecVerdict g = draft_and_verify(*m, cg, fo, N, slots_of(hg), hook, false, &passes);
+  EXPECT_EQ(passes.drafts, N);
+  EXPECT_EQ(passes.verifies, 1);
+  EXPECT_EQ(g.run, e.run);
+  EXPECT_EQ(g.accepted, e.accepted);
+  ASSERT_EQ(g.hidden.size(0), R * (N + 1));
+  ASSERT_EQ(g.hidden.size(1), H);
+  EXPECT_EQ(g.hidden.to_f32_vector(), e.hidden.to_f32_vector());
+  for (size_t r = 0; r < size_t(R); ++r)
+    EXPECT_EQ(next_hidden(g, N, r).to_f32_vector(), next_hidden(e, N, r).to_f32_vector());
 }
 
 }  // namespace
