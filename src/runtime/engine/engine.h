@@ -55,8 +55,9 @@ struct EngineConfig {
   // The KV cache's dtype (on the model's device); unset: the device's default (model::KvCache::create).
   std::optional<model::KvCacheDtype> kv_dtype;
   // CUDA graphs for decode batches of up to this many requests (--cuda-graph-max-bs; 0 or
-  // --disable-cuda-graph: off). Used when the model is on CUDA with a bf16 / FP8 KV cache; the cache then
-  // has one page more than kv_pages, outside the pool (padding rows write there). See cuda_graph_runner.h.
+  // --disable-cuda-graph: off); with speculation for the verify / draft passes instead
+  // (cuda_graph_spec.h). Used when the model is on CUDA with a bf16 / FP8 KV cache; the cache then has
+  // one page more than kv_pages, outside the pool (padding rows write there). See cuda_graph_runner.h.
   int64_t cuda_graph_max_bs = 256;
   bool cuda_graph_log = true;  // the graph runner's capture lines on stdout (generate: off, stdout is JSON)
   // Speculative decoding (--speculative-*; runtime/spec): requests without a grammar constraint draft
