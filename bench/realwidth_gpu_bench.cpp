@@ -11,7 +11,10 @@
 //         token per request) and a draft-extend (the MTP layer over K tokens per request), beside the
 //         decode step; the accept length at which a round of K - 1 drafts pays for itself is
 //         (verify + (K - 1) x draft + draft-extend) / decode (the tokens one round must yield to match
-//         plain decoding's tokens per second). --verify-tokens 0: no spec rows (nor MTP weights).
+//         plain decoding's tokens per second). With graphs (the default) the verify and draft steps also
+//         replay their CUDA graphs (runtime/engine/cuda_graph_spec.h; rows "ROW spec graphs": verify
+//         graphs, draft graphs, and the round with them; draft-extend stays eager).
+//         --verify-tokens 0: no spec rows (nor MTP weights).
 // Every row prints the measured ms, the plan's roofline ms for the same batch (plan::plan_step on an H200)
 // and plan / measured (1.0 = at the roofline). Rows print as they finish (a timeout still shows them);
 // combinations whose KV does not fit the device are skipped with the reason.
@@ -45,6 +48,7 @@
 #include "plan/step.h"
 #include "plan/trace_summary.h"
 #include "runtime/engine/cuda_graph_runner.h"
+#include "runtime/engine/cuda_graph_spec.h"
 #include "runtime/engine/device.h"
 #include "trace/trace.h"
 
@@ -207,10 +211,11 @@ struct DecodeResult {
 // B requests of ctx cached tokens on their own pages (request r: pages r * per_req ...), `warmup` untimed
 // steps (graph capture), then `steps` timed ones; each step `tokens` new tokens per request (1: a decode;
 // more: a verify, every row's logits). `mtp`: the MTP layer's pass over them instead (a draft step with
-// 1 token, a draft-extend with more), fed `hidden` as the target's final hidden states.
+// 1 token, a draft-extend with more), fed `hidden` as the target's final hidden states. `graphs` replays
+// decode steps, `spec` verify and draft steps (where they accept the batch; else eager).
 DecodeResult time_decode(const model::Model& m, model::KvCache& cache, runtime::CudaGraphRunner* graphs,
                          int64_t B, int64_t ctx, int64_t per_req, const Args& a, int64_t tokens = 1,
-                         const Tensor* mtp_hidden = nullptr) {
+                         const Tensor* mtp_hidden = nullptr, runtime::SpecGraphRunner* spec = nullptr) {
   const int64_t vocab = m.config().vocab_size;
   std::vector<std::vector<int32_t>> tables(static_cast<size_t>(B));
   for (int64_t r = 0; r < B; ++r) {
@@ -236,7 +241,16 @@ DecodeResult time_decode(const model::Model& m, model::KvCache& cache, runtime::
       b.add_request(ids, pos, tables[size_t(r)], true);
     }
     if (mtp_hidden) {
-      (void)m.forward_mtp(b, mtp_hidden->slice(0, 0, B * tokens), cache, fo);
+      const Tensor h = mtp_hidden->slice(0, 0, B * tokens);
+      std::optional<model::ForwardOutput> g = spec && tokens == 1 ? spec->draft(b, h) : std::nullopt;
+      if (g) res.replayed = true;
+      if (!g) (void)m.forward_mtp(b, h, cache, fo);
+      continue;
+    }
+    if (spec && tokens > 1) {
+      std::optional<model::ForwardOutput> g = spec->verify(b);
+      if (g) res.replayed = true;
+      if (!g) (void)m.forward(b, cache, fo);
       continue;
     }
     std::optional<Tensor> g = graphs && tokens == 1 ? graphs->run(b) : std::nullopt;
@@ -376,9 +390,13 @@ int run(const Args& a) {
     fo.all_logits = false;
     const int64_t max_bs = *std::max_element(a.batches.begin(), a.batches.end());
     std::unique_ptr<runtime::CudaGraphRunner> graphs;
+    std::unique_ptr<runtime::SpecGraphRunner> spec_graphs;  // captured lazily (the timed runs' warm-up)
     if (a.graphs)
       graphs =
           std::make_unique<runtime::CudaGraphRunner>(*model, cache, int32_t(pages - 1), max_bs, fo, false);
+    if (a.graphs && spec)
+      spec_graphs = std::make_unique<runtime::SpecGraphRunner>(*model, cache, int32_t(pages - 1), max_bs, fo,
+                                                               a.verify_tokens - 1, false);
     for (int64_t ctx : a.contexts) {
       for (int64_t B : a.batches) {
         const int64_t per_req =
@@ -428,6 +446,21 @@ int run(const Args& a) {
               "pays_at_accept_length={:.2f} (vs graphs decode) {:.2f} (vs eager decode)\n",
               kvn, B, ctx, K, dec, r.ms, ver, pv, ver / dec, dra, pd, ext, round, round / r.ms, round / dec);
           std::fflush(stdout);
+          if (spec_graphs) {
+            const DecodeResult vg =
+                time_decode(*model, cache, nullptr, B, ctx, per_req, e, K, nullptr, spec_graphs.get());
+            const DecodeResult dg =
+                time_decode(*model, cache, nullptr, B, ctx, per_req, e, 1, &hidden, spec_graphs.get());
+            const double round_g = vg.ms + double(K - 1) * dg.ms + ext;
+            fmt::print(
+                "ROW spec graphs kv={} batch={} context={} verify_tokens={} verify_graphs_ms={:.3f} "
+                "(replayed: {}) verify_graphs/decode_graphs={:.2f} draft_graphs_ms={:.3f} (replayed: {}) "
+                "draft_extend_ms={:.3f} (eager) round_ms={:.3f} pays_at_accept_length={:.2f} (vs graphs "
+                "decode)\n",
+                kvn, B, ctx, K, vg.ms, vg.replayed ? "yes" : "no", vg.ms / r.ms, dg.ms,
+                dg.replayed ? "yes" : "no", ext, round_g, round_g / r.ms);
+            std::fflush(stdout);
+          }
         }
       }
     }

@@ -189,7 +189,7 @@ CommandRun setup(CLI::App& sub) {
     ec.ranks = ranks;
     ec.forward.dsa_topk_broadcast = rflags->dsa_topk_broadcast;
     if (speculate) {
-      ec.speculative = o->spec;  // the engine: eager steps, KV for one round's drafts too
+      ec.speculative = o->spec;  // the engine: steps in order (verify / draft graphs on CUDA), KV for a round
       ec.kv_pages = (total + 1 + o->spec.num_steps + 1 + o->page_size - 1) / o->page_size;
       ec.scheduler.max_context += o->spec.num_steps + 1;  // max_new_tokens still cuts the last round
     }

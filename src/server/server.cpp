@@ -674,9 +674,14 @@ int run_server(const ServerConfig& in) {
       lim.max_prefill_tokens = sc.max_prefill_tokens;
       lim.chunked_prefill_size = sc.chunked_prefill_size;
       lim.max_context = sc.max_context;
-      lim.cuda_graph_max_bs = runtime::cuda_graph_max_batch(
+      runtime::GraphSupport gs =
           runtime::graph_support(*model, kv_dtype, cfg.engine.forward, cfg.engine.cuda_graph_max_bs,
-                                 sc.max_running_requests, runtime::cuda_graphs_built()));
+                                 sc.max_running_requests, runtime::cuda_graphs_built());
+      if (cfg.engine.speculative.enabled()) {  // verify / draft graphs (the engine's rule)
+        lim.speculative_num_steps = cfg.engine.speculative.num_steps;
+        gs.tokens = cfg.engine.speculative.verify_rows();
+      }
+      lim.cuda_graph_max_bs = runtime::cuda_graph_max_batch(gs);
       lim.forward = cfg.engine.forward;
       const runtime::WorkspaceEstimate ws = runtime::estimate_workspace(model->config(), lim);
       const runtime::MemorySplit split =

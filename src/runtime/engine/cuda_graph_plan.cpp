@@ -1,6 +1,7 @@
 #include "runtime/engine/cuda_graph_plan.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 
@@ -29,13 +30,25 @@ int64_t context_bucket(int64_t max_len, int64_t index_topk, int64_t page_size) {
   return c;
 }
 
+const char* graph_pass_name(GraphPass p) {
+  switch (p) {
+    case GraphPass::decode: return "decode";
+    case GraphPass::verify: return "verify";
+    case GraphPass::draft: return "draft";
+  }
+  return "?";
+}
+
 GraphPlan::GraphPlan(const GraphPlanConfig& cfg) : cfg_(cfg), buckets_(batch_buckets(cfg.max_bs)) {}
 
 int64_t cuda_graph_max_batch(const GraphSupport& s) {
-  // Decode tokens must take the absorbed form (the MHA form sizes its work from the host-side context).
+  // Every request's rows must take the absorbed form (the MHA form sizes its work from the host-side
+  // context), and a padding request's rows must fit the scratch page (checked at the runner's page size).
   const bool absorbed = s.attention == model::AttentionForm::absorbed ||
-                        (s.attention == model::AttentionForm::automatic && s.mha_min_tokens > 1);
-  if (s.max_bs <= 0 || !s.built || s.device != Device::cuda || !s.kernel_format_cache || !absorbed) return 0;
+                        (s.attention == model::AttentionForm::automatic && s.mha_min_tokens > s.tokens);
+  if (s.max_bs <= 0 || !s.built || s.device != Device::cuda || !s.kernel_format_cache || !absorbed ||
+      s.tokens < 1)
+    return 0;
   return s.max_running_requests > 0 ? std::min(s.max_bs, s.max_running_requests) : s.max_bs;
 }
 
@@ -56,14 +69,16 @@ GraphSupport graph_support(const model::Model& m, std::optional<model::KvCacheDt
 }
 
 namespace {
-// The one rule: a decode step of at most max_bs requests whose logits are its R rows, within the cells.
-std::optional<GraphKey> graph_key(model::StepKind kind, int64_t R, int64_t max_len, bool gathers_logits,
+// The one rule: at most max_bs requests of `tokens` rows each, whose logits are those rows, within the
+// cells (a decode step: tokens 1 and the decode kind, checked by the caller).
+std::optional<GraphKey> graph_key(int64_t R, int64_t tokens, int64_t max_len, bool gathers_logits,
                                   const GraphPlan& plan) {
   const GraphPlanConfig& cfg = plan.config();
-  if (cfg.max_bs <= 0 || R == 0 || R > cfg.max_bs || kind != model::StepKind::decode || gathers_logits)
+  if (cfg.max_bs <= 0 || R == 0 || R > cfg.max_bs || gathers_logits || tokens < 1 || tokens > cfg.page_size)
     return std::nullopt;
-  const GraphKey k{batch_bucket(R, plan.buckets()), context_bucket(max_len, cfg.index_topk, cfg.page_size)};
-  if (k.bs * k.ctx > cfg.max_ctx_cells) return std::nullopt;
+  const GraphKey k{batch_bucket(R, plan.buckets()), context_bucket(max_len, cfg.index_topk, cfg.page_size),
+                   tokens};
+  if (k.bs * k.tokens * k.ctx > cfg.max_ctx_cells) return std::nullopt;
   return k;
 }
 
@@ -77,7 +92,8 @@ model::StepPlan host_plan(const model::ForwardBatch& b, const model::StepCapacit
 }  // namespace
 
 std::optional<GraphKey> decode_graph_key(const model::StepPlan& p, const GraphPlan& plan) {
-  return graph_key(p.kind, p.num_requests(), p.max_len, !p.logit_rows.empty(), plan);
+  if (p.kind != model::StepKind::decode) return std::nullopt;
+  return graph_key(p.num_requests(), 1, p.max_len, !p.logit_rows.empty(), plan);
 }
 
 std::optional<GraphKey> decode_graph_key(const model::ForwardBatch& b, const GraphPlan& plan) {
@@ -86,11 +102,22 @@ std::optional<GraphKey> decode_graph_key(const model::ForwardBatch& b, const Gra
   int64_t max_len = 0;
   for (int64_t r = 0; r < b.num_requests(); ++r)
     max_len = std::max(max_len, b.start_pos[size_t(r)] + b.num_new(r));
-  return graph_key(model::step_kind(b), b.num_requests(), max_len, !b.extra_logit_rows.empty(), plan);
+  if (model::step_kind(b) != model::StepKind::decode) return std::nullopt;
+  return graph_key(b.num_requests(), 1, max_len, !b.extra_logit_rows.empty(), plan);
+}
+
+std::optional<GraphKey> spec_graph_key(const model::ForwardBatch& b, int64_t tokens, const GraphPlan& plan) {
+  int64_t max_len = 0;
+  for (int64_t r = 0; r < b.num_requests(); ++r) {
+    if (b.num_new(r) != tokens) return std::nullopt;  // not uniform: eager
+    max_len = std::max(max_len, b.start_pos[size_t(r)] + tokens);
+  }
+  if (b.page_size != plan.config().page_size) return std::nullopt;
+  return graph_key(b.num_requests(), tokens, max_len, !b.extra_logit_rows.empty(), plan);
 }
 
 DecodeInputLayout decode_input_layout(const GraphKey& k, int64_t page_size) {
-  return DecodeInputLayout{k.bs, k.bs, pages_for_ctx(k.ctx, page_size), 0, 0};
+  return DecodeInputLayout{k.bs * k.tokens, k.bs, pages_for_ctx(k.ctx, page_size), 0, 0};
 }
 
 model::StepCapacity graph_capacity(const GraphKey& k, int64_t page_size) {
@@ -99,13 +126,19 @@ model::StepCapacity graph_capacity(const GraphKey& k, int64_t page_size) {
 
 model::ForwardBatch graph_batch(const model::ForwardBatch& b, const GraphKey& k, int32_t scratch_page) {
   const int64_t R = b.num_requests();
-  DSA_CHECK(R <= k.bs && b.num_tokens() == R && (R == 0 || b.all_decoding()),
-            "graph batch: {} requests / {} tokens for a decode graph of {}", R, b.num_tokens(), k.bs);
+  bool uniform = k.tokens >= 1 && k.tokens <= b.page_size;
+  for (int64_t r = 0; uniform && r < R; ++r) uniform = b.num_new(r) == k.tokens;
+  DSA_CHECK(R <= k.bs && uniform && (k.tokens > 1 || R == 0 || b.all_decoding()),
+            "graph batch: {} requests / {} tokens for a graph of {} requests x {} tokens", R, b.num_tokens(),
+            k.bs, k.tokens);
   DSA_CHECK(scratch_page >= 0, "graph batch: no scratch page");
   model::ForwardBatch g = b;
-  const int32_t token = 0, page = scratch_page;
-  for (int64_t r = R; r < k.bs; ++r)
-    g.add_request(std::span<const int32_t>(&token, 1), 0, std::span<const int32_t>(&page, 1), true);
+  // Every request decoding: a request's logits rows are all its rows (decode: its one token; verify:
+  // each), the same rows in the same order as the round's all-logits forward.
+  std::fill(g.decoding.begin(), g.decoding.end(), uint8_t(1));
+  const std::vector<int32_t> tokens(size_t(k.tokens), 0);
+  const int32_t page = scratch_page;
+  for (int64_t r = R; r < k.bs; ++r) g.add_request(tokens, 0, std::span<const int32_t>(&page, 1), true);
   return g;
 }
 

@@ -1,10 +1,14 @@
 #pragma once
-// CudaGraphRunner: decode steps through captured CUDA graphs (serve/generate --cuda-graph-max-bs N,
-// --disable-cuda-graph). A decode batch of B requests replays the graph of its key (cuda_graph_plan.h:
-// the smallest batch bucket >= B, the context bucket of its longest request): the batch is packed on the
-// host (padding rows on a scratch KV page), uploaded with one asynchronous copy from pinned memory into
-// the graph's static inputs, the graph launched on the legacy stream, and the first B logits rows copied
-// out. Prefills, mixed steps and everything run() declines stay eager (Model::forward).
+// CudaGraphRunner: one pass's steps through captured CUDA graphs (serve/generate --cuda-graph-max-bs N,
+// --disable-cuda-graph). A batch of B requests replays the graph of its key (cuda_graph_plan.h: the
+// smallest batch bucket >= B, the context bucket of its longest request): the batch is packed on the host
+// (padding requests on a scratch KV page), uploaded with one asynchronous copy from pinned memory into
+// the graph's static inputs, the graph launched on the legacy stream, and the first B x tokens logits (and
+// hidden) rows copied out. The pass (GraphPass): decode steps (the engine's ModelRunner), or with
+// speculative decoding the verify pass (steps + 1 rows per request, every row's logits and hidden state)
+// or the MTP layer's one-token draft steps (their input hidden states copied into a static buffer first;
+// runtime/engine/cuda_graph_spec.h holds those two). Prefills, mixed steps and every batch run() declines
+// stay eager (Model::forward / forward_mtp).
 //
 // Graphs are captured at start-up for every batch bucket at the smallest context bucket (capture_all),
 // and lazily, with a log line, the first time a key is met. Each capture follows one eager run of the
@@ -33,9 +37,12 @@ class CudaGraphRunner {
   // forward options of eager steps (attention form; all_logits must be false). Graphs run only when the
   // model and cache are on CUDA with a bf16 / FP8 latent cache (the f32 stand-in cache takes per-request
   // host paths) and decode tokens take the absorbed attention form; otherwise run() always declines.
-  // `log`: print capture lines to stdout (a failed capture's warning always goes to stderr).
+  // `log`: print capture lines to stdout (a failed capture's warning always goes to stderr). `pass` and
+  // `tokens` (new tokens per request: 1, or steps + 1 for verify; at most a page): what the graphs run;
+  // draft graphs need the model's MTP layer.
   CudaGraphRunner(const model::Model& model, model::KvCache& cache, int32_t scratch_page, int64_t max_bs,
-                  model::ForwardOptions opt, bool log = true);
+                  model::ForwardOptions opt, bool log = true, GraphPass pass = GraphPass::decode,
+                  int64_t tokens = 1);
   ~CudaGraphRunner();
   CudaGraphRunner(const CudaGraphRunner&) = delete;
   CudaGraphRunner& operator=(const CudaGraphRunner&) = delete;
@@ -50,9 +57,14 @@ class CudaGraphRunner {
   // Captures `k` now unless it exists (tests; run() does it on first use).
   void capture(const GraphKey& k);
 
-  // The step's logits [B, vocab] (f32, a fresh CUDA tensor) through its graph, or nullopt when the batch
-  // does not replay one (run it eagerly). Validates the batch on the host first.
+  // A decode step's logits [B, vocab] (f32, a fresh CUDA tensor) through its graph, or nullopt when the
+  // batch does not replay one (run it eagerly). Validates the batch on the host first.
   std::optional<Tensor> run(const model::ForwardBatch& fb);
+  // Any pass: the forward's output through its graph (fresh CUDA tensors): logits [B x tokens, vocab] and,
+  // for verify / draft, the final normed hidden states [B x tokens, H]; nullopt: run it eagerly. `hidden`
+  // (draft only): the MTP layer's input [B, H], f32 on the device.
+  std::optional<model::ForwardOutput> run_pass(const model::ForwardBatch& fb,
+                                               const Tensor& hidden = Tensor());
 
   CudaGraphStats stats() const;
 

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "runtime/engine/cuda_graph_spec.h"
 #include "runtime/engine/device_sampling.h"
 #include "runtime/ranks/leader.h"
 #include "trace/trace.h"
@@ -50,11 +51,19 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
     cfg_.forward.dist = &rk.groups();
     cfg_.cuda_graph_max_bs = 0;  // the followers replay no graphs: every step runs eagerly on every rank
   }
+  int64_t spec_graph_bs = 0;  // the verify / draft graphs' largest batch (0: every pass eager)
   if (cfg_.speculative.enabled()) {
     cfg_.speculative.validate(model_->num_mtp_layers());
     cfg_.speculative = cfg_.speculative.resolved();
-    // Eager and in order: each speculative step's drafts depend on the previous step's verdict.
+    // In order: each speculative step's drafts depend on the previous step's verdict. The round's verify
+    // and draft passes replay graphs under the decode graphs' rule (rows of steps + 1 tokens for verify);
+    // the normal steps (prefills, constrained decodes) keep their hidden states for the MTP layer and run
+    // eagerly.
     cfg_.overlap_schedule = false;
+    GraphSupport gs = graph_support(*model_, cfg_.kv_dtype, cfg_.forward, cfg_.cuda_graph_max_bs,
+                                    cfg_.scheduler.max_running_requests, cuda_graphs_built());
+    gs.tokens = cfg_.speculative.verify_rows();
+    spec_graph_bs = cuda_graph_max_batch(gs);
     cfg_.cuda_graph_max_bs = 0;
     cfg_.forward.keep_hidden = true;
     cfg_.scheduler.speculative_num_steps = cfg_.speculative.num_steps;
@@ -66,7 +75,7 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
   const int64_t graph_bs =
       cuda_graph_max_batch(graph_support(*model_, cfg_.kv_dtype, cfg_.forward, cfg_.cuda_graph_max_bs,
                                          cfg_.scheduler.max_running_requests, cuda_graphs_built()));
-  const bool graphs = graph_bs > 0;
+  const bool graphs = graph_bs > 0 || spec_graph_bs > 0;
   const int64_t cache_pages = cfg_.kv_pages + (graphs ? 1 : 0);
   make_parts(cfg_.kv_dtype ? model::KvCache::create(model_->config(), cache_pages, cfg_.page_size,
                                                     model_->num_mtp_layers() > 0,
@@ -85,6 +94,13 @@ Engine::Engine(std::shared_ptr<const model::Model> model, EngineConfig cfg)
                                                      graph_bs, cfg_.forward, cfg_.cuda_graph_log);
     stats_.cuda_graph_seconds = graph_runner->capture_all();
     stats_.cuda_graphs = graph_runner->stats().graphs;
+  }
+  if (spec_graph_bs > 0) {
+    spec_graphs_ =
+        std::make_unique<SpecGraphRunner>(*model_, pool_->cache(), pool_->reserved_page(0), spec_graph_bs,
+                                          cfg_.forward, cfg_.speculative.num_steps, cfg_.cuda_graph_log);
+    stats_.cuda_graph_seconds += spec_graphs_->capture_all();
+    stats_.cuda_graphs += spec_graphs_->graphs();
   }
   runner_ = std::make_unique<ForwardModelRunner>(*model_, pool_->cache(), cfg_.forward, cfg_.overlap_schedule,
                                                  cfg_.sample_on_device, std::move(graph_runner));
@@ -381,7 +397,7 @@ bool Engine::step() {
     stats_.busy_seconds += seconds_since(t0);
     stats_.schedule_seconds += sched_s;
     stats_.launch_gap_seconds = runner_->gap_seconds();
-    stats_.cuda_graph_replays = runner_->graph_replays();
+    stats_.cuda_graph_replays = runner_->graph_replays() + (spec_graphs_ ? spec_graphs_->replays() : 0);
   }
   publish(out);
   trace::Recorder* rec = trace::active();

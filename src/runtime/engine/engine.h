@@ -32,7 +32,8 @@
 
 namespace dsaserve::runtime {
 
-class Ranks;  // runtime/ranks/ranks.h
+class Ranks;            // runtime/ranks/ranks.h
+class SpecGraphRunner;  // runtime/engine/cuda_graph_spec.h
 
 struct EngineConfig {
   SchedulerConfig scheduler;
@@ -54,14 +55,17 @@ struct EngineConfig {
   // The KV cache's dtype (on the model's device); unset: the device's default (model::KvCache::create).
   std::optional<model::KvCacheDtype> kv_dtype;
   // CUDA graphs for decode batches of up to this many requests (--cuda-graph-max-bs; 0 or
-  // --disable-cuda-graph: off). Used when the model is on CUDA with a bf16 / FP8 KV cache; the cache then
-  // has one page more than kv_pages, outside the pool (padding rows write there). See cuda_graph_runner.h.
+  // --disable-cuda-graph: off); with speculation for the verify / draft passes instead
+  // (cuda_graph_spec.h). Used when the model is on CUDA with a bf16 / FP8 KV cache; the cache then has
+  // one page more than kv_pages, outside the pool (padding rows write there). See cuda_graph_runner.h.
   int64_t cuda_graph_max_bs = 256;
   bool cuda_graph_log = true;  // the graph runner's capture lines on stdout (generate: off, stdout is JSON)
   // Speculative decoding (--speculative-*; runtime/spec): every decode drafts with the model's MTP layer
   // and verifies num_steps + 1 tokens per step (greedy: exact agreement; sampled: speculative sampling,
   // runtime/spec/spec_sampling.h; a grammar constraint masks drafts and verify rows at the state after
-  // the drafts before them). On: no overlap scheduling and no CUDA graphs (every step eager).
+  // the drafts before them). On: no overlap scheduling; the round's verify and draft passes replay CUDA
+  // graphs (under cuda_graph_max_bs, as decode steps would: runtime/engine/cuda_graph_spec.h), every other
+  // step is eager.
   SpeculativeConfig speculative;
   // Test seams (spec_round.h, spec_sampling.h; empty in production): replace the MTP drafts (the key:
   // the request id) and the rejection rule's residual.
@@ -108,9 +112,9 @@ struct EngineStats {
   // The model's idle time between back-to-back steps (a step's end to the next one's start, measured by
   // the runner): what the engine thread's own work costs the device. Overlap hides schedule + build.
   double launch_gap_seconds = 0;
-  int64_t cuda_graphs = 0;         // decode graphs captured at start-up
+  int64_t cuda_graphs = 0;         // decode (speculation: verify and draft) graphs captured at start-up
   double cuda_graph_seconds = 0;   // their capture time (start-up)
-  int64_t cuda_graph_replays = 0;  // steps that replayed a graph
+  int64_t cuda_graph_replays = 0;  // steps (and speculative verify / draft passes) that replayed a graph
   // Speculative decoding: request-rounds verified, draft tokens proposed / accepted, and rounds per accept
   // length (tokens a round yields: accepted drafts + 1; index 0 unused).
   int64_t spec_rounds = 0;
@@ -179,7 +183,8 @@ class Engine {
   std::unique_ptr<RadixCache> cache_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;  // after pool_: destroyed (its step finished) before the pool
-  ScheduleBatch in_flight_;              // launched, not yet processed (overlap)
+  std::unique_ptr<SpecGraphRunner> spec_graphs_;  // speculation's verify / draft graphs (null: eager)
+  ScheduleBatch in_flight_;                       // launched, not yet processed (overlap)
 
   std::mutex in_mu_;
   std::condition_variable in_cv_;

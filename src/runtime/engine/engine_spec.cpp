@@ -1,5 +1,6 @@
 // The Engine's speculative-decoding parts (EngineConfig::speculative; the passes: runtime/spec/spec_round.h).
 #include "core/error.h"
+#include "runtime/engine/cuda_graph_spec.h"
 #include "runtime/engine/engine.h"
 #include "runtime/spec/spec_round.h"
 #include "trace/trace.h"
@@ -48,7 +49,7 @@ int64_t Engine::spec_round(ScheduleBatch& batch, std::vector<StepOutput>& out) {
   SpecVerdict v;
   try {
     v = draft_and_verify(*model_, pool_->cache(), cfg_.forward, N, slots, cfg_.spec_draft_hook,
-                         cfg_.spec_residual);
+                         cfg_.spec_residual, spec_graphs_.get());
     draft_extend(*model_, pool_->cache(), cfg_.forward, N, slots, v);
   } catch (const std::exception& e) {
     scheduler_->fail(batch, e.what(), out);

@@ -184,16 +184,29 @@ WorkspaceEstimate estimate_workspace(const model::ModelConfig& c, const StepLimi
   if (lim.cuda_graph_max_bs > 0) {
     // One pool shared by every graph (they replay one at a time), but blocks of different sizes are not
     // shared: batch buckets 1, 2, 4, ... and context buckets (powers of two) sum to about twice the
-    // largest. A graph runs only with bs x ctx <= 2^27 (runtime/engine/cuda_graph_plan.h).
+    // largest. A graph runs only with rows x ctx <= 2^27 (runtime/engine/cuda_graph_plan.h).
     const int64_t bs = std::min(lim.cuda_graph_max_bs, lim.max_running_requests);
-    const int64_t cells = std::min<int64_t>(bs * ctx, int64_t(1) << 27);
-    std::vector<WorkspaceTerm> t;
-    std::string name;
-    int64_t bytes = 0;
     StepLimits dec = lim;
-    dec.forward.attention = model::AttentionForm::absorbed;  // decode steps
-    peak(step_phases(c, dec, bs, 1, bs, std::max<int64_t>(cells / bs, 1), cells * 4), t, name, bytes);
-    e.graph_pool_bytes = 2 * bytes + cells * 4;
+    dec.forward.attention = model::AttentionForm::absorbed;  // graphs' rows take the absorbed form
+    // The pool of one set of graphs of bs requests x `tokens` rows, and the static outputs they write
+    // (logits rows, and with `hidden` the hidden rows; draft graphs also read static input rows).
+    auto graph_set = [&](int64_t tokens, bool hidden, bool hidden_in) {
+      const int64_t rows = bs * tokens;
+      const int64_t cells = std::min<int64_t>(rows * ctx, int64_t(1) << 27);
+      std::vector<WorkspaceTerm> t;
+      std::string name;
+      int64_t bytes = 0;
+      peak(step_phases(c, dec, rows, tokens, rows, std::max<int64_t>(cells / rows, 1), cells * 4), t, name,
+           bytes);
+      const int64_t outputs = rows * c.vocab_size * 4 + (hidden ? rows * c.hidden_size * 4 : 0) +
+                              (hidden_in ? bs * c.hidden_size * 4 : 0);
+      return 2 * bytes + cells * 4 + rounded(outputs);
+    };
+    if (lim.speculative_num_steps > 0) {  // verify graphs and the MTP layer's draft graphs
+      e.graph_pool_bytes = graph_set(lim.speculative_num_steps + 1, true, false) + graph_set(1, true, true);
+    } else {
+      e.graph_pool_bytes = graph_set(1, false, false);
+    }
   }
   e.fixed_bytes = 512 * kMiB;  // MLA / FP8 GEMM split-K partials, MoE plans, page tables, row tensors
   e.fixed_bytes += rounded(int64_t(lim.max_running_requests) * 4 * 16);

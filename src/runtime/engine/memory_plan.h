@@ -28,7 +28,10 @@ struct StepLimits {
   int64_t chunked_prefill_size = 4096;  // new tokens of one request a step; <= 0: max_prefill_tokens
   int64_t max_context = 0;              // positions of a request (0: the model's max_position_embeddings)
   int64_t cuda_graph_max_bs = 0;        // decode graphs up to this batch (0: none)
-  model::ForwardOptions forward;        // the attention form rule
+  // Speculative decoding's draft tokens per round (0: off). On, the graphs are the verify graphs
+  // (steps + 1 rows per request) and the MTP layer's draft graphs instead of decode graphs.
+  int64_t speculative_num_steps = 0;
+  model::ForwardOptions forward;  // the attention form rule
 };
 
 struct WorkspaceTerm {
@@ -42,7 +45,7 @@ struct WorkspaceEstimate {
   std::vector<WorkspaceTerm> step;  // alive at the step's peak (the larger phase's terms)
   std::string peak_phase;           // "attention", "moe", "dense mlp" or "lm_head"
   int64_t step_bytes = 0;           // sum of `step`
-  int64_t graph_pool_bytes = 0;     // CUDA graphs' pool (0 without graphs)
+  int64_t graph_pool_bytes = 0;     // CUDA graphs' pool and static outputs (0 without graphs)
   int64_t fixed_bytes = 0;          // kernel scratch (split-K partials, plans, page tables, rows)
   int64_t total() const { return step_bytes + graph_pool_bytes + fixed_bytes; }
   // One line: total and its parts (GiB).

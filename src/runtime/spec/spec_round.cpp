@@ -36,7 +36,7 @@ Tensor stack_rows(const kernels::Ops& ops, const std::vector<Tensor>& parts) {
 
 SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const model::ForwardOptions& fo,
                              int64_t num_steps, const std::vector<SpecSlot>& slots, const DraftHook& hook,
-                             const ResidualRule& residual) {
+                             const ResidualRule& residual, SpecGraphs* graphs) {
   const int64_t V = m.config().vocab_size, N = num_steps, K = num_steps + 1;
   const size_t R = slots.size();
   DSA_CHECK(R > 0 && N >= 1, "spec: a round of {} requests and {} steps", R, N);
@@ -69,7 +69,8 @@ SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const
       for (size_t r = 0; r < R; ++r) {
         mb.add_request(std::span<const int32_t>(&cur[r], 1), slots[r].len - 1 + i, slots[r].pages, true);
       }
-      const model::ForwardOutput o = m.forward_mtp(mb, h, cache, mo, 0);
+      std::optional<model::ForwardOutput> g = graphs != nullptr ? graphs->draft(mb, h) : std::nullopt;
+      const model::ForwardOutput o = g ? std::move(*g) : m.forward_mtp(mb, h, cache, mo, 0);
       const Tensor lg = host_f32(o.logits);
       for (size_t r = 0; r < R; ++r) {
         const int64_t index = slots[r].len + 1 + i;
@@ -103,7 +104,8 @@ SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const
   {
     trace::Scope span("verify", "spec");
     span.arg("requests", int64_t(R)).arg("rows", int64_t(R) * K);
-    out = m.forward(fb, cache, vo);
+    std::optional<model::ForwardOutput> g = graphs != nullptr ? graphs->verify(fb) : std::nullopt;
+    out = g ? std::move(*g) : m.forward(fb, cache, vo);
   }
   const Tensor lg = host_f32(out.logits);
   SpecVerdict v;

@@ -6,6 +6,7 @@
 // penalties and logit_bias then apply on both sides).
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -37,6 +38,19 @@ struct SpecSlot {
 // continuation with planted mistakes) to exercise acceptance, rollback and draft_extend. Empty: none.
 using DraftHook = std::function<int32_t(uint64_t key, int64_t index, int32_t proposed)>;
 
+// The round's draft steps and verify pass through captured CUDA graphs where they apply (the engine's:
+// runtime/engine/cuda_graph_spec.h). Each returns what the eager forward under the round's options
+// returns (every row's logits, the final hidden states), or nullopt to decline: the pass then runs
+// eagerly. Null: every pass eager.
+class SpecGraphs {
+ public:
+  virtual ~SpecGraphs() = default;
+  // One draft step: the MTP layer over `mb` (one token per request) fed `hidden` [R, H].
+  virtual std::optional<model::ForwardOutput> draft(const model::ForwardBatch& mb, const Tensor& hidden) = 0;
+  // The verify forward over `fb` (steps + 1 rows per request).
+  virtual std::optional<model::ForwardOutput> verify(const model::ForwardBatch& fb) = 0;
+};
+
 struct SpecVerdict {
   std::vector<std::vector<int32_t>> run;  // per slot: the accepted drafts, then the target's next token
   std::vector<int64_t> accepted;          // per slot: accepted drafts (run.size() - 1)
@@ -54,10 +68,12 @@ Tensor stack_rows(const kernels::Ops& ops, const std::vector<Tensor>& parts);
 // pending + drafts, logits at every row), accept (greedy: the longest agreeing prefix + the target's
 // token; sampled: the rejection rule of spec_sampling.h; a grammar masks both sides). The caller has
 // reserved len + num_steps + 1 tokens per slot; the verify writes the target KV of them all. `residual`
-// (tests): replaces the rejection rule's residual (spec_sampling.h).
+// (tests): replaces the rejection rule's residual (spec_sampling.h). `graphs`: where the draft steps and
+// the verify may replay CUDA graphs (null: eager).
 SpecVerdict draft_and_verify(const model::Model& m, model::KvCache& cache, const model::ForwardOptions& fo,
                              int64_t num_steps, const std::vector<SpecSlot>& slots,
-                             const DraftHook& hook = {}, const ResidualRule& residual = {});
+                             const DraftHook& hook = {}, const ResidualRule& residual = {},
+                             SpecGraphs* graphs = nullptr);
 
 // The MTP layer over `mb` (its token p is t_{p+1}) with the target's hidden rows (one part per request,
 // in order): its KV at those positions. No-op for an empty batch.
