@@ -142,6 +142,10 @@ TEST(ScoreCli, RejectsBadInput) {
   EXPECT_NE(msg.find("--mla-decode-kernel"), std::string::npos) << msg;
   EXPECT_NE(run("--ids 1,2 --gemm-precision tf32", &msg), 0);
   EXPECT_NE(msg.find("accepted: fast, fp32"), std::string::npos) << msg;
+  EXPECT_NE(run("--ids 1,2 --gemm-fp8-small-max-tokens 33", &msg), 0);
+  EXPECT_NE(msg.find("--gemm-fp8-small-max-tokens: the FP8 small-T GEMM takes 0..32 tokens, got 33"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace
