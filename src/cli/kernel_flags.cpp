@@ -11,6 +11,8 @@ kernels::KernelOptions KernelFlags::options() const {
   o.indexer_score = kernels::parse_indexer_score_kernel(indexer_score, "--indexer-score-kernel");
   o.indexer_select = kernels::parse_indexer_select_path(indexer_select, "--indexer-select-path");
   o.gemm = kernels::parse_gemm_precision(gemm, "--gemm-precision");
+  o.gemm_fp8_small_max_tokens =
+      kernels::check_gemm_fp8_small_max_tokens(gemm_fp8_small_max_tokens, "--gemm-fp8-small-max-tokens");
   o.moe = kernels::parse_moe_path(moe, "--moe-path");
   DSA_CHECK(moe_fp8_tile_rows == 0 || moe_fp8_tile_rows == 8 || moe_fp8_tile_rows == 128,
             "--moe-fp8-tile-rows {}: expected 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)",
@@ -42,6 +44,11 @@ std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--gemm-precision", f->gemm,
                  "GEMMs: fast (bf16 / FP8 tensor cores) or fp32 (reference precision)")
+      ->group(g)
+      ->capture_default_str();
+  sub.add_option("--gemm-fp8-small-max-tokens", f->gemm_fp8_small_max_tokens,
+                 "FP8 linears of up to this many tokens (0-32) run the weight-streaming small-T kernel, "
+                 "more tokens cuBLASLt (0: always cuBLASLt)")
       ->group(g)
       ->capture_default_str();
   sub.add_option("--moe-path", f->moe,

@@ -7,6 +7,7 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <exception>
 
 #include "core/error.h"
 
@@ -23,11 +24,16 @@ void check_cuda(cudaError_t r, const std::string& group, const char* op) {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(std::string group, int64_t rank, int64_t size, ncclComm_t comm, cudaStream_t stream)
-      : Communicator(std::move(group), rank, size), comm_(comm), stream_(stream) {
+  NcclCommunicator(std::string group, int64_t rank, int64_t size, ncclComm_t comm, const NcclStreams& streams)
+      : Communicator(std::move(group), rank, size),
+        comm_(comm),
+        stream_(streams.comm),
+        order_(streams.order) {
     check_cuda(cudaMalloc(&scratch_, sizeof(float)), this->group(), "init");
+    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), this->group(), "init");
   }
   ~NcclCommunicator() override {
+    cudaEventDestroy(event_);
     cudaFree(scratch_);
     ncclCommDestroy(comm_);
   }
@@ -36,16 +42,19 @@ class NcclCommunicator : public Communicator {
   bool trivial() const override { return false; }
 
   void do_all_reduce(Tensor& t) override {
+    const Ordered ordered(*this);
     check(
         ncclAllReduce(ptr(t), ptr(t), size_t(t.numel()), sum_type(t, "all_reduce"), ncclSum, comm_, stream_),
         group(), "all_reduce");
   }
   void do_reduce_scatter(const Tensor& in, Tensor& out) override {
+    const Ordered ordered(*this);
     check(ncclReduceScatter(ptr(in), ptr(out), size_t(out.numel()), sum_type(in, "reduce_scatter"), ncclSum,
                             comm_, stream_),
           group(), "reduce_scatter");
   }
   void do_reduce_scatter_v(const Tensor& in, Tensor& out, std::span<const int64_t> rows) override {
+    const Ordered ordered(*this);
     // One reduce per rank's block, rooted at that rank, in one NCCL group.
     const ncclDataType_t type = sum_type(in, "reduce_scatter_v");
     const size_t rb = row_bytes(in), per_row = rb / in.element_size();
@@ -64,9 +73,11 @@ class NcclCommunicator : public Communicator {
     check(ncclGroupEnd(), group(), "reduce_scatter_v");
   }
   void do_all_gather(const Tensor& in, Tensor& out) override {
+    const Ordered ordered(*this);
     check(ncclAllGather(ptr(in), ptr(out), in.nbytes(), ncclUint8, comm_, stream_), group(), "all_gather");
   }
   void do_all_gather_v(const Tensor& in, Tensor& out, std::span<const int64_t> rows) override {
+    const Ordered ordered(*this);
     const size_t rb = row_bytes(out);
     auto* dst = static_cast<uint8_t*>(ptr(out));
     check(ncclGroupStart(), group(), "all_gather_v");
@@ -84,6 +95,7 @@ class NcclCommunicator : public Communicator {
   }
   void do_all_to_all_v(const Tensor& in, std::span<const int64_t> send_rows, Tensor& out,
                        std::span<const int64_t> recv_rows) override {
+    const Ordered ordered(*this);
     const size_t rb = row_bytes(in);
     auto* src = static_cast<const uint8_t*>(ptr(in));
     auto* dst = static_cast<uint8_t*>(ptr(out));
@@ -99,10 +111,12 @@ class NcclCommunicator : public Communicator {
     check(ncclGroupEnd(), group(), "all_to_all");
   }
   void do_broadcast(Tensor& t, int64_t root) override {
+    const Ordered ordered(*this);
     check(ncclBroadcast(ptr(t), ptr(t), t.nbytes(), ncclUint8, int(root), comm_, stream_), group(),
           "broadcast");
   }
   void do_barrier() override {
+    const Ordered ordered(*this);
     check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_), group(), "barrier");
     check_cuda(cudaStreamSynchronize(stream_), group(), "barrier");
   }
@@ -123,8 +137,36 @@ class NcclCommunicator : public Communicator {
     }
   }
 
+  // While alive (one collective): the comm stream waits for the order stream's queued work on entry, and
+  // the order stream for the comm stream's on exit (not when leaving by an exception: the collective
+  // failed to enqueue).
+  class Ordered {
+   public:
+    explicit Ordered(NcclCommunicator& c)
+        : c_(c), order_(c.order_ ? c.order_() : c.stream_), unwinding_(std::uncaught_exceptions()) {
+      wait(c_.stream_, order_);
+    }
+    ~Ordered() noexcept(false) {
+      if (std::uncaught_exceptions() == unwinding_) wait(order_, c_.stream_);
+    }
+    Ordered(const Ordered&) = delete;
+    Ordered& operator=(const Ordered&) = delete;
+
+   private:
+    void wait(cudaStream_t waiter, cudaStream_t s) {
+      if (waiter == s) return;
+      check_cuda(cudaEventRecord(c_.event_, s), c_.group(), "order");
+      check_cuda(cudaStreamWaitEvent(waiter, c_.event_, 0), c_.group(), "order");
+    }
+    NcclCommunicator& c_;
+    cudaStream_t order_;
+    int unwinding_;
+  };
+
   ncclComm_t comm_;
   cudaStream_t stream_;
+  CUstream_st* (*order_)() = nullptr;
+  cudaEvent_t event_ = nullptr;  // Ordered's (re-recorded for each wait: a wait takes the record before it)
   void* scratch_ = nullptr;
 };
 
@@ -133,6 +175,14 @@ class NcclCommunicator : public Communicator {
 std::unique_ptr<Communicator> make_nccl_communicator(Store& store, const std::string& prefix,
                                                      std::string group, int64_t rank, int64_t size,
                                                      CUstream_st* stream, std::chrono::milliseconds timeout) {
+  return make_nccl_communicator(store, prefix, std::move(group), rank, size, NcclStreams{stream, nullptr},
+                                timeout);
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(Store& store, const std::string& prefix,
+                                                     std::string group, int64_t rank, int64_t size,
+                                                     const NcclStreams& streams,
+                                                     std::chrono::milliseconds timeout) {
   DSA_CHECK(size >= 1 && rank >= 0 && rank < size, "dist {}: rank {} of {}", group, rank, size);
   ncclUniqueId id;
   const std::string key = prefix + "/nccl_unique_id";
@@ -147,7 +197,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(Store& store, const std::st
   }
   ncclComm_t comm = nullptr;
   check(ncclCommInitRank(&comm, int(size), id, int(rank)), group, "ncclCommInitRank");
-  return std::make_unique<NcclCommunicator>(std::move(group), rank, size, comm, stream);
+  return std::make_unique<NcclCommunicator>(std::move(group), rank, size, comm, streams);
 }
 
 }  // namespace dsaserve::dist

@@ -125,10 +125,19 @@ GemmPrecision parse_gemm_precision(std::string_view s, std::string_view flag) {
 }
 MoePath parse_moe_path(std::string_view s, std::string_view flag) { return parse_of(kMoe, s, flag); }
 
+int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag) {
+  DSA_CHECK(t >= 0 && t <= kGemmFp8SmallMaxTokens, "{}: the FP8 small-T GEMM takes 0..{} tokens, got {}",
+            flag, kGemmFp8SmallMaxTokens, t);
+  return t;
+}
+
 std::string describe(const KernelOptions& o) {
-  return fmt::format("mla_decode={} mla_v5_order={} indexer_score={} indexer_select={} gemm={} moe={}",
-                     name(o.mla_decode), name(o.mla_v5_order), name(o.indexer_score), name(o.indexer_select),
-                     name(o.gemm), name(o.moe)) +
+  return fmt::format(
+             "mla_decode={} mla_v5_order={} indexer_score={} indexer_select={} gemm={} "
+             "gemm_fp8_small_max_tokens={} "
+             "moe={}",
+             name(o.mla_decode), name(o.mla_v5_order), name(o.indexer_score), name(o.indexer_select),
+             name(o.gemm), o.gemm_fp8_small_max_tokens, name(o.moe)) +
          (o.moe_fp8_tile_rows != 0 ? fmt::format(" moe_fp8_tile_rows={}", o.moe_fp8_tile_rows) : "");
 }
 

@@ -97,6 +97,12 @@ MoePath select_moe_path(MoePath requested, const MoeCall& c);
 // fast: the production GEMM recipes (bf16 / FP8 tensor cores); fp32: every weight dequantised once to
 // f32 and multiplied in f32 (a reference-precision mode for accuracy checks; several times the memory).
 enum class GemmPrecision : int { fast = 0, fp32 = 1 };
+// The FP8 linears' small-T path (kernels/cuda/gemm/gemm_small_params.h): token counts up to
+// KernelOptions::gemm_fp8_small_max_tokens (0..kGemmFp8SmallMaxTokens; 0 sends every FP8 GEMM to
+// cuBLASLt) run the weight-streaming kernel. The default, 8, is the measured crossover on the H200
+// (gemm_small_params.h).
+inline constexpr int64_t kGemmFp8SmallMaxTokens = 32;
+inline constexpr int64_t kGemmFp8SmallDefaultTokens = 8;
 // (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
 // the weight's dtype and shape, falling back where cuBLASLt has no plan.)
 
@@ -108,6 +114,7 @@ struct KernelOptions {
   IndexerScoreKernel indexer_score = IndexerScoreKernel::automatic;
   IndexerSelectPath indexer_select = IndexerSelectPath::automatic;
   GemmPrecision gemm = GemmPrecision::fast;
+  int64_t gemm_fp8_small_max_tokens = kGemmFp8SmallDefaultTokens;  // 0..kGemmFp8SmallMaxTokens
   MoePath moe = MoePath::automatic;
   // The FP8 grouped experts' packed rows per pass (kernels/cuda/moe/moe_params.h MoeFp8GemmParams::tile_rows:
   // 8 the mma.sync form, 128 the wgmma form); 0: by the shapes (moe_fp8_tile_rows).
@@ -131,8 +138,10 @@ IndexerScoreKernel parse_indexer_score_kernel(std::string_view s, std::string_vi
 IndexerSelectPath parse_indexer_select_path(std::string_view s, std::string_view flag);
 GemmPrecision parse_gemm_precision(std::string_view s, std::string_view flag);
 MoePath parse_moe_path(std::string_view s, std::string_view flag);
-// "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast moe=auto" (and
-// " moe_fp8_tile_rows=N" when set).
+// Throws dsaserve::Error naming `flag` unless 0 <= t <= kGemmFp8SmallMaxTokens; returns t.
+int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag);
+// "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast
+// gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N" when set).
 std::string describe(const KernelOptions& o);
 
 }  // namespace dsaserve::kernels

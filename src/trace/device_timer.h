@@ -1,8 +1,9 @@
 #pragma once
-// Device timing of op spans: a pair of CUDA events recorded around a span on the stream the CUDA
-// operators launch on (kernels/cuda/common/views.h op_stream(): the legacy default stream), resolved later
-// without a synchronisation per op. Built with CUDA (DSASERVE_CUDA, device_timer_cuda.cpp) or without
-// it (device_timer_none.cpp: available() is false and spans keep their wall-clock times).
+// Device timing of op spans: a pair of CUDA events recorded around a span on the legacy default stream,
+// which orders with the blocking compute stream the CUDA operators launch on (kernels/cuda/common/
+// device_context.h), resolved later without a synchronisation per op. Built with CUDA (DSASERVE_CUDA,
+// device_timer_cuda.cpp) or without it (device_timer_none.cpp: available() is false and spans keep their
+// wall-clock times).
 //
 // GPU times are placed on the recorder's clock through an anchor event: the first span after every
 // earlier one was resolved records an anchor together with the host time; a span's start is that host

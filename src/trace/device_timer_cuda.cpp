@@ -13,7 +13,8 @@ namespace dsaserve::trace::device {
 
 namespace {
 
-// The stream the CUDA operators launch on (kernels/cuda/common/views.h op_stream()).
+// The legacy default stream: its events follow all earlier work of the operators' compute stream (a blocking
+// stream, kernels/cuda/common/device_context.h) and precede all later work there.
 constexpr cudaStream_t kStream = nullptr;
 
 struct Anchor {

@@ -146,6 +146,10 @@ TEST(ScoreCli, RejectsBadInput) {
   EXPECT_NE(msg.find("--moe-fp8-tile-rows 48: expected 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)"),
             std::string::npos)
       << msg;
+  EXPECT_NE(run("--ids 1,2 --gemm-fp8-small-max-tokens 33", &msg), 0);
+  EXPECT_NE(msg.find("--gemm-fp8-small-max-tokens: the FP8 small-T GEMM takes 0..32 tokens, got 33"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace

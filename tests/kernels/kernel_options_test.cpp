@@ -165,12 +165,32 @@ TEST(KernelOptionsNames, RoundTripAndErrors) {
   }
   EXPECT_THROW(parse_indexer_score_kernel("v1", "--indexer-score-kernel"), Error);
   EXPECT_EQ(describe(KernelOptions{}),
-            "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast moe=auto");
+            "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast "
+            "gemm_fp8_small_max_tokens=8 moe=auto");
   KernelOptions tiled;
   tiled.moe_fp8_tile_rows = 128;
   EXPECT_EQ(describe(tiled),
-            "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast moe=auto "
-            "moe_fp8_tile_rows=128");
+            "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast "
+            "gemm_fp8_small_max_tokens=8 moe=auto moe_fp8_tile_rows=128");
+}
+// The FP8 small-T limit is a value of the options (no process-wide setter): 0..32, the default 8; anything
+// else is an error naming the flag.
+TEST(KernelOptions, Fp8SmallMaxTokensIsAnOptionInRange) {
+  EXPECT_EQ(KernelOptions{}.gemm_fp8_small_max_tokens, kGemmFp8SmallDefaultTokens);
+  EXPECT_EQ(kGemmFp8SmallDefaultTokens, 8);
+  for (int64_t t : {int64_t(0), int64_t(1), int64_t(8), kGemmFp8SmallMaxTokens})
+    EXPECT_EQ(check_gemm_fp8_small_max_tokens(t, "--gemm-fp8-small-max-tokens"), t);
+  for (int64_t t : {int64_t(-1), kGemmFp8SmallMaxTokens + 1}) {
+    try {
+      check_gemm_fp8_small_max_tokens(t, "--gemm-fp8-small-max-tokens");
+      ADD_FAILURE() << t;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--gemm-fp8-small-max-tokens"), std::string::npos) << e.what();
+    }
+  }
+  KernelOptions a, b;
+  b.gemm_fp8_small_max_tokens = 0;
+  EXPECT_NE(a, b);
 }
 
 }  // namespace

@@ -27,17 +27,17 @@ class CudaBackend final : public Backend {
     return cuda::layer_norm(x, w, b, eps);
   }
   Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
-    return cuda::linear(x, w, r0, r1, std::move(out), options().gemm);
+    return cuda::linear(x, w, r0, r1, std::move(out), options());
   }
   std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<WeightRef>& ws,
                                    const Fp8Act* q) override {
-    return gemm_linear_multi(x, ws, q, options().gemm);
+    return gemm_linear_multi(x, ws, q, options());
   }
   Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) override {
-    return cuda::norm_fp8(residual, x, w, eps, q, options().gemm);
+    return cuda::norm_fp8(residual, x, w, eps, q, options());
   }
   Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
-    return cuda::linear_t(x, w, r0, r1, std::move(out), options().gemm);
+    return cuda::linear_t(x, w, r0, r1, std::move(out), options());
   }
   void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) override {
     cuda::rope_inplace(x, positions, p);
@@ -123,7 +123,8 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out, GemmPrecision prec) {
+Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out,
+              const KernelOptions& o) {
   DSA_CHECK(w.weight.defined() && w.weight.dim() == 2, "linear: weight must be 2-D");
   if (r1 < 0) r1 = w.rows();
   DSA_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.rows(), "linear: rows [{}, {}) outside weight {}", r0, r1,
@@ -131,17 +132,18 @@ Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tenso
   DSA_CHECK(x.defined() && x.dim() == 2, "linear: input must be 2-D, got {}",
             x.defined() ? x.describe() : "undefined");
   out = out_or_new(std::move(out), x.size(0), r1 - r0, "linear output");
-  gemm_linear(x, w, r0, r1, out, prec);
+  gemm_linear(x, w, r0, r1, out, o);
   return out;
 }
 
-Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out, GemmPrecision prec) {
+Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out,
+                const KernelOptions& o) {
   DSA_CHECK(w.weight.defined() && w.weight.dim() == 2, "linear_t: weight must be 2-D");
   DSA_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.rows(), "linear_t: rows [{}, {}) outside weight {}", r0, r1,
             w.weight.describe());
   DSA_CHECK(x.defined() && x.dim() == 2, "linear_t: input must be 2-D");
   out = out_or_new(std::move(out), x.size(0), w.cols(), "linear_t output");
-  gemm_linear_t(x, w, r0, r1, out, prec);
+  gemm_linear_t(x, w, r0, r1, out, o);
   return out;
 }
 

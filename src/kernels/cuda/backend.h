@@ -1,7 +1,8 @@
 #pragma once
 // The CUDA operator backend: registers kernels::Backend for Device::cuda so that the model's calls on CUDA
 // tensors run on the GPU (kernels/ops.h). GEMMs through cuBLASLt (gemm.h), the rest as CUDA kernels.
-// Every operator runs on the legacy default stream; results are ready for the next operator without syncs.
+// Every operator runs on its device's compute stream (common/device_context.h; op_stream()); results are
+// ready for the next operator without syncs, and for the legacy stream's copies (a blocking stream).
 #include <memory>
 
 #include "kernels/ops.h"

@@ -20,12 +20,16 @@ Tensor embedding(const Tensor& table, const Tensor& ids);
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps);
 // rms_norm / add_rms_norm (residual non-null) writing the output's FP8 copy in the same kernel when the
-// rows allow it (16-byte aligned, width % 128 == 0, prec fast); q stays empty otherwise.
+// rows allow it (16-byte aligned, width % 128 == 0, o.gemm fast); q stays empty otherwise. Its rows are
+// padded as the linears that read it expect (gemm.h fp8_act_rows with o's small-T limit).
 Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q,
-                GemmPrecision prec);
+                const KernelOptions& o);
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
-Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out, GemmPrecision prec);
-Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out, GemmPrecision prec);
+// o: the GEMM precision and the FP8 small-T limit (gemm.h).
+Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out,
+              const KernelOptions& o);
+Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out,
+                const KernelOptions& o);
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p);
 Tensor silu_mul(const Tensor& gate, const Tensor& up);
 Tensor argmax(const Tensor& x);
@@ -47,7 +51,8 @@ Tensor mla_attention_batch(const Tensor& q_lat, const Tensor& q_rope, const Page
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                      int64_t start_pos, const Tensor& sel, double scale);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
-// o.moe picks the path (device grouped kernels or per-expert host loop), o.gemm the host loop's GEMMs.
+// o.moe picks the path (device grouped kernels or per-expert host loop), o.gemm (and the FP8 small-T limit)
+// the host loop's GEMMs.
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
                    const KernelOptions& o);
 void fill_dummy(Tensor& t, const dummy::FillSpec& f);

@@ -33,12 +33,7 @@ using testing::rand_weight;
 using testing::row_rel_error;
 using testing::to_cuda;
 
-class CudaFp8SmallGemm : public testing::GpuTest {
- protected:
-  void TearDown() override {
-    if (has_gpu()) set_fp8_small_max_tokens(kFp8SmallDefaultTokens);
-  }
-};
+class CudaFp8SmallGemm : public testing::GpuTest {};
 
 // Runs the kernel directly on W rows [r0, r0 + N) and checks every output against the exact sum.
 // Returns the worst |got - want| / sum|terms|.
@@ -175,24 +170,28 @@ TEST_F(CudaFp8SmallGemm, LinearMatchesCublasLtPathAtGlmShapes) {
                           {"kv_a_proj", 576, 6144},    {"o_proj", 6144, 64 * 256},
                           {"expert_gate", 2048, 6144}, {"expert_down", 6144, 2048},
                           {"lm_head", 154880, 6144}};
+  // The small-T limit is the backend's option: one backend takes every T <= 32 to the small kernel, the
+  // other none (0: cuBLASLt for every FP8 GEMM).
+  KernelOptions all_small, none_small;
+  all_small.gemm_fp8_small_max_tokens = kFp8SmallMaxTokens;
+  none_small.gemm_fp8_small_max_tokens = 0;
+  const std::shared_ptr<Backend> small_be = make_backend(all_small), lt_be = make_backend(none_small);
   double worst = 0.0;
   for (const Shape& s : shapes) {
     const WeightRef w = to_cuda(rand_weight(s.n, s.k, DType::f8e4m3fn, 71 + uint64_t(s.n)));
     for (int64_t T : {1, 8, 32}) {
       const Tensor x = rand_f32({T, s.k}, 5 + uint64_t(T)).to(Device::cuda);
       Tensor a = Tensor::empty({T, s.n}, DType::f32, Device::cuda), b = a.clone();
-      set_fp8_small_max_tokens(kFp8SmallMaxTokens);
       const int64_t small_before = gemm_stats().fp8_small_calls;
-      kernels::linear(x, w, 0, -1, a);
+      small_be->linear(x, w, 0, -1, a);
       EXPECT_GT(gemm_stats().fp8_small_calls, small_before) << s.name << " T=" << T;
-      const double us_small = time_us([&] { kernels::linear(x, w, 0, -1, a); });
-      const double g_small = graph_time_us([&] { kernels::linear(x, w, 0, -1, a); });
-      set_fp8_small_max_tokens(0);
+      const double us_small = time_us([&] { small_be->linear(x, w, 0, -1, a); });
+      const double g_small = graph_time_us([&] { small_be->linear(x, w, 0, -1, a); });
       const int64_t lt_before = gemm_stats().fp8_calls;
-      kernels::linear(x, w, 0, -1, b);
+      lt_be->linear(x, w, 0, -1, b);
       EXPECT_GT(gemm_stats().fp8_calls, lt_before) << s.name << " T=" << T;
-      const double us_lt = time_us([&] { kernels::linear(x, w, 0, -1, b); });
-      const double g_lt = graph_time_us([&] { kernels::linear(x, w, 0, -1, b); });
+      const double us_lt = time_us([&] { lt_be->linear(x, w, 0, -1, b); });
+      const double g_lt = graph_time_us([&] { lt_be->linear(x, w, 0, -1, b); });
       // cuBLASLt sums in another order (and rounds its output to bf16 where it has no f32-output algorithm).
       const double d = row_rel_error(a, b);
       worst = std::max(worst, d);

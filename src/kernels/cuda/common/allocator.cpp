@@ -1,11 +1,16 @@
 #include "kernels/cuda/common/allocator.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/common/check.h"
+#include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/device_context.h"
 #include "kernels/cuda/common/graph.h"
+#include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/common/views.h"
 
 namespace dsaserve::kernels::cuda {
@@ -16,15 +21,23 @@ constexpr size_t kMinBlock = 512;
 constexpr size_t kLargeStep = size_t(2) << 20;   // 2 MiB granularity for large blocks
 constexpr size_t kLargeFrom = size_t(64) << 20;  // from 64 MiB on
 
+// A free list's key: the device ordinal and the size class (a block is only ever handed out again on the
+// device it was allocated on).
+using BlockKey = std::pair<int, size_t>;
+
 class CachingAllocator final : public DeviceAllocator {
  public:
-  std::shared_ptr<void> allocate(size_t bytes) override {
+  // On the calling thread's current device (Tensor::empty(..., Device::cuda)).
+  std::shared_ptr<void> allocate(size_t bytes) override { return allocate_on(current_device(), bytes); }
+
+  std::shared_ptr<void> allocate_on(int device, size_t bytes) {
     const size_t size = allocation_size_class(bytes);
-    if (capturing()) return allocate_graph(size);
+    const BlockKey key{device, size};
+    if (capturing()) return allocate_graph(key);
     void* p = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(size);
+      auto it = free_.find(key);
       if (it != free_.end() && !it->second.empty()) {
         p = it->second.back();
         it->second.pop_back();
@@ -32,13 +45,16 @@ class CachingAllocator final : public DeviceAllocator {
         ++stats_.hits;
       }
     }
-    if (p == nullptr) p = device_malloc(size);
+    if (p == nullptr) {
+      const DeviceGuard guard(device);
+      p = device_malloc(size);
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.bytes_in_use += int64_t(size);
       if (stats_.bytes_in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.bytes_in_use;
     }
-    return std::shared_ptr<void>(p, [this, size](void* q) { release(q, size); });
+    return std::shared_ptr<void>(p, [this, key](void* q) { release(q, key); });
   }
 
   void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) override {
@@ -70,17 +86,19 @@ class CachingAllocator final : public DeviceAllocator {
  private:
   // Under capture: the graph pool's free list, else a new block (cudaMalloc is legal during capture in
   // relaxed mode; the graph only records the address). Pool blocks return to the pool only.
-  std::shared_ptr<void> allocate_graph(size_t size) {
+  std::shared_ptr<void> allocate_graph(const BlockKey& key) {
+    const size_t size = key.second;
     void* p = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = graph_free_.find(size);
+      auto it = graph_free_.find(key);
       if (it != graph_free_.end() && !it->second.empty()) {
         p = it->second.back();
         it->second.pop_back();
       }
     }
     if (p == nullptr) {
+      const DeviceGuard guard(key.first);
       cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
       DSA_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
       const cudaError_t e = cudaMalloc(&p, size);
@@ -93,9 +111,9 @@ class CachingAllocator final : public DeviceAllocator {
       ++stats_.device_mallocs;
       stats_.graph_pool_bytes += int64_t(size);
     }
-    return std::shared_ptr<void>(p, [this, size](void* q) {
+    return std::shared_ptr<void>(p, [this, key](void* q) {
       std::lock_guard<std::mutex> lock(mu_);
-      graph_free_[size].push_back(q);
+      graph_free_[key].push_back(q);
     });
   }
 
@@ -121,26 +139,31 @@ class CachingAllocator final : public DeviceAllocator {
     return p;
   }
 
-  void release(void* p, size_t size) {
+  void release(void* p, const BlockKey& key) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_[size].push_back(p);
-    stats_.bytes_in_use -= int64_t(size);
-    stats_.bytes_cached += int64_t(size);
+    free_[key].push_back(p);
+    stats_.bytes_in_use -= int64_t(key.second);
+    stats_.bytes_cached += int64_t(key.second);
   }
 
   void release_cached_locked() {
-    cudaDeviceSynchronize();  // blocks on the lists may still be read by queued work
-    for (auto& [size, list] : free_) {
+    int synced = -1;
+    for (auto& [key, list] : free_) {
+      if (list.empty()) continue;
+      const DeviceGuard guard(key.first);
+      if (synced != key.first)
+        cudaDeviceSynchronize();  // blocks on the lists may still be read by queued work
+      synced = key.first;         // (the map is ordered by device first)
       for (void* p : list) cudaFree(p);
-      stats_.bytes_cached -= int64_t(size * list.size());
+      stats_.bytes_cached -= int64_t(key.second * list.size());
       list.clear();
     }
   }
 
   std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;
+  std::map<BlockKey, std::vector<void*>> free_;
   // The graph pool's free blocks (graph.h): never released, never handed to eager allocations.
-  std::map<size_t, std::vector<void*>> graph_free_;
+  std::map<BlockKey, std::vector<void*>> graph_free_;
   AllocatorStats stats_;
 };
 
@@ -162,6 +185,25 @@ size_t allocation_size_class(size_t bytes) {
 }
 
 DeviceAllocator& caching_allocator() { return instance(); }
+
+Tensor empty_on_device(const Shape& shape, DType dtype, int device) {
+  DSA_CHECK(device >= 0 && device < kMaxDevices, "CUDA device {}: outside [0, {})", device, kMaxDevices);
+  install();
+  for (int64_t d : shape)
+    DSA_CHECK(d >= 0, "empty_on_device: negative dimension in shape {}", shape_str(shape));
+  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  std::shared_ptr<void> block = instance().allocate_on(device, std::max<size_t>(bytes, 1));
+  void* p = block.get();
+  return Tensor::from_blob(p, shape, dtype, std::move(block), Device::cuda);
+}
+
+int device_of(const Tensor& t) {
+  DSA_CHECK(t.defined() && t.device() == Device::cuda, "device_of: {} is not a CUDA tensor",
+            t.defined() ? t.describe() : "undefined");
+  cudaPointerAttributes a{};
+  DSA_CUDA_CHECK(cudaPointerGetAttributes(&a, t.raw_data()));
+  return a.device;
+}
 AllocatorStats allocator_stats() { return instance().stats(); }
 void release_cached_memory() { instance().release_cached(); }
 

@@ -2,11 +2,12 @@
 // The caching device allocator behind Tensor::empty(..., Device::cuda).
 //
 // Blocks are rounded up to a size class (four classes per power of two from 512 B, 2 MiB steps above
-// 64 MiB) and kept on a free list of their class when the last tensor lets go, so that a steady-state
-// step loop reuses memory and never calls cudaMalloc. Every kernel of the backend runs on the legacy
-// default stream, so a freed block handed out again is only touched by work queued after the work that
-// used it before: reuse needs no events. When cudaMalloc fails the free lists are released and the
-// allocation retried once.
+// 64 MiB) and kept on a free list of their (device ordinal, class) when the last tensor lets go, so that a
+// steady-state step loop reuses memory and never calls cudaMalloc, and a block is only handed out again on
+// the device it lives on. Every kernel of the backend runs on its device's compute stream, a blocking
+// stream (device_context.h) that also orders with the legacy stream's copies, so a freed block handed out
+// again is only touched by work queued after the work that used it before: reuse needs no events. When
+// cudaMalloc fails the free lists are released and the allocation retried once.
 //
 // A thread that is capturing a CUDA graph (graph.h) allocates from the graph pool instead: blocks that
 // captured graphs use at replay, so they are never given to eager work and never freed (only to the
@@ -30,8 +31,14 @@ struct AllocatorStats {
 // The size class of a request of `bytes` (what is actually reserved).
 size_t allocation_size_class(size_t bytes);
 
-// The process-wide caching allocator (never destroyed, so tensors released at exit stay valid).
+// The process-wide caching allocator (never destroyed, so tensors released at exit stay valid). Its
+// allocate() serves the calling thread's current device (Tensor::empty(..., Device::cuda)).
 DeviceAllocator& caching_allocator();
+// A CUDA tensor on device `device` (an ordinal in [0, device_count())), from that device's free lists
+// (installs the allocator first). The current device is unchanged.
+Tensor empty_on_device(const Shape& shape, DType dtype, int device);
+// The ordinal of the device a CUDA tensor's memory lives on (cudaPointerGetAttributes).
+int device_of(const Tensor& t);
 AllocatorStats allocator_stats();
 // cudaFree's every cached block (live blocks are untouched).
 void release_cached_memory();

@@ -3,13 +3,16 @@
 #include <utility>
 
 #include "kernels/cuda/common/check.h"
+#include "kernels/cuda/common/device_context.h"
 #include "kernels/cuda/common/views.h"
 
 namespace dsaserve::kernels::cuda {
 
 bool capturing() {
+  // Captures run on a stream installed with OpStreamScope; without one this thread runs eager work on its
+  // device's compute stream (the common case, answered without a CUDA call).
+  if (!op_stream_overridden()) return false;
   const cudaStream_t s = op_stream();
-  if (s == nullptr) return false;  // the legacy stream: eager work (the common case, no CUDA call)
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
     cudaGetLastError();
@@ -50,7 +53,8 @@ size_t CudaGraph::num_nodes() const {
 void CudaGraph::replay() const {
   DSA_CHECK(exec_ != nullptr, "CUDA graph replay: the graph is empty");
   DSA_CHECK(!capturing(), "CUDA graph replay inside a capture");
-  DSA_CUDA_CHECK(cudaGraphLaunch(exec_, nullptr));  // the legacy stream: ordered with all other work
+  // The device's compute stream (blocking: ordered with the legacy stream's copies and uploads too).
+  DSA_CUDA_CHECK(cudaGraphLaunch(exec_, device_context().compute));
 }
 
 GraphCapture::GraphCapture() {
@@ -67,7 +71,7 @@ GraphCapture::GraphCapture() {
 }
 
 void GraphCapture::end_capture(cudaGraph_t* graph) {
-  scope_.reset();  // this thread's operators go back to the legacy stream
+  scope_.reset();  // this thread's operators go back to the compute stream
   open_ = false;
   cudaGraph_t g = nullptr;
   const cudaError_t e = cudaStreamEndCapture(stream_, &g);
@@ -117,10 +121,11 @@ double graph_time_us(const std::function<void()>& fn, int calls, int replays) {
   cudaEvent_t a = nullptr, b = nullptr;
   DSA_CUDA_CHECK(cudaEventCreate(&a));
   DSA_CUDA_CHECK(cudaEventCreate(&b));
+  const cudaStream_t s = device_context().compute;  // where replay() launches
   g.replay();
-  DSA_CUDA_CHECK(cudaEventRecord(a, nullptr));
+  DSA_CUDA_CHECK(cudaEventRecord(a, s));
   for (int i = 0; i < replays; ++i) g.replay();
-  DSA_CUDA_CHECK(cudaEventRecord(b, nullptr));
+  DSA_CUDA_CHECK(cudaEventRecord(b, s));
   DSA_CUDA_CHECK(cudaEventSynchronize(b));
   float ms = 0.0f;
   DSA_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));

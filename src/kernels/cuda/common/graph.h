@@ -1,13 +1,16 @@
 #pragma once
 // CUDA graph capture for the operator backend.
 //
-// Every operator launches on op_stream() (views.h): the legacy default stream, except on a thread inside
-// a GraphCapture, where it is that capture's own non-blocking stream (installed with OpStreamScope). Capture
-// uses cudaStreamCaptureModeThreadLocal, so other threads keep running eager work meanwhile. While a thread
+// Every operator launches on op_stream() (views.h): the current device's compute stream
+// (device_context.h), except on a thread inside a GraphCapture, where it is that capture's own
+// non-blocking stream (installed with OpStreamScope; capturing the compute stream itself, a blocking
+// stream, would make every legacy-stream call of another thread fail meanwhile). Capture uses
+// cudaStreamCaptureModeThreadLocal, so other threads keep running eager work meanwhile. While a thread
 // captures, the caching allocator (allocator.h) serves that thread from the graph pool: memory shared by
 // every captured graph and never handed to eager work, so a graph's intermediates stay valid for its
-// replays. Graphs replay one at a time on the legacy stream (ordered with all other work), so they may
-// share that pool: a graph's outputs in pool memory are valid only until the next replay; copy them out.
+// replays. Graphs replay one at a time on the compute stream (ordered with the operators and, a blocking
+// stream, with the legacy stream's copies), so they may share that pool: a graph's outputs in pool memory
+// are valid only until the next replay; copy them out.
 //
 // Rules for code that may run under capture (capturing() says so): no device->host copies or
 // synchronisation, no pageable uploads (Tensor::to between host and device fails with a clear error), no
@@ -25,7 +28,7 @@ namespace dsaserve::kernels::cuda {
 // stream installed with OpStreamScope).
 bool capturing();
 
-// An instantiated graph: replay() launches it on the legacy default stream (asynchronous).
+// An instantiated graph: replay() launches it on the current device's compute stream (asynchronous).
 class CudaGraph {
  public:
   CudaGraph() = default;

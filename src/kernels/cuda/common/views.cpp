@@ -1,8 +1,14 @@
 #include "kernels/cuda/common/views.h"
 
 #include "kernels/cuda/common/check.h"
+#include "kernels/cuda/common/device_context.h"
 
 namespace dsaserve::kernels::cuda {
+
+cudaStream_t op_stream() {
+  const cudaStream_t s = detail::op_stream_override;
+  return s != nullptr ? s : device_context().compute;
+}
 
 namespace {
 void check_cuda_f32(const Tensor& t, int64_t dims, const char* what) {

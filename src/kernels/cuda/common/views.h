@@ -41,9 +41,12 @@ namespace detail {
 inline thread_local cudaStream_t op_stream_override = nullptr;
 }
 
-// The stream every operator runs on: the legacy default stream (ordered with cudaMemcpy and the
-// allocator) unless this thread installed another one with OpStreamScope.
-inline cudaStream_t op_stream() { return detail::op_stream_override; }
+// The stream every operator runs on: the current device's compute stream (device_context.h: a blocking
+// stream, so it orders with the legacy stream's synchronous copies and the allocator's reuse), unless this
+// thread installed another one with OpStreamScope (a CUDA-graph capture: graph.h).
+cudaStream_t op_stream();
+// Whether this thread installed a stream of its own with OpStreamScope (then op_stream() is that one).
+inline bool op_stream_overridden() { return detail::op_stream_override != nullptr; }
 
 // While alive, this thread's operators run on `s` (e.g. a stream being captured into a CUDA graph); the
 // previous stream comes back on destruction.

@@ -1,6 +1,7 @@
 #include "kernels/cuda/elementwise/convert.h"
 
 #include "kernels/cuda/common/check.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/elementwise/convert_params.h"
 
 namespace dsaserve::kernels::cuda {
@@ -13,8 +14,8 @@ void convert(const Tensor& src, Tensor& dst, bool saturate) {
   DSA_CHECK(dtype_is_float(src.dtype()) && dtype_is_float(dst.dtype()), "cuda::convert: {} -> {} unsupported",
             dtype_name(src.dtype()), dtype_name(dst.dtype()));
   DSA_CUDA_CHECK(launch_convert(
-      {src.raw_data(), dst.raw_data(), src.dtype(), dst.dtype(), src.numel(), saturate}, nullptr));
-  DSA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+      {src.raw_data(), dst.raw_data(), src.dtype(), dst.dtype(), src.numel(), saturate}, op_stream()));
+  DSA_CUDA_CHECK(cudaStreamSynchronize(op_stream()));
 }
 
 }  // namespace dsaserve::kernels::cuda

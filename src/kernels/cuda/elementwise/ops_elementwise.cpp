@@ -70,7 +70,7 @@ const float* rope_inv_freq_device(const RopeParams& p) {
 namespace {
 
 Tensor norm_common(const Tensor& x, Tensor* residual, const Tensor& w, double eps, const char* what,
-                   Fp8Act* q = nullptr, GemmPrecision prec = GemmPrecision::fast) {
+                   Fp8Act* q = nullptr, const KernelOptions& o = {}) {
   const RowView xv = rows_f32(x, what);
   RowView rv{};
   if (residual) {
@@ -87,8 +87,8 @@ Tensor norm_common(const Tensor& x, Tensor* residual, const Tensor& w, double ep
                   wb,           eps};
   if (q) {
     *q = Fp8Act{};
-    if (rms_norm_fp8_fusable(p) && prec == GemmPrecision::fast) {
-      const int64_t Tp = fp8_act_rows(xv.rows);
+    if (rms_norm_fp8_fusable(p) && o.gemm == GemmPrecision::fast) {
+      const int64_t Tp = fp8_act_rows(xv.rows, o.gemm_fp8_small_max_tokens);
       *q = Fp8Act{Tensor::empty({Tp, xv.cols}, DType::u8, Device::cuda),
                   Tensor::empty({xv.cols / 128, Tp}, DType::f32, Device::cuda), xv.rows};
       p.q_codes = q->codes.data_u8();
@@ -131,8 +131,8 @@ Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double e
 }
 
 Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q,
-                GemmPrecision prec) {
-  return norm_common(x, residual, w, eps, residual ? "add_rms_norm" : "rms_norm", &q, prec);
+                const KernelOptions& o) {
+  return norm_common(x, residual, w, eps, residual ? "add_rms_norm" : "rms_norm", &q, o);
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {

@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <mutex>
@@ -68,7 +69,6 @@ struct Lt {
   std::unordered_map<const void*, WeightCache> fp8_scales;  // key: scale_inv data
   std::unordered_map<const void*, WeightCache> dequant;     // key: fp8 weight data
   std::unordered_map<const void*, WeightCache> as_f32;      // key: weight data (fp32 precision mode)
-  int64_t fp8_small_max_tokens = kFp8SmallDefaultTokens;
   uint32_t* small_counters = nullptr;  // kFp8SmallCounters zeros for the split small-T kernel
   GemmStats stats;
 };
@@ -359,28 +359,21 @@ void gemm_dense(const RowView& x, const void* a_ptr, bool a_f32, bool trans_a, i
   count(a_f32 ? &GemmStats::f32_calls : &GemmStats::bf16_calls);
 }
 
-int64_t fp8_small_max_tokens();
-
 }  // namespace
 
 cublasLtHandle_t device_lt_handle() { return lt().handle; }
 
-int64_t fp8_act_rows(int64_t T) {
-  return T <= fp8_small_max_tokens() ? (T <= 8 ? 8 : T <= 16 ? 16 : 32) : (T + 3) / 4 * 4;
+int64_t fp8_act_rows(int64_t T, int64_t small_max_tokens) {
+  const int64_t small = std::min(small_max_tokens, kFp8SmallMaxTokens);
+  return T <= small ? (T <= 8 ? 8 : T <= 16 ? 16 : 32) : (T + 3) / 4 * 4;
 }
 
 namespace {
 
-int64_t fp8_small_max_tokens() {
-  Lt& l = lt();
-  std::lock_guard<std::mutex> lock(l.mu);
-  return l.fp8_small_max_tokens;
-}
-
 // The recipe's activation quantisation of f32 rows (x.cols % 128 == 0).
-Fp8Act quantise_rows(const RowView& x) {
+Fp8Act quantise_rows(const RowView& x, const KernelOptions& o) {
   const int64_t T = x.rows, K = x.cols;
-  const int64_t Tp = fp8_act_rows(T);
+  const int64_t Tp = fp8_act_rows(T, o.gemm_fp8_small_max_tokens);
   Fp8Act a{Tensor::empty({Tp, K}, DType::u8, Device::cuda),
            Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda), T};
   check_launch(
@@ -461,9 +454,10 @@ bool fp8_recipe_applies(const WeightRef& w, int64_t K, int64_t r0, int64_t N) {
 }
 
 // The FP8 recipe's GEMM on quantised activations; false when cuBLASLt has no plan (caller falls back).
-bool gemm_fp8_quantised(const Fp8Act& act, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
+bool gemm_fp8_quantised(const Fp8Act& act, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o,
+                        const KernelOptions& opts) {
   const int64_t T = act.rows, K = act.codes.size(1), N = r1 - r0, Tp = act.codes.size(0);
-  if (T <= kFp8SmallMaxTokens && T <= fp8_small_max_tokens() && (Tp == 8 || Tp == 16 || Tp == 32)) {
+  if (T <= kFp8SmallMaxTokens && T <= opts.gemm_fp8_small_max_tokens && (Tp == 8 || Tp == 16 || Tp == 32)) {
     fp8_small(act, w, r0, r1, o);
     return true;
   }
@@ -501,15 +495,16 @@ bool gemm_fp8_quantised(const Fp8Act& act, const WeightRef& w, int64_t r0, int64
 }
 
 // The FP8 recipe; false when the shape is outside it (the caller falls back).
-bool gemm_fp8(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
+bool gemm_fp8(const RowView& x, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o,
+              const KernelOptions& opts) {
   if (!fp8_recipe_applies(w, x.cols, r0, r1 - r0)) return false;
-  return gemm_fp8_quantised(quantise_rows(x), w, r0, r1, o);
+  return gemm_fp8_quantised(quantise_rows(x, opts), w, r0, r1, o, opts);
 }
 
 }  // namespace
 
 void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,
-                 GemmPrecision prec) {
+                 const KernelOptions& o) {
   check_weight(w, "linear");
   const RowView xv = rows_f32(x, "linear input");
   const RowView ov = rows_f32(out, "linear output");
@@ -518,9 +513,9 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
   DSA_CHECK(ov.rows == T && ov.cols == N, "linear: output {} should be [{}, {}]", out.describe(), T, N);
   if (T == 0 || N == 0) return;
   DSA_CHECK(K > 0, "linear: empty input features");
-  const bool exact = prec == GemmPrecision::fp32;
+  const bool exact = o.gemm == GemmPrecision::fp32;
   const DType dt = w.weight.dtype();
-  if (!exact && dt == DType::f8e4m3fn && gemm_fp8(xv, w, r0, r1, ov)) return;
+  if (!exact && dt == DType::f8e4m3fn && gemm_fp8(xv, w, r0, r1, ov, o)) return;
   const bool f32 = exact || dt == DType::f32;
   const Tensor a = dt == DType::f32        ? w.weight
                    : exact                 ? as_f32(w)
@@ -533,7 +528,7 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
 }
 
 void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,
-                   GemmPrecision prec) {
+                   const KernelOptions& o) {
   check_weight(w, "linear_t");
   const RowView xv = rows_f32(x, "linear_t input");
   const RowView ov = rows_f32(out, "linear_t output");
@@ -542,7 +537,7 @@ void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
   DSA_CHECK(ov.rows == T && ov.cols == C, "linear_t: output {} should be [{}, {}]", out.describe(), T, C);
   if (T == 0 || C == 0) return;
   DSA_CHECK(R > 0, "linear_t: empty row range");
-  const bool exact = prec == GemmPrecision::fp32;
+  const bool exact = o.gemm == GemmPrecision::fp32;
   const DType dt = w.weight.dtype();
   const bool f32 = exact || dt == DType::f32;
   const Tensor a = dt == DType::f32        ? w.weight
@@ -554,7 +549,7 @@ void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
 }
 
 std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q,
-                                      GemmPrecision prec) {
+                                      const KernelOptions& o) {
   DSA_CHECK(x.defined() && x.dim() == 2, "linear_multi: input must be 2-D, got {}",
             x.defined() ? x.describe() : "nothing");
   const int64_t T = x.size(0);
@@ -572,8 +567,9 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
   }
   // A producer's copy is used when it has the layout quantise_rows would make (same codes, bit for bit).
   const bool given = q != nullptr && q->defined() && q->rows == T && q->codes.dim() == 2 &&
-                     q->codes.size(0) == fp8_act_rows(T) && q->codes.size(1) == x.size(1);
-  const bool share = (fp8 >= 2 || (fp8 >= 1 && given)) && T > 0 && prec == GemmPrecision::fast;
+                     q->codes.size(0) == fp8_act_rows(T, o.gemm_fp8_small_max_tokens) &&
+                     q->codes.size(1) == x.size(1);
+  const bool share = (fp8 >= 2 || (fp8 >= 1 && given)) && T > 0 && o.gemm == GemmPrecision::fast;
   std::optional<Fp8Act> act;
   if (share && given) act = *q;
   for (size_t i = 0; i < ws.size(); ++i) {
@@ -582,21 +578,22 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
       const RowView xv = rows_f32(x, "linear_multi input");
       DSA_CHECK(xv.cols == w.cols(), "linear_multi: input {} does not match weight {}", x.describe(),
                 w.weight.describe());
-      if (!act) act = quantise_rows(xv);
-      if (gemm_fp8_quantised(*act, w, 0, w.rows(), rows_f32(out[i], "linear_multi output"))) continue;
+      if (!act) act = quantise_rows(xv, o);
+      if (gemm_fp8_quantised(*act, w, 0, w.rows(), rows_f32(out[i], "linear_multi output"), o)) continue;
     }
-    gemm_linear(x, w, 0, w.rows(), out[i], prec);
+    gemm_linear(x, w, 0, w.rows(), out[i], o);
   }
   return out;
 }
 
-Fp8Act quantize_fp8_activations(const Tensor& x) {
+Fp8Act quantize_fp8_activations(const Tensor& x, const KernelOptions& o) {
   const RowView xv = rows_f32(x, "fp8 activations");
   DSA_CHECK(xv.cols % 128 == 0, "fp8 activations: {} features, not a multiple of 128", xv.cols);
-  return quantise_rows(xv);
+  return quantise_rows(xv, o);
 }
 
-void gemm_linear_fp8(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out) {
+void gemm_linear_fp8(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,
+                     const KernelOptions& o) {
   check_weight(w, "linear_fp8");
   DSA_CHECK(w.weight.dtype() == DType::f8e4m3fn, "linear_fp8: weight {} is not FP8", w.weight.describe());
   DSA_CHECK(a.codes.defined() && a.codes.dim() == 2 && a.codes.size(1) == w.cols() && a.scales.defined() &&
@@ -606,16 +603,8 @@ void gemm_linear_fp8(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1
   const int64_t N = r1 - r0;
   DSA_CHECK(ov.rows == a.rows && ov.cols == N, "linear_fp8: output {} should be [{}, {}]", out.describe(),
             a.rows, N);
-  DSA_CHECK(fp8_recipe_applies(w, w.cols(), r0, N) && gemm_fp8_quantised(a, w, r0, r1, ov),
+  DSA_CHECK(fp8_recipe_applies(w, w.cols(), r0, N) && gemm_fp8_quantised(a, w, r0, r1, ov, o),
             "linear_fp8: rows [{}, {}) of {} are outside the FP8 recipe", r0, r1, w.weight.describe());
-}
-
-void set_fp8_small_max_tokens(int64_t t) {
-  DSA_CHECK(t >= 0 && t <= kFp8SmallMaxTokens, "fp8 small-T GEMM: at most {} tokens, got {}",
-            kFp8SmallMaxTokens, t);
-  Lt& l = lt();
-  std::lock_guard<std::mutex> lock(l.mu);
-  l.fp8_small_max_tokens = t;
 }
 
 GemmStats gemm_stats() {

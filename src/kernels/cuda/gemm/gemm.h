@@ -10,9 +10,9 @@
 //   (e4m3, scale = amax / 448) and multiplied with cuBLASLt's block-scaled FP8 GEMM (docs/GPU.md recipe:
 //   A = W with BLK128x128 scales padded to rows of a multiple of 4, B = X with VEC128 scales [K/128][T],
 //   D f32 where cuBLASLt has an algorithm for it, else bf16 widened to f32). Up to
-//   set_fp8_small_max_tokens() tokens (default 8: small decode batches) the same quantised arithmetic runs in
-//   a weight-streaming tensor-core kernel instead (gemm_small_params.h; f32 output). Shapes outside the
-//   recipe (K % 128, row slices not on a 128 boundary, other block sizes) and linear_t use the weight
+//   KernelOptions::gemm_fp8_small_max_tokens tokens (default 8: small decode batches) the same arithmetic
+//   runs in a weight-streaming tensor-core kernel instead (gemm_small_params.h; f32 output). Shapes outside
+//   the recipe (K % 128, row slices not on a 128 boundary, other block sizes) and linear_t use the weight
 //   dequantised once to bf16 (cached per weight).
 // - f32 weights: an f32 GEMM (no TF32).
 // Heuristics are looked up once per (kind, shape, leading dimensions, alignment) and cached; products
@@ -28,34 +28,33 @@ namespace dsaserve::kernels::cuda {
 
 inline constexpr int64_t kSplitMaxRows = 512;
 
-// `prec` (KernelOptions::gemm): fast, the recipes above; fp32: every weight is dequantised once to f32
-// (cached per weight) and multiplied in f32 with f32 activations: a reference-precision mode for accuracy
-// checks (the GPU forward then follows the CPU reference closely), at several times the memory and time.
+// `o` (the backend's KernelOptions) carries the two GEMM choices: o.gemm, fast (the recipes above) or fp32
+// (every weight is dequantised once to f32, cached per weight, and multiplied in f32 with f32 activations:
+// a reference-precision mode for accuracy checks, the GPU forward then following the CPU reference
+// closely, at several times the memory and time); o.gemm_fp8_small_max_tokens, the small-T FP8 limit.
 
 // out [T, r1 - r0] = x [T, K] @ W[r0:r1]^T. `out` is an f32 CUDA row view.
 void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,
-                 GemmPrecision prec = GemmPrecision::fast);
+                 const KernelOptions& o = {});
 // gemm_linear(x, W_i) for each weight into new tensors [T, W_i rows], with one activation quantisation
 // shared by the FP8 ones (same results as separate calls).
 // `q`: x's FP8 copy (rows and Tp as fp8_act_rows) from its producer, used instead of quantising x.
 std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightRef>& ws,
-                                      const Fp8Act* q = nullptr, GemmPrecision prec = GemmPrecision::fast);
+                                      const Fp8Act* q = nullptr, const KernelOptions& o = {});
 // out [T, C] = x [T, r1 - r0] @ W[r0:r1] (W [rows, C]).
 void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,
-                   GemmPrecision prec = GemmPrecision::fast);
+                   const KernelOptions& o = {});
 
 // The FP8 recipe split in its two steps (benchmarks time them apart; producers can share one
 // quantisation between several linears): the activations quantised per token per 128-group, and the
 // block-scaled GEMM on them (the same result as gemm_linear on the f32 rows).
 // (Fp8Act, kernels/ops.h: codes u8 [Tp, K] e4m3, rows >= `rows` zero; scales f32 [K / 128, Tp].)
-// The padded row count Tp the recipe uses for T tokens (8/16/32 on the small-T path, else T rounded up to 4).
-int64_t fp8_act_rows(int64_t T);
-Fp8Act quantize_fp8_activations(const Tensor& x);
-void gemm_linear_fp8(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out);
-
-// Token counts up to `t` (0..32, default 8) take the small-T FP8 kernel; 0 sends every FP8 GEMM to
-// cuBLASLt.
-void set_fp8_small_max_tokens(int64_t t);
+// The padded row count Tp the recipe uses for T tokens (8/16/32 on the small-T path, i.e. T <=
+// small_max_tokens: KernelOptions::gemm_fp8_small_max_tokens; else T rounded up to 4).
+int64_t fp8_act_rows(int64_t T, int64_t small_max_tokens);
+Fp8Act quantize_fp8_activations(const Tensor& x, const KernelOptions& o = {});
+void gemm_linear_fp8(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,
+                     const KernelOptions& o = {});
 
 struct GemmStats {
   int64_t plans = 0;             // cached cuBLASLt heuristics

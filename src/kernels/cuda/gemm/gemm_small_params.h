@@ -10,14 +10,17 @@
 
 #include <cstdint>
 
+#include "kernels/kernel_options.h"
+
 namespace dsaserve::kernels::cuda {
 
-inline constexpr int64_t kFp8SmallMaxTokens = 32;
-// The default token limit of the linear layers' small-T path (gemm.h set_fp8_small_max_tokens). Measured
-// on the H200 (CUDA-graph replays, GLM-5.3 shapes): at 1-8 tokens this kernel beats cuBLASLt's block-scaled
-// GEMM for narrow outputs (q_a 7.5 vs 15.2 us at T = 1, kv_a 6.2 vs 15.0, LM head 254 vs 344) and ties or
-// loses for long K (o_proj); at 32 tokens mma.sync's FP8 rate makes it compute bound (q_b 31 vs 16 us).
-inline constexpr int64_t kFp8SmallDefaultTokens = 8;
+inline constexpr int64_t kFp8SmallMaxTokens = kGemmFp8SmallMaxTokens;
+// The default token limit of the linear layers' small-T path (KernelOptions::gemm_fp8_small_max_tokens).
+// Measured on the H200 (CUDA-graph replays, GLM-5.3 shapes): at 1-8 tokens this kernel beats cuBLASLt's
+// block-scaled GEMM for narrow outputs (q_a 7.5 vs 15.2 us at T = 1, kv_a 6.2 vs 15.0, LM head 254 vs 344)
+// and ties or loses for long K (o_proj); at 32 tokens mma.sync's FP8 rate makes it compute bound (q_b 31 vs
+// 16 us).
+inline constexpr int64_t kFp8SmallDefaultTokens = kGemmFp8SmallDefaultTokens;
 // Row slices (of 128 rows) a split launch can count: the size of the counters buffer.
 inline constexpr int64_t kFp8SmallCounters = int64_t(1) << 16;
 

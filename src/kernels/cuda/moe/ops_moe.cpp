@@ -345,7 +345,7 @@ void device_fp8_experts(const RowView& xv, const Routing& routing, const TableVi
 }
 
 void host_experts(const RowView& xv, const Routing& routing, const std::vector<MlpRef>& experts,
-                  const int32_t* plan, const PlanLayout& l, int64_t K, Tensor& out, GemmPrecision prec) {
+                  const int32_t* plan, const PlanLayout& l, int64_t K, Tensor& out, const KernelOptions& o) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs;
   // One small copy back: the header and the expert offsets.
   std::vector<int32_t> h(size_t(l.counts()));
@@ -372,8 +372,8 @@ void host_experts(const RowView& xv, const Routing& routing, const std::vector<M
     if (m0 == m1) continue;
     const MlpRef& mlp = experts[size_t(e)];
     const Tensor xe = xg.slice(0, m0, m1);
-    cuda::linear(xe, mlp.gate, 0, -1, gate.slice(0, m0, m1), prec);
-    cuda::linear(xe, mlp.up, 0, -1, up.slice(0, m0, m1), prec);
+    cuda::linear(xe, mlp.gate, 0, -1, gate.slice(0, m0, m1), o);
+    cuda::linear(xe, mlp.up, 0, -1, up.slice(0, m0, m1), o);
   }
   const Tensor act = cuda::silu_mul(gate, up);  // [M, I]
   Tensor y = Tensor::empty({M, H}, DType::f32, Device::cuda);
@@ -383,7 +383,7 @@ void host_experts(const RowView& xv, const Routing& routing, const std::vector<M
     const MlpRef& mlp = experts[size_t(e)];
     DSA_CHECK(mlp.down.rows() == H, "moe_experts: expert {} returns {} features, expected {}", e,
               mlp.down.rows(), H);
-    cuda::linear(act.slice(0, m0, m1), mlp.down, 0, -1, y.slice(0, m0, m1), prec);
+    cuda::linear(act.slice(0, m0, m1), mlp.down, 0, -1, y.slice(0, m0, m1), o);
   }
   check_launch(
       launch_moe_combine({y.data<float>(), plan + l.pos(),
@@ -452,7 +452,7 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
     DSA_CHECK(!capturing && o.moe != MoePath::device && o.moe != MoePath::device_fp8,
               "moe_experts: the device path cannot run these experts: {}", tab.unusable);
   }
-  host_experts(xv, routing, experts, pd, l, K, out, o.gemm);
+  host_experts(xv, routing, experts, pd, l, K, out, o);
   return out;
 }
 
