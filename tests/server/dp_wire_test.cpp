@@ -79,7 +79,9 @@ TEST(DpWire, AConstrainedRequestDoesNotTravel) {
   class Always final : public TokenConstraint {
    public:
     void mask_logits(std::span<float>) override {}
+    void fill_mask(TokenMask&) override {}
     bool accept(int32_t) override { return true; }
+    void rollback(int64_t) override {}
     bool terminated() const override { return false; }
   };
   std::vector<DpRouted> in = {{1, full_request()}};
