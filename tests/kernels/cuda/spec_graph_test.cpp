@@ -315,6 +315,7 @@ TEST(CudaSpecGraph, RealdimsGreedyWithSpeculationAndGraphsEqualsPlainGreedy) {
       g.prompt = prompts[i];
       g.params.max_new_tokens = kNew;
       g.params.ignore_eos = true;
+      g.params.temperature = 0.0f;  // greedy (SamplingParams' default, 1, samples with a random seed)
       e.submit(std::move(g));
     }
     std::vector<runtime::StepOutput> outs;
@@ -328,13 +329,17 @@ TEST(CudaSpecGraph, RealdimsGreedyWithSpeculationAndGraphsEqualsPlainGreedy) {
     }
     return out;
   };
-  std::map<uint64_t, std::vector<int32_t>> want;
-  {
+  // Plain greedy of the same requests submitted together (one request alone is compared with itself
+  // alone, not with a batch of three).
+  const std::vector<std::vector<size_t>> sets{{0}, {1}, {0, 1, 2}};
+  std::map<std::vector<size_t>, std::map<uint64_t, std::vector<int32_t>>> wants;
+  for (const std::vector<size_t>& which : sets) {
     runtime::Engine plain(m, config());
-    want = run(plain, {0, 1, 2});
+    wants[which] = run(plain, which);
   }
   for (bool oracle : {false, true}) {
-    for (const std::vector<size_t>& which : std::vector<std::vector<size_t>>{{0}, {1}, {0, 1, 2}}) {
+    for (const std::vector<size_t>& which : sets) {
+      const std::map<uint64_t, std::vector<int32_t>>& want = wants.at(which);
       runtime::EngineConfig ec = config();
       ec.speculative.algorithm = "EAGLE";
       ec.speculative.num_steps = 3;
