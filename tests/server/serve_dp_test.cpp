@@ -14,37 +14,15 @@
 #include <random>
 
 #include "io/safetensors.h"
-#include "model/golden_util.h"      // tests/model/: ids_of
-#include "server/server_process.h"  // tests/server/
+#include "model/golden_util.h"        // tests/model/: ids_of
+#include "server/serve_ranks_util.h"  // tests/server/
+#include "server/server_process.h"    // tests/server/
 
 namespace dsaserve::testing {
 namespace {
 
 using nlohmann::json;
-
-std::vector<std::string> server_args(const std::filesystem::path& tiny,
-                                     const std::vector<std::string>& extra) {
-  std::vector<std::string> a = {"--model",
-                                tiny.string(),
-                                "--tokenizer",
-                                "builtin:bytes",
-                                "--kv-pages",
-                                "128",
-                                "--page-size",
-                                "16",
-                                "--chunked-prefill-size",
-                                "32",
-                                "--check-integrity",
-                                "--served-model-name",
-                                "tiny"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return a;
-}
-
-json greedy_body(const std::vector<int32_t>& prompt, size_t n) {
-  return {{"model", "tiny"},  {"prompt", prompt},   {"max_tokens", n},
-          {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
-}
+using namespace serve_ranks;
 
 // post_json, a failed connection (the server gone) as status 0 with the reason as the body.
 HttpResult post(int port, const std::string& target, const json& body) {
@@ -54,39 +32,6 @@ HttpResult post(int port, const std::string& target, const json& body) {
     return {0, e.what()};
   }
 }
-
-std::vector<int32_t> token_ids(const HttpResult& r) {
-  EXPECT_EQ(r.status, 200) << r.body;
-  if (r.status != 200) return {};
-  return r.json()["choices"][0]["token_ids"].get<std::vector<int32_t>>();
-}
-
-// The server's ranks: the launcher's children, by their --dist-rank argument.
-std::map<int, pid_t> ranks_of(pid_t launcher) {
-  std::map<int, pid_t> out;
-  DIR* d = ::opendir("/proc");
-  if (d == nullptr) return out;
-  while (dirent* e = ::readdir(d)) {
-    const pid_t pid = std::atoi(e->d_name);
-    if (pid <= 0) continue;
-    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
-    std::string st((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const size_t close = st.rfind(')');
-    if (close == std::string::npos) continue;
-    int ppid = 0;
-    char state = 0;
-    if (std::sscanf(st.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != launcher) continue;
-    std::ifstream cmd(fmt::format("/proc/{}/cmdline", pid));
-    std::vector<std::string> args;
-    for (std::string a; std::getline(cmd, a, '\0');) args.push_back(a);
-    for (size_t i = 0; i + 1 < args.size(); ++i)
-      if (args[i] == "--dist-rank") out[std::stoi(args[i + 1])] = pid;
-  }
-  ::closedir(d);
-  return out;
-}
-
-bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 
 double dp_metric(const std::string& m, const char* name, int dp) {
   return metric(m, fmt::format("{}{{dp_rank=\"{}\"}}", name, dp));
@@ -107,31 +52,6 @@ void expect_no_leak(int port, int dp, const std::string& what) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ADD_FAILURE() << what << ": KV pages leaked\n" << m;
-}
-
-// Prompts: the goldens' two, and six of 1..90 random ids (past the indexer's top-k of 64, chunked by 32).
-struct Requests {
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<size_t> new_tokens;
-  std::vector<std::vector<int32_t>> golden;
-};
-
-Requests make_requests(const std::filesystem::path& tiny) {
-  Requests q;
-  auto gold = io::SafetensorsFile::open(tiny / "goldens.safetensors");
-  for (int j = 0; j < 2; ++j) {
-    q.prompts.push_back(ids_of(gold->get(fmt::format("greedy{}.prompt", j))));
-    q.golden.push_back(ids_of(gold->get(fmt::format("greedy{}.output", j))));
-    q.new_tokens.push_back(q.golden.back().size());
-  }
-  std::mt19937 rng(11);
-  for (int i = 0; i < 6; ++i) {
-    std::vector<int32_t> p;
-    for (uint32_t k = 0, n = 1 + rng() % 90; k < n; ++k) p.push_back(int32_t(rng() % 512));
-    q.prompts.push_back(p);
-    q.new_tokens.push_back(4 + rng() % 12);
-  }
-  return q;
 }
 
 // A streaming request whose client goes away after its first bytes.
