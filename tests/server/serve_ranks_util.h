@@ -23,7 +23,7 @@ namespace dsaserve::testing::serve_ranks {
 using nlohmann::json;
 
 inline std::vector<std::string> server_args(const std::filesystem::path& tiny,
-                                     const std::vector<std::string>& extra) {
+                                            const std::vector<std::string>& extra) {
   std::vector<std::string> a = {"--model",
                                 tiny.string(),
                                 "--tokenizer",
