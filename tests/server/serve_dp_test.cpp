@@ -190,6 +190,37 @@ TEST_F(ServeDp, AConstrainedRequestRunsOnDpGroupZero) {
   EXPECT_EQ(s.stop(), 0) << s.output();
 }
 
+// Hostile bytes at the DP front (rank 0's HTTP server routes only what it validated): each is a 4xx with an
+// OpenAI error body, no rank dies, and both DP groups still answer and hold no pages afterwards.
+TEST_F(ServeDp, HostileRequestsAreRefusedAndTheGroupsStillServe) {
+  ServerProcess s(server_args(tiny_, {"--tp", "2", "--attn-dp-size", "2"}), 0, true);
+  ASSERT_GT(s.port(), 0) << s.log();
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"/v1/completions", "{not json"},
+      {"/v1/completions", deep},
+      {"/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"\xff\xfe\xc3\x28\",\"max_tokens\":4}"},
+      {"/v1/completions", "{\"model\":\"tiny\",\"prompt\":[1,2,99999999],\"max_tokens\":4}"},
+      {"/v1/completions", "{\"model\":\"tiny\",\"prompt\":[1,-5],\"max_tokens\":4}"},
+      {"/v1/completions", "{\"model\":\"tiny\",\"prompt\":[1,2],\"max_tokens\":1e300}"},
+      {"/v1/chat/completions",
+       "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"\xc0\x80\"}]}"},
+      {"/v1/chat/completions",
+       "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"response_format\":"
+       "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"nonsense\"}}}}"}};
+  for (size_t i = 0; i < bad.size(); ++i) {
+    const HttpResult r = http_request(s.port(), "POST", bad[i].first, bad[i].second);
+    EXPECT_GE(r.status, 400) << i << " " << r.body;
+    EXPECT_LT(r.status, 500) << i << " " << r.body;
+    const json e = r.json();
+    EXPECT_TRUE(e.is_object() && e.contains("error") && e["error"].contains("message")) << i << " " << r.body;
+  }
+  for (int i = 0; i < 2; ++i)  // one on each DP group
+    EXPECT_EQ(token_ids(post(s.port(), "/v1/completions", greedy_body({1, 2, 3}, 4))).size(), 4u) << i;
+  expect_no_leak(s.port(), 2, "after hostile requests");
+  EXPECT_EQ(s.stop(), 0) << s.output();
+}
+
 // Idle for longer than --dist-timeout: the DP leaders' rounds and the followers' beats keep every rank
 // inside it.
 TEST_F(ServeDp, AnIdleServerOutlivesTheDistTimeout) {
