@@ -186,9 +186,9 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_fp8_gemm_kernel(const Mo
   }
 }
 
-// Launches a persistent form: as many CTAs as fit on the device at once (computed once per kernel and
-// device), at most one per work item of every expert (items of kFeat output features).
-template <void (*KERNEL)(MoeFp8GemmParams), size_t kSmemBytes, int kFeat>
+// Launches a persistent form: as many CTAs of kBlock threads as fit on the device at once (computed once per
+// kernel and device), at most one per work item of every expert (items of kFeat output features).
+template <void (*KERNEL)(MoeFp8GemmParams), size_t kSmemBytes, int kFeat, int kBlock = kThreads>
 cudaError_t launch_persistent(const MoeFp8GemmParams& p, cudaStream_t stream) {
   const void* fn = reinterpret_cast<const void*>(KERNEL);
   const cudaError_t attr = set_max_dynamic_smem(fn, int(kSmemBytes));
@@ -198,12 +198,12 @@ cudaError_t launch_persistent(const MoeFp8GemmParams& p, cudaStream_t stream) {
         int dev = 0, sms = 0, per = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, KERNEL, kThreads, kSmemBytes);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, KERNEL, kBlock, kSmemBytes);
         return (sms > 0 ? sms : 1) * (per > 0 ? per : 1);
       });
   const int64_t most = int64_t(p.experts) * ((p.N + kFeat - 1) / kFeat);
   const int grid = int(most < resident ? most : resident);
-  KERNEL<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  KERNEL<<<grid, kBlock, kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -416,20 +416,8 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
 
 template <bool GATE_UP>
 cudaError_t launch_ws(const MoeFp8GemmParams& p, cudaStream_t stream) {
-  const void* fn = reinterpret_cast<const void*>(sm90_moe_fp8_ws_kernel<GATE_UP>);
-  const cudaError_t attr = set_max_dynamic_smem(fn, int(ws::kSmem));
-  if (attr != cudaSuccess) return attr;
-  const int sms = per_device_value(
-      fn, +[]() -> int {
-        int dev = 0, n = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-        return n > 0 ? n : 1;
-      });
-  const int64_t most = int64_t(p.experts) * ((p.N + (GATE_UP ? 64 : 128) - 1) / (GATE_UP ? 64 : 128));
-  const int grid = int(most < sms ? most : sms);
-  sm90_moe_fp8_ws_kernel<GATE_UP><<<grid, ws::kThreads, ws::kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_persistent < sm90_moe_fp8_ws_kernel<GATE_UP>, ws::kSmem, GATE_UP ? 64 : 128,
+         ws::kThreads > (p, stream);
 }
 
 template <bool GATE_UP>
