@@ -126,6 +126,8 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
   for (int64_t h : {64, 16, 8})
     for (int64_t b : only_batch > 0 ? std::vector<int64_t>{only_batch} : std::vector<int64_t>{1, 32, 128})
       for (int64_t c : {4096, 32768, 131072}) cases.push_back({h, b, c, true});
+  for (int64_t b : only_batch > 0 ? std::vector<int64_t>{only_batch} : std::vector<int64_t>{1, 32, 128})
+    cases.push_back({128, b, 32768, true});  // DeepSeek-V3.2's heads (two groups of 64)
   for (int64_t h : {64, 8})
     for (int64_t b : only_batch > 0 ? std::vector<int64_t>{only_batch} : std::vector<int64_t>{1, 32, 128})
       cases.push_back({h, b, 2048, false});
