@@ -172,14 +172,13 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
       p.v5_order = fl.v5_order;
       p.out = dev_alloc<float>(size_t(B * nh * kMlaLatent));
       // The default kernel for the shape, and (at one context per shape) the others to compare (v4 and v5,
-      // 64 heads a block, only above 16 heads; v5 over an FP8 cache runs v4, so it is not repeated there).
+      // 64 heads a block, only above 16 heads).
       using K = MlaDecodeKernel;
-      const K dflt = select_mla_decode_kernel(K::automatic, nh, B, f != MlaKvFormat::bf16);
+      const K dflt = select_mla_decode_kernel(K::automatic, nh, B);
       const K kernels[4] = {dflt, K::v2, K::v4, K::v5};
       for (int ki = 0; ki < 4; ++ki) {
         const K kernel = kernels[ki];
-        if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel != K::v2 && nh <= 16) ||
-                       (kernel == K::v5 && f != MlaKvFormat::bf16)))
+        if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel != K::v2 && nh <= 16)))
           continue;
         p.kernel = kernel;
         p.splits = forced_splits > 0 ? forced_splits : mla_decode_splits(B, nh, p.max_keys, num_sms, kernel);

@@ -7,20 +7,18 @@
 
 namespace dsaserve::kernels {
 
-MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows,
-                                         bool fp8_cache) {
+MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows) {
   MlaDecodeKernel k = requested;
   if (k == MlaDecodeKernel::automatic)
     k = heads <= kMlaDecodeNarrowMaxHeads || (rows >= 0 && rows <= 2) ? MlaDecodeKernel::v2
                                                                       : MlaDecodeKernel::v5;
-  if (k == MlaDecodeKernel::v5 && fp8_cache) k = MlaDecodeKernel::v4;  // v5 reads bf16 caches only
   return k;
 }
 
 bool select_mla_fp8_bf16_copy(MlaDecodeKernel requested, int64_t heads, int64_t rows, int64_t copy_tokens,
                               int64_t keys_per_row) {
   if (requested != MlaDecodeKernel::automatic && requested != MlaDecodeKernel::v5) return false;
-  if (select_mla_decode_kernel(requested, heads, rows, false) != MlaDecodeKernel::v5) return false;
+  if (select_mla_decode_kernel(requested, heads, rows) != MlaDecodeKernel::v5) return false;
   if (copy_tokens <= 0 || copy_tokens > kMlaBf16CopyMaxTokens || rows <= 0 || keys_per_row <= 0) return false;
   return copy_tokens <= rows * keys_per_row / 16;
 }

@@ -19,7 +19,7 @@ namespace dsaserve::kernels {
 
 // Sparse MLA decode (kernels/cuda/attention/sm90_mla_decode*.cu). v2: head groups of 16, keys split across
 // warps; v4: head groups of 64, Q K^T and P V by wgmma; v5: 64 heads, the two warpgroups taking turns on
-// whole key tiles (bf16 caches only: an FP8 cache runs v4).
+// whole key tiles (over an FP8 cache fed by a third warpgroup that dequantises: sm90_mla_decode_v5_fp8.cu).
 enum class MlaDecodeKernel : int { automatic = 0, v2 = 2, v4 = 4, v5 = 5 };
 // v5's order of the P V product and the next tile's reload: early (dense rows) or late (sparse rows).
 enum class MlaV5Order : int { automatic = 0, early = 1, late = 2 };
@@ -30,22 +30,21 @@ inline constexpr int64_t kMlaDecodeNarrowMaxHeads = 16;
 
 // The MLA decode kernel a launch runs. `requested` unless automatic; automatic: v2 for <= 16 heads and for
 // one or two rows at more heads (`rows` < 0: unknown, taken as many), v5 otherwise (measured on the H200,
-// attention_gpu_bench mla: batch 1 16.3 vs 22.1 us, batch 2 19.3 vs 24.2). v5 asked for (or chosen) over
-// an FP8 cache runs v4 (`fp8_cache`; v5 reads bf16 only). Never returns automatic.
-MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows,
-                                         bool fp8_cache);
-// The kernel select_mla_decode_kernel picks for the split-count model (mla_decode_splits), which does not
-// know the cache format: v2 or not.
+// attention_gpu_bench mla: batch 1 16.3 vs 22.1 us, batch 2 19.3 vs 24.2), for either cache format (FP8,
+// top-2048, 64 heads: v5 151 us at batch 128 vs v4's 266, 60 vs 87 at batch 32). Never returns automatic.
+MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows);
+// Whether the kernel select_mla_decode_kernel picks is v2 (the split-count model, mla_decode_splits).
 inline bool mla_decode_uses_v2(MlaDecodeKernel requested, int64_t heads, int64_t rows) {
-  return select_mla_decode_kernel(requested, heads, rows, false) == MlaDecodeKernel::v2;
+  return select_mla_decode_kernel(requested, heads, rows) == MlaDecodeKernel::v2;
 }
 // Whether an MLA launch over an FP8 latent cache first copies its sequences' rows to bf16
-// (attention/mla_decode_params.h launch_mla_cache_bf16_copy) and runs v5 on the copy instead of v4 on the
-// FP8 rows: when `requested` is automatic or v5, the rows would run v5 over a bf16 cache, and the copy is
+// (attention/mla_decode_params.h launch_mla_cache_bf16_copy) and runs v5 on the copy instead of on the FP8
+// rows: when `requested` is automatic or v5, the rows would run v5, and the copy is
 // small beside the keys the rows read (copy_tokens x 16 <= rows x keys_per_row: prefill chunks, never a
 // decode or verify batch) and at most kMlaBf16CopyMaxTokens tokens. Measured on the H200 (4K-token GLM-5.3
 // prefill, top-2048, 64 heads): v4 on FP8 rows 7.6 ms a layer, v5 on bf16 rows 3.6 ms; the copy of 4K rows
-// is a few microseconds. SGLang does the same for FlashMLA's sparse prefill (bf16 only).
+// is a few microseconds; v5 on FP8 rows is 1.13x v5 on bf16 rows at batch 128 (151 vs 133 us), so the copy
+// still pays where it is small. SGLang does the same for FlashMLA's sparse prefill (bf16 only).
 inline constexpr int64_t kMlaBf16CopyMaxTokens = int64_t(1) << 18;  // 288 MiB of bf16 rows
 bool select_mla_fp8_bf16_copy(MlaDecodeKernel requested, int64_t heads, int64_t rows, int64_t copy_tokens,
                               int64_t keys_per_row);

@@ -16,25 +16,13 @@ TEST(KernelSelect, MlaDecodeDefaults) {
   // <= 16 heads: v2 whatever the rows (unknown, one, many).
   for (int64_t nh : {8, 16})
     for (int64_t rows : {-1, 1, 2, 3, 4096})
-      EXPECT_EQ(select_mla_decode_kernel(K::automatic, nh, rows, false), K::v2);
+      EXPECT_EQ(select_mla_decode_kernel(K::automatic, nh, rows), K::v2);
   // Above 16 heads: v2 for one or two rows (its 16-head blocks fill more SMs), v5 otherwise.
-  for (int64_t rows : {1, 2})
-    EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows, false), K::v2) << rows;
-  for (int64_t rows : {3, 32, 4096})
-    EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows, false), K::v5);
-  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, -1, false), K::v5);  // rows unknown: taken as many
-  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 17, 128, false), K::v5);
+  for (int64_t rows : {1, 2}) EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows), K::v2) << rows;
+  for (int64_t rows : {3, 32, 4096}) EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows), K::v5);
+  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, -1), K::v5);  // rows unknown: taken as many
+  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 17, 128), K::v5);
   EXPECT_EQ(kMlaDecodeNarrowMaxHeads, 16);
-}
-
-TEST(KernelSelect, MlaDecodeFp8RunsV4WhereV5WouldRun) {
-  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, 128, true), K::v4);
-  EXPECT_EQ(select_mla_decode_kernel(K::v5, 64, 1, true), K::v4);
-  EXPECT_EQ(select_mla_decode_kernel(K::v5, 16, 128, true), K::v4);
-  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, 2, true), K::v2);  // the default's v2 stays v2
-  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 16, 128, true), K::v2);
-  EXPECT_EQ(select_mla_decode_kernel(K::v2, 64, 128, true), K::v2);
-  EXPECT_EQ(select_mla_decode_kernel(K::v4, 64, 128, true), K::v4);
 }
 
 // FP8 prefill chunks read a bf16 copy with v5; decode and verify batches (copy large beside their keys),
@@ -56,7 +44,7 @@ TEST(KernelSelect, MlaFp8Bf16CopyOnlyForPrefillSizedRows) {
 TEST(KernelSelect, MlaDecodeRequestWins) {
   for (K k : {K::v2, K::v4, K::v5})
     for (int64_t nh : {8, 16, 64})
-      for (int64_t rows : {-1, 1, 2, 4096}) EXPECT_EQ(select_mla_decode_kernel(k, nh, rows, false), k);
+      for (int64_t rows : {-1, 1, 2, 4096}) EXPECT_EQ(select_mla_decode_kernel(k, nh, rows), k);
   // The split model follows the same choice (v2 or not), with or without a request.
   EXPECT_TRUE(mla_decode_uses_v2(K::automatic, 16, 4096));
   EXPECT_TRUE(mla_decode_uses_v2(K::automatic, 64, 2));

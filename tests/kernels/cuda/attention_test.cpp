@@ -140,7 +140,7 @@ void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat 
     std::printf(
         "RESULT mla_decode kernel=%s kv=%s %s heads=%lld ctx=%lld batch=%lld max_abs=%.3g rel=%.3g "
         "tol=%.0e%s %s\n",
-        name(select_mla_decode_kernel(ko.mla_decode, nh, B, f != MlaKvFormat::bf16)).data(), fmt_name(f),
+        name(select_mla_decode_kernel(ko.mla_decode, nh, B)).data(), fmt_name(f),
         topk > 0 ? ("sparse_top" + std::to_string(topk)).c_str() : "dense", (long long)nh,
         (long long)lens[size_t(b)], (long long)B, e.max_abs, e.rel(), tol, extra.c_str(),
         e.rel() <= tol && src_ok ? "ok" : "FAIL");
@@ -300,20 +300,26 @@ void run_wgmma_kernel_cases(MlaDecodeKernel kernel) {
   // Dense rows of 1, 2, 3, 6 key tiles (v5 hands tiles between its warpgroups: odd and tiny counts).
   run_decode_batch({1, 33, 95, 161}, 64, MlaKvFormat::bf16, 0, 97, o);
   for (int64_t nh : {64, 16}) check_graph_replay(kernel, nh);
-  if (kernel == MlaDecodeKernel::v5) {  // both orders, each on dense and sparse rows
+  if (kernel == MlaDecodeKernel::v5) {  // both orders, each on dense and sparse rows, both formats
     for (MlaV5Order order : {MlaV5Order::early, MlaV5Order::late}) {
       KernelOptions ord = o;
       ord.mla_v5_order = order;
-      run_decode_batch({2049, 64, 5000}, 64, MlaKvFormat::bf16, 2048, 98, ord);
-      run_decode_batch({1000, 8191, 33}, 64, MlaKvFormat::bf16, 0, 99, ord);
+      for (MlaKvFormat f : {MlaKvFormat::bf16, MlaKvFormat::fp8_e4m3}) {
+        run_decode_batch({2049, 64, 5000}, 64, f, 2048, 98, ord);
+        run_decode_batch({1000, 8191, 33}, 64, f, 0, 99, ord);
+      }
     }
+    // FP8 dense rows of 1, 1, 2, 3, 6 key tiles and a partial head group (the producer warpgroup's edges).
+    run_decode_batch({1, 17, 33, 95, 161}, 64, MlaKvFormat::fp8_e4m3, 0, 100, o);
+    run_decode_batch({130, 7}, 24, MlaKvFormat::fp8_e4m3, 0, 101, o);
+    run_decode_batch({131072}, 64, MlaKvFormat::fp8_e4m3, 2048, 102, o);  // batch 1: many splits
   }
 }
 TEST_F(CudaMlaDecode, WgmmaKernelV4) {
   run_isolated([] { run_wgmma_kernel_cases(MlaDecodeKernel::v4); });
 }
-// v5: the two warpgroups take turns on whole key tiles (bf16; an FP8 cache runs v4:
-// select_mla_decode_kernel).
+// v5: the two warpgroups take turns on whole key tiles (bf16; an FP8 cache adds a producer warpgroup that
+// dequantises: sm90_mla_decode_v5_fp8.cu).
 TEST_F(CudaMlaDecode, PingPongKernelV5) {
   run_isolated([] { run_wgmma_kernel_cases(MlaDecodeKernel::v5); });
 }
@@ -427,8 +433,8 @@ TEST(MlaDecodeKernelChoice, SplitsFollowTheSelectedKernel) {
   p.heads = 64;
   p.format = MlaKvFormat::bf16;
   EXPECT_EQ(mla_decode_kernel(p), K::v5);
-  p.format = MlaKvFormat::fp8_e4m3;  // v5 reads bf16 only
-  EXPECT_EQ(mla_decode_kernel(p), K::v4);
+  p.format = MlaKvFormat::fp8_e4m3;  // v5 reads FP8 too
+  EXPECT_EQ(mla_decode_kernel(p), K::v5);
   p.kernel = K::v2;
   EXPECT_EQ(mla_decode_kernel(p), K::v2);
   p.rows = 2;

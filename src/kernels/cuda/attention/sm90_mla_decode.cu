@@ -190,7 +190,7 @@ cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t 
 }
 
 MlaDecodeKernel mla_decode_kernel(const MlaDecodeParams& p) {
-  return select_mla_decode_kernel(p.kernel, p.heads, p.rows, p.format != MlaKvFormat::bf16);
+  return select_mla_decode_kernel(p.kernel, p.heads, p.rows);
 }
 
 int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms, MlaDecodeKernel requested) {

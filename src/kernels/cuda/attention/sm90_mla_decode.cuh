@@ -1,11 +1,11 @@
 #pragma once
 // Helpers shared by the sparse MLA decode kernels (absorbed form): v2 (sm90_mla_decode_v2.cu: 16 heads a
 // block, keys split across warps; the default for <= 16 heads), v4 (sm90_mla_decode_v4.cu: 64 heads a block,
-// Q K^T and P V by wgmma; runs FP8 caches above 16 heads) and v5 (sm90_mla_decode_v5.cu: 64 heads a block,
-// the two warpgroups taking turns on key tiles; bf16 caches, the default above 16 heads for three or more
-// query rows -- one or two rows run v2), and their launch
-// entry points (dispatched by launch_mla_decode in sm90_mla_decode.cu). Every kernel runs 256 threads a
-// block and gathers latent rows through the page table with cp.async.
+// Q K^T and P V by wgmma) and v5 (sm90_mla_decode_v5.cu: 64 heads a block, the two warpgroups taking turns
+// on key tiles, the default above 16 heads for three or more query rows -- one or two rows run v2; over an
+// FP8 cache sm90_mla_decode_v5_fp8.cu adds a producer warpgroup that dequantises), and their launch entry
+// points (dispatched by launch_mla_decode in sm90_mla_decode.cu). The kernels run 256 threads a block (v5
+// over FP8: 384) and gather latent rows through the page table with cp.async.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -201,7 +201,10 @@ cudaError_t launch_decode_v2(const MlaDecodeParams& p, cudaStream_t stream);
 // Kernel v4 (sm90_mla_decode_v4.cu): 64 heads a block, Q K^T and P V by wgmma; both cache formats.
 cudaError_t launch_decode_v4(const MlaDecodeParams& p, cudaStream_t stream);
 // Kernel v5 (sm90_mla_decode_v5.cu): 64 heads a block, the two warpgroups take turns on whole key tiles
-// (ping-pong); bf16 caches only (select_mla_decode_kernel sends FP8 caches to v4; an FP8 launch here fails).
+// (ping-pong); a bf16 cache here, an FP8 one through launch_decode_v5_fp8.
 cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream);
+// Kernel v5 over an FP8 cache (sm90_mla_decode_v5_fp8.cu): v5's two consumer warpgroups fed by a producer
+// warpgroup that gathers the raw rows and dequantises them into the bf16 tiles (a bf16 launch here fails).
+cudaError_t launch_decode_v5_fp8(const MlaDecodeParams& p, cudaStream_t stream);
 
 }  // namespace dsaserve::kernels::cuda::mla_detail

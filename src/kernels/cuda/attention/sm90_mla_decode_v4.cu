@@ -1,6 +1,6 @@
 // Sparse MLA decode, kernel v4 (bf16 and FP8 latent caches): 64 heads a block, Q K^T and P V on warpgroup
-// MMAs (wgmma) reading Q and the latent tile from shared memory. The default for FP8 caches above 16 heads
-// and three or more query rows (v5 runs bf16 caches and hands FP8 ones here).
+// MMAs (wgmma) reading Q and the latent tile from shared memory. Selectable (--mla-decode-kernel v4); v5 is
+// faster for both cache formats (the FP8 cache: sm90_mla_decode_v5_fp8.cu).
 //
 // Block = (query row, group of 64 heads, key split); 256 threads = 2 warpgroups. Per tile of 32 keys:
 //   1. the tile's latent rows arrive by cp.async (3 stages) in the 128-byte-swizzle K-major layout that

@@ -289,7 +289,7 @@ cudaError_t launch_v5(const MlaDecodeParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream) {
-  if (p.format != MlaKvFormat::bf16) return cudaErrorInvalidValue;  // select_mla_decode_kernel runs v4 there
+  if (p.format != MlaKvFormat::bf16) return launch_decode_v5_fp8(p, stream);
   // The order: select_mla_v5_early (kernels/kernel_options.h; the measurements are there).
   const bool early = select_mla_v5_early(p.v5_order, p.sel != nullptr);
   return early ? launch_v5<true>(p, stream) : launch_v5<false>(p, stream);
