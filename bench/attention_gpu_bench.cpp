@@ -171,12 +171,12 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
       p.format = f;
       p.v5_order = fl.v5_order;
       p.out = dev_alloc<float>(size_t(B * nh * kMlaLatent));
-      // The default kernel for the shape, and (at one context per shape) the others to compare (v4 and v5,
-      // 64 heads a block, only above 16 heads).
+      // The default kernel for the shape, and (at one context per shape) the other to compare (v5, 64 heads
+      // a block, only above 16 heads).
       using K = MlaDecodeKernel;
       const K dflt = select_mla_decode_kernel(K::automatic, nh, B);
-      const K kernels[4] = {dflt, K::v2, K::v4, K::v5};
-      for (int ki = 0; ki < 4; ++ki) {
+      const K kernels[3] = {dflt, K::v2, K::v5};
+      for (int ki = 0; ki < 3; ++ki) {
         const K kernel = kernels[ki];
         if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel != K::v2 && nh <= 16)))
           continue;

@@ -61,10 +61,8 @@ namespace {
 template <typename E, size_t N>
 using Names = std::array<std::pair<E, std::string_view>, N>;
 
-constexpr Names<MlaDecodeKernel, 4> kMla{{{MlaDecodeKernel::automatic, "auto"},
-                                          {MlaDecodeKernel::v2, "v2"},
-                                          {MlaDecodeKernel::v4, "v4"},
-                                          {MlaDecodeKernel::v5, "v5"}}};
+constexpr Names<MlaDecodeKernel, 3> kMla{
+    {{MlaDecodeKernel::automatic, "auto"}, {MlaDecodeKernel::v2, "v2"}, {MlaDecodeKernel::v5, "v5"}}};
 constexpr Names<MlaV5Order, 3> kOrder{
     {{MlaV5Order::automatic, "auto"}, {MlaV5Order::early, "early"}, {MlaV5Order::late, "late"}}};
 constexpr Names<IndexerScoreKernel, 3> kScore{{{IndexerScoreKernel::automatic, "auto"},

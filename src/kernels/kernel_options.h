@@ -18,9 +18,11 @@ namespace dsaserve::kernels {
 // ---- attention/: MLA decode (kernels/cuda/attention) ----
 
 // Sparse MLA decode (kernels/cuda/attention/sm90_mla_decode*.cu). v2: head groups of 16, keys split across
-// warps; v4: head groups of 64, Q K^T and P V by wgmma; v5: 64 heads, the two warpgroups taking turns on
-// whole key tiles (over an FP8 cache fed by a third warpgroup that dequantises: sm90_mla_decode_v5_fp8.cu).
-enum class MlaDecodeKernel : int { automatic = 0, v2 = 2, v4 = 4, v5 = 5 };
+// warps; v5: 64 heads, Q K^T and P V by wgmma, the two warpgroups taking turns on whole key tiles (over an
+// FP8 cache fed by a third warpgroup that dequantises: sm90_mla_decode_v5_fp8.cu). v1, v3 and v4 were
+// removed as slower everywhere (v4, 64 heads with the warpgroups splitting each tile: FP8 top-2048 266 us at
+// batch 128 against v5's 151; bf16 188 against 133).
+enum class MlaDecodeKernel : int { automatic = 0, v2 = 2, v5 = 5 };
 // v5's order of the P V product and the next tile's reload: early (dense rows) or late (sparse rows).
 enum class MlaV5Order : int { automatic = 0, early = 1, late = 2 };
 
@@ -31,7 +33,7 @@ inline constexpr int64_t kMlaDecodeNarrowMaxHeads = 16;
 // The MLA decode kernel a launch runs. `requested` unless automatic; automatic: v2 for <= 16 heads and for
 // one or two rows at more heads (`rows` < 0: unknown, taken as many), v5 otherwise (measured on the H200,
 // attention_gpu_bench mla: batch 1 16.3 vs 22.1 us, batch 2 19.3 vs 24.2), for either cache format (FP8,
-// top-2048, 64 heads: v5 151 us at batch 128 vs v4's 266, 60 vs 87 at batch 32). Never returns automatic.
+// top-2048, 64 heads: v5 151 us at batch 128, 60 at batch 32). Never returns automatic.
 MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows);
 // Whether the kernel select_mla_decode_kernel picks is v2 (the split-count model, mla_decode_splits).
 inline bool mla_decode_uses_v2(MlaDecodeKernel requested, int64_t heads, int64_t rows) {
@@ -122,7 +124,7 @@ struct KernelOptions {
 };
 
 // ---- names (command-line flags, benchmark output) ----
-// "auto", "v2", "v4", "v5" / "auto", "early", "late" / "auto", "v2", "v3" / "auto", "row", "row_fused",
+// "auto", "v2", "v5" / "auto", "early", "late" / "auto", "v2", "v3" / "auto", "row", "row_fused",
 // "passes", "coop" / "fast", "fp32" / "auto", "device", "device_fp8", "host".
 std::string_view name(MlaDecodeKernel k);
 std::string_view name(MlaV5Order o);

@@ -82,7 +82,7 @@ TEST(ScoreCli, MatchesGoldensInChunksDecodeAndMtp) {
         Case{"realdims_fp8", 2, "--chunk 16 --mtp --page-size 16", true},
         Case{"realdims", 1, "--decode-from 0 --attention absorbed", false},
         // The kernel flags reach the model's backend (on the CPU they change nothing).
-        Case{"tiny", 0, "--mla-decode-kernel v4 --gemm-precision fp32 --indexer-select-path coop", false}}) {
+        Case{"tiny", 0, "--mla-decode-kernel v5 --gemm-precision fp32 --indexer-select-path coop", false}}) {
     const auto gold = read_st(models / c.model / "goldens.safetensors");
     const auto ids = values<int32_t>(gold.at(fmt::format("seq{}.input_ids", c.seq)));
     std::string ids_arg = "--ids " + join(ids);

@@ -1,6 +1,6 @@
 // The kernel selectors of kernels/kernel_options.h: which MLA decode kernel, v5 order and indexer score
-// kernel a launch runs for every request and shape class (the defaults as measured on the H200, the FP8 ->
-// v4 rule of v5, the 16-head cutoff), and the flag names.
+// kernel a launch runs for every request and shape class (the defaults as measured on the H200, the FP8
+// prefill copy, the 16-head cutoff), and the flag names.
 #include "kernels/kernel_options.h"
 
 #include <gtest/gtest.h>
@@ -26,14 +26,13 @@ TEST(KernelSelect, MlaDecodeDefaults) {
 }
 
 // FP8 prefill chunks read a bf16 copy with v5; decode and verify batches (copy large beside their keys),
-// v2 shapes, a forced v4 and oversized copies stay on the FP8 rows.
+// v2 shapes, a forced v2 and oversized copies stay on the FP8 rows.
 TEST(KernelSelect, MlaFp8Bf16CopyOnlyForPrefillSizedRows) {
   EXPECT_TRUE(select_mla_fp8_bf16_copy(K::automatic, 64, 4096, 4096, 2048));    // 4K prefill chunk
   EXPECT_TRUE(select_mla_fp8_bf16_copy(K::v5, 64, 4096, 131072, 2048));         // 4K chunk at 128K context
   EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 64, 512, 131072, 2048));  // copy > keys / 16
   EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 64, 128, 128 * 4096, 2048));    // decode batch
   EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 64, 32 * 6, 32 * 4096, 2048));  // verify batch
-  EXPECT_FALSE(select_mla_fp8_bf16_copy(K::v4, 64, 4096, 4096, 2048));
   EXPECT_FALSE(select_mla_fp8_bf16_copy(K::v2, 64, 4096, 4096, 2048));
   EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 16, 4096, 4096, 2048));  // v2's head count
   EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 64, 2, 1, 2048));        // v2's row count
@@ -42,14 +41,14 @@ TEST(KernelSelect, MlaFp8Bf16CopyOnlyForPrefillSizedRows) {
 }
 
 TEST(KernelSelect, MlaDecodeRequestWins) {
-  for (K k : {K::v2, K::v4, K::v5})
+  for (K k : {K::v2, K::v5})
     for (int64_t nh : {8, 16, 64})
       for (int64_t rows : {-1, 1, 2, 4096}) EXPECT_EQ(select_mla_decode_kernel(k, nh, rows), k);
   // The split model follows the same choice (v2 or not), with or without a request.
   EXPECT_TRUE(mla_decode_uses_v2(K::automatic, 16, 4096));
   EXPECT_TRUE(mla_decode_uses_v2(K::automatic, 64, 2));
   EXPECT_FALSE(mla_decode_uses_v2(K::automatic, 64, 3));
-  EXPECT_FALSE(mla_decode_uses_v2(K::v4, 8, 1));
+  EXPECT_FALSE(mla_decode_uses_v2(K::v5, 8, 1));
   EXPECT_TRUE(mla_decode_uses_v2(K::v2, 64, 4096));
 }
 
@@ -126,7 +125,7 @@ TEST(KernelSelect, MoePathRequests) {
 }
 
 TEST(KernelOptionsNames, RoundTripAndErrors) {
-  for (K k : {K::automatic, K::v2, K::v4, K::v5}) EXPECT_EQ(parse_mla_decode_kernel(name(k), "--f"), k);
+  for (K k : {K::automatic, K::v2, K::v5}) EXPECT_EQ(parse_mla_decode_kernel(name(k), "--f"), k);
   for (MlaV5Order o : {MlaV5Order::automatic, MlaV5Order::early, MlaV5Order::late})
     EXPECT_EQ(parse_mla_v5_order(name(o), "--f"), o);
   for (IndexerScoreKernel s : {IndexerScoreKernel::automatic, IndexerScoreKernel::v2, IndexerScoreKernel::v3})
@@ -141,14 +140,14 @@ TEST(KernelOptionsNames, RoundTripAndErrors) {
     EXPECT_EQ(parse_moe_path(name(m), "--f"), m);
   EXPECT_EQ(name(MoePath::device_fp8), "device_fp8");
   EXPECT_THROW(parse_moe_path("fp8", "--moe-path"), Error);
-  // Removed kernels (MLA decode v1 / v3, indexer score v1) and unknown names are errors naming the flag.
-  for (const char* bad : {"v1", "v3", "", "V5"}) {
+  // Removed kernels (MLA decode v1 / v3 / v4, indexer score v1) and unknown names are errors naming the flag.
+  for (const char* bad : {"v1", "v3", "v4", "", "V5"}) {
     try {
       parse_mla_decode_kernel(bad, "--mla-decode-kernel");
       ADD_FAILURE() << bad;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("--mla-decode-kernel"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("auto, v2, v4, v5"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("auto, v2, v5"), std::string::npos) << e.what();
     }
   }
   EXPECT_THROW(parse_indexer_score_kernel("v1", "--indexer-score-kernel"), Error);

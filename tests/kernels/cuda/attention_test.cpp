@@ -176,10 +176,10 @@ KernelOptions with_kernel(MlaDecodeKernel k) {
   return o;
 }
 
-// v2 (16 heads a block) and v4 (64 heads a block, both cache formats) at every head count, each off its
-// default range too (v5, the bf16 default above 16 heads, runs its own cases in PingPongKernelV5).
-TEST_F(CudaMlaDecode, BothKernelsAllHeadCounts) {
-  for (MlaDecodeKernel k : {MlaDecodeKernel::v2, MlaDecodeKernel::v4}) {
+// v2 (16 heads a block, both cache formats) at every head count, off its default range too (v5, the
+// default above 16 heads, runs its own cases in PingPongKernelV5).
+TEST_F(CudaMlaDecode, V2AllHeadCounts) {
+  for (MlaDecodeKernel k : {MlaDecodeKernel::v2}) {
     const KernelOptions o = with_kernel(k);
     for (int64_t nh : {64, 16, 8}) {
       run_decode_batch({1, 63, 65, 2049, 32768}, nh, MlaKvFormat::bf16, 2048, 71 + uint64_t(nh), o);
@@ -265,7 +265,7 @@ void check_graph_replay(MlaDecodeKernel kernel, int64_t nh) {
   EXPECT_TRUE(same) << "kernel " << name(kernel) << " heads " << nh;
 }
 
-// v2 here; v4 and v5 replay in WgmmaKernelV4 / PingPongKernelV5 (run_wgmma_kernel_cases).
+// v2 here; v5 replays in PingPongKernelV5 (run_wgmma_kernel_cases).
 TEST_F(CudaMlaDecode, GraphCaptureMatchesDirectLaunch) {
   for (int64_t nh : {64, 16}) check_graph_replay(MlaDecodeKernel::v2, nh);
 }
@@ -285,8 +285,8 @@ void run_isolated(F&& body) {
       ::testing::ExitedWithCode(0), "");
 }
 
-// Kernels v4 and v5 (64 heads a block, Q K^T and P V by wgmma from swizzled shared memory), all head
-// counts and formats, and their graph replay.
+// Kernel v5 (64 heads a block, Q K^T and P V by wgmma from swizzled shared memory), all head counts and
+// formats, and its graph replay.
 void run_wgmma_kernel_cases(MlaDecodeKernel kernel) {
   const KernelOptions o = with_kernel(kernel);
   for (int64_t nh : {64, 16}) {
@@ -314,9 +314,6 @@ void run_wgmma_kernel_cases(MlaDecodeKernel kernel) {
     run_decode_batch({130, 7}, 24, MlaKvFormat::fp8_e4m3, 0, 101, o);
     run_decode_batch({131072}, 64, MlaKvFormat::fp8_e4m3, 2048, 102, o);  // batch 1: many splits
   }
-}
-TEST_F(CudaMlaDecode, WgmmaKernelV4) {
-  run_isolated([] { run_wgmma_kernel_cases(MlaDecodeKernel::v4); });
 }
 // v5: the two warpgroups take turns on whole key tiles (bf16; an FP8 cache adds a producer warpgroup that
 // dequantises: sm90_mla_decode_v5_fp8.cu).
@@ -362,7 +359,7 @@ TEST_F(CudaMlaDecode, OpsContractPrefillRows) {
 
 // Prefill-sized rows over an FP8 cache run v5 on a bf16 copy of the sequences' rows
 // (select_mla_fp8_bf16_copy): two sequences' chunks of rows, each row its own visible length and top-1024
-// selection, against the CPU op per row and against v4 on the FP8 rows (forced: the direct path).
+// selection, against the CPU op per row and against v2 on the FP8 rows (forced: the direct path).
 TEST_F(CudaMlaDecode, Fp8PrefillRowsThroughTheBf16Copy) {
   Rng r(67);
   const std::vector<int64_t> lens = {3000, 1500};
@@ -393,7 +390,7 @@ TEST_F(CudaMlaDecode, Fp8PrefillRowsThroughTheBf16Copy) {
                       ko)
         .to(Device::cpu);
   };
-  const Tensor copy = run(MlaDecodeKernel::automatic), direct = run(MlaDecodeKernel::v4);
+  const Tensor copy = run(MlaDecodeKernel::automatic), direct = run(MlaDecodeKernel::v2);
   Err worst, vs_direct;
   for (int64_t i = 0; i < R; ++i) {
     const size_t b = size_t(seq[size_t(i)]);
@@ -409,7 +406,7 @@ TEST_F(CudaMlaDecode, Fp8PrefillRowsThroughTheBf16Copy) {
   }
   std::printf(
       "RESULT mla_decode fp8 prefill rows via bf16 copy (v5) rows=%lld heads=%lld top%lld rel=%.3g "
-      "(tol 1e-02) vs v4 direct rel=%.3g (tol 1e-02) %s\n",
+      "(tol 1e-02) vs v2 direct rel=%.3g (tol 1e-02) %s\n",
       (long long)R, (long long)nh, (long long)topk, worst.rel(), vs_direct.rel(),
       worst.rel() <= 1e-2 && vs_direct.rel() <= 1e-2 ? "ok" : "FAIL");
   EXPECT_LE(worst.rel(), 1e-2);
@@ -424,10 +421,9 @@ TEST(MlaDecodeKernelChoice, SplitsFollowTheSelectedKernel) {
     EXPECT_EQ(mla_decode_splits(rows, 64, 2048, 132), mla_decode_splits(rows, 64, 2048, 132, K::v2)) << rows;
   EXPECT_EQ(mla_decode_splits(4, 64, 2048, 132), mla_decode_splits(4, 64, 2048, 132, K::v5));
   EXPECT_EQ(mla_decode_splits(4, 16, 2048, 132), mla_decode_splits(4, 16, 2048, 132, K::v2));
-  // v2's blocks are 16 heads x 64-key tiles, v4's and v5's 64 x 32: 64 keys of one 16-head row are one
-  // v2 tile (no split) but two tiles of the others (a split each fills more SMs).
-  EXPECT_NE(mla_decode_splits(1, 16, 64, 132, K::v2), mla_decode_splits(1, 16, 64, 132, K::v4));
-  EXPECT_EQ(mla_decode_splits(1, 16, 64, 132, K::v4), mla_decode_splits(1, 16, 64, 132, K::v5));
+  // v2's blocks are 16 heads x 64-key tiles, v5's 64 x 32: 64 keys of one 16-head row are one v2 tile (no
+  // split) but two tiles of v5's (a split each fills more SMs).
+  EXPECT_NE(mla_decode_splits(1, 16, 64, 132, K::v2), mla_decode_splits(1, 16, 64, 132, K::v5));
   MlaDecodeParams p{};
   p.rows = 128;
   p.heads = 64;

@@ -51,7 +51,7 @@ cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t 
 
 // The bf16 copy of an FP8 latent cache that prefill-sized launches read (select_mla_fp8_bf16_copy):
 // sequence s's positions 0 .. seq_pages * page_size - 1, in its own pages s * seq_pages .. of `out`, each row
-// dequantised exactly as kernel v4 does in shared memory (bf16 of code x scale; rope copied), and the copy's
+// dequantised exactly as kernel v5's producer does (bf16 of code x scale; rope copied), and the copy's
 // page table out_page_table[s, i] = s * seq_pages + i. Rows of pages outside [0, num_slots / page_size) are
 // zeros. One warp per row.
 struct MlaCacheBf16CopyParams {

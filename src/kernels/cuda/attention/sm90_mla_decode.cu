@@ -1,5 +1,5 @@
 // Sparse MLA decode: the latent-cache writer, the kernel and split choosers, the split combine kernel and
-// the dispatch to decode kernels v2, v4 and v5 (sm90_mla_decode.cuh).
+// the dispatch to decode kernels v2 and v5 (sm90_mla_decode.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -76,7 +76,7 @@ __global__ void sm90_mla_cache_gather_kernel(const MlaCacheGatherParams p) {
 }
 
 // One warp per row of the copy: lane l dequantises latent values 16 l .. 16 l + 15 (scale block l / 8) as
-// kernel v4's dequant_fp8_swizzled does; lanes 0-7 copy the rope's 16-byte chunks.
+// v5's producer warpgroup (sm90_mla_decode_v5_fp8.cu) does; lanes 0-7 copy the rope's 16-byte chunks.
 __global__ void sm90_mla_cache_bf16_copy_kernel(const MlaCacheBf16CopyParams p) {
   const int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
@@ -95,16 +95,8 @@ __global__ void sm90_mla_cache_bf16_copy_kernel(const MlaCacheBf16CopyParams p) 
   const unsigned char* src = static_cast<const unsigned char*>(p.cache) + slot * kMlaFp8RowBytes;
   const uint4 codes = *reinterpret_cast<const uint4*>(src + lane * 16);
   const float sc = reinterpret_cast<const float*>(src + kMlaLatent)[lane / 8];
-  const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
-  uint32_t o[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((w[j / 2] >> ((j % 2) * 16)) & 0xffff);
-    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-    o[j] = mma::pack_bf16(f.x * sc, f.y * sc);
-  }
-  dst[lane * 2] = make_uint4(o[0], o[1], o[2], o[3]);
-  dst[lane * 2 + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+  dst[lane * 2] = mla_detail::dequant_fp8x8(make_uint2(codes.x, codes.y), sc);
+  dst[lane * 2 + 1] = mla_detail::dequant_fp8x8(make_uint2(codes.z, codes.w), sc);
   if (lane < 8) dst[64 + lane] = reinterpret_cast<const uint4*>(src + kMlaLatent + 16)[lane];
 }
 
@@ -233,9 +225,8 @@ cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.splits < 1 || (p.splits > 1 && (!p.partial_out || !p.partial_lse))) return cudaErrorInvalidValue;
   if (p.page_size <= 0 || p.page_size > 0x7fffffff) return cudaErrorInvalidValue;  // kernels split in 32 bits
   const MlaDecodeKernel kernel = mla_decode_kernel(p);
-  const cudaError_t e = kernel == MlaDecodeKernel::v2   ? mla_detail::launch_decode_v2(p, stream)
-                        : kernel == MlaDecodeKernel::v4 ? mla_detail::launch_decode_v4(p, stream)
-                                                        : mla_detail::launch_decode_v5(p, stream);
+  const cudaError_t e = kernel == MlaDecodeKernel::v2 ? mla_detail::launch_decode_v2(p, stream)
+                                                      : mla_detail::launch_decode_v5(p, stream);
   if (e != cudaSuccess || p.splits == 1) return e;
   return launch_pdl(true, sm90_mla_combine_kernel, dim3(unsigned(p.rows), unsigned(p.heads)), dim3(128), 0,
                     stream, p);

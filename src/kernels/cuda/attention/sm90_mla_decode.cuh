@@ -1,11 +1,11 @@
 #pragma once
 // Helpers shared by the sparse MLA decode kernels (absorbed form): v2 (sm90_mla_decode_v2.cu: 16 heads a
-// block, keys split across warps; the default for <= 16 heads), v4 (sm90_mla_decode_v4.cu: 64 heads a block,
-// Q K^T and P V by wgmma) and v5 (sm90_mla_decode_v5.cu: 64 heads a block, the two warpgroups taking turns
-// on key tiles, the default above 16 heads for three or more query rows -- one or two rows run v2; over an
-// FP8 cache sm90_mla_decode_v5_fp8.cu adds a producer warpgroup that dequantises), and their launch entry
-// points (dispatched by launch_mla_decode in sm90_mla_decode.cu). The kernels run 256 threads a block (v5
-// over FP8: 384) and gather latent rows through the page table with cp.async.
+// block, keys split across warps; the default for <= 16 heads) and v5 (sm90_mla_decode_v5.cu: 64 heads a
+// block, Q K^T and P V by wgmma, the two warpgroups taking turns on key tiles, the default above 16 heads for
+// three or more query rows -- one or two rows run v2; over an FP8 cache sm90_mla_decode_v5_fp8.cu adds a
+// producer warpgroup that dequantises), and their launch entry points (dispatched by launch_mla_decode in
+// sm90_mla_decode.cu). The kernels run 256 threads a block (v5 over FP8: 384) and gather latent rows through
+// the page table with cp.async.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -170,6 +170,20 @@ __device__ __forceinline__ void load_q_rows(Dst dst, const MlaDecodeParams& p, i
   }
 }
 
+// Eight e4m3 latent codes times their block scale `sc`, each rounded to bf16: 16 bytes of a bf16 row (every
+// FP8 reader dequantises through this: v2, v5's producer, the bf16 copy).
+__device__ __forceinline__ uint4 dequant_fp8x8(uint2 codes, float sc) {
+  const uint32_t w[2] = {codes.x, codes.y};
+  uint32_t o[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((w[j / 2] >> ((j % 2) * 16)) & 0xffff);
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+    o[j] = mma::pack_bf16(f.x * sc, f.y * sc);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 // FP8 rows of one tile (kBn rows of kMlaFp8RowBytes in shared memory) -> bf16 rows [kBn, kLd]: latent codes
 // times their block scale, rope values copied.
 template <int kBn>
@@ -178,17 +192,9 @@ __device__ __forceinline__ void dequant_fp8_tile(__nv_bfloat16* sKv, const unsig
     const int r = i / 72, c = i % 72;
     const unsigned char* rr = raw + r * kMlaFp8RowBytes;
     if (c < 64) {
-      const uint2 codes = *reinterpret_cast<const uint2*>(rr + c * 8);
-      const float sc = *reinterpret_cast<const float*>(rr + kMlaLatent + (c / 16) * 4);
-      const uint32_t w[2] = {codes.x, codes.y};
-      uint32_t o[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((w[j / 2] >> ((j % 2) * 16)) & 0xffff);
-        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-        o[j] = mma::pack_bf16(f.x * sc, f.y * sc);
-      }
-      *reinterpret_cast<uint4*>(sKv + r * kLd + c * 8) = make_uint4(o[0], o[1], o[2], o[3]);
+      *reinterpret_cast<uint4*>(sKv + r * kLd + c * 8) =
+          dequant_fp8x8(*reinterpret_cast<const uint2*>(rr + c * 8),
+                        *reinterpret_cast<const float*>(rr + kMlaLatent + (c / 16) * 4));
     } else {
       *reinterpret_cast<uint4*>(sKv + r * kLd + kMlaLatent + (c - 64) * 8) =
           *reinterpret_cast<const uint4*>(rr + kMlaLatent + 16 + (c - 64) * 16);
@@ -198,8 +204,6 @@ __device__ __forceinline__ void dequant_fp8_tile(__nv_bfloat16* sKv, const unsig
 
 // Kernel v2 (sm90_mla_decode_v2.cu): 16 heads a block, both cache formats.
 cudaError_t launch_decode_v2(const MlaDecodeParams& p, cudaStream_t stream);
-// Kernel v4 (sm90_mla_decode_v4.cu): 64 heads a block, Q K^T and P V by wgmma; both cache formats.
-cudaError_t launch_decode_v4(const MlaDecodeParams& p, cudaStream_t stream);
 // Kernel v5 (sm90_mla_decode_v5.cu): 64 heads a block, the two warpgroups take turns on whole key tiles
 // (ping-pong); a bf16 cache here, an FP8 one through launch_decode_v5_fp8.
 cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream);

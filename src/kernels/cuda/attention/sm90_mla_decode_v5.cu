@@ -1,11 +1,11 @@
-// Sparse MLA decode, kernel v5 (bf16 latent cache): 64 heads a block like v4, but the two warpgroups take
-// turns on whole key tiles instead of splitting every tile's dot products between them, so one warpgroup's
-// softmax and waits overlap the other's matrix products.
+// Sparse MLA decode, kernel v5 (bf16 latent cache): 64 heads a block, and the two warpgroups take turns on
+// whole key tiles (rather than splitting every tile's dot products between them, as the removed v4 did), so
+// one warpgroup's softmax and waits overlap the other's matrix products.
 //
 // Block = (query row, group of 64 heads, key split); 256 threads = warpgroups 0 and 1. Key tiles of 32
-// (tile t lives in stage t % 4 of a 4-stage ring, 128-byte-swizzle K-major like v4). Tile t is OWNED by
-// warpgroup t % 2 and LOADED by the other one (cp.async through the page table, completion counted on the
-// stage's `full` mbarrier). For its own tile u a warpgroup
+// (tile t lives in stage t % 4 of a 4-stage ring, 128-byte-swizzle K-major, the layout wgmma reads). Tile t
+// is OWNED by warpgroup t % 2 and LOADED by the other one (cp.async through the page table, completion
+// counted on the stage's `full` mbarrier). For its own tile u a warpgroup
 //   a. computes S_u[64 heads, 32 keys] = Q K_u^T over all 576 dimensions (36 wgmma m64n32k16, Q and K
 //      from shared memory), left running while
 //   b. it takes over the other warpgroup's tile u - 1: its P (bf16 A fragments, handed over through the

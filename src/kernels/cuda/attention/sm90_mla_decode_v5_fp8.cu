@@ -5,12 +5,12 @@
 // by cp.async into the tail of the tile's own stage, two tiles ahead, and once they landed reads them into
 // registers and writes the dequantised bf16 tile (code x scale rounded to bf16, rope copied) over them, then
 // counts the tile on the stage's `full` mbarrier. A stage is refilled once both consumers multiplied its
-// tile (`ofree`, 256 arrivals). The values equal v4's and the bf16 copy's.
+// tile (`ofree`, 256 arrivals). The values equal the bf16 copy's (launch_mla_cache_bf16_copy).
 //
 // Shared memory: Q 72 KB, four 36 KB stages (218 KB with the flags). Registers: the producer gives back to 88
 // a thread, the consumers take 208 (v5's accumulators: 128), within the 168 x 384 the launch holds.
-// Measured on the H200 (attention_gpu_bench, top-2048, 64 heads): batch 128 151 us (v4 266; FlashMLA 122),
-// batch 32 60 us (v4 87; FlashMLA 52).
+// Measured on the H200 (attention_gpu_bench, top-2048, 64 heads): batch 128 151 us (the removed v4, which
+// dequantised in the threads that multiply: 266; FlashMLA 122), batch 32 60 us (v4 87; FlashMLA 52).
 #include "kernels/cuda/attention/sm90_mla_decode.cuh"
 #include "kernels/cuda/common/device_cache.h"
 
@@ -44,19 +44,6 @@ static_assert(kConsumers == kThreads, "the consumers are v5's 256 threads (load_
 __device__ __forceinline__ int ready_bar(int t) { return 1 + (t & 1); }
 __device__ __forceinline__ int wg_bar(int wg) { return 3 + wg; }
 constexpr int kProducerBar = 5;
-
-// Eight e4m3 codes times `sc`, rounded to bf16: one 16-byte chunk of the bf16 row.
-__device__ __forceinline__ uint4 dequant8(uint2 codes, float sc) {
-  const uint32_t w[2] = {codes.x, codes.y};
-  uint32_t o[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((w[j / 2] >> ((j % 2) * 16)) & 0xffff);
-    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-    o[j] = mma::pack_bf16(f.x * sc, f.y * sc);
-  }
-  return make_uint4(o[0], o[1], o[2], o[3]);
-}
 
 // kEarly: as v5 (P_{u-1} V_{u-1} before the own softmax, releasing that stage sooner) or after the hand-over.
 template <bool kEarly>
@@ -149,7 +136,7 @@ __global__ void __launch_bounds__(kThreadsF, 1) sm90_mla_decode_v5_fp8_kernel(co
 #pragma unroll
         for (int m = 0; m < 8; ++m)
           *reinterpret_cast<uint4*>(stage + swz(kBnF, row_t, lsub + 8 * m)) =
-              dequant8(codes[q][m], sc[m / 2]);
+              dequant_fp8x8(codes[q][m], sc[m / 2]);
         *reinterpret_cast<uint4*>(stage + swz(kBnF, row_t, 64 + lsub)) = rope[q];
       }
       mma::fence_proxy_async_smem();  // the stores -> visible to the consumers' wgmma
