@@ -98,7 +98,20 @@ struct Model::Step {
 };
 
 kernels::WeightRef Model::ref(const Linear& l) const {
-  return kernels::WeightRef{l.weight, l.scale_inv, cfg_.fp8.block_n, cfg_.fp8.block_k};
+  return kernels::WeightRef{l.weight, l.scale_inv, cfg_.fp8.block_n, cfg_.fp8.block_k, l.derived};
+}
+
+void Model::derive_weights() {
+  const Device d = w_.embed_tokens.device();
+  const kernels::Backend& b = backend_ ? *backend_ : kernels::backend(d);
+  const int64_t bn = cfg_.fp8.block_n, bk = cfg_.fp8.block_k;
+  for_each_derived_slot(w_,
+                        [&](const Tensor& weight, const Tensor& scale_inv,
+                            std::shared_ptr<const kernels::DerivedWeight>& derived, kernels::WeightUse use) {
+                          derived = weight.defined() && weight.device() == d
+                                        ? b.derive_weight(kernels::WeightRef{weight, scale_inv, bn, bk}, use)
+                                        : nullptr;
+                        });
 }
 
 Model::Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights,
@@ -113,6 +126,7 @@ Model::Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights,
   DSA_CHECK(backend_ == nullptr || backend_->device() == w_.embed_tokens.device(),
             "model: a {} backend for weights on {}", device_name(backend_ ? backend_->device() : Device::cpu),
             device_name(w_.embed_tokens.device()));
+  derive_weights();
 }
 
 std::shared_ptr<Model> Model::with_backend(std::shared_ptr<kernels::Backend> backend,
@@ -369,7 +383,7 @@ kernels::Routing Model::route(const MoeWeights& moe, const Tensor& h) const {
   Tensor logits;
   {
     OpScope span("router_gate");
-    logits = ops_.linear(h, kernels::WeightRef{moe.gate, {}, 128, 128});  // [T, E] fp32
+    logits = ops_.linear(h, kernels::WeightRef{moe.gate, {}, 128, 128, moe.gate_derived});  // [T, E] fp32
     shape(span, "[{}, {}] x [{}, {}]^T", h.size(0), h.size(1), logits.size(1), h.size(1));
   }
   kernels::MoeRouteParams p;
