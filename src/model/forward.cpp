@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
+#include <tuple>
 
 #include "dist/process_groups.h"
 #include "model/model.h"
@@ -105,12 +107,23 @@ void Model::derive_weights() {
   const Device d = w_.embed_tokens.device();
   const kernels::Backend& b = backend_ ? *backend_ : kernels::backend(d);
   const int64_t bn = cfg_.fp8.block_n, bk = cfg_.fp8.block_k;
+  // Slots holding one tensor (a tied head and the MTP layer's copy of it, uploaded once by
+  // ModelWeights::to) share one set of forms, as they share the tensor (this pass only: nothing is kept).
+  using Key = std::tuple<const void*, Shape, DType, kernels::WeightUse>;
+  std::map<Key, std::shared_ptr<const kernels::DerivedWeight>> made;
   for_each_derived_slot(w_,
                         [&](const Tensor& weight, const Tensor& scale_inv,
                             std::shared_ptr<const kernels::DerivedWeight>& derived, kernels::WeightUse use) {
-                          derived = weight.defined() && weight.device() == d
-                                        ? b.derive_weight(kernels::WeightRef{weight, scale_inv, bn, bk}, use)
-                                        : nullptr;
+                          derived = nullptr;
+                          if (!weight.defined() || weight.device() != d) return;
+                          const Key key{weight.raw_data(), weight.shape(), weight.dtype(), use};
+                          const auto it = made.find(key);
+                          if (it != made.end()) {
+                            derived = it->second;
+                            return;
+                          }
+                          derived = b.derive_weight(kernels::WeightRef{weight, scale_inv, bn, bk}, use);
+                          made.emplace(key, derived);
                         });
 }
 
