@@ -45,7 +45,6 @@ int main(int argc, char** argv) {
                  floor_us, floor_us / us, run.bytes / (us * 1e-6) / 1e9, run.flops / (us * 1e-6) / 1e12);
       std::fflush(stdout);
     }
-    kernels::cuda::clear_gemm_caches();
   }
   return 0;
 }

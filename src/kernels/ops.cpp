@@ -373,6 +373,10 @@ std::vector<Tensor> Backend::linear_multi(const Tensor& x, const std::vector<Wei
   return out;
 }
 
+std::shared_ptr<const DerivedWeight> Backend::derive_weight(const WeightRef&, WeightUse) const {
+  return nullptr;
+}
+
 MlaRowsPlan Backend::plan_mla_rows(int64_t, int64_t, int64_t) { return MlaRowsPlan{}; }
 IndexerRowsPlan Backend::plan_indexer_rows(int64_t, int64_t, int64_t, std::span<const int32_t>) {
   return IndexerRowsPlan{};

@@ -34,6 +34,24 @@ struct Fp8Emulation;  // kernels/cpu/cpu_ops.h
 using TopkObserver = std::function<void(std::string_view op, const Tensor& scores, const Tensor& chosen)>;
 }  // namespace cpu
 
+// The forms of a weight that a backend's kernels read besides the weight itself, made once when a model
+// is put on that backend (Backend::derive_weight, called by model::Model for each of its weights) and
+// carried with the weight (model/weights.h Linear::derived -> WeightRef::derived), so that no kernel
+// looks a weight up by its address. Every form is optional: a kernel that finds none makes it for the
+// call (the same values, only slower), so a WeightRef made by hand works as well.
+struct DerivedWeight {
+  Tensor bf16;        // an FP8 weight dequantised to bf16 [out, in] (linears outside the FP8 recipe,
+                      // linear_t, the absorbed MLA projections)
+  Tensor f32;         // a bf16 or FP8 weight as f32 [out, in] (GemmPrecision::fp32)
+  Tensor fp8_scales;  // an FP8 weight's scale_inv with its rows padded to a multiple of 4 floats [nb, ld]
+                      // (the block-scaled cuBLASLt GEMM)
+};
+
+// What the model runs on a weight, which decides the forms a backend derives for it: the linears
+// (linear, linear_multi); kv_b, the linears and the absorbed MLA projections (absorb_q / absorb_v,
+// linear_t); a routed expert's projection (moe_experts).
+enum class WeightUse { linear, absorb, expert };
+
 // A Linear weight W [out, in]: y = x @ W^T. FP8 weights carry scale_inv F32 [ceil(out/block_n),
 // ceil(in/block_k)] and the real value is W[r][c] * scale_inv[r / block_n][c / block_k].
 struct WeightRef {
@@ -41,6 +59,8 @@ struct WeightRef {
   Tensor scale_inv;  // [ceil(out/block_n), ceil(in/block_k)] f32; undefined unless weight is fp8
   int64_t block_n = 128;
   int64_t block_k = 128;
+  // Its forms derived by the backend it runs on (null: none; the kernels make what they need per call).
+  std::shared_ptr<const DerivedWeight> derived;
   int64_t rows() const { return weight.size(0); }
   int64_t cols() const { return weight.size(1); }
 };
@@ -288,6 +308,10 @@ class Backend {
   Device device() const { return device_; }
   int ordinal() const { return ordinal_; }
   const KernelOptions& options() const { return options_; }
+  // The forms of `w` (on this backend's device) this backend's kernels read for `use` (DerivedWeight),
+  // made now; null when they need none (the default: the CPU backends). The model calls it for each of
+  // its weights when it is put on this backend (model load), never during a step.
+  virtual std::shared_ptr<const DerivedWeight> derive_weight(const WeightRef& w, WeightUse use) const;
 
   virtual Tensor embedding(const Tensor& table, const Tensor& ids) = 0;
   virtual Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) = 0;

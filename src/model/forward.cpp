@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
+#include <tuple>
 
 #include "dist/process_groups.h"
 #include "model/model.h"
@@ -98,7 +100,31 @@ struct Model::Step {
 };
 
 kernels::WeightRef Model::ref(const Linear& l) const {
-  return kernels::WeightRef{l.weight, l.scale_inv, cfg_.fp8.block_n, cfg_.fp8.block_k};
+  return kernels::WeightRef{l.weight, l.scale_inv, cfg_.fp8.block_n, cfg_.fp8.block_k, l.derived};
+}
+
+void Model::derive_weights() {
+  const Device d = w_.embed_tokens.device();
+  const kernels::Backend& b = backend_ ? *backend_ : kernels::backend(d);
+  const int64_t bn = cfg_.fp8.block_n, bk = cfg_.fp8.block_k;
+  // Slots holding one tensor (a tied head and the MTP layer's copy of it, uploaded once by
+  // ModelWeights::to) share one set of forms, as they share the tensor (this pass only: nothing is kept).
+  using Key = std::tuple<const void*, Shape, DType, kernels::WeightUse>;
+  std::map<Key, std::shared_ptr<const kernels::DerivedWeight>> made;
+  for_each_derived_slot(w_,
+                        [&](const Tensor& weight, const Tensor& scale_inv,
+                            std::shared_ptr<const kernels::DerivedWeight>& derived, kernels::WeightUse use) {
+                          derived = nullptr;
+                          if (!weight.defined() || weight.device() != d) return;
+                          const Key key{weight.raw_data(), weight.shape(), weight.dtype(), use};
+                          const auto it = made.find(key);
+                          if (it != made.end()) {
+                            derived = it->second;
+                            return;
+                          }
+                          derived = b.derive_weight(kernels::WeightRef{weight, scale_inv, bn, bk}, use);
+                          made.emplace(key, derived);
+                        });
 }
 
 Model::Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights,
@@ -113,6 +139,7 @@ Model::Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights,
   DSA_CHECK(backend_ == nullptr || backend_->device() == w_.embed_tokens.device(),
             "model: a {} backend for weights on {}", device_name(backend_ ? backend_->device() : Device::cpu),
             device_name(w_.embed_tokens.device()));
+  derive_weights();
 }
 
 std::shared_ptr<Model> Model::with_backend(std::shared_ptr<kernels::Backend> backend,
@@ -369,7 +396,7 @@ kernels::Routing Model::route(const MoeWeights& moe, const Tensor& h) const {
   Tensor logits;
   {
     OpScope span("router_gate");
-    logits = ops_.linear(h, kernels::WeightRef{moe.gate, {}, 128, 128});  // [T, E] fp32
+    logits = ops_.linear(h, kernels::WeightRef{moe.gate, {}, 128, 128, moe.gate_derived});  // [T, E] fp32
     shape(span, "[{}, {}] x [{}, {}]^T", h.size(0), h.size(1), logits.size(1), h.size(1));
   }
   kernels::MoeRouteParams p;

@@ -208,6 +208,9 @@ class Model {
   Tensor decoder_layers(Tensor x, Step& st, KvCache& cache, bool mtp, int64_t k) const;
   ForwardOutput finish(const Tensor& hidden, const kernels::WeightRef& head, const Step& st) const;
   kernels::WeightRef ref(const Linear& l) const;
+  // Sets every weight's derived forms (Linear::derived, MoeWeights::gate_derived) to what this model's
+  // backend derives for it (kernels::Backend::derive_weight): the constructor's last step (model load).
+  void derive_weights();
   // The token embedding (vocabulary-parallel when sharded: the attention TP group's all-reduce).
   Tensor embed(const Tensor& table, const ForwardBatch& batch, const Tensor& ids,
                const ForwardOptions& opt) const;

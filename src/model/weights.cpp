@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace dsaserve::model {
 
@@ -250,8 +251,46 @@ void for_each_tensor(ModelWeights& w, const std::function<void(Tensor&)>& fn) {
 
 }  // namespace
 
+void for_each_derived_slot(ModelWeights& w, const DerivedSlotFn& fn) {
+  using kernels::WeightUse;
+  const Tensor no_scales;
+  auto lin = [&](Linear& l, WeightUse use) { fn(l.weight, l.scale_inv, l.derived, use); };
+  auto mlp = [&](MlpWeights& m, WeightUse use) {
+    lin(m.gate, use);
+    lin(m.up, use);
+    lin(m.down, use);
+  };
+  auto layer = [&](LayerWeights& l) {
+    AttentionWeights& a = l.attn;
+    for (Linear* x : {&a.q_a_proj, &a.q_b_proj, &a.kv_a_proj, &a.o_proj}) lin(*x, WeightUse::linear);
+    lin(a.kv_b_proj, WeightUse::absorb);
+    if (a.indexer) {
+      lin(a.indexer->wq_b, WeightUse::linear);
+      lin(a.indexer->wk, WeightUse::linear);
+      lin(a.indexer->weights_proj, WeightUse::linear);
+    }
+    if (l.mlp) mlp(*l.mlp, WeightUse::linear);
+    if (l.moe) {
+      fn(l.moe->gate, no_scales, l.moe->gate_derived, WeightUse::linear);
+      for (auto& e : l.moe->experts) mlp(e, WeightUse::expert);
+      if (l.moe->shared_experts) mlp(*l.moe->shared_experts, WeightUse::linear);
+    }
+  };
+  lin(w.lm_head, WeightUse::linear);
+  for (auto& l : w.layers) layer(l);
+  for (auto& m : w.mtp) {
+    lin(m.eh_proj, WeightUse::linear);
+    layer(m.layer);
+    if (m.shared_head) lin(*m.shared_head, WeightUse::linear);
+  }
+}
+
 ModelWeights ModelWeights::to(Device device) const {
   ModelWeights out = *this;
+  // What a backend derived belongs to its device: the copy's model derives its own.
+  for_each_derived_slot(out,
+                        [](const Tensor&, const Tensor&, std::shared_ptr<const kernels::DerivedWeight>& d,
+                           kernels::WeightUse) { d.reset(); });
   std::map<const void*, Tensor> moved;  // source data pointer -> device copy
   for_each_tensor(out, [&](Tensor& t) {
     if (!t.defined() || t.device() == device) return;

@@ -1,6 +1,8 @@
 #pragma once
 // Binding a checkpoint to the model's parameter slots. Tensors stay as stored (bf16 views of the mmap,
 // FP8 E4M3 with their block scales); the kernels read them directly.
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,6 +11,11 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 
+namespace dsaserve::kernels {
+struct DerivedWeight;  // kernels/ops.h
+enum class WeightUse;  // kernels/ops.h
+}  // namespace dsaserve::kernels
+
 namespace dsaserve::model {
 
 // A Linear weight [out, in]. FP8 weights carry scale_inv F32 [ceil(out/128), ceil(in/128)]; real value
@@ -16,6 +23,9 @@ namespace dsaserve::model {
 struct Linear {
   Tensor weight;     // [out, in]
   Tensor scale_inv;  // [ceil(out/bn), ceil(in/bk)] F32, or undefined
+  // The forms the model's backend derived from it when the model was made (Model: Backend::derive_weight;
+  // kernels/ops.h DerivedWeight), or null. Not part of the checkpoint: copies to another device drop it.
+  std::shared_ptr<const kernels::DerivedWeight> derived;
   int64_t out_features() const { return weight.size(0); }
   int64_t in_features() const { return weight.size(1); }
   bool is_fp8() const { return scale_inv.defined(); }
@@ -45,9 +55,10 @@ struct AttentionWeights {
 };
 
 struct MoeWeights {
-  Tensor gate;                      // [n_experts, H] router weight
-  Tensor e_score_correction_bias;   // [n_experts] F32
-  std::vector<MlpWeights> experts;  // [n_experts]
+  Tensor gate;                                                 // [n_experts, H] router weight
+  std::shared_ptr<const kernels::DerivedWeight> gate_derived;  // as Linear::derived
+  Tensor e_score_correction_bias;                              // [n_experts] F32
+  std::vector<MlpWeights> experts;                             // [n_experts]
   std::optional<MlpWeights> shared_experts;
 };
 
@@ -100,5 +111,14 @@ struct ModelWeights {
   // Bytes of every distinct tensor.
   int64_t bytes() const;
 };
+
+// Calls fn on each weight a backend derives forms for (model::Model: kernels::Backend::derive_weight):
+// every Linear (its weight, scale_inv and `derived` slot) and every router gate (no scale_inv; its
+// gate_derived slot), with what the forward runs on it: kv_b the absorbed projections too
+// (WeightUse::absorb), the routed experts moe_experts (expert), the others the linears (linear).
+using DerivedSlotFn =
+    std::function<void(const Tensor& weight, const Tensor& scale_inv,
+                       std::shared_ptr<const kernels::DerivedWeight>& derived, kernels::WeightUse use)>;
+void for_each_derived_slot(ModelWeights& w, const DerivedSlotFn& fn);
 
 }  // namespace dsaserve::model

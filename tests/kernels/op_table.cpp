@@ -36,7 +36,11 @@ double measure(Measure m, const Tensor& got, const Tensor& want) {
 namespace cases {
 
 Tensor on(const Tensor& t, const Backend& b) { return t.device() == b.device() ? t : t.to(b.device()); }
-WeightRef on(const WeightRef& w, const Backend& b) { return weight_on(w, b.device()); }
+WeightRef on(const WeightRef& w, const Backend& b, WeightUse use) {
+  WeightRef r = weight_on(w, b.device());
+  r.derived = b.derive_weight(r, use);
+  return r;
+}
 Tensor ids_on(const std::vector<int32_t>& v, const Backend& b) { return i32_tensor(v, b.device()); }
 Tensor own(const Tensor& t, const Backend& b) {
   return t.device() == b.device() ? t.clone() : t.to(b.device());
@@ -204,7 +208,8 @@ void add_linear_cases(std::vector<OpCase>& t) {
       t.push_back(
           {"linear_t", fmt::format("{} W_UK head {}", tag, h), kTokens,
            [=](Backend& d, Backend& r, int64_t T) {
-             const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 1200), wd = on(w, d);
+             const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 1200),
+                             wd = on(w, d, WeightUse::absorb);
              const Tensor q = rand_f32({T, kHeads, kNope + kRope}, 1300 + uint64_t(T)), qd = on(q, d);
              return same_op(
                  d, r,
@@ -219,7 +224,8 @@ void add_linear_cases(std::vector<OpCase>& t) {
            }});
       t.push_back({"linear", fmt::format("{} W_UV into a head's columns, head {}", tag, h), kTokens,
                    [=](Backend& d, Backend& r, int64_t T) {
-                     const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 1200), wd = on(w, d);
+                     const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 1200),
+                                     wd = on(w, d, WeightUse::absorb);
                      const Tensor lat = rand_f32({T, kKvLora}, 1400 + uint64_t(T)), ld = on(lat, d);
                      const Tensor out = rand_f32({T, kHeads, kV}, 1500 + uint64_t(T));
                      const Tensor out_d = own(out, d), out_r = own(out, r);
@@ -244,6 +250,29 @@ void add_linear_cases(std::vector<OpCase>& t) {
                    }});
     }
   }
+  // derive_weight: the forms a backend derives from a weight at model load (kernels/ops.h DerivedWeight;
+  // every case's device weights carry them, as a model's do: cases::on), here read by the products of an
+  // FP8 kv_b (the MHA form's linear and the absorbed q projection), against the CPU's on the weight as
+  // stored (which derives none).
+  t.push_back({"derive_weight", "fp8 kv_b: linear and absorb_q on its derived forms", kTokens,
+               [=](Backend& d, Backend& r, int64_t T) {
+                 const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, DType::f8e4m3fn, 1250);
+                 const WeightRef wd = on(w, d, WeightUse::absorb);
+                 const Tensor x = rand_f32({T, kKvLora}, 1260 + uint64_t(T)), xd = on(x, d);
+                 const Tensor q = rand_f32({T, kHeads, kNope}, 1270 + uint64_t(T)), qd = on(q, d);
+                 return same_op(
+                     d, r,
+                     [=](Backend& b) {
+                       return Outs{b.linear(xd, wd, 0, -1, {}), b.absorb_q(qd, wd, {})};
+                     },
+                     [=](Backend& b) {
+                       return Outs{b.linear(x, w, 0, -1, {}), b.absorb_q(q, w, {})};
+                     },
+                     {{Measure::gemm_l2, kTolFp8}, {Measure::gemm_l2, kTolBf16}}, 2.0 * weight_bytes(w),
+                     2.0 * double(T * kHeads * (kNope + kV) * kKvLora) +
+                         2.0 * double(T * kHeads * kNope * kKvLora),
+                     true);
+               }});
   // linear_multi: the parts of a projection sharing their input (q_a + kv_a; gate + up), with and without
   // the FP8 copy of the input that norm_fp8 leaves (the CPU makes none: its results are the plain ones).
   for (DType dt : {DType::bf16, DType::f8e4m3fn}) {

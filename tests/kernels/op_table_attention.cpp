@@ -297,7 +297,8 @@ void add_mla_cases(std::vector<OpCase>& t) {
     const char* tag = dt == DType::bf16 ? "bf16" : "fp8";
     t.push_back(
         {"absorb_q", fmt::format("{} kv_b, 64 heads", tag), kTokens, [=](Backend& d, Backend& r, int64_t T) {
-           const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 3800), wd = on(w, d);
+           const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 3800),
+                           wd = on(w, d, WeightUse::absorb);
            const Tensor q = rand_f32({T, kHeads, kNope + kRope}, 3900 + uint64_t(T)), qd = on(q, d);
            return same_op(
                d, r, [=](Backend& b) { return Outs{b.absorb_q(qd.slice(2, 0, kNope), wd, {})}; },
@@ -307,7 +308,8 @@ void add_mla_cases(std::vector<OpCase>& t) {
          }});
     t.push_back(
         {"absorb_v", fmt::format("{} kv_b, 64 heads", tag), kTokens, [=](Backend& d, Backend& r, int64_t T) {
-           const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 3800), wd = on(w, d);
+           const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 3800),
+                           wd = on(w, d, WeightUse::absorb);
            const Tensor lat = rand_f32({T, kHeads, kKvLora}, 4000 + uint64_t(T)), ld = on(lat, d);
            return same_op(
                d, r, [=](Backend& b) { return Outs{b.absorb_v(ld, wd, kV, {})}; },

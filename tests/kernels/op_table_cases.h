@@ -23,7 +23,8 @@ constexpr double kF32 = 4, kI32 = 4;  // bytes per element
 using Outs = std::vector<Tensor>;
 
 Tensor on(const Tensor& t, const Backend& b);
-WeightRef on(const WeightRef& w, const Backend& b);
+// The weight on b's device with the forms b derives for `use` (Backend::derive_weight), as a model holds it.
+WeightRef on(const WeightRef& w, const Backend& b, WeightUse use = WeightUse::linear);
 Tensor ids_on(const std::vector<int32_t>& v, const Backend& b);
 // A copy of its own on b's device (what an in-place operator updates: each side works on its own).
 Tensor own(const Tensor& t, const Backend& b);

@@ -9,8 +9,8 @@
 //   fp32 path's margin at those decisions.
 // - Fp8EmulationGuard asserts the full emulation's numbers (median / max row error, argmax agreement, MTP)
 //   at the measured values with a small margin: a regression guard of the emulation, and the figures the
-//   GPU's FP8 path is compared with (tests/kernels/cuda/goldens_test.cpp); and, alike, those of the FP8
-//   KV cache's values alone (Fp8Emulation::fp8_kv_cache).
+//   GPU's FP8 path is compared with (tests/kernels/cuda/forward/goldens_test.cpp); and, alike, those of the
+//   FP8 KV cache's values alone (Fp8Emulation::fp8_kv_cache).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -451,9 +451,10 @@ TEST(Fp8EmulationGuard, RealdimsFp8AgainstGoldens) {
 }
 
 // The FP8 KV cache's values alone (Fp8Emulation::fp8_kv_cache, fp32 linears): the CPU reference of the
-// GPU's fp32 pass with --kv-cache-dtype fp8_e4m3 (tests/kernels/cuda/goldens_test.cpp). Measured median
-// 0.076, argmax 190/230, MTP median 0.136 (the H200's fp32 pass with the FP8 cache: MTP 0.14); the bounds
-// leave about half of that either way, so that the emulation neither drifts nor silently stops rounding.
+// GPU's fp32 pass with --kv-cache-dtype fp8_e4m3 (tests/kernels/cuda/forward/goldens_test.cpp). Measured
+// median 0.076, argmax 190/230, MTP median 0.136 (the H200's fp32 pass with the FP8 cache: MTP 0.14); the
+// bounds leave about half of that either way, so that the emulation neither drifts nor silently stops
+// rounding.
 TEST(Fp8EmulationGuard, Fp8KvCacheAgainstGoldens) {
   const Fixture* fx = fixture();
   if (!fx)

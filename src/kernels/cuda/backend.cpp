@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/device_context.h"
 #include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -18,6 +19,11 @@ namespace {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int ordinal, const KernelOptions& o) : Backend(Device::cuda, ordinal, o) {}
+  // Made on this backend's device (whichever is current on the calling thread).
+  std::shared_ptr<const DerivedWeight> derive_weight(const WeightRef& w, WeightUse use) const override {
+    const DeviceGuard on(ordinal());
+    return derive_gemm_weight(w, use, options());
+  }
   Tensor embedding(const Tensor& table, const Tensor& ids) override { return cuda::embedding(table, ids); }
   Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) override { return cuda::rms_norm(x, w, eps); }
   Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) override {

@@ -55,6 +55,11 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
 // the host loop's GEMMs.
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
                    const KernelOptions& o);
+// Whether moe_experts with options `o` runs the routed expert projection `w` (a gate / up [I, H] or down
+// [H, I]) through the FP8 grouped tensor-core kernels (the automatic choice for such experts at every
+// size; device / device_fp8 asked for) that read it as stored: then it needs no derived form in fast
+// mode (gemm.h derive_gemm_weight). False with o.moe host, fp32 GEMMs, or a shape they do not take.
+bool moe_fp8_grouped_weight(const WeightRef& w, const KernelOptions& o);
 void fill_dummy(Tensor& t, const dummy::FillSpec& f);
 
 // The fused KV-cache writes (ops.h mla_kv_write / indexer_k_write) over kernel-format caches: the MLA
@@ -69,15 +74,15 @@ bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& 
                            const Tensor& slots);
 // The batched absorbed projections (ops.h absorb_q / absorb_v) as one cuBLASLt strided-batched GEMM over
 // the heads (plus one bf16 conversion of the activations; none in GemmPrecision::fp32). The weight is
-// read in place when bf16 or f32; an FP8 kv_b is dequantised to bf16 once (cached per weight, like
-// gemm.cpp's fallback); in GemmPrecision::fp32 the weight is gemm_weight_f32's copy (the one the fp32
-// linears use: kv_b is held in f32 once). Return false where they do not apply (activation views whose heads
-// are not evenly strided, a shape cuBLASLt has no algorithm for): the caller runs the per-head loop.
+// read in place when bf16 or f32; an FP8 kv_b is read as its derived bf16 copy (kv_b.derived, made at
+// model load: gemm.h derive_gemm_weight with WeightUse::absorb; the linears' fallback reads the same one);
+// in GemmPrecision::fp32 the weight is gemm_weight_f32's (the derived f32 copy the fp32 linears use: kv_b
+// is held in f32 once). Without a derived copy the call makes one for itself. Return false where they do
+// not apply (activation views whose heads are not evenly strided, a shape cuBLASLt has no algorithm for):
+// the caller runs the per-head loop.
 bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, GemmPrecision prec);
 bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out,
                       GemmPrecision prec);
-// Drops the cached bf16 copies of FP8 kv_b weights (clear_gemm_caches calls it, and drops the f32 ones).
-void clear_absorb_caches();
 
 // Checks a request's page table (copied to the host) covers n positions with pages inside the cache.
 void check_pages(const PagedSeq& seq, int64_t n, int64_t cache_rows, const char* what);

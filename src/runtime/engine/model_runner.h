@@ -43,8 +43,9 @@ class ModelRunner {
 // Model::forward on the model's device (CPU, or CUDA with the weights uploaded and a CUDA KV cache).
 // `async` runs each forward on a worker thread (so launch() returns at once); otherwise launch() computes
 // inline. The results are the same. On CUDA the worker thread needs no per-thread setup: the process
-// uses device 0 (every host thread's default) and the backend queues every kernel on the legacy default
-// stream, which orders them against the other threads' work (weights, warm-up); the logits copy to the
+// uses device 0 (every host thread's default) and the backend queues every kernel on that device's compute
+// stream (a blocking stream), which orders them against the other threads' work (weights, warm-up) and the
+// collectives (ordered with it by events on the comm stream); the logits copy to the
 // host ends the step, so wait() returns only finished results. With a CudaGraphRunner, the decode steps
 // it accepts replay captured graphs (cuda_graph_runner.h); every other step runs Model::forward.
 class ForwardModelRunner final : public ModelRunner {

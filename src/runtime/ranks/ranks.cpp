@@ -7,7 +7,9 @@
 
 #ifdef DSASERVE_HAVE_CUDA
 #include "dist/nccl_communicator.h"
+#include "kernels/cuda/common/device_context.h"
 #include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/common/views.h"
 #endif
 
 namespace dsaserve::runtime {
@@ -31,10 +33,14 @@ Ranks::Ranks(const dist::ParallelLayout& layout, const dist::RankArgs& args, con
     };
   } else {
 #ifdef DSASERVE_HAVE_CUDA
-    // Each rank sees its one GPU as device 0 (the launcher's CUDA_VISIBLE_DEVICES); NCCL enqueues on the
-    // legacy default stream, where the operators run.
-    make = [&](const std::string& prefix, const std::string& group, int64_t rank, int64_t size) {
-      return dist::make_nccl_communicator(s, prefix, group, rank, size, nullptr, opt.timeout);
+    // Each rank sees its one GPU as device 0 (the launcher's CUDA_VISIBLE_DEVICES). The collectives run on
+    // that device context's comm stream, ordered with the operators' stream by events (op_stream, read at
+    // each call: the compute stream, or the capturing stream inside a CUDA-graph capture, which the comm
+    // stream then joins), so a collective sees the inputs the operators before it wrote and the operators
+    // after it see its outputs.
+    const dist::NcclStreams streams{kernels::cuda::device_context().comm, &kernels::cuda::op_stream};
+    make = [&, streams](const std::string& prefix, const std::string& group, int64_t rank, int64_t size) {
+      return dist::make_nccl_communicator(s, prefix, group, rank, size, streams, opt.timeout);
     };
 #else
     fail("--device cuda --tp {}: this dsaserve was built without CUDA (no NCCL)", layout.tp);

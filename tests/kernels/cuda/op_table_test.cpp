@@ -20,14 +20,7 @@ namespace {
 
 using kernels::testing::OpCase;
 
-class CudaOpTable : public testing::GpuTest, public ::testing::WithParamInterface<OpCase> {
- protected:
-  void TearDown() override {
-    if (!has_gpu()) return;
-    clear_absorb_caches();
-    clear_gemm_caches();
-  }
-};
+class CudaOpTable : public testing::GpuTest, public ::testing::WithParamInterface<OpCase> {};
 
 TEST_P(CudaOpTable, MatchesCpu) {
   const OpCase& c = GetParam();

@@ -2,7 +2,7 @@
 //
 // kv_b [nh P, L] (P = nope + dv rows per head, nope first) is row-major, so W_UK[h] (rows h P .. h P +
 // nope) and W_UV[h] (rows h P + nope .. (h + 1) P) are already a strided batch of [rows, L] matrices with
-// batch stride P L: the GEMM reads them in place (an FP8 kv_b is dequantised to bf16 once and cached).
+// batch stride P L: the GEMM reads them in place (an FP8 kv_b as its bf16 copy derived at model load).
 // In cuBLASLt's column-major terms, per head h:
 //   absorb_q: D[L, T] = A[L, nope] B[nope, T], A = W_UK[h] (lda L), B = q_nope[:, h] (ldb = token stride)
 //   absorb_v: D[dv, T] = A^T[dv, L] B[L, T],  A = W_UV[h] (lda L), B = out_lat[:, h]
@@ -20,7 +20,6 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 
 #include "kernels/cuda/attention/absorb_params.h"
 #include "kernels/cuda/common/check.h"
@@ -53,11 +52,6 @@ struct Plan {
   bool ok = false;
 };
 
-struct Cached {
-  Tensor keep;  // the source weight, alive so that its address is not reused while cached
-  Tensor data;
-};
-
 // The absorbed GEMMs' state of one device (per_device_state): the device's cuBLASLt handle (shared with
 // the linears), a workspace, the plans.
 struct State {
@@ -69,15 +63,6 @@ struct State {
 };
 
 State& state() { return per_device_state<State>(); }
-
-// FP8 kv_b weights dequantised to bf16 (key: weight data), per device. Apart from State so that clearing
-// it makes no workspace.
-struct WeightCache {
-  std::mutex mu;
-  std::unordered_map<const void*, Cached> bf16;
-};
-
-WeightCache& weight_cache() { return per_device_state<WeightCache>(); }
 
 int64_t align_of(const void* p, std::initializer_list<int64_t> byte_strides) {
   int64_t a = 256;
@@ -145,17 +130,13 @@ const Plan& plan_for(const Key& k) {
 }
 
 // The weight in the GEMM's input type: bf16 and f32 weights as they are; in fp32 mode gemm_weight_f32's
-// copy (shared with the linears); FP8 in fast mode dequantised to bf16 once (cached per weight).
+// copy (shared with the linears); FP8 in fast mode its derived bf16 copy (made at model load), else one
+// dequantised for this call.
 Tensor dense_weight(const WeightRef& w, bool f32) {
   const DType dt = w.weight.dtype();
   if (f32) return gemm_weight_f32(w);
   if (dt == DType::bf16 || dt == DType::f32) return w.weight;
-  WeightCache& c = weight_cache();
-  {
-    std::lock_guard<std::mutex> lock(c.mu);
-    auto it = c.bf16.find(w.weight.raw_data());
-    if (it != c.bf16.end()) return it->second.data;
-  }
+  if (w.derived && w.derived->bf16.defined()) return w.derived->bf16;
   DSA_CHECK(w.scale_inv.defined() && w.scale_inv.device() == Device::cuda &&
                 w.scale_inv.dtype() == DType::f32 && w.scale_inv.is_contiguous(),
             "absorb: fp8 kv_b {} needs a CUDA f32 scale_inv", w.weight.describe());
@@ -165,8 +146,7 @@ Tensor dense_weight(const WeightRef& w, bool f32) {
                                    w.rows(), w.cols(), w.block_n, w.block_k, false},
                                   op_stream()),
                "absorb: dequantise kv_b");
-  std::lock_guard<std::mutex> lock(c.mu);
-  return c.bf16.emplace(w.weight.raw_data(), Cached{w.weight, out}).first->second.data;
+  return out;
 }
 
 // One batched product over the heads. x: the activations [T, nh, K] f32; the weight operand of head h
@@ -256,13 +236,6 @@ bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, 
   const Tensor w = dense_weight(kv_b, f32);
   // D[dv, T] = W_UV[h]^T (stored column-major [L, dv], lda L) . out_lat[:, h]
   return batched(out_lat, w, a.nope * a.latent, a.per_head * a.latent, true, a.dv, out, "absorb_v");
-}
-
-void clear_absorb_caches() {
-  WeightCache& c = weight_cache();
-  cudaDeviceSynchronize();
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.bf16.clear();
 }
 
 }  // namespace dsaserve::kernels::cuda

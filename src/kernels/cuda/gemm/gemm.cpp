@@ -8,7 +8,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 
 #include "kernels/cuda/common/check.h"
 #include "kernels/cuda/common/device_cache.h"
@@ -49,14 +48,9 @@ struct Plan {
   bool ok = false;
 };
 
-struct WeightCache {
-  Tensor keep;  // holds the source alive so its address cannot be reused while cached
-  Tensor data;
-  int64_t ld = 0;
-};
-
 // The linears' cuBLASLt state of one device (per_device_state): the device's one cuBLASLt handle (the
-// absorbed-MLA GEMMs use it too: lt_handle()), a workspace, the plans, the weight-derived tables.
+// absorbed-MLA GEMMs use it too: lt_handle()), a workspace, the plans. What is derived from a weight
+// travels with it (WeightRef::derived: derive_gemm_weight), never in a table here.
 struct Lt {
   Lt() {
     DSA_LT_CHECK(cublasLtCreate(&handle));
@@ -66,9 +60,6 @@ struct Lt {
   void* workspace = nullptr;
   std::mutex mu;
   std::map<PlanKey, Plan> plans;
-  std::unordered_map<const void*, WeightCache> fp8_scales;  // key: scale_inv data
-  std::unordered_map<const void*, WeightCache> dequant;     // key: fp8 weight data
-  std::unordered_map<const void*, WeightCache> as_f32;      // key: weight data (fp32 precision mode)
   uint32_t* small_counters = nullptr;  // kFp8SmallCounters zeros for the split small-T kernel
   GemmStats stats;
 };
@@ -237,66 +228,54 @@ void check_weight(const WeightRef& w, const char* what) {
 void cast_rows(const void* src, bool src_bf16, int64_t src_stride, void* dst, bool dst_bf16,
                int64_t dst_stride, int64_t rows, int64_t cols, const char* what);
 
-// The fp8 weight dequantised to bf16 (cached).
-Tensor dequantised(const WeightRef& w) {
-  Lt& l = lt();
-  {
-    std::lock_guard<std::mutex> lock(l.mu);
-    auto it = l.dequant.find(w.weight.raw_data());
-    if (it != l.dequant.end()) return it->second.data;
-  }
-  Tensor out = Tensor::empty({w.rows(), w.cols()}, DType::bf16, Device::cuda);
+// The FP8 weight dequantised to bf16 (or f32), made now.
+Tensor make_dequantised(const WeightRef& w, bool f32) {
+  Tensor out = Tensor::empty({w.rows(), w.cols()}, f32 ? DType::f32 : DType::bf16, Device::cuda);
   check_launch(launch_dequant_fp8({static_cast<const uint8_t*>(w.weight.raw_data()),
                                    static_cast<const float*>(w.scale_inv.raw_data()), out.raw_data(),
-                                   w.rows(), w.cols(), w.block_n, w.block_k, false},
+                                   w.rows(), w.cols(), w.block_n, w.block_k, f32},
                                   op_stream()),
-               "dequantise fp8 weight");
-  std::lock_guard<std::mutex> lock(l.mu);
-  ++l.stats.dequantised;
-  l.dequant[w.weight.raw_data()] = WeightCache{w.weight, out, w.cols()};
+               f32 ? "dequantise fp8 weight to f32" : "dequantise fp8 weight");
+  if (!f32) count(&GemmStats::dequantised);
   return out;
 }
 
-// The weight as f32 (fp32 precision mode; cached).
-Tensor as_f32(const WeightRef& w) {
-  Lt& l = lt();
-  {
-    std::lock_guard<std::mutex> lock(l.mu);
-    auto it = l.as_f32.find(w.weight.raw_data());
-    if (it != l.as_f32.end()) return it->second.data;
-  }
+// The bf16 or FP8 weight as f32, made now.
+Tensor make_f32(const WeightRef& w) {
+  if (w.weight.dtype() == DType::f8e4m3fn) return make_dequantised(w, true);
   Tensor out = Tensor::empty({w.rows(), w.cols()}, DType::f32, Device::cuda);
-  if (w.weight.dtype() == DType::f8e4m3fn) {
-    check_launch(launch_dequant_fp8({static_cast<const uint8_t*>(w.weight.raw_data()),
-                                     static_cast<const float*>(w.scale_inv.raw_data()), out.raw_data(),
-                                     w.rows(), w.cols(), w.block_n, w.block_k, true},
-                                    op_stream()),
-                 "dequantise fp8 weight to f32");
-  } else {
-    cast_rows(w.weight.raw_data(), true, w.cols(), out.raw_data(), false, w.cols(), w.rows(), w.cols(),
-              "bf16 weight to f32");
-  }
-  std::lock_guard<std::mutex> lock(l.mu);
-  l.as_f32[w.weight.raw_data()] = WeightCache{w.weight, out, w.cols()};
+  cast_rows(w.weight.raw_data(), true, w.cols(), out.raw_data(), false, w.cols(), w.rows(), w.cols(),
+            "bf16 weight to f32");
   return out;
 }
 
-// The weight's block scales padded to rows of a multiple of 4 (cached).
-const WeightCache& padded_scales(const WeightRef& w) {
-  Lt& l = lt();
-  {
-    std::lock_guard<std::mutex> lock(l.mu);
-    auto it = l.fp8_scales.find(w.scale_inv.raw_data());
-    if (it != l.fp8_scales.end()) return it->second;
-  }
+// The FP8 weight's block scales with rows padded to a multiple of 4 floats, made now.
+Tensor make_padded_scales(const WeightRef& w) {
   const int64_t nb = w.scale_inv.size(0), kb = w.scale_inv.size(1), ld = (kb + 3) / 4 * 4;
   Tensor out = Tensor::empty({nb, ld}, DType::f32, Device::cuda);
   check_launch(
       launch_pad_scales({static_cast<const float*>(w.scale_inv.raw_data()), out.data<float>(), nb, kb, ld},
                         op_stream()),
       "pad fp8 scales");
-  std::lock_guard<std::mutex> lock(l.mu);
-  return l.fp8_scales[w.scale_inv.raw_data()] = WeightCache{w.scale_inv, out, ld};
+  return out;
+}
+
+// The FP8 weight dequantised to bf16: its derived copy, else one made for this call.
+Tensor dequantised(const WeightRef& w) {
+  if (w.derived && w.derived->bf16.defined()) return w.derived->bf16;
+  return make_dequantised(w, false);
+}
+
+// The weight as f32 (fp32 precision mode): its derived copy, else one made for this call.
+Tensor as_f32(const WeightRef& w) {
+  if (w.derived && w.derived->f32.defined()) return w.derived->f32;
+  return make_f32(w);
+}
+
+// The weight's padded block scales [nb, ld]: its derived ones, else ones made for this call.
+Tensor padded_scales(const WeightRef& w) {
+  if (w.derived && w.derived->fp8_scales.defined()) return w.derived->fp8_scales;
+  return make_padded_scales(w);
 }
 
 void cast_rows(const void* src, bool src_bf16, int64_t src_stride, void* dst, bool dst_bf16,
@@ -461,11 +440,11 @@ bool gemm_fp8_quantised(const Fp8Act& act, const WeightRef& w, int64_t r0, int64
     fp8_small(act, w, r0, r1, o);
     return true;
   }
-  const WeightCache& sc = padded_scales(w);
+  const Tensor sc = padded_scales(w);  // [nb, ld]
   const uint8_t* a_ptr = static_cast<const uint8_t*>(w.weight.raw_data()) + r0 * K;
   const void* xq = act.codes.raw_data();
   const float* xs = act.scales.data<float>();
-  const float* a_scale = sc.data.data<float>() + (r0 / 128) * sc.ld;
+  const float* a_scale = sc.data<float>() + (r0 / 128) * sc.size(1);
   const double flops = 2.0 * double(N) * double(Tp) * double(K);
   // f32 D straight into the output when it holds the padded token count; else into a packed buffer.
   const bool direct = Tp == T;
@@ -618,16 +597,33 @@ Tensor gemm_weight_f32(const WeightRef& w) {
   return w.weight.dtype() == DType::f32 ? w.weight : as_f32(w);
 }
 
-void clear_gemm_caches() {
-  Lt& l = lt();
-  cudaDeviceSynchronize();
-  {
-    std::lock_guard<std::mutex> lock(l.mu);
-    l.fp8_scales.clear();
-    l.dequant.clear();
-    l.as_f32.clear();
+std::shared_ptr<const DerivedWeight> derive_gemm_weight(const WeightRef& w, WeightUse use,
+                                                        const KernelOptions& o) {
+  const Tensor& t = w.weight;
+  if (!t.defined() || t.device() != Device::cuda || t.dim() != 2 || !t.is_contiguous() || t.numel() == 0)
+    return nullptr;
+  const DType dt = t.dtype();
+  const bool fp8 = dt == DType::f8e4m3fn;
+  if (fp8) {
+    const int64_t sn = w.block_n > 0 ? (w.rows() + w.block_n - 1) / w.block_n : -1,
+                  sk = w.block_k > 0 ? (w.cols() + w.block_k - 1) / w.block_k : -1;
+    const Tensor& s = w.scale_inv;
+    if (!s.defined() || s.device() != Device::cuda || s.dtype() != DType::f32 || !s.is_contiguous() ||
+        s.dim() != 2 || s.size(0) != sn || s.size(1) != sk)
+      return nullptr;  // the calls report it (check_weight)
+  } else if (dt != DType::bf16) {
+    return nullptr;  // f32 weights are multiplied as they are; other dtypes are refused by the calls
   }
-  clear_absorb_caches();
+  DerivedWeight d;
+  if (o.gemm == GemmPrecision::fp32) {
+    d.f32 = make_f32(w);  // every product of the weight multiplies it (linears, absorb, experts' loop)
+  } else if (fp8 && !(use == WeightUse::expert && moe_fp8_grouped_weight(w, o))) {
+    const bool recipe = fp8_recipe_applies(w, w.cols(), 0, w.rows());
+    if (recipe) d.fp8_scales = make_padded_scales(w);
+    if (!recipe || use == WeightUse::absorb) d.bf16 = make_dequantised(w, false);
+  }
+  if (!d.bf16.defined() && !d.f32.defined() && !d.fp8_scales.defined()) return nullptr;
+  return std::make_shared<const DerivedWeight>(std::move(d));
 }
 
 }  // namespace dsaserve::kernels::cuda

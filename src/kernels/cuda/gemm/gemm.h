@@ -13,11 +13,12 @@
 //   KernelOptions::gemm_fp8_small_max_tokens tokens (default 8: small decode batches) the same arithmetic
 //   runs in a weight-streaming tensor-core kernel instead (gemm_small_params.h; f32 output). Shapes outside
 //   the recipe (K % 128, row slices not on a 128 boundary, other block sizes) and linear_t use the weight
-//   dequantised once to bf16 (cached per weight).
+//   dequantised to bf16 (its derived copy: derive_gemm_weight below).
 // - f32 weights: an f32 GEMM (no TF32).
 // Heuristics are looked up once per (kind, shape, leading dimensions, alignment) and cached; products
 // of >= 2e10 FLOPs time the heuristic's best 8 algorithms on their first call and keep the fastest.
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/tensor.h"
@@ -29,7 +30,7 @@ namespace dsaserve::kernels::cuda {
 inline constexpr int64_t kSplitMaxRows = 512;
 
 // `o` (the backend's KernelOptions) carries the two GEMM choices: o.gemm, fast (the recipes above) or fp32
-// (every weight is dequantised once to f32, cached per weight, and multiplied in f32 with f32 activations:
+// (every weight is multiplied as f32, its derived f32 copy, with f32 activations:
 // a reference-precision mode for accuracy checks, the GPU forward then following the CPU reference
 // closely, at several times the memory and time); o.gemm_fp8_small_max_tokens, the small-T FP8 limit.
 
@@ -64,16 +65,25 @@ struct GemmStats {
   int64_t bf16_calls = 0;        // bf16 GEMMs through cuBLASLt (split ones count once)
   int64_t bf16_small_calls = 0;  // narrow (split) bf16 GEMMs through the small-T kernel
   int64_t f32_calls = 0;         // f32 GEMMs
-  int64_t dequantised = 0;       // FP8 weights held dequantised to bf16 (fallback path)
+  int64_t dequantised = 0;       // FP8 weights dequantised to bf16 (derived at load, or per call)
   int64_t failed_plans = 0;      // shapes cuBLASLt had no algorithm for (fallback path)
   std::string last_failure;      // the last of them, described
 };
 GemmStats gemm_stats();
-// The weight as f32: an f32 weight itself, else its f32 copy (made once, cached per weight): the one
-// GemmPrecision::fp32 multiplies, shared with the batched absorb projections (one f32 copy of kv_b).
+
+// The forms of `w` that the linears above and the absorbed projections (cuda_ops.h absorb_q_batched) read
+// with options `o` (kernels/ops.h DerivedWeight), made now on the compute stream: what
+// CudaBackend::derive_weight returns, called for each weight at model load. Numbers as without them:
+// - GemmPrecision::fp32: the f32 copy of a bf16 or FP8 weight (every product of it multiplies that);
+// - fast, FP8: the padded block scales where the FP8 recipe takes the whole weight, the bf16 copy where it
+//   does not and for kv_b (WeightUse::absorb: the absorbed projections, linear_t); a routed expert that
+//   the grouped FP8 kernels take (moe_experts) needs neither.
+// Null where nothing applies (bf16 / f32 weights in fast mode) or `w` is not a contiguous 2-D CUDA weight.
+// A weight without its derived forms still works: each call then makes what it needs (slower).
+std::shared_ptr<const DerivedWeight> derive_gemm_weight(const WeightRef& w, WeightUse use,
+                                                        const KernelOptions& o);
+// The weight as f32: an f32 weight itself, else its derived f32 copy (w.derived), else a new copy made
+// for the caller: the one GemmPrecision::fp32 multiplies, shared with the batched absorb projections.
 Tensor gemm_weight_f32(const WeightRef& w);
-// Drops the per-weight caches (padded FP8 scales, dequantised and f32 weights, and the absorb
-// projections' bf16 copies of FP8 kv_b weights: clear_absorb_caches) and the references they hold.
-void clear_gemm_caches();
 
 }  // namespace dsaserve::kernels::cuda

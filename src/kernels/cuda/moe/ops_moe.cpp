@@ -290,6 +290,18 @@ bool fp8_grouped_fits(const WeightRef& g0, int64_t H, GemmPrecision prec) {
          H % 128 == 0 && I % 128 == 0 && H <= kMoeFp8MaxK && I <= kMoeFp8MaxK;
 }
 
+}  // namespace
+
+bool moe_fp8_grouped_weight(const WeightRef& w, const KernelOptions& o) {
+  if (o.moe == MoePath::host || o.gemm != GemmPrecision::fast || !w.weight.defined() || w.weight.dim() != 2)
+    return false;
+  const int64_t r = w.rows(), c = w.cols();
+  return w.weight.dtype() == DType::f8e4m3fn && w.block_n == 128 && w.block_k == 128 && r % 128 == 0 &&
+         c % 128 == 0 && r <= kMoeFp8MaxK && c <= kMoeFp8MaxK;
+}
+
+namespace {
+
 // x's rows quantised per 128-group (codes [rows, cols], scales [cols / 128, rows]): the FP8 recipe.
 struct Quantised {
   Tensor codes, scales;

@@ -308,7 +308,6 @@ TEST_P(CudaGoldens, LogitsWithinGpuTolerance) {
         }
       }
     }
-    kernels::cuda::clear_gemm_caches();
   }
   const std::shared_ptr<Model> fast_model = model_with(GemmPrecision::fast);
   const Model& m = *fast_model;

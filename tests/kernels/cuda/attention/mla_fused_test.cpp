@@ -39,11 +39,6 @@ constexpr int64_t kTokens[] = {1, 7, 256, 4096};
 
 class CudaMlaFused : public testing::GpuTest {
  protected:
-  void TearDown() override {
-    if (!has_gpu()) return;
-    clear_absorb_caches();
-    clear_gemm_caches();
-  }
   Backend& gpu() { return cuda_backend(); }
   Backend& ref() { return backend(Device::cpu); }
 };
@@ -280,10 +275,11 @@ TEST_F(CudaMlaFused, AbsorbBatchedMatchesCpu) {
 }
 
 // GemmPrecision::fp32: the absorb projections multiply gemm_weight_f32's copy of kv_b, the one the fp32
-// linears use (the MHA form's kv_b_proj): the device memory both leave held is one f32 copy of the weight.
+// linears use (the MHA form's kv_b_proj): the f32 copy the backend derived at load (WeightUse::absorb) is
+// all the device memory kv_b holds beyond itself; the calls hold nothing more.
 TEST_F(CudaMlaFused, Fp32ModeHoldsOneF32CopyOfKvB) {
   const int64_t nh = 8, T = 5;
-  const WeightRef w_d = to_cuda(rand_weight(nh * (kNope + kV), kL, DType::f8e4m3fn, 75));
+  WeightRef w_d = to_cuda(rand_weight(nh * (kNope + kV), kL, DType::f8e4m3fn, 75));
   const Tensor lat_d = rand_f32({T, nh, kL}, 76).to(Device::cuda);
   Tensor o_d = Tensor::empty({T, nh, kV}, DType::f32, Device::cuda);
   // Warm-up (fast mode, a bf16 weight): the GEMM libraries' own state exists before the measurement.
@@ -299,6 +295,8 @@ TEST_F(CudaMlaFused, Fp32ModeHoldsOneF32CopyOfKvB) {
   (void)fp32_ops.linear(lat_d.view({T * nh, kL}), warm_d);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const int64_t before = allocator_stats().bytes_in_use;
+  w_d.derived = be->derive_weight(w_d, WeightUse::absorb);  // model load
+  ASSERT_TRUE(w_d.derived && w_d.derived->f32.defined());
   ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d, GemmPrecision::fp32));
   (void)fp32_ops.linear(lat_d.view({T * nh, kL}), w_d);  // the MHA form's kv_b_proj
   ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d, GemmPrecision::fp32));
@@ -311,9 +309,10 @@ TEST_F(CudaMlaFused, Fp32ModeHoldsOneF32CopyOfKvB) {
   const Tensor f32 = gemm_weight_f32(w_d);
   EXPECT_EQ(f32.dtype(), DType::f32);
   EXPECT_EQ(f32.shape(), w_d.weight.shape());
-  EXPECT_EQ(gemm_weight_f32(w_d).raw_data(), f32.raw_data());
+  EXPECT_EQ(f32.raw_data(), w_d.derived->f32.raw_data());
   const WeightRef f32_w = to_cuda(rand_weight(64, kL, DType::f32, 77));
   EXPECT_EQ(gemm_weight_f32(f32_w).raw_data(), f32_w.weight.raw_data());
+  EXPECT_EQ(be->derive_weight(f32_w, WeightUse::absorb), nullptr) << "an f32 weight is multiplied as it is";
 }
 
 }  // namespace

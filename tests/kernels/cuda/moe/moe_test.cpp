@@ -59,13 +59,7 @@ constexpr double kTolFp8EmulatedGlmWgmma = 3e-2;
 // The FP8 recipe against the exact product at GLM-5.3 widths: the dense FP8 linears' tolerance (ops_test).
 constexpr double kTolFp8Exact = 5e-2;
 
-class CudaMoe : public testing::GpuTest {
- protected:
-  void TearDown() override {
-    if (!has_gpu()) return;
-    clear_gemm_caches();
-  }
-};
+class CudaMoe : public testing::GpuTest {};
 
 // moe_experts on a CUDA backend whose KernelOptions force the experts' path.
 Tensor moe_on_path(MoePath path, const Tensor& x_d, const Routing& r_d, const std::vector<MlpRef>& experts) {
@@ -297,7 +291,6 @@ TEST_F(CudaMoe, GlmShapesBothPaths) {
       const Tensor x = rand_f32({T, kH}, 5200 + uint64_t(T));
       check_both_paths(fmt::format("moe_experts glm {} T={}", dtype_tag(dt), T), x, r, s, dt);
     }
-    clear_gemm_caches();
   }
 }
 
@@ -323,7 +316,6 @@ TEST_F(CudaMoe, RealdimsShapesAllDtypesAndRoutings) {
     const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
     report_gemm(fmt::format("moe_experts realdims {} unaligned view", dtype_tag(dt)), "[33,256]",
                 run_path(MoePath::device, x_d, r_d, s), reference(x.contiguous(), r, s), kTolDevice);
-    clear_gemm_caches();
   }
 }
 
@@ -369,7 +361,6 @@ TEST_F(CudaMoe, Fp8TensorCoreGlmShapes) {
                 wgmma ? kTolFp8EmulatedGlmWgmma : kTolFp8EmulatedGlm);
     report_gemm(name + " ~exact", shape_str(x.shape()), got, reference(x, clean, s), kTolFp8Exact);
   }
-  clear_gemm_caches();
 }
 
 // Out-of-range ids: the device path drops those pairs (they add nothing) and counts them; the host path
