@@ -114,11 +114,11 @@ TEST_F(ScoreTp, RealdimsEqualsOneRank) {
 // instead: kernels MoeExperts.PreQuantisedInputIsTheEmulationsOwnQuantisation), so this changes the
 // numbers by the FP8 rounding of every MoE input (e4m3: up to 2^-4 relative per value) plus the bf16
 // rounding of each expert output (2^-9). Measured on this sequence: 3.15e-2 (max row); over four sequences
-// (13 to 40 tokens) the median row 2.5e-2 and the worst row 1.9e-1, one position whose perturbed hidden state
-// picks another expert in the next MoE layer. The bound, 1e-1, is three times this sequence's. (Under the
-// FP8 emulation, whose experts quantise their input as the GPU's do, the FP8 dispatch changes only the bf16
-// combine's share: model/deepep_test.cpp.) --deepep-bf16-dispatch sends the rows as held (f32 here) both
-// ways: --tp 1's logits within 1e-5, as every other layout.
+// (13 to 40 tokens) the median row 2.5e-2 and the worst row 1.9e-1 (one position; likely its perturbed hidden
+// state picking another expert in the next MoE layer). The bound, 1e-1, is three times this sequence's.
+// (Under the FP8 emulation, whose experts quantise their input as the GPU's do, the FP8 dispatch changes only
+// the bf16 combine's share: model/deepep_test.cpp.) --deepep-bf16-dispatch sends the rows as held (f32 here)
+// both ways: --tp 1's logits within 1e-5, as every other layout.
 constexpr double kDeepepFp8Tol = 0.1;
 
 TEST_F(ScoreTp, RealdimsFp8DeepepDispatchesFp8WithinItsTolerance) {
