@@ -158,6 +158,8 @@ TEST_F(ScoreTp, TracedDeepepBytesOfADecodeStepAreThePlans) {
               nullptr);
     struct Entry {
       double count = 0, bytes = 0, scale = 0, meta = 0;  // per step
+      std::string group;
+      int64_t group_size = 0;
     };
     std::map<std::string, std::map<std::string, Entry>> traced[2], planned;  // [rank] step -> name -> entry
     std::map<std::string, int64_t> passes;
@@ -172,12 +174,15 @@ TEST_F(ScoreTp, TracedDeepepBytesOfADecodeStepAreThePlans) {
         Entry& x = traced[r][c["step"].get<std::string>()][c["name"].get<std::string>()];
         x.count += 1;
         x.bytes += c["bytes"].get<double>();
+        x.group = c["group"].get<std::string>();
+        x.group_size = c["group_size"].get<int64_t>();
       }
       if (r > 0) continue;
       for (const auto& c : s["collectives"]["what_if"]["collectives"]) {
         planned[c["step"].get<std::string>()][c["name"].get<std::string>()] = {
-            c["count_per_step"].get<double>(), c["bytes_per_step"].get<double>(),
-            c["scale_bytes_per_step"].get<double>(), c["meta_bytes_per_step"].get<double>()};
+            c["count_per_step"].get<double>(),       c["bytes_per_step"].get<double>(),
+            c["scale_bytes_per_step"].get<double>(), c["meta_bytes_per_step"].get<double>(),
+            c["group"].get<std::string>(),           c["group_size"].get<int64_t>()};
       }
     }
     ASSERT_EQ(passes["decode"], 3) << layout;  // positions 10, 11, 12
@@ -193,8 +198,14 @@ TEST_F(ScoreTp, TracedDeepepBytesOfADecodeStepAreThePlans) {
       for (const std::string name : {"ep_dispatch_layout", "ep_dispatch", "ep_combine"}) {
         const Entry& w = planned[step][name];
         EXPECT_EQ(w.count, 2.0) << step << " " << name;  // realdims_fp8: 2 MoE layers (and 1 dense)
-        for (int r = 0; r < 2; ++r)
-          EXPECT_EQ(traced[r][step][name].count / n, w.count) << layout << " " << step << " " << name;
+        EXPECT_EQ(w.group, "ep") << step << " " << name;
+        EXPECT_EQ(w.group_size, 2) << step << " " << name;
+        for (int r = 0; r < 2; ++r) {
+          const Entry& t = traced[r][step][name];
+          EXPECT_EQ(t.count / n, w.count) << layout << " " << step << " " << name;
+          EXPECT_EQ(t.group, w.group) << layout << " " << step << " " << name;
+          EXPECT_EQ(t.group_size, w.group_size) << layout << " " << step << " " << name;
+        }
       }
       const Entry &l = planned[step]["ep_dispatch_layout"], &d = planned[step]["ep_dispatch"],
                   &c = planned[step]["ep_combine"];
@@ -211,6 +222,7 @@ TEST_F(ScoreTp, TracedDeepepBytesOfADecodeStepAreThePlans) {
         if (name.rfind("ep_", 0) == 0) continue;
         EXPECT_EQ(x.count / n, planned[step][name].count) << layout << " " << step << " " << name;
         EXPECT_EQ(x.bytes / n, 2 * planned[step][name].bytes) << layout << " " << step << " " << name;
+        EXPECT_EQ(x.group, planned[step][name].group) << layout << " " << step << " " << name;
       }
       EXPECT_EQ(traced[0][step].size(), planned[step].size()) << layout << " " << step;
     }
