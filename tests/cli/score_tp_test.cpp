@@ -41,7 +41,10 @@ class ScoreTp : public ::testing::Test {
   // Scores `ids` with `flags`; returns the output file's tensors.
   std::shared_ptr<io::SafetensorsFile> score(const std::filesystem::path& model, const std::string& args,
                                              const std::string& flags, const std::string& name) {
-    const auto out = ::testing::TempDir() + "score_tp_" + name + ".safetensors";
+    // Named by the test too: ctest runs the tests of this file in parallel processes.
+    const auto out = ::testing::TempDir() + "score_tp_" +
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" + name +
+                     ".safetensors";
     std::string msg;
     const int rc = run_command(fmt::format("timeout 300 {} score --model {} --out {} {} {} --threads 1",
                                            dsaserve_binary().string(), model.string(), out, args, flags),
