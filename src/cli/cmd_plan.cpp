@@ -19,6 +19,7 @@ struct PlanArgs {
   plan::Deployment d;
   double interconnect_gbps = 0;
   bool as_json = false;
+  bool bf16_dispatch = false;
 };
 
 const CommandRegistration reg(
@@ -60,6 +61,8 @@ const CommandRegistration reg(
           ->default_val(0.8);
       sub.add_flag("--dsa-topk-broadcast", a->d.dsa_topk_broadcast,
                    "broadcast rank 0's indexer top-k in attention TP (SGLANG_DSA_TOPK_BROADCAST)");
+      sub.add_flag("--deepep-bf16-dispatch", a->bf16_dispatch,
+                   "DeepEP dispatches bf16 rows on FP8 models too (SGLANG_DEEPEP_BF16_DISPATCH)");
       sub.add_flag("--json", a->as_json, "print JSON");
       return [a]() -> int {
         if (a->model_dir.empty() && a->config_file.empty())
@@ -68,6 +71,7 @@ const CommandRegistration reg(
             a->config_file.empty() ? fs::path(a->model_dir) / "config.json" : fs::path(a->config_file);
         const model::ModelConfig c = model::ModelConfig::from_file(cfg);
         plan::Deployment d = a->d;
+        d.deepep_fp8_dispatch = !a->bf16_dispatch;
         if (a->kv_dtype == "bf16" || a->kv_dtype == "auto") {
           d.kv_cache_dtype = plan::KvDtype::bf16;
         } else if (a->kv_dtype == "fp8_e4m3") {

@@ -111,6 +111,7 @@ CommandRun setup(CLI::App& sub) {
     so.dist = groups.get();
     so.dsa_topk_broadcast = o->dsa_topk_broadcast;
     so.moe_a2a_deepep = dflags->deepep();
+    so.deepep_fp8_dispatch = !dflags->deepep_bf16_dispatch;
     so.attention = o->attention == "mha"        ? model::AttentionForm::mha
                    : o->attention == "absorbed" ? model::AttentionForm::absorbed
                                                 : model::AttentionForm::automatic;
@@ -125,6 +126,7 @@ CommandRun setup(CLI::App& sub) {
         po.deployment.moe_dense_tp_size = dflags->layout.moe_dense_tp_size;
         po.deployment.dsa_topk_broadcast = o->dsa_topk_broadcast;
         if (dflags->deepep()) po.deployment.moe_a2a_backend = plan::A2aBackend::deepep;
+        po.deployment.deepep_fp8_dispatch = !dflags->deepep_bf16_dispatch;
         po.what_if = po.deployment;
       }
       if (!o->trace_plan_deployment.empty())

@@ -45,6 +45,10 @@ std::shared_ptr<DistFlags> add_dist_flags(CLI::App& sub) {
                  "(dispatch each row to its experts' ranks and combine back; needs --ep-size = --tp)")
       ->check(CLI::IsMember({"none", "deepep"}))
       ->capture_default_str();
+  sub.add_flag("--deepep-bf16-dispatch", f->deepep_bf16_dispatch,
+               "deepep: dispatch the rows unquantised (SGLang's SGLANG_DEEPEP_BF16_DISPATCH; f32 on the CPU) "
+               "and combine them as held; default: FP8 dispatch (e4m3, a scale per 128 columns) and bf16 "
+               "combine where the routed experts are FP8 block-scaled");
   sub.add_option("--nnodes", f->launch.nnodes, "machines in the deployment")->capture_default_str();
   sub.add_option("--node-rank", f->launch.node_rank, "this machine's index")->capture_default_str();
   sub.add_option("--dist-init-addr", f->launch.dist_init_addr,

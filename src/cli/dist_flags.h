@@ -1,6 +1,7 @@
 #pragma once
 // The parallel flags of the commands that run a model on several ranks (SGLang's names): --tp,
-// --ep-size, --attn-dp-size, --moe-a2a-backend, --nnodes, --node-rank, --dist-init-addr HOST:PORT,
+// --ep-size, --attn-dp-size, --moe-a2a-backend, --deepep-bf16-dispatch, --nnodes, --node-rank,
+// --dist-init-addr HOST:PORT,
 // --dist-timeout S, and the rank arguments the launcher appends (--dist-rank, --dist-store;
 // dist/launcher.h).
 //
@@ -23,6 +24,7 @@ struct DistFlags {
   dist::RankArgs rank;
   int64_t timeout_s = 60;
   std::string moe_a2a_backend = "none";  // --moe-a2a-backend none | deepep
+  bool deepep_bf16_dispatch = false;     // --deepep-bf16-dispatch (SGLANG_DEEPEP_BF16_DISPATCH)
   bool deepep() const { return moe_a2a_backend == "deepep"; }
   bool multi_rank() const { return layout.tp > 1; }
   bool output_rank() const { return !rank.launched() || rank.rank == 0; }  // the rank that prints / writes

@@ -60,7 +60,9 @@ class CpuBackend : public Backend {
   Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) override {
     return cpu::moe_route(logits, bias, p, observer());
   }
-  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
+  // The reference quantises nothing: x (with q, its dequantised value) is the input.
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
+                     const Fp8Act*) override {
     return cpu::moe_experts(x, routing, experts);
   }
   void fill_dummy(Tensor& t, const dummy::FillSpec& f) override { cpu::fill_dummy(t, f); }
@@ -82,8 +84,9 @@ class Fp8EmulationBackend final : public CpuBackend {
   Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
     return cpu::linear(x, w, r0, r1, std::move(out), &e_);
   }
-  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
-    return cpu::moe_experts(x, routing, experts, &e_);
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
+                     const Fp8Act* q) override {
+    return cpu::moe_experts(x, routing, experts, &e_, q);
   }
   // With Fp8Emulation::fp8_kv_cache: Backend's sequences, each row rounded as the GPU's FP8 cache stores it.
   void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
@@ -444,9 +447,14 @@ Routing Ops::moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteP
   DSA_KERNEL_SPAN("moe_route", logits);
   return on(logits.device()).moe_route(logits, bias, p);
 }
-Tensor Ops::moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) const {
+Tensor Ops::moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
+                        const Fp8Act* q) const {
   DSA_KERNEL_SPAN("moe_experts", x);
-  return on(x.device()).moe_experts(x, routing, experts);
+  DSA_CHECK(q == nullptr || !q->defined() ||
+                (q->codes.device() == x.device() && q->scales.defined() && q->scales.device() == x.device()),
+            "moe_experts: the input's FP8 copy ({}) is not on the input's device ({})", q->codes.describe(),
+            x.describe());
+  return on(x.device()).moe_experts(x, routing, experts, q);
 }
 
 // The free operators: the registered backends (Ops without a backend of its own).
@@ -508,8 +516,9 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) {
   return Ops().moe_route(logits, bias, p);
 }
-Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) {
-  return Ops().moe_experts(x, routing, experts);
+Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
+                   const Fp8Act* q) {
+  return Ops().moe_experts(x, routing, experts, q);
 }
 
 }  // namespace dsaserve::kernels

@@ -281,7 +281,12 @@ void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b
 // chosen, normalised (+1e-20) when asked, times routed_scaling_factor.
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
 // sum_k routing.weights[t, k] * experts[routing.ids[t, k]](x[t]) -> f32 [T, H].
-Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts);
+// `q` (may be null): x's FP8 copy (Fp8Act: codes u8 [Tp, H], scales f32 [H / 128, Tp], on x's device), x
+// then being its dequantised value, as a DeepEP FP8 dispatch delivers them: the experts that quantise their
+// input (the CUDA device_fp8 path, the FP8 emulation backend) read q instead of quantising x again, so the
+// result is bit for bit that of quantising the original rows where they run; the others compute on x.
+Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
+                   const Fp8Act* q = nullptr);
 
 // Dummy weights (--load-format dummy, model/dummy_weights.h): fills the contiguous tensor `t` (bf16, f32
 // or f8e4m3fn) as core/dummy_fill.h defines; every backend writes the same bytes for the same spec.
@@ -361,7 +366,8 @@ class Backend {
                                const Tensor& positions, const RopeParams& rope, Tensor& cache,
                                const Tensor& slots);
   virtual Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) = 0;
-  virtual Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) = 0;
+  virtual Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
+                             const Fp8Act* q) = 0;
   virtual void fill_dummy(Tensor& t, const dummy::FillSpec& f) = 0;
 
  private:
@@ -434,7 +440,8 @@ class Ops {
                        const Tensor& positions, const RopeParams& rope, Tensor& cache,
                        const Tensor& slots) const;
   Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) const;
-  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) const;
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
+                     const Fp8Act* q = nullptr) const;
 
  private:
   Backend& on(Device d) const;

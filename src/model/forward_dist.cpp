@@ -9,9 +9,9 @@
 // layer boundary the rows are all-gathered over attention TP again (attention needs every row of its DP
 // group). Decode steps gather equal lengths (each rank padded to the largest slice), prefill steps the
 // variable-length forms.
-#include <cstring>
-
 #include "dist/process_groups.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "model/deepep.h"
 #include "model/model.h"
 #include "trace/trace.h"
 
@@ -172,83 +172,52 @@ Tensor Model::mlp_rows(const LayerWeights& lw, const Tensor& h, const RowSplit& 
   return mine;
 }
 
+DeepepPayload Model::deepep_payload(const MoeWeights& moe, const ForwardOptions& opt) const {
+  // FP8 where the experts' gate / up run as FP8 block GEMMs (their input quantised per 128 columns), as
+  // SGLang dispatches on FP8 models unless SGLANG_DEEPEP_BF16_DISPATCH.
+  if (!opt.deepep_fp8_dispatch || moe.experts.empty() || cfg_.hidden_size % 128 != 0)
+    return DeepepPayload::activations;
+  const MlpWeights& e = moe.experts[0];
+  return kernels::cpu::fp8_gemm_eligible(ref(e.gate), 0, -1) &&
+                 kernels::cpu::fp8_gemm_eligible(ref(e.up), 0, -1)
+             ? DeepepPayload::fp8
+             : DeepepPayload::activations;
+}
+
 Tensor Model::moe_deepep(const LayerWeights& lw, const Tensor& h, const ForwardOptions& opt) const {
-  // DeepEP's pattern over the EP group (the world: --ep-size = --tp): each (row, pick) of this rank's
-  // rows goes to the EP rank holding the picked expert (the dispatch), that rank runs its experts on what
-  // it received, and the weighted outputs come back (the combine) to be summed per row. The payload is
-  // the rows as the model holds them (f32 on the CPU: the reference's numbers; the GPU's FP8 dispatch is
-  // issue #16). First the layout: how many pairs each rank sends to each.
+  // DeepEP's pattern over the EP group (the world: --ep-size = --tp), model/deepep.h: this rank's rows
+  // dispatched to the EP ranks of their experts (FP8 codes and scales on FP8 block-scaled experts, else
+  // the rows as held), each rank's experts on what it received, the weighted outputs combined back (bf16
+  // with FP8 dispatch) and summed per row.
   using trace::OpScope;
   const MoeWeights& moe = *lw.moe;
   dist::Communicator& ep = opt.dist->comm(dist::GroupKind::ep);
-  const int64_t n = h.size(0), H = h.size(1), k = cfg_.num_experts_per_tok, El = shard_.local_experts(cfg_),
-                P = ep.size();
+  const int64_t n = h.size(0), H = h.size(1);
   const Device dev = h.device();
   DSA_CHECK(h.dtype() == DType::f32, "forward: DeepEP dispatch of {} rows (f32 expected)", h.describe());
-  Tensor ids, wts, hx;
+  const DeepepPayload payload = deepep_payload(moe, opt);
+  Tensor ids, wts, hx = Tensor::empty({0, H}, DType::f32);
   if (n > 0) {
     const kernels::Routing r = route(moe, h);
     ids = r.ids.to(Device::cpu).contiguous();
     wts = r.weights.to(Device::cpu).contiguous();
     hx = h.to(Device::cpu).contiguous();
   }
-  // The pairs by destination rank, in row order within each.
-  std::vector<std::vector<int64_t>> to(static_cast<size_t>(P));  // pair index r * k + j
-  for (int64_t p = 0; p < n * k; ++p) to[size_t(ids.data<int32_t>()[p] / El)].push_back(p);
-  std::vector<int64_t> send(static_cast<size_t>(P)), recv(static_cast<size_t>(P));
-  Tensor sc = Tensor::empty({P}, DType::i64), rc = Tensor::empty({P}, DType::i64);
-  int64_t pairs = 0;
-  for (int64_t q = 0; q < P; ++q)
-    pairs += sc.data<int64_t>()[q] = send[size_t(q)] = int64_t(to[size_t(q)].size());
-  ep.all_to_all(sc, rc, "ep_dispatch_layout");
-  int64_t R = 0;
-  for (int64_t q = 0; q < P; ++q) R += recv[size_t(q)] = rc.data<int64_t>()[q];
-  // A dispatched row: the hidden row, then its expert (local to the receiver) and its routing weight.
-  Tensor out_buf = Tensor::empty({pairs, H + 2}, DType::f32);
-  {
-    float* o = out_buf.data<float>();
-    for (int64_t q = 0, i = 0; q < P; ++q) {
-      for (int64_t p : to[size_t(q)]) {
-        float* row = o + (i++) * (H + 2);
-        std::memcpy(row, hx.data<float>() + (p / k) * H, size_t(H) * sizeof(float));
-        row[H] = float(ids.data<int32_t>()[p] - q * El);
-        row[H + 1] = wts.data<float>()[p];
-      }
-    }
-  }
-  Tensor in_buf = Tensor::empty({R, H + 2}, DType::f32);
-  ep.all_to_all_v(out_buf, send, in_buf, recv, "ep_dispatch");
+  const DeepepDispatched d = deepep_dispatch(ep, hx, ids, wts, shard_.local_experts(cfg_), payload);
+  const int64_t R = d.x.size(0);
   Tensor y = Tensor::empty({R, H}, DType::f32);
   if (R > 0) {
-    Tensor x = in_buf.slice(1, 0, H).contiguous();
-    Tensor rid = Tensor::empty({R, 1}, DType::i32), rw = Tensor::empty({R, 1}, DType::f32);
-    for (int64_t i = 0; i < R; ++i) {
-      rid.data<int32_t>()[i] = int32_t(in_buf.data<float>()[i * (H + 2) + H]);
-      rw.data<float>()[i] = in_buf.data<float>()[i * (H + 2) + H + 1];
-    }
     std::vector<kernels::MlpRef> experts;
     experts.reserve(moe.experts.size());
     for (const MlpWeights& e : moe.experts) experts.push_back({ref(e.gate), ref(e.up), ref(e.down)});
     OpScope span("experts_gate_up+experts_act+experts_down");
-    const kernels::Routing local{dev == Device::cpu ? rid : rid.to(dev),
-                                 dev == Device::cpu ? rw : rw.to(dev)};
-    y = ops_.moe_experts(dev == Device::cpu ? x : x.to(dev), local, experts).to(Device::cpu).contiguous();
+    auto on = [&](const Tensor& t) { return dev == Device::cpu ? t : t.to(dev); };
+    const kernels::Routing local{on(d.ids), on(d.weights)};
+    const kernels::Fp8Act q =
+        d.q.defined() ? kernels::Fp8Act{on(d.q.codes), on(d.q.scales), d.q.rows} : kernels::Fp8Act{};
+    y = ops_.moe_experts(on(d.x), local, experts, q.defined() ? &q : nullptr).to(Device::cpu).contiguous();
   }
-  Tensor back = Tensor::empty({pairs, H}, DType::f32);
-  ep.all_to_all_v(y, recv, back, send, "ep_combine");
-  Tensor out = Tensor::zeros({n, H}, DType::f32);
-  {
-    OpScope span("moe_sum");
-    float* o = out.data<float>();
-    const float* b = back.data<float>();
-    for (int64_t q = 0, i = 0; q < P; ++q) {
-      for (int64_t p : to[size_t(q)]) {
-        float* row = o + (p / k) * H;
-        const float* src = b + (i++) * H;
-        for (int64_t c = 0; c < H; ++c) row[c] += src[c];
-      }
-    }
-  }
+  Tensor out = deepep_combine(ep, d, y);
   if (dev != Device::cpu) out = out.to(dev);
   if (moe.shared_experts && n > 0) {  // whole on each rank (MoE TP 1): this rank's rows
     const Tensor sh = dense_mlp(*moe.shared_experts, h, {}, true);

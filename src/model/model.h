@@ -31,10 +31,11 @@ namespace dsaserve::model {
 // mha_min_tokens new tokens).
 enum class AttentionForm { automatic, mha, absorbed };
 
-struct StepPlan;        // model/step_plan.h
-struct StepPlanConfig;  // model/step_plan.h
-struct StepInputs;      // model/step_plan.h
-struct StepCapacity;    // model/step_plan.h
+enum class DeepepPayload : uint8_t;  // model/deepep.h
+struct StepPlan;                     // model/step_plan.h
+struct StepPlanConfig;               // model/step_plan.h
+struct StepInputs;                   // model/step_plan.h
+struct StepCapacity;                 // model/step_plan.h
 
 // One request's attention work in a step, as the automatic form choice sees it: `tokens` new tokens after
 // `context` cached ones, `heads` query heads (per rank), each row attending min(topk, visible) keys
@@ -120,6 +121,11 @@ struct ForwardOptions {
   // experts and combines the outputs back (all-to-all-v over EP; needs --ep-size = --tp and no attention
   // DP), instead of each rank computing its experts' share of every row before an all-reduce.
   bool moe_a2a_deepep = false;
+  // Its payloads (model/deepep.h): FP8 dispatch (e4m3 codes, one f32 scale per 128 columns) and bf16
+  // combine where the routed experts are FP8 block-scaled, as SGLang runs DeepEP on FP8 models; false
+  // (--deepep-bf16-dispatch, SGLang's SGLANG_DEEPEP_BF16_DISPATCH) or other experts: the rows as the model
+  // holds them both ways (f32 on the CPU: the reference's numbers).
+  bool deepep_fp8_dispatch = true;
 };
 
 struct ForwardOutput {
@@ -203,6 +209,7 @@ class Model {
   Tensor mlp_rows(const LayerWeights& lw, const Tensor& h, const RowSplit& sp,
                   const ForwardOptions& opt) const;
   Tensor moe_deepep(const LayerWeights& lw, const Tensor& h, const ForwardOptions& opt) const;
+  DeepepPayload deepep_payload(const MoeWeights& moe, const ForwardOptions& opt) const;
   // The routing restricted to this rank's experts (EP), renumbered from 0; other experts' picks get weight 0.
   kernels::Routing local_routing(kernels::Routing r) const;
   Tensor decoder_layers(Tensor x, Step& st, KvCache& cache, bool mtp, int64_t k) const;

@@ -62,6 +62,7 @@ ScoreResult score_sequence(const Model& model, std::span<const int32_t> all_ids,
   fo.dist = opt.dist;
   fo.dsa_topk_broadcast = opt.dsa_topk_broadcast;
   fo.moe_a2a_deepep = opt.moe_a2a_deepep;
+  fo.deepep_fp8_dispatch = opt.deepep_fp8_dispatch;
   const auto steps = score_schedule(n, opt);
   // Positions from decode_from on are decoded one per step; before it, prompt chunks (even of one token).
   auto decoding = [&](int64_t b) {

@@ -18,6 +18,7 @@ struct ScoreOptions {
   const dist::ProcessGroups* dist = nullptr;  // a sharded model's groups (ForwardOptions::dist)
   bool dsa_topk_broadcast = false;            // ForwardOptions::dsa_topk_broadcast
   bool moe_a2a_deepep = false;                // ForwardOptions::moe_a2a_deepep
+  bool deepep_fp8_dispatch = true;            // ForwardOptions::deepep_fp8_dispatch
 };
 
 // Attention DP (--attn-dp-size D > 1): DP group 0 scores the sequence; each other DP group d scores its

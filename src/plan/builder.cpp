@@ -39,7 +39,8 @@ Op Builder::op(std::string name, OpKind kind, Precision prec, std::string shape,
 }
 
 Collective Builder::coll(std::string name, CollKind kind, std::string group, int64_t group_size,
-                         std::string after, double count, double bytes, double scale_bytes) const {
+                         std::string after, double count, double bytes, double scale_bytes,
+                         double meta_bytes) const {
   Collective col;
   col.name = std::move(name);
   col.kind = kind;
@@ -49,13 +50,14 @@ Collective Builder::coll(std::string name, CollKind kind, std::string group, int
   col.count = int64_t(std::llround(count));
   col.bytes = bytes;
   col.scale_bytes = scale_bytes;
+  col.meta_bytes = meta_bytes;
   const double g = double(group_size), frac = (g - 1) / g;
   switch (kind) {
     case CollKind::all_reduce: col.wire_bytes = 2 * frac * bytes; break;
     case CollKind::all_gather:
     case CollKind::reduce_scatter: col.wire_bytes = frac * bytes; break;
     case CollKind::dispatch:
-    case CollKind::combine: col.wire_bytes = frac * (bytes + scale_bytes); break;
+    case CollKind::combine: col.wire_bytes = frac * (bytes + scale_bytes + meta_bytes); break;
     case CollKind::broadcast: col.wire_bytes = bytes; break;
   }
   col.time_s = hw_.collective_latency_s + col.wire_bytes / hw_.interconnect_bytes_per_s;
@@ -323,11 +325,18 @@ void Builder::moe(LayerKindPlan& lp, const PassTokens& p) const {
   lp.ops.push_back(op("router_topk", OpKind::topk, Precision::none,
                       fmt::format("[{}, {}] -> top-{}", town, c_.n_routed_experts, c_.num_experts_per_tok),
                       6 * Town * E, E * 4 * occ, Town * E * 4, Town * k * 8));
-  const double act_in = (deepep && c_.fp8.enabled) ? 1.0 : kAct;
+  const bool fp8_dispatch = deepep && c_.fp8.enabled && d_.deepep_fp8_dispatch;
+  const double act_in = fp8_dispatch ? 1.0 : kAct;
   if (deepep) {
-    lp.collectives.push_back(
-        coll("ep_dispatch", CollKind::dispatch, "ep", ep, "router_topk", occ, Town / occ * k * H * act_in,
-             c_.fp8.enabled ? Town / occ * k * double(ceil_div(c_.hidden_size, 128)) * 4 : 0));
+    // First the pair counts each rank sends each (DeepEP's dispatch layout: the receive sizes), then each
+    // (token, pick) pair: its row (FP8 codes + a scale per 128 values, or bf16), its expert and weight.
+    Collective layout =
+        coll("ep_dispatch_layout", CollKind::dispatch, "ep", ep, "router_topk", occ, double(ep) * 8);
+    layout.article = false;
+    lp.collectives.push_back(layout);
+    lp.collectives.push_back(coll(
+        "ep_dispatch", CollKind::dispatch, "ep", ep, "router_topk", occ, Town / occ * k * H * act_in,
+        fp8_dispatch ? Town / occ * k * double(ceil_div(c_.hidden_size, 128)) * 4 : 0, Town / occ * k * 8));
   }
   const int64_t Iml = c_.moe_intermediate_size / mtp;
   const double I = double(Iml);

@@ -45,7 +45,7 @@ class Builder {
   Op op(std::string name, OpKind kind, Precision prec, std::string shape, double flops, double weight,
         double act_read, double act_write, double kv_read = 0, double kv_write = 0) const;
   Collective coll(std::string name, CollKind kind, std::string group, int64_t group_size, std::string after,
-                  double count, double bytes, double scale_bytes = 0) const;
+                  double count, double bytes, double scale_bytes = 0, double meta_bytes = 0) const;
   void attention(LayerKindPlan& lp, bool full_indexer, const PassTokens& p) const;
   void dense_mlp(LayerKindPlan& lp, const PassTokens& p) const;
   void moe(LayerKindPlan& lp, const PassTokens& p) const;

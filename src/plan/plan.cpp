@@ -139,7 +139,7 @@ void add_totals(StepTotals& s, const Pass& pass, int64_t tp) {
     s.comm_s += col.time_s * n;
     // The article counts one tensor per ring collective, and all ranks' sends for dispatch/combine.
     const bool a2a = col.kind == CollKind::dispatch || col.kind == CollKind::combine;
-    s.article_bytes_per_output_token += (a2a ? col.bytes * double(tp) : col.bytes) * n;
+    if (col.article) s.article_bytes_per_output_token += (a2a ? col.bytes * double(tp) : col.bytes) * n;
   };
   for (const Op& o : pass.head_ops) add_op(o, rep);
   for (const Collective& col : pass.head_collectives) add_coll(col, rep);

@@ -46,7 +46,9 @@ struct Deployment {
   int64_t chunked_prefill_size = 8192;       // -1: no chunking
   double mem_fraction_static = 0.8;
   bool dsa_topk_broadcast = false;  // SGLANG_DSA_TOPK_BROADCAST: rank 0's top-k broadcast in attn TP
-  double accept_length = 1.0;       // output tokens per request per decode step (MTP acceptance)
+  // DeepEP's FP8 dispatch on FP8 models; false: SGLANG_DEEPEP_BF16_DISPATCH (--deepep-bf16-dispatch).
+  bool deepep_fp8_dispatch = true;
+  double accept_length = 1.0;  // output tokens per request per decode step (MTP acceptance)
 
   // The layout's group arithmetic is dist::ParallelLayout's (the ranks run what the plan prices).
   dist::ParallelLayout layout() const { return {tp, ep_size, attn_dp_size, moe_dense_tp_size}; }
@@ -93,8 +95,10 @@ enum class CollKind : uint8_t { all_reduce, all_gather, reduce_scatter, dispatch
 
 // One collective on one rank. `bytes` follows the article's convention: the tensor each rank holds
 // (all-reduce), the gathered output (all-gather), the input (reduce-scatter), what this rank sends
-// (dispatch/combine, payload only) or the broadcast tensor. wire_bytes is what this rank sends on the
-// interconnect (ring: 2(n-1)/n, (n-1)/n; all-to-all: the remote share).
+// (dispatch/combine, payload only: the activations; a dispatch's FP8 scales and routing in scale_bytes and
+// meta_bytes; ep_dispatch_layout: the pair counts, one i64 per rank) or the broadcast tensor. wire_bytes
+// is what this rank sends on the interconnect (ring: 2(n-1)/n, (n-1)/n; all-to-all: the remote share of
+// bytes + scale_bytes + meta_bytes).
 struct Collective {
   std::string name;  // stable: "attn_tp_all_reduce", "dp_all_gather", "ep_dispatch", ...
   CollKind kind = CollKind::all_reduce;
@@ -104,6 +108,8 @@ struct Collective {
   int64_t count = 1;       // times per layer of its kind per pass (prefill: chunks)
   double bytes = 0;        // per occurrence
   double scale_bytes = 0;  // FP8 scales that travel with a dispatch, per occurrence
+  double meta_bytes = 0;   // the routing that travels with a dispatch (expert i32 + weight f32 a pair)
+  bool article = true;     // in the article's bill (false: DeepEP's layout exchange, which it leaves out)
   double wire_bytes = 0;   // per occurrence
   double time_s = 0;       // per occurrence: latency + wire / bandwidth
 };

@@ -39,6 +39,7 @@ json coll_json(const Collective& c, const std::string& prefix) {
           {"count", c.count},
           {"bytes", c.bytes},
           {"scale_bytes", c.scale_bytes},
+          {"meta_bytes", c.meta_bytes},
           {"wire_bytes", c.wire_bytes},
           {"time_s", c.time_s}};
 }
@@ -198,6 +199,7 @@ json to_json(const Plan& p) {
             {"chunked_prefill_size", d.chunked_prefill_size},
             {"mem_fraction_static", d.mem_fraction_static},
             {"dsa_topk_broadcast", d.dsa_topk_broadcast},
+            {"deepep_fp8_dispatch", d.deepep_fp8_dispatch},
             {"accept_length", d.accept_length}}},
           {"hardware",
            {{"gpu", h.name},

@@ -67,7 +67,7 @@ nlohmann::json measured_vs_planned(const std::vector<trace::Event>& events, cons
   struct WhatIf {
     std::string group;
     int64_t group_size = 0, count = 0;
-    double bytes = 0, wire_bytes = 0;
+    double bytes = 0, scale_bytes = 0, meta_bytes = 0, wire_bytes = 0;
   };
   std::map<std::string, WhatIf> what_if;  // "step/name"
   std::map<std::string, int64_t> what_if_steps;
@@ -110,6 +110,8 @@ nlohmann::json measured_vs_planned(const std::vector<trace::Event>& events, cons
         x.group_size = col.group_size;
         x.count += int64_t(double(col.count) * times);
         x.bytes += col.bytes * double(col.count) * times;
+        x.scale_bytes += col.scale_bytes * double(col.count) * times;
+        x.meta_bytes += col.meta_bytes * double(col.count) * times;
         x.wire_bytes += col.wire_bytes * double(col.count) * times;
       };
       for (const Collective& col : w.head_collectives) coll(col, 1);
@@ -242,6 +244,8 @@ nlohmann::json measured_vs_planned(const std::vector<trace::Event>& events, cons
                       {"group_size", x.group_size},
                       {"count_per_step", double(x.count) / n},
                       {"bytes_per_step", x.bytes / n},
+                      {"scale_bytes_per_step", x.scale_bytes / n},
+                      {"meta_bytes_per_step", x.meta_bytes / n},
                       {"wire_bytes_per_step", x.wire_bytes / n}});
     }
     w["collectives"] = list;

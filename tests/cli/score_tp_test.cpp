@@ -41,7 +41,10 @@ class ScoreTp : public ::testing::Test {
   // Scores `ids` with `flags`; returns the output file's tensors.
   std::shared_ptr<io::SafetensorsFile> score(const std::filesystem::path& model, const std::string& args,
                                              const std::string& flags, const std::string& name) {
-    const auto out = ::testing::TempDir() + "score_tp_" + name + ".safetensors";
+    // Named by the test too: ctest runs the tests of this file in parallel processes.
+    const auto out = ::testing::TempDir() + "score_tp_" +
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" + name +
+                     ".safetensors";
     std::string msg;
     const int rc = run_command(fmt::format("timeout 300 {} score --model {} --out {} {} {} --threads 1",
                                            dsaserve_binary().string(), model.string(), out, args, flags),
@@ -106,6 +109,127 @@ TEST_F(ScoreTp, RealdimsEqualsOneRank) {
                       {"--tp 2", "--tp 2 --ep-size 2", "--tp 2 --ep-size 2 --attn-dp-size 2",
                        "--tp 2 --ep-size 2 --moe-a2a-backend deepep"},
                       false);
+}
+
+// DeepEP on FP8 block-scaled experts (realdims_fp8): by default the reference deployment's payloads, an
+// FP8 dispatch (e4m3 codes, a scale per 128 columns) and a bf16 combine. The CPU's experts do not quantise
+// their input (the reference; the GPU's FP8 experts and the emulation do, and read the dispatched codes
+// instead: kernels MoeExperts.PreQuantisedInputIsTheEmulationsOwnQuantisation), so this changes the
+// numbers by the FP8 rounding of every MoE input (e4m3: up to 2^-4 relative per value) plus the bf16
+// rounding of each expert output (2^-9). Measured on this sequence: 3.15e-2 (max row); over four sequences
+// (13 to 40 tokens) the median row 2.5e-2 and the worst row 1.9e-1 (one position; likely its perturbed hidden
+// state picking another expert in the next MoE layer). The bound, 1e-1, is three times this sequence's.
+// (Under the FP8 emulation, whose experts quantise their input as the GPU's do, the FP8 dispatch changes only
+// the bf16 combine's share: model/deepep_test.cpp.) --deepep-bf16-dispatch sends the rows as held (f32 here)
+// both ways: --tp 1's logits within 1e-5, as every other layout.
+constexpr double kDeepepFp8Tol = 0.1;
+
+TEST_F(ScoreTp, RealdimsFp8DeepepDispatchesFp8WithinItsTolerance) {
+  DSA_FIXTURE_PATH(model, "models/realdims_fp8");
+  const std::string args = fmt::format("--ids {} --decode-from 12", ids(16));
+  const auto ref = score(model, args, "", "fp8_tp1");
+  ASSERT_NE(ref, nullptr);
+  const auto fp8 = score(model, args, "--tp 2 --ep-size 2 --moe-a2a-backend deepep", "fp8_deepep");
+  ASSERT_NE(fp8, nullptr);
+  const double e = max_row_rel_error(fp8->get("logits"), ref->get("logits"));
+  std::printf("RESULT score realdims_fp8 deepep fp8 dispatch + bf16 combine: logits max row rel error %.3g\n",
+              e);
+  EXPECT_LT(e, kDeepepFp8Tol);
+  EXPECT_GT(e, 1e-5);  // the payloads did change the numbers: the FP8 path ran
+  const auto plain = score(model, args, "--tp 2 --ep-size 2 --moe-a2a-backend deepep --deepep-bf16-dispatch",
+                           "fp8_deepep_f32");
+  ASSERT_NE(plain, nullptr);
+  const double p = max_row_rel_error(plain->get("logits"), ref->get("logits"));
+  std::printf("RESULT score realdims_fp8 deepep --deepep-bf16-dispatch: logits max row rel error %.3g\n", p);
+  EXPECT_LT(p, 1e-5);
+}
+
+// The bytes DeepEP moves in one decode step (and the prefill) of realdims_fp8 under --tp 2 --ep-size 2: per
+// MoE layer one ep_dispatch_layout (one i64 per rank), one ep_dispatch (per (token, pick) pair its codes
+// [256], 2 scales, expert and weight: 272 B) and one ep_combine (bf16 [256] a pair), over both ranks
+// exactly the deployment's plan (its per-rank figures are averages over the ranks: tokens / tp each), and
+// the other collectives per rank as in the tests above (twice the plan's bf16 bytes).
+TEST_F(ScoreTp, TracedDeepepBytesOfADecodeStepAreThePlans) {
+  DSA_FIXTURE_PATH(model, "models/realdims_fp8");
+  for (const bool bf16_dispatch : {false, true}) {
+    const std::string layout = std::string("--tp 2 --ep-size 2 --moe-a2a-backend deepep") +
+                               (bf16_dispatch ? " --deepep-bf16-dispatch" : "");
+    const std::filesystem::path dir = ::testing::TempDir() + "score_tp_deepep_trace";
+    std::filesystem::remove_all(dir);
+    ASSERT_NE(score(model, fmt::format("--ids {} --decode-from 10 --trace-dir {}", ids(13), dir.string()),
+                    layout, "deepep_trace"),
+              nullptr);
+    struct Entry {
+      double count = 0, bytes = 0, scale = 0, meta = 0;  // per step
+      std::string group;
+      int64_t group_size = 0;
+    };
+    std::map<std::string, std::map<std::string, Entry>> traced[2], planned;  // [rank] step -> name -> entry
+    std::map<std::string, int64_t> passes;
+    for (int r = 0; r < 2; ++r) {
+      std::filesystem::path file;
+      for (const auto& e : std::filesystem::directory_iterator(dir / fmt::format("rank{}", r)))
+        file = e.path();
+      std::ifstream f(file);
+      const nlohmann::json s = nlohmann::json::parse(f)["plan_summary"];
+      for (const auto& st : s["steps"]) passes[st["step"].get<std::string>()] = st["passes"];
+      for (const auto& c : s["collectives"]["traced"]) {
+        Entry& x = traced[r][c["step"].get<std::string>()][c["name"].get<std::string>()];
+        x.count += 1;
+        x.bytes += c["bytes"].get<double>();
+        x.group = c["group"].get<std::string>();
+        x.group_size = c["group_size"].get<int64_t>();
+      }
+      if (r > 0) continue;
+      for (const auto& c : s["collectives"]["what_if"]["collectives"]) {
+        planned[c["step"].get<std::string>()][c["name"].get<std::string>()] = {
+            c["count_per_step"].get<double>(),       c["bytes_per_step"].get<double>(),
+            c["scale_bytes_per_step"].get<double>(), c["meta_bytes_per_step"].get<double>(),
+            c["group"].get<std::string>(),           c["group_size"].get<int64_t>()};
+      }
+    }
+    ASSERT_EQ(passes["decode"], 3) << layout;  // positions 10, 11, 12
+    ASSERT_EQ(passes["prefill"], 1) << layout;
+    // The activations (--deepep-bf16-dispatch's rows, the combine's outputs) f32 on the CPU where the plan
+    // has bf16: twice its bytes; FP8 codes, scales, routing and counts as they are.
+    const double act = bf16_dispatch ? 2 : 1;
+    for (const std::string step : {"decode", "prefill"}) {
+      const double n = double(passes[step]);
+      auto both = [&](const std::string& name) {
+        return (traced[0][step][name].bytes + traced[1][step][name].bytes) / n;
+      };
+      for (const std::string name : {"ep_dispatch_layout", "ep_dispatch", "ep_combine"}) {
+        const Entry& w = planned[step][name];
+        EXPECT_EQ(w.count, 2.0) << step << " " << name;  // realdims_fp8: 2 MoE layers (and 1 dense)
+        EXPECT_EQ(w.group, "ep") << step << " " << name;
+        EXPECT_EQ(w.group_size, 2) << step << " " << name;
+        for (int r = 0; r < 2; ++r) {
+          const Entry& t = traced[r][step][name];
+          EXPECT_EQ(t.count / n, w.count) << layout << " " << step << " " << name;
+          EXPECT_EQ(t.group, w.group) << layout << " " << step << " " << name;
+          EXPECT_EQ(t.group_size, w.group_size) << layout << " " << step << " " << name;
+        }
+      }
+      const Entry &l = planned[step]["ep_dispatch_layout"], &d = planned[step]["ep_dispatch"],
+                  &c = planned[step]["ep_combine"];
+      EXPECT_EQ(both("ep_dispatch_layout"), 2 * l.bytes) << layout << " " << step;
+      EXPECT_EQ(both("ep_dispatch"), 2 * (act * d.bytes + d.scale + d.meta)) << layout << " " << step;
+      EXPECT_EQ(both("ep_combine"), 2 * act * c.bytes) << layout << " " << step;
+      EXPECT_EQ(d.scale > 0, !bf16_dispatch) << step;
+      // 1 (decode) or 10 (prefill) tokens x 4 picks a step per MoE layer, on both ranks together.
+      const double pairs = 2 * (step == "decode" ? 1 : 10) * 4;
+      EXPECT_EQ(both("ep_dispatch"), pairs * (bf16_dispatch ? 4 * 256 + 8 : 256 + 2 * 4 + 8)) << step;
+      EXPECT_EQ(both("ep_combine"), pairs * 256 * (bf16_dispatch ? 4 : 2)) << step;
+      // Everything else rank 0 ran: the plan's count and twice its bf16 bytes.
+      for (const auto& [name, x] : traced[0][step]) {
+        if (name.rfind("ep_", 0) == 0) continue;
+        EXPECT_EQ(x.count / n, planned[step][name].count) << layout << " " << step << " " << name;
+        EXPECT_EQ(x.bytes / n, 2 * planned[step][name].bytes) << layout << " " << step << " " << name;
+        EXPECT_EQ(x.group, planned[step][name].group) << layout << " " << step << " " << name;
+      }
+      EXPECT_EQ(traced[0][step].size(), planned[step].size()) << layout << " " << step;
+    }
+  }
 }
 
 // The traced collectives of rank 0's decode steps against the plan of the deployment that ran

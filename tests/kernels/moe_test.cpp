@@ -1,9 +1,11 @@
 // MoE: the grouped sigmoid router and the routed experts against straightforward references.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 
 #include "core/error.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "test_util.h"
 
 namespace dsaserve::kernels {
@@ -117,6 +119,61 @@ TEST(MoeExperts, WeightedSumOfExpertMlps) {
   EXPECT_LT(rel_error(moe_experts(x, r, experts), ref), 2e-6);
   r.ids.data<int32_t>()[0] = int32_t(E);
   EXPECT_THROW(moe_experts(x, r, experts), Error);
+}
+
+// The input's FP8 copy (a DeepEP FP8 dispatch's codes and scales, quantised once on the sender by
+// fp8_quantize_row128): fp8_quant_dequant's values exactly, and the experts of the FP8 emulation that read
+// it give, bit for bit, their own quantisation's result (re-quantising the dequantised rows would not: a
+// group's scale amax / 448 does not always survive * 448 / 448, ~10% of f32 scales move by one ulp); the
+// reference backend, which quantises nothing, computes on x.
+TEST(MoeExperts, PreQuantisedInputIsTheEmulationsOwnQuantisation) {
+  std::mt19937 rng(17);
+  const int64_t T = 9, H = 256, I = 128, E = 4, K = 2;
+  std::vector<MlpRef> experts;
+  for (int64_t e = 0; e < E; ++e)
+    experts.push_back({random_weight(I, H, DType::f8e4m3fn, rng).ref,
+                       random_weight(I, H, DType::f8e4m3fn, rng).ref,
+                       random_weight(H, I, DType::f8e4m3fn, rng).ref});
+  Tensor x = randn({T, H}, rng);
+  x.data<float>()[5] = 0.0f;
+  for (int64_t c = 128; c < 256; ++c) x.data<float>()[H + c] *= 1e-3f;  // a small group beside a large one
+  for (int64_t c = 0; c < 128; ++c) x.data<float>()[2 * H + c] = 0.0f;  // an all-zero group: scale 1
+  Routing r{Tensor::empty({T, K}, DType::i32), Tensor::empty({T, K}, DType::f32)};
+  for (int64_t t = 0; t < T; ++t) {
+    r.ids.data<int32_t>()[t * K] = int32_t(t % E);
+    r.ids.data<int32_t>()[t * K + 1] = int32_t((t + 1) % E);
+    r.weights.data<float>()[t * K] = 0.25f + 0.1f * float(t);
+    r.weights.data<float>()[t * K + 1] = 0.5f;
+  }
+  // The sender's quantisation, in the Fp8Act layout (scales [H / 128, Tp], Tp = T + 3 rows of padding).
+  const int64_t Tp = T + 3, G = H / 128;
+  Fp8Act q{Tensor::zeros({Tp, H}, DType::u8), Tensor::zeros({G, Tp}, DType::f32), T};
+  for (int64_t t = 0; t < T; ++t)
+    cpu::fp8_quantize_row128(x.data<float>() + t * H, H, q.codes.data_u8() + t * H,
+                             q.scales.data<float>() + t, Tp);
+  const Tensor ref_dq = cpu::fp8_quant_dequant(x);
+  Tensor xdq = Tensor::empty({T, H}, DType::f32);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < H; ++c)
+      xdq.data<float>()[t * H + c] =
+          f8e4m3fn_to_f32(q.codes.data_u8()[t * H + c]) * q.scales.data<float>()[(c / 128) * Tp + t];
+  EXPECT_EQ(std::memcmp(xdq.raw_data(), ref_dq.raw_data(), size_t(xdq.nbytes())), 0);
+  EXPECT_EQ(q.scales.data<float>()[2], 1.0f);  // row 2's zero group
+
+  cpu::Fp8Emulation emu;
+  emu.enabled = true;
+  const std::shared_ptr<Backend> b = make_fp8_emulation_backend(emu);
+  const Tensor want = b->moe_experts(x, r, experts, nullptr);
+  const Tensor got = b->moe_experts(xdq, r, experts, &q);
+  EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), size_t(want.nbytes())), 0);
+  // The reference backend ignores q: the experts of the quantised rows.
+  const Tensor plain = backend(Device::cpu).moe_experts(xdq, r, experts, &q);
+  const Tensor plain_x = backend(Device::cpu).moe_experts(xdq, r, experts, nullptr);
+  EXPECT_EQ(std::memcmp(plain.raw_data(), plain_x.raw_data(), size_t(plain.nbytes())), 0);
+  // A copy that does not match the rows is an error.
+  Fp8Act short_q = q;
+  short_q.rows = T - 1;
+  EXPECT_THROW(b->moe_experts(xdq, r, experts, &short_q), Error);
 }
 
 }  // namespace

@@ -421,8 +421,8 @@ void add_moe_cases(std::vector<OpCase>& t) {
            const Routing rd{on(rt.ids, d), on(rt.weights, d)};
            const double per_expert = 3.0 * double(kI * kH) * double(dtype_size(dt));
            return same_op(
-               d, r, [=](Backend& b) { return Outs{b.moe_experts(xd, rd, *ex_d)}; },
-               [=](Backend& b) { return Outs{b.moe_experts(x, rt, *ex)}; },
+               d, r, [=](Backend& b) { return Outs{b.moe_experts(xd, rd, *ex_d, nullptr)}; },
+               [=](Backend& b) { return Outs{b.moe_experts(x, rt, *ex, nullptr)}; },
                {{Measure::gemm_l2, dt == DType::bf16 ? kTolBf16 : kTolFp8}},
                per_expert * double(used.size()) + double(T * kH) * 2 * kF32,
                6.0 * double(T * kTopK * kI * kH), dt == DType::f8e4m3fn);

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -96,6 +97,35 @@ TEST(PlanCli, KeysAreUniqueAndModelDirWorks) {
   EXPECT_TRUE(keys.count("decode/draft/mtp/mtp_eh_proj"));
   EXPECT_TRUE(keys.count("decode/verify/moe.full/ep_dispatch"));
   EXPECT_TRUE(keys.count("prefill/prefill/dense.full/dp_all_gather"));
+}
+
+// DeepEP's dispatch on an FP8 model: FP8 codes, a scale per 128 values and each pair's expert and weight,
+// after the pair counts; --deepep-bf16-dispatch (SGLANG_DEEPEP_BF16_DISPATCH): bf16 rows, no scales.
+TEST(PlanCli, DeepepFp8OrBf16Dispatch) {
+  DSA_FIXTURE_PATH(cfg, "configs/glm-5.3.json");
+  for (const bool bf16 : {false, true}) {
+    std::string out;
+    ASSERT_EQ(run_command(
+                  fmt::format("{} plan --config {} --tp 8 --ep-size 8 --attn-dp-size 8 --batch 32 {} "
+                              "--json 2>&1",
+                              dsaserve_binary().string(), cfg.string(), bf16 ? "--deepep-bf16-dispatch" : ""),
+                  &out),
+              0)
+        << out;
+    const auto j = nlohmann::json::parse(out);
+    EXPECT_EQ(j["deployment"]["deepep_fp8_dispatch"], !bf16);
+    std::map<std::string, nlohmann::json> c;
+    for (const auto& p : j["steps"]["decode"]["passes"])
+      for (const auto& k : p["layer_kinds"])
+        for (const auto& x : k["collectives"]) c[x["key"].get<std::string>()] = x;
+    const nlohmann::json& d = c.at("decode/decode/moe.shared/ep_dispatch");
+    // 4 tokens per rank x 8 picks x 6144.
+    EXPECT_EQ(d["bytes"].get<double>(), 4.0 * 8 * 6144 * (bf16 ? 2 : 1));
+    EXPECT_EQ(d["scale_bytes"].get<double>(), bf16 ? 0.0 : 4.0 * 8 * 48 * 4);
+    EXPECT_EQ(d["meta_bytes"].get<double>(), 4.0 * 8 * 8);
+    EXPECT_EQ(c.at("decode/decode/moe.shared/ep_dispatch_layout")["bytes"].get<double>(), 8.0 * 8);
+    EXPECT_EQ(c.at("decode/decode/moe.shared/ep_combine")["bytes"].get<double>(), 4.0 * 8 * 6144 * 2);
+  }
 }
 
 TEST(PlanCli, TextReportAndInterconnect) {

@@ -124,8 +124,8 @@ TEST_F(Glm53, ArticleCollectivesPerDecodeLayer) {
   EXPECT_EQ(layers_with_gather, 78u);
   // MoE layers: DeepEP dispatch 8 x 6144 B = 48 KB per token in FP8, combine twice that in bf16.
   const LayerKindPlan& moe = kind_named(dec, "moe.shared");
-  EXPECT_EQ(coll_names(moe),
-            (std::vector<std::string>{"dp_all_gather", "ep_dispatch", "ep_combine", "dp_reduce_scatter"}));
+  EXPECT_EQ(coll_names(moe), (std::vector<std::string>{"dp_all_gather", "ep_dispatch_layout", "ep_dispatch",
+                                                       "ep_combine", "dp_reduce_scatter"}));
   const Collective* disp = coll_named(moe.collectives, "ep_dispatch");
   const Collective* comb = coll_named(moe.collectives, "ep_combine");
   const double tokens_per_rank = 32.0 / 8;
@@ -133,7 +133,12 @@ TEST_F(Glm53, ArticleCollectivesPerDecodeLayer) {
   EXPECT_EQ(disp->bytes / tokens_per_rank, 49152.0);
   EXPECT_EQ(comb->bytes, 2 * disp->bytes);
   EXPECT_EQ(disp->scale_bytes, tokens_per_rank * 8 * (6144 / 128) * 4);
-  EXPECT_EQ(disp->wire_bytes, (disp->bytes + disp->scale_bytes) * 7 / 8);
+  EXPECT_EQ(disp->meta_bytes, tokens_per_rank * 8 * 8);  // each pair's expert (i32) and weight (f32)
+  EXPECT_EQ(disp->wire_bytes, (disp->bytes + disp->scale_bytes + disp->meta_bytes) * 7 / 8);
+  // Before it the pair counts, one i64 per EP rank (left out of the article's bill).
+  const Collective* layout = coll_named(moe.collectives, "ep_dispatch_layout");
+  EXPECT_EQ(layout->bytes, 8.0 * 8);
+  EXPECT_FALSE(layout->article);
   // Dense layers have no EP traffic.
   EXPECT_EQ(coll_names(kind_named(dec, "dense.full")),
             (std::vector<std::string>{"dp_all_gather", "dp_reduce_scatter"}));
@@ -141,8 +146,8 @@ TEST_F(Glm53, ArticleCollectivesPerDecodeLayer) {
   // token; exactly 393,216 x 156 / 32 + 147,456 x 75 = 12,976,128 B.
   EXPECT_DOUBLE_EQ(p.decode.totals.article_bytes_per_output_token, 393216.0 * 156 / 32 + 147456.0 * 75);
   EXPECT_NEAR(p.decode.totals.article_bytes_per_output_token / 1e6, 12.98, 0.01);
-  // One decode step on one rank: 2 collectives per layer + 2 more per MoE layer.
-  EXPECT_EQ(p.decode.totals.collectives, 78 * 2 + 75 * 2);
+  // One decode step on one rank: 2 collectives per layer + 3 more per MoE layer (layout, dispatch, combine).
+  EXPECT_EQ(p.decode.totals.collectives, 78 * 2 + 75 * 3);
   // DP attention: no embedding all-reduce and no LM-head gather (full vocabulary per rank).
   EXPECT_TRUE(dec.head_collectives.empty());
   EXPECT_TRUE(dec.tail_collectives.empty());
@@ -306,8 +311,8 @@ TEST_F(Glm53, TpAttentionWithEp) {
   const LayerKindPlan& moe = kind_named(dec, "moe.shared");
   // The article's "o_proj AllReduce + dispatch/combine", as reduce-scatter, dispatch of this rank's slice,
   // combine, all-gather.
-  EXPECT_EQ(coll_names(moe), (std::vector<std::string>{"attn_tp_reduce_scatter", "ep_dispatch", "ep_combine",
-                                                       "attn_tp_all_gather"}));
+  EXPECT_EQ(coll_names(moe), (std::vector<std::string>{"attn_tp_reduce_scatter", "ep_dispatch_layout",
+                                                       "ep_dispatch", "ep_combine", "attn_tp_all_gather"}));
   EXPECT_EQ(coll_named(moe.collectives, "ep_dispatch")->bytes, 4.0 * 8 * 6144);
   EXPECT_EQ(coll_named(moe.collectives, "attn_tp_reduce_scatter")->bytes, 32.0 * 6144 * 2);
   EXPECT_EQ(coll_names(kind_named(dec, "dense.full")),

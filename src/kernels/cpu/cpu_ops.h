@@ -37,8 +37,12 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
                      int64_t start_pos, const Tensor& sel, double scale);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p,
                   const TopkObserver* observer = nullptr);
+// emu: as linear's, for every expert linear. q (may be null): x's FP8 copy in the GEMM recipe (Fp8Act,
+// e.g. a DeepEP FP8 dispatch's codes and scales, x then their dequantised value): with an enabled group128
+// emulation the gate / up linears read q's values instead of quantising x (the same values, bit for bit,
+// when q is x's fp8_quantize_row128; see moe.cpp); otherwise ignored.
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                   const Fp8Emulation* emu = nullptr);  // emu: as linear's, for every expert linear
+                   const Fp8Emulation* emu = nullptr, const Fp8Act* q = nullptr);
 void fill_dummy(Tensor& t, const dummy::FillSpec& f);
 
 // ---- emulation of the CUDA backend's FP8 GEMM arithmetic (opt-in; accuracy studies and tests) ----
@@ -77,6 +81,10 @@ bool fp8_gemm_eligible(const WeightRef& w, int64_t r0, int64_t r1);
 float fp8_act_scale(float amax);
 // q[i] = e4m3(x[i] / s), saturating to +-448 (NaN stays NaN), for i < n: the CUDA kernel's rounding.
 void fp8_quantize(const float* x, int64_t n, float s, uint8_t* q);
+// One row of K values (K a multiple of 128) quantised as the FP8 GEMMs quantise their input, per group of
+// 128: scales[g * scale_stride] = fp8_act_scale(amax of the group), codes[i] = fp8_quantize with that scale.
+// fp8_quant_dequant(group128) is, per row, f8e4m3fn_to_f32(codes[i]) * scales[i / 128] of this.
+void fp8_quantize_row128(const float* x, int64_t K, uint8_t* codes, float* scales, int64_t scale_stride = 1);
 // The values an FP8 latent-cache row holds (the CUDA store kernels' rule,
 // kernels/cuda/attention/mla_decode_params.h): in each group of 128 of the first `latent` values, with amax
 // the group's largest magnitude, x becomes e4m3_satfinite(x * (448 / amax)) * (amax / 448) (an all-zero group

@@ -55,6 +55,24 @@ void fp8_quantize(const float* x, int64_t n, float s, uint8_t* q) {
   for (int64_t i = 0; i < n; ++i) q[i] = f32_to_f8e4m3fn_sat(x[i] / s);
 }
 
+namespace {
+// Largest magnitude of n values; fmax as the GPU's fmaxf (a NaN input does not win).
+float amax_of(const float* p, int64_t n) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(p[i]));
+  return m;
+}
+}  // namespace
+
+void fp8_quantize_row128(const float* x, int64_t K, uint8_t* codes, float* scales, int64_t scale_stride) {
+  DSA_CHECK(K % kFp8Group == 0, "fp8_quantize_row128: {} columns are not whole groups of {}", K, kFp8Group);
+  for (int64_t g = 0; g < K / kFp8Group; ++g) {
+    const float s = fp8_act_scale(amax_of(x + g * kFp8Group, kFp8Group));
+    scales[g * scale_stride] = s;
+    fp8_quantize(x + g * kFp8Group, kFp8Group, s, codes + g * kFp8Group);
+  }
+}
+
 Tensor fp8_quant_dequant(const Tensor& x, Fp8ActScale scale) {
   const Rows xr = as_rows(x, "fp8_quant_dequant input");
   const int64_t T = xr.rows, K = xr.cols;
@@ -62,12 +80,7 @@ Tensor fp8_quant_dequant(const Tensor& x, Fp8ActScale scale) {
   const int64_t group = scale == Fp8ActScale::group128 ? kFp8Group : K;
   DSA_CHECK(scale != Fp8ActScale::group128 || K % kFp8Group == 0,
             "fp8_quant_dequant: {} columns are not whole groups of {}", K, kFp8Group);
-  // Largest magnitude of each (row, group); fmax as the GPU's fmaxf (a NaN input does not win).
-  auto amax_of = [](const float* p, int64_t n) {
-    float m = 0.0f;
-    for (int64_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(p[i]));
-    return m;
-  };
+  // Largest magnitude of each (row, group): amax_of.
   float tensor_scale = 1.0f;
   if (scale == Fp8ActScale::tensor) {
     float m = 0.0f;

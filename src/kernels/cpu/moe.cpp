@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace dsaserve::kernels::cpu {
@@ -80,9 +81,37 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
 }
 
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                   const Fp8Emulation* emu) {
+                   const Fp8Emulation* emu, const Fp8Act* q) {
   const Rows xr = as_rows(x, "moe_experts input");
   const int64_t T = xr.rows, H = xr.cols, E = int64_t(experts.size());
+  // The input's FP8 copy read instead of quantising x (an enabled group128 emulation only): the gate / up
+  // linears then run with the emulation's arithmetic but no input quantisation (Fp8ActScale::none), on
+  // q's values, which are fp8_quant_dequant's values of x when q was quantised from x
+  // (fp8_quantize_row128): quantising once on a DeepEP sender gives the receiver's numbers exactly.
+  const bool pre =
+      q != nullptr && q->defined() && emu != nullptr && emu->enabled && emu->scale == Fp8ActScale::group128;
+  Tensor xdq;  // f32 [T, H]: q's values
+  Fp8Emulation gate_up_emu;
+  if (pre) {
+    const int64_t G = H / 128, Tp = q->codes.dim() == 2 ? q->codes.size(0) : -1;
+    DSA_CHECK(H % 128 == 0 && q->rows == T && Tp >= T && q->codes.device() == Device::cpu &&
+                  q->codes.dtype() == DType::u8 && q->codes.is_contiguous() && q->codes.size(1) == H &&
+                  q->scales.defined() && q->scales.device() == Device::cpu &&
+                  q->scales.dtype() == DType::f32 && q->scales.is_contiguous() && q->scales.dim() == 2 &&
+                  q->scales.size(0) == G && q->scales.size(1) == Tp,
+              "moe_experts: the input's FP8 copy (codes {}, scales {}, {} rows) does not match {} rows of {}",
+              q->codes.describe(), q->scales.describe(), q->rows, T, H);
+    xdq = Tensor::empty({T, H}, DType::f32);
+    const uint8_t* c = q->codes.data_u8();
+    const float* sc = q->scales.data<float>();
+    float* d = xdq.data<float>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < H; ++i) d[t * H + i] = f8e4m3fn_to_f32(c[t * H + i]) * sc[(i / 128) * Tp + t];
+    gate_up_emu = *emu;
+    gate_up_emu.scale = Fp8ActScale::none;
+  }
+  const Rows in = pre ? as_rows(xdq, "moe_experts input") : xr;
+  const Fp8Emulation* in_emu = pre ? &gate_up_emu : emu;
   DSA_CHECK(routing.ids.dim() == 2 && routing.ids.size(0) == T && routing.ids.is_contiguous() &&
                 routing.weights.dim() == 2 && routing.weights.is_contiguous() &&
                 routing.weights.size(1) == routing.ids.size(1),
@@ -108,10 +137,10 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
     if (rows.empty()) continue;
     const int64_t m = int64_t(rows.size());
     Tensor xe = Tensor::empty({m, H}, DType::f32);
-    for (int64_t i = 0; i < m; ++i) std::copy_n(xr.row(rows[size_t(i)]), H, xe.data<float>() + i * H);
+    for (int64_t i = 0; i < m; ++i) std::copy_n(in.row(rows[size_t(i)]), H, xe.data<float>() + i * H);
     const MlpRef& mlp = experts[size_t(e)];
-    const Tensor a =
-        cpu::silu_mul(cpu::linear(xe, mlp.gate, 0, -1, {}, emu), cpu::linear(xe, mlp.up, 0, -1, {}, emu));
+    const Tensor a = cpu::silu_mul(cpu::linear(xe, mlp.gate, 0, -1, {}, in_emu),
+                                   cpu::linear(xe, mlp.up, 0, -1, {}, in_emu));
     const Tensor y = cpu::linear(a, mlp.down, 0, -1, {}, emu);
     DSA_CHECK(y.size(1) == H, "moe_experts: expert {} returns {} features, expected {}", e, y.size(1), H);
     const float* yp = y.data<float>();

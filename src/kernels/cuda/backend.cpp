@@ -121,8 +121,9 @@ class CudaBackend final : public Backend {
   Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) override {
     return cuda::moe_route(logits, bias, p);
   }
-  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts) override {
-    return cuda::moe_experts(x, routing, experts, options());
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
+                     const Fp8Act* q) override {
+    return cuda::moe_experts(x, routing, experts, options(), q);
   }
   void fill_dummy(Tensor& t, const dummy::FillSpec& f) override { cuda::fill_dummy(t, f); }
 };

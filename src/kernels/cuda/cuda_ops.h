@@ -52,9 +52,10 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
                      int64_t start_pos, const Tensor& sel, double scale);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
 // o.moe picks the path (device grouped kernels or per-expert host loop), o.gemm (and the FP8 small-T limit)
-// the host loop's GEMMs.
+// the host loop's GEMMs. q (may be null): x's FP8 copy (ops.h moe_experts), read by the device_fp8 path
+// instead of quantising x.
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                   const KernelOptions& o);
+                   const KernelOptions& o, const Fp8Act* q = nullptr);
 // Whether moe_experts with options `o` runs the routed expert projection `w` (a gate / up [I, H] or down
 // [H, I]) through the FP8 grouped tensor-core kernels (the automatic choice for such experts at every
 // size; device / device_fp8 asked for) that read it as stored: then it needs no derived form in fast

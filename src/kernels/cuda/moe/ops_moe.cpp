@@ -16,6 +16,10 @@
 //   cuBLASLt GEMM per active expert and matrix on its slice of the gathered tokens, SiLU-mul, the combine.
 // Every path reads only the experts that received tokens.
 //
+// With the input's FP8 copy (q: a DeepEP FP8 dispatch's codes and scales) the device_fp8 path reads it
+// instead of quantising x; the other paths compute on x (its dequantised value; the host path's FP8 GEMMs
+// quantise it again, which can move a group's scale by one ulp).
+//
 // Routing ids outside [0, E): the host path throws dsaserve::Error (it reads the count back anyway). The
 // device path cannot look without a host sync: it drops such pairs (they add nothing to their token),
 // never touches memory with them, and counts them on the device (moe_take_dropped_pairs).
@@ -315,11 +319,19 @@ Quantised quantise(const float* x, int64_t stride, int64_t rows, int64_t cols, c
   return q;
 }
 
+// The input's FP8 copy `pre` when given (codes [Tp, H], scales [H / 128, Tp], Tp >= T), else x's.
 void device_fp8_experts(const RowView& xv, const Routing& routing, const TableView& tab, const int32_t* plan,
-                        const PlanLayout& l, int64_t K, int tile_rows, Tensor& out) {
+                        const PlanLayout& l, int64_t K, int tile_rows, const Fp8Act* pre, Tensor& out) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
   DSA_CHECK(tab.hidden == H, "moe_experts: experts take {} features, the input has {}", tab.hidden, H);
-  const Quantised xq = quantise(xv.p, xv.stride, T, H, "moe_experts fp8 input");
+  Quantised xq;
+  int64_t x_ld = T;
+  if (pre != nullptr) {
+    xq = {pre->codes, pre->scales};
+    x_ld = pre->codes.size(0);
+  } else {
+    xq = quantise(xv.p, xv.stride, T, H, "moe_experts fp8 input");
+  }
   MoeFp8GemmParams p{};
   p.table = static_cast<const MoeExpertWeights*>(tab.table.raw_data());
   p.header = plan + l.header();
@@ -331,7 +343,7 @@ void device_fp8_experts(const RowView& xv, const Routing& routing, const TableVi
   p.in_rows = plan + l.rows();
   p.xq = xq.codes.data_u8();
   p.x_scale = xq.scales.data<float>();
-  p.x_scale_ld = T;
+  p.x_scale_ld = x_ld;
   p.out = act.data<float>();
   p.N = I;
   p.K = H;
@@ -407,9 +419,20 @@ void host_experts(const RowView& xv, const Routing& routing, const std::vector<M
 }  // namespace
 
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                   const KernelOptions& o) {
+                   const KernelOptions& o, const Fp8Act* q) {
   const RowView xv = rows_f32(x, "moe_experts input");
   const int64_t T = xv.rows, H = xv.cols, E = int64_t(experts.size());
+  const Fp8Act* pre = q != nullptr && q->defined() ? q : nullptr;
+  if (pre != nullptr) {
+    const int64_t Tp = pre->codes.dim() == 2 ? pre->codes.size(0) : -1;
+    DSA_CHECK(H % 128 == 0 && pre->rows == T && Tp >= T && pre->codes.device() == Device::cuda &&
+                  pre->codes.dtype() == DType::u8 && pre->codes.is_contiguous() && pre->codes.size(1) == H &&
+                  pre->scales.defined() && pre->scales.device() == Device::cuda &&
+                  pre->scales.dtype() == DType::f32 && pre->scales.is_contiguous() &&
+                  pre->scales.dim() == 2 && pre->scales.size(0) == H / 128 && pre->scales.size(1) == Tp,
+              "moe_experts: the input's FP8 copy (codes {}, scales {}, {} rows) does not match {} rows of {}",
+              pre->codes.describe(), pre->scales.describe(), pre->rows, T, H);
+  }
   DSA_CHECK(routing.ids.defined() && routing.weights.defined() && routing.ids.dim() == 2 &&
                 routing.ids.size(0) == T && routing.ids.is_contiguous() && routing.weights.dim() == 2 &&
                 routing.weights.is_contiguous() && routing.weights.size(0) == T &&
@@ -455,7 +478,7 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
                      tab.block_k == 128;
     if (tab.unusable.empty()) {
       if (fp8) {
-        device_fp8_experts(xv, routing, tab, pd, l, K, o.moe_fp8_tile_rows, out);
+        device_fp8_experts(xv, routing, tab, pd, l, K, o.moe_fp8_tile_rows, pre, out);
       } else {
         device_experts(xv, routing, tab, pd, l, K, out);
       }

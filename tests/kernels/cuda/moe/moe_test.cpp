@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "core/error.h"
@@ -65,7 +66,7 @@ class CudaMoe : public testing::GpuTest {};
 Tensor moe_on_path(MoePath path, const Tensor& x_d, const Routing& r_d, const std::vector<MlpRef>& experts) {
   KernelOptions o;
   o.moe = path;
-  return make_backend(o)->moe_experts(x_d, r_d, experts);
+  return make_backend(o)->moe_experts(x_d, r_d, experts, nullptr);
 }
 
 const char* dtype_tag(DType dt) { return dt == DType::bf16 ? "bf16" : dt == DType::f32 ? "f32" : "fp8"; }
@@ -235,7 +236,7 @@ Tensor reference(const Tensor& x, const Routing& r, const ExpertSet& s) {
   Routing m{r.ids.clone(), r.weights};
   const int32_t sets = int32_t(s.cpu.size());
   for (int64_t i = 0; i < m.ids.numel(); ++i) m.ids.data<int32_t>()[i] %= sets;
-  return backend(Device::cpu).moe_experts(x, m, s.cpu);
+  return backend(Device::cpu).moe_experts(x, m, s.cpu, nullptr);
 }
 
 // The CPU reference with the GPU's FP8 linear arithmetic emulated: each expert linear's input quantised per
@@ -248,7 +249,7 @@ Tensor reference_fp8_emulated(const Tensor& x, const Routing& r, const ExpertSet
   Routing m{r.ids.clone(), r.weights};
   const int32_t sets = int32_t(s.cpu.size());
   for (int64_t i = 0; i < m.ids.numel(); ++i) m.ids.data<int32_t>()[i] %= sets;
-  return make_fp8_emulation_backend(e)->moe_experts(x, m, s.cpu);
+  return make_fp8_emulation_backend(e)->moe_experts(x, m, s.cpu, nullptr);
 }
 
 Tensor run_path(MoePath path, const Tensor& x_d, const Routing& r_d, const ExpertSet& s) {
@@ -361,6 +362,41 @@ TEST_F(CudaMoe, Fp8TensorCoreGlmShapes) {
                 wgmma ? kTolFp8EmulatedGlmWgmma : kTolFp8EmulatedGlm);
     report_gemm(name + " ~exact", shape_str(x.shape()), got, reference(x, clean, s), kTolFp8Exact);
   }
+}
+
+// The input's FP8 copy given (ops.h moe_experts q: a DeepEP FP8 dispatch's codes and scales, quantised on
+// the sender by the CPU rule kernels::cpu::fp8_quantize_row128, which quant.cu matches bit for bit:
+// CudaFp8Emulation.QuantKernelMatchesCpuRule), with padding rows (Tp > T): device_fp8 reads it instead of
+// quantising x and gives its own result bit for bit, at GLM-5.3 and realdims widths, decode and prefill
+// sizes; x is the copy's dequantised value, as a receiver holds it.
+TEST_F(CudaMoe, Fp8PreQuantisedInputIsBitIdentical) {
+  struct Case {
+    int64_t H, I, E, K, T;
+  };
+  for (const Case& c : {Case{6144, 2048, 256, 8, 3}, Case{6144, 2048, 256, 8, 257}, Case{256, 128, 16, 4, 1},
+                        Case{256, 128, 16, 4, 33}}) {
+    const ExpertSet s = make_experts(std::min<int64_t>(c.E, 16), c.E, c.H, c.I, DType::f8e4m3fn, 9500);
+    const Routing r = make_routing(c.T, c.K, c.E, 0, 9600 + uint64_t(c.T));
+    const Tensor x = rand_f32({c.T, c.H}, 9700 + uint64_t(c.T));
+    const int64_t Tp = c.T + 5, G = c.H / 128;
+    Fp8Act q{Tensor::zeros({Tp, c.H}, DType::u8), Tensor::zeros({G, Tp}, DType::f32), c.T};
+    for (int64_t t = 0; t < c.T; ++t)
+      kernels::cpu::fp8_quantize_row128(x.data<float>() + t * c.H, c.H, q.codes.data_u8() + t * c.H,
+                                        q.scales.data<float>() + t, Tp);
+    const Tensor xdq = kernels::cpu::fp8_quant_dequant(x);
+    const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
+    KernelOptions o;
+    o.moe = MoePath::device_fp8;
+    const std::shared_ptr<Backend> b = make_backend(o);
+    const Tensor want = b->moe_experts(x.to(Device::cuda), r_d, s.gpu, nullptr).to(Device::cpu);
+    const Fp8Act q_d{q.codes.to(Device::cuda), q.scales.to(Device::cuda), c.T};
+    const Tensor got = b->moe_experts(xdq.to(Device::cuda), r_d, s.gpu, &q_d).to(Device::cpu);
+    EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), size_t(want.nbytes())), 0)
+        << "H=" << c.H << " T=" << c.T << " diff " << row_l2_rel_error(got, want);
+    const Fp8Act bad{q_d.codes, q_d.scales, c.T + 1};
+    EXPECT_THROW(b->moe_experts(xdq.to(Device::cuda), r_d, s.gpu, &bad), Error);
+  }
+  clear_gemm_caches();
 }
 
 // Out-of-range ids: the device path drops those pairs (they add nothing) and counts them; the host path
