@@ -271,24 +271,29 @@ cudaError_t launch_config(const MhaPrefillParams& p, cudaStream_t stream) {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
-// One thread per 4 consecutive values of a row (n2 % 4 == 0, float4 loads when `vec`) or per value.
+// One warp per row [i, j] (a warp-stride loop over the n0 x n1 rows, fewer than 2^31: one 32-bit division
+// a row), its lanes over the row's values, 4 at a time (float4 loads, n2 % 4 == 0) when kVec.
+constexpr int kCopyThreads = 256;
 template <bool kVec>
-__global__ void sm90_mha_to_bf16_kernel(const MhaToBf16Params p) {
+__global__ void __launch_bounds__(kCopyThreads) sm90_mha_to_bf16_kernel(const MhaToBf16Params p) {
   constexpr int kPer = kVec ? 4 : 1;
-  const int64_t per_row = p.n2 / kPer, n = p.n0 * p.n1 * per_row;
+  const int per_row = int(p.n2 / kPer), lane = threadIdx.x & 31;
+  const unsigned rows = unsigned(p.n0 * p.n1), n1 = unsigned(p.n1), warps = gridDim.x * (kCopyThreads / 32);
   bf16* dst = static_cast<bf16*>(p.dst);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = i / per_row, k = (i - row * per_row) * kPer, a = row / p.n1, j = row - a * p.n1;
-    const float* src = p.src + a * p.s0 + j * p.s1 + k;
-    if constexpr (kVec) {
-      const float4 x = *reinterpret_cast<const float4*>(src);
-      uint2 y;
-      y.x = mma::pack_bf16(x.x, x.y);
-      y.y = mma::pack_bf16(x.z, x.w);
-      *reinterpret_cast<uint2*>(dst + row * p.n2 + k) = y;
-    } else {
-      dst[row * p.n2 + k] = __float2bfloat16_rn(*src);
+  for (unsigned row = blockIdx.x * (kCopyThreads / 32) + threadIdx.x / 32; row < rows; row += warps) {
+    const unsigned a = row / n1, j = row - a * n1;
+    const float* src = p.src + int64_t(a) * p.s0 + int64_t(j) * p.s1;
+    bf16* d = dst + int64_t(row) * p.n2;
+    for (int k = lane; k < per_row; k += 32) {
+      if constexpr (kVec) {
+        const float4 x = *reinterpret_cast<const float4*>(src + 4 * k);
+        uint2 y;
+        y.x = mma::pack_bf16(x.x, x.y);
+        y.y = mma::pack_bf16(x.z, x.w);
+        *reinterpret_cast<uint2*>(d + 4 * k) = y;
+      } else {
+        d[k] = __float2bfloat16_rn(src[k]);
+      }
     }
   }
 }
@@ -322,18 +327,18 @@ cudaError_t launch_mha_prefill(const MhaPrefillParams& p, cudaStream_t stream) {
 }
 
 cudaError_t launch_mha_to_bf16(const MhaToBf16Params& p, cudaStream_t stream) {
-  const int64_t n = p.n0 * p.n1 * p.n2;
-  if (n == 0) return cudaSuccess;
+  const int64_t rows = p.n0 * p.n1;
+  if (rows == 0 || p.n2 == 0) return cudaSuccess;
+  if (rows >= (int64_t(1) << 31) || p.n2 >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
   const bool vec = p.n2 % 4 == 0 && p.s0 % 4 == 0 && p.s1 % 4 == 0 && aligned16(p.src) &&
                    (reinterpret_cast<uintptr_t>(p.dst) & 7) == 0;
-  const int threads = 256;
-  const int64_t items = vec ? n / 4 : n;
-  const unsigned blocks =
-      unsigned(std::min<int64_t>((items + threads - 1) / threads, int64_t(device_sm_count()) * 16));
+  constexpr int kRowsPerBlock = kCopyThreads / 32;
+  const unsigned blocks = unsigned(
+      std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, int64_t(device_sm_count()) * 16));
   if (vec) {
-    sm90_mha_to_bf16_kernel<true><<<blocks, threads, 0, stream>>>(p);
+    sm90_mha_to_bf16_kernel<true><<<blocks, kCopyThreads, 0, stream>>>(p);
   } else {
-    sm90_mha_to_bf16_kernel<false><<<blocks, threads, 0, stream>>>(p);
+    sm90_mha_to_bf16_kernel<false><<<blocks, kCopyThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
