@@ -190,7 +190,10 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 8 ? 1 : 2)
         s[i][e] = hide ? kNegInf : s[i][e] * sl2;
       }
     }
-    // Online softmax for rows g (r = 0) and g + 8 (r = 1): the quad of lanes holding a row agrees on M.
+    // Online softmax for rows g (r = 0) and g + 8 (r = 1): the quad of lanes holding a row agrees on M. O
+    // is rescaled only when some row of the warp moved its maximum (else every factor is 1).
+    float corr[2];
+    bool moved = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = kNegInf;
@@ -200,7 +203,9 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 8 ? 1 : 2)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(row_m[r], mx);
       const float m_use = m_new == kNegInf ? 0.0f : m_new;
-      const float corr = ex2(row_m[r] - m_use);  // 0 on the first tile (row_m = -inf)
+      const bool row_moved = m_new != row_m[r];
+      corr[r] = row_moved ? ex2(row_m[r] - m_use) : 1.0f;  // 0 on the first tile (row_m = -inf)
+      moved = moved || row_moved;
       row_m[r] = m_new;
       float sum = 0.0f;
 #pragma unroll
@@ -209,11 +214,15 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 8 ? 1 : 2)
         s[i][2 * r + 1] = ex2(s[i][2 * r + 1] - m_use);
         sum += s[i][2 * r] + s[i][2 * r + 1];
       }
-      row_l[r] = row_l[r] * corr + sum;
+      row_l[r] = row_l[r] * corr[r] + sum;
+    }
+    if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
       for (int i = 0; i < DV / 8; ++i) {
-        o[i][2 * r] *= corr;
-        o[i][2 * r + 1] *= corr;
+        o[i][0] *= corr[0];
+        o[i][1] *= corr[0];
+        o[i][2] *= corr[1];
+        o[i][3] *= corr[1];
       }
     }
 
