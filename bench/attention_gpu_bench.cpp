@@ -3,22 +3,25 @@
 // flushed before each), with bytes, FLOPs, the floor (bytes / 4.3 TB/s, FLOPs / 797 TFLOP/s) and the
 // ratio floor / measured. Prints one Markdown table per kernel. The `prefill` table (issue 8) times a
 // prefill chunk's whole attention part in both MLA forms through the public ops (kernels/ops.h) and
-// prints the rates model::AttentionFormRule takes.
+// prints the rates model::AttentionFormRule takes; the `mha` table (issue 16) the dense MHA-form kernel.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_util.h"
 #include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/attention/mla_decode_params.h"
 #include "kernels/cuda/backend.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/indexer/indexer_kernels.h"
 #include "kernels/cuda/indexer/indexer_topk_params.h"
 #include "kernels/ops.h"
@@ -633,6 +636,56 @@ void bench_prefill(void* flush) {
   }
 }
 
+// ---- dense MHA-form prefill (issue 16): the tensor-core kernel alone and the attention_mha operator ----
+
+// One request's dense chunk (no selection: every row attends 0 .. ctx + t) at GLM-5.3 (192 + 64, 256) and
+// DeepSeek-V3.2 (128 + 64, 128) head dims: `kernel` is mha_prefill over bf16 keys and values made ahead,
+// `op` the attention_mha operator on the f32 expansion (as the model calls it: its bf16 copies of k_nope,
+// k_rope and v included). FLOPs 2 (nope + rope + dv) per key, head and row, as attention_form_flops counts.
+void bench_mha(void* flush) {
+  ko::cuda::install_backend();
+  std::printf(
+      "\n### dense MHA-form prefill (issue 16): tensor-core kernel (bf16 mma.sync, f32 accumulation); "
+      "op = attention_mha on f32 inputs (+ its bf16 copies)\n\n"
+      "| dims | heads | ctx | T | kernel us | kernel TFLOP/s | / 797 peak | op us | op TFLOP/s |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  struct D {
+    const char* name;
+    int64_t nope, rope, dv;
+  };
+  for (const D d : {D{"glm-5.3", 192, 64, 256}, D{"deepseek-v3.2", 128, 64, 128}}) {
+    const double scale = 1.0 / std::sqrt(double(d.nope + d.rope));
+    std::vector<double> rates;
+    for (int64_t nh : {int64_t(128), int64_t(64), int64_t(32), int64_t(16), int64_t(8)}) {
+      for (const auto& [ctx, T] : {std::pair<int64_t, int64_t>{0, 4096}, {0, 1024}, {4096, 1024}, {0, 256}}) {
+        const int64_t S = ctx + T;
+        const Tensor q = rand_f32({T, nh, d.nope + d.rope}, uint64_t(100 + nh + T), 1.0f);
+        const Tensor kvx = rand_f32({S, nh, d.nope + d.dv}, uint64_t(200 + nh + S), 1.0f);
+        const Tensor lat = rand_f32({S, kLat + d.rope}, uint64_t(300 + S), 1.0f);
+        const Tensor kn = kvx.slice(2, 0, d.nope), kr = lat.slice(1, kLat, kLat + d.rope),
+                     v = kvx.slice(2, d.nope, d.nope + d.dv);
+        const Tensor kn16 = ko::cuda::mha_bf16_copy(kn), kr16 = ko::cuda::mha_bf16_copy(kr),
+                     v16 = ko::cuda::mha_bf16_copy(v);
+        const double keys = double(T) * double(ctx) + double(T) * double(T + 1) / 2;
+        const double flops = 2.0 * keys * double(nh) * double(d.nope + d.rope + d.dv);
+        const double kernel_us = time_adaptive_us(
+            [&] { (void)ko::cuda::mha_prefill(q, kn16, kr16, v16, ctx, scale, ko::cuda::op_stream()); },
+            flush);
+        const double op_us =
+            time_adaptive_us([&] { (void)ko::attention_mha(q, kn, kr, v, ctx, Tensor(), scale); }, flush);
+        CK(cudaDeviceSynchronize());
+        const double k_tf = flops / (kernel_us * 1e-6) / 1e12, o_tf = flops / (op_us * 1e-6) / 1e12;
+        if (T >= 1024) rates.push_back(o_tf);
+        std::printf("| %s | %lld | %lld | %lld | %.1f | %.1f | %.3f | %.1f | %.1f |\n", d.name, (long long)nh,
+                    (long long)ctx, (long long)T, kernel_us, k_tf, k_tf * 1e12 / kBf16, op_us, o_tf);
+        std::fflush(stdout);
+      }
+    }
+    std::printf("\nRESULT mha_prefill dims=%s op TFLOP/s median over heads 8-128, T >= 1024: %.1f\n", d.name,
+                median(rates));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -646,8 +699,9 @@ int main(int argc, char** argv) {
   std::printf("## attention_gpu_bench on %s (%d SMs); floor = max(bytes / 4.3 TB/s, FLOPs / 797 TFLOP/s)\n",
               prop.name, prop.multiProcessorCount);
   void* flush = dev_alloc<unsigned char>(kFlushBytes);
-  // An argument picks one table: "indexer", "mla" or "prefill" (default: all); "mla HEADS BATCH" runs only
-  // the MLA decode cases of that shape (for a profiler). Flags (anywhere): --mla-splits N, --pool-slots N,
+  // An argument picks one table: "indexer", "mla", "prefill" or "mha" (default: all); "mla HEADS BATCH" runs
+  // only the MLA decode cases of that shape (for a profiler). Flags (anywhere): --mla-splits N, --pool-slots
+  // N,
   // --mla-v5-order early|late (MlaBenchFlags).
   std::vector<std::string> pos;
   MlaBenchFlags fl;
@@ -681,6 +735,7 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "indexer") bench_indexer(flush);
   if (only.empty() || only == "mla") bench_mla(prop.multiProcessorCount, flush, fl);
   if (only.empty() || only == "prefill") bench_prefill(flush);
+  if (only.empty() || only == "mha") bench_mha(flush);
   CK(cudaFree(flush));
   return 0;
 }

@@ -18,6 +18,7 @@ kernels::KernelOptions KernelFlags::options() const {
             "--moe-fp8-tile-rows {}: expected 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)",
             moe_fp8_tile_rows);
   o.moe_fp8_tile_rows = moe_fp8_tile_rows;
+  o.mha = kernels::parse_mha_kernel(mha, "--mha-kernel");
   return o;
 }
 
@@ -57,6 +58,11 @@ std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--moe-fp8-tile-rows", f->moe_fp8_tile_rows,
                  "FP8 grouped experts: packed rows per pass, 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)")
+      ->group(g)
+      ->capture_default_str();
+  sub.add_option("--mha-kernel", f->mha,
+                 "MHA-form attention: auto (mma for dense prefill chunks at the GLM-5.x / DeepSeek-V3.2 head "
+                 "dims, else plain), plain (CUDA cores), mma (tensor cores where it applies)")
       ->group(g)
       ->capture_default_str();
   return f;

@@ -28,6 +28,11 @@ bool select_mla_v5_early(MlaV5Order requested, bool sparse) {
   return requested == MlaV5Order::early;
 }
 
+MhaKernel select_mha_kernel(MhaKernel requested, bool dense, bool mma_fits) {
+  if (requested == MhaKernel::plain || !dense || !mma_fits) return MhaKernel::plain;
+  return MhaKernel::mma;
+}
+
 IndexerScoreKernel select_indexer_score_kernel(IndexerScoreKernel requested, bool fp8_keys) {
   const IndexerScoreKernel k =
       requested == IndexerScoreKernel::automatic ? IndexerScoreKernel::v3 : requested;
@@ -78,6 +83,8 @@ constexpr Names<MoePath, 4> kMoe{{{MoePath::automatic, "auto"},
                                   {MoePath::device, "device"},
                                   {MoePath::device_fp8, "device_fp8"},
                                   {MoePath::host, "host"}}};
+constexpr Names<MhaKernel, 3> kMha{
+    {{MhaKernel::automatic, "auto"}, {MhaKernel::plain, "plain"}, {MhaKernel::mma, "mma"}}};
 
 template <typename E, size_t N>
 std::string_view name_of(const Names<E, N>& names, E e) {
@@ -105,6 +112,7 @@ std::string_view name(IndexerScoreKernel k) { return name_of(kScore, k); }
 std::string_view name(IndexerSelectPath p) { return name_of(kSelect, p); }
 std::string_view name(GemmPrecision p) { return name_of(kGemm, p); }
 std::string_view name(MoePath p) { return name_of(kMoe, p); }
+std::string_view name(MhaKernel k) { return name_of(kMha, k); }
 
 MlaDecodeKernel parse_mla_decode_kernel(std::string_view s, std::string_view flag) {
   return parse_of(kMla, s, flag);
@@ -120,6 +128,7 @@ GemmPrecision parse_gemm_precision(std::string_view s, std::string_view flag) {
   return parse_of(kGemm, s, flag);
 }
 MoePath parse_moe_path(std::string_view s, std::string_view flag) { return parse_of(kMoe, s, flag); }
+MhaKernel parse_mha_kernel(std::string_view s, std::string_view flag) { return parse_of(kMha, s, flag); }
 
 int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag) {
   DSA_CHECK(t >= 0 && t <= kGemmFp8SmallMaxTokens, "{}: the FP8 small-T GEMM takes 0..{} tokens, got {}",
@@ -134,7 +143,8 @@ std::string describe(const KernelOptions& o) {
              "moe={}",
              name(o.mla_decode), name(o.mla_v5_order), name(o.indexer_score), name(o.indexer_select),
              name(o.gemm), o.gemm_fp8_small_max_tokens, name(o.moe)) +
-         (o.moe_fp8_tile_rows != 0 ? fmt::format(" moe_fp8_tile_rows={}", o.moe_fp8_tile_rows) : "");
+         (o.moe_fp8_tile_rows != 0 ? fmt::format(" moe_fp8_tile_rows={}", o.moe_fp8_tile_rows) : "") +
+         (o.mha != MhaKernel::automatic ? fmt::format(" mha={}", name(o.mha)) : "");
 }
 
 }  // namespace dsaserve::kernels

@@ -54,6 +54,16 @@ bool select_mla_fp8_bf16_copy(MlaDecodeKernel requested, int64_t heads, int64_t 
 // pages, 109 us early vs 117 late at batch 128), late for sparse rows (top-2048: 133 us late vs 151).
 bool select_mla_v5_early(MlaV5Order requested, bool sparse);
 
+// ---- attention/: MHA-form attention (kernels/cuda/attention ops_attention.cpp attention_mha) ----
+
+// plain: the CUDA-core kernel of attention.cu (any dims, selections); mma: the tensor-core dense prefill
+// kernel (sm90_mha_prefill.cu: bf16 mma.sync, no selection, the GLM-5.x and DeepSeek-V3.2 head dims).
+enum class MhaKernel : int { automatic = 0, plain = 1, mma = 2 };
+// The MHA kernel a call runs (never automatic): mma when `requested` is automatic or mma, the call has no
+// key selection (`dense`: every row attends 0 .. start_pos + t) and its dims have an mma configuration
+// (`mma_fits`: kernels/cuda/attention/mha_prefill_params.h mha_prefill_supported); otherwise plain.
+MhaKernel select_mha_kernel(MhaKernel requested, bool dense, bool mma_fits);
+
 // ---- indexer/: lightning indexer scores and top-k select (kernels/cuda/indexer) ----
 
 // The indexer's score kernel (kernels/cuda/indexer/sm90_indexer_topk.cu). v2: 3-8 stages, XOR-swizzled shared
@@ -120,18 +130,20 @@ struct KernelOptions {
   // The FP8 grouped experts' packed rows per pass (kernels/cuda/moe/moe_params.h MoeFp8GemmParams::tile_rows:
   // 8 the mma.sync form, 128 the wgmma form); 0: by the shapes (moe_fp8_tile_rows).
   int moe_fp8_tile_rows = 0;
+  MhaKernel mha = MhaKernel::automatic;
   bool operator==(const KernelOptions&) const = default;
 };
 
 // ---- names (command-line flags, benchmark output) ----
 // "auto", "v2", "v5" / "auto", "early", "late" / "auto", "v2", "v3" / "auto", "row", "row_fused",
-// "passes", "coop" / "fast", "fp32" / "auto", "device", "device_fp8", "host".
+// "passes", "coop" / "fast", "fp32" / "auto", "device", "device_fp8", "host" / "auto", "plain", "mma".
 std::string_view name(MlaDecodeKernel k);
 std::string_view name(MlaV5Order o);
 std::string_view name(IndexerScoreKernel k);
 std::string_view name(IndexerSelectPath p);
 std::string_view name(GemmPrecision p);
 std::string_view name(MoePath p);
+std::string_view name(MhaKernel k);
 // The inverses; throw dsaserve::Error naming `flag` and the accepted values for anything else.
 MlaDecodeKernel parse_mla_decode_kernel(std::string_view s, std::string_view flag);
 MlaV5Order parse_mla_v5_order(std::string_view s, std::string_view flag);
@@ -139,10 +151,11 @@ IndexerScoreKernel parse_indexer_score_kernel(std::string_view s, std::string_vi
 IndexerSelectPath parse_indexer_select_path(std::string_view s, std::string_view flag);
 GemmPrecision parse_gemm_precision(std::string_view s, std::string_view flag);
 MoePath parse_moe_path(std::string_view s, std::string_view flag);
+MhaKernel parse_mha_kernel(std::string_view s, std::string_view flag);
 // Throws dsaserve::Error naming `flag` unless 0 <= t <= kGemmFp8SmallMaxTokens; returns t.
 int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag);
 // "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast
-// gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N" when set).
+// gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " mha=K" when not the defaults).
 std::string describe(const KernelOptions& o);
 
 }  // namespace dsaserve::kernels

@@ -124,6 +124,17 @@ TEST(KernelSelect, MoePathRequests) {
   }
 }
 
+// The MHA form: tensor cores for dense chunks at the dims they have a configuration for, unless plain is
+// asked for; selections and other dims always plain.
+TEST(KernelSelect, MhaKernel) {
+  for (MhaKernel k : {MhaKernel::automatic, MhaKernel::mma}) {
+    EXPECT_EQ(select_mha_kernel(k, true, true), MhaKernel::mma);
+    EXPECT_EQ(select_mha_kernel(k, false, true), MhaKernel::plain);
+    EXPECT_EQ(select_mha_kernel(k, true, false), MhaKernel::plain);
+  }
+  EXPECT_EQ(select_mha_kernel(MhaKernel::plain, true, true), MhaKernel::plain);
+}
+
 TEST(KernelOptionsNames, RoundTripAndErrors) {
   for (K k : {K::automatic, K::v2, K::v5}) EXPECT_EQ(parse_mla_decode_kernel(name(k), "--f"), k);
   for (MlaV5Order o : {MlaV5Order::automatic, MlaV5Order::early, MlaV5Order::late})
@@ -138,6 +149,9 @@ TEST(KernelOptionsNames, RoundTripAndErrors) {
     EXPECT_EQ(parse_gemm_precision(name(g), "--f"), g);
   for (MoePath m : {MoePath::automatic, MoePath::device, MoePath::device_fp8, MoePath::host})
     EXPECT_EQ(parse_moe_path(name(m), "--f"), m);
+  for (MhaKernel k : {MhaKernel::automatic, MhaKernel::plain, MhaKernel::mma})
+    EXPECT_EQ(parse_mha_kernel(name(k), "--f"), k);
+  EXPECT_THROW(parse_mha_kernel("wgmma", "--mha-kernel"), Error);
   EXPECT_EQ(name(MoePath::device_fp8), "device_fp8");
   EXPECT_THROW(parse_moe_path("fp8", "--moe-path"), Error);
   // Removed kernels (MLA decode v1 / v3 / v4, indexer score v1) and unknown names are errors naming the flag.
@@ -159,6 +173,11 @@ TEST(KernelOptionsNames, RoundTripAndErrors) {
   EXPECT_EQ(describe(tiled),
             "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast "
             "gemm_fp8_small_max_tokens=8 moe=auto moe_fp8_tile_rows=128");
+  KernelOptions plain_mha;
+  plain_mha.mha = MhaKernel::plain;
+  EXPECT_EQ(describe(plain_mha),
+            "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast "
+            "gemm_fp8_small_max_tokens=8 moe=auto mha=plain");
 }
 // The FP8 small-T limit is a value of the options (no process-wide setter): 0..32, the default 8; anything
 // else is an error naming the flag.

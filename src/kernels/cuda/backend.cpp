@@ -116,7 +116,7 @@ class CudaBackend final : public Backend {
   }
   Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
                        int64_t start_pos, const Tensor& sel, double scale) override {
-    return cuda::attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale);
+    return cuda::attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale, options());
   }
   Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) override {
     return cuda::moe_route(logits, bias, p);

@@ -48,8 +48,9 @@ Tensor indexer_topk_batch(const Tensor& q, const Tensor& w, const PagedRows& key
                           double weight_scale, const KernelOptions& o);
 Tensor mla_attention_batch(const Tensor& q_lat, const Tensor& q_rope, const PagedRows& kv, const Tensor& sel,
                            double scale, const KernelOptions& o);
+// o.mha picks the kernel (select_mha_kernel: tensor cores for dense chunks at supported dims).
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
-                     int64_t start_pos, const Tensor& sel, double scale);
+                     int64_t start_pos, const Tensor& sel, double scale, const KernelOptions& o);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
 // o.moe picks the path (device grouped kernels or per-expert host loop), o.gemm (and the FP8 small-T limit)
 // the host loop's GEMMs. q (may be null): x's FP8 copy (ops.h moe_experts), read by the device_fp8 path

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cuda/attention/mha_prefill_params.h"
 #include "kernels/cuda/common/check.h"
 #include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/query_rows.h"
@@ -185,6 +186,83 @@ Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, co
   const Tensor pt = kv.page_table.view({1, kv.page_table.size(0)});
   return mla_decode(q_lat, q_rope, kv.cache, pt, kv.page_size, gpu_i32(seq), gpu_i32(len), start_pos + T, sel,
                     scale, op_stream(), opts);
+}
+
+Tensor mha_bf16_copy(const Tensor& x, cudaStream_t stream) {
+  DSA_CHECK(x.defined() && x.device() == Device::cuda && x.dtype() == DType::f32 &&
+                (x.dim() == 2 || x.dim() == 3) && x.stride(x.dim() - 1) == 1,
+            "mha bf16 copy: expected a 2-D or 3-D f32 CUDA tensor with a contiguous last dim, got {}",
+            x.defined() ? x.describe() : std::string("nothing"));
+  const bool three = x.dim() == 3;
+  MhaToBf16Params p{};
+  p.src = x.data<float>();
+  p.n0 = x.size(0);
+  p.n1 = three ? x.size(1) : 1;
+  p.n2 = x.size(x.dim() - 1);
+  p.s0 = x.stride(0);
+  p.s1 = three ? x.stride(1) : 0;
+  Tensor out = three ? Tensor::empty({p.n0, p.n1, p.n2}, DType::bf16, Device::cuda)
+                     : Tensor::empty({p.n0, p.n2}, DType::bf16, Device::cuda);
+  p.dst = out.raw_data();
+  DSA_CUDA_CHECK(launch_mha_to_bf16(p, stream));
+  return out;
+}
+
+namespace {
+
+// A bf16 CUDA tensor of `dims` dims, last dim contiguous, 16-byte aligned rows (strides multiples of 8).
+void check_bf16_rows(const Tensor& t, int64_t dims, const char* what) {
+  DSA_CHECK(t.defined() && t.device() == Device::cuda && t.dtype() == DType::bf16 && t.dim() == dims &&
+                t.stride(dims - 1) == 1,
+            "mha prefill {}: expected a {}-D bf16 CUDA tensor with a contiguous last dim, got {}", what, dims,
+            t.defined() ? t.describe() : std::string("nothing"));
+  bool aligned = (reinterpret_cast<uintptr_t>(t.raw_data()) & 15) == 0;
+  for (int64_t d = 0; d + 1 < dims; ++d) aligned = aligned && t.stride(d) % 8 == 0;
+  DSA_CHECK(aligned, "mha prefill {}: rows must start 16-byte aligned, got {}", what, t.describe());
+}
+
+}  // namespace
+
+Tensor mha_prefill(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                   int64_t start_pos, double scale, cudaStream_t stream, int tile_rows) {
+  check_attention_mha_shapes(q, k_nope, k_rope, v, start_pos);
+  DSA_CHECK(tile_rows == 0 || tile_rows == 64 || tile_rows == 128, "mha prefill: {} query rows a block",
+            tile_rows);
+  check_gpu(q, DType::f32, 3, "mha prefill q");
+  DSA_CHECK(q.stride(2) == 1, "mha prefill q: last dim must be contiguous, got {}", q.describe());
+  check_bf16_rows(k_nope, 3, "k_nope");
+  check_bf16_rows(k_rope, 2, "k_rope");
+  check_bf16_rows(v, 3, "v");
+  const int64_t T = q.size(0), nh = q.size(1), nope = k_nope.size(2), R = k_rope.size(1), dv = v.size(2);
+  DSA_CHECK(start_pos >= 0, "mha prefill: start position {}", start_pos);
+  DSA_CHECK(mha_prefill_supported(nope, R, dv),
+            "mha prefill: no configuration for nope {} + rope {}, dv {} (256 + 256 or 192 + 128)", nope, R,
+            dv);
+  Tensor out = Tensor::empty({T, nh, dv}, DType::f32, Device::cuda);
+  MhaPrefillParams p{};
+  p.q = q.data<float>();
+  p.k_nope = k_nope.raw_data();
+  p.k_rope = k_rope.raw_data();
+  p.v = v.raw_data();
+  p.out = out.data<float>();
+  p.tokens = T;
+  p.heads = nh;
+  p.nope = nope;
+  p.R = R;
+  p.dv = dv;
+  p.S = k_nope.size(0);
+  p.start_pos = start_pos;
+  p.q_s0 = q.stride(0);
+  p.q_s1 = q.stride(1);
+  p.kn_s0 = k_nope.stride(0);
+  p.kn_s1 = k_nope.stride(1);
+  p.kr_s0 = k_rope.stride(0);
+  p.v_s0 = v.stride(0);
+  p.v_s1 = v.stride(1);
+  p.scale = float(scale);
+  p.tile_rows = tile_rows;
+  DSA_CUDA_CHECK(launch_mha_prefill(p, stream));
+  return out;
 }
 
 }  // namespace dsaserve::kernels::cuda

@@ -1,9 +1,10 @@
 #pragma once
 // Host wrappers of the sm_90a MLA kernels: the latent cache in kernel formats (bf16 or FP8 e4m3 with
-// per-128 scales) and sparse/dense MLA decode in the absorbed form (the lightning indexer's wrappers, over
-// the same query rows: indexer/indexer_kernels.h). They validate tensors (throwing dsaserve::Error), allocate
-// workspaces and launch on `stream` (default: the legacy default stream); results are ready in stream order.
-// `opts` picks the kernels (kernels/kernel_options.h; the defaults: automatic).
+// per-128 scales), sparse/dense MLA decode in the absorbed form (the lightning indexer's wrappers, over
+// the same query rows: indexer/indexer_kernels.h) and the dense MHA-form prefill attention. They validate
+// tensors (throwing dsaserve::Error), allocate workspaces and launch on `stream` (default: the legacy default
+// stream); results are ready in stream order. `opts` picks the kernels (kernels/kernel_options.h; the
+// defaults: automatic).
 //
 // Query rows: a batch of R rows, each naming its page-table row (row_seq, or row r -> r) and its
 // visible length row_len (positions 0..row_len-1 exist in the cache). A decode batch has one row per
@@ -51,5 +52,16 @@ Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache
 Tensor mla_attention_absorbed_sm90(const Tensor& q_lat, const Tensor& q_rope, const PagedSeq& kv,
                                    int64_t start_pos, const Tensor& sel, double scale,
                                    const KernelOptions& opts = {});
+
+// Dense causal MHA-form attention on tensor cores (sm90_mha_prefill.cu) over bf16 keys and values: q f32
+// [T, nh, nope + R] (last dim contiguous), k_nope bf16 [S, nh, nope], k_rope bf16 [S, R], v bf16 [S, nh, dv]
+// (last dims contiguous, every stride a multiple of 8 values); row t attends keys 0 .. start_pos + t.
+// -> f32 [T, nh, dv]. Dims: mha_prefill_supported (attention/mha_prefill_params.h), else it throws.
+// tile_rows: the query rows of a block, 64 or 128; 0: by the grid (mha_prefill_tile_rows).
+Tensor mha_prefill(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
+                   int64_t start_pos, double scale, cudaStream_t stream = nullptr, int tile_rows = 0);
+// A contiguous bf16 copy of an f32 CUDA tensor of 2 or 3 dims whose last dim is contiguous (any other
+// strides): the MHA form's keys and values as mha_prefill reads them.
+Tensor mha_bf16_copy(const Tensor& x, cudaStream_t stream = nullptr);
 
 }  // namespace dsaserve::kernels::cuda

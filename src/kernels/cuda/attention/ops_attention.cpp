@@ -1,10 +1,12 @@
 // Host wrappers of the attention operators: absorbed MLA and MHA attention (the indexer's:
 // indexer/ops_indexer.cpp). Over kernel-format latent caches (bf16 or FP8) they run the sm_90a kernels
-// (attention_kernels.h); over f32 caches the plain kernels of attention.cu.
+// (attention_kernels.h); over f32 caches the plain kernels of attention.cu. The MHA form runs the
+// tensor-core prefill kernel where select_mha_kernel (kernels/kernel_options.h) picks it, else attention.cu.
 #include <algorithm>
 
 #include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/attention/attention_params.h"
+#include "kernels/cuda/attention/mha_prefill_params.h"
 #include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -72,13 +74,20 @@ Tensor mla_attention_batch(const Tensor& q_lat, const Tensor& q_rope, const Page
 }
 
 Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
-                     int64_t start_pos, const Tensor& sel, double scale) {
+                     int64_t start_pos, const Tensor& sel, double scale, const KernelOptions& o) {
   const Rows3View qv = rows3_f32(q, "mha q");
   const Rows3View kn = rows3_f32(k_nope, "mha k_nope");
   const RowView kr = rows_f32(k_rope, "mha k_rope");
   const Rows3View vv = rows3_f32(v, "mha v");
   const int64_t T = qv.n0, nh = qv.n1, nope = kn.n2, R = kr.cols, S = kn.n0, dv = vv.n2;
   check_attention_mha_shapes(q, k_nope, k_rope, v, start_pos);
+  DSA_CHECK(start_pos >= 0, "mha: start position {}", start_pos);
+  if (select_mha_kernel(o.mha, !sel.defined(), mha_prefill_supported(nope, R, dv)) == MhaKernel::mma) {
+    // Tensor cores over bf16 copies of the keys and values (the query is converted as the kernel stages it).
+    const cudaStream_t s = op_stream();
+    return mha_prefill(q, mha_bf16_copy(k_nope, s), mha_bf16_copy(k_rope, s), mha_bf16_copy(v, s), start_pos,
+                       scale, s);
+  }
   MhaParams p{};
   p.q = qv.p;
   p.k_nope = kn.p;
