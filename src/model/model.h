@@ -67,7 +67,10 @@ struct AttentionFormRates {
 // measured, the form with the lower estimated time (attention_form_seconds); otherwise the MHA form (the
 // rule before issue 8). The rates are the H200's (`attention_gpu_bench prefill`, TFLOP/s: top-2048, chunks of
 // 256-4096 tokens after 0-32768 cached; the rule picked the faster form in 9 of 9 cases per head class).
-// The MHA form's attention kernel is a CUDA-core stand-in (0.4 TFLOP/s), so prefills take the absorbed form.
+// The MHA form's attention over a selection is a CUDA-core stand-in (0.4 TFLOP/s); dense chunks run a
+// tensor-core kernel (sm90_mha_prefill.cu: 39-232 TFLOP/s with its copies at 64 heads, 256-4096 tokens,
+// attention_gpu_bench mha) whose rate moves with the chunk too much for one constant, so mha_attn_dense
+// keeps the stand-in's 0.7 and prefills take the absorbed form until the rule takes a rate per chunk size.
 struct AttentionFormRule {
   // heads <= this use `narrow`, else `wide`: the cutoff where the MLA decode selector changes kernel
   // (kernels/kernel_options.h select_mla_decode_kernel: v2 up to it, v5 above).
