@@ -22,6 +22,7 @@
 #include "dist/store.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "model/score.h"
+#include "thread_ranks.h"
 #include "trace/trace.h"
 
 namespace dsaserve::model {
@@ -288,32 +289,15 @@ TEST(Deepep, Fp8DispatchUnderTheFp8EmulationDiffersOnlyByTheBf16Combine) {
   const Tensor want = score_sequence(*whole, ids, base).logits;
   const dist::ParallelLayout layout{2, 2, 1};
   for (const bool fp8 : {true, false}) {
-    dist::TcpStoreServer server("127.0.0.1", 0);
-    std::vector<std::string> errors(2);
     std::vector<Tensor> got(2);
-    std::vector<std::thread> threads;
-    for (int64_t r = 0; r < 2; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          dist::TcpStore store("127.0.0.1", server.port(), 20s);
-          dist::GlooOptions o;
-          o.timeout = 60s;
-          const dist::ProcessGroups groups(
-              layout, r,
-              [&](const std::string& prefix, const std::string& group, int64_t rank, int64_t size) {
-                return dist::make_gloo_communicator(store, prefix, group, rank, size, o);
-              });
+    const std::vector<std::string> errors =
+        run_thread_ranks(layout, [&](const dist::ProcessGroups& groups, int64_t r) {
           ScoreOptions so = base;
           so.dist = &groups;
           so.moe_a2a_deepep = true;
           so.deepep_fp8_dispatch = fp8;
           got[size_t(r)] = score_sequence(*whole->sharded({layout, r}), ids, so).logits;
-        } catch (const std::exception& ex) {
-          errors[size_t(r)] = ex.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+        });
     for (int64_t r = 0; r < 2; ++r) ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
     std::vector<double> rows = row_rel(got[0], want);
     const double err = *std::max_element(rows.begin(), rows.end());

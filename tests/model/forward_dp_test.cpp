@@ -7,18 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <thread>
 
 #include "common/fixtures.h"
-#include "dist/gloo_communicator.h"
-#include "dist/process_groups.h"
-#include "dist/store.h"
 #include "model/model.h"
+#include "thread_ranks.h"
 
 namespace dsaserve::model {
 namespace {
-
-using namespace std::chrono_literals;
 
 std::vector<int32_t> tokens(int n, int salt) {
   std::vector<int32_t> t;
@@ -69,21 +64,9 @@ TEST(ForwardDp, RanksAsThreadsEqualOneProcessWithIdleSteps) {
   }
   for (const dist::ParallelLayout layout : {dist::ParallelLayout{2, 2, 2}, dist::ParallelLayout{4, 2, 2}}) {
     const int64_t n = layout.tp;
-    dist::TcpStoreServer server("127.0.0.1", 0);
-    std::vector<std::string> errors(static_cast<size_t>(n));
     std::vector<std::vector<Tensor>> got(static_cast<size_t>(n));
-    std::vector<std::thread> threads;
-    for (int64_t r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          dist::TcpStore store("127.0.0.1", server.port(), 20s);
-          dist::GlooOptions o;
-          o.timeout = 60s;
-          const dist::ProcessGroups groups(
-              layout, r,
-              [&](const std::string& prefix, const std::string& group, int64_t rank, int64_t size) {
-                return dist::make_gloo_communicator(store, prefix, group, rank, size, o);
-              });
+    const std::vector<std::string> errors =
+        run_thread_ranks(layout, [&](const dist::ProcessGroups& groups, int64_t r) {
           const std::shared_ptr<Model> m = whole->sharded({layout, r});
           ForwardOptions fo;
           fo.dist = &groups;  // no dp_tokens: the forward all-gathers the counts
@@ -97,12 +80,7 @@ TEST(ForwardDp, RanksAsThreadsEqualOneProcessWithIdleSteps) {
               m->idle_step(fo);
             }
           }
-        } catch (const std::exception& e) {
-          errors[size_t(r)] = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+        });
     for (int64_t r = 0; r < n; ++r) {
       ASSERT_EQ(errors[size_t(r)], "") << layout.describe() << " rank " << r;
       const std::vector<Tensor>& w = want[size_t(layout.attn_dp_rank(r))];

@@ -179,17 +179,15 @@ KernelOptions with_kernel(MlaDecodeKernel k) {
 // v2 (16 heads a block, both cache formats) at every head count, off its default range too (v5, the
 // default above 16 heads, runs its own cases in PingPongKernelV5).
 TEST_F(CudaMlaDecode, V2AllHeadCounts) {
-  for (MlaDecodeKernel k : {MlaDecodeKernel::v2}) {
-    const KernelOptions o = with_kernel(k);
-    for (int64_t nh : {64, 16, 8}) {
-      run_decode_batch({1, 63, 65, 2049, 32768}, nh, MlaKvFormat::bf16, 2048, 71 + uint64_t(nh), o);
-      run_decode_batch({2, 64, 129, 4096}, nh, MlaKvFormat::fp8_e4m3, 2048, 72 + uint64_t(nh), o);
-    }
-    run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 73, o);  // several head groups
-    run_decode_batch({1000, 8191}, 8, MlaKvFormat::bf16, 0, 74, o);  // dense
-    run_decode_batch({131072}, 16, MlaKvFormat::bf16, 2048, 75, o);  // batch 1: many splits + combine
-    run_decode_batch({130}, 24, MlaKvFormat::bf16, 0, 76, o);        // a partial last head group
+  const KernelOptions o = with_kernel(MlaDecodeKernel::v2);
+  for (int64_t nh : {64, 16, 8}) {
+    run_decode_batch({1, 63, 65, 2049, 32768}, nh, MlaKvFormat::bf16, 2048, 71 + uint64_t(nh), o);
+    run_decode_batch({2, 64, 129, 4096}, nh, MlaKvFormat::fp8_e4m3, 2048, 72 + uint64_t(nh), o);
   }
+  run_decode_batch({2049}, 128, MlaKvFormat::fp8_e4m3, 0, 73, o);  // several head groups
+  run_decode_batch({1000, 8191}, 8, MlaKvFormat::bf16, 0, 74, o);  // dense
+  run_decode_batch({131072}, 16, MlaKvFormat::bf16, 2048, 75, o);  // batch 1: many splits + combine
+  run_decode_batch({130}, 24, MlaKvFormat::bf16, 0, 76, o);        // a partial last head group
 }
 
 // A decode step captured in a CUDA graph (split combine included, launched as a programmatic dependent)
