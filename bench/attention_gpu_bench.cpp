@@ -110,7 +110,8 @@ struct MlaBenchFlags {
 void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
   const int64_t only_heads = fl.only_heads, only_batch = fl.only_batch;
   const int forced_splits = fl.forced_splits;
-  header("### sparse / dense MLA decode (absorbed, 576/512), one query token per request");
+  header(
+      "### sparse / dense MLA decode (absorbed, 576/512), one query token per request (q=2: two, a verify)");
   // 4M token slots shared by all requests (4.8 GB bf16: every read comes from HBM); --pool-slots 16384
   // keeps the cache inside L2 (the kernels' speed without HBM).
   const int64_t pool_slots = std::max<int64_t>(kPage, fl.pool_slots);
@@ -124,6 +125,7 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
   struct Case {
     int64_t heads, batch, ctx;
     bool sparse;
+    int64_t qtok = 1;  // query rows per request (a speculative verify: 2-6), each its own selection
   };
   std::vector<Case> cases;
   for (int64_t h : {64, 16, 8})
@@ -131,15 +133,20 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
       for (int64_t c : {4096, 32768, 131072}) cases.push_back({h, b, c, true});
   for (int64_t b : only_batch > 0 ? std::vector<int64_t>{only_batch} : std::vector<int64_t>{1, 32, 128})
     cases.push_back({128, b, 32768, true});  // DeepSeek-V3.2's heads (two groups of 64)
+  // Two query tokens per request (FlashMLA's published FP8 sparse case: 128 heads, batch 128, s_q 2).
+  for (int64_t h : {128, 64})
+    if (only_batch <= 0 || only_batch == 128) cases.push_back({h, 128, 32768, true, 2});
   for (int64_t h : {64, 8})
     for (int64_t b : only_batch > 0 ? std::vector<int64_t>{only_batch} : std::vector<int64_t>{1, 32, 128})
       cases.push_back({h, b, 2048, false});
   for (MlaKvFormat f : {MlaKvFormat::bf16, MlaKvFormat::fp8_e4m3}) {
     for (const Case& cs : cases) {
       if ((only_heads > 0 && cs.heads != only_heads) || (only_batch > 0 && cs.batch != only_batch)) continue;
-      const int64_t B = cs.batch, nh = cs.heads, pages = (cs.ctx + kPage - 1) / kPage;
-      std::vector<int32_t> pt(size_t(B * pages)), len(size_t(B), int32_t(cs.ctx)), sel(size_t(B * topk));
+      const int64_t S = cs.batch, B = cs.batch * cs.qtok, nh = cs.heads, pages = (cs.ctx + kPage - 1) / kPage;
+      std::vector<int32_t> pt(size_t(S * pages)), len(size_t(B), int32_t(cs.ctx)), sel(size_t(B * topk)),
+          seq(static_cast<size_t>(B));
       for (auto& x : pt) x = int32_t(rng() % uint64_t(pool_slots / kPage));
+      for (int64_t b = 0; b < B; ++b) seq[size_t(b)] = int32_t(b / cs.qtok);  // row b: request b / qtok
       for (int64_t b = 0; b < B; ++b) {  // topk distinct sorted positions
         std::vector<int32_t> s(static_cast<size_t>(topk));
         for (int64_t j = 0; j < topk; ++j)
@@ -150,7 +157,7 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
       std::vector<float> q(size_t(B * nh * kMlaDim));
       for (auto& x : q) x = float(int64_t(rng() % 2001) - 1000) * 1e-3f;
       float* dq = upload(q);
-      int32_t *dpt = upload(pt), *dlen = upload(len), *dsel = upload(sel);
+      int32_t *dpt = upload(pt), *dlen = upload(len), *dsel = upload(sel), *dseq = upload(seq);
       MlaDecodeParams p{};
       p.q_lat = dq;
       p.q_rope = dq + kMlaLatent;
@@ -158,13 +165,14 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
       p.ql_s1 = p.qr_s1 = kMlaDim;
       p.cache = f == MlaKvFormat::bf16 ? cache_bf16 : cache_fp8;
       p.page_table = dpt;
+      p.row_seq = dseq;
       p.row_len = dlen;
       p.sel = cs.sparse ? dsel : nullptr;
       p.sel_k = topk;
       p.sel_stride = topk;
       p.rows = B;
       p.heads = nh;
-      p.num_seqs = B;
+      p.num_seqs = S;
       p.pt_cols = pages;
       p.pt_stride = pages;
       p.page_size = kPage;
@@ -181,7 +189,8 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
       const K kernels[3] = {dflt, K::v2, K::v5};
       for (int ki = 0; ki < 3; ++ki) {
         const K kernel = kernels[ki];
-        if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel != K::v2 && nh <= 16)))
+        if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel != K::v2 && nh <= 16) ||
+                       cs.qtok > 1))
           continue;
         p.kernel = kernel;
         p.splits = forced_splits > 0 ? forced_splits : mla_decode_splits(B, nh, p.max_keys, num_sms, kernel);
@@ -194,10 +203,11 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
             keys * (row_bytes + (cs.sparse ? 4 : 0)) + double(B * nh) * (kMlaDim + kMlaLatent) * 4;
         const double flops = keys * double(nh) * 2.0 * (kMlaDim + kMlaLatent);
         char name[160];
-        std::snprintf(name, sizeof name, "%s kv=%s heads=%lld batch=%lld ctx=%lld kernel=%s splits=%d",
+        std::snprintf(name, sizeof name, "%s kv=%s heads=%lld batch=%lld%s ctx=%lld kernel=%s splits=%d",
                       cs.sparse ? "sparse top-2048" : "dense", f == MlaKvFormat::bf16 ? "bf16" : "fp8",
-                      (long long)nh, (long long)B, (long long)cs.ctx, name_of_kernel(mla_decode_kernel(p)),
-                      p.splits);
+                      (long long)nh, (long long)S,
+                      cs.qtok > 1 ? (" q=" + std::to_string(cs.qtok)).c_str() : "", (long long)cs.ctx,
+                      name_of_kernel(mla_decode_kernel(p)), p.splits);
         row(name, us, bytes, flops);
         CK(cudaFree(p.partial_out));
         CK(cudaFree(p.partial_lse));
@@ -206,6 +216,7 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
       CK(cudaFree(dpt));
       CK(cudaFree(dlen));
       CK(cudaFree(dsel));
+      CK(cudaFree(dseq));
       CK(cudaFree(p.out));
     }
   }

@@ -21,7 +21,9 @@
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/graph.h"
 #include "kernels/cuda/common/runtime.h"
+#include "kernels/cuda/common/views.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/gemm/gemm_small_params.h"
 #include "kernels/cuda/moe/moe_params.h"
 #include "kernels/cuda/sampling/sampling.h"
 #include "kernels/ops.h"
@@ -224,9 +226,64 @@ void bench_moe_experts() {
   }
 }
 
+// The small-T FP8 kernel's K split (gemm_small_params.h) swept at GLM-5.3's decode shapes: `splits` CTAs
+// along K per 128-row slice (auto: fp8_small_gemm_splits, one wave of ~2 CTAs per SM). CUDA-graph replays
+// of the kernel alone; floor: the weight bytes at 4.3 TB/s.
+void bench_fp8_small_splits() {
+  namespace kc = dsaserve::kernels::cuda;
+  fmt::print("\n| {:<12} | {:>3} | {:<16} | {:>6} | {:>6} | {:>9} | {:>9} | {:>5} |\n", "fp8 small", "T",
+             "[K, N]", "splits", "CTAs", "time us", "floor us", "ratio");
+  const struct {
+    const char* name;
+    int64_t n, k;
+  } shapes[] = {{"q_a", kQLora, kH},         {"q_b", kHeads * (kNope + kRope), kQLora},
+                {"o_proj", kH, kHeads * kV}, {"mlp_gate", 12288, kH},
+                {"mlp_down", kH, 12288},     {"shared_gate", 2048, kH}};
+  Tensor counters = Tensor::empty({kc::kFp8SmallCounters}, DType::i32, Device::cuda);
+  cudaMemset(counters.raw_data(), 0, counters.nbytes());
+  for (const auto& g : shapes) {
+    const ops::WeightRef w = weight(g.n, g.k, DType::f8e4m3fn);
+    for (int64_t T : {1, 8}) {
+      const Tensor x = rand_gpu({T, g.k}, 1);
+      const ops::Fp8Act a = kc::quantize_fp8_activations(x);
+      Tensor out = Tensor::empty({T, g.n}, DType::f32, Device::cuda);
+      const int64_t slices = (g.n + 127) / 128, kb = g.k / 128;
+      const int auto_s = kc::fp8_small_gemm_splits(g.n, g.k);
+      std::vector<int> cands = {auto_s};
+      for (int s : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64})
+        if (s != auto_s && s <= kb && slices * s <= 65535) cands.push_back(s);
+      for (int s : cands) {
+        Tensor partial = Tensor::empty({s, T, g.n}, DType::f32, Device::cuda);
+        kc::Fp8SmallGemmParams p{};
+        p.w = static_cast<const uint8_t*>(w.weight.raw_data());
+        p.w_scale = static_cast<const float*>(w.scale_inv.raw_data());
+        p.row0 = 0;
+        p.w_scale_ld = w.scale_inv.size(1);
+        p.xq = static_cast<const uint8_t*>(a.codes.raw_data());
+        p.x_scale = a.scales.data<float>();
+        p.out = out.data<float>();
+        p.out_stride = g.n;
+        p.T = T;
+        p.Tp = a.codes.size(0);
+        p.N = g.n;
+        p.K = g.k;
+        p.splits = s;
+        p.partial = partial.data<float>();
+        p.counters = static_cast<uint32_t*>(counters.raw_data());
+        const double us = kc::graph_time_us([&] { (void)kc::launch_fp8_small_gemm(p, kc::op_stream()); });
+        const double floor_us = double(g.n * g.k) / kHbm * 1e6;
+        fmt::print("| {:<12} | {:>3} | {:<16} | {:>6} | {:>6} | {:>9.1f} | {:>9.2f} | {:>5.2f} |\n",
+                   fmt::format("{}{}", g.name, s == auto_s ? " auto" : ""), T,
+                   fmt::format("[{},{}]", g.k, g.n), s, slices * s, us, floor_us, floor_us / us);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
 }  // namespace
 
-// `ops_gpu_bench moe` runs only the routed experts' table.
+// `ops_gpu_bench moe` runs only the routed experts' table, `ops_gpu_bench splits` only the small-T FP8
+// kernel's K-split sweep.
 int main(int argc, char** argv) {
   if (dsaserve::kernels::cuda::device_count() == 0) {
     fmt::print("ops_gpu_bench: no CUDA device, nothing to measure\n");
@@ -236,6 +293,10 @@ int main(int argc, char** argv) {
   fmt::print("ops_gpu_bench on {}\n", dsaserve::kernels::cuda::device_summary());
   if (argc > 1 && std::string(argv[1]) == "moe") {
     bench_moe_experts();
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "splits") {
+    bench_fp8_small_splits();
     return 0;
   }
   fmt::print("| {:<24} | {:>5} | {:<22} | {:>10} | {:>8} | {:>8} | {:>9} | {:>5} |\n", "op", "T",

@@ -411,6 +411,64 @@ TEST_F(CudaMlaDecode, Fp8PrefillRowsThroughTheBf16Copy) {
   EXPECT_LE(vs_direct.rel(), 1e-2);
 }
 
+// A speculative verify step: each request contributes 1-6 query rows at consecutive positions (row t of q
+// sees len - q + 1 + t keys), each row with its own top-2048 selection, across page boundaries; every head
+// count one rank holds under TP (8, 16, 32, 64) and DeepSeek-V3.2's 128, both cache formats, through the
+// automatic kernel choice (what the verify step runs), against the CPU op per row.
+TEST_F(CudaMlaDecode, VerifyRowsOneToSixTokensPerRequest) {
+  const std::vector<int64_t> lens = {300, 700, 2100, 1500};  // the last row's visible keys
+  const std::vector<int64_t> qs = {1, 2, 3, 6};              // query rows per request
+  const int64_t topk = 2048;
+  for (MlaKvFormat f : {MlaKvFormat::fp8_e4m3, MlaKvFormat::bf16}) {
+    for (int64_t nh : {8, 16, 32, 64, 128}) {
+      if (f == MlaKvFormat::bf16 && nh != 32 && nh != 128) continue;
+      Rng r(200 + uint64_t(nh) + (f == MlaKvFormat::bf16 ? 1000 : 0));
+      const Paging pg = make_paging(lens, r);
+      const LatentCache cache = make_latent(pg.num_pages * kPage, f, r);
+      std::vector<int32_t> seq, len;
+      for (size_t b = 0; b < lens.size(); ++b)
+        for (int64_t t = 0; t < qs[b]; ++t) {
+          seq.push_back(int32_t(b));
+          len.push_back(int32_t(lens[b] - qs[b] + 1 + t));
+        }
+      const int64_t R = int64_t(seq.size());
+      const Tensor q_lat = rand_bf16_values({R, nh, kMlaLatent}, r, 2.0f);
+      const Tensor q_rope = rand_bf16_values({R, nh, kMlaRope}, r, 2.0f);
+      Tensor sel = Tensor::empty({R, topk}, DType::i32);
+      for (int64_t i = 0; i < R; ++i) {
+        std::vector<int32_t> pos(static_cast<size_t>(len[size_t(i)]));
+        std::iota(pos.begin(), pos.end(), 0);
+        for (size_t j = 0; j < pos.size() && int64_t(j) < topk; ++j)
+          std::swap(pos[j], pos[j + size_t(r.below(int64_t(pos.size() - j)))]);
+        const int64_t k = std::min<int64_t>(topk, int64_t(pos.size()));
+        std::sort(pos.begin(), pos.begin() + k);
+        for (int64_t j = 0; j < topk; ++j) sel.data<int32_t>()[i * topk + j] = j < k ? pos[size_t(j)] : -1;
+      }
+      const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+      const Tensor got =
+          mla_decode(q_lat.to(Device::cuda), q_rope.to(Device::cuda), cache.gpu, pg.table_gpu(), kPage,
+                     gpu_i32(seq, {R}), gpu_i32(len, {R}), max_len, sel.to(Device::cuda), 0.0625, nullptr, {})
+              .to(Device::cpu);
+      Err worst;
+      for (int64_t i = 0; i < R; ++i) {
+        const Tensor ref =
+            kernels::backend(Device::cpu)
+                .mla_attention_absorbed(q_lat.slice(0, i, i + 1), q_rope.slice(0, i, i + 1),
+                                        PagedSeq{cache.decoded, pg.row_cpu(size_t(seq[size_t(i)])), kPage},
+                                        len[size_t(i)] - 1, sel.slice(0, i, i + 1), 0.0625);
+        const Err e = compare(got.data<float>() + i * nh * kMlaLatent, ref.data<float>(), nh * kMlaLatent);
+        if (e.rel() > worst.rel()) worst = e;
+        EXPECT_LE(e.rel(), 1e-2) << "row " << i << " heads " << nh << " " << fmt_name(f);
+      }
+      std::printf(
+          "RESULT mla_decode verify rows kernel=%s kv=%s heads=%lld rows=%lld (1-6 a request) rel=%.3g "
+          "tol=1e-02 %s\n",
+          name(select_mla_decode_kernel(MlaDecodeKernel::automatic, nh, R)).data(), fmt_name(f),
+          (long long)nh, (long long)R, worst.rel(), worst.rel() <= 1e-2 ? "ok" : "FAIL");
+    }
+  }
+}
+
 // The kernel choice is host code (no device needed; its rule: tests/kernels/kernel_options_test.cpp). The
 // split count follows the kernel the launch will run, and a launch's params select through the same rule.
 TEST(MlaDecodeKernelChoice, SplitsFollowTheSelectedKernel) {
