@@ -474,7 +474,8 @@ void bench_prefill(void* flush) {
     std::fflush(stdout);
     const Tensor q_all = rand_f32({t_max, nh, kNopeDim + kRopeDim}, uint64_t(10 + nh), 1.0f);
     // Attention rates of requests with a selection and of dense ones (ctx + T <= 2048: no selection).
-    std::vector<double> r_abs_attn, r_abs_gemm, r_mha_attn, r_expand, r_expand8, r_abs_dense, r_mha_dense;
+    std::vector<double> r_abs_attn, r_abs_gemm, r_mha_attn, r_expand, r_expand8, r_abs_dense;
+    std::vector<std::pair<int64_t, double>> r_mha_dense;  // (new tokens, TFLOP/s) of the dense cases
     struct Case {
       dm::AttentionShape shape;
       bool mha_faster;
@@ -583,7 +584,10 @@ void bench_prefill(void* flush) {
                      mha_attn_us = std::max(mha_us - expand_us, 1e-3);
         (sel.defined() ? r_abs_attn : r_abs_dense).push_back(fl.absorbed_attn / (abs_attn_us * 1e6));
         r_abs_gemm.push_back(fl.absorb_gemm / (abs_gemm_us * 1e6));
-        (sel.defined() ? r_mha_attn : r_mha_dense).push_back(fl.mha_attn / (mha_attn_us * 1e6));
+        if (sel.defined())
+          r_mha_attn.push_back(fl.mha_attn / (mha_attn_us * 1e6));
+        else
+          r_mha_dense.push_back({T, fl.mha_attn / (mha_attn_us * 1e6)});
         r_expand.push_back(fl.expand_gemm / (expand_us * 1e6));
         r_expand8.push_back(fl.expand_gemm / (expand8_us * 1e6));
         const bool mha_faster = mha_us < abs_us;
@@ -611,7 +615,14 @@ void bench_prefill(void* flush) {
     r.mha_attn = median(r_mha_attn);
     r.expand_gemm = median(r_expand);
     r.absorbed_attn_dense = median(r_abs_dense);
-    r.mha_attn_dense = median(r_mha_dense);
+    std::sort(r_mha_dense.begin(), r_mha_dense.end());
+    std::string dense_pts;
+    for (size_t i = 0; i < r_mha_dense.size() && i < size_t(dm::RateByTokens::kPoints); ++i) {
+      r.mha_attn_dense.tokens[i] = r_mha_dense[i].first;
+      r.mha_attn_dense.tflops[i] = r_mha_dense[i].second;
+      dense_pts += (i ? ", " : "") + std::to_string(r_mha_dense[i].first) + ": " +
+                   std::to_string(r_mha_dense[i].second).substr(0, 6);
+    }
     dm::AttentionFormRule rule;
     (nh <= rule.narrow_max_heads ? rule.narrow : rule.wide) = r;
     int agree = 0;
@@ -631,12 +642,12 @@ void bench_prefill(void* flush) {
     std::printf(
         "\nRESULT form_rates heads=%lld (%s) absorbed_attn=%.1f absorb_gemm=%.1f mha_attn=%.1f "
         "expand_gemm=%.1f "
-        "absorbed_attn_dense=%.1f mha_attn_dense=%.1f TFLOP/s -> model.h AttentionFormRule::%s = {%.1f, "
-        "%.1f, "
-        "%.1f, %.1f, %.1f, %.1f}\n",
+        "absorbed_attn_dense=%.1f mha_attn_dense (tokens: rate)={%s} TFLOP/s -> model.h "
+        "AttentionFormRule::%s "
+        "= {%.1f, %.1f, %.1f, %.1f, %.1f, {those points}}\n",
         (long long)nh, cls, r.absorbed_attn, r.absorb_gemm, r.mha_attn, r.expand_gemm, r.absorbed_attn_dense,
-        r.mha_attn_dense, cls, r.absorbed_attn, r.absorb_gemm, r.mha_attn, r.expand_gemm,
-        r.absorbed_attn_dense, r.mha_attn_dense);
+        dense_pts.c_str(), cls, r.absorbed_attn, r.absorb_gemm, r.mha_attn, r.expand_gemm,
+        r.absorbed_attn_dense);
     std::printf(
         "RESULT form_rates heads=%lld expand_gemm with an FP8 kv_b_proj: %.1f TFLOP/s (for FP8 "
         "checkpoints)\n",

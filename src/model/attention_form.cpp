@@ -1,6 +1,8 @@
 // AttentionForm::automatic's choice between the MLA forms for a prefill chunk (model.h): FLOP counts of
 // each form and the estimated time at measured rates.
 #include <algorithm>
+#include <cmath>
+#include <string>
 
 #include "core/error.h"
 #include "model/model.h"
@@ -19,6 +21,38 @@ double attended_keys(const AttentionShape& s) {
   return below + (b - std::max(a, k + 1) + 1) * k;
 }
 }  // namespace
+
+double RateByTokens::at(int64_t t) const {
+  if (!set()) return 0;
+  int n = 0;
+  while (n < kPoints && tokens[size_t(n)] > 0) ++n;
+  if (t <= tokens[0]) return tflops[0] * double(std::max<int64_t>(t, 0)) / double(tokens[0]);
+  for (int i = 1; i < n; ++i) {
+    if (t <= tokens[size_t(i)]) {
+      const double a = std::log2(double(tokens[size_t(i - 1)])), b = std::log2(double(tokens[size_t(i)]));
+      const double w = (std::log2(double(t)) - a) / (b - a);
+      return tflops[size_t(i - 1)] + w * (tflops[size_t(i)] - tflops[size_t(i - 1)]);
+    }
+  }
+  return tflops[size_t(n - 1)];
+}
+
+std::string RateByTokens::problem() const {
+  bool ended = false;
+  for (int i = 0; i < kPoints; ++i) {
+    const int64_t t = tokens[size_t(i)];
+    const double r = tflops[size_t(i)];
+    if (t == 0) {
+      if (r != 0) return "a rate without its token count";
+      ended = true;
+      continue;
+    }
+    if (ended || t < 1 || (i > 0 && t <= tokens[size_t(i - 1)]))
+      return "token counts must ascend from 1 with no gaps";
+    if (!(r > 0)) return "rates must be positive";
+  }
+  return "";
+}
 
 AttentionFormFlops attention_form_flops(const AttentionShape& s) {
   DSA_CHECK(s.tokens >= 0 && s.context >= 0 && s.heads > 0 && s.topk >= 0 && s.latent > 0 && s.rope >= 0 &&
@@ -42,17 +76,21 @@ AttentionFormSeconds attention_form_seconds(const AttentionShape& s, const Atten
   const AttentionFormFlops f = attention_form_flops(s);
   const bool dense = s.topk <= 0 || s.context + s.tokens <= s.topk;  // no selection: every key, causally
   const double abs_attn = dense && r.absorbed_attn_dense > 0 ? r.absorbed_attn_dense : r.absorbed_attn,
-               mha_attn = dense && r.mha_attn_dense > 0 ? r.mha_attn_dense : r.mha_attn;
+               mha_attn = dense && r.mha_attn_dense.set() ? r.mha_attn_dense.at(s.tokens) : r.mha_attn;
+  // (A chunk of no tokens attends no keys: its attention terms are 0 whatever the rate.)
+  const double mha_attn_s = f.mha_attn > 0 ? f.mha_attn / mha_attn : 0;
   return {(f.absorbed_attn / abs_attn + f.absorb_gemm / r.absorb_gemm) * 1e-12,
-          (f.mha_attn / mha_attn + f.expand_gemm / r.expand_gemm) * 1e-12};
+          (mha_attn_s + f.expand_gemm / r.expand_gemm) * 1e-12};
 }
 
 bool automatic_uses_mha(int64_t mha_min_tokens, const AttentionFormRule& rule, const AttentionShape& s) {
   (void)attention_form_flops(s);  // validates the shape
   const AttentionFormRates& r = s.heads <= rule.narrow_max_heads ? rule.narrow : rule.wide;
   DSA_CHECK(r.absorbed_attn >= 0 && r.absorb_gemm >= 0 && r.mha_attn >= 0 && r.expand_gemm >= 0 &&
-                r.absorbed_attn_dense >= 0 && r.mha_attn_dense >= 0,
+                r.absorbed_attn_dense >= 0,
             "attention form: negative rate for {} heads", s.heads);
+  const std::string dense_problem = r.mha_attn_dense.problem();
+  DSA_CHECK(dense_problem.empty(), "attention form: mha_attn_dense for {} heads: {}", s.heads, dense_problem);
   if (s.tokens < mha_min_tokens) return false;
   if (!r.measured()) return true;  // the rule before issue 8
   const AttentionFormSeconds t = attention_form_seconds(s, r);

@@ -7,8 +7,10 @@
 // new tokens' latent KV (and indexer keys) into the cache at out_cache_loc, then attends over every
 // cached position of the request (or its DSA selection). MTP layers run through forward_mtp with their
 // own KV layers (indices L, L+1, ...) in the same cache and the same page tables.
+#include <array>
 #include <filesystem>
 #include <memory>
+#include <string>
 
 #include "core/tensor.h"
 #include "io/safetensors.h"
@@ -45,19 +47,38 @@ struct AttentionShape {
   int64_t latent = 512, rope = 64, nope = 192, dv = 256;
 };
 
+// A throughput (TFLOP/s) measured at a few chunk sizes (the request's new tokens): linear in log2(tokens)
+// between the points, the last point's rate above them, and below the first point the first rate scaled by
+// tokens / its tokens (rates rise with the chunk: no rate above what was measured is assumed). No point
+// set: unmeasured (0). A single rate converts to one point at every size.
+struct RateByTokens {
+  static constexpr int kPoints = 4;
+  std::array<int64_t, kPoints> tokens{};  // ascending; entries after the last point are 0
+  std::array<double, kPoints> tflops{};
+  constexpr RateByTokens() = default;
+  constexpr RateByTokens(double flat) : tokens{flat != 0 ? 1 : 0}, tflops{flat} {}  // NOLINT: implicit
+  constexpr RateByTokens(std::array<int64_t, kPoints> t, std::array<double, kPoints> r)
+      : tokens(t), tflops(r) {}
+  bool set() const { return tokens[0] > 0; }
+  double at(int64_t tokens) const;  // 0 when not set
+  // Why the points are not usable ("" when they are): tokens ascending from >= 1, rates positive.
+  std::string problem() const;
+};
+
 // Measured throughputs (TFLOP/s, FLOPs counted as attention_form_flops counts them) of the parts of the
 // two forms for one head class; 0 = not measured. attention_gpu_bench's `prefill` table prints them
 // (`RESULT form_rates ...` lines): set the defaults below from that run on the serving GPU.
 // The attention rates are those of a request with a DSA selection (context + tokens > topk: each row its
 // own keys, so neighbouring rows share few); the *_dense ones, when set, those of a request attending all
-// its keys causally (no selection: neighbouring rows share their keys, which an MHA kernel can reuse).
+// its keys causally (no selection: neighbouring rows share their keys, which an MHA kernel can reuse; the
+// MHA kernel's rate moves with the chunk, so it is a rate per chunk size).
 struct AttentionFormRates {
   double absorbed_attn = 0;  // mla_attention_rows: 2 (latent + rope + latent) FLOPs per key, head and row
   double absorb_gemm = 0;    // absorb_q + absorb_v: 2 latent (nope + dv) per head and row
   double mha_attn = 0;       // attention_mha (+ its copy): 2 (nope + rope + dv) per key, head and row
   double expand_gemm = 0;    // paged_gather + the kv_b_proj linear: 2 latent (nope + dv) per head, position
   double absorbed_attn_dense = 0;  // 0: absorbed_attn
-  double mha_attn_dense = 0;       // 0: mha_attn
+  RateByTokens mha_attn_dense{};   // not set: mha_attn
   bool measured() const { return absorbed_attn > 0 && absorb_gemm > 0 && mha_attn > 0 && expand_gemm > 0; }
 };
 
@@ -67,16 +88,20 @@ struct AttentionFormRates {
 // measured, the form with the lower estimated time (attention_form_seconds); otherwise the MHA form (the
 // rule before issue 8). The rates are the H200's (`attention_gpu_bench prefill`, TFLOP/s: top-2048, chunks of
 // 256-4096 tokens after 0-32768 cached; the rule picked the faster form in 9 of 9 cases per head class).
-// The MHA form's attention over a selection is a CUDA-core stand-in (0.4 TFLOP/s); dense chunks run a
-// tensor-core kernel (sm90_mha_prefill.cu: 39-232 TFLOP/s with its copies at 64 heads, 256-4096 tokens,
-// attention_gpu_bench mha) whose rate moves with the chunk too much for one constant, so mha_attn_dense
-// keeps the stand-in's 0.7 and prefills take the absorbed form until the rule takes a rate per chunk size.
+// The MHA form's attention over a selection is a CUDA-core stand-in (0.4 TFLOP/s): requests with a DSA
+// selection take the absorbed form. Dense chunks (context + tokens <= topk) run the tensor-core kernel
+// (sm90_mha_prefill.cu; `attention_gpu_bench mha`, the op with its bf16 copies, context 0: 64 heads 38.6 /
+// 128.7 / 214.9 TFLOP/s at 256 / 1,024 / 4,096 tokens, 16 heads 83.6 at 1,024), so a dense prompt of
+// about 512-2,048 tokens takes the MHA form (at 1,024 tokens, 64 heads: ~0.32 ms against ~0.46 absorbed).
 struct AttentionFormRule {
   // heads <= this use `narrow`, else `wide`: the cutoff where the MLA decode selector changes kernel
   // (kernels/kernel_options.h select_mla_decode_kernel: v2 up to it, v5 above).
   int64_t narrow_max_heads = kernels::kMlaDecodeNarrowMaxHeads;
-  AttentionFormRates wide{297.5, 171.3, 0.4, 571.8, 257.8, 0.7};  // 64 heads (MLA decode v5)
-  AttentionFormRates narrow{76.5, 140.4, 0.4, 381.2, 79.0, 0.7};  // 16 heads per rank
+  AttentionFormRates wide{
+      297.5, 171.3, 0.4,
+      571.8, 257.8, RateByTokens{{256, 1024, 4096, 0}, {38.6, 128.7, 214.9, 0}}};  // 64 heads (v5)
+  AttentionFormRates narrow{
+      76.5, 140.4, 0.4, 381.2, 79.0, RateByTokens{{1024, 0, 0, 0}, {83.6, 0, 0, 0}}};  // 16 heads per rank
 };
 
 // FLOPs of one request's attention part in each form (see AttentionFormRates for what each part counts).

@@ -54,12 +54,55 @@ TEST(AttentionForm, FlopsCountEveryPart) {
       }
 }
 
-// The default rates (the H200's, model.h): the absorbed form at GLM-5.3 shapes, both head classes.
-TEST(AttentionForm, DefaultRatesTakeTheAbsorbedForm) {
+// The default rates (the H200's, model.h), both head classes: requests with a DSA selection take the
+// absorbed form; dense chunks (context + tokens <= top-k) the MHA form from about 384-768 new tokens (the
+// tensor-core MHA kernel), the absorbed form at 256.
+TEST(AttentionForm, DefaultRatesTakeTheAbsorbedFormWithASelection) {
   const AttentionFormRule rule;
-  for (int64_t heads : {8, 16, 64})
+  for (int64_t heads : {8, 16, 64, 128})
     for (int64_t ctx : {0, 8192, 32768})
-      for (int64_t T : {256, 1024, 4096}) EXPECT_FALSE(automatic_uses_mha(256, rule, glm(T, ctx, heads)));
+      for (int64_t T : {256, 1024, 4096})
+        if (ctx + T > 2048) {
+          EXPECT_FALSE(automatic_uses_mha(256, rule, glm(T, ctx, heads))) << heads << " " << T;
+        }
+}
+TEST(AttentionForm, DefaultRatesTakeTheMhaFormForDenseChunks) {
+  const AttentionFormRule rule;
+  for (int64_t heads : {8, 16, 64, 128}) {
+    EXPECT_FALSE(automatic_uses_mha(256, rule, glm(256, 0, heads))) << heads;
+    for (int64_t T : {512, 1024, 2048})
+      EXPECT_TRUE(automatic_uses_mha(256, rule, glm(T, 0, heads))) << heads << " " << T;
+    EXPECT_TRUE(automatic_uses_mha(256, rule, glm(1024, 512, heads))) << heads;    // 1,536 keys: still dense
+    EXPECT_FALSE(automatic_uses_mha(256, rule, glm(1024, 1025, heads))) << heads;  // a selection
+  }
+  // Without an indexer (topk 0) every chunk is dense.
+  EXPECT_TRUE(automatic_uses_mha(256, rule, glm(1024, 0, 64, 0)));
+}
+
+// The dense MHA rate per chunk size: log-linear between the points, scaled down below the first, the last
+// rate above the last, one flat rate from a double; malformed points are errors.
+TEST(AttentionForm, RateByTokensInterpolates) {
+  const RateByTokens r{{256, 1024, 4096, 0}, {40, 120, 200, 0}};
+  EXPECT_TRUE(r.set());
+  EXPECT_EQ(r.problem(), "");
+  EXPECT_DOUBLE_EQ(r.at(256), 40);
+  EXPECT_DOUBLE_EQ(r.at(512), 80);  // halfway in log2 between 256 and 1024
+  EXPECT_DOUBLE_EQ(r.at(1024), 120);
+  EXPECT_DOUBLE_EQ(r.at(2048), 160);
+  EXPECT_DOUBLE_EQ(r.at(4096), 200);
+  EXPECT_DOUBLE_EQ(r.at(100000), 200);
+  EXPECT_DOUBLE_EQ(r.at(128), 20);  // below the first point: scaled by tokens
+  EXPECT_DOUBLE_EQ(r.at(0), 0);
+  const RateByTokens flat = 50.0;
+  EXPECT_DOUBLE_EQ(flat.at(1), 50);
+  EXPECT_DOUBLE_EQ(flat.at(9999), 50);
+  EXPECT_FALSE(RateByTokens{}.set());
+  EXPECT_FALSE(RateByTokens{0.0}.set());
+  EXPECT_DOUBLE_EQ(RateByTokens{}.at(100), 0);
+  EXPECT_NE((RateByTokens{{1024, 256, 0, 0}, {1, 2, 0, 0}}.problem()), "");  // not ascending
+  EXPECT_NE((RateByTokens{{256, 0, 1024, 0}, {1, 0, 2, 0}}.problem()), "");  // a gap
+  EXPECT_NE((RateByTokens{{256, 0, 0, 0}, {-1, 0, 0, 0}}.problem()), "");    // negative
+  EXPECT_NE((RateByTokens{{256, 0, 0, 0}, {1, 5, 0, 0}}.problem()), "");     // a rate without tokens
 }
 
 TEST(AttentionForm, UnmeasuredRuleIsMhaFromMinTokens) {
@@ -108,7 +151,8 @@ TEST(AttentionForm, MeasuredRatesPickTheCheaperForm) {
   EXPECT_FALSE(automatic_uses_mha(256, rule, glm(4096, 0, 64)));    // a selection: the sparse rate
   rule.wide.absorbed_attn_dense = 1000;
   EXPECT_FALSE(automatic_uses_mha(256, rule, glm(1024, 0, 64)));
-  rule.wide.absorbed_attn_dense = rule.wide.mha_attn_dense = 0;
+  rule.wide.absorbed_attn_dense = 0;
+  rule.wide.mha_attn_dense = RateByTokens{};
   // Heads <= narrow_max_heads read `narrow` (unmeasured here: the old rule).
   EXPECT_TRUE(automatic_uses_mha(256, rule, glm(4096, 0, 16)));
   EXPECT_FALSE(automatic_uses_mha(256, rule, glm(4096, 0, 17)));
@@ -127,6 +171,8 @@ TEST(AttentionForm, BadInputIsAnError) {
   EXPECT_THROW(automatic_uses_mha(256, neg, glm(10, 0, 64)), Error);
   neg.wide.mha_attn = 0;
   neg.wide.mha_attn_dense = -1;
+  EXPECT_THROW(automatic_uses_mha(256, neg, glm(10, 0, 64)), Error);
+  neg.wide.mha_attn_dense = RateByTokens{{512, 256, 0, 0}, {1, 2, 0, 0}};
   EXPECT_THROW(automatic_uses_mha(256, neg, glm(10, 0, 64)), Error);
   EXPECT_THROW(attention_form_seconds(glm(10, 0, 64), AttentionFormRates{}), Error);
 }

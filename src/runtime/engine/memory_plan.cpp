@@ -37,7 +37,8 @@ struct Phase {
 
 // The longest context (cached + new positions) a request of up to `chunk` new tokens can expand in the
 // MHA form: AttentionForm::mha any; automatic where its rule picks MHA for some chunk size and cached
-// length (powers of two, and the ends); 0 when never (today's H200 rates: the absorbed form always).
+// length (powers of two, and the ends); 0 when never (today's H200 rates: dense chunks only, so at most
+// the top-k's 2,048 positions with an indexer).
 int64_t mha_context(const model::ModelConfig& c, const model::ForwardOptions& fo, int64_t chunk,
                     int64_t max_ctx) {
   if (fo.attention == model::AttentionForm::absorbed) return 0;
