@@ -183,6 +183,8 @@ void bench_moe_experts() {
   for (int64_t e = 0; e < kE; ++e)
     experts.push_back(
         {weight(kI, kH, DType::f8e4m3fn), weight(kI, kH, DType::f8e4m3fn), weight(kH, kI, DType::f8e4m3fn)});
+  // The experts' device table, derived once as at model load (it depends on no option).
+  const std::shared_ptr<const ops::DerivedExperts> set = kc::make_backend({})->derive_experts(experts);
   std::mt19937 r(11);
   for (int64_t T : {1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096}) {
     Tensor ids = Tensor::empty({T, kTopK}, DType::i32);
@@ -216,7 +218,7 @@ void bench_moe_experts() {
       ko.moe = pa.path;
       ko.moe_fp8_tile_rows = pa.tile_rows;
       const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
-      const double us = time_us([&] { be->moe_experts(x, routing, experts, nullptr); }, 2, 10);
+      const double us = time_us([&] { be->moe_experts(x, routing, experts, nullptr, set.get()); }, 2, 10);
       fmt::print(
           "| {:<18} | {:>5} | {:>6} | {:<7} | {:>10.1f} | {:>8.1f} | {:>9.1f} | {:>5.2f} | {:>13.1f} |\n",
           "per layer", T, active, pa.tag, us, bytes / (us * 1e-6) / 1e9, floor_us, floor_us / us,

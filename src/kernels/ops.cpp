@@ -62,7 +62,7 @@ class CpuBackend : public Backend {
   }
   // The reference quantises nothing: x (with q, its dequantised value) is the input.
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                     const Fp8Act*) override {
+                     const Fp8Act*, const DerivedExperts*) override {
     return cpu::moe_experts(x, routing, experts);
   }
   void fill_dummy(Tensor& t, const dummy::FillSpec& f) override { cpu::fill_dummy(t, f); }
@@ -85,7 +85,7 @@ class Fp8EmulationBackend final : public CpuBackend {
     return cpu::linear(x, w, r0, r1, std::move(out), &e_);
   }
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                     const Fp8Act* q) override {
+                     const Fp8Act* q, const DerivedExperts*) override {
     return cpu::moe_experts(x, routing, experts, &e_, q);
   }
   // With Fp8Emulation::fp8_kv_cache: Backend's sequences, each row rounded as the GPU's FP8 cache stores it.
@@ -379,6 +379,9 @@ std::vector<Tensor> Backend::linear_multi(const Tensor& x, const std::vector<Wei
 std::shared_ptr<const DerivedWeight> Backend::derive_weight(const WeightRef&, WeightUse) const {
   return nullptr;
 }
+std::shared_ptr<const DerivedExperts> Backend::derive_experts(const std::vector<MlpRef>&) const {
+  return nullptr;
+}
 
 MlaRowsPlan Backend::plan_mla_rows(int64_t, int64_t, int64_t) { return MlaRowsPlan{}; }
 IndexerRowsPlan Backend::plan_indexer_rows(int64_t, int64_t, int64_t, std::span<const int32_t>) {
@@ -448,13 +451,13 @@ Routing Ops::moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteP
   return on(logits.device()).moe_route(logits, bias, p);
 }
 Tensor Ops::moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                        const Fp8Act* q) const {
+                        const Fp8Act* q, const DerivedExperts* derived) const {
   DSA_KERNEL_SPAN("moe_experts", x);
   DSA_CHECK(q == nullptr || !q->defined() ||
                 (q->codes.device() == x.device() && q->scales.defined() && q->scales.device() == x.device()),
             "moe_experts: the input's FP8 copy ({}) is not on the input's device ({})", q->codes.describe(),
             x.describe());
-  return on(x.device()).moe_experts(x, routing, experts, q);
+  return on(x.device()).moe_experts(x, routing, experts, q, derived);
 }
 
 // The free operators: the registered backends (Ops without a backend of its own).
@@ -517,8 +520,8 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
   return Ops().moe_route(logits, bias, p);
 }
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                   const Fp8Act* q) {
-  return Ops().moe_experts(x, routing, experts, q);
+                   const Fp8Act* q, const DerivedExperts* derived) {
+  return Ops().moe_experts(x, routing, experts, q, derived);
 }
 
 }  // namespace dsaserve::kernels

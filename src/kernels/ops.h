@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -68,6 +69,21 @@ struct WeightRef {
 // A SwiGLU MLP: down(silu(gate(x)) * up(x)).
 struct MlpRef {
   WeightRef gate, up, down;
+};
+
+// The form of one MoE layer's routed experts that a backend's moe_experts reads as a set, made once when a
+// model is put on that backend (Backend::derive_experts, called by model::Model for each MoE layer) and
+// held with the layer's weights (model/weights.h MoeWeights::experts_derived), so that no kernel keeps
+// tables by weight address: the CUDA device paths' table of the experts' weight pointers. moe_experts
+// checks it was made from the experts it is handed; without one the CUDA op makes it for the call.
+struct DerivedExperts {
+  std::vector<const void*> weights;  // what it was made from: per expert gate, up, down, then their
+                                     // scale_inv (null unless FP8)
+  DType dtype = DType::f32;          // expert 0's weights (every expert's alike where `table` is defined)
+  int64_t hidden = 0, inter = 0, block_n = 128, block_k = 128;
+  Tensor table;          // the backend's table of the weights (CUDA: u8 [experts * sizeof(MoeExpertWeights)],
+                         // kernels/cuda/moe/moe_params.h); undefined where its kernels cannot take them
+  std::string unusable;  // why not (empty when `table` is defined)
 };
 
 // Rotary position embedding of `dim` channels. Angles follow Hugging Face exactly: inv_freq and
@@ -285,8 +301,10 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
 // then being its dequantised value, as a DeepEP FP8 dispatch delivers them: the experts that quantise their
 // input (the CUDA device_fp8 path, the FP8 emulation backend) read q instead of quantising x again, so the
 // result is bit for bit that of quantising the original rows where they run; the others compute on x.
+// `derived` (may be null): the set's form its backend derived (DerivedExperts: the model's
+// MoeWeights::experts_derived), made from these experts; changes no bit, only saves the backend making it.
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                   const Fp8Act* q = nullptr);
+                   const Fp8Act* q = nullptr, const DerivedExperts* derived = nullptr);
 
 // Dummy weights (--load-format dummy, model/dummy_weights.h): fills the contiguous tensor `t` (bf16, f32
 // or f8e4m3fn) as core/dummy_fill.h defines; every backend writes the same bytes for the same spec.
@@ -317,6 +335,10 @@ class Backend {
   // made now; null when they need none (the default: the CPU backends). The model calls it for each of
   // its weights when it is put on this backend (model load), never during a step.
   virtual std::shared_ptr<const DerivedWeight> derive_weight(const WeightRef& w, WeightUse use) const;
+  // The form of one MoE layer's routed experts (on this backend's device) its moe_experts reads
+  // (DerivedExperts), made now; null when it needs none (the default: the CPU backends). The model calls
+  // it for each MoE layer when it is put on this backend (model load), never during a step.
+  virtual std::shared_ptr<const DerivedExperts> derive_experts(const std::vector<MlpRef>& experts) const;
 
   virtual Tensor embedding(const Tensor& table, const Tensor& ids) = 0;
   virtual Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) = 0;
@@ -367,7 +389,7 @@ class Backend {
                                const Tensor& slots);
   virtual Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) = 0;
   virtual Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                             const Fp8Act* q) = 0;
+                             const Fp8Act* q, const DerivedExperts* derived) = 0;
   virtual void fill_dummy(Tensor& t, const dummy::FillSpec& f) = 0;
 
  private:
@@ -441,7 +463,7 @@ class Ops {
                        const Tensor& slots) const;
   Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) const;
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                     const Fp8Act* q = nullptr) const;
+                     const Fp8Act* q = nullptr, const DerivedExperts* derived = nullptr) const;
 
  private:
   Backend& on(Device d) const;

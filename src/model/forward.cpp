@@ -103,6 +103,13 @@ kernels::WeightRef Model::ref(const Linear& l) const {
   return kernels::WeightRef{l.weight, l.scale_inv, cfg_.fp8.block_n, cfg_.fp8.block_k, l.derived};
 }
 
+std::vector<kernels::MlpRef> Model::expert_refs(const MoeWeights& moe) const {
+  std::vector<kernels::MlpRef> experts;
+  experts.reserve(moe.experts.size());
+  for (const MlpWeights& e : moe.experts) experts.push_back({ref(e.gate), ref(e.up), ref(e.down)});
+  return experts;
+}
+
 void Model::derive_weights() {
   const Device d = w_.embed_tokens.device();
   const kernels::Backend& b = backend_ ? *backend_ : kernels::backend(d);
@@ -125,6 +132,15 @@ void Model::derive_weights() {
                           derived = b.derive_weight(kernels::WeightRef{weight, scale_inv, bn, bk}, use);
                           made.emplace(key, derived);
                         });
+  // Each MoE layer's routed experts as a set (the CUDA device paths' table of their weights), where they
+  // live on this model's device.
+  for_each_moe(w_, [&](MoeWeights& moe) {
+    moe.experts_derived = nullptr;
+    if (moe.experts.empty() || !moe.experts[0].gate.weight.defined() ||
+        moe.experts[0].gate.weight.device() != d)
+      return;
+    moe.experts_derived = b.derive_experts(expert_refs(moe));
+  });
 }
 
 Model::Model(ModelConfig cfg, io::Checkpoint ckpt, ModelWeights weights,
@@ -425,10 +441,7 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
   Tensor out;
   {
     OpScope span("experts_gate_up+experts_act+experts_down");  // one kernel
-    std::vector<kernels::MlpRef> experts;
-    experts.reserve(moe.experts.size());
-    for (const MlpWeights& e : moe.experts) experts.push_back({ref(e.gate), ref(e.up), ref(e.down)});
-    out = ops_.moe_experts(h, routing, experts);
+    out = ops_.moe_experts(h, routing, expert_refs(moe), nullptr, moe.experts_derived.get());
     if (span.on() && !moe.experts.empty()) {
       const int64_t E = int64_t(moe.experts.size()), rows = h.size(0) * cfg_.num_experts_per_tok,
                     H = h.size(1), I = moe.experts[0].gate.weight.size(0);

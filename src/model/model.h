@@ -243,8 +243,11 @@ class Model {
   Tensor decoder_layers(Tensor x, Step& st, KvCache& cache, bool mtp, int64_t k) const;
   ForwardOutput finish(const Tensor& hidden, const kernels::WeightRef& head, const Step& st) const;
   kernels::WeightRef ref(const Linear& l) const;
+  // The routed experts of `moe` as the MoE op takes them (each one's ref()).
+  std::vector<kernels::MlpRef> expert_refs(const MoeWeights& moe) const;
   // Sets every weight's derived forms (Linear::derived, MoeWeights::gate_derived) to what this model's
-  // backend derives for it (kernels::Backend::derive_weight): the constructor's last step (model load).
+  // backend derives for it (kernels::Backend::derive_weight), and each MoE layer's experts_derived to what
+  // it derives for the routed experts as a set (derive_experts): the constructor's last step (model load).
   void derive_weights();
   // The token embedding (vocabulary-parallel when sharded: the attention TP group's all-reduce).
   Tensor embed(const Tensor& table, const ForwardBatch& batch, const Tensor& ids,

@@ -285,12 +285,20 @@ void for_each_derived_slot(ModelWeights& w, const DerivedSlotFn& fn) {
   }
 }
 
+void for_each_moe(ModelWeights& w, const std::function<void(MoeWeights&)>& fn) {
+  for (auto& l : w.layers)
+    if (l.moe) fn(*l.moe);
+  for (auto& m : w.mtp)
+    if (m.layer.moe) fn(*m.layer.moe);
+}
+
 ModelWeights ModelWeights::to(Device device) const {
   ModelWeights out = *this;
   // What a backend derived belongs to its device: the copy's model derives its own.
   for_each_derived_slot(out,
                         [](const Tensor&, const Tensor&, std::shared_ptr<const kernels::DerivedWeight>& d,
                            kernels::WeightUse) { d.reset(); });
+  for_each_moe(out, [](MoeWeights& m) { m.experts_derived.reset(); });
   std::map<const void*, Tensor> moved;  // source data pointer -> device copy
   for_each_tensor(out, [&](Tensor& t) {
     if (!t.defined() || t.device() == device) return;

@@ -12,8 +12,9 @@
 #include "model/config.h"
 
 namespace dsaserve::kernels {
-struct DerivedWeight;  // kernels/ops.h
-enum class WeightUse;  // kernels/ops.h
+struct DerivedWeight;   // kernels/ops.h
+struct DerivedExperts;  // kernels/ops.h
+enum class WeightUse;   // kernels/ops.h
 }  // namespace dsaserve::kernels
 
 namespace dsaserve::model {
@@ -59,6 +60,9 @@ struct MoeWeights {
   std::shared_ptr<const kernels::DerivedWeight> gate_derived;  // as Linear::derived
   Tensor e_score_correction_bias;                              // [n_experts] F32
   std::vector<MlpWeights> experts;                             // [n_experts]
+  // The routed experts' form as a set that the model's backend derived when the model was made (Model:
+  // Backend::derive_experts; kernels/ops.h DerivedExperts), or null; as Linear::derived, copies drop it.
+  std::shared_ptr<const kernels::DerivedExperts> experts_derived;
   std::optional<MlpWeights> shared_experts;
 };
 
@@ -120,5 +124,8 @@ using DerivedSlotFn =
     std::function<void(const Tensor& weight, const Tensor& scale_inv,
                        std::shared_ptr<const kernels::DerivedWeight>& derived, kernels::WeightUse use)>;
 void for_each_derived_slot(ModelWeights& w, const DerivedSlotFn& fn);
+// Calls fn on each MoE layer's weights (the decoder layers', then the MTP layers'): the slots of the
+// routed experts' derived set (MoeWeights::experts_derived).
+void for_each_moe(ModelWeights& w, const std::function<void(MoeWeights&)>& fn);
 
 }  // namespace dsaserve::model

@@ -163,17 +163,17 @@ TEST(MoeExperts, PreQuantisedInputIsTheEmulationsOwnQuantisation) {
   cpu::Fp8Emulation emu;
   emu.enabled = true;
   const std::shared_ptr<Backend> b = make_fp8_emulation_backend(emu);
-  const Tensor want = b->moe_experts(x, r, experts, nullptr);
-  const Tensor got = b->moe_experts(xdq, r, experts, &q);
+  const Tensor want = b->moe_experts(x, r, experts, nullptr, nullptr);
+  const Tensor got = b->moe_experts(xdq, r, experts, &q, nullptr);
   EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), size_t(want.nbytes())), 0);
   // The reference backend ignores q: the experts of the quantised rows.
-  const Tensor plain = backend(Device::cpu).moe_experts(xdq, r, experts, &q);
-  const Tensor plain_x = backend(Device::cpu).moe_experts(xdq, r, experts, nullptr);
+  const Tensor plain = backend(Device::cpu).moe_experts(xdq, r, experts, &q, nullptr);
+  const Tensor plain_x = backend(Device::cpu).moe_experts(xdq, r, experts, nullptr, nullptr);
   EXPECT_EQ(std::memcmp(plain.raw_data(), plain_x.raw_data(), size_t(plain.nbytes())), 0);
   // A copy that does not match the rows is an error.
   Fp8Act short_q = q;
   short_q.rows = T - 1;
-  EXPECT_THROW(b->moe_experts(xdq, r, experts, &short_q), Error);
+  EXPECT_THROW(b->moe_experts(xdq, r, experts, &short_q, nullptr), Error);
 }
 
 }  // namespace

@@ -391,11 +391,25 @@ void add_moe_cases(std::vector<OpCase>& t) {
                  }});
   }
   // 32 experts' weights at the real expert shapes (256 would not test more), top-8 of distinct random
-  // experts with positive weights like a router's.
-  for (DType dt : {DType::bf16, DType::f8e4m3fn}) {
+  // experts with positive weights like a router's; the device side's experts carry the forms its backend
+  // derives, each weight's and the set's (derive_experts), as a model's do.
+  // derive_experts: the same experts' products on the derived set and on none (the op makes it for the
+  // call), both against the CPU's on the weights as stored.
+  struct ExpertCase {
+    const char* op;
+    DType dt;
+    bool also_underived;
+  };
+  for (const ExpertCase& c :
+       {ExpertCase{"moe_experts", DType::bf16, false}, ExpertCase{"moe_experts", DType::f8e4m3fn, false},
+        ExpertCase{"derive_experts", DType::f8e4m3fn, true}}) {
     constexpr int64_t kE = 32;
+    const DType dt = c.dt;
+    const std::string tag = dt == DType::bf16 ? "bf16" : "fp8";
     t.push_back(
-        {"moe_experts", fmt::format("{} 32 experts top-8", dt == DType::bf16 ? "bf16" : "fp8"),
+        {c.op,
+         c.also_underived ? tag + " 32 experts top-8: on the derived set and made for the call"
+                          : tag + " 32 experts top-8",
          dt == DType::bf16 ? std::vector<int64_t>{1, 7, 33} : kTokens,
          [=](Backend& d, Backend& r, int64_t T) {
            auto ex = std::make_shared<std::vector<MlpRef>>(), ex_d = std::make_shared<std::vector<MlpRef>>();
@@ -403,9 +417,11 @@ void add_moe_cases(std::vector<OpCase>& t) {
              MlpRef m{rand_weight(kI, kH, dt, 5000 + 3 * uint64_t(e)),
                       rand_weight(kI, kH, dt, 5001 + 3 * uint64_t(e)),
                       rand_weight(kH, kI, dt, 5002 + 3 * uint64_t(e))};
-             ex_d->push_back({on(m.gate, d), on(m.up, d), on(m.down, d)});
+             ex_d->push_back({on(m.gate, d, WeightUse::expert), on(m.up, d, WeightUse::expert),
+                              on(m.down, d, WeightUse::expert)});
              ex->push_back(std::move(m));
            }
+           const std::shared_ptr<const DerivedExperts> set_d = d.derive_experts(*ex_d);
            Routing rt{Tensor::empty({T, kTopK}, DType::i32), rand_f32({T, kTopK}, 5100 + uint64_t(T))};
            for (int64_t i = 0; i < T * kTopK; ++i)
              rt.weights.data<float>()[i] = 0.55f + 0.45f * rt.weights.data<float>()[i];
@@ -423,10 +439,21 @@ void add_moe_cases(std::vector<OpCase>& t) {
            const Tensor x = rand_f32({T, kH}, 5200 + uint64_t(T)), xd = on(x, d);
            const Routing rd{on(rt.ids, d), on(rt.weights, d)};
            const double per_expert = 3.0 * double(kI * kH) * double(dtype_size(dt));
+           const bool both = c.also_underived;
+           const Check check{Measure::gemm_l2, dt == DType::bf16 ? kTolBf16 : kTolFp8};
            return same_op(
-               d, r, [=](Backend& b) { return Outs{b.moe_experts(xd, rd, *ex_d, nullptr)}; },
-               [=](Backend& b) { return Outs{b.moe_experts(x, rt, *ex, nullptr)}; },
-               {{Measure::gemm_l2, dt == DType::bf16 ? kTolBf16 : kTolFp8}},
+               d, r,
+               [=](Backend& b) {
+                 Outs o{b.moe_experts(xd, rd, *ex_d, nullptr, set_d.get())};
+                 if (both) o.push_back(b.moe_experts(xd, rd, *ex_d, nullptr, nullptr));
+                 return o;
+               },
+               [=](Backend& b) {
+                 Outs o{b.moe_experts(x, rt, *ex, nullptr, nullptr)};
+                 if (both) o.push_back(o[0]);
+                 return o;
+               },
+               both ? std::vector<Check>{check, check} : std::vector<Check>{check},
                per_expert * double(used.size()) + double(T * kH) * 2 * kF32,
                6.0 * double(T * kTopK * kI * kH), dt == DType::f8e4m3fn);
          }});

@@ -1,7 +1,8 @@
-// The weights' derived forms (kernels/ops.h DerivedWeight, made by a backend at model load): which slots
-// a model has and what the forward runs on each (for_each_derived_slot), none on the CPU, and copies to
-// another device drop them (they belong to the backend that made them). The CUDA forms and their bits:
-// tests/kernels/cuda/ops_test.cpp CudaOps.DerivedWeightFormsChangeNoBit.
+// The weights' derived forms (kernels/ops.h DerivedWeight and DerivedExperts, made by a backend at model
+// load): which slots a model has and what the forward runs on each (for_each_derived_slot, for_each_moe),
+// none on the CPU, and copies to another device drop them (they belong to the backend that made them). The
+// CUDA forms and their bits: tests/kernels/cuda/ops_test.cpp CudaOps.DerivedWeightFormsChangeNoBit,
+// tests/kernels/cuda/moe/moe_test.cpp CudaMoe.DerivedExpertTableChangesNoBit.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -46,6 +47,13 @@ TEST(DerivedWeights, EverySlotWithItsUse) {
   EXPECT_GE(experts, 3 * c.n_routed_experts);
   EXPECT_EQ(uses[WeightUse::expert], experts * 3);
   EXPECT_GT(uses[WeightUse::linear], 0);
+  // The routed experts as a set (MoeWeights::experts_derived): each MoE layer's, the MTP layer's too.
+  int64_t moe_layers = 0;
+  for_each_moe(w, [&](MoeWeights& m) {
+    ++moe_layers;
+    EXPECT_EQ(m.experts_derived, nullptr);
+  });
+  EXPECT_EQ(moe_layers, c.num_hidden_layers - c.first_k_dense_replace + 1);
 }
 
 TEST(DerivedWeights, NoneOnTheCpuAndCopiesDropThem) {
@@ -60,14 +68,20 @@ TEST(DerivedWeights, NoneOnTheCpuAndCopiesDropThem) {
         d = std::make_shared<const DerivedWeight>();  // as a device backend would
       });
   ASSERT_GT(slots, 0);
+  for_each_moe(w, [](MoeWeights& moe) {
+    EXPECT_EQ(moe.experts_derived, nullptr) << "the CPU backends derive no expert set";
+    moe.experts_derived = std::make_shared<const kernels::DerivedExperts>();
+  });
   ModelWeights copy = w.to(Device::cpu);
   for_each_derived_slot(copy, [&](const Tensor&, const Tensor&, std::shared_ptr<const DerivedWeight>& d,
                                   WeightUse) { EXPECT_EQ(d, nullptr); });
+  for_each_moe(copy, [](MoeWeights& moe) { EXPECT_EQ(moe.experts_derived, nullptr); });
   // A model made from weights carrying forms derives its own (the CPU's: none).
   const Model again(c, io::Checkpoint{}, w);
   ModelWeights held = again.weights();
   for_each_derived_slot(held, [&](const Tensor&, const Tensor&, std::shared_ptr<const DerivedWeight>& d,
                                   WeightUse) { EXPECT_EQ(d, nullptr); });
+  for_each_moe(held, [](MoeWeights& moe) { EXPECT_EQ(moe.experts_derived, nullptr); });
 }
 
 }  // namespace

@@ -41,7 +41,7 @@ TEST(MemoryPlan, Glm53EightLayersOnAnH200GivesTheKvPoolMostOfTheMemory) {
   EXPECT_EQ(e.step_tokens, 16384 + 64);
   EXPECT_EQ(e.chunk_tokens, 4096);
   // The H200 as torch reports it (plan/), the CUDA context and cuBLASLt taking ~1 GiB before the weights,
-  // warm-up's lasting data (RoPE tables, dequantised kv_b, expert tables) 0.5 GiB.
+  // load's and warm-up's lasting data (RoPE tables, dequantised kv_b, expert tables) 0.5 GiB.
   const int64_t total = 150'109'880'320;
   const int64_t free_after_weights = total - weights - kGiB;
   const MemorySplit s =

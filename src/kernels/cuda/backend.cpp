@@ -24,6 +24,10 @@ class CudaBackend final : public Backend {
     const DeviceGuard on(ordinal());
     return derive_gemm_weight(w, use, options());
   }
+  std::shared_ptr<const DerivedExperts> derive_experts(const std::vector<MlpRef>& experts) const override {
+    const DeviceGuard on(ordinal());
+    return derive_moe_experts(experts);
+  }
   Tensor embedding(const Tensor& table, const Tensor& ids) override { return cuda::embedding(table, ids); }
   Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) override { return cuda::rms_norm(x, w, eps); }
   Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) override {
@@ -122,8 +126,8 @@ class CudaBackend final : public Backend {
     return cuda::moe_route(logits, bias, p);
   }
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                     const Fp8Act* q) override {
-    return cuda::moe_experts(x, routing, experts, options(), q);
+                     const Fp8Act* q, const DerivedExperts* derived) override {
+    return cuda::moe_experts(x, routing, experts, options(), q, derived);
   }
   void fill_dummy(Tensor& t, const dummy::FillSpec& f) override { cuda::fill_dummy(t, f); }
 };

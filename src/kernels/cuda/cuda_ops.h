@@ -54,9 +54,18 @@ Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope
 Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p);
 // o.moe picks the path (device grouped kernels or per-expert host loop), o.gemm (and the FP8 small-T limit)
 // the host loop's GEMMs. q (may be null): x's FP8 copy (ops.h moe_experts), read by the device_fp8 path
-// instead of quantising x.
+// instead of quantising x. derived (may be null): derive_moe_experts(experts), which the device paths read;
+// without it they make it for the call (a synchronous upload, which a CUDA graph capture refuses: there
+// the call throws). A table made from other experts throws.
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                   const KernelOptions& o, const Fp8Act* q = nullptr);
+                   const KernelOptions& o, const Fp8Act* q = nullptr,
+                   const DerivedExperts* derived = nullptr);
+// The experts' device table (ops.h DerivedExperts): every expert checked against expert 0's dtype, shape
+// and blocks, then their weight pointers (moe_params.h MoeExpertWeights) uploaded with a synchronous copy
+// on the current device; `unusable` says why the device paths cannot take them instead (the host loop
+// then runs them). What CudaBackend::derive_experts returns, called for each MoE layer at model load.
+// Null for an empty set.
+std::shared_ptr<const DerivedExperts> derive_moe_experts(const std::vector<MlpRef>& experts);
 // Whether moe_experts with options `o` runs the routed expert projection `w` (a gate / up [I, H] or down
 // [H, I]) through the FP8 grouped tensor-core kernels (the automatic choice for such experts at every
 // size; device / device_fp8 asked for) that read it as stored: then it needs no derived form in fast

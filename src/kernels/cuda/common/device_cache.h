@@ -26,9 +26,9 @@ int per_device_value(const void* key, int (*compute)());
 inline constexpr int kMaxDevices = 64;
 
 // The current device's instance of T (the backend's per-device state: its cuBLASLt handle and plans, the
-// tables it derives from weights), made by T's default constructor with that device current on first
-// use and kept for the process (the weights it refers to live as long). Thread-safe; one lookup is an
-// atomic load.
+// RoPE tables; nothing keyed by a weight's address: the weights' derived forms are made at model load),
+// made by T's default constructor with that device current on first use and kept for the process.
+// Thread-safe; one lookup is an atomic load.
 template <class T>
 T& per_device_state() {
   static std::array<std::atomic<T*>, kMaxDevices> slots{};

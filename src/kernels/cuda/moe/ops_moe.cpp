@@ -11,7 +11,8 @@
 //   (moe_grouped.cu), weights dequantised in registers, f32 activations;
 // Both device paths visit only the active experts, need no host synchronisation and have launch
 // configurations that depend on shapes only; the experts' weight pointers reach the kernels through a
-// small device table built on first use (outside capture) and cached per experts vector.
+// small device table, a derived form of the layer's experts made at model load (derive_moe_experts,
+// ops.h DerivedExperts) and handed to each call, or made for a call given none (outside capture only).
 // - host path (prefill sizes): the expert offsets (E + 5 integers) come back to the host, then one
 //   cuBLASLt GEMM per active expert and matrix on its slice of the gathered tokens, SiLU-mul, the combine.
 // Every path reads only the experts that received tokens.
@@ -26,13 +27,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <map>
-#include <mutex>
+#include <memory>
 #include <string>
 
-#include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise/elementwise_params.h"
@@ -79,21 +77,6 @@ bool stream_capturing() {
   return st != cudaStreamCaptureStatusNone;
 }
 
-// The experts' weights as the kernels see them, checked once and uploaded once per experts vector.
-struct ExpertTable {
-  std::vector<const void*> ptrs;  // 6 per expert: gate, up, down, their scales (null unless fp8)
-  DType dtype = DType::f32;
-  int64_t hidden = 0, inter = 0, block_n = 128, block_k = 128;
-  std::string unusable;  // why the device path cannot run these experts; empty when it can
-  Tensor table;          // CUDA u8 [experts * sizeof(MoeExpertWeights)]
-};
-
-// The current device's expert tables (per_device_state), by (first weight, count).
-struct ExpertTables {
-  std::mutex mu;
-  std::map<std::pair<const void*, size_t>, ExpertTable> by_first;
-};
-
 std::vector<const void*> pointers_of(const std::vector<MlpRef>& experts) {
   std::vector<const void*> v;
   v.reserve(experts.size() * 6);
@@ -107,7 +90,7 @@ std::vector<const void*> pointers_of(const std::vector<MlpRef>& experts) {
 }
 
 // Why `w` cannot be a [rows, cols] weight of the device path (same dtype and blocks as the table), or "".
-std::string weight_problem(const WeightRef& w, int64_t rows, int64_t cols, const ExpertTable& t) {
+std::string weight_problem(const WeightRef& w, int64_t rows, int64_t cols, const DerivedExperts& t) {
   if (!w.weight.defined() || w.weight.device() != Device::cuda || w.weight.dim() != 2 ||
       !w.weight.is_contiguous())
     return "a weight is not a contiguous 2-D CUDA tensor";
@@ -125,77 +108,13 @@ std::string weight_problem(const WeightRef& w, int64_t rows, int64_t cols, const
   return "";
 }
 
-ExpertTable build_table(const std::vector<MlpRef>& experts, std::vector<const void*> ptrs) {
-  ExpertTable t;
-  t.ptrs = std::move(ptrs);
+// Whether `t` was made from `experts` (the same weights, expert 0 of the same dtype, shape and blocks).
+bool made_from(const DerivedExperts& t, const std::vector<MlpRef>& experts) {
+  if (t.weights != pointers_of(experts)) return false;
+  if (!t.table.defined()) return true;  // unusable whatever they are
   const WeightRef& g0 = experts[0].gate;
-  if (!g0.weight.defined() || g0.weight.dim() != 2) {
-    t.unusable = "expert 0 has no gate weight";
-    return t;
-  }
-  t.dtype = g0.weight.dtype();
-  t.inter = g0.rows();
-  t.hidden = g0.cols();
-  t.block_n = g0.block_n;
-  t.block_k = g0.block_k;
-  const int64_t v = t.dtype == DType::f8e4m3fn ? 16 : t.dtype == DType::bf16 ? 8 : 4;
-  if (t.dtype != DType::f8e4m3fn && t.dtype != DType::bf16 && t.dtype != DType::f32) {
-    t.unusable = fmt::format("weights of dtype {}", dtype_name(t.dtype));
-  } else if (t.hidden % v != 0 || t.inter % v != 0) {
-    t.unusable = fmt::format("hidden {} / intermediate {} not multiples of {}", t.hidden, t.inter, v);
-  } else if (t.dtype == DType::f8e4m3fn && (t.block_n <= 0 || t.block_k <= 0 || t.block_k % 16 != 0)) {
-    t.unusable = fmt::format("fp8 blocks {}x{}", t.block_n, t.block_k);
-  }
-  for (size_t e = 0; e < experts.size() && t.unusable.empty(); ++e) {
-    const MlpRef& m = experts[e];
-    std::string why = weight_problem(m.gate, t.inter, t.hidden, t);
-    if (why.empty()) why = weight_problem(m.up, t.inter, t.hidden, t);
-    if (why.empty()) why = weight_problem(m.down, t.hidden, t.inter, t);
-    if (!why.empty()) t.unusable = fmt::format("expert {}: {}", e, why);
-  }
-  if (!t.unusable.empty()) return t;
-  std::vector<MoeExpertWeights> host(experts.size());
-  for (size_t e = 0; e < experts.size(); ++e) {
-    const void* const* p = t.ptrs.data() + 6 * e;
-    host[e] = {p[0],
-               p[1],
-               p[2],
-               static_cast<const float*>(p[3]),
-               static_cast<const float*>(p[4]),
-               static_cast<const float*>(p[5])};
-  }
-  Tensor h = Tensor::empty({int64_t(host.size() * sizeof(MoeExpertWeights))}, DType::u8);
-  std::memcpy(h.raw_data(), host.data(), host.size() * sizeof(MoeExpertWeights));
-  t.table = h.to(Device::cuda);
-  return t;
-}
-
-// What a call needs of the table (a copy: another thread may rebuild the cached entry meanwhile).
-struct TableView {
-  Tensor table;
-  DType dtype;
-  int64_t hidden, inter, block_n, block_k;
-  std::string unusable;
-};
-
-// The table of `experts`: cached per (first weight, count), rebuilt when any pointer changed. Building
-// uploads with a synchronous copy, which capture forbids: the eager warm-up before a capture builds it.
-TableView expert_table(const std::vector<MlpRef>& experts, bool capturing) {
-  ExpertTables& tables = per_device_state<ExpertTables>();
-  std::vector<const void*> ptrs = pointers_of(experts);
-  std::lock_guard<std::mutex> lock(tables.mu);
-  ExpertTable& t = tables.by_first[{ptrs[0], experts.size()}];
-  const WeightRef& g0 = experts[0].gate;
-  const bool same = t.ptrs == ptrs && (t.table.defined() || !t.unusable.empty()) && g0.weight.defined() &&
-                    g0.weight.dtype() == t.dtype && g0.rows() == t.inter && g0.cols() == t.hidden &&
-                    g0.block_n == t.block_n && g0.block_k == t.block_k;
-  if (same) return {t.table, t.dtype, t.hidden, t.inter, t.block_n, t.block_k, t.unusable};
-  DSA_CHECK(!capturing,
-            "moe_experts: these {} experts were never run before the CUDA graph capture (run the step once "
-            "eagerly first: the expert table is uploaded then)",
-            experts.size());
-  t = build_table(experts, std::move(ptrs));
-  return {t.table, t.dtype, t.hidden, t.inter, t.block_n, t.block_k, t.unusable};
+  return g0.weight.dtype() == t.dtype && g0.rows() == t.inter && g0.cols() == t.hidden &&
+         g0.block_n == t.block_n && g0.block_k == t.block_k;
 }
 
 MoeWeightType weight_type(DType dt) {
@@ -235,7 +154,7 @@ Tensor gather_pair_rows(const RowView& xv, const int32_t* rows_d, int64_t M) {
   return xg;
 }
 
-void device_experts(const RowView& xv, const Routing& routing, const TableView& tab, const int32_t* plan,
+void device_experts(const RowView& xv, const Routing& routing, const DerivedExperts& tab, const int32_t* plan,
                     const PlanLayout& l, int64_t K, Tensor& out) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
   DSA_CHECK(tab.hidden == H, "moe_experts: experts take {} features, the input has {}", tab.hidden, H);
@@ -286,7 +205,7 @@ void device_experts(const RowView& xv, const Routing& routing, const TableView& 
 }
 
 // The experts' shapes the FP8 tensor-core kernels take (the table's dtype and blocks are checked for every
-// expert when it is built).
+// expert when it is derived).
 bool fp8_grouped_fits(const WeightRef& g0, int64_t H, GemmPrecision prec) {
   if (prec != GemmPrecision::fast || !g0.weight.defined() || g0.weight.dim() != 2) return false;
   const int64_t I = g0.rows();
@@ -295,6 +214,52 @@ bool fp8_grouped_fits(const WeightRef& g0, int64_t H, GemmPrecision prec) {
 }
 
 }  // namespace
+
+std::shared_ptr<const DerivedExperts> derive_moe_experts(const std::vector<MlpRef>& experts) {
+  if (experts.empty()) return nullptr;
+  DerivedExperts t;
+  t.weights = pointers_of(experts);
+  const WeightRef& g0 = experts[0].gate;
+  if (!g0.weight.defined() || g0.weight.dim() != 2) {
+    t.unusable = "expert 0 has no gate weight";
+    return std::make_shared<const DerivedExperts>(std::move(t));
+  }
+  t.dtype = g0.weight.dtype();
+  t.inter = g0.rows();
+  t.hidden = g0.cols();
+  t.block_n = g0.block_n;
+  t.block_k = g0.block_k;
+  const int64_t v = t.dtype == DType::f8e4m3fn ? 16 : t.dtype == DType::bf16 ? 8 : 4;
+  if (t.dtype != DType::f8e4m3fn && t.dtype != DType::bf16 && t.dtype != DType::f32) {
+    t.unusable = fmt::format("weights of dtype {}", dtype_name(t.dtype));
+  } else if (t.hidden % v != 0 || t.inter % v != 0) {
+    t.unusable = fmt::format("hidden {} / intermediate {} not multiples of {}", t.hidden, t.inter, v);
+  } else if (t.dtype == DType::f8e4m3fn && (t.block_n <= 0 || t.block_k <= 0 || t.block_k % 16 != 0)) {
+    t.unusable = fmt::format("fp8 blocks {}x{}", t.block_n, t.block_k);
+  }
+  for (size_t e = 0; e < experts.size() && t.unusable.empty(); ++e) {
+    const MlpRef& m = experts[e];
+    std::string why = weight_problem(m.gate, t.inter, t.hidden, t);
+    if (why.empty()) why = weight_problem(m.up, t.inter, t.hidden, t);
+    if (why.empty()) why = weight_problem(m.down, t.hidden, t.inter, t);
+    if (!why.empty()) t.unusable = fmt::format("expert {}: {}", e, why);
+  }
+  if (!t.unusable.empty()) return std::make_shared<const DerivedExperts>(std::move(t));
+  std::vector<MoeExpertWeights> host(experts.size());
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const void* const* p = t.weights.data() + 6 * e;
+    host[e] = {p[0],
+               p[1],
+               p[2],
+               static_cast<const float*>(p[3]),
+               static_cast<const float*>(p[4]),
+               static_cast<const float*>(p[5])};
+  }
+  Tensor h = Tensor::empty({int64_t(host.size() * sizeof(MoeExpertWeights))}, DType::u8);
+  std::memcpy(h.raw_data(), host.data(), host.size() * sizeof(MoeExpertWeights));
+  t.table = h.to(Device::cuda);
+  return std::make_shared<const DerivedExperts>(std::move(t));
+}
 
 bool moe_fp8_grouped_weight(const WeightRef& w, const KernelOptions& o) {
   if (o.moe == MoePath::host || o.gemm != GemmPrecision::fast || !w.weight.defined() || w.weight.dim() != 2)
@@ -320,8 +285,9 @@ Quantised quantise(const float* x, int64_t stride, int64_t rows, int64_t cols, c
 }
 
 // The input's FP8 copy `pre` when given (codes [Tp, H], scales [H / 128, Tp], Tp >= T), else x's.
-void device_fp8_experts(const RowView& xv, const Routing& routing, const TableView& tab, const int32_t* plan,
-                        const PlanLayout& l, int64_t K, int tile_rows, const Fp8Act* pre, Tensor& out) {
+void device_fp8_experts(const RowView& xv, const Routing& routing, const DerivedExperts& tab,
+                        const int32_t* plan, const PlanLayout& l, int64_t K, int tile_rows, const Fp8Act* pre,
+                        Tensor& out) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
   DSA_CHECK(tab.hidden == H, "moe_experts: experts take {} features, the input has {}", tab.hidden, H);
   Quantised xq;
@@ -419,7 +385,7 @@ void host_experts(const RowView& xv, const Routing& routing, const std::vector<M
 }  // namespace
 
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                   const KernelOptions& o, const Fp8Act* q) {
+                   const KernelOptions& o, const Fp8Act* q, const DerivedExperts* derived) {
   const RowView xv = rows_f32(x, "moe_experts input");
   const int64_t T = xv.rows, H = xv.cols, E = int64_t(experts.size());
   const Fp8Act* pre = q != nullptr && q->defined() ? q : nullptr;
@@ -473,7 +439,22 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
   call.capturing = capturing;
   const MoePath path = select_moe_path(o.moe, call);
   if (path != MoePath::host) {
-    const TableView tab = expert_table(experts, capturing);
+    // The experts' table: derived at model load, else made for this call (never kept).
+    std::shared_ptr<const DerivedExperts> made;
+    if (derived == nullptr) {
+      DSA_CHECK(!capturing,
+                "moe_experts: {} experts without their derived table (Backend::derive_experts, made at model "
+                "load) inside a CUDA graph capture, which cannot upload one: derive it before the capture",
+                E);
+      made = derive_moe_experts(experts);
+      derived = made.get();
+    } else {
+      DSA_CHECK(made_from(*derived, experts),
+                "moe_experts: the derived expert table was made from other experts than these {} (derive it "
+                "from the experts it is handed with: Backend::derive_experts)",
+                E);
+    }
+    const DerivedExperts& tab = *derived;
     const bool fp8 = path == MoePath::device_fp8 && tab.dtype == DType::f8e4m3fn && tab.block_n == 128 &&
                      tab.block_k == 128;
     if (tab.unusable.empty()) {

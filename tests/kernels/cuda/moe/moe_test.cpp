@@ -21,15 +21,20 @@
 #include <cstring>
 #include <numeric>
 
+#include "common/fixtures.h"
 #include "core/error.h"
 #include "gpu_test.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/common/views.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe/moe_params.h"
+#include "model/dummy_weights.h"
+#include "model/model.h"
 #include "op_test_util.h"
+#include "runtime/engine/device.h"
 
 namespace dsaserve::kernels::cuda {
 namespace {
@@ -62,11 +67,13 @@ constexpr double kTolFp8Exact = 5e-2;
 
 class CudaMoe : public testing::GpuTest {};
 
-// moe_experts on a CUDA backend whose KernelOptions force the experts' path.
-Tensor moe_on_path(MoePath path, const Tensor& x_d, const Routing& r_d, const std::vector<MlpRef>& experts) {
+// moe_experts on a CUDA backend whose KernelOptions force the experts' path; `set`: the experts' derived
+// table (null: the op makes one for the call).
+Tensor moe_on_path(MoePath path, const Tensor& x_d, const Routing& r_d, const std::vector<MlpRef>& experts,
+                   const DerivedExperts* set) {
   KernelOptions o;
   o.moe = path;
-  return make_backend(o)->moe_experts(x_d, r_d, experts, nullptr);
+  return make_backend(o)->moe_experts(x_d, r_d, experts, nullptr, set);
 }
 
 const char* dtype_tag(DType dt) { return dt == DType::bf16 ? "bf16" : dt == DType::f32 ? "f32" : "fp8"; }
@@ -194,6 +201,7 @@ TEST_F(CudaMoe, GroupingMatchesHostReference) {
 
 struct ExpertSet {
   std::vector<MlpRef> cpu, gpu;  // cpu: the distinct sets; gpu: `experts` entries, expert e -> set e % sets
+  std::shared_ptr<const DerivedExperts> table;  // gpu's derived table, as a model holds it (model load)
 };
 
 ExpertSet make_experts(int64_t sets, int64_t experts, int64_t H, int64_t I, DType dt, uint64_t seed) {
@@ -206,6 +214,7 @@ ExpertSet make_experts(int64_t sets, int64_t experts, int64_t H, int64_t I, DTyp
     s.cpu.push_back(std::move(m));
   }
   for (int64_t e = 0; e < experts; ++e) s.gpu.push_back(distinct[size_t(e % sets)]);
+  s.table = derive_moe_experts(s.gpu);
   return s;
 }
 
@@ -236,7 +245,7 @@ Tensor reference(const Tensor& x, const Routing& r, const ExpertSet& s) {
   Routing m{r.ids.clone(), r.weights};
   const int32_t sets = int32_t(s.cpu.size());
   for (int64_t i = 0; i < m.ids.numel(); ++i) m.ids.data<int32_t>()[i] %= sets;
-  return backend(Device::cpu).moe_experts(x, m, s.cpu, nullptr);
+  return backend(Device::cpu).moe_experts(x, m, s.cpu, nullptr, nullptr);
 }
 
 // The CPU reference with the GPU's FP8 linear arithmetic emulated: each expert linear's input quantised per
@@ -249,11 +258,11 @@ Tensor reference_fp8_emulated(const Tensor& x, const Routing& r, const ExpertSet
   Routing m{r.ids.clone(), r.weights};
   const int32_t sets = int32_t(s.cpu.size());
   for (int64_t i = 0; i < m.ids.numel(); ++i) m.ids.data<int32_t>()[i] %= sets;
-  return make_fp8_emulation_backend(e)->moe_experts(x, m, s.cpu, nullptr);
+  return make_fp8_emulation_backend(e)->moe_experts(x, m, s.cpu, nullptr, nullptr);
 }
 
 Tensor run_path(MoePath path, const Tensor& x_d, const Routing& r_d, const ExpertSet& s) {
-  return moe_on_path(path, x_d, r_d, s.gpu).to(Device::cpu);
+  return moe_on_path(path, x_d, r_d, s.gpu, s.table.get()).to(Device::cpu);
 }
 
 // Both paths against the CPU op and against each other.
@@ -388,13 +397,14 @@ TEST_F(CudaMoe, Fp8PreQuantisedInputIsBitIdentical) {
     KernelOptions o;
     o.moe = MoePath::device_fp8;
     const std::shared_ptr<Backend> b = make_backend(o);
-    const Tensor want = b->moe_experts(x.to(Device::cuda), r_d, s.gpu, nullptr).to(Device::cpu);
+    const std::shared_ptr<const DerivedExperts> set = b->derive_experts(s.gpu);  // as a model holds it
+    const Tensor want = b->moe_experts(x.to(Device::cuda), r_d, s.gpu, nullptr, set.get()).to(Device::cpu);
     const Fp8Act q_d{q.codes.to(Device::cuda), q.scales.to(Device::cuda), c.T};
-    const Tensor got = b->moe_experts(xdq.to(Device::cuda), r_d, s.gpu, &q_d).to(Device::cpu);
+    const Tensor got = b->moe_experts(xdq.to(Device::cuda), r_d, s.gpu, &q_d, set.get()).to(Device::cpu);
     EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), size_t(want.nbytes())), 0)
         << "H=" << c.H << " T=" << c.T << " diff " << row_l2_rel_error(got, want);
     const Fp8Act bad{q_d.codes, q_d.scales, c.T + 1};
-    EXPECT_THROW(b->moe_experts(xdq.to(Device::cuda), r_d, s.gpu, &bad), Error);
+    EXPECT_THROW(b->moe_experts(xdq.to(Device::cuda), r_d, s.gpu, &bad, set.get()), Error);
   }
 }
 
@@ -419,7 +429,7 @@ TEST_F(CudaMoe, OutOfRangeIds) {
     clean.weights.data<float>()[i] = 0.0f;
   }
   report_gemm("moe_experts dropped ids", "[9,256]", got, reference(x, clean, s), kTolDevice);
-  EXPECT_THROW(moe_on_path(MoePath::host, x.to(Device::cuda), r_d, s.gpu), Error);
+  EXPECT_THROW(moe_on_path(MoePath::host, x.to(Device::cuda), r_d, s.gpu, s.table.get()), Error);
   ASSERT_EQ(moe_take_dropped_pairs(&dropped), cudaSuccess);
 }
 
@@ -454,14 +464,15 @@ void capture_and_replay(const std::string& name, int64_t T, int64_t K, int64_t E
   };
   auto eager = [&] {
     OpStreamScope scope(st);
-    Tensor out = moe_on_path(eager_path, x_d, r_d, s.gpu);  // large T would take the host path eagerly
+    Tensor out = moe_on_path(eager_path, x_d, r_d, s.gpu, s.table.get());  // large T: host path if automatic
     Tensor h = Tensor::empty(out.shape(), DType::f32);
     EXPECT_EQ(cudaMemcpyAsync(h.raw_data(), out.raw_data(), out.nbytes(), cudaMemcpyDeviceToHost, st),
               cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
     return h;
   };
-  // Warm-up: builds the expert table and fills the allocator's free lists with this call's sizes.
+  // Warm-up: fills the allocator's free lists with this call's sizes (the expert table was derived with the
+  // weights, as at model load: a capture cannot upload one).
   const Routing r0 = make_routing(T, K, E, 0, 8100);
   const Tensor x0 = rand_f32({T, H}, 8101);
   upload(x0, r0);
@@ -472,7 +483,7 @@ void capture_and_replay(const std::string& name, int64_t T, int64_t K, int64_t E
   {
     OpStreamScope scope(st);
     ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    out_g = moe_on_path(fp8 ? MoePath::device_fp8 : MoePath::host, x_d, r_d, s.gpu);
+    out_g = moe_on_path(fp8 ? MoePath::device_fp8 : MoePath::host, x_d, r_d, s.gpu, s.table.get());
     ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess) << name << ": capture failed";
   }
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
@@ -498,6 +509,85 @@ void capture_and_replay(const std::string& name, int64_t T, int64_t K, int64_t E
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
+}
+
+// The experts' derived table (ops.h DerivedExperts: derive_moe_experts, made at model load) changes no bit:
+// every device path on it equals the same call given none (the op then makes one for the call), bf16 and
+// FP8 experts at realdims and GLM-5.3 widths, decode and prefill sizes. A table made from other experts is
+// refused, and so is a call without one inside a CUDA graph capture (it cannot upload one there); the CPU
+// backend derives none.
+TEST_F(CudaMoe, DerivedExpertTableChangesNoBit) {
+  struct Case {
+    int64_t H, I, E, K, T;
+    DType dt;
+  };
+  for (const Case& c :
+       {Case{256, 128, 16, 4, 5, DType::bf16}, Case{256, 128, 16, 4, 300, DType::f32},
+        Case{256, 128, 16, 4, 64, DType::f8e4m3fn}, Case{6144, 2048, 256, 8, 3, DType::f8e4m3fn},
+        Case{6144, 2048, 256, 8, 257, DType::f8e4m3fn}}) {
+    const ExpertSet s = make_experts(std::min<int64_t>(c.E, 16), c.E, c.H, c.I, c.dt, 9800);
+    ASSERT_NE(s.table, nullptr);
+    EXPECT_TRUE(s.table->unusable.empty()) << s.table->unusable;
+    EXPECT_EQ(s.table->weights.size(), size_t(6 * c.E));
+    EXPECT_EQ(s.table->table.nbytes(), c.E * int64_t(sizeof(MoeExpertWeights)));
+    const Routing r = make_routing(c.T, c.K, c.E, 0, 9810 + uint64_t(c.T));
+    const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
+    const Tensor x_d = rand_f32({c.T, c.H}, 9820 + uint64_t(c.T)).to(Device::cuda);
+    for (MoePath path : {MoePath::device, MoePath::device_fp8, MoePath::automatic}) {
+      if (path == MoePath::device && c.H > 256 && c.T > 32) continue;  // the CUDA-core kernels: slow there
+      const Tensor with = moe_on_path(path, x_d, r_d, s.gpu, s.table.get()).to(Device::cpu);
+      const Tensor without = moe_on_path(path, x_d, r_d, s.gpu, nullptr).to(Device::cpu);
+      EXPECT_EQ(std::memcmp(with.raw_data(), without.raw_data(), size_t(with.nbytes())), 0)
+          << dtype_tag(c.dt) << " H=" << c.H << " T=" << c.T << " path=" << int(path);
+    }
+  }
+  // A table made from other experts (other weights of the same shapes): refused, on every device path.
+  const ExpertSet a = make_experts(4, 16, 256, 128, DType::bf16, 9900),
+                  b = make_experts(4, 16, 256, 128, DType::bf16, 9950);
+  const Routing r = make_routing(5, 4, 16, 0, 9960);
+  const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
+  const Tensor x_d = rand_f32({5, 256}, 9970).to(Device::cuda);
+  EXPECT_THROW(moe_on_path(MoePath::device, x_d, r_d, a.gpu, b.table.get()), Error);
+  std::vector<MlpRef> fewer(a.gpu.begin(), a.gpu.end() - 1);
+  EXPECT_THROW(moe_on_path(MoePath::device, x_d, r_d, fewer, a.table.get()), Error);
+  // Inside a capture without a table: refused (nothing uploaded), and the capture ends cleanly.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  moe_on_path(MoePath::device, x_d, r_d, a.gpu, a.table.get());  // warm the allocator outside the capture
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  {
+    OpStreamScope scope(st);
+    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    EXPECT_THROW(moe_on_path(MoePath::device, x_d, r_d, a.gpu, nullptr), Error);
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+  cudaGetLastError();
+  cudaStreamDestroy(st);
+  EXPECT_EQ(backend(Device::cpu).derive_experts(a.cpu), nullptr) << "the CPU backends derive none";
+}
+
+// A model put on the GPU derives each MoE layer's expert table at load (model::Model::derive_weights:
+// MoeWeights::experts_derived), from the experts its forward hands to moe_experts: the tiny built-in
+// model's 3 MoE layers and its MTP layer.
+TEST_F(CudaMoe, ModelDerivesEachMoeLayersTable) {
+  const model::ModelConfig c =
+      model::ModelConfig::from_file(dsaserve::testing::repo_dir() / "configs/dsaserve-tiny.json");
+  const auto m = runtime::model_on_device(model::make_dummy_model(c, Device::cpu, 3, true), Device::cuda);
+  model::ModelWeights w = m->weights();
+  int64_t layers = 0;
+  model::for_each_moe(w, [&](model::MoeWeights& moe) {
+    ++layers;
+    ASSERT_NE(moe.experts_derived, nullptr);
+    EXPECT_TRUE(moe.experts_derived->table.defined()) << moe.experts_derived->unusable;
+    ASSERT_EQ(moe.experts_derived->weights.size(), 6 * moe.experts.size());
+    EXPECT_EQ(moe.experts_derived->weights[0], moe.experts[0].gate.weight.raw_data());
+    EXPECT_EQ(moe.experts_derived->inter, c.moe_intermediate_size);
+    EXPECT_EQ(moe.experts_derived->hidden, c.hidden_size);
+  });
+  EXPECT_EQ(layers, 4);
 }
 
 TEST_F(CudaMoe, GraphCaptureReplaysWithNewRoutings) {
