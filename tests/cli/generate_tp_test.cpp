@@ -66,12 +66,15 @@ void expect_goldens(const std::string& name, const std::vector<std::string>& lay
 
 TEST(GenerateTp, TinyGreedyEqualsGoldensOnEveryLayout) {
   expect_goldens("tiny", {"--tp 2", "--tp 2 --ep-size 2", "--tp 4 --ep-size 2", "--tp 2 --dsa-topk-broadcast",
-                          "--tp 1 --dist-launch"});
+                          "--tp 1 --dist-launch", "--tp 2 --ep-size 2 --moe-a2a-backend deepep"});
 }
 
 TEST(GenerateTp, RealdimsGreedyEqualsGoldens) {
   expect_goldens("realdims", {"--tp 2", "--tp 2 --ep-size 2"});
   expect_goldens("realdims_fp8", {"--tp 2 --ep-size 2"});
+  // DeepEP with the rows as held (realdims: bf16 experts; realdims_fp8 with --deepep-bf16-dispatch).
+  expect_goldens("realdims", {"--tp 2 --ep-size 2 --moe-a2a-backend deepep"});
+  expect_goldens("realdims_fp8", {"--tp 2 --ep-size 2 --moe-a2a-backend deepep --deepep-bf16-dispatch"});
 }
 
 // Attention DP (the DP controller, runtime/ranks/dp.h): the request runs on DP group 0's engine (round
@@ -80,7 +83,9 @@ TEST(GenerateTp, RealdimsGreedyEqualsGoldens) {
 TEST(GenerateTp, AttentionDpGreedyEqualsGoldens) {
   expect_goldens("tiny",
                  {"--tp 2 --attn-dp-size 2", "--tp 2 --ep-size 2 --attn-dp-size 2", "--tp 4 --attn-dp-size 2",
-                  "--tp 4 --ep-size 2 --attn-dp-size 4 --load-balance-method shortest_queue"});
+                  "--tp 4 --ep-size 2 --attn-dp-size 4 --load-balance-method shortest_queue",
+                  "--tp 2 --ep-size 2 --attn-dp-size 2 --moe-a2a-backend deepep",
+                  "--tp 4 --ep-size 4 --attn-dp-size 2 --moe-a2a-backend deepep"});
   expect_goldens("realdims", {"--tp 2 --ep-size 2 --attn-dp-size 2"});
   DSA_FIXTURE_PATH(tiny, "models/tiny");
   nlohmann::json j;
@@ -115,8 +120,10 @@ TEST(GenerateTp, FlagErrorsAreOneClearLine) {
   EXPECT_NE(m.find("--load-balance-method"), std::string::npos) << m;
   m = generate_fails(base + " --tp 2 --speculative-algorithm EAGLE --speculative-num-steps 1");
   EXPECT_NE(m.find("--speculative-algorithm with --tp 2"), std::string::npos) << m;
-  m = generate_fails(base + " --tp 2 --ep-size 2 --moe-a2a-backend deepep");
-  EXPECT_NE(m.find("--moe-a2a-backend deepep is not run yet"), std::string::npos) << m;
+  m = generate_fails(base + " --tp 2 --ep-size 2 --moe-a2a-backend deepep --device cuda");
+  EXPECT_NE(m.find("--device cuda --moe-a2a-backend deepep is not run yet"), std::string::npos) << m;
+  m = generate_fails(base + " --tp 2 --moe-a2a-backend deepep");  // --ep-size 1
+  EXPECT_NE(m.find("--moe-a2a-backend deepep runs with --ep-size = --tp"), std::string::npos) << m;
   m = generate_fails(base + " --tp 3");
   EXPECT_NE(m.find("error:"), std::string::npos) << m;
   EXPECT_EQ(m.find("rank 0"), std::string::npos) << "checked before any rank starts:\n" << m;

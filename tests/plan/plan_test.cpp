@@ -118,6 +118,11 @@ TEST_F(Glm53, ArticleCollectivesPerDecodeLayer) {
     EXPECT_EQ(g->bytes, 393216.0);
     EXPECT_EQ(g->group_size, 8);
     EXPECT_EQ(rs->bytes, 393216.0);
+    // Around a DeepEP MoE layer in the article's bill only: each rank dispatches its own rows.
+    const bool moe_layer = k.name.rfind("moe.", 0) == 0;
+    EXPECT_EQ(g->runs, !moe_layer) << k.name;
+    EXPECT_EQ(rs->runs, !moe_layer) << k.name;
+    EXPECT_EQ(g->wire_bytes > 0, !moe_layer) << k.name;
     EXPECT_EQ(coll_named(k.collectives, "attn_tp_all_reduce"), nullptr) << "attention TP is 1";
     layers_with_gather += k.layers.size();
   }
@@ -146,8 +151,9 @@ TEST_F(Glm53, ArticleCollectivesPerDecodeLayer) {
   // token; exactly 393,216 x 156 / 32 + 147,456 x 75 = 12,976,128 B.
   EXPECT_DOUBLE_EQ(p.decode.totals.article_bytes_per_output_token, 393216.0 * 156 / 32 + 147456.0 * 75);
   EXPECT_NEAR(p.decode.totals.article_bytes_per_output_token / 1e6, 12.98, 0.01);
-  // One decode step on one rank: 2 collectives per layer + 3 more per MoE layer (layout, dispatch, combine).
-  EXPECT_EQ(p.decode.totals.collectives, 78 * 2 + 75 * 3);
+  // One decode step on one rank: the dense layers' gather and scatter, the MoE layers' layout, dispatch
+  // and combine (the article's gathers around them are not run).
+  EXPECT_EQ(p.decode.totals.collectives, 3 * 2 + 75 * 3);
   // DP attention: no embedding all-reduce and no LM-head gather (full vocabulary per rank).
   EXPECT_TRUE(dec.head_collectives.empty());
   EXPECT_TRUE(dec.tail_collectives.empty());
