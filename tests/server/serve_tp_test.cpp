@@ -95,7 +95,7 @@ TEST_F(ServeTp, AKilledRankEndsTheServerWithAnError) {
 }
 
 // --trace-dir traces rank 0: its collectives (the model's and the step messages') beside the plan of the
-// deployment that ran.
+// deployment that ran; rank 1 writes its own under rank1/ (serve_deepep_test reads both).
 TEST_F(ServeTp, TraceDirRecordsRankZerosCollectivesBesideTheDeploymentsPlan) {
   const std::filesystem::path dir = ::testing::TempDir() + "serve_tp_trace";
   std::filesystem::remove_all(dir);
@@ -107,6 +107,8 @@ TEST_F(ServeTp, TraceDirRecordsRankZerosCollectivesBesideTheDeploymentsPlan) {
   for (const auto& e : std::filesystem::directory_iterator(dir))
     if (e.is_regular_file()) file = e.path();  // rank 0's (the others' are under rank<r>/)
   ASSERT_FALSE(file.empty()) << "no trace in " << dir;
+  EXPECT_TRUE(std::filesystem::exists(dir / "rank1") && !std::filesystem::is_empty(dir / "rank1"))
+      << "rank 1 wrote no trace";
   std::ifstream f(file);
   const json ps = json::parse(f)["plan_summary"];
   EXPECT_EQ(ps["deployment"], "tp2,ep2,dp1") << ps.dump();
