@@ -304,6 +304,27 @@ TEST_F(Glm53, PureTpLayout) {
   }
 }
 
+// DP attention with attention TP 2 and DeepEP (tp 8, dp 4): every layer in the scattered mode, as the
+// ranks run it; around the MoE the article's DP gathers in its count only, each rank dispatching its
+// slice (the average rank's: 32 tokens / 8).
+TEST_F(Glm53, DpAttentionUnderAttentionTpWithDeepep) {
+  Deployment d = article_layout();
+  d.attn_dp_size = 4;
+  const Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  const LayerKindPlan& moe = kind_named(pass_named(p.decode, "decode"), "moe.shared");
+  EXPECT_EQ(coll_names(moe), (std::vector<std::string>{"attn_tp_reduce_scatter", "dp_all_gather",
+                                                       "ep_dispatch_layout", "ep_dispatch", "ep_combine",
+                                                       "dp_reduce_scatter", "attn_tp_all_gather"}));
+  for (const Collective& c : moe.collectives) {
+    EXPECT_EQ(c.runs, c.name.rfind("dp_", 0) != 0) << c.name;
+    if (!c.runs) EXPECT_EQ(c.time_s, 0.0) << c.name;
+  }
+  EXPECT_EQ(coll_named(moe.collectives, "ep_dispatch")->bytes, 4.0 * 8 * 6144);
+  EXPECT_EQ(coll_names(kind_named(pass_named(p.decode, "decode"), "dense.full")),
+            (std::vector<std::string>{"attn_tp_reduce_scatter", "dp_all_gather", "dp_reduce_scatter",
+                                      "attn_tp_all_gather"}));
+}
+
 TEST_F(Glm53, TpAttentionWithEp) {
   Deployment d;
   d.tp = 8;
