@@ -188,6 +188,8 @@ CommandRun setup(CLI::App& sub) {
     ec.cuda_graph_log = false;  // stdout is the JSON line
     ec.ranks = ranks;
     ec.forward.dsa_topk_broadcast = rflags->dsa_topk_broadcast;
+    ec.forward.moe_a2a_deepep = dflags->deepep();
+    ec.forward.deepep_fp8_dispatch = !dflags->deepep_bf16_dispatch;
     if (speculate) {
       ec.speculative = o->spec;  // the engine: steps in order (verify / draft graphs on CUDA), KV for a round
       ec.kv_pages = (total + 1 + o->spec.num_steps + 1 + o->page_size - 1) / o->page_size;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 
 #include "cli/dist_flags.h"
 #include "cli/model_options.h"
@@ -24,6 +25,7 @@
 #include "runtime/ranks/leader.h"
 #include "server/builtin.h"
 #include "server/server.h"
+#include "trace/trace.h"
 #endif
 
 namespace dsaserve::cli {
@@ -52,11 +54,32 @@ std::shared_ptr<model::Model> load_rank_model(const server::ServerConfig& cfg, c
   return model;
 }
 
+// `run()` on a rank other than rank 0; with --trace-dir D it records the rank's spans (its model's ops and
+// collectives) and writes them, with their plan summary, to D/rank<r> once run() returns.
+int traced_rank(const server::ServerConfig& cfg, const runtime::Ranks& ranks, const model::Model& model,
+                const std::function<int()>& run) {
+  if (cfg.engine.trace_dir.empty()) return run();
+  DSA_CHECK(cfg.trace_max_events > 0, "--trace-max-events must be positive, got {}", cfg.trace_max_events);
+  trace::Recorder recorder;
+  recorder.set_max_events(size_t(cfg.trace_max_events));
+  recorder.set_annotator(server::trace_plan_annotator(cfg, model.config()));
+  struct Uninstall {
+    ~Uninstall() { trace::set_active(nullptr); }
+  } uninstall;
+  trace::set_active(&recorder);
+  const int rc = run();
+  trace::set_active(nullptr);
+  recorder.write(fmt::format("{}/rank{}", cfg.engine.trace_dir, ranks.rank()));
+  return rc;
+}
+
 // A follower rank of `serve --tp N`: its leader's steps until the server stops.
 int follow_server(const server::ServerConfig& cfg, const runtime::Ranks& ranks) {
   const std::shared_ptr<model::Model> model = load_rank_model(cfg, ranks);
-  runtime::follow_steps(*model, ranks);
-  return 0;
+  return traced_rank(cfg, ranks, *model, [&] {
+    runtime::follow_steps(*model, ranks);
+    return 0;
+  });
 }
 
 CommandRun setup(CLI::App& sub) {
@@ -142,7 +165,8 @@ CommandRun setup(CLI::App& sub) {
                "with --enable-priority-scheduling: smaller priority values are more urgent");
   sub.add_option("--trace-dir", cfg->engine.trace_dir,
                  "write a Chrome trace (engine phases per step, model layer/op/kernel spans) to "
-                 "DIR/trace-<pid>-<n>.json every --trace-flush-steps steps and at shutdown");
+                 "DIR/trace-<pid>-<n>.json every --trace-flush-steps steps and at shutdown (with --tp: "
+                 "rank 0's; each other rank writes its model spans to DIR/rank<r>/ when it ends)");
   sub.add_option("--trace-flush-steps", cfg->engine.trace_flush_steps,
                  "with --trace-dir: steps between trace files (0: only at shutdown)")
       ->capture_default_str();
@@ -167,10 +191,15 @@ CommandRun setup(CLI::App& sub) {
       cfg->engine.ranks = ranks;
       cfg->engine.forward.dist = &ranks->groups();
       cfg->engine.forward.dsa_topk_broadcast = rflags->dsa_topk_broadcast;
+      cfg->engine.forward.moe_a2a_deepep = dflags->deepep();
+      cfg->engine.forward.deepep_fp8_dispatch = !dflags->deepep_bf16_dispatch;
       cfg->load_balance_method = rflags->load_balance_method;
       if (!ranks->leader()) return follow_server(*cfg, *ranks);
       // Attention DP: another DP group's leader runs that group's engine for the front (runtime/ranks/dp.h).
-      if (!ranks->front()) return runtime::serve_dp_group(load_rank_model(*cfg, *ranks), ranks);
+      if (!ranks->front()) {
+        std::shared_ptr<model::Model> model = load_rank_model(*cfg, *ranks);
+        return traced_rank(*cfg, *ranks, *model, [&] { return runtime::serve_dp_group(model, ranks); });
+      }
     }
     return server::run_server(*cfg);
   };

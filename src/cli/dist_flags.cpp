@@ -71,10 +71,9 @@ std::optional<int> launch_if_needed(const DistFlags& f) {
 
 std::optional<int> launch_if_needed(const DistFlags& f, const dist::LaunchSpec& spec, bool always) {
   f.layout.validate();
-  DSA_CHECK(!f.deepep() || (f.layout.ep_size == f.layout.tp && f.layout.attn_dp_size == 1),
-            "--moe-a2a-backend deepep runs with --ep-size = --tp ({}) and --attn-dp-size 1 so far (got "
-            "--ep-size {}, --attn-dp-size {})",
-            f.layout.tp, f.layout.ep_size, f.layout.attn_dp_size);
+  DSA_CHECK(!f.deepep() || f.layout.ep_size == f.layout.tp,
+            "--moe-a2a-backend deepep runs with --ep-size = --tp ({}) so far (got --ep-size {})", f.layout.tp,
+            f.layout.ep_size);
   if (!(f.multi_rank() || always) || f.rank.launched()) return std::nullopt;
   return dist::launch_ranks("/proc/self/exe", own_arguments(), spec);
 }

@@ -45,11 +45,12 @@ std::vector<std::string> rank_gpus(int64_t ranks, int64_t visible) {
 void check_serving_ranks(const DistFlags& f, const ServingRankFlags& r, const char* command, Device device,
                          const model::LoadSpec& model, bool builtin, bool speculative) {
   f.layout.validate();
-  DSA_CHECK(!f.deepep(),
-            "{}: --moe-a2a-backend deepep is not run yet here (`score` runs its dispatch / combine); use "
+  if (!ranked(f, r)) return;
+  DSA_CHECK(!f.deepep() || device == Device::cpu,
+            "{}: --device cuda --moe-a2a-backend deepep is not run yet: its dispatch / combine move host "
+            "tensors over Gloo (model/deepep.h), a GPU rank's groups are NCCL's (GPUs: issue 16); use "
             "--moe-a2a-backend none",
             command);
-  if (!ranked(f, r)) return;
   DSA_CHECK(f.layout.attn_dp_size == 1 || device == Device::cpu,
             "{}: --device cuda --attn-dp-size {} is not run yet (attention DP serves on CPU ranks; GPUs: "
             "issue 16); use --attn-dp-size 1",

@@ -90,10 +90,8 @@ bool Model::sliced(const LayerWeights& lw, const ForwardOptions& opt) const {
 
 RowSplit Model::row_split(int64_t tokens, bool decode, const ForwardOptions& opt) const {
   const dist::ParallelLayout& l = shard_.layout;
-  DSA_CHECK(
-      !opt.moe_a2a_deepep || (l.ep_size == l.tp && l.attn_dp_size == 1),
-      "forward: --moe-a2a-backend deepep runs with --ep-size = --tp and --attn-dp-size 1 so far (got {})",
-      l.describe());
+  DSA_CHECK(!opt.moe_a2a_deepep || l.ep_size == l.tp,
+            "forward: --moe-a2a-backend deepep runs with --ep-size = --tp so far (got {})", l.describe());
   if (l.attn_dp_size == 1) return RowSplit::make(shard_, {tokens}, decode);
   const int64_t d = l.attn_dp_rank(shard_.rank);
   if (!opt.dp_tokens.empty()) {
@@ -236,6 +234,10 @@ void Model::idle_step(const ForwardOptions& opt, bool mtp) const {
     (void)mlp_rows(w_.mtp[0].layer, none, sp, opt);
     return;
   }
+  // Traced as an "idle" pass of the deployment's step (a decode when every DP group decodes or idles):
+  // its collectives are that step's on this rank (no batch: the plan prices no ops for it).
+  trace::PassScope pass_scope(sp.equal ? "decode" : "prefill", "idle",
+                              w_.embed_tokens.device() != Device::cpu);
   for (const LayerWeights& lw : w_.layers) (void)mlp_rows(lw, none, sp, opt);
 }
 

@@ -146,8 +146,10 @@ struct ForwardOptions {
   std::vector<int64_t> dp_tokens;
   bool dp_decode = false;
   // --moe-a2a-backend deepep: each MoE layer dispatches every rank's own rows to the EP ranks of their
-  // experts and combines the outputs back (all-to-all-v over EP; needs --ep-size = --tp and no attention
-  // DP), instead of each rank computing its experts' share of every row before an all-reduce.
+  // experts and combines the outputs back (all-to-all-v over EP; needs --ep-size = --tp), instead of each
+  // rank computing its experts' share of every row before an all-reduce. With attention DP its MoE layers
+  // skip the world gathers (each rank dispatches its DP group's rows, its attention-TP slice of them, as
+  // SGLang's scattered MLP mode); an idle DP rank dispatches and combines zero rows.
   bool moe_a2a_deepep = false;
   // Its payloads (model/deepep.h): FP8 dispatch (e4m3 codes, one f32 scale per 128 columns) and bf16
   // combine where the routed experts are FP8 block-scaled, as SGLang runs DeepEP on FP8 models; false

@@ -293,7 +293,18 @@ void Builder::moe(LayerKindPlan& lp, const PassTokens& p) const {
   // TP attention + DeepEP, or attention DP under attention TP (the scattered mode): the o_proj all-reduce
   // becomes a reduce-scatter (each rank dispatches, or DP-gathers, its slice) and an all-gather at the
   // layer boundary, the same bytes as the article's all-reduce.
-  const bool split_reduce = atp > 1 && (deepep ? adp == 1 : adp > 1);
+  const bool split_reduce = atp > 1 && (deepep || adp > 1);
+  // DP attention + DeepEP: the article bills the DP gather / scatter around the MoE too; DeepEP dispatches
+  // each rank's own rows (SGLang's scattered MLP mode), so they are kept in its count only (runs = false).
+  auto dp_gather = [&](const char* name, CollKind kind, const char* after) {
+    Collective c = coll(name, kind, "world", tp, after, occ, p.gather_tokens / occ * H * kAct);
+    if (deepep) {
+      c.runs = false;
+      c.wire_bytes = 0;
+      c.time_s = 0;
+    }
+    lp.collectives.push_back(c);
+  };
   if (atp > 1) {
     lp.collectives.push_back(split_reduce ? coll("attn_tp_reduce_scatter", CollKind::reduce_scatter,
                                                  "attn_tp", atp, "o_proj", occ, T / occ * H * kAct)
@@ -304,13 +315,12 @@ void Builder::moe(LayerKindPlan& lp, const PassTokens& p) const {
   lp.ops.push_back(op("post_attention_layernorm", OpKind::norm, Precision::none,
                       fmt::format("[{}, {}]", n(Tn / occ), c_.hidden_size), kNormFlops * Tn * H,
                       H * kAct * occ, 2 * Tn * H * kAct, 2 * Tn * H * kAct));
-  if (gathered) {
-    lp.collectives.push_back(coll("dp_all_gather", CollKind::all_gather, "world", tp,
-                                  "post_attention_layernorm", occ, p.gather_tokens / occ * H * kAct));
-  }
+  if (gathered) dp_gather("dp_all_gather", CollKind::all_gather, "post_attention_layernorm");
   const double Tall = gathered ? Tg : T;  // tokens the MoE group sees
+  // Tokens this rank routes (and runs the shared expert on); DeepEP's: the average rank's share of the
+  // deployment's tokens (the ranks dispatch their own rows, no padding).
   const double Town =
-      deepep ? Tall / double(tp) : Tall;       // tokens this rank routes (and runs the shared expert on)
+      deepep ? (gathered && p.dispatch_tokens >= 0 ? p.dispatch_tokens : Tall) / double(tp) : Tall;
   const double pairs = Tall * k / double(ep);  // token-expert pairs computed here (uniform routing)
   const double El = E / double(ep);
   const double routed_per_occ = gathered ? double(p.tokens_global_shape) : double(p.tokens_shape);
@@ -377,10 +387,7 @@ void Builder::moe(LayerKindPlan& lp, const PassTokens& p) const {
   lp.ops.push_back(op("moe_sum", OpKind::elementwise, Precision::none,
                       fmt::format("[{}, {}]", town, c_.hidden_size), 2 * (deepep ? Town : pairs) * H, 0,
                       rows_in * H * kAct, Town * H * kAct));
-  if (gathered) {
-    lp.collectives.push_back(coll("dp_reduce_scatter", CollKind::reduce_scatter, "world", tp, "moe_sum", occ,
-                                  p.gather_tokens / occ * H * kAct));
-  }
+  if (gathered) dp_gather("dp_reduce_scatter", CollKind::reduce_scatter, "moe_sum");
   if (split_reduce) {
     lp.collectives.push_back(
         coll("attn_tp_all_gather", CollKind::all_gather, "attn_tp", atp, "moe_sum", occ, T / occ * H * kAct));

@@ -25,6 +25,9 @@ struct PassTokens {
   double expand_tokens = 0;      // MHA form (no indexer, prefill): latent rows expanded by kv_b_proj
   int64_t tokens_shape = 0, tokens_global_shape = 0, context_shape = 0;
   double norm_tokens = -1;  // rows of the final norm; < 0: logit_tokens (the engine's step: every token)
+  // DeepEP under DP attention: the deployment's tokens without a decode gather's padding (what the ranks
+  // dispatch); < 0: tokens_global.
+  double dispatch_tokens = -1;
 };
 
 // Sum over positions 1..P of min(K, pos): keys a causal top-K attention reads over a P-token prompt.

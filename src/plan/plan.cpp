@@ -133,6 +133,10 @@ void add_totals(StepTotals& s, const Pass& pass, int64_t tp) {
   };
   auto add_coll = [&](const Collective& col, double times) {
     const double n = double(col.count) * times;
+    if (!col.runs) {  // the article's bill only
+      s.article_bytes_per_output_token += col.bytes * n;
+      return;
+    }
     s.collectives += int64_t(std::llround(n));
     s.comm_bytes += col.bytes * n;
     s.comm_wire_bytes += col.wire_bytes * n;
@@ -213,8 +217,9 @@ Plan build_plan(const ModelConfig& c, const Deployment& d, const Hardware& hw) {
   }
   if (d.moe_a2a_backend == A2aBackend::deepep && d.attn_dp_size > 1) {
     plan.notes.push_back(
-        "DP attention + DeepEP: the MoE layers carry both the DP all-gather/reduce-scatter and the EP "
-        "dispatch/combine, as the reference article bills them (an upper bound; see docs/plan.md)");
+        "DP attention + DeepEP: the reference article also bills a DP all-gather/reduce-scatter around each "
+        "MoE layer; DeepEP dispatches each rank's own rows, so those are in its count only (runs: false; "
+        "see docs/plan.md)");
   }
   if (N > 0 && d.accept_length == 1.0) {
     plan.notes.push_back(

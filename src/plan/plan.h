@@ -110,8 +110,12 @@ struct Collective {
   double scale_bytes = 0;  // FP8 scales that travel with a dispatch, per occurrence
   double meta_bytes = 0;   // the routing that travels with a dispatch (expert i32 + weight f32 a pair)
   bool article = true;     // in the article's bill (false: DeepEP's layout exchange, which it leaves out)
-  double wire_bytes = 0;   // per occurrence
-  double time_s = 0;       // per occurrence: latency + wire / bandwidth
+  // false: in the article's bill only, not run (DP attention's gather / scatter around a DeepEP MoE
+  // layer: DeepEP dispatches each rank's own rows, as SGLang and dsaserve do); counted in
+  // article_bytes_per_output_token and nowhere else (no wire bytes, no time, not a traced collective).
+  bool runs = true;
+  double wire_bytes = 0;  // per occurrence
+  double time_s = 0;      // per occurrence: latency + wire / bandwidth
 };
 
 // All layers of one kind ("dense.full", "moe.shared", "mtp", ...) in one pass.

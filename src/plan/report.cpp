@@ -40,6 +40,7 @@ json coll_json(const Collective& c, const std::string& prefix) {
           {"bytes", c.bytes},
           {"scale_bytes", c.scale_bytes},
           {"meta_bytes", c.meta_bytes},
+          {"runs", c.runs},
           {"wire_bytes", c.wire_bytes},
           {"time_s", c.time_s}};
 }
@@ -117,9 +118,9 @@ std::string us(double s) { return fmt::format("{:.1f}", s * 1e6); }
 
 void text_ops(std::string& out, const std::vector<Op>& ops, const std::vector<Collective>& colls) {
   auto coll_line = [&](const Collective& c) {
-    out += fmt::format("      >> {:24} {:14} {}[{}] x{}  msg {}  wire {}  {} us\n", c.name, to_string(c.kind),
-                       c.group, c.group_size, c.count, si(c.bytes, "B"), si(c.wire_bytes + 0.0, "B"),
-                       us(c.time_s));
+    out += fmt::format("      >> {:24} {:14} {}[{}] x{}  msg {}  wire {}  {} us{}\n", c.name,
+                       to_string(c.kind), c.group, c.group_size, c.count, si(c.bytes, "B"),
+                       si(c.wire_bytes + 0.0, "B"), us(c.time_s), c.runs ? "" : "  (article only: not run)");
   };
   for (const Collective& c : colls) {
     if (c.after.empty()) coll_line(c);

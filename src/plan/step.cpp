@@ -66,6 +66,7 @@ Pass plan_step(const model::ModelConfig& c, const Deployment& d, const Hardware&
       block = std::max(block, (n + atp - 1) / atp);  // the largest slice (tensor_split: the first ones)
     }
     t.tokens_global = s.dp_equal ? double(block * d.tp) : double(sum);
+    t.dispatch_tokens = double(sum);
   }
   t.gather_tokens = t.tokens_global;
   t.logit_tokens = s.all_logits ? double(T) : t.requests;

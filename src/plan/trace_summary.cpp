@@ -105,6 +105,7 @@ nlohmann::json measured_vs_planned(const std::vector<trace::Event>& events, cons
       const Pass w = plan_step(c, *o.what_if, o.hardware, shape);
       what_if_steps[step] += 1;
       auto coll = [&](const Collective& col, double times) {
+        if (!col.runs) return;  // the article's bill only
         WhatIf& x = what_if[step + "/" + col.name];
         x.group = col.group;
         x.group_size = col.group_size;

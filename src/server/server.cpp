@@ -523,6 +523,31 @@ class Server {
 
 }  // namespace
 
+trace::Recorder::Annotator trace_plan_annotator(const ServerConfig& cfg, const model::ModelConfig& mc) {
+  // Each trace file's "plan_summary": its op spans' time next to the plan's roofline for the same
+  // batches (plan/trace_summary.h). A model the planner cannot price says why there instead.
+  // With --tp: a rank's ops are its shard's, the collectives those of the deployment that ran.
+  plan::TraceSummaryOptions po;
+  if (cfg.engine.ranks) {
+    const dist::ParallelLayout& l = cfg.engine.ranks->layout();
+    po.deployment.tp = l.tp;
+    po.deployment.ep_size = l.ep_size;
+    po.deployment.attn_dp_size = l.attn_dp_size;
+    po.deployment.moe_dense_tp_size = l.moe_dense_tp_size;
+    po.deployment.dsa_topk_broadcast = cfg.engine.forward.dsa_topk_broadcast;
+    if (cfg.engine.forward.moe_a2a_deepep) po.deployment.moe_a2a_backend = plan::A2aBackend::deepep;
+    po.deployment.deepep_fp8_dispatch = cfg.engine.forward.deepep_fp8_dispatch;
+    po.what_if = po.deployment;
+  }
+  return [mc, po](const std::vector<trace::Event>& ev, nlohmann::json& j) {
+    try {
+      j["plan_summary"] = plan::measured_vs_planned(ev, mc, po);
+    } catch (const std::exception& e) {
+      j["plan_summary"] = {{"error", e.what()}};
+    }
+  };
+}
+
 int run_server(const ServerConfig& in) {
   ServerConfig cfg = in;
   static const char* kReasoningParsers[] = {"deepseek-r1", "deepseek-v3", "glm45", "qwen3", "kimi"};
@@ -735,27 +760,7 @@ int run_server(const ServerConfig& in) {
     DSA_CHECK(cfg.trace_max_events > 0, "--trace-max-events must be positive, got {}", cfg.trace_max_events);
     recorder.emplace();
     recorder->set_max_events(size_t(cfg.trace_max_events));
-    // Each trace file's "plan_summary": its op spans' time next to the plan's roofline for the same
-    // batches (plan/trace_summary.h). A model the planner cannot price says why there instead.
-    // With --tp: rank 0's ops are its shard's, the collectives those of the deployment that ran.
-    plan::TraceSummaryOptions po;
-    if (cfg.engine.ranks) {
-      const dist::ParallelLayout& l = cfg.engine.ranks->layout();
-      po.deployment.tp = l.tp;
-      po.deployment.ep_size = l.ep_size;
-      po.deployment.attn_dp_size = l.attn_dp_size;
-      po.deployment.moe_dense_tp_size = l.moe_dense_tp_size;
-      po.deployment.dsa_topk_broadcast = cfg.engine.forward.dsa_topk_broadcast;
-      po.what_if = po.deployment;
-    }
-    recorder->set_annotator(
-        [mc = model->config(), po](const std::vector<trace::Event>& ev, nlohmann::json& j) {
-          try {
-            j["plan_summary"] = plan::measured_vs_planned(ev, mc, po);
-          } catch (const std::exception& e) {
-            j["plan_summary"] = {{"error", e.what()}};
-          }
-        });
+    recorder->set_annotator(trace_plan_annotator(cfg, model->config()));
     trace::set_active(&*recorder);
     uninstall.on = true;
   }

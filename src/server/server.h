@@ -11,6 +11,7 @@
 #include "kernels/kernel_options.h"
 #include "model/load.h"
 #include "runtime/engine/engine.h"
+#include "trace/trace.h"
 
 namespace dsaserve::server {
 
@@ -57,5 +58,10 @@ struct ServerConfig {
 
 // Blocks until shutdown; returns the process exit status. Throws dsaserve::Error on bad setup.
 int run_server(const ServerConfig& cfg);
+
+// --trace-dir: what a rank's trace files add, its "plan_summary" (plan/trace_summary.h: the model's
+// measured op spans beside the plan's for the same batches; with cfg.engine.ranks the collectives beside
+// those of the deployment that ran).
+trace::Recorder::Annotator trace_plan_annotator(const ServerConfig& cfg, const model::ModelConfig& mc);
 
 }  // namespace dsaserve::server

@@ -93,13 +93,16 @@ TEST_F(ScoreTp, TinyPrefillChunksDecodeAndMtpEqualOneRank) {
 
 // Attention DP (DP group 0 scores the sequence, the others companion sequences of other lengths: the
 // gathers carry rows of several requests, variable-length in prefill, padded in decode, idle steps at the
-// end), with attention TP inside the DP groups (the scattered mode), and DeepEP's dispatch / combine.
+// end), with attention TP inside the DP groups (the scattered mode), and DeepEP's dispatch / combine, alone
+// and under attention DP (each rank dispatching its own rows, an idle one none).
 TEST_F(ScoreTp, TinyAttentionDpAndDeepepEqualOneRank) {
   DSA_FIXTURE_PATH(tiny, "models/tiny");
   expect_equal_to_tp1(tiny, fmt::format("--ids {} --chunk 16 --decode-from 70 --mtp", ids(80)),
                       {"--tp 2 --ep-size 2 --attn-dp-size 2", "--tp 4 --attn-dp-size 2",
                        "--tp 4 --ep-size 2 --attn-dp-size 4", "--tp 2 --ep-size 2 --moe-a2a-backend deepep",
-                       "--tp 4 --ep-size 4 --moe-a2a-backend deepep"},
+                       "--tp 4 --ep-size 4 --moe-a2a-backend deepep",
+                       "--tp 2 --ep-size 2 --attn-dp-size 2 --moe-a2a-backend deepep",
+                       "--tp 4 --ep-size 4 --attn-dp-size 2 --moe-a2a-backend deepep"},
                       true);
 }
 

@@ -118,6 +118,11 @@ TEST_F(Glm53, ArticleCollectivesPerDecodeLayer) {
     EXPECT_EQ(g->bytes, 393216.0);
     EXPECT_EQ(g->group_size, 8);
     EXPECT_EQ(rs->bytes, 393216.0);
+    // Around a DeepEP MoE layer in the article's bill only: each rank dispatches its own rows.
+    const bool moe_layer = k.name.rfind("moe.", 0) == 0;
+    EXPECT_EQ(g->runs, !moe_layer) << k.name;
+    EXPECT_EQ(rs->runs, !moe_layer) << k.name;
+    EXPECT_EQ(g->wire_bytes > 0, !moe_layer) << k.name;
     EXPECT_EQ(coll_named(k.collectives, "attn_tp_all_reduce"), nullptr) << "attention TP is 1";
     layers_with_gather += k.layers.size();
   }
@@ -146,8 +151,9 @@ TEST_F(Glm53, ArticleCollectivesPerDecodeLayer) {
   // token; exactly 393,216 x 156 / 32 + 147,456 x 75 = 12,976,128 B.
   EXPECT_DOUBLE_EQ(p.decode.totals.article_bytes_per_output_token, 393216.0 * 156 / 32 + 147456.0 * 75);
   EXPECT_NEAR(p.decode.totals.article_bytes_per_output_token / 1e6, 12.98, 0.01);
-  // One decode step on one rank: 2 collectives per layer + 3 more per MoE layer (layout, dispatch, combine).
-  EXPECT_EQ(p.decode.totals.collectives, 78 * 2 + 75 * 3);
+  // One decode step on one rank: the dense layers' gather and scatter, the MoE layers' layout, dispatch
+  // and combine (the article's gathers around them are not run).
+  EXPECT_EQ(p.decode.totals.collectives, 3 * 2 + 75 * 3);
   // DP attention: no embedding all-reduce and no LM-head gather (full vocabulary per rank).
   EXPECT_TRUE(dec.head_collectives.empty());
   EXPECT_TRUE(dec.tail_collectives.empty());
@@ -296,6 +302,27 @@ TEST_F(Glm53, PureTpLayout) {
       EXPECT_EQ(g.shards, 8);
     }
   }
+}
+
+// DP attention with attention TP 2 and DeepEP (tp 8, dp 4): every layer in the scattered mode, as the
+// ranks run it; around the MoE the article's DP gathers in its count only, each rank dispatching its
+// slice (the average rank's: 32 tokens / 8).
+TEST_F(Glm53, DpAttentionUnderAttentionTpWithDeepep) {
+  Deployment d = article_layout();
+  d.attn_dp_size = 4;
+  const Plan p = build_plan(cfg, d, Hardware::named("h200"));
+  const LayerKindPlan& moe = kind_named(pass_named(p.decode, "decode"), "moe.shared");
+  EXPECT_EQ(coll_names(moe), (std::vector<std::string>{"attn_tp_reduce_scatter", "dp_all_gather",
+                                                       "ep_dispatch_layout", "ep_dispatch", "ep_combine",
+                                                       "dp_reduce_scatter", "attn_tp_all_gather"}));
+  for (const Collective& c : moe.collectives) {
+    EXPECT_EQ(c.runs, c.name.rfind("dp_", 0) != 0) << c.name;
+    if (!c.runs) EXPECT_EQ(c.time_s, 0.0) << c.name;
+  }
+  EXPECT_EQ(coll_named(moe.collectives, "ep_dispatch")->bytes, 4.0 * 8 * 6144);
+  EXPECT_EQ(coll_names(kind_named(pass_named(p.decode, "decode"), "dense.full")),
+            (std::vector<std::string>{"attn_tp_reduce_scatter", "dp_all_gather", "dp_reduce_scatter",
+                                      "attn_tp_all_gather"}));
 }
 
 TEST_F(Glm53, TpAttentionWithEp) {

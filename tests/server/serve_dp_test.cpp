@@ -106,7 +106,9 @@ TEST_F(ServeDp, GreedyCompletionsEqualOneRankAloneAndEightAtOnceOverTheDpGroups)
        {std::vector<std::string>{"--tp", "2", "--attn-dp-size", "2"},
         std::vector<std::string>{"--tp", "2", "--ep-size", "2", "--attn-dp-size", "2",
                                  "--load-balance-method", "shortest_queue"},
-        std::vector<std::string>{"--tp", "4", "--attn-dp-size", "2", "--dsa-topk-broadcast"}}) {
+        std::vector<std::string>{"--tp", "4", "--attn-dp-size", "2", "--dsa-topk-broadcast"},
+        std::vector<std::string>{"--tp", "2", "--ep-size", "2", "--attn-dp-size", "2", "--moe-a2a-backend",
+                                 "deepep"}}) {
     const std::string name = fmt::format("{}", fmt::join(layout, " "));
     ServerProcess s(server_args(tiny_, layout), 0, true);
     ASSERT_GT(s.port(), 0) << s.log();

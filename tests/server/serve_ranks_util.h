@@ -3,15 +3,18 @@
 // (serve_tp_test, serve_dp_test): the server's flags, a greedy completion body and its token ids, the
 // launcher's rank processes, and the requests with their goldens.
 #include <dirent.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/safetensors.h"
@@ -78,6 +81,51 @@ inline std::map<int, pid_t> ranks_of(pid_t launcher) {
 }
 
 inline bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// Kills rank `victim` of `serve LAYOUT` while a long streaming request runs (the ranks inside a step's
+// collectives): the server (the launcher, every rank) ends with an error well within the bound, naming
+// the killed rank; the request in flight ends (an error or a closed connection), never hanging.
+inline void expect_a_killed_rank_ends_the_server(const std::filesystem::path& tiny,
+                                                 const std::vector<std::string>& layout, int victim) {
+  const std::string name = fmt::format("{}", fmt::join(layout, " "));
+  std::vector<std::string> args = layout;
+  args.insert(args.end(), {"--dist-timeout", "30"});
+  ServerProcess s(server_args(tiny, args), 0, true);
+  ASSERT_GT(s.port(), 0) << s.log();
+  const std::map<int, pid_t> ranks = ranks_of(s.pid());
+  ASSERT_EQ(ranks.size(), size_t(std::stoi(layout.at(1)))) << name;
+  std::atomic<bool> answered{false};
+  std::thread client([&] {
+    try {
+      json b = greedy_body({1, 2, 3}, 3000);
+      b["stream"] = true;
+      (void)post_json(s.port(), "/v1/completions", b);
+    } catch (const std::exception&) {  // the connection was closed: the point is that it ends
+    }
+    answered = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(ranks.at(victim), SIGKILL);
+  const std::optional<int> status = s.wait_exit(std::chrono::seconds(20));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!status.has_value()) {
+    ADD_FAILURE() << name << ": rank " << victim << " killed: the server did not end\n" << s.output();
+    client.detach();  // the server process is ended by ServerProcess's destructor
+    return;
+  }
+  EXPECT_NE(*status, 0) << name << "\n" << s.output();
+  EXPECT_LT(secs, 10) << name << "\n" << s.output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string out = s.output();
+  EXPECT_NE(out.find(fmt::format("rank {} was killed by signal 9", victim)), std::string::npos) << out;
+  for (const auto& [r, pid] : ranks)
+    EXPECT_FALSE(alive(pid)) << name << ": rank " << r << " outlived the server";
+  client.join();
+  EXPECT_TRUE(answered);
+  std::printf("RESULT serve %s: rank %d killed -> server ended with status %d in %.2f s\n", name.c_str(),
+              victim, *status, secs);
+}
 
 // Prompts: the goldens' two, and six of 1..90 random ids (past the indexer's top-k of 64, chunked by 32).
 struct Requests {

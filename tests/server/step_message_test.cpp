@@ -50,6 +50,8 @@ TEST(StepMessage, InitSurvivesItsBytes) {
   o.form_rule.wide.mha_attn = 1.25;
   o.all_logits = false;
   o.dsa_topk_broadcast = true;
+  o.moe_a2a_deepep = true;
+  o.deepep_fp8_dispatch = false;
   const StepInit s = StepInit::of(77, 32, true, model::KvCacheDtype::bf16, o);
   const StepInit t = decode_init(encode_init(s));
   EXPECT_EQ(t.num_pages, 77);
@@ -63,6 +65,12 @@ TEST(StepMessage, InitSurvivesItsBytes) {
   EXPECT_EQ(f.form_rule.wide.mha_attn, 1.25);
   EXPECT_FALSE(f.all_logits);
   EXPECT_TRUE(f.dsa_topk_broadcast);
+  EXPECT_TRUE(f.moe_a2a_deepep);  // the followers dispatch / combine as the leader does
+  EXPECT_FALSE(f.deepep_fp8_dispatch);
+  const model::ForwardOptions d =
+      decode_init(encode_init(StepInit::of(1, 64, false, std::nullopt, {}))).forward(nullptr);
+  EXPECT_FALSE(d.moe_a2a_deepep);
+  EXPECT_TRUE(d.deepep_fp8_dispatch);
   EXPECT_FALSE(decode_init(encode_init(StepInit::of(1, 64, false, std::nullopt, {}))).kv_dtype.has_value());
 }
 

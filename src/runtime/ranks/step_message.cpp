@@ -38,6 +38,8 @@ model::ForwardOptions StepInit::forward(const dist::ProcessGroups* dist) const {
   o.all_logits = all_logits;
   o.keep_hidden = keep_hidden;
   o.dsa_topk_broadcast = dsa_topk_broadcast;
+  o.moe_a2a_deepep = moe_a2a_deepep;
+  o.deepep_fp8_dispatch = deepep_fp8_dispatch;
   o.dist = dist;
   return o;
 }
@@ -57,6 +59,8 @@ StepInit StepInit::of(int64_t num_pages, int64_t page_size, bool mtp_layers,
   s.all_logits = opt.all_logits;
   s.keep_hidden = opt.keep_hidden;
   s.dsa_topk_broadcast = opt.dsa_topk_broadcast;
+  s.moe_a2a_deepep = opt.moe_a2a_deepep;
+  s.deepep_fp8_dispatch = opt.deepep_fp8_dispatch;
   return s;
 }
 
@@ -105,6 +109,8 @@ std::vector<uint8_t> encode_init(const StepInit& s) {
   w.put<uint8_t>(s.all_logits);
   w.put<uint8_t>(s.keep_hidden);
   w.put<uint8_t>(s.dsa_topk_broadcast);
+  w.put<uint8_t>(s.moe_a2a_deepep);
+  w.put<uint8_t>(s.deepep_fp8_dispatch);
   return w.take();
 }
 
@@ -126,6 +132,8 @@ StepInit decode_init(const std::vector<uint8_t>& bytes) {
   s.all_logits = r.get<uint8_t>() != 0;
   s.keep_hidden = r.get<uint8_t>() != 0;
   s.dsa_topk_broadcast = r.get<uint8_t>() != 0;
+  s.moe_a2a_deepep = r.get<uint8_t>() != 0;
+  s.deepep_fp8_dispatch = r.get<uint8_t>() != 0;
   r.done();
   DSA_CHECK(s.num_pages > 0 && s.page_size > 0, "step message: a KV cache of {} pages of {} tokens",
             s.num_pages, s.page_size);

@@ -38,6 +38,8 @@ struct StepInit {
   bool all_logits = false;
   bool keep_hidden = false;
   bool dsa_topk_broadcast = false;
+  bool moe_a2a_deepep = false;      // --moe-a2a-backend deepep: every rank dispatches / combines
+  bool deepep_fp8_dispatch = true;  // and its payload (model::ForwardOptions)
 
   // The forward options these describe (dist: the follower's groups).
   model::ForwardOptions forward(const dist::ProcessGroups* dist) const;
