@@ -205,15 +205,15 @@ Tensor Model::moe_deepep(const LayerWeights& lw, const Tensor& h, const ForwardO
   const int64_t R = d.x.size(0);
   Tensor y = Tensor::empty({R, H}, DType::f32);
   if (R > 0) {
-    std::vector<kernels::MlpRef> experts;
-    experts.reserve(moe.experts.size());
-    for (const MlpWeights& e : moe.experts) experts.push_back({ref(e.gate), ref(e.up), ref(e.down)});
+    const std::vector<kernels::MlpRef> experts = expert_refs(moe);
     OpScope span("experts_gate_up+experts_act+experts_down");
     auto on = [&](const Tensor& t) { return dev == Device::cpu ? t : t.to(dev); };
     const kernels::Routing local{on(d.ids), on(d.weights)};
     const kernels::Fp8Act q =
         d.q.defined() ? kernels::Fp8Act{on(d.q.codes), on(d.q.scales), d.q.rows} : kernels::Fp8Act{};
-    y = ops_.moe_experts(on(d.x), local, experts, q.defined() ? &q : nullptr).to(Device::cpu).contiguous();
+    y = ops_.moe_experts(on(d.x), local, experts, q.defined() ? &q : nullptr, moe.experts_derived.get())
+            .to(Device::cpu)
+            .contiguous();
   }
   Tensor out = deepep_combine(ep, d, y);
   if (dev != Device::cpu) out = out.to(dev);
