@@ -24,6 +24,7 @@
 //                       [--prefill 4096,16384] [--trace-batch 32] [--trace-context 4096] [--steps 20]
 //                       [--warmup 3] [--no-graphs] [--max-seconds 420] [--trace-prefill 4096]
 //                       [--verify-tokens 4] [--moe-path auto|device|device_fp8|host]
+//                       [--prefill-forms auto,absorbed,mha] (the prefill rows' attention forms, a row each)
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -71,6 +72,9 @@ struct Args {
   bool graphs = true;
   double max_seconds = 420;
   std::string moe_path = "auto";  // KernelOptions::moe (the routed experts' path)
+  // The prefill rows' attention forms (ForwardOptions::attention), each a row: auto (the rule), absorbed,
+  // mha.
+  std::vector<std::string> prefill_forms{"auto"};
 };
 
 std::vector<int64_t> ints(const std::string& s) {
@@ -132,7 +136,20 @@ Args parse(int argc, char** argv) {
       a.max_seconds = std::stod(val());
     else if (k == "--moe-path")
       a.moe_path = val();
-    else {
+    else if (k == "--prefill-forms") {
+      a.prefill_forms.clear();
+      const std::string s = val();
+      for (size_t p = 0; p <= s.size();) {
+        const size_t q = std::min(s.find(',', p), s.size());
+        const std::string f = s.substr(p, q - p);
+        if (f != "auto" && f != "absorbed" && f != "mha") {
+          fmt::print(stderr, "--prefill-forms: {} is not auto, absorbed or mha\n", f);
+          std::exit(2);
+        }
+        a.prefill_forms.push_back(f);
+        p = q + 1;
+      }
+    } else {
       fmt::print(stderr, "unknown flag {} (see the comment at the top of bench/realwidth_gpu_bench.cpp)\n",
                  k);
       std::exit(2);
@@ -321,41 +338,46 @@ int run(const Args& a) {
   for (const std::string& kvn : a.kv) {
     const model::KvCacheDtype kv =
         kvn == "fp8_e4m3" ? model::KvCacheDtype::fp8_e4m3 : model::KvCacheDtype::bf16;
-    for (int64_t n : a.prefill) {
-      if (since(t_start) > a.max_seconds) break;
-      const int64_t pages = (n + kPage) / kPage;
-      model::KvCache cache = model::KvCache::create(c, pages, kPage, false, Device::cuda, kv);
-      std::vector<int32_t> table(static_cast<size_t>(pages)), ids(static_cast<size_t>(n));
-      std::iota(table.begin(), table.end(), 0);
-      for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 104729 + 13) % c.vocab_size);
-      model::ForwardOptions fo;
-      fo.all_logits = false;
-      double best = 1e30;
-      for (int rep = 0; rep < 3; ++rep) {  // the first pays for new shapes; keep the best
-        model::ForwardBatch b;
-        b.page_size = kPage;
-        b.add_request(ids, 0, table);
-        sync();
-        const auto t = clock_type::now();
-        (void)model->forward(b, cache, fo);
-        sync();
-        best = std::min(best, since(t) * 1e3);
-      }
-      const double plan = roofline_ms(c, kv, {{n, 0}}, false);
-      fmt::print(
-          "ROW prefill kv={} tokens={} cached=0 measured_ms={:.2f} plan_ms={:.3f} plan/measured={:.3f} "
-          "tok/s={:.0f}\n",
-          kvn, n, best, plan, plan / best, double(n) * 1e3 / best);
-      std::fflush(stdout);
-      if (n == a.trace_prefill && kvn == a.kv.front()) {
-        print_op_table(c, kv, fmt::format("kv={} prefill of {} tokens, eager", kvn, n), [&] {
+    for (int64_t n : a.prefill)
+      for (const std::string& form : a.prefill_forms) {
+        if (since(t_start) > a.max_seconds) break;
+        const int64_t pages = (n + kPage) / kPage;
+        model::KvCache cache = model::KvCache::create(c, pages, kPage, false, Device::cuda, kv);
+        std::vector<int32_t> table(static_cast<size_t>(pages)), ids(static_cast<size_t>(n));
+        std::iota(table.begin(), table.end(), 0);
+        for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 104729 + 13) % c.vocab_size);
+        model::ForwardOptions fo;
+        fo.all_logits = false;
+        fo.attention = form == "mha"        ? model::AttentionForm::mha
+                       : form == "absorbed" ? model::AttentionForm::absorbed
+                                            : model::AttentionForm::automatic;
+        double best = 1e30;
+        for (int rep = 0; rep < 3; ++rep) {  // the first pays for new shapes; keep the best
           model::ForwardBatch b;
           b.page_size = kPage;
           b.add_request(ids, 0, table);
+          sync();
+          const auto t = clock_type::now();
           (void)model->forward(b, cache, fo);
-        });
+          sync();
+          best = std::min(best, since(t) * 1e3);
+        }
+        const double plan = roofline_ms(c, kv, {{n, 0}}, false);
+        fmt::print(
+            "ROW prefill kv={} tokens={} cached=0 form={} measured_ms={:.2f} plan_ms={:.3f} "
+            "plan/measured={:.3f} "
+            "tok/s={:.0f}\n",
+            kvn, n, form, best, plan, plan / best, double(n) * 1e3 / best);
+        std::fflush(stdout);
+        if (n == a.trace_prefill && kvn == a.kv.front() && form == a.prefill_forms.front()) {
+          print_op_table(c, kv, fmt::format("kv={} prefill of {} tokens, eager", kvn, n), [&] {
+            model::ForwardBatch b;
+            b.page_size = kPage;
+            b.add_request(ids, 0, table);
+            (void)model->forward(b, cache, fo);
+          });
+        }
       }
-    }
   }
 
   // Decode rows: one KV pool per KV dtype, as large as the device allows, written once.
