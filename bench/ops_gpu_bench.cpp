@@ -229,12 +229,12 @@ void bench_moe_experts() {
 }
 
 // The small-T FP8 kernel's K split (gemm_small_params.h) swept at GLM-5.3's decode shapes: `splits` CTAs
-// along K per 128-row slice (auto: fp8_small_gemm_splits, one wave of ~2 CTAs per SM). CUDA-graph replays
-// of the kernel alone; floor: the weight bytes at 4.3 TB/s.
+// along K per 128-row slice (auto: fp8_small_gemm_splits, one wave) at 2 and 3 CTAs per SM. CUDA-graph
+// replays of the kernel alone; floor: the weight bytes at 4.3 TB/s.
 void bench_fp8_small_splits() {
   namespace kc = dsaserve::kernels::cuda;
-  fmt::print("\n| {:<12} | {:>3} | {:<16} | {:>6} | {:>6} | {:>9} | {:>9} | {:>5} |\n", "fp8 small", "T",
-             "[K, N]", "splits", "CTAs", "time us", "floor us", "ratio");
+  fmt::print("\n| {:<16} | {:>3} | {:<16} | {:>6} | {:>6} | {:>6} | {:>9} | {:>9} | {:>5} |\n", "fp8 small",
+             "T", "[K, N]", "CTA/SM", "splits", "CTAs", "time us", "floor us", "ratio");
   const struct {
     const char* name;
     int64_t n, k;
@@ -249,35 +249,43 @@ void bench_fp8_small_splits() {
       const Tensor x = rand_gpu({T, g.k}, 1);
       const ops::Fp8Act a = kc::quantize_fp8_activations(x);
       Tensor out = Tensor::empty({T, g.n}, DType::f32, Device::cuda);
-      const int64_t slices = (g.n + 127) / 128, kb = g.k / 128;
-      const int auto_s = kc::fp8_small_gemm_splits(g.n, g.k);
-      std::vector<int> cands = {auto_s};
-      for (int s : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64})
-        if (s != auto_s && s <= kb && slices * s <= 65535) cands.push_back(s);
-      for (int s : cands) {
-        Tensor partial = Tensor::empty({s, T, g.n}, DType::f32, Device::cuda);
-        kc::Fp8SmallGemmParams p{};
-        p.w = static_cast<const uint8_t*>(w.weight.raw_data());
-        p.w_scale = static_cast<const float*>(w.scale_inv.raw_data());
-        p.row0 = 0;
-        p.w_scale_ld = w.scale_inv.size(1);
-        p.xq = static_cast<const uint8_t*>(a.codes.raw_data());
-        p.x_scale = a.scales.data<float>();
-        p.out = out.data<float>();
-        p.out_stride = g.n;
-        p.T = T;
-        p.Tp = a.codes.size(0);
-        p.N = g.n;
-        p.K = g.k;
-        p.splits = s;
-        p.partial = partial.data<float>();
-        p.counters = static_cast<uint32_t*>(counters.raw_data());
-        const double us = kc::graph_time_us([&] { (void)kc::launch_fp8_small_gemm(p, kc::op_stream()); });
-        const double floor_us = double(g.n * g.k) / kHbm * 1e6;
-        fmt::print("| {:<12} | {:>3} | {:<16} | {:>6} | {:>6} | {:>9.1f} | {:>9.2f} | {:>5.2f} |\n",
-                   fmt::format("{}{}", g.name, s == auto_s ? " auto" : ""), T,
-                   fmt::format("[{},{}]", g.k, g.n), s, slices * s, us, floor_us, floor_us / us);
-        std::fflush(stdout);
+      const int64_t slices = (g.n + 127) / 128, kb = g.k / 128, Tp = a.codes.size(0);
+      for (int occ : {2, 3}) {
+        const int auto_s = kc::fp8_small_gemm_splits(g.n, g.k, Tp, occ);
+        std::vector<int> cands = {auto_s};
+        for (int s : {1, 2, 4, 8, 16, 32})
+          if (s != auto_s && s <= kb && slices * s <= 65535) cands.push_back(s);
+        for (int s : cands) {
+          Tensor partial = Tensor::empty({s, T, g.n}, DType::f32, Device::cuda);
+          kc::Fp8SmallGemmParams p{};
+          p.w = static_cast<const uint8_t*>(w.weight.raw_data());
+          p.w_scale = static_cast<const float*>(w.scale_inv.raw_data());
+          p.row0 = 0;
+          p.w_scale_ld = w.scale_inv.size(1);
+          p.xq = static_cast<const uint8_t*>(a.codes.raw_data());
+          p.x_scale = a.scales.data<float>();
+          p.out = out.data<float>();
+          p.out_stride = g.n;
+          p.T = T;
+          p.Tp = Tp;
+          p.N = g.n;
+          p.K = g.k;
+          p.splits = s;
+          p.partial = partial.data<float>();
+          p.counters = static_cast<uint32_t*>(counters.raw_data());
+          p.ctas_per_sm = occ;
+          const double us = kc::graph_time_us([&] { (void)kc::launch_fp8_small_gemm(p, kc::op_stream()); });
+          const double floor_us = double(g.n * g.k) / kHbm * 1e6;
+          const bool dflt = s == auto_s && occ == kc::fp8_small_ctas_per_sm(g.n, Tp);
+          fmt::print("| {:<16} | {:>3} | {:<16} | {:>6} | {:>6} | {:>6} | {:>9.1f} | {:>9.2f} | {:>5.2f} |\n",
+                     fmt::format("{}{}", g.name,
+                                 dflt          ? " default"
+                                 : s == auto_s ? " auto"
+                                               : ""),
+                     T, fmt::format("[{},{}]", g.k, g.n), kc::fp8_small_ctas_per_sm(g.n, Tp, occ), s,
+                     slices * s, us, floor_us, floor_us / us);
+          std::fflush(stdout);
+        }
       }
     }
   }

@@ -399,7 +399,7 @@ void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, cons
   p.Tp = a.codes.size(0);
   p.N = N;
   p.K = K;
-  p.splits = fp8_small_gemm_splits(N, K);
+  p.splits = fp8_small_gemm_splits(N, K, p.Tp);
   const Tensor partial = split_scratch(p);
   check_launch(launch_fp8_small_gemm(p, op_stream()), "linear: fp8 small-T GEMM");
   count(&GemmStats::fp8_small_calls);

@@ -29,7 +29,7 @@ constexpr int kStages = 4;          // K blocks in flight
 // Bytes per token row of the activation tile: 128 + 64 of padding puts the two token rows a
 // quarter-warp reads at different bank halves.
 constexpr int kXLd = 192;
-constexpr int kTargetCtas = 2 * 132;  // ~2 CTAs per SM on the H200's 132 SMs
+constexpr int kSms = 132;  // the H200's SMs (the K split aims at whole waves of them)
 constexpr int64_t kMaxCounters = kFp8SmallCounters;
 
 template <int NT>
@@ -97,8 +97,10 @@ __device__ __forceinline__ void small_gemm_epilogue(const P& p, const float (&ac
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0u;
 }
 
-template <int NT>
-__global__ void __launch_bounds__(kThreads, 2) sm90_fp8_small_gemm_kernel(const Fp8SmallGemmParams p) {
+// kMinBlocks: CTAs an SM holds (2, or 3 at 8 tokens for wide outputs: fp8_small_ctas_per_sm).
+template <int NT, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    sm90_fp8_small_gemm_kernel(const Fp8SmallGemmParams p) {
   using S = Stage<NT>;
   constexpr int Tp = S::kTp;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -169,13 +171,19 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_fp8_small_gemm_kernel(const 
   small_gemm_epilogue<NT>(p, acc, row_base, r_lo, t, s_last);
 }
 
+template <int NT, int kMinBlocks>
+cudaError_t launch_nt_occ(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
+  auto* kernel = sm90_fp8_small_gemm_kernel<NT, kMinBlocks>;
+  const cudaError_t attr = set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), int(Stage<NT>::kSmem));
+  if (attr != cudaSuccess) return attr;
+  kernel<<<grid, kThreads, Stage<NT>::kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
 template <int NT>
 cudaError_t launch_nt(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
-  const cudaError_t attr = set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_fp8_small_gemm_kernel<NT>),
-                                                int(Stage<NT>::kSmem));
-  if (attr != cudaSuccess) return attr;
-  sm90_fp8_small_gemm_kernel<NT><<<grid, kThreads, Stage<NT>::kSmem, stream>>>(p);
-  return cudaGetLastError();
+  if (NT == 1 && fp8_small_ctas_per_sm(p.N, p.Tp, p.ctas_per_sm) == 3)
+    return launch_nt_occ<1, 3>(p, grid, stream);
+  return launch_nt_occ<NT, 2>(p, grid, stream);
 }
 
 // ---- bf16 weights x f32 activations (two-term split), few tokens ----
@@ -283,9 +291,10 @@ cudaError_t launch_bf16_nt(const Bf16SmallGemmParams& p, dim3 grid, cudaStream_t
 
 // CTAs along K for `ctas` row slices over `kb` K blocks: whole waves of ~kTargetCtas, every split at
 // least one block.
-int splits_for(int64_t ctas, int64_t kb) {
-  if (kb <= 1 || ctas >= kTargetCtas || ctas > kMaxCounters) return 1;
-  int64_t s = kTargetCtas / ctas;  // whole waves: one CTA more than the slots would double the time
+int splits_for(int64_t ctas, int64_t kb, int per_sm = 2) {
+  const int64_t target = int64_t(per_sm) * kSms;
+  if (kb <= 1 || ctas >= target || ctas > kMaxCounters) return 1;
+  int64_t s = target / ctas;  // whole waves: one CTA more than the slots would double the time
   if (s > kb) s = kb;
   const int64_t per = (kb + s - 1) / s;
   return int((kb + per - 1) / per);  // every split gets at least one K block
@@ -314,7 +323,19 @@ cudaError_t launch_bf16_small_gemm(const Bf16SmallGemmParams& p, cudaStream_t st
   return launch_bf16_nt<4>(p, grid, stream);
 }
 
-int fp8_small_gemm_splits(int64_t N, int64_t K) { return splits_for((N + kRows - 1) / kRows, K / 128); }
+// Measured on the H200 (ops_gpu_bench splits, CUDA-graph replays, T = 1 / 8): 3 CTAs an SM win where the
+// row slices are many (q_b [16384 x 2048] 10.9 -> 10.4 us, the dense MLP's gate [12288 x 6144] 27.9 ->
+// 24.7), tie at 48 slices (o_proj, mlp_down) and lose at 16 (q_a [2048 x 6144] 6.1 -> 6.4, 7.7 -> 8.9 at T =
+// 8: the split doubles its partial sums).
+int fp8_small_ctas_per_sm(int64_t N, int64_t Tp, int requested) {
+  if (Tp != 8) return 2;
+  if (requested == 2 || requested == 3) return requested;
+  return (N + kRows - 1) / kRows >= 64 ? 3 : 2;
+}
+
+int fp8_small_gemm_splits(int64_t N, int64_t K, int64_t Tp, int ctas_per_sm) {
+  return splits_for((N + kRows - 1) / kRows, K / 128, fp8_small_ctas_per_sm(N, Tp, ctas_per_sm));
+}
 
 cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stream) {
   if (p.T == 0 || p.N == 0) return cudaSuccess;

@@ -36,10 +36,15 @@ struct Fp8SmallGemmParams {
   float* partial;       // [splits, T, N] f32 scratch (splits > 1)
   uint32_t* counters;   // [kFp8SmallCounters] zero on entry, left zero on exit (splits > 1)
   int splits;           // CTAs along K (1 = no split)
+  int ctas_per_sm = 0;  // CTAs an SM holds (fp8_small_ctas_per_sm; 0: its default)
 };
 
-// The K split launch_fp8_small_gemm would use for N output features and K inputs.
-int fp8_small_gemm_splits(int64_t N, int64_t K);
+// The CTAs per SM a launch of N outputs and Tp token rows runs at: `requested` 2 or 3, or 0 for the
+// default (3 at Tp 8 with at least 64 row slices of 128, else 2); 3 is only built for Tp 8.
+int fp8_small_ctas_per_sm(int64_t N, int64_t Tp, int requested = 0);
+// The K split launch_fp8_small_gemm would use for N output features and K inputs (whole waves of the
+// CTAs per SM that Tp and ctas_per_sm give).
+int fp8_small_gemm_splits(int64_t N, int64_t K, int64_t Tp, int ctas_per_sm = 0);
 cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stream);
 
 // bf16 weights times f32 activations for few tokens, the narrow linears' two-term recipe (gemm.h: routers,
