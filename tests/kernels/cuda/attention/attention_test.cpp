@@ -87,6 +87,17 @@ LatentCache make_latent(int64_t slots, MlaKvFormat f, Rng& r) {
 
 const char* fmt_name(MlaKvFormat f) { return f == MlaKvFormat::bf16 ? "bf16" : "fp8"; }
 
+// min(topk, len) distinct random positions below len, ascending, then -1 up to topk, into dst[0, topk).
+void random_selection(int64_t len, int64_t topk, Rng& r, int32_t* dst) {
+  std::vector<int32_t> pos(static_cast<size_t>(len));
+  std::iota(pos.begin(), pos.end(), 0);
+  for (size_t i = 0; i < pos.size() && int64_t(i) < topk; ++i)
+    std::swap(pos[i], pos[i + size_t(r.below(int64_t(pos.size() - i)))]);
+  const int64_t k = std::min<int64_t>(topk, int64_t(pos.size()));
+  std::sort(pos.begin(), pos.begin() + k);
+  for (int64_t j = 0; j < topk; ++j) dst[j] = j < k ? pos[size_t(j)] : -1;
+}
+
 // One ragged decode batch (one row per request): GPU vs the CPU op per row.
 // `ko`: the kernel choice (KernelOptions::mla_decode; automatic: the selector's default for the shape).
 void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat f, int64_t topk,
@@ -101,15 +112,8 @@ void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat 
   Tensor sel;
   if (topk > 0) {  // random distinct positions, ascending, -1 padded
     sel = Tensor::empty({B, topk}, DType::i32);
-    for (int64_t b = 0; b < B; ++b) {
-      std::vector<int32_t> pos(static_cast<size_t>(lens[size_t(b)]));
-      std::iota(pos.begin(), pos.end(), 0);
-      for (size_t i = 0; i < pos.size() && int64_t(i) < topk; ++i)
-        std::swap(pos[i], pos[i + size_t(r.below(int64_t(pos.size() - i)))]);
-      const int64_t k = std::min<int64_t>(topk, int64_t(pos.size()));
-      std::sort(pos.begin(), pos.begin() + k);
-      for (int64_t j = 0; j < topk; ++j) sel.data<int32_t>()[b * topk + j] = j < k ? pos[size_t(j)] : -1;
-    }
+    for (int64_t b = 0; b < B; ++b)
+      random_selection(lens[size_t(b)], topk, r, sel.data<int32_t>() + b * topk);
   }
   std::vector<int32_t> len32(lens.begin(), lens.end());
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
@@ -435,15 +439,8 @@ TEST_F(CudaMlaDecode, VerifyRowsOneToSixTokensPerRequest) {
       const Tensor q_lat = rand_bf16_values({R, nh, kMlaLatent}, r, 2.0f);
       const Tensor q_rope = rand_bf16_values({R, nh, kMlaRope}, r, 2.0f);
       Tensor sel = Tensor::empty({R, topk}, DType::i32);
-      for (int64_t i = 0; i < R; ++i) {
-        std::vector<int32_t> pos(static_cast<size_t>(len[size_t(i)]));
-        std::iota(pos.begin(), pos.end(), 0);
-        for (size_t j = 0; j < pos.size() && int64_t(j) < topk; ++j)
-          std::swap(pos[j], pos[j + size_t(r.below(int64_t(pos.size() - j)))]);
-        const int64_t k = std::min<int64_t>(topk, int64_t(pos.size()));
-        std::sort(pos.begin(), pos.begin() + k);
-        for (int64_t j = 0; j < topk; ++j) sel.data<int32_t>()[i * topk + j] = j < k ? pos[size_t(j)] : -1;
-      }
+      for (int64_t i = 0; i < R; ++i)
+        random_selection(len[size_t(i)], topk, r, sel.data<int32_t>() + i * topk);
       const int64_t max_len = *std::max_element(lens.begin(), lens.end());
       const Tensor got =
           mla_decode(q_lat.to(Device::cuda), q_rope.to(Device::cuda), cache.gpu, pg.table_gpu(), kPage,
