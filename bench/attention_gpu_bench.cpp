@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -615,13 +616,20 @@ void bench_prefill(void* flush) {
     r.mha_attn = median(r_mha_attn);
     r.expand_gemm = median(r_expand);
     r.absorbed_attn_dense = median(r_abs_dense);
-    std::sort(r_mha_dense.begin(), r_mha_dense.end());
+    // One point per chunk size (the median of the cases of that size), ascending: RateByTokens' points.
+    std::map<int64_t, std::vector<double>> by_tokens;
+    for (const auto& [tokens, rate] : r_mha_dense) by_tokens[tokens].push_back(rate);
     std::string dense_pts;
-    for (size_t i = 0; i < r_mha_dense.size() && i < size_t(dm::RateByTokens::kPoints); ++i) {
-      r.mha_attn_dense.tokens[i] = r_mha_dense[i].first;
-      r.mha_attn_dense.tflops[i] = r_mha_dense[i].second;
-      dense_pts += (i ? ", " : "") + std::to_string(r_mha_dense[i].first) + ": " +
-                   std::to_string(r_mha_dense[i].second).substr(0, 6);
+    size_t np = 0;
+    for (auto& [tokens, rates] : by_tokens) {
+      if (np == size_t(dm::RateByTokens::kPoints)) break;
+      r.mha_attn_dense.tokens[np] = tokens;
+      r.mha_attn_dense.tflops[np] = median(rates);
+      char pt[64];
+      std::snprintf(pt, sizeof pt, "%s%lld: %.1f", np > 0 ? ", " : "", (long long)tokens,
+                    r.mha_attn_dense.tflops[np]);
+      dense_pts += pt;
+      ++np;
     }
     dm::AttentionFormRule rule;
     (nh <= rule.narrow_max_heads ? rule.narrow : rule.wide) = r;

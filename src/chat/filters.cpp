@@ -29,8 +29,9 @@ Value attr_path(const Value& item, const Value& attribute, const TemplateOptions
   while (true) {
     const size_t dot = path.find('.', start);
     const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    const bool numeric =
-        !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+    // A numeric part indexes a list (up to 18 digits: past that it cannot be an index; it stays a key).
+    const bool numeric = !part.empty() && part.size() <= 18 &&
+                         std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
     cur = get_item(cur, numeric ? Value(static_cast<int64_t>(std::stoll(part))) : Value(part), o);
     if (dot == std::string::npos) break;
     start = dot + 1;

@@ -202,15 +202,23 @@ ExprPtr Parser::parse_primary() {
     auto e = make(ExprKind::kLiteral, p);
     try {
       e->literal = Value(static_cast<int64_t>(std::stoll(t.value)));
-    } catch (const std::exception&) {
-      e->literal = Value(std::stod(t.value));
+    } catch (const std::exception&) {  // past 64 bits: a float (Python keeps the integer exact)
+      try {
+        e->literal = Value(std::stod(t.value));
+      } catch (const std::exception&) {
+        fail_at(t, "integer literal too large");
+      }
     }
     next();
     return e;
   }
   if (t.type == TokenType::kFloat) {
     auto e = make(ExprKind::kLiteral, p);
-    e->literal = Value(std::stod(t.value));
+    try {
+      e->literal = Value(std::stod(t.value));
+    } catch (const std::exception&) {
+      fail_at(t, "float literal out of range");
+    }
     next();
     return e;
   }
@@ -287,7 +295,11 @@ ExprPtr Parser::parse_subscript(ExprPtr node) {
     if (cur().type == TokenType::kInteger) {
       auto e = make(ExprKind::kGetitem, p);
       auto idx = make(ExprKind::kLiteral, pos());
-      idx->literal = Value(static_cast<int64_t>(std::stoll(cur().value)));
+      try {
+        idx->literal = Value(static_cast<int64_t>(std::stoll(cur().value)));
+      } catch (const std::exception&) {
+        fail_at(cur(), "index too large");
+      }
       next();
       e->children.push_back(std::move(node));
       e->children.push_back(std::move(idx));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
 #include <unordered_map>
 
 #include "chat/builtins.h"
@@ -21,7 +22,41 @@ int64_t as_index(const Value& v) { return v.is_bool() ? (v.as_bool() ? 1 : 0) : 
 bool is_integral(const Value& v) { return v.is_int() || v.is_bool(); }
 
 // Python floor division and modulo.
+// Integers are 64-bit here (Python's are unbounded): a result that does not fit is a template error, never
+// undefined behaviour.
+[[noreturn]] void int_overflow(const std::string& op) {
+  throw_value_error(ErrorKind::kRuntime, fmt::format("integer overflow in '{}' (integers are 64-bit)", op));
+}
+int64_t checked_add(int64_t a, int64_t b, const std::string& op) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) int_overflow(op);
+  return r;
+}
+int64_t checked_sub(int64_t a, int64_t b, const std::string& op) {
+  int64_t r = 0;
+  if (__builtin_sub_overflow(a, b, &r)) int_overflow(op);
+  return r;
+}
+int64_t checked_mul(int64_t a, int64_t b, const std::string& op) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) int_overflow(op);
+  return r;
+}
+// base ** e (e >= 0) by squaring: at most ~64 steps whatever e is.
+int64_t checked_pow(int64_t base, int64_t e) {
+  if (base == 0 || base == 1) return e == 0 ? 1 : base;
+  if (base == -1) return e % 2 == 0 ? 1 : -1;
+  int64_t r = 1;
+  while (e > 0) {
+    if (e & 1) r = checked_mul(r, base, "**");
+    e >>= 1;
+    if (e > 0) base = checked_mul(base, base, "**");
+  }
+  return r;
+}
+
 int64_t floor_div(int64_t a, int64_t b) {
+  if (a == INT64_MIN && b == -1) int_overflow("//");
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
@@ -36,7 +71,7 @@ Value binary_arith(const std::string& op, const Value& a, const Value& b) {
   };
   if (op == "+") {
     if (a.is_number() && b.is_number()) {
-      if (is_integral(a) && is_integral(b)) return Value(as_index(a) + as_index(b));
+      if (is_integral(a) && is_integral(b)) return Value(checked_add(as_index(a), as_index(b), op));
       return Value(a.to_double() + b.to_double());
     }
     if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
@@ -49,7 +84,7 @@ Value binary_arith(const std::string& op, const Value& a, const Value& b) {
   }
   if (op == "*") {
     if (a.is_number() && b.is_number()) {
-      if (is_integral(a) && is_integral(b)) return Value(as_index(a) * as_index(b));
+      if (is_integral(a) && is_integral(b)) return Value(checked_mul(as_index(a), as_index(b), op));
       return Value(a.to_double() * b.to_double());
     }
     const Value* seq = is_integral(b) ? &a : is_integral(a) ? &b : nullptr;
@@ -74,7 +109,7 @@ Value binary_arith(const std::string& op, const Value& a, const Value& b) {
   if (op == "%" && a.is_string()) return Value(percent_format(a.as_string(), b));
   if (!a.is_number() || !b.is_number()) return type_error();
   if (op == "-") {
-    if (is_integral(a) && is_integral(b)) return Value(as_index(a) - as_index(b));
+    if (is_integral(a) && is_integral(b)) return Value(checked_sub(as_index(a), as_index(b), op));
     return Value(a.to_double() - b.to_double());
   }
   if (op == "/") {
@@ -85,8 +120,11 @@ Value binary_arith(const std::string& op, const Value& a, const Value& b) {
     if (b.to_double() == 0.0) throw_value_error(ErrorKind::kRuntime, "integer division or modulo by zero");
     if (is_integral(a) && is_integral(b)) {
       const int64_t x = as_index(a), y = as_index(b);
-      const int64_t q = floor_div(x, y);
-      return op == "//" ? Value(q) : Value(x - q * y);
+      if (op == "//") return Value(floor_div(x, y));
+      if (y == -1) return Value(int64_t{0});  // (INT64_MIN % -1 is undefined in C++)
+      int64_t m = x % y;                      // Python's sign: the divisor's
+      if (m != 0 && (m < 0) != (y < 0)) m += y;
+      return Value(m);
     }
     const double x = a.to_double(), y = b.to_double();
     if (op == "//") return Value(std::floor(x / y));
@@ -100,9 +138,7 @@ Value binary_arith(const std::string& op, const Value& a, const Value& b) {
   }
   if (op == "**") {
     if (is_integral(a) && is_integral(b) && as_index(b) >= 0) {
-      int64_t r = 1, base = as_index(a);
-      for (int64_t e = as_index(b); e > 0; --e) r *= base;
-      return Value(r);
+      return Value(checked_pow(as_index(a), as_index(b)));
     }
     if (a.to_double() == 0.0 && b.to_double() < 0) {
       throw_value_error(ErrorKind::kRuntime, "0.0 cannot be raised to a negative power");
@@ -498,7 +534,7 @@ class Renderer {
                                         e.kind == ExprKind::kNeg ? '-' : '+', v.type_name()));
         }
         if (e.kind == ExprKind::kPos) return v.is_bool() ? Value(as_index(v)) : v;
-        return is_integral(v) ? Value(-as_index(v)) : Value(-v.as_float());
+        return is_integral(v) ? Value(checked_sub(0, as_index(v), "-")) : Value(-v.as_float());
       }
       case ExprKind::kBinary: {
         if (e.name == "and") {

@@ -84,6 +84,7 @@ CommandRun setup(CLI::App& sub) {
     DSA_CHECK(!dflags->multi_rank() || device == Device::cpu,
               "score: --tp {} runs its ranks on the CPU (Gloo); ranks on GPUs are issue #16",
               dflags->layout.tp);
+    dflags->check("score");
     if (dflags->multi_rank()) {  // checked once, before any rank starts
       dflags->layout.validate();
       model::Shard{dflags->layout, 0}.validate(model::load_config(o->model));

@@ -63,6 +63,13 @@ std::shared_ptr<DistFlags> add_dist_flags(CLI::App& sub) {
   return f;
 }
 
+void DistFlags::check(const char* command) const {
+  DSA_CHECK(!deepep() || layout.tp > 1,
+            "{}: --moe-a2a-backend deepep runs with --ep-size = --tp > 1 (its dispatch / combine move tokens "
+            "between the expert ranks); got --tp 1",
+            command);
+}
+
 std::optional<int> launch_if_needed(const DistFlags& f) {
   dist::LaunchSpec spec = f.launch;
   spec.world_size = f.layout.tp;

@@ -28,6 +28,8 @@ struct DistFlags {
   bool deepep() const { return moe_a2a_backend == "deepep"; }
   bool multi_rank() const { return layout.tp > 1; }
   bool output_rank() const { return !rank.launched() || rank.rank == 0; }  // the rank that prints / writes
+  // Refuses flags that combine into nothing: --moe-a2a-backend deepep on one rank.
+  void check(const char* command) const;
 };
 
 std::shared_ptr<DistFlags> add_dist_flags(CLI::App& sub);

@@ -45,6 +45,7 @@ std::vector<std::string> rank_gpus(int64_t ranks, int64_t visible) {
 void check_serving_ranks(const DistFlags& f, const ServingRankFlags& r, const char* command, Device device,
                          const model::LoadSpec& model, bool builtin, bool speculative) {
   f.layout.validate();
+  f.check(command);
   if (!ranked(f, r)) return;
   DSA_CHECK(!f.deepep() || device == Device::cpu,
             "{}: --device cuda --moe-a2a-backend deepep is not run yet: its dispatch / combine move host "

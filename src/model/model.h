@@ -67,7 +67,8 @@ struct RateByTokens {
 
 // Measured throughputs (TFLOP/s, FLOPs counted as attention_form_flops counts them) of the parts of the
 // two forms for one head class; 0 = not measured. attention_gpu_bench's `prefill` table prints them
-// (`RESULT form_rates ...` lines): set the defaults below from that run on the serving GPU.
+// (`RESULT form_rates ...` lines): set the defaults below from that run on the serving GPU; mha_attn_dense
+// from `attention_gpu_bench mha` (the op column: the prefill table's dense cases give only 256 and 1,024).
 // The attention rates are those of a request with a DSA selection (context + tokens > topk: each row its
 // own keys, so neighbouring rows share few); the *_dense ones, when set, those of a request attending all
 // its keys causally (no selection: neighbouring rows share their keys, which an MHA kernel can reuse; the
@@ -92,7 +93,7 @@ struct AttentionFormRates {
 // selection take the absorbed form. Dense chunks (context + tokens <= topk) run the tensor-core kernel
 // (sm90_mha_prefill.cu; `attention_gpu_bench mha`, the op with its bf16 copies, context 0: 64 heads 38.6 /
 // 128.7 / 214.9 TFLOP/s at 256 / 1,024 / 4,096 tokens, 16 heads 83.6 at 1,024), so a dense prompt of
-// about 512-2,048 tokens takes the MHA form (at 1,024 tokens, 64 heads: ~0.32 ms against ~0.46 absorbed).
+// about 300-2,048 tokens takes the MHA form (at 1,024 tokens, 64 heads: ~0.32 ms against ~0.46 absorbed).
 struct AttentionFormRule {
   // heads <= this use `narrow`, else `wide`: the cutoff where the MLA decode selector changes kernel
   // (kernels/kernel_options.h select_mla_decode_kernel: v2 up to it, v5 above).

@@ -191,7 +191,7 @@ void Builder::attention(LayerKindPlan& lp, bool full_indexer, const PassTokens& 
          T * qr * kAct, T * nhl * qkd * kAct));
   const double wkv_bytes = linear_bytes(c_, nhl_i * (c_.qk_nope_head_dim + c_.v_head_dim), c_.kv_lora_rank);
   const double wuk_bytes = wkv_bytes * dn / (dn + dv), wuv_bytes = wkv_bytes * dv / (dn + dv);
-  const bool absorbed = dsa || !p.prefill;
+  const bool absorbed = !p.mha_form;
   if (absorbed) {
     // MQA form: q_nope -> latent space, attention on the 576-value latent, latent -> v.
     ops.push_back(op("q_nope_absorb", OpKind::bmm, Precision::bf16,
@@ -213,7 +213,7 @@ void Builder::attention(LayerKindPlan& lp, bool full_indexer, const PassTokens& 
         fmt::format("{} x [{}, {}] x [{}, {}]", nhl_i, ts, c_.kv_lora_rank, c_.kv_lora_rank, c_.v_head_dim),
         2 * T * nhl * kr * dv, wuv_bytes * occ, T * nhl * kr * kAct, T * nhl * dv * kAct));
   } else {
-    // MHA form (prefill without an indexer): expand the latent of every key, ordinary causal attention.
+    // MHA form (a prefill the form rule gives it): expand the latent of every key, causal attention.
     const double E = p.expand_tokens;
     ops.push_back(op("kv_b_proj", OpKind::gemm, c_.fp8.enabled ? Precision::fp8 : Precision::bf16,
                      fmt::format("[{}, {}] x [{}, {}]^T", n(E / occ), c_.kv_lora_rank,

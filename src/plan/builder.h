@@ -22,7 +22,8 @@ struct PassTokens {
   double attn_kv_tokens = 0;     // latent cache rows the main attention reads from HBM
   double indexer_keys = 0;       // sum over queries of the keys the indexer scores
   double indexer_kv_tokens = 0;  // indexer cache rows read from HBM
-  double expand_tokens = 0;      // MHA form (no indexer, prefill): latent rows expanded by kv_b_proj
+  bool mha_form = false;         // the pass runs MLA's MHA form (else the absorbed form)
+  double expand_tokens = 0;      // MHA form: latent rows expanded by kv_b_proj
   int64_t tokens_shape = 0, tokens_global_shape = 0, context_shape = 0;
   double norm_tokens = -1;  // rows of the final norm; < 0: logit_tokens (the engine's step: every token)
   // DeepEP under DP attention: the deployment's tokens without a decode gather's padding (what the ranks

@@ -63,6 +63,10 @@ PassTokens prefill_tokens(const ModelConfig& c, const Deployment& d) {
   t.logit_tokens = 1;
   double ends = 0;  // sum over chunks of (prefix + chunk): rows each chunk reads from the caches
   for (int64_t j = 0; j < chunks; ++j) ends += double(std::min((j + 1) * C, P));
+  // The deployment bill's form: the absorbed form with an indexer (the reference's path for DSA models), the
+  // MHA form without one. plan_step (one engine step) follows the engine's automatic rule per request
+  // instead.
+  t.mha_form = !c.has_indexer();
   t.attn_keys = c.has_indexer() ? causal_topk_keys(double(P), double(c.index_topk)) : double(P) * (P + 1) / 2;
   t.attn_kv_tokens = c.has_indexer() ? t.attn_keys : 0;
   t.expand_tokens = c.has_indexer() ? 0 : ends;

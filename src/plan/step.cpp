@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/model.h"
 #include "plan/builder.h"
 #include "plan/cost.h"
 
@@ -30,7 +31,26 @@ Pass plan_step(const model::ModelConfig& c, const Deployment& d, const Hardware&
   PassTokens t;
   t.prefill = !s.decode;
   t.occurrences = 1;
-  const bool dsa = c.has_indexer(), mha = t.prefill && !dsa;  // the plan's attention form (builder.cpp)
+  const bool dsa = c.has_indexer();
+  // The pass's attention form: the engine's (model::automatic_uses_mha with the default ForwardOptions) when
+  // every request of a prefill step takes the MHA form, else the absorbed form (a step that mixes both is
+  // billed absorbed; decode steps always are).
+  const model::ForwardOptions fo;
+  bool mha = t.prefill;
+  for (const StepRequest& r : s.requests) {
+    if (!mha) break;
+    model::AttentionShape a;
+    a.tokens = r.new_tokens;
+    a.context = r.cached;
+    a.heads = std::max<int64_t>(1, c.num_attention_heads / d.attn_tp());
+    a.topk = dsa ? c.index_topk : 0;
+    a.latent = c.kv_lora_rank;
+    a.rope = c.qk_rope_head_dim;
+    a.nope = c.qk_nope_head_dim;
+    a.dv = c.v_head_dim;
+    mha = r.new_tokens > 0 && r.cached >= 0 && model::automatic_uses_mha(fo.mha_min_tokens, fo.form_rule, a);
+  }
+  t.mha_form = mha;
   const double K = double(c.index_topk);
   int64_t T = 0, ctx = 0;
   for (const StepRequest& r : s.requests) {
@@ -42,12 +62,12 @@ Pass plan_step(const model::ModelConfig& c, const Deployment& d, const Hardware&
     T += r.new_tokens;
     ctx = std::max(ctx, r.cached + r.new_tokens);
     t.attn_keys += causal_keys(s0, n, dsa ? K : -1);
-    if (dsa) {
+    if (mha) {
+      t.expand_tokens += S;  // every cached and new latent row expanded once
+    } else if (dsa) {
       t.attn_kv_tokens += causal_keys(s0, n, K);  // each query reads its own selected rows
-    } else if (!mha) {
-      t.attn_kv_tokens += S;  // the queries of one request share one pass over its cache
     } else {
-      t.expand_tokens += S;
+      t.attn_kv_tokens += S;  // the queries of one request share one pass over its cache
     }
     t.indexer_keys += causal_keys(s0, n, -1);
     t.indexer_kv_tokens += S;

@@ -27,6 +27,9 @@ const Case kPrecedence[] = {
     {"{{ not true or true }}", "True"},
     {"{{ 1 if false else 2 if true else 3 }}", "2"},
     {"{{ -7 // 2 }},{{ -7 % 3 }},{{ 7 / 2 }}", "-4,2,3.5"},
+    {"{{ 7 % -3 }},{{ -7 % -3 }},{{ 5 % -1 }},{{ (-9223372036854775807 - 1) % -1 }}", "-2,-1,0,0"},
+    {"{{ 2 ** 62 }},{{ (-2) ** 63 }},{{ 1 ** 1000000000000 }},{{ (-1) ** 1000000000001 }},{{ 0 ** 0 }}",
+     "4611686018427387904,-9223372036854775808,1,-1,1"},
     {"{{ 2 in l and 5 not in l }}", "True"},
     {"{{ -n|abs }}", "7"},
     {"{{ n is odd and n is not even }}", "True"},
@@ -170,6 +173,16 @@ TEST(Template, HostileInputIsAnErrorNotACrash) {
   EXPECT_EQ(kind_of(ifs), ErrorKind::kSyntax);
   EXPECT_EQ(kind_of("{{ 'x' * 1000000000 }}"), ErrorKind::kRuntime);
   EXPECT_EQ(kind_of("{{ range(1000000)|length }}"), ErrorKind::kRuntime);
+  // 64-bit integers (Python's are unbounded): overflow is a runtime error, never undefined behaviour, and a
+  // huge power is by squaring (no 1e18-step loop); literals past a double are syntax errors.
+  EXPECT_EQ(kind_of("{{ 9223372036854775807 + 1 }}"), ErrorKind::kRuntime);
+  EXPECT_EQ(kind_of("{{ 8888888888888888888 * 88888888 }}"), ErrorKind::kRuntime);
+  EXPECT_EQ(kind_of("{{ -9223372036854775807 - 2 }}"), ErrorKind::kRuntime);
+  EXPECT_EQ(kind_of("{{ (-9223372036854775807 - 1) // -1 }}"), ErrorKind::kRuntime);
+  EXPECT_EQ(kind_of("{{ -(-9223372036854775807 - 1) }}"), ErrorKind::kRuntime);
+  EXPECT_EQ(kind_of("{{ 3 ** 1000000000000000000 }}"), ErrorKind::kRuntime);
+  EXPECT_EQ(kind_of("{{ 1" + std::string(400, '0') + " }}"), ErrorKind::kSyntax);
+  EXPECT_EQ(kind_of("{{ l.99999999999999999999 }}"), ErrorKind::kSyntax);
 }
 
 TEST(Template, RaiseExceptionMessage) {

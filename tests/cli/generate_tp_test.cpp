@@ -153,6 +153,8 @@ TEST(GenerateTp, FlagErrorsAreOneClearLine) {
   EXPECT_NE(m.find("--device cuda --moe-a2a-backend deepep is not run yet"), std::string::npos) << m;
   m = generate_fails(base + " --tp 2 --moe-a2a-backend deepep");  // --ep-size 1
   EXPECT_NE(m.find("--moe-a2a-backend deepep runs with --ep-size = --tp"), std::string::npos) << m;
+  m = generate_fails(base + " --moe-a2a-backend deepep");  // one rank: nothing to dispatch to
+  EXPECT_NE(m.find("--moe-a2a-backend deepep runs with --ep-size = --tp > 1"), std::string::npos) << m;
   m = generate_fails(base + " --tp 3");
   EXPECT_NE(m.find("error:"), std::string::npos) << m;
   EXPECT_EQ(m.find("rank 0"), std::string::npos) << "checked before any rank starts:\n" << m;

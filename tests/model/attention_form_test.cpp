@@ -55,7 +55,7 @@ TEST(AttentionForm, FlopsCountEveryPart) {
 }
 
 // The default rates (the H200's, model.h), both head classes: requests with a DSA selection take the
-// absorbed form; dense chunks (context + tokens <= top-k) the MHA form from about 384-768 new tokens (the
+// absorbed form; dense chunks (context + tokens <= top-k) the MHA form from about 300 new tokens (the
 // tensor-core MHA kernel), the absorbed form at 256.
 TEST(AttentionForm, DefaultRatesTakeTheAbsorbedFormWithASelection) {
   const AttentionFormRule rule;

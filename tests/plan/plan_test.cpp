@@ -317,7 +317,9 @@ TEST_F(Glm53, DpAttentionUnderAttentionTpWithDeepep) {
                                                        "dp_reduce_scatter", "attn_tp_all_gather"}));
   for (const Collective& c : moe.collectives) {
     EXPECT_EQ(c.runs, c.name.rfind("dp_", 0) != 0) << c.name;
-    if (!c.runs) EXPECT_EQ(c.time_s, 0.0) << c.name;
+    if (!c.runs) {
+      EXPECT_EQ(c.time_s, 0.0) << c.name;
+    }
   }
   EXPECT_EQ(coll_named(moe.collectives, "ep_dispatch")->bytes, 4.0 * 8 * 6144);
   EXPECT_EQ(coll_names(kind_named(pass_named(p.decode, "decode"), "dense.full")),

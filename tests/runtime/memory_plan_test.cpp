@@ -101,8 +101,15 @@ TEST(MemoryPlan, FollowsTheStepLimits) {
   StepLimits mha = base;
   mha.max_context = 131072;
   const WorkspaceEstimate automatic = estimate_workspace(c, mha);
-  EXPECT_EQ(term(automatic, "MHA form"), -1);  // today's rates: the absorbed form always
+  // Today's rates take the MHA form for dense chunks only: at most the top-k's 2,048 positions expanded, not
+  // the whole context (the MoE phase stays the peak, so the estimate does not grow).
+  EXPECT_EQ(mha_expand_context(c, mha.forward, 4096, 131072), 2048);
+  EXPECT_EQ(automatic.peak_phase, "moe");
+  model::ForwardOptions absorbed = mha.forward;
+  absorbed.attention = model::AttentionForm::absorbed;
+  EXPECT_EQ(mha_expand_context(c, absorbed, 4096, 131072), 0);
   mha.forward.attention = model::AttentionForm::mha;
+  EXPECT_EQ(mha_expand_context(c, mha.forward, 4096, 131072), 131072);
   const WorkspaceEstimate forced = estimate_workspace(c, mha);
   EXPECT_EQ(forced.peak_phase, "attention");
   EXPECT_GE(term(forced, "MHA form: per-head K/V"), int64_t(131072) * 64 * (192 + 256) * 4);

@@ -3,7 +3,9 @@
 // the greedy completions equal `--tp 1`'s in serve_tp_test / serve_dp_test's layouts; here the traced
 // collectives of every rank's decode steps against the plan of the deployment that ran, with and without
 // attention DP, and a rank killed while the ranks dispatch and combine.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <map>
@@ -49,7 +51,11 @@ json read_trace(const std::filesystem::path& dir) {
 // One greedy request of 5 tokens through `serve LAYOUT --trace-dir` on two ranks: each rank's decode steps
 // as traced (rank 0's trace in the folder, rank 1's under rank1/), and the plan's (rank 0's summary).
 Decode decode_collectives(const std::filesystem::path& tiny, const std::vector<std::string>& layout) {
-  const std::filesystem::path dir = ::testing::TempDir() + "serve_deepep_trace";
+  // A folder of this test's own (ctest -j runs the tests of this file at once, each in its process).
+  const std::filesystem::path dir =
+      ::testing::TempDir() + fmt::format("serve_deepep_trace_{}_{}",
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                                         ::getpid());
   std::filesystem::remove_all(dir);
   std::vector<std::string> args = layout;
   args.insert(args.end(), {"--trace-dir", dir.string()});

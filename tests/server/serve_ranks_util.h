@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -94,15 +95,16 @@ inline void expect_a_killed_rank_ends_the_server(const std::filesystem::path& ti
   ASSERT_GT(s.port(), 0) << s.log();
   const std::map<int, pid_t> ranks = ranks_of(s.pid());
   ASSERT_EQ(ranks.size(), size_t(std::stoi(layout.at(1)))) << name;
-  std::atomic<bool> answered{false};
-  std::thread client([&] {
+  // The client owns what it touches (it may be detached below and outlive this frame).
+  const auto answered = std::make_shared<std::atomic<bool>>(false);
+  std::thread client([port = s.port(), answered] {
     try {
       json b = greedy_body({1, 2, 3}, 3000);
       b["stream"] = true;
-      (void)post_json(s.port(), "/v1/completions", b);
+      (void)post_json(port, "/v1/completions", b);
     } catch (const std::exception&) {  // the connection was closed: the point is that it ends
     }
-    answered = true;
+    *answered = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const auto t0 = std::chrono::steady_clock::now();
@@ -122,7 +124,7 @@ inline void expect_a_killed_rank_ends_the_server(const std::filesystem::path& ti
   for (const auto& [r, pid] : ranks)
     EXPECT_FALSE(alive(pid)) << name << ": rank " << r << " outlived the server";
   client.join();
-  EXPECT_TRUE(answered);
+  EXPECT_TRUE(*answered);
   std::printf("RESULT serve %s: rank %d killed -> server ended with status %d in %.2f s\n", name.c_str(),
               victim, *status, secs);
 }

@@ -35,38 +35,6 @@ struct Phase {
   }
 };
 
-// The longest context (cached + new positions) a request of up to `chunk` new tokens can expand in the
-// MHA form: AttentionForm::mha any; automatic where its rule picks MHA for some chunk size and cached
-// length (powers of two, and the ends); 0 when never (today's H200 rates: dense chunks only, so at most
-// the top-k's 2,048 positions with an indexer).
-int64_t mha_context(const model::ModelConfig& c, const model::ForwardOptions& fo, int64_t chunk,
-                    int64_t max_ctx) {
-  if (fo.attention == model::AttentionForm::absorbed) return 0;
-  if (fo.attention == model::AttentionForm::mha) return max_ctx;
-  std::vector<int64_t> toks;
-  for (int64_t t = std::max<int64_t>(fo.mha_min_tokens, 1); t < chunk; t *= 2) toks.push_back(t);
-  toks.push_back(chunk);
-  int64_t found = 0;
-  for (int64_t t : toks) {
-    for (int64_t cached = 0;; cached = cached == 0 ? 1 : cached * 2) {
-      const int64_t cap = std::max<int64_t>(max_ctx - t, 0);
-      cached = std::min(cached, cap);
-      model::AttentionShape s;
-      s.tokens = t;
-      s.context = cached;
-      s.heads = c.num_attention_heads;
-      s.topk = c.has_indexer() ? c.index_topk : 0;
-      s.latent = c.kv_lora_rank;
-      s.rope = c.qk_rope_head_dim;
-      s.nope = c.qk_nope_head_dim;
-      s.dv = c.v_head_dim;
-      if (model::automatic_uses_mha(fo.mha_min_tokens, fo.form_rule, s)) found = std::max(found, cached + t);
-      if (cached >= cap) break;
-    }
-  }
-  return std::min(found, max_ctx);
-}
-
 // The phases of one step of T tokens (chunk: the most of one request), R requests, contexts up to ctx.
 // Bytes of what each phase holds; `scores_cap` bounds the indexer's score buffer.
 std::vector<Phase> step_phases(const model::ModelConfig& c, const StepLimits& lim, int64_t T, int64_t chunk,
@@ -100,7 +68,7 @@ std::vector<Phase> step_phases(const model::ModelConfig& c, const StepLimits& li
   attn.add("attention output [T, heads, v]", T * nh * dv * f);
   attn.add("absorbed q and output latents [T, heads, kv_lora] x2", 2 * T * nh * L * f, 2);
   attn.add("o_proj FP8 input + output [T, H]", T * nh * dv + T * (nh * dv / 128) * f + T * H * f, 3);
-  const int64_t mha_ctx = mha_context(c, lim.forward, chunk, ctx);
+  const int64_t mha_ctx = mha_expand_context(c, lim.forward, chunk, ctx);
   if (mha_ctx > 0) {  // one request's whole context expanded per head: latents, [k_nope | v], output
     attn.add("MHA form: gathered latents [S, kv_lora + rope]", mha_ctx * (L + rope) * f);
     attn.add("MHA form: per-head K/V [S, heads, nope + v]", mha_ctx * nh * (c.qk_nope_head_dim + dv) * f);
@@ -159,6 +127,35 @@ void peak(const std::vector<Phase>& phases, std::vector<WorkspaceTerm>& terms, s
 }
 
 }  // namespace
+
+// The search over chunk sizes and cached lengths (memory_plan.h).
+int64_t mha_expand_context(const model::ModelConfig& c, const model::ForwardOptions& fo, int64_t chunk,
+                           int64_t max_ctx) {
+  if (fo.attention == model::AttentionForm::absorbed) return 0;
+  if (fo.attention == model::AttentionForm::mha) return max_ctx;
+  std::vector<int64_t> toks;
+  for (int64_t t = std::max<int64_t>(fo.mha_min_tokens, 1); t < chunk; t *= 2) toks.push_back(t);
+  toks.push_back(chunk);
+  int64_t found = 0;
+  for (int64_t t : toks) {
+    for (int64_t cached = 0;; cached = cached == 0 ? 1 : cached * 2) {
+      const int64_t cap = std::max<int64_t>(max_ctx - t, 0);
+      cached = std::min(cached, cap);
+      model::AttentionShape s;
+      s.tokens = t;
+      s.context = cached;
+      s.heads = c.num_attention_heads;
+      s.topk = c.has_indexer() ? c.index_topk : 0;
+      s.latent = c.kv_lora_rank;
+      s.rope = c.qk_rope_head_dim;
+      s.nope = c.qk_nope_head_dim;
+      s.dv = c.v_head_dim;
+      if (model::automatic_uses_mha(fo.mha_min_tokens, fo.form_rule, s)) found = std::max(found, cached + t);
+      if (cached >= cap) break;
+    }
+  }
+  return std::min(found, max_ctx);
+}
 
 std::string WorkspaceEstimate::describe() const {
   return fmt::format(

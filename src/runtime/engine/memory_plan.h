@@ -53,6 +53,12 @@ struct WorkspaceEstimate {
 };
 
 WorkspaceEstimate estimate_workspace(const model::ModelConfig& cfg, const StepLimits& lim);
+// The longest context (cached + new positions) a request of up to `chunk` new tokens can expand in the MHA
+// form, which the workspace holds as per-head K/V: AttentionForm::mha any (max_ctx); automatic where its rule
+// picks MHA for some chunk size and cached length (powers of two, and the ends; today's H200 rates: dense
+// chunks only, so at most the top-k's positions with an indexer); absorbed 0.
+int64_t mha_expand_context(const model::ModelConfig& cfg, const model::ForwardOptions& fo, int64_t chunk,
+                           int64_t max_ctx);
 
 // The device memory split at start-up (bytes).
 struct MemorySplit {

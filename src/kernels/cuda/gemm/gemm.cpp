@@ -399,7 +399,8 @@ void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, cons
   p.Tp = a.codes.size(0);
   p.N = N;
   p.K = K;
-  p.splits = fp8_small_gemm_splits(N, K, p.Tp);
+  p.ctas_per_sm = fp8_small_ctas_per_sm(N, p.Tp);  // resolved once: the split and the launch read it
+  p.splits = fp8_small_gemm_splits(N, K, p.Tp, p.ctas_per_sm);
   const Tensor partial = split_scratch(p);
   check_launch(launch_fp8_small_gemm(p, op_stream()), "linear: fp8 small-T GEMM");
   count(&GemmStats::fp8_small_calls);

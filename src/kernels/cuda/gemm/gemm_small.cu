@@ -181,8 +181,9 @@ cudaError_t launch_nt_occ(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t s
 }
 template <int NT>
 cudaError_t launch_nt(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
-  if (NT == 1 && fp8_small_ctas_per_sm(p.N, p.Tp, p.ctas_per_sm) == 3)
-    return launch_nt_occ<1, 3>(p, grid, stream);
+  if constexpr (NT == 1) {
+    if (fp8_small_ctas_per_sm(p.N, p.Tp, p.ctas_per_sm) == 3) return launch_nt_occ<1, 3>(p, grid, stream);
+  }
   return launch_nt_occ<NT, 2>(p, grid, stream);
 }
 
@@ -289,7 +290,7 @@ cudaError_t launch_bf16_nt(const Bf16SmallGemmParams& p, dim3 grid, cudaStream_t
   return cudaGetLastError();
 }
 
-// CTAs along K for `ctas` row slices over `kb` K blocks: whole waves of ~kTargetCtas, every split at
+// CTAs along K for `ctas` row slices over `kb` K blocks: whole waves of per_sm x kSms CTAs, every split at
 // least one block.
 int splits_for(int64_t ctas, int64_t kb, int per_sm = 2) {
   const int64_t target = int64_t(per_sm) * kSms;

@@ -416,7 +416,8 @@ TEST_F(CudaMlaDecode, Fp8PrefillRowsThroughTheBf16Copy) {
 }
 
 // A speculative verify step: each request contributes 1-6 query rows at consecutive positions (row t of q
-// sees len - q + 1 + t keys), each row with its own top-2048 selection, across page boundaries; every head
+// sees len - q + 1 + t keys), each row with its own selection list of width 2,048 (a random 2,048 of the
+// 2,100-key request's keys; all keys, -1 padded, for the shorter ones), across page boundaries; every head
 // count one rank holds under TP (8, 16, 32, 64) and DeepSeek-V3.2's 128, both cache formats, through the
 // automatic kernel choice (what the verify step runs), against the CPU op per row.
 TEST_F(CudaMlaDecode, VerifyRowsOneToSixTokensPerRequest) {
