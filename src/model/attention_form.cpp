@@ -54,6 +54,17 @@ std::string RateByTokens::problem() const {
   return "";
 }
 
+AttentionShape attention_dims(const ModelConfig& c, int64_t heads) {
+  AttentionShape s;
+  s.heads = heads;
+  s.topk = c.has_indexer() ? c.index_topk : 0;
+  s.latent = c.kv_lora_rank;
+  s.rope = c.qk_rope_head_dim;
+  s.nope = c.qk_nope_head_dim;
+  s.dv = c.v_head_dim;
+  return s;
+}
+
 AttentionFormFlops attention_form_flops(const AttentionShape& s) {
   DSA_CHECK(s.tokens >= 0 && s.context >= 0 && s.heads > 0 && s.topk >= 0 && s.latent > 0 && s.rope >= 0 &&
                 s.nope > 0 && s.dv > 0,

@@ -491,13 +491,7 @@ StepPlanConfig Model::plan_config(const ForwardOptions& opt, bool mtp) const {
   pc.mha_min_tokens = opt.mha_min_tokens;
   pc.form_rule = opt.form_rule;
   pc.all_logits = opt.all_logits;
-  pc.dims.heads =
-      c.num_attention_heads / shard_.attn_tp();  // this rank's heads (the MLA plan, the form rule)
-  pc.dims.topk = c.has_indexer() ? c.index_topk : 0;
-  pc.dims.latent = c.kv_lora_rank;
-  pc.dims.rope = c.qk_rope_head_dim;
-  pc.dims.nope = c.qk_nope_head_dim;
-  pc.dims.dv = c.v_head_dim;
+  pc.dims = attention_dims(c, c.num_attention_heads / shard_.attn_tp());  // this rank's heads
   pc.mtp = mtp;
   return pc;
 }

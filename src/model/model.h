@@ -112,6 +112,9 @@ struct AttentionFormFlops {
   double mha() const { return mha_attn + expand_gemm; }
 };
 AttentionFormFlops attention_form_flops(const AttentionShape& s);
+// The model's part of a request's AttentionShape (`heads` query heads: this rank's; topk 0 without an
+// indexer, the MLA dims); tokens and context are the request's, 0 here.
+AttentionShape attention_dims(const ModelConfig& c, int64_t heads);
 // Estimated seconds of each form at the given rates (requires rates.measured()).
 struct AttentionFormSeconds {
   double absorbed = 0, mha = 0;

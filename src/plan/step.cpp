@@ -39,15 +39,10 @@ Pass plan_step(const model::ModelConfig& c, const Deployment& d, const Hardware&
   bool mha = t.prefill;
   for (const StepRequest& r : s.requests) {
     if (!mha) break;
-    model::AttentionShape a;
+    model::AttentionShape a =
+        model::attention_dims(c, std::max<int64_t>(1, c.num_attention_heads / d.attn_tp()));
     a.tokens = r.new_tokens;
     a.context = r.cached;
-    a.heads = std::max<int64_t>(1, c.num_attention_heads / d.attn_tp());
-    a.topk = dsa ? c.index_topk : 0;
-    a.latent = c.kv_lora_rank;
-    a.rope = c.qk_rope_head_dim;
-    a.nope = c.qk_nope_head_dim;
-    a.dv = c.v_head_dim;
     mha = r.new_tokens > 0 && r.cached >= 0 && model::automatic_uses_mha(fo.mha_min_tokens, fo.form_rule, a);
   }
   t.mha_form = mha;

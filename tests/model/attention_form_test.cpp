@@ -79,6 +79,23 @@ TEST(AttentionForm, DefaultRatesTakeTheMhaFormForDenseChunks) {
   EXPECT_TRUE(automatic_uses_mha(256, rule, glm(1024, 0, 64, 0)));
 }
 
+// The model's part of the shape, as the engine, the plan's step and the memory plan take it.
+TEST(AttentionForm, DimsComeFromTheConfig) {
+  DSA_FIXTURE_PATH(p, "configs/glm-5.3.json");
+  ModelConfig c = ModelConfig::from_file(p);
+  AttentionShape s = attention_dims(c, 8);
+  EXPECT_EQ(s.heads, 8);
+  EXPECT_EQ(s.topk, 2048);
+  EXPECT_EQ(s.latent, 512);
+  EXPECT_EQ(s.rope, 64);
+  EXPECT_EQ(s.nope, 192);
+  EXPECT_EQ(s.dv, 256);
+  EXPECT_EQ(s.tokens, 0);
+  EXPECT_EQ(s.context, 0);
+  c.index_n_heads = 0;  // no indexer: every key
+  EXPECT_EQ(attention_dims(c, 8).topk, 0);
+}
+
 // The dense MHA rate per chunk size: log-linear between the points, scaled down below the first, the last
 // rate above the last, one flat rate from a double; malformed points are errors.
 TEST(AttentionForm, RateByTokensInterpolates) {

@@ -141,15 +141,9 @@ int64_t mha_expand_context(const model::ModelConfig& c, const model::ForwardOpti
     for (int64_t cached = 0;; cached = cached == 0 ? 1 : cached * 2) {
       const int64_t cap = std::max<int64_t>(max_ctx - t, 0);
       cached = std::min(cached, cap);
-      model::AttentionShape s;
+      model::AttentionShape s = model::attention_dims(c, c.num_attention_heads);
       s.tokens = t;
       s.context = cached;
-      s.heads = c.num_attention_heads;
-      s.topk = c.has_indexer() ? c.index_topk : 0;
-      s.latent = c.kv_lora_rank;
-      s.rope = c.qk_rope_head_dim;
-      s.nope = c.qk_nope_head_dim;
-      s.dv = c.v_head_dim;
       if (model::automatic_uses_mha(fo.mha_min_tokens, fo.form_rule, s)) found = std::max(found, cached + t);
       if (cached >= cap) break;
     }
