@@ -2,7 +2,9 @@
 # Sanitizer and fuzz pass (part of scripts/test.sh, so CI runs it). Two clang builds, CPU only:
 #  build-asan (AddressSanitizer + UndefinedBehaviorSanitizer, libFuzzer coverage): the input parsers'
 #    tests, server_test and serve_e2e_test (which starts the real dsaserve binary, built with the sanitizers),
-#    then every libFuzzer target for FUZZ_SECONDS (default 20) each on its seed corpus (tests/fuzz/corpus):
+#    then every libFuzzer target for FUZZ_SECONDS (default 20) each on its seed corpus (tests/fuzz/corpus),
+#    from FUZZ_SEED (default 1: a CI run explores the same inputs as the last one did; FUZZ_SEED=0 is
+#    libFuzzer's random seed, for hunting):
 #    safetensors files, raw HTTP bytes against the in-process server, request JSON -> generation
 #    parameters, chat templates, the tokenizer.
 #  build-tsan (ThreadSanitizer): the server's unit tests and its end-to-end tests (the server's I/O,
@@ -11,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FUZZ_SECONDS=${FUZZ_SECONDS:-20}
+FUZZ_SEED=${FUZZ_SEED:-1}
 # -O1 -g1: what the sanitizers' reports need; the builds are the costly part on 2 cores.
 common=(-G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1" "-DCMAKE_C_FLAGS_RELEASE=-O1 -g1"
         -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
@@ -37,7 +40,7 @@ fuzz() {
   mkdir -p "build-asan/fuzz-corpus/$name"
   local seeds=()
   [ -d "tests/fuzz/corpus/$name" ] && seeds=("tests/fuzz/corpus/$name")
-  if ! "./build-asan/tests/$dir/$name" -max_total_time="$FUZZ_SECONDS" -timeout=20 -rss_limit_mb=4096 "$@" \
+  if ! "./build-asan/tests/$dir/$name" -max_total_time="$FUZZ_SECONDS" -seed="$FUZZ_SEED" -timeout=20 -rss_limit_mb=4096 "$@" \
        -artifact_prefix="build-asan/fuzz-corpus/$name-" "build-asan/fuzz-corpus/$name" "${seeds[@]}" \
        >"build-asan/$name.log" 2>&1; then
     tail -60 "build-asan/$name.log"

@@ -1,5 +1,7 @@
 // Expressions: jinja2's precedence climbing (condexpr, or, and, not, compare, + -, ~, * / // %, **, unary,
 // postfix, filters and tests).
+#include <algorithm>
+
 #include "chat/builtins.h"
 #include "chat/parser_internal.h"
 
@@ -316,6 +318,11 @@ ExprPtr Parser::parse_subscript(ExprPtr node) {
     }
     args.push_back(parse_subscribed());
   }
+  // jinja2 emits a slice inside a tuple index (x[1:2, 0]) as Python source that does not compile: the
+  // template fails to load. A slice is only ever the whole index here.
+  if (args.size() > 1 &&
+      std::any_of(args.begin(), args.end(), [](const ExprPtr& a) { return a->kind == ExprKind::kSlice; }))
+    fail_at(cur(), "invalid syntax: a slice inside a tuple index");
   next();
   ExprPtr index;
   if (args.size() == 1) {

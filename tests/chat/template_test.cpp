@@ -163,6 +163,10 @@ TEST(Template, HostileInputIsAnErrorNotACrash) {
     return ErrorKind::kRaised;  // no error at all: reported as a mismatch below
   };
   EXPECT_EQ(kind_of("{% macro r() %}{{ r() }}{% endmacro %}{{ r() }}"), ErrorKind::kRuntime);
+  // A slice inside a tuple index: jinja2's generated Python does not compile (a fuzzer find: a crash).
+  EXPECT_EQ(kind_of("{{ l[1:2, 0] }}"), ErrorKind::kSyntax);
+  EXPECT_EQ(kind_of("{{ l[0, :] }}"), ErrorKind::kSyntax);
+  EXPECT_EQ(kind_of("{% if false %}{{ s[::2, 1:] }}{% endif %}"), ErrorKind::kSyntax);
   EXPECT_EQ(kind_of("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"),
             ErrorKind::kSyntax);
   std::string chain = "{{ 1";
