@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "chat/builtins.h"
 #include "chat/lexer.h"
@@ -179,8 +180,12 @@ class Renderer {
   // A macro stored in a frame its closure captured is a reference cycle (frame -> macro -> closure ->
   // frame) that would keep every frame it reaches alive, the globals with the whole context among them:
   // emptying the captured frames when the render ends breaks every such cycle.
+  // A namespace given an attribute may hold itself or head a chain of namespaces as long as the loop that
+  // built it: emptying each one (they stay alive in mutated_ meanwhile) breaks the cycles and frees the chain
+  // one link at a time instead of by recursion.
   ~Renderer() {
     for (const std::shared_ptr<Frame>& f : captured_) f->clear();
+    for (const Value& ns : mutated_) ns.dict_data().items.clear();
   }
   Renderer(const Renderer&) = delete;
   Renderer& operator=(const Renderer&) = delete;
@@ -278,6 +283,10 @@ class Renderer {
       const Value ns = lookup(target.children[0]->name);
       if (!ns.is_namespace())
         fail(ErrorKind::kRuntime, pos, "cannot assign attribute on non-namespace object");
+      // The one place a value can grow from one iteration to the next (ns.x = [ns.x]), or hold itself.
+      if (value_depth(v) >= kMaxValueDepth)
+        fail(ErrorKind::kRuntime, pos, fmt::format("value nests more than {} levels deep", kMaxValueDepth));
+      if (mutated_seen_.insert(&ns.dict_data()).second) mutated_.push_back(ns);
       ns.dict_data().set(Value(target.name), v);
       return;
     }
@@ -586,7 +595,9 @@ class Renderer {
 
   const TemplateOptions& o_;
   Scopes scopes_;
-  Scopes captured_;  // every frame a macro closure captured (cleared by the destructor)
+  Scopes captured_;             // every frame a macro closure captured (cleared by the destructor)
+  std::vector<Value> mutated_;  // every namespace an attribute was set on (likewise)
+  std::unordered_set<const DictData*> mutated_seen_;  // ... once each
   int call_depth_ = 0;
 };
 

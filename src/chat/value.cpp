@@ -237,41 +237,90 @@ std::string Value::str() const {
   }
 }
 
-std::string Value::repr() const {
-  switch (kind()) {
+namespace {
+
+[[noreturn]] void too_deep(const char* what) {
+  throw_value_error(ErrorKind::kRuntime, fmt::format("maximum recursion depth exceeded while {}", what));
+}
+
+std::string repr_at(const Value& v, int depth) {
+  using Kind = Value::Kind;
+  if (depth > kMaxValueDepth) too_deep("getting the repr of an object");
+  switch (v.kind()) {
     case Kind::kUndefined: return "Undefined";
     case Kind::kNone: return "None";
-    case Kind::kBool: return as_bool() ? "True" : "False";
-    case Kind::kInt: return std::to_string(as_int());
-    case Kind::kFloat: return python_float_repr(as_float());
-    case Kind::kString: return python_string_repr(as_string());
+    case Kind::kBool: return v.as_bool() ? "True" : "False";
+    case Kind::kInt: return std::to_string(v.as_int());
+    case Kind::kFloat: return python_float_repr(v.as_float());
+    case Kind::kString: return python_string_repr(v.as_string());
     case Kind::kList: {
-      const auto& l = list_data();
+      const auto& l = v.list_data();
       std::string out = l.tuple ? "(" : "[";
       for (size_t i = 0; i < l.items.size(); ++i) {
         if (i) out += ", ";
-        out += l.items[i].repr();
+        out += repr_at(l.items[i], depth + 1);
       }
       if (l.tuple && l.items.size() == 1) out += ",";
       out += l.tuple ? ")" : "]";
       return out;
     }
     case Kind::kDict: {
-      std::string out = is_namespace() ? "<Namespace {" : "{";
+      std::string out = v.is_namespace() ? "<Namespace {" : "{";
       bool first = true;
-      for (const auto& [k, v] : dict_data().items) {
+      for (const auto& [k, e] : v.dict_data().items) {
         if (!first) out += ", ";
         first = false;
-        out += k.repr();
+        out += repr_at(k, depth + 1);
         out += ": ";
-        out += v.repr();
+        out += repr_at(e, depth + 1);
       }
-      out += is_namespace() ? "}>" : "}";
+      out += v.is_namespace() ? "}>" : "}";
       return out;
     }
-    case Kind::kFunction: return fmt::format("<function {}>", function_data().name);
+    case Kind::kFunction: return fmt::format("<function {}>", v.function_data().name);
   }
   return "";
+}
+
+}  // namespace
+
+std::string Value::repr() const { return repr_at(*this, 0); }
+
+int value_depth(const Value& v) {
+  // Explicit stack of (container, next child) so that the walk itself never recurses.
+  if (!v.is_list() && !v.is_dict()) return 0;
+  struct Level {
+    const Value* v;
+    size_t next;
+    int deepest;  // deepest child seen so far
+  };
+  std::vector<Level> stack{{&v, 0, 0}};
+  auto memo = [](const Value& c) -> int& { return c.is_list() ? c.list_data().depth : c.dict_data().depth; };
+  while (!stack.empty()) {
+    Level& top = stack.back();
+    const Value& c = *top.v;
+    const size_t n = c.is_list() ? c.items().size() : c.dict_data().items.size() * 2;
+    if (top.next == n) {
+      const int d = std::min(top.deepest + 1, kMaxValueDepth + 1);
+      if (!c.is_namespace()) memo(c) = d;
+      stack.pop_back();
+      if (stack.empty()) return d;
+      stack.back().deepest = std::max(stack.back().deepest, d);
+      continue;
+    }
+    const size_t i = top.next++;
+    const Value& child = c.is_list()
+                             ? c.items()[i]
+                             : (i % 2 ? c.dict_data().items[i / 2].second : c.dict_data().items[i / 2].first);
+    if (!child.is_list() && !child.is_dict()) continue;
+    if (!child.is_namespace() && memo(child) >= 0) {
+      top.deepest = std::max(top.deepest, memo(child));
+      continue;
+    }
+    if (stack.size() > size_t(kMaxValueDepth)) return kMaxValueDepth + 1;  // (a namespace may hold itself)
+    stack.push_back({&child, 0, 0});
+  }
+  return 0;
 }
 
 // ---- comparison ----
@@ -531,7 +580,10 @@ std::string json_dumps(const Value& v, const JsonDumpOptions& options) {
   return out;
 }
 
-nlohmann::ordered_json to_json(const Value& v) {
+namespace {
+
+nlohmann::ordered_json to_json_at(const Value& v, int depth) {
+  if (depth > kMaxValueDepth) too_deep("converting a value to JSON");
   switch (v.kind()) {
     case Value::Kind::kNone: return nullptr;
     case Value::Kind::kBool: return v.as_bool();
@@ -540,17 +592,21 @@ nlohmann::ordered_json to_json(const Value& v) {
     case Value::Kind::kString: return v.as_string();
     case Value::Kind::kList: {
       auto arr = nlohmann::ordered_json::array();
-      for (const auto& e : v.items()) arr.push_back(to_json(e));
+      for (const auto& e : v.items()) arr.push_back(to_json_at(e, depth + 1));
       return arr;
     }
     case Value::Kind::kDict: {
       auto obj = nlohmann::ordered_json::object();
-      for (const auto& [k, e] : v.dict_data().items) obj[k.str()] = to_json(e);
+      for (const auto& [k, e] : v.dict_data().items) obj[k.str()] = to_json_at(e, depth + 1);
       return obj;
     }
     default:
       throw_value_error(ErrorKind::kRuntime, fmt::format("{} is not JSON serializable", v.type_name()));
   }
 }
+
+}  // namespace
+
+nlohmann::ordered_json to_json(const Value& v) { return to_json_at(v, 0); }
 
 }  // namespace dsaserve::chat

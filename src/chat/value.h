@@ -20,12 +20,14 @@ class Value;
 struct ListData {
   std::vector<Value> items;
   bool tuple = false;
+  mutable int depth = -1;  // value_depth's memo (lists do not change once a template holds them)
 };
 
 // Python dict (insertion ordered) or jinja2 namespace() object.
 struct DictData {
   std::vector<std::pair<Value, Value>> items;
   bool is_namespace = false;
+  mutable int depth = -1;  // value_depth's memo for dicts (never for namespaces: they change)
 
   const Value* find(const Value& key) const;
   Value* find(const Value& key);
@@ -123,6 +125,14 @@ class Value {
 bool values_equal(const Value& a, const Value& b);
 // Python < ordering; throws (TypeError-like) for incomparable kinds.
 bool values_less(const Value& a, const Value& b);
+
+// How deeply values may nest: lists, dicts and namespaces in one another. Only a namespace's attributes can
+// grow a value from one loop iteration to the next, so the renderer checks what it assigns to them; the walks
+// that enter namespaces (repr, to_json), where a namespace may hold itself, stop at this depth too (Python's
+// RecursionError). Bounded depth keeps every walk, comparison and destruction off the end of the stack.
+inline constexpr int kMaxValueDepth = 256;
+// The containers nested in `v` (0 for a scalar, 1 for [1, 2]), up to kMaxValueDepth + 1 (= too deep).
+int value_depth(const Value& v);
 
 // Python repr() of a float ("1.0", "1e-05", "1e+16", "inf").
 std::string python_float_repr(double d);

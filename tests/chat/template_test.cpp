@@ -163,6 +163,25 @@ TEST(Template, HostileInputIsAnErrorNotACrash) {
     return ErrorKind::kRaised;  // no error at all: reported as a mismatch below
   };
   EXPECT_EQ(kind_of("{% macro r() %}{{ r() }}{% endmacro %}{{ r() }}"), ErrorKind::kRuntime);
+  // A namespace holding itself (a fuzzer find: repr recursed off the stack; the cycle leaked), a value grown
+  // one level per iteration, and a chain of namespaces as long as the loop.
+  EXPECT_EQ(kind_of("{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns }}"), ErrorKind::kRuntime);
+  EXPECT_EQ(kind_of("{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns.n.n.n is defined }}"),
+            ErrorKind::kRaised);
+  EXPECT_EQ(kind_of("{% set ns = namespace(x=1) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}"
+                    "{% endfor %}"),
+            ErrorKind::kRuntime);
+  EXPECT_EQ(kind_of("{% set r = namespace(cur=namespace()) %}{% for i in range(100000) %}{% set t = r.cur %}"
+                    "{% set n = namespace() %}{% set t.a = n %}{% set r.cur = n %}{% endfor %}"),
+            ErrorKind::kRaised);
+  EXPECT_EQ(
+      kind_of("{% set r = namespace(cur=namespace()) %}{% set r.head = r.cur %}{% for i in range(100000) %}"
+              "{% set t = r.cur %}{% set n = namespace() %}{% set t.a = n %}{% set r.cur = n %}{% endfor %}"
+              "{{ r.head }}"),
+      ErrorKind::kRuntime);
+  EXPECT_EQ(kind_of("{% set r = namespace(c=0) %}{% for i in range(100000) %}{% set r.c = namespace(a=r.c) %}"
+                    "{% endfor %}"),
+            ErrorKind::kRuntime);
   // A slice inside a tuple index: jinja2's generated Python does not compile (a fuzzer find: a crash).
   EXPECT_EQ(kind_of("{{ l[1:2, 0] }}"), ErrorKind::kSyntax);
   EXPECT_EQ(kind_of("{{ l[0, :] }}"), ErrorKind::kSyntax);
