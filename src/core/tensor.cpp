@@ -52,13 +52,26 @@ int64_t Tensor::wrap_dim(int64_t d) const {
   return d;
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+namespace {
+// The ordinal a CUDA tensor made with `index` lives on (kCurrentDevice: the allocator's current device).
+int resolve_index(Device device, int index) {
+  if (device == Device::cpu) return -1;
+  DeviceAllocator* a = device_allocator(device);
+  DSA_CHECK(a != nullptr, "no allocator for device {} (built without CUDA?)", device_name(device));
+  const int i = index == Tensor::kCurrentDevice ? a->current_index() : index;
+  DSA_CHECK(i >= 0 && i <= INT16_MAX, "device ordinal {} out of range", i);
+  return i;
+}
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, int index) {
   for (int64_t d : shape) DSA_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
   Tensor t;
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
   t.device_ = device;
+  t.device_index_ = int16_t(resolve_index(device, index));
   t.defined_ = true;
   const size_t bytes = t.nbytes();
   if (device == Device::cpu) {
@@ -67,26 +80,24 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
     DSA_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
     t.owner_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   } else {
-    DeviceAllocator* a = device_allocator(device);
-    DSA_CHECK(a != nullptr, "no allocator for device {} (built without CUDA?)", device_name(device));
-    t.owner_ = a->allocate(bytes == 0 ? 1 : bytes);
+    t.owner_ = device_allocator(device)->allocate(bytes == 0 ? 1 : bytes, t.device_index_);
   }
   t.data_ = t.owner_.get();
   return t;
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
-  Tensor t = empty(shape, dtype, device);
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, int index) {
+  Tensor t = empty(shape, dtype, device, index);
   if (device == Device::cpu) {
     std::memset(t.data_, 0, t.nbytes());
   } else {
-    device_allocator(device)->memset_zero(t.data_, t.nbytes());
+    device_allocator(device)->memset_zero(t.data_, t.nbytes(), t.device_index_);
   }
   return t;
 }
 
 Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner,
-                         Device device) {
+                         Device device, int index) {
   Tensor t;
   t.owner_ = std::move(owner);
   t.data_ = data;
@@ -94,6 +105,7 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, std::share
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
   t.device_ = device;
+  t.device_index_ = int16_t(resolve_index(device, index));
   t.defined_ = true;
   return t;
 }
@@ -199,7 +211,7 @@ Tensor Tensor::contiguous() const {
 }
 
 Tensor Tensor::clone() const {
-  Tensor out = empty(shape_, dtype_, device_);
+  Tensor out = empty(shape_, dtype_, device_, device_index_);
   out.copy_from(*this);
   return out;
 }
@@ -266,6 +278,9 @@ std::vector<float> Tensor::to_f32_vector() const {
 }
 
 std::string Tensor::describe() const {
+  if (device_ == Device::cuda)
+    return fmt::format("{}{} {}:{}", dtype_name(dtype_), shape_str(shape_), device_name(device_),
+                       device_index_);
   return fmt::format("{}{} {}", dtype_name(dtype_), shape_str(shape_), device_name(device_));
 }
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 
 #include "core/parallel.h"
@@ -65,6 +67,55 @@ TEST(Tensor, ConvertsDTypesAndViewsExternalMemory) {
 TEST(Tensor, CudaWithoutAllocatorIsAnError) {
   if (device_allocator(Device::cuda) != nullptr) GTEST_SKIP() << "a CUDA allocator is installed";
   EXPECT_THROW(Tensor::empty({4}, DType::f32, Device::cuda), Error);
+}
+
+// A device allocator over host memory that records the ordinals it is asked for (the ordinal logic of
+// Tensor without a GPU).
+class HostBackedAllocator final : public DeviceAllocator {
+ public:
+  std::shared_ptr<void> allocate(size_t bytes, int index) override {
+    asked.push_back(index);
+    return std::shared_ptr<void>(std::malloc(bytes), [](void* p) { std::free(p); });
+  }
+  int current_index() override { return current; }
+  void copy(void* dst, Device, const void* src, Device, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void memset_zero(void* dst, size_t bytes, int index) override {
+    zeroed_on.push_back(index);
+    std::memset(dst, 0, bytes);
+  }
+  int current = 3;
+  std::vector<int> asked, zeroed_on;
+};
+
+TEST(Tensor, CudaTensorsCarryTheirDeviceOrdinal) {
+  if (device_allocator(Device::cuda) != nullptr) GTEST_SKIP() << "a CUDA allocator is installed";
+  HostBackedAllocator a;
+  set_device_allocator(Device::cuda, &a);
+  struct Restore {
+    ~Restore() { set_device_allocator(Device::cuda, nullptr); }
+  } restore;
+  EXPECT_EQ(iota({2}).device_index(), -1) << "CPU tensors have none";
+  EXPECT_EQ(iota({2}).describe(), "f32[2] cpu");
+  const Tensor cur = Tensor::empty({4, 6}, DType::f32, Device::cuda);
+  EXPECT_EQ(cur.device_index(), 3) << "no ordinal: the current device";
+  const Tensor one = Tensor::zeros({4, 6}, DType::f32, Device::cuda, 1);
+  EXPECT_EQ(one.device_index(), 1);
+  EXPECT_EQ(a.asked, (std::vector<int>{3, 1}));
+  EXPECT_EQ(a.zeroed_on, (std::vector<int>{1}));
+  EXPECT_EQ(one.describe(), "f32[4, 6] cuda:1");
+  EXPECT_EQ(one.slice(0, 1, 3).device_index(), 1);
+  EXPECT_EQ(one.transpose(0, 1).device_index(), 1);
+  EXPECT_EQ(one.view({24}).select(0, 5).device_index(), 1);
+  EXPECT_EQ(one.transpose(0, 1).contiguous().device_index(), 1) << "a copy stays on its device";
+  EXPECT_EQ(one.clone().device_index(), 1);
+  EXPECT_EQ(a.asked.back(), 1);
+  EXPECT_EQ(iota({2}).to(Device::cuda).device_index(), 3) << "to(cuda): the current device";
+  EXPECT_EQ(one.to(Device::cpu).device_index(), -1);
+  EXPECT_EQ(Tensor::from_blob(one.raw_data(), {24}, DType::f32, nullptr, Device::cuda, 2).device_index(), 2);
+  EXPECT_EQ(Tensor::from_blob(one.raw_data(), {24}, DType::f32, nullptr, Device::cuda).device_index(), 3);
+  EXPECT_THROW(Tensor::empty({1}, DType::f32, Device::cuda, 40000), Error);
 }
 
 TEST(Parallel, CoversRangeOnceWithAnyGrain) {

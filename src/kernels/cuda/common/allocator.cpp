@@ -27,10 +27,12 @@ using BlockKey = std::pair<int, size_t>;
 
 class CachingAllocator final : public DeviceAllocator {
  public:
-  // On the calling thread's current device (Tensor::empty(..., Device::cuda)).
-  std::shared_ptr<void> allocate(size_t bytes) override { return allocate_on(current_device(), bytes); }
+  // On device ordinal `index` (Tensor::empty(..., Device::cuda, index)).
+  std::shared_ptr<void> allocate(size_t bytes, int index) override { return allocate_on(index, bytes); }
+  int current_index() override { return current_device(); }
 
   std::shared_ptr<void> allocate_on(int device, size_t bytes) {
+    DSA_CHECK(device >= 0 && device < kMaxDevices, "CUDA device {}: outside [0, {})", device, kMaxDevices);
     const size_t size = allocation_size_class(bytes);
     const BlockKey key{device, size};
     if (capturing()) return allocate_graph(key);
@@ -69,8 +71,14 @@ class CachingAllocator final : public DeviceAllocator {
     DSA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
   }
 
-  void memset_zero(void* dst, size_t bytes) override {
-    DSA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, op_stream()));
+  // On the tensor's device: the current one's op stream, another device's compute stream.
+  void memset_zero(void* dst, size_t bytes, int index) override {
+    if (index == current_device()) {
+      DSA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, op_stream()));
+      return;
+    }
+    const DeviceGuard guard(index);
+    DSA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, device_context(index).compute));
   }
 
   AllocatorStats stats() {
@@ -189,19 +197,13 @@ DeviceAllocator& caching_allocator() { return instance(); }
 Tensor empty_on_device(const Shape& shape, DType dtype, int device) {
   DSA_CHECK(device >= 0 && device < kMaxDevices, "CUDA device {}: outside [0, {})", device, kMaxDevices);
   install();
-  for (int64_t d : shape)
-    DSA_CHECK(d >= 0, "empty_on_device: negative dimension in shape {}", shape_str(shape));
-  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
-  std::shared_ptr<void> block = instance().allocate_on(device, std::max<size_t>(bytes, 1));
-  void* p = block.get();
-  return Tensor::from_blob(p, shape, dtype, std::move(block), Device::cuda);
+  return Tensor::empty(shape, dtype, Device::cuda, device);
 }
 
-int device_of(const Tensor& t) {
-  DSA_CHECK(t.defined() && t.device() == Device::cuda, "device_of: {} is not a CUDA tensor",
-            t.defined() ? t.describe() : "undefined");
+int pointer_device(const void* p) {
   cudaPointerAttributes a{};
-  DSA_CUDA_CHECK(cudaPointerGetAttributes(&a, t.raw_data()));
+  DSA_CUDA_CHECK(cudaPointerGetAttributes(&a, p));
+  DSA_CHECK(a.type == cudaMemoryTypeDevice, "pointer_device: {} is not device memory", p);
   return a.device;
 }
 AllocatorStats allocator_stats() { return instance().stats(); }

@@ -32,13 +32,15 @@ struct AllocatorStats {
 size_t allocation_size_class(size_t bytes);
 
 // The process-wide caching allocator (never destroyed, so tensors released at exit stay valid). Its
-// allocate() serves the calling thread's current device (Tensor::empty(..., Device::cuda)).
+// allocate() serves the ordinal it is given (Tensor::empty(..., Device::cuda[, index]): the calling
+// thread's current device unless an ordinal is named).
 DeviceAllocator& caching_allocator();
 // A CUDA tensor on device `device` (an ordinal in [0, device_count())), from that device's free lists
-// (installs the allocator first). The current device is unchanged.
+// (installs the allocator first; Tensor::empty with that ordinal). The current device is unchanged.
 Tensor empty_on_device(const Shape& shape, DType dtype, int device);
-// The ordinal of the device a CUDA tensor's memory lives on (cudaPointerGetAttributes).
-int device_of(const Tensor& t);
+// The ordinal of the device a pointer's memory lives on (cudaPointerGetAttributes; device memory only).
+// A tensor carries its own (Tensor::device_index()); this is the memory's word, for checks.
+int pointer_device(const void* p);
 AllocatorStats allocator_stats();
 // cudaFree's every cached block (live blocks are untouched).
 void release_cached_memory();

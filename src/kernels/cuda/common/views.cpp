@@ -1,6 +1,7 @@
 #include "kernels/cuda/common/views.h"
 
 #include "kernels/cuda/common/check.h"
+#include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/device_context.h"
 
 namespace dsaserve::kernels::cuda {
@@ -10,10 +11,17 @@ cudaStream_t op_stream() {
   return s != nullptr ? s : device_context().compute;
 }
 
+void check_current_device(const Tensor& t, const char* what) {
+  DSA_CHECK(t.device_index() == current_device(),
+            "{}: {} is not on the current device (cuda:{}): an operator runs on its device's tensors", what,
+            t.describe(), current_device());
+}
+
 namespace {
 void check_cuda_f32(const Tensor& t, int64_t dims, const char* what) {
   DSA_CHECK(t.defined(), "{}: tensor is undefined", what);
   DSA_CHECK(t.device() == Device::cuda, "{}: expected a CUDA tensor, got {}", what, t.describe());
+  check_current_device(t, what);
   DSA_CHECK(t.dtype() == DType::f32, "{}: expected f32, got {}", what, t.describe());
   DSA_CHECK(t.dim() == dims, "{}: expected {}-D, got {}", what, dims, t.describe());
   DSA_CHECK(t.stride(dims - 1) == 1 || t.size(dims - 1) <= 1, "{}: last dimension must be contiguous ({})",
@@ -37,6 +45,7 @@ const int32_t* i32_vec(const Tensor& t, const char* what) {
                 (t.stride(0) == 1 || t.size(0) <= 1),
             "{}: expected a contiguous CUDA i32 vector, got {}", what,
             t.defined() ? t.describe() : "undefined");
+  check_current_device(t, what);
   return static_cast<const int32_t*>(t.raw_data());
 }
 
@@ -52,6 +61,7 @@ bool vec_bf16(const Tensor& w, int64_t n, const char* what) {
                 w.is_contiguous() && (w.dtype() == DType::bf16 || w.dtype() == DType::f32),
             "{}: expected a contiguous CUDA bf16/f32 vector of {} values, got {}", what, n,
             w.defined() ? w.describe() : "undefined");
+  check_current_device(w, what);
   return w.dtype() == DType::bf16;
 }
 

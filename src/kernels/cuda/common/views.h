@@ -10,7 +10,11 @@
 
 namespace dsaserve::kernels::cuda {
 
+// Throws unless CUDA tensor `t` lives on the calling thread's current device (Tensor::device_index()).
+void check_current_device(const Tensor& t, const char* what);
+
 // A 2-D f32 view [rows, cols] (last dimension contiguous, rows `stride` floats apart).
+// (rows_f32, rows3_f32, i32_vec and vec_bf16 refuse a tensor off the current device.)
 struct RowView {
   float* p = nullptr;
   int64_t rows = 0, cols = 0, stride = 0;

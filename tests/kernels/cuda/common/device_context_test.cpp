@@ -166,7 +166,12 @@ TEST_F(CudaAllocatorDevices, EmptyOnDeviceZeroByOrdinal) {
   {
     Tensor t = empty_on_device({33, 100}, DType::f32, 0);
     EXPECT_EQ(t.device(), Device::cuda);
-    EXPECT_EQ(device_of(t), 0);
+    EXPECT_EQ(t.device_index(), 0);
+    EXPECT_EQ(pointer_device(t.raw_data()), 0);
+    EXPECT_EQ(t.describe(), "f32[33, 100] cuda:0");
+    EXPECT_EQ(t.transpose(0, 1).device_index(), 0);
+    EXPECT_EQ(Tensor::empty({2}, DType::f32, Device::cuda).device_index(), 0) << "the current device";
+    EXPECT_EQ(rows_f32(t, "test").rows, 33);
     t.copy_from(src);
     const Tensor back = t.to(Device::cpu);
     for (int64_t i = 0; i < src.numel(); ++i) ASSERT_EQ(back.item_f32(i), src.item_f32(i)) << i;
@@ -192,7 +197,13 @@ TEST_F(CudaAllocatorDevices, EachDeviceKeepsItsOwnFreeLists) {
   const void* p1 = nullptr;
   {
     Tensor t1 = empty_on_device({1000}, DType::f32, 1);
-    EXPECT_EQ(device_of(t1), 1);
+    EXPECT_EQ(t1.device_index(), 1);
+    EXPECT_EQ(pointer_device(t1.raw_data()), 1);
+    EXPECT_EQ(t1.slice(0, 10, 20).device_index(), 1) << "views keep the ordinal";
+    EXPECT_EQ(t1.clone().device_index(), 1) << "clone stays on its device";
+    EXPECT_EQ(t1.describe(), "f32[1000] cuda:1");
+    EXPECT_THROW(rows_f32(t1.view({10, 100}), "test"), Error)
+        << "an operator's view refuses cuda:1 on cuda:0";
     t1.copy_from(src);
     Tensor t0 = empty_on_device({1000}, DType::f32, 0);
     t0.copy_from(t1);  // device 1 -> device 0
@@ -205,7 +216,8 @@ TEST_F(CudaAllocatorDevices, EachDeviceKeepsItsOwnFreeLists) {
   EXPECT_EQ(now, cur) << "the current device is unchanged";
   const Tensor on0 = empty_on_device({1000}, DType::f32, 0);
   EXPECT_NE(on0.raw_data(), p1);
-  EXPECT_EQ(device_of(on0), 0);
+  EXPECT_EQ(on0.device_index(), 0);
+  EXPECT_EQ(pointer_device(on0.raw_data()), 0);
   const Tensor on1 = empty_on_device({1000}, DType::f32, 1);
   EXPECT_EQ(on1.raw_data(), p1) << "device 1's free list";
 }
