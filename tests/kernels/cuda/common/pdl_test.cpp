@@ -3,9 +3,11 @@
 // dependents of the kernel before them, eagerly and inside captured CUDA graphs (where the attribute becomes
 // a programmatic edge). A kernel that read or wrote before its griddepcontrol.wait what the kernel before
 // it writes or reads would show here as differing bits (or differing from run to run).
-//   - OpTableOnAndOffBitIdentical: every case of the operator table (tests/kernels/op_table.h: each Backend
-//     operator at GLM-5.3 shapes, ragged token counts) on a backend with pdl off and one with pdl on.
-//   - Realdims{,Fp8}DecodeOnAndOffBitIdentical: the realdims fixtures' prefill, then decode steps eager and
+//   - CudaPdlOpTable.OnAndOffBitIdentical: every case of the operator table (tests/kernels/op_table.h: each
+//     Backend operator at GLM-5.3 shapes, ragged token counts; one test per case) on a backend with pdl off
+//     and one with pdl on.
+//   - CudaPdl.Realdims{,Fp8}DecodeOnAndOffBitIdentical: the realdims fixtures' prefill, then decode steps
+//   eager and
 //     replayed through the CUDA-graph runner, with pdl off and on: every logit bit-equal (bf16 and FP8 KV;
 //     batches 1, 3 and 8; contexts on both sides of the indexer's top-k, so the indexer's score and select
 //     kernels run; FP8 weights: the small-T FP8 GEMM and the grouped FP8 experts).
@@ -14,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <memory>
 #include <optional>
 #include <span>
@@ -53,35 +56,47 @@ std::vector<Tensor> on_host(const std::vector<Tensor>& ts) {
   return h;
 }
 
-TEST(CudaPdl, OpTableOnAndOffBitIdentical) {
-  DSA_SKIP_WITHOUT_GPU();
+class CudaPdlOpTable : public kernels::cuda::testing::GpuTest,
+                       public ::testing::WithParamInterface<kernels::testing::OpCase> {};
+
+TEST_P(CudaPdlOpTable, OnAndOffBitIdentical) {
+  const kernels::testing::OpCase& c = GetParam();
   const std::shared_ptr<kernels::Backend> off = kernels::cuda::make_backend(with_pdl(false)),
                                           on = kernels::cuda::make_backend(with_pdl(true));
   kernels::Backend& ref = kernels::backend(Device::cpu);
-  for (const kernels::testing::OpCase& c : kernels::testing::op_table()) {
-    for (int64_t T : c.tokens) {
-      SCOPED_TRACE(fmt::format("{} / {} T={}", c.op, c.variant, T));
-      // Each make() draws the same inputs (seeded); device() runs the operator once on them.
-      const std::vector<Tensor> a = on_host(c.make(*off, ref, T).device());
-      const std::vector<Tensor> b = on_host(c.make(*on, ref, T).device());
-      ASSERT_EQ(a.size(), b.size());
-      for (size_t i = 0; i < a.size(); ++i) {
-        const double d = kernels::testing::byte_mismatch(b[i], a[i]);
-        std::string why;
-        if (d != 0.0) {
-          // A second ordinary run: an operator whose bits vary from run to run says nothing about PDL.
-          const std::vector<Tensor> a2 = on_host(c.make(*off, ref, T).device());
-          if (kernels::testing::byte_mismatch(a2[i], a[i]) != 0.0) why = " (varies between ordinary runs)";
-        }
-        fmt::print("RESULT pdl op={:<22} case={:<44} T={:<5} out={} bytes_differ={:.3g}{}\n", c.op, c.variant,
-                   T, i, d, why);
-        if (why.empty()) {
-          EXPECT_EQ(d, 0.0) << "output " << i << " differs with programmatic launches";
-        }
+  for (int64_t T : c.tokens) {
+    SCOPED_TRACE(fmt::format("{} / {} T={}", c.op, c.variant, T));
+    // Each make() draws the same inputs (seeded); device() runs the operator once on them.
+    const std::vector<Tensor> a = on_host(c.make(*off, ref, T).device());
+    const std::vector<Tensor> b = on_host(c.make(*on, ref, T).device());
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double d = kernels::testing::byte_mismatch(b[i], a[i]);
+      std::string why;
+      if (d != 0.0) {
+        // A second ordinary run: an operator whose bits vary from run to run says nothing about PDL.
+        const std::vector<Tensor> a2 = on_host(c.make(*off, ref, T).device());
+        if (kernels::testing::byte_mismatch(a2[i], a[i]) != 0.0) why = " (varies between ordinary runs)";
+      }
+      fmt::print("RESULT pdl op={:<22} case={:<44} T={:<5} out={} bytes_differ={:.3g}{}\n", c.op, c.variant,
+                 T, i, d, why);
+      if (why.empty()) {
+        EXPECT_EQ(d, 0.0) << "output " << i << " differs with programmatic launches";
       }
     }
   }
 }
+
+std::string case_name(const ::testing::TestParamInfo<kernels::testing::OpCase>& info) {
+  std::string s = fmt::format("{}_{}_{}", info.index, info.param.op, info.param.variant);
+  for (char& ch : s) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return s;
+}
+
+INSTANTIATE_TEST_SUITE_P(CudaPdl, CudaPdlOpTable, ::testing::ValuesIn(kernels::testing::op_table()),
+                         case_name);
 
 // ---- realdims prefill + decode steps, eager and through CUDA graphs ----
 
