@@ -4,6 +4,8 @@
 // of docs/GPU.md (4.3 TB/s; 797 TFLOP/s bf16, 1434 TFLOP/s FP8, 67 TFLOP/s fp32 for non-tensor work) and
 // floor / time. Weights are filled on the GPU with a constant pattern (values do not change GEMM speed).
 // The routed experts have their own table at the end (bench_moe_experts; `ops_gpu_bench moe` runs only it).
+// `ops_gpu_bench pdl` times chains of a decode step's small kernels with programmatic dependent launches
+// off and on (bench_pdl_chains).
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -290,10 +292,57 @@ void bench_fp8_small_splits() {
     }
   }
 }
+// Programmatic dependent launch (KernelOptions::pdl) changes how consecutive kernels overlap, so it shows
+// only on chains: per T in {1, 8}, two chains captured in one CUDA graph (20 chains a graph), replayed with
+// a backend of pdl off and one of pdl on: the dense MLP of a GLM-5.3 layer (add_rms_norm with its FP8
+// copy, the gate + up FP8 GEMMs, SiLU-mul, the down projection's quantisation and GEMM: 6 kernels) and a
+// launch-bound chain of elementwise ops (add_inplace then rms_norm, 4 times: 8 kernels).
+void bench_pdl_chains() {
+  namespace kc = dsaserve::kernels::cuda;
+  constexpr int64_t kInter = 12288;
+  const ops::WeightRef gate = weight(kInter, kH, DType::f8e4m3fn), up = weight(kInter, kH, DType::f8e4m3fn),
+                       down = weight(kH, kInter, DType::f8e4m3fn);
+  const Tensor nw = filled({kH}, DType::bf16, 0x3f);
+  fmt::print("\n| {:<28} | {:>3} | {:>11} | {:>10} | {:>7} |\n", "pdl chain (per chain)", "T", "pdl off us",
+             "pdl on us", "on/off");
+  for (int64_t T : {1, 8}) {
+    const Tensor x = rand_gpu({T, kH}, 31, 1e-2f);
+    Tensor res = rand_gpu({T, kH}, 32, 1e-2f);
+    double us[2][2] = {};
+    for (int on = 0; on < 2; ++on) {
+      ops::KernelOptions ko;
+      ko.pdl = on == 1;
+      const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
+      const ops::Ops o(be.get());
+      auto mlp = [&] {
+        ops::Fp8Act q;
+        const Tensor h = o.add_rms_norm_fp8(res, x, nw, 1e-6, q);
+        const std::vector<Tensor> gu = o.linear_multi(h, {gate, up}, &q);
+        (void)o.linear(o.silu_mul(gu[0], gu[1]), down);
+      };
+      auto elementwise = [&] {
+        for (int i = 0; i < 4; ++i) {
+          o.add_inplace(res, x);
+          (void)o.rms_norm(res, nw, 1e-6);
+        }
+      };
+      mlp();
+      elementwise();
+      us[0][on] = kc::graph_time_us(mlp);
+      us[1][on] = kc::graph_time_us(elementwise);
+    }
+    const char* names[2] = {"dense MLP (6 kernels)", "add + rms_norm x4 (8 kernels)"};
+    for (int c = 0; c < 2; ++c)
+      fmt::print("| {:<28} | {:>3} | {:>11.1f} | {:>10.1f} | {:>7.3f} |\n", names[c], T, us[c][0], us[c][1],
+                 us[c][1] / us[c][0]);
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 // `ops_gpu_bench moe` runs only the routed experts' table, `ops_gpu_bench splits` only the small-T FP8
-// kernel's K-split sweep.
+// kernel's K-split sweep, `ops_gpu_bench pdl` only the programmatic-dependent-launch chains.
 int main(int argc, char** argv) {
   if (dsaserve::kernels::cuda::device_count() == 0) {
     fmt::print("ops_gpu_bench: no CUDA device, nothing to measure\n");
@@ -307,6 +356,10 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "splits") {
     bench_fp8_small_splits();
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "pdl") {
+    bench_pdl_chains();
     return 0;
   }
   fmt::print("| {:<24} | {:>5} | {:<22} | {:>10} | {:>8} | {:>8} | {:>9} | {:>5} |\n", "op", "T",

@@ -25,6 +25,9 @@
 //                       [--warmup 3] [--no-graphs] [--max-seconds 420] [--trace-prefill 4096]
 //                       [--verify-tokens 4] [--moe-path auto|device|device_fp8|host]
 //                       [--prefill-forms auto,absorbed,mha] (the prefill rows' attention forms, a row each)
+//                       [--pdl off,on] (KernelOptions::pdl, programmatic dependent launches: the prefill and
+//                       decode rows once per value, side by side, each with its own CUDA graphs; the spec
+//                       rows and the per-op tables with the first value)
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -75,6 +78,8 @@ struct Args {
   // The prefill rows' attention forms (ForwardOptions::attention), each a row: auto (the rule), absorbed,
   // mha.
   std::vector<std::string> prefill_forms{"auto"};
+  // KernelOptions::pdl values, each a row of every prefill and decode combination ("off", "on").
+  std::vector<bool> pdl{kernels::kPdlDefault};
 };
 
 std::vector<int64_t> ints(const std::string& s) {
@@ -136,7 +141,15 @@ Args parse(int argc, char** argv) {
       a.max_seconds = std::stod(val());
     else if (k == "--moe-path")
       a.moe_path = val();
-    else if (k == "--prefill-forms") {
+    else if (k == "--pdl") {
+      a.pdl.clear();
+      const std::string s = val();
+      for (size_t p = 0; p <= s.size();) {
+        const size_t q = std::min(s.find(',', p), s.size());
+        a.pdl.push_back(kernels::parse_pdl(s.substr(p, q - p), "--pdl"));
+        p = q + 1;
+      }
+    } else if (k == "--prefill-forms") {
       a.prefill_forms.clear();
       const std::string s = val();
       for (size_t p = 0; p <= s.size();) {
@@ -319,12 +332,28 @@ int run(const Args& a) {
   auto t0 = clock_type::now();
   const bool spec = a.verify_tokens > 1 && c.num_nextn_predict_layers > 0;
   std::shared_ptr<model::Model> model = model::make_dummy_model(c, Device::cuda, 0, spec);
-  if (a.moe_path != "auto") {
+  // One model per --pdl value (the weights shared; each its own backend with those KernelOptions).
+  struct Variant {
+    bool pdl;
+    std::shared_ptr<model::Model> model;
+  };
+  std::vector<Variant> variants;
+  {
     kernels::KernelOptions ko;
     ko.moe = kernels::parse_moe_path(a.moe_path, "--moe-path");
-    model = model->with_backend(kernels::cuda::make_backend(ko));
-    fmt::print("routed experts: --moe-path {}\n", a.moe_path);
+    for (bool pdl : a.pdl) {
+      ko.pdl = pdl;
+      variants.push_back({pdl, ko == kernels::KernelOptions{}
+                                   ? model
+                                   : model->with_backend(kernels::cuda::make_backend(ko))});
+    }
+    model = variants.front().model;
   }
+  if (a.moe_path != "auto") fmt::print("routed experts: --moe-path {}\n", a.moe_path);
+  for (const Variant& v : variants)
+    fmt::print(
+        "kernels (pdl={}): {}\n", kernels::pdl_name(v.pdl),
+        kernels::describe(v.model->backend() ? v.model->backend()->options() : kernels::KernelOptions{}));
   sync();
   fmt::print("dummy weights generated on the GPU: {:.2f} GiB in {:.1f} s\n",
              double(model->weights().bytes()) / kGiB, since(t0));
@@ -339,45 +368,47 @@ int run(const Args& a) {
     const model::KvCacheDtype kv =
         kvn == "fp8_e4m3" ? model::KvCacheDtype::fp8_e4m3 : model::KvCacheDtype::bf16;
     for (int64_t n : a.prefill)
-      for (const std::string& form : a.prefill_forms) {
-        if (since(t_start) > a.max_seconds) break;
-        const int64_t pages = (n + kPage) / kPage;
-        model::KvCache cache = model::KvCache::create(c, pages, kPage, false, Device::cuda, kv);
-        std::vector<int32_t> table(static_cast<size_t>(pages)), ids(static_cast<size_t>(n));
-        std::iota(table.begin(), table.end(), 0);
-        for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 104729 + 13) % c.vocab_size);
-        model::ForwardOptions fo;
-        fo.all_logits = false;
-        fo.attention = form == "mha"        ? model::AttentionForm::mha
-                       : form == "absorbed" ? model::AttentionForm::absorbed
-                                            : model::AttentionForm::automatic;
-        double best = 1e30;
-        for (int rep = 0; rep < 3; ++rep) {  // the first pays for new shapes; keep the best
-          model::ForwardBatch b;
-          b.page_size = kPage;
-          b.add_request(ids, 0, table);
-          sync();
-          const auto t = clock_type::now();
-          (void)model->forward(b, cache, fo);
-          sync();
-          best = std::min(best, since(t) * 1e3);
-        }
-        const double plan = roofline_ms(c, kv, {{n, 0}}, false);
-        fmt::print(
-            "ROW prefill kv={} tokens={} cached=0 form={} measured_ms={:.2f} plan_ms={:.3f} "
-            "plan/measured={:.3f} "
-            "tok/s={:.0f}\n",
-            kvn, n, form, best, plan, plan / best, double(n) * 1e3 / best);
-        std::fflush(stdout);
-        if (n == a.trace_prefill && kvn == a.kv.front() && form == a.prefill_forms.front()) {
-          print_op_table(c, kv, fmt::format("kv={} prefill of {} tokens, eager", kvn, n), [&] {
+      for (const std::string& form : a.prefill_forms)
+        for (const Variant& var : variants) {
+          if (since(t_start) > a.max_seconds) break;
+          const int64_t pages = (n + kPage) / kPage;
+          model::KvCache cache = model::KvCache::create(c, pages, kPage, false, Device::cuda, kv);
+          std::vector<int32_t> table(static_cast<size_t>(pages)), ids(static_cast<size_t>(n));
+          std::iota(table.begin(), table.end(), 0);
+          for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 104729 + 13) % c.vocab_size);
+          model::ForwardOptions fo;
+          fo.all_logits = false;
+          fo.attention = form == "mha"        ? model::AttentionForm::mha
+                         : form == "absorbed" ? model::AttentionForm::absorbed
+                                              : model::AttentionForm::automatic;
+          double best = 1e30;
+          for (int rep = 0; rep < 3; ++rep) {  // the first pays for new shapes; keep the best
             model::ForwardBatch b;
             b.page_size = kPage;
             b.add_request(ids, 0, table);
-            (void)model->forward(b, cache, fo);
-          });
+            sync();
+            const auto t = clock_type::now();
+            (void)var.model->forward(b, cache, fo);
+            sync();
+            best = std::min(best, since(t) * 1e3);
+          }
+          const double plan = roofline_ms(c, kv, {{n, 0}}, false);
+          fmt::print(
+              "ROW prefill kv={} tokens={} cached=0 form={} pdl={} measured_ms={:.2f} plan_ms={:.3f} "
+              "plan/measured={:.3f} "
+              "tok/s={:.0f}\n",
+              kvn, n, form, kernels::pdl_name(var.pdl), best, plan, plan / best, double(n) * 1e3 / best);
+          std::fflush(stdout);
+          if (n == a.trace_prefill && kvn == a.kv.front() && form == a.prefill_forms.front() &&
+              &var == &variants.front()) {
+            print_op_table(c, kv, fmt::format("kv={} prefill of {} tokens, eager", kvn, n), [&] {
+              model::ForwardBatch b;
+              b.page_size = kPage;
+              b.add_request(ids, 0, table);
+              (void)model->forward(b, cache, fo);
+            });
+          }
         }
-      }
   }
 
   // Decode rows: one KV pool per KV dtype, as large as the device allows, written once.
@@ -411,11 +442,12 @@ int run(const Args& a) {
     model::ForwardOptions fo;
     fo.all_logits = false;
     const int64_t max_bs = *std::max_element(a.batches.begin(), a.batches.end());
-    std::unique_ptr<runtime::CudaGraphRunner> graphs;
+    std::vector<std::unique_ptr<runtime::CudaGraphRunner>> graphs(variants.size());  // one per --pdl value
     std::unique_ptr<runtime::SpecGraphRunner> spec_graphs;  // captured lazily (the timed runs' warm-up)
     if (a.graphs)
-      graphs =
-          std::make_unique<runtime::CudaGraphRunner>(*model, cache, int32_t(pages - 1), max_bs, fo, false);
+      for (size_t v = 0; v < variants.size(); ++v)
+        graphs[v] = std::make_unique<runtime::CudaGraphRunner>(*variants[v].model, cache, int32_t(pages - 1),
+                                                               max_bs, fo, false);
     if (a.graphs && spec)
       spec_graphs = std::make_unique<runtime::SpecGraphRunner>(*model, cache, int32_t(pages - 1), max_bs, fo,
                                                                a.verify_tokens - 1, false);
@@ -436,15 +468,20 @@ int run(const Args& a) {
                      a.max_seconds);
           continue;
         }
-        const DecodeResult r = time_decode(*model, cache, graphs.get(), B, ctx, per_req, a);
         const std::vector<plan::StepRequest> reqs(static_cast<size_t>(B),
                                                   plan::StepRequest{1, ctx + a.warmup});
         const double plan = roofline_ms(c, kv, reqs, true);
-        fmt::print(
-            "ROW decode kv={} batch={} context={} graphs={} measured_ms={:.3f} plan_ms={:.3f} "
-            "plan/measured={:.3f} tok/s={:.0f}\n",
-            kvn, B, ctx, r.replayed ? "yes" : "no", r.ms, plan, plan / r.ms, double(B) * 1e3 / r.ms);
-        std::fflush(stdout);
+        DecodeResult r;  // the first --pdl value's (the spec rows compare against it)
+        for (size_t v = 0; v < variants.size(); ++v) {
+          const DecodeResult rv = time_decode(*variants[v].model, cache, graphs[v].get(), B, ctx, per_req, a);
+          if (v == 0) r = rv;
+          fmt::print(
+              "ROW decode kv={} batch={} context={} graphs={} pdl={} measured_ms={:.3f} plan_ms={:.3f} "
+              "plan/measured={:.3f} tok/s={:.0f}\n",
+              kvn, B, ctx, rv.replayed ? "yes" : "no", kernels::pdl_name(variants[v].pdl), rv.ms, plan,
+              plan / rv.ms, double(B) * 1e3 / rv.ms);
+          std::fflush(stdout);
+        }
         if (spec && ctx == a.contexts.front() && since(t_start) <= a.max_seconds) {
           const int64_t K = a.verify_tokens;
           Args e = a;

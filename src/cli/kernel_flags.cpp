@@ -19,6 +19,7 @@ kernels::KernelOptions KernelFlags::options() const {
             moe_fp8_tile_rows);
   o.moe_fp8_tile_rows = moe_fp8_tile_rows;
   o.mha = kernels::parse_mha_kernel(mha, "--mha-kernel");
+  o.pdl = kernels::parse_pdl(pdl, "--pdl");
   return o;
 }
 
@@ -63,6 +64,11 @@ std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub) {
   sub.add_option("--mha-kernel", f->mha,
                  "MHA-form attention: auto (mma for dense prefill chunks at the GLM-5.x / DeepSeek-V3.2 head "
                  "dims, else plain), plain (CUDA cores), mma (tensor cores where it applies)")
+      ->group(g)
+      ->capture_default_str();
+  sub.add_option("--pdl", f->pdl,
+                 "programmatic dependent launch of the step's kernels (each kernel's launch and prologue "
+                 "overlap the previous kernel's tail; CUDA graphs keep it as programmatic edges): off, on")
       ->group(g)
       ->capture_default_str();
   return f;

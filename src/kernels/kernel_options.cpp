@@ -83,6 +83,7 @@ constexpr Names<MoePath, 4> kMoe{{{MoePath::automatic, "auto"},
                                   {MoePath::device, "device"},
                                   {MoePath::device_fp8, "device_fp8"},
                                   {MoePath::host, "host"}}};
+constexpr Names<bool, 2> kPdl{{{false, "off"}, {true, "on"}}};
 constexpr Names<MhaKernel, 3> kMha{
     {{MhaKernel::automatic, "auto"}, {MhaKernel::plain, "plain"}, {MhaKernel::mma, "mma"}}};
 
@@ -113,6 +114,7 @@ std::string_view name(IndexerSelectPath p) { return name_of(kSelect, p); }
 std::string_view name(GemmPrecision p) { return name_of(kGemm, p); }
 std::string_view name(MoePath p) { return name_of(kMoe, p); }
 std::string_view name(MhaKernel k) { return name_of(kMha, k); }
+std::string_view pdl_name(bool pdl) { return name_of(kPdl, pdl); }
 
 MlaDecodeKernel parse_mla_decode_kernel(std::string_view s, std::string_view flag) {
   return parse_of(kMla, s, flag);
@@ -129,6 +131,7 @@ GemmPrecision parse_gemm_precision(std::string_view s, std::string_view flag) {
 }
 MoePath parse_moe_path(std::string_view s, std::string_view flag) { return parse_of(kMoe, s, flag); }
 MhaKernel parse_mha_kernel(std::string_view s, std::string_view flag) { return parse_of(kMha, s, flag); }
+bool parse_pdl(std::string_view s, std::string_view flag) { return parse_of(kPdl, s, flag); }
 
 int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag) {
   DSA_CHECK(t >= 0 && t <= kGemmFp8SmallMaxTokens, "{}: the FP8 small-T GEMM takes 0..{} tokens, got {}",
@@ -144,7 +147,8 @@ std::string describe(const KernelOptions& o) {
              name(o.mla_decode), name(o.mla_v5_order), name(o.indexer_score), name(o.indexer_select),
              name(o.gemm), o.gemm_fp8_small_max_tokens, name(o.moe)) +
          (o.moe_fp8_tile_rows != 0 ? fmt::format(" moe_fp8_tile_rows={}", o.moe_fp8_tile_rows) : "") +
-         (o.mha != MhaKernel::automatic ? fmt::format(" mha={}", name(o.mha)) : "");
+         (o.mha != MhaKernel::automatic ? fmt::format(" mha={}", name(o.mha)) : "") +
+         (o.pdl != kPdlDefault ? fmt::format(" pdl={}", pdl_name(o.pdl)) : "");
 }
 
 }  // namespace dsaserve::kernels

@@ -117,6 +117,17 @@ inline constexpr int64_t kGemmFp8SmallDefaultTokens = 8;
 // (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
 // the weight's dtype and shape, falling back where cuBLASLt has no plan.)
 
+// ---- launches: programmatic dependent launch (every folder) ----
+
+// Whether the kernels of a step are launched as programmatic dependents of the kernel before them in the
+// stream (PDL, sm_90: cudaLaunchKernelEx with cudaLaunchAttributeProgrammaticStreamSerialization; under
+// CUDA-graph capture a programmatic edge): a kernel's CTAs become resident and run their prologue (and the
+// weight-streaming GEMMs their first weight reads, as L2 prefetches) while the previous kernel drains, then
+// wait (griddepcontrol.wait) for it before touching anything it wrote or reads. Off: ordinary launches
+// (the kernels' waits are no-ops). Which kernels take it: kernels/cuda/common/pdl.cuh and the README.
+// Off by default until measured on the H200 (realwidth_gpu_bench --pdl off,on).
+inline constexpr bool kPdlDefault = false;
+
 // ---- the options value ----
 
 struct KernelOptions {
@@ -131,12 +142,14 @@ struct KernelOptions {
   // 8 the mma.sync form, 128 the wgmma form); 0: by the shapes (moe_fp8_tile_rows).
   int moe_fp8_tile_rows = 0;
   MhaKernel mha = MhaKernel::automatic;
+  bool pdl = kPdlDefault;  // programmatic dependent launches (above)
   bool operator==(const KernelOptions&) const = default;
 };
 
 // ---- names (command-line flags, benchmark output) ----
 // "auto", "v2", "v5" / "auto", "early", "late" / "auto", "v2", "v3" / "auto", "row", "row_fused",
-// "passes", "coop" / "fast", "fp32" / "auto", "device", "device_fp8", "host" / "auto", "plain", "mma".
+// "passes", "coop" / "fast", "fp32" / "auto", "device", "device_fp8", "host" / "auto", "plain", "mma" /
+// "off", "on" (pdl_name).
 std::string_view name(MlaDecodeKernel k);
 std::string_view name(MlaV5Order o);
 std::string_view name(IndexerScoreKernel k);
@@ -144,6 +157,7 @@ std::string_view name(IndexerSelectPath p);
 std::string_view name(GemmPrecision p);
 std::string_view name(MoePath p);
 std::string_view name(MhaKernel k);
+std::string_view pdl_name(bool pdl);
 // The inverses; throw dsaserve::Error naming `flag` and the accepted values for anything else.
 MlaDecodeKernel parse_mla_decode_kernel(std::string_view s, std::string_view flag);
 MlaV5Order parse_mla_v5_order(std::string_view s, std::string_view flag);
@@ -152,10 +166,12 @@ IndexerSelectPath parse_indexer_select_path(std::string_view s, std::string_view
 GemmPrecision parse_gemm_precision(std::string_view s, std::string_view flag);
 MoePath parse_moe_path(std::string_view s, std::string_view flag);
 MhaKernel parse_mha_kernel(std::string_view s, std::string_view flag);
+bool parse_pdl(std::string_view s, std::string_view flag);  // "on" / "off"
 // Throws dsaserve::Error naming `flag` unless 0 <= t <= kGemmFp8SmallMaxTokens; returns t.
 int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag);
 // "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast
-// gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " mha=K" when not the defaults).
+// gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " mha=K", " pdl=on|off" when not
+// the defaults).
 std::string describe(const KernelOptions& o);
 
 }  // namespace dsaserve::kernels

@@ -199,5 +199,33 @@ TEST(KernelOptions, Fp8SmallMaxTokensIsAnOptionInRange) {
   EXPECT_NE(a, b);
 }
 
+// Programmatic dependent launch (KernelOptions::pdl, --pdl off|on): off by default until measured, an
+// option of the value like the others (two values differ by it), named "off" / "on" (anything else is an
+// error naming the flag and the accepted values), and shown by describe() when not the default.
+TEST(KernelOptions, PdlIsAnOptionOffByDefault) {
+  EXPECT_FALSE(kPdlDefault);
+  EXPECT_EQ(KernelOptions{}.pdl, kPdlDefault);
+  for (bool v : {false, true}) EXPECT_EQ(parse_pdl(pdl_name(v), "--pdl"), v);
+  EXPECT_EQ(pdl_name(true), "on");
+  EXPECT_EQ(pdl_name(false), "off");
+  for (const char* bad : {"", "ON", "true", "1", "yes"}) {
+    try {
+      parse_pdl(bad, "--pdl");
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--pdl"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("off, on"), std::string::npos) << e.what();
+    }
+  }
+  KernelOptions on;
+  on.pdl = !kPdlDefault;
+  EXPECT_NE(on, KernelOptions{});
+  EXPECT_EQ(describe(on),
+            "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast "
+            "gemm_fp8_small_max_tokens=8 moe=auto pdl=" +
+                std::string(pdl_name(!kPdlDefault)));
+  EXPECT_EQ(describe(KernelOptions{}).find("pdl"), std::string::npos) << "the default is not printed";
+}
+
 }  // namespace
 }  // namespace dsaserve::kernels

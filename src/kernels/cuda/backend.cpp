@@ -28,13 +28,17 @@ class CudaBackend final : public Backend {
     const DeviceGuard on(ordinal());
     return derive_moe_experts(experts);
   }
-  Tensor embedding(const Tensor& table, const Tensor& ids) override { return cuda::embedding(table, ids); }
-  Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) override { return cuda::rms_norm(x, w, eps); }
+  Tensor embedding(const Tensor& table, const Tensor& ids) override {
+    return cuda::embedding(table, ids, options());
+  }
+  Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) override {
+    return cuda::rms_norm(x, w, eps, options());
+  }
   Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) override {
-    return cuda::add_rms_norm(residual, x, w, eps);
+    return cuda::add_rms_norm(residual, x, w, eps, options());
   }
   Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) override {
-    return cuda::layer_norm(x, w, b, eps);
+    return cuda::layer_norm(x, w, b, eps, options());
   }
   Tensor linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out) override {
     return cuda::linear(x, w, r0, r1, std::move(out), options());
@@ -50,17 +54,23 @@ class CudaBackend final : public Backend {
     return cuda::linear_t(x, w, r0, r1, std::move(out), options());
   }
   void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) override {
-    cuda::rope_inplace(x, positions, p);
+    cuda::rope_inplace(x, positions, p, options());
   }
-  Tensor silu_mul(const Tensor& gate, const Tensor& up) override { return cuda::silu_mul(gate, up); }
-  Tensor argmax(const Tensor& x) override { return cuda::argmax(x); }
-  void add_inplace(Tensor& a, const Tensor& b) override { cuda::add_inplace(a, b); }
-  void copy_rows(Tensor& dst, const Tensor& src) override { cuda::copy_rows(dst, src); }
-  Tensor gather_rows(const Tensor& x, const Tensor& idx) override { return cuda::gather_rows(x, idx); }
+  Tensor silu_mul(const Tensor& gate, const Tensor& up) override {
+    return cuda::silu_mul(gate, up, options());
+  }
+  Tensor argmax(const Tensor& x) override { return cuda::argmax(x, options()); }
+  void add_inplace(Tensor& a, const Tensor& b) override { cuda::add_inplace(a, b, options()); }
+  void copy_rows(Tensor& dst, const Tensor& src) override { cuda::copy_rows(dst, src, options()); }
+  Tensor gather_rows(const Tensor& x, const Tensor& idx) override {
+    return cuda::gather_rows(x, idx, options());
+  }
   void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) override {
-    cuda::paged_store(cache, slots, src);
+    cuda::paged_store(cache, slots, src, options());
   }
-  Tensor paged_gather(const PagedSeq& seq, int64_t n) override { return cuda::paged_gather(seq, n); }
+  Tensor paged_gather(const PagedSeq& seq, int64_t n) override {
+    return cuda::paged_gather(seq, n, options());
+  }
   Tensor indexer_topk(const Tensor& q, const Tensor& w, const PagedSeq& keys, int64_t start_pos, int64_t topk,
                       double scale, double weight_scale) override {
     return cuda::indexer_topk(q, w, keys, start_pos, topk, scale, weight_scale, options());
@@ -98,24 +108,24 @@ class CudaBackend final : public Backend {
   Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out) override {
     const AbsorbDims a = absorb_dims(q_nope, kv_b, true, 0);
     if (!out.defined()) out = Tensor::empty({a.tokens, a.heads, a.latent}, DType::f32, Device::cuda);
-    if (absorb_q_batched(q_nope, kv_b, out, options().gemm)) return out;
+    if (absorb_q_batched(q_nope, kv_b, out, options())) return out;
     return Backend::absorb_q(q_nope, kv_b, std::move(out));
   }
   Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out) override {
     const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
     if (!out.defined()) out = Tensor::empty({a.tokens, a.heads, a.dv}, DType::f32, Device::cuda);
-    if (absorb_v_batched(out_lat, kv_b, dv, out, options().gemm)) return out;
+    if (absorb_v_batched(out_lat, kv_b, dv, out, options())) return out;
     return Backend::absorb_v(out_lat, kv_b, dv, std::move(out));
   }
   void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
                     const RopeParams& rope, Tensor& cache, const Tensor& slots) override {
-    if (!mla_kv_write_fused(ckv, norm_w, eps, positions, rope, cache, slots))
+    if (!mla_kv_write_fused(ckv, norm_w, eps, positions, rope, cache, slots, options()))
       Backend::mla_kv_write(ckv, norm_w, eps, positions, rope, cache, slots);
   }
   void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
                        const Tensor& positions, const RopeParams& rope, Tensor& cache,
                        const Tensor& slots) override {
-    if (!indexer_k_write_fused(k, norm_w, norm_b, eps, positions, rope, cache, slots))
+    if (!indexer_k_write_fused(k, norm_w, norm_b, eps, positions, rope, cache, slots, options()))
       Backend::indexer_k_write(k, norm_w, norm_b, eps, positions, rope, cache, slots);
   }
   Tensor attention_mha(const Tensor& q, const Tensor& k_nope, const Tensor& k_rope, const Tensor& v,
@@ -123,7 +133,7 @@ class CudaBackend final : public Backend {
     return cuda::attention_mha(q, k_nope, k_rope, v, start_pos, sel, scale, options());
   }
   Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) override {
-    return cuda::moe_route(logits, bias, p);
+    return cuda::moe_route(logits, bias, p, options());
   }
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
                      const Fp8Act* q, const DerivedExperts* derived) override {

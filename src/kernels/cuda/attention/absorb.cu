@@ -6,6 +6,8 @@
 
 #include "kernels/cuda/attention/absorb_params.h"
 #include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 
 namespace dsaserve::kernels::cuda {
 
@@ -15,6 +17,7 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 8192;
 
 __global__ void __launch_bounds__(kThreads) sm90_cast_bf16_x4_kernel(const CastBf16Params p) {
+  pdl_enter();
   const int64_t n4 = p.cols / 4, total = p.rows * n4;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * kThreads) {
@@ -36,8 +39,7 @@ cudaError_t launch_cast_bf16_x4(const CastBf16Params& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const int64_t total = p.rows * (p.cols / 4);
   const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, kMaxBlocks);
-  sm90_cast_bf16_x4_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_cast_bf16_x4_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace dsaserve::kernels::cuda

@@ -132,6 +132,7 @@ Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache
   p.max_keys = sel.defined() ? p.sel_k : max_len;
   p.kernel = opts.mla_decode;
   p.v5_order = opts.mla_v5_order;
+  p.pdl = opts.pdl;
   const MlaRowsPlan plan =
       given != nullptr && given->planned ? *given : plan_mla_decode(R, nh, p.max_keys, opts);
   DSA_CHECK(plan.rows == R && plan.heads == nh && plan.max_keys == p.max_keys,
@@ -164,6 +165,7 @@ Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache
     cp.seq_pages = seq_pages;
     cp.page_size = page_size;
     cp.num_slots = p.num_slots;
+    cp.pdl = opts.pdl;
     DSA_CUDA_CHECK(launch_mla_cache_bf16_copy(cp, stream));
     p.cache = copy.raw_data();
     p.page_table = copy_pt.data<int32_t>();

@@ -60,6 +60,7 @@ struct MlaCacheBf16CopyParams {
   void* out;                  // [num_seqs * seq_pages * page_size, 576] bf16, not null
   int32_t* out_page_table;    // [num_seqs, seq_pages] i32, not null
   int64_t num_seqs, pt_stride, seq_pages, page_size, num_slots;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_mla_cache_bf16_copy(const MlaCacheBf16CopyParams& p, cudaStream_t stream);
 
@@ -90,6 +91,9 @@ struct MlaDecodeParams {
   // select_mla_v5_early of them and the shapes, kernels/kernel_options.h).
   MlaDecodeKernel kernel = MlaDecodeKernel::automatic;
   MlaV5Order v5_order = MlaV5Order::automatic;
+  // KernelOptions::pdl (common/pdl.cuh): the decode kernel as a programmatic dependent launch (the split
+  // combine is one whatever it says: it follows the decode kernel of the same call).
+  bool pdl = false;
 };
 
 // The kernel p's launch runs (select_mla_decode_kernel of p.kernel, heads, rows and the cache format).

@@ -151,9 +151,10 @@ Tensor dense_weight(const WeightRef& w, bool f32) {
 
 // One batched product over the heads. x: the activations [T, nh, K] f32; the weight operand of head h
 // starts at dense + a_offset + h * a_stride elements; out [T, nh, M] f32. False when the views do not
-// fit (heads not evenly strided) or cuBLASLt has no algorithm: nothing is launched then.
+// fit (heads not evenly strided) or cuBLASLt has no algorithm: nothing is launched then. pdl: the
+// activations' conversion as a programmatic dependent launch (KernelOptions::pdl).
 bool batched(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_stride, bool trans_a,
-             int64_t M, Tensor& out, const char* what) {
+             int64_t M, Tensor& out, const char* what, bool pdl) {
   const int64_t T = x.size(0), nh = x.size(1), K = x.size(2), L = dense.size(1);
   if (T == 0) return true;
   if (x.stride(2) != 1 || x.stride(0) != nh * x.stride(1) || out.device() != Device::cuda ||
@@ -178,7 +179,8 @@ bool batched(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_s
   if (!pl.ok) return false;
   if (!f32) {
     const float* xp = static_cast<const float*>(x.raw_data());
-    const CastBf16Params c{xp, packed.data_u16(), T * nh, K, x.stride(1)};
+    CastBf16Params c{xp, packed.data_u16(), T * nh, K, x.stride(1)};
+    c.pdl = pdl;
     if (K % 4 == 0 && x.stride(1) % 4 == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0) {
       check_launch(launch_cast_bf16_x4(c, op_stream()), what);
     } else {  // the scalar row conversion (same rounding)
@@ -192,6 +194,7 @@ bool batched(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_s
       p.dst_bf16 = true;
       p.op = RowOp::copy;
       p.page_size = 1;
+      p.pdl = pdl;
       check_launch(launch_rows(p, op_stream()), what);
     }
   }
@@ -217,25 +220,25 @@ bool weight_ok(const WeightRef& w) {
 
 }  // namespace
 
-bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, GemmPrecision prec) {
+bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, const KernelOptions& o) {
   const AbsorbDims a = absorb_dims(q_nope, kv_b, true, 0);
   check_out(out, a.tokens, a.heads, a.latent, "absorb_q");
   if (!weight_ok(kv_b) || q_nope.device() != Device::cuda) return false;
-  const bool f32 = prec == GemmPrecision::fp32;
+  const bool f32 = o.gemm == GemmPrecision::fp32;
   const Tensor w = dense_weight(kv_b, f32);
   // D[L, T] = W_UK[h] (column-major [L, nope], lda L) . q_nope[:, h]
-  return batched(q_nope, w, 0, a.per_head * a.latent, false, a.latent, out, "absorb_q");
+  return batched(q_nope, w, 0, a.per_head * a.latent, false, a.latent, out, "absorb_q", o.pdl);
 }
 
 bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out,
-                      GemmPrecision prec) {
+                      const KernelOptions& o) {
   const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
   check_out(out, a.tokens, a.heads, a.dv, "absorb_v");
   if (!weight_ok(kv_b) || out_lat.device() != Device::cuda) return false;
-  const bool f32 = prec == GemmPrecision::fp32;
+  const bool f32 = o.gemm == GemmPrecision::fp32;
   const Tensor w = dense_weight(kv_b, f32);
   // D[dv, T] = W_UV[h]^T (stored column-major [L, dv], lda L) . out_lat[:, h]
-  return batched(out_lat, w, a.nope * a.latent, a.per_head * a.latent, true, a.dv, out, "absorb_v");
+  return batched(out_lat, w, a.nope * a.latent, a.per_head * a.latent, true, a.dv, out, "absorb_v", o.pdl);
 }
 
 }  // namespace dsaserve::kernels::cuda

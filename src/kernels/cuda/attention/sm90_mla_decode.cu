@@ -6,6 +6,7 @@
 #include "kernels/cuda/attention/mla_decode_params.h"
 #include "kernels/cuda/attention/sm90_mla_decode.cuh"
 #include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 
 namespace dsaserve::kernels::cuda {
 
@@ -78,6 +79,7 @@ __global__ void sm90_mla_cache_gather_kernel(const MlaCacheGatherParams p) {
 // One warp per row of the copy: lane l dequantises latent values 16 l .. 16 l + 15 (scale block l / 8) as
 // v5's producer warpgroup (sm90_mla_decode_v5_fp8.cu) does; lanes 0-7 copy the rope's 16-byte chunks.
 __global__ void sm90_mla_cache_bf16_copy_kernel(const MlaCacheBf16CopyParams p) {
+  pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   const int64_t per_seq = p.seq_pages * p.page_size;
@@ -103,12 +105,13 @@ __global__ void sm90_mla_cache_bf16_copy_kernel(const MlaCacheBf16CopyParams p) 
 // out[r, h] = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max) over the splits of (r, h). 128 threads of
 // 4 columns; the split weights go through shared memory 128 at a time, and the partial rows are read with
 // 8 loads in flight per thread (every split writes its partial row, zeros when it saw no key).
-// Launched as a programmatic dependent of the decode kernel: it may start while the decode grid drains
-// and waits (griddepcontrol.wait) until that grid has finished and its writes are visible.
+// Launched as a programmatic dependent of the decode kernel (always: it is the same op): it may start while
+// the decode grid drains and waits (griddepcontrol.wait) until that grid has finished and its writes are
+// visible; then the next kernel may be scheduled (a programmatic one with KernelOptions::pdl).
 __global__ void __launch_bounds__(128) sm90_mla_combine_kernel(const MlaDecodeParams p) {
   __shared__ float s_w[128];
   __shared__ float s_max[4];
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  pdl_enter();
   const int64_t r = blockIdx.x, h = blockIdx.y;
   const int tid = threadIdx.x, c = tid * 4;
   const float* lse = p.partial_lse + r * p.splits * p.heads + h;
@@ -216,8 +219,8 @@ cudaError_t launch_mla_cache_bf16_copy(const MlaCacheBf16CopyParams& p, cudaStre
   if (n == 0) return cudaSuccess;
   if (p.page_size <= 0) return cudaErrorInvalidValue;
   const int warps = 8;
-  sm90_mla_cache_bf16_copy_kernel<<<unsigned((n + warps - 1) / warps), warps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_mla_cache_bf16_copy_kernel, dim3(unsigned((n + warps - 1) / warps)),
+                    dim3(warps * 32), 0, stream, p);
 }
 
 cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {

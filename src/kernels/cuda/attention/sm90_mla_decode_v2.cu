@@ -16,6 +16,8 @@
 // reading the rows again (through L2).
 #include "kernels/cuda/attention/sm90_mla_decode.cuh"
 #include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
 
@@ -42,6 +44,7 @@ struct Cfg2 {
 
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const MlaDecodeParams p) {
+  pdl_wait();  // programmatic launch (p.pdl): everything below reads or writes what other kernels touch
   using C = Cfg2<kFp8>;
   extern __shared__ __align__(128) unsigned char smem[];
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -245,8 +248,7 @@ cudaError_t launch_v2(const MlaDecodeParams& p, cudaStream_t stream) {
       set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_mla_decode_v2_kernel<kFp8>), int(C::kSmem));
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(p.rows), unsigned((p.heads + C::kRows - 1) / C::kRows), unsigned(p.splits));
-  sm90_mla_decode_v2_kernel<kFp8><<<grid, kThreads, C::kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_mla_decode_v2_kernel<kFp8>, grid, dim3(kThreads), C::kSmem, stream, p);
 }
 
 }  // namespace

@@ -25,6 +25,8 @@
 
 #include "kernels/cuda/attention/sm90_mla_decode_v5.cuh"
 #include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
 
@@ -51,6 +53,7 @@ __device__ const int kOne5[4] = {1, 1, 1, 1};  // the source of a valid key's fl
 // stage reloaded right after it; otherwise after the own hand-over, the stage reloaded after P_u V_u.
 template <bool kEarly>
 __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const MlaDecodeParams p) {
+  pdl_wait();  // programmatic launch (p.pdl): everything below reads or writes what other kernels touch
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (mma::smem_addr(smem_raw) & 1023u)) & 1023u);
   unsigned char* sQ = smem + kQOff5;
@@ -136,8 +139,7 @@ cudaError_t launch_v5(const MlaDecodeParams& p, cudaStream_t stream) {
       set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_mla_decode_v5_kernel<kEarly>), int(kSmem5));
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(p.rows), unsigned((p.heads + kRows5 - 1) / kRows5), unsigned(p.splits));
-  sm90_mla_decode_v5_kernel<kEarly><<<grid, kThreads, kSmem5, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_mla_decode_v5_kernel<kEarly>, grid, dim3(kThreads), kSmem5, stream, p);
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 // dequantised in the threads that multiply: 266; FlashMLA 122), batch 32 60 us (v4 87; FlashMLA 52).
 #include "kernels/cuda/attention/sm90_mla_decode_v5.cuh"
 #include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 
 namespace dsaserve::kernels::cuda::mla_detail {
 
@@ -47,6 +49,7 @@ constexpr int kProducerBar = 5;
 // kEarly: as v5 (P_{u-1} V_{u-1} before the own softmax, releasing that stage sooner) or after the hand-over.
 template <bool kEarly>
 __global__ void __launch_bounds__(kThreadsF, 1) sm90_mla_decode_v5_fp8_kernel(const MlaDecodeParams p) {
+  pdl_wait();  // programmatic launch (p.pdl): everything below reads or writes what other kernels touch
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (mma::smem_addr(smem_raw) & 1023u)) & 1023u);
   unsigned char* sQ = smem + kQOffF;
@@ -173,8 +176,7 @@ cudaError_t launch_v5_fp8(const MlaDecodeParams& p, cudaStream_t stream) {
       set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_mla_decode_v5_fp8_kernel<kEarly>), int(kSmemF));
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(p.rows), unsigned((p.heads + kRowsF - 1) / kRowsF), unsigned(p.splits));
-  sm90_mla_decode_v5_fp8_kernel<kEarly><<<grid, kThreadsF, kSmemF, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_mla_decode_v5_fp8_kernel<kEarly>, grid, dim3(kThreadsF), kSmemF, stream, p);
 }
 
 }  // namespace

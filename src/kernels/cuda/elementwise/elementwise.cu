@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/elementwise/elementwise_params.h"
 
 namespace dsaserve::kernels::cuda {
@@ -30,6 +32,7 @@ dim3 vec_grid(int64_t rows, int64_t vecs) {
 
 // Rows kernel on f32 data in float4 units (cols % 4 == 0, aligned pointers and strides).
 __global__ void sm90_rows_f32x4_kernel(RowsParams p) {
+  pdl_enter();
   const int64_t n4 = p.cols / 4;
   const int64_t c0 = blockIdx.x * int64_t(kThreads * kVecPer) + threadIdx.x;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
@@ -70,6 +73,7 @@ bool rows_vectorizable(const RowsParams& p) {
 
 // bf16 table -> f32 rows, 8 columns (one 16-byte load, two float4 stores) per thread.
 __global__ void sm90_embedding_bf16x8_kernel(EmbeddingParams p) {
+  pdl_enter();
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= p.cols / 8) return;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
@@ -84,6 +88,7 @@ __global__ void sm90_embedding_bf16x8_kernel(EmbeddingParams p) {
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 __global__ void sm90_silu_mul_x4_kernel(SiluMulParams p) {
+  pdl_enter();
   const int64_t n4 = p.cols / 4;
   const int64_t c0 = blockIdx.x * int64_t(kThreads * kVecPer) + threadIdx.x;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
@@ -118,6 +123,7 @@ __global__ void sm90_silu_mul_x4_kernel(SiluMulParams p) {
 constexpr int kArgmaxThreads = 512;
 constexpr int kArgmaxUnroll = 4;
 __global__ void __launch_bounds__(kArgmaxThreads) sm90_argmax_x4_kernel(ArgmaxParams p) {
+  pdl_enter();
   const int64_t r = blockIdx.x;
   const float4* x = reinterpret_cast<const float4*>(p.x + r * p.x_stride);
   const int64_t n4 = p.cols / 4;
@@ -148,6 +154,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) sm90_argmax_x4_kernel(ArgmaxPa
 }
 
 __global__ void sm90_embedding_kernel(EmbeddingParams p) {
+  pdl_enter();
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= p.cols) return;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
@@ -156,6 +163,7 @@ __global__ void sm90_embedding_kernel(EmbeddingParams p) {
 }
 
 __global__ void sm90_silu_mul_kernel(SiluMulParams p) {
+  pdl_enter();
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= p.cols) return;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
@@ -165,6 +173,7 @@ __global__ void sm90_silu_mul_kernel(SiluMulParams p) {
 }
 
 __global__ void sm90_rows_kernel(RowsParams p) {
+  pdl_enter();
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= p.cols) return;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
@@ -184,6 +193,7 @@ __global__ void sm90_rows_kernel(RowsParams p) {
 }
 
 __global__ void sm90_argmax_kernel(ArgmaxParams p) {
+  pdl_enter();
   const int64_t r = blockIdx.x;
   const float* x = p.x + r * p.x_stride;
   ValIdx best{-__int_as_float(0x7f800000), 0x7fffffff};
@@ -200,8 +210,8 @@ __global__ void sm90_argmax_kernel(ArgmaxParams p) {
 cudaError_t launch_embedding(const EmbeddingParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
   if (p.table_bf16 && p.cols % 8 == 0 && is_aligned(p.table, 16) && is_aligned(p.out, 16)) {
-    sm90_embedding_bf16x8_kernel<<<rows_grid(p.rows, p.cols / 8), kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_pdl(p.pdl, sm90_embedding_bf16x8_kernel, rows_grid(p.rows, p.cols / 8), dim3(kThreads), 0,
+                      stream, p);
   }
   if (!p.table_bf16) {
     // An f32 table is a row gather: src row t = ids[t].
@@ -215,44 +225,41 @@ cudaError_t launch_embedding(const EmbeddingParams& p, cudaStream_t stream) {
     g.op = RowOp::copy;
     g.src_rows = p.ids;
     g.page_size = 1;
+    g.pdl = p.pdl;
     if (rows_vectorizable(g)) {
-      sm90_rows_f32x4_kernel<<<vec_grid(g.rows, g.cols / 4), kThreads, 0, stream>>>(g);
-      return cudaGetLastError();
+      return launch_pdl(g.pdl, sm90_rows_f32x4_kernel, vec_grid(g.rows, g.cols / 4), dim3(kThreads), 0,
+                        stream, g);
     }
   }
-  sm90_embedding_kernel<<<rows_grid(p.rows, p.cols), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_embedding_kernel, rows_grid(p.rows, p.cols), dim3(kThreads), 0, stream, p);
 }
 
 cudaError_t launch_silu_mul(const SiluMulParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
   if (p.cols % 4 == 0 && is_aligned(p.gate, 16) && is_aligned(p.up, 16) && is_aligned(p.out, 16) &&
       p.gate_stride % 4 == 0 && p.up_stride % 4 == 0 && p.out_stride % 4 == 0) {
-    sm90_silu_mul_x4_kernel<<<vec_grid(p.rows, p.cols / 4), kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_pdl(p.pdl, sm90_silu_mul_x4_kernel, vec_grid(p.rows, p.cols / 4), dim3(kThreads), 0, stream,
+                      p);
   }
-  sm90_silu_mul_kernel<<<rows_grid(p.rows, p.cols), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_silu_mul_kernel, rows_grid(p.rows, p.cols), dim3(kThreads), 0, stream, p);
 }
 
 cudaError_t launch_rows(const RowsParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
   if (rows_vectorizable(p)) {
-    sm90_rows_f32x4_kernel<<<vec_grid(p.rows, p.cols / 4), kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_pdl(p.pdl, sm90_rows_f32x4_kernel, vec_grid(p.rows, p.cols / 4), dim3(kThreads), 0, stream,
+                      p);
   }
-  sm90_rows_kernel<<<rows_grid(p.rows, p.cols), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_rows_kernel, rows_grid(p.rows, p.cols), dim3(kThreads), 0, stream, p);
 }
 
 cudaError_t launch_argmax(const ArgmaxParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.cols % 4 == 0 && p.x_stride % 4 == 0 && is_aligned(p.x, 16)) {
-    sm90_argmax_x4_kernel<<<unsigned(p.rows), kArgmaxThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_pdl(p.pdl, sm90_argmax_x4_kernel, dim3(unsigned(p.rows)), dim3(kArgmaxThreads), 0, stream,
+                      p);
   }
-  sm90_argmax_kernel<<<unsigned(p.rows), 1024, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_argmax_kernel, dim3(unsigned(p.rows)), dim3(1024), 0, stream, p);
 }
 
 }  // namespace dsaserve::kernels::cuda

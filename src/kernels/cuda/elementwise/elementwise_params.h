@@ -23,6 +23,7 @@ struct RmsNormParams {
   uint8_t* q_codes;
   float* q_scales;
   int64_t q_rows_pad;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 // Whether launch_rms_norm can also write the FP8 copy of these rows (the vectorised path, cols % 128 == 0).
 bool rms_norm_fp8_fusable(const RmsNormParams& p);
@@ -37,6 +38,7 @@ struct LayerNormParams {
   int64_t rows, cols, x_stride;
   bool w_bf16, b_bf16;
   double eps;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_layer_norm(const LayerNormParams& p, cudaStream_t stream);
 
@@ -47,6 +49,7 @@ struct EmbeddingParams {
   float* out;          // [rows, cols] contiguous
   int64_t rows, cols;
   bool table_bf16;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_embedding(const EmbeddingParams& p, cudaStream_t stream);
 
@@ -56,6 +59,7 @@ struct SiluMulParams {
   const float* up;    // [rows, cols] stride up_stride
   float* out;         // [rows, cols] stride out_stride
   int64_t rows, cols, gate_stride, up_stride, out_stride;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_silu_mul(const SiluMulParams& p, cudaStream_t stream);
 
@@ -73,6 +77,7 @@ struct RowsParams {
   // Optional paged source: src row i = page_table[i / page_size] * page_size + i % page_size.
   const int32_t* page_table;  // [ceil(rows / page_size)] or null
   int64_t page_size;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_rows(const RowsParams& p, cudaStream_t stream);
 
@@ -81,6 +86,7 @@ struct ArgmaxParams {
   const float* x;  // [rows, cols] stride x_stride
   int32_t* out;    // [rows]
   int64_t rows, cols, x_stride;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_argmax(const ArgmaxParams& p, cudaStream_t stream);
 
@@ -92,6 +98,7 @@ struct RopeKernelParams {
   int64_t tokens, heads, dim, s0, s1;
   bool interleaved;
   double attention_factor;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_rope(const RopeKernelParams& p, cudaStream_t stream);
 
@@ -102,6 +109,7 @@ struct QuantFp8Params {
   uint8_t* q;      // [rows_pad, cols] e4m3 codes, contiguous
   float* scales;   // [cols / 128, rows_pad] (token index fastest: cuBLASLt VEC128_32F)
   int64_t rows, rows_pad, cols, x_stride;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_quant_fp8(const QuantFp8Params& p, cudaStream_t stream);
 
@@ -129,6 +137,7 @@ struct SplitBf16Params {
   uint16_t* hi;    // [rows, cols] bf16 bits, contiguous
   uint16_t* lo;    // [rows, cols] bf16 bits, contiguous
   int64_t rows, cols, x_stride;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_split_bf16(const SplitBf16Params& p, cudaStream_t stream);
 

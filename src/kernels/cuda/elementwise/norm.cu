@@ -3,6 +3,8 @@
 // row in registers (float4 loads, up to 8 per thread) between the sum of squares and the scaling, so x
 // (and the residual) are read from global memory once; other rows take the scalar two-pass kernel.
 #include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/elementwise/elementwise_params.h"
 
 namespace dsaserve::kernels::cuda {
@@ -12,6 +14,7 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void sm90_rms_norm_kernel(RmsNormParams p) {
+  pdl_enter();
   const int64_t row = blockIdx.x;
   const float* x = p.x + row * p.x_stride;
   float* res = p.residual ? p.residual + row * p.res_stride : nullptr;
@@ -39,6 +42,7 @@ constexpr int kMaxVec = 8;  // float4 per thread: rows up to 256 * 8 * 4 = 8192 
 // kVec: float4 per thread (cols <= 4 * kVecThreads * kVec), a template argument so registers fit the row.
 template <int kVec>
 __global__ void __launch_bounds__(kVecThreads) sm90_rms_norm_vec_kernel(RmsNormParams p) {
+  pdl_enter();
   const int64_t row = blockIdx.x;
   const int64_t n4 = p.cols / 4;
   if (row >= p.rows) {  // FP8 padding rows (q_rows_pad > rows): codes 0, scale 1, as launch_quant_fp8
@@ -109,6 +113,7 @@ bool rms_norm_vectorizable(const RmsNormParams& p) {
 }
 
 __global__ void sm90_layer_norm_kernel(LayerNormParams p) {
+  pdl_enter();
   const int64_t row = blockIdx.x;
   const float* x = p.x + row * p.x_stride;
   double s = 0.0;
@@ -136,27 +141,19 @@ cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   if (rms_norm_vectorizable(p)) {
     const int64_t per_thread = (p.cols / 4 + kVecThreads - 1) / kVecThreads;
     const unsigned grid = unsigned(p.q_codes ? p.q_rows_pad : p.rows);
-    if (per_thread <= 1) {
-      sm90_rms_norm_vec_kernel<1><<<grid, kVecThreads, 0, stream>>>(p);
-    } else if (per_thread <= 2) {
-      sm90_rms_norm_vec_kernel<2><<<grid, kVecThreads, 0, stream>>>(p);
-    } else if (per_thread <= 4) {
-      sm90_rms_norm_vec_kernel<4><<<grid, kVecThreads, 0, stream>>>(p);
-    } else if (per_thread <= 6) {
-      sm90_rms_norm_vec_kernel<6><<<grid, kVecThreads, 0, stream>>>(p);
-    } else {
-      sm90_rms_norm_vec_kernel<kMaxVec><<<grid, kVecThreads, 0, stream>>>(p);
-    }
-    return cudaGetLastError();
+    void (*kernel)(RmsNormParams) = per_thread <= 1   ? sm90_rms_norm_vec_kernel<1>
+                                    : per_thread <= 2 ? sm90_rms_norm_vec_kernel<2>
+                                    : per_thread <= 4 ? sm90_rms_norm_vec_kernel<4>
+                                    : per_thread <= 6 ? sm90_rms_norm_vec_kernel<6>
+                                                      : sm90_rms_norm_vec_kernel<kMaxVec>;
+    return launch_pdl(p.pdl, kernel, dim3(grid), dim3(kVecThreads), 0, stream, p);
   }
-  sm90_rms_norm_kernel<<<unsigned(p.rows), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_rms_norm_kernel, dim3(unsigned(p.rows)), dim3(kThreads), 0, stream, p);
 }
 
 cudaError_t launch_layer_norm(const LayerNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
-  sm90_layer_norm_kernel<<<unsigned(p.rows), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_layer_norm_kernel, dim3(unsigned(p.rows)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace dsaserve::kernels::cuda

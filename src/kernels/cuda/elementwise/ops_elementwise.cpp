@@ -18,8 +18,9 @@ namespace dsaserve::kernels::cuda {
 namespace {
 
 RowsParams rows_params(const void* src, int64_t src_stride, void* dst, int64_t dst_stride, int64_t rows,
-                       int64_t cols, RowOp op) {
+                       int64_t cols, RowOp op, bool pdl) {
   RowsParams p{};
+  p.pdl = pdl;
   p.src = src;
   p.dst = dst;
   p.src_stride = src_stride;
@@ -70,7 +71,7 @@ const float* rope_inv_freq_device(const RopeParams& p) {
 namespace {
 
 Tensor norm_common(const Tensor& x, Tensor* residual, const Tensor& w, double eps, const char* what,
-                   Fp8Act* q = nullptr, const KernelOptions& o = {}) {
+                   Fp8Act* q, const KernelOptions& o) {
   const RowView xv = rows_f32(x, what);
   RowView rv{};
   if (residual) {
@@ -85,6 +86,7 @@ Tensor norm_common(const Tensor& x, Tensor* residual, const Tensor& w, double ep
                   xv.rows,      xv.cols,
                   xv.stride,    rv.stride,
                   wb,           eps};
+  p.pdl = o.pdl;
   if (q) {
     *q = Fp8Act{};
     if (rms_norm_fp8_fusable(p) && o.gemm == GemmPrecision::fast) {
@@ -102,7 +104,7 @@ Tensor norm_common(const Tensor& x, Tensor* residual, const Tensor& w, double ep
 
 }  // namespace
 
-Tensor embedding(const Tensor& table, const Tensor& ids) {
+Tensor embedding(const Tensor& table, const Tensor& ids, const KernelOptions& o) {
   DSA_CHECK(table.defined() && table.device() == Device::cuda && table.dim() == 2 && table.is_contiguous() &&
                 (table.dtype() == DType::bf16 || table.dtype() == DType::f32),
             "embedding: table must be a contiguous 2-D CUDA bf16/f32 tensor");
@@ -116,18 +118,18 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
     }
   }
   Tensor out = Tensor::empty({T, H}, DType::f32, Device::cuda);
-  check_launch(launch_embedding({table.raw_data(), id, out.data<float>(), T, H, table.dtype() == DType::bf16},
-                                op_stream()),
-               "embedding");
+  EmbeddingParams p{table.raw_data(), id, out.data<float>(), T, H, table.dtype() == DType::bf16};
+  p.pdl = o.pdl;
+  check_launch(launch_embedding(p, op_stream()), "embedding");
   return out;
 }
 
-Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
-  return norm_common(x, nullptr, w, eps, "rms_norm");
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps, const KernelOptions& o) {
+  return norm_common(x, nullptr, w, eps, "rms_norm", nullptr, o);
 }
 
-Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps) {
-  return norm_common(x, &residual, w, eps, "add_rms_norm");
+Tensor add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, double eps, const KernelOptions& o) {
+  return norm_common(x, &residual, w, eps, "add_rms_norm", nullptr, o);
 }
 
 Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q,
@@ -135,77 +137,79 @@ Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, 
   return norm_common(x, residual, w, eps, residual ? "add_rms_norm" : "rms_norm", &q, o);
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const KernelOptions& o) {
   const RowView xv = rows_f32(x, "layer_norm input");
   const bool wb = vec_bf16(w, xv.cols, "layer_norm weight");
   const bool bb = vec_bf16(b, xv.cols, "layer_norm bias");
   Tensor out = Tensor::empty({xv.rows, xv.cols}, DType::f32, Device::cuda);
-  check_launch(launch_layer_norm({xv.p, w.raw_data(), b.raw_data(), out.data<float>(), xv.rows, xv.cols,
-                                  xv.stride, wb, bb, eps},
-                                 op_stream()),
-               "layer_norm");
+  LayerNormParams p{xv.p, w.raw_data(), b.raw_data(), out.data<float>(), xv.rows, xv.cols, xv.stride,
+                    wb,   bb,           eps};
+  p.pdl = o.pdl;
+  check_launch(launch_layer_norm(p, op_stream()), "layer_norm");
   return out;
 }
 
-void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) {
+void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p, const KernelOptions& o) {
   const Rows3View v = rows3_f32(x, "rope input");
   DSA_CHECK(v.n2 == p.dim, "rope: last dimension of {} should be the rope dim {}", x.describe(), p.dim);
   const int32_t* pos = i32_vec(positions, "rope positions");
   DSA_CHECK(positions.size(0) == v.n0, "rope: {} positions for {} tokens", positions.size(0), v.n0);
   const float* inv = rope_inv_freq_device(p);
-  check_launch(launch_rope({v.p, pos, inv, v.n0, v.n1, v.n2, v.s0, v.s1, p.interleaved, p.attention_factor},
-                           op_stream()),
-               "rope");
+  RopeKernelParams k{v.p, pos, inv, v.n0, v.n1, v.n2, v.s0, v.s1, p.interleaved, p.attention_factor};
+  k.pdl = o.pdl;
+  check_launch(launch_rope(k, op_stream()), "rope");
 }
 
-Tensor silu_mul(const Tensor& gate, const Tensor& up) {
+Tensor silu_mul(const Tensor& gate, const Tensor& up, const KernelOptions& o) {
   const RowView g = rows_f32(gate, "silu_mul gate");
   const RowView u = rows_f32(up, "silu_mul up");
   DSA_CHECK(g.rows == u.rows && g.cols == u.cols, "silu_mul: gate {} and up {} differ", gate.describe(),
             up.describe());
   Tensor out = Tensor::empty({g.rows, g.cols}, DType::f32, Device::cuda);
-  check_launch(
-      launch_silu_mul({g.p, u.p, out.data<float>(), g.rows, g.cols, g.stride, u.stride, g.cols}, op_stream()),
-      "silu_mul");
+  SiluMulParams p{g.p, u.p, out.data<float>(), g.rows, g.cols, g.stride, u.stride, g.cols};
+  p.pdl = o.pdl;
+  check_launch(launch_silu_mul(p, op_stream()), "silu_mul");
   return out;
 }
 
-Tensor argmax(const Tensor& x) {
+Tensor argmax(const Tensor& x, const KernelOptions& o) {
   const RowView xv = rows_f32(x, "argmax input");
   DSA_CHECK(xv.cols > 0, "argmax of an empty row");
   Tensor out = Tensor::empty({xv.rows}, DType::i32, Device::cuda);
-  check_launch(launch_argmax({xv.p, out.data<int32_t>(), xv.rows, xv.cols, xv.stride}, op_stream()),
-               "argmax");
+  ArgmaxParams p{xv.p, out.data<int32_t>(), xv.rows, xv.cols, xv.stride};
+  p.pdl = o.pdl;
+  check_launch(launch_argmax(p, op_stream()), "argmax");
   return out;
 }
 
-void add_inplace(Tensor& a, const Tensor& b) {
+void add_inplace(Tensor& a, const Tensor& b, const KernelOptions& o) {
   const RowView av = rows_f32(a, "add_inplace target");
   const RowView bv = rows_f32(b, "add_inplace source");
   DSA_CHECK(av.rows == bv.rows && av.cols == bv.cols, "add_inplace: {} and {} differ", a.describe(),
             b.describe());
-  check_launch(
-      launch_rows(rows_params(bv.p, bv.stride, av.p, av.stride, av.rows, av.cols, RowOp::add), op_stream()),
-      "add_inplace");
+  check_launch(launch_rows(rows_params(bv.p, bv.stride, av.p, av.stride, av.rows, av.cols, RowOp::add, o.pdl),
+                           op_stream()),
+               "add_inplace");
 }
 
-void copy_rows(Tensor& dst, const Tensor& src) {
+void copy_rows(Tensor& dst, const Tensor& src, const KernelOptions& o) {
   const RowView dv = rows_f32(dst, "copy_rows target");
   const RowView sv = rows_f32(src, "copy_rows source");
   DSA_CHECK(dv.rows == sv.rows && dv.cols == sv.cols, "copy_rows: {} into {}", src.describe(),
             dst.describe());
   check_launch(
-      launch_rows(rows_params(sv.p, sv.stride, dv.p, dv.stride, dv.rows, dv.cols, RowOp::copy), op_stream()),
+      launch_rows(rows_params(sv.p, sv.stride, dv.p, dv.stride, dv.rows, dv.cols, RowOp::copy, o.pdl),
+                  op_stream()),
       "copy_rows");
 }
 
-Tensor gather_rows(const Tensor& x, const Tensor& idx) {
+Tensor gather_rows(const Tensor& x, const Tensor& idx, const KernelOptions& o) {
   const RowView xv = rows_f32(x, "gather_rows input");
   const int32_t* id = i32_vec(idx, "gather_rows indices");
   check_indices(idx, xv.rows, "gather_rows");
   const int64_t m = idx.size(0);
   Tensor out = Tensor::empty({m, xv.cols}, DType::f32, Device::cuda);
-  RowsParams p = rows_params(xv.p, xv.stride, out.raw_data(), xv.cols, m, xv.cols, RowOp::copy);
+  RowsParams p = rows_params(xv.p, xv.stride, out.raw_data(), xv.cols, m, xv.cols, RowOp::copy, o.pdl);
   p.src_rows = id;
   check_launch(launch_rows(p, op_stream()), "gather_rows");
   return out;
@@ -230,7 +234,7 @@ Bf16View rows_bf16(const Tensor& t, const char* what) {
 
 // Caches: f32 [slots, D] (any view), bf16 [slots, D] (any view; rounded to nearest), or the FP8 latent
 // cache u8 [slots, 656] (whole rows only: src [T, 576], quantised per 128 values).
-void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) {
+void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src, const KernelOptions& o) {
   if (cache.defined() && cache.dtype() == DType::u8) {
     check_indices(slots, cache.size(0), "paged_store slots");
     if (cache.dim() == 2 && cache.size(1) == kIndexerFp8RowBytes) {
@@ -249,8 +253,8 @@ void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) {
   DSA_CHECK(slots.size(0) == s.rows && s.cols == c_cols, "paged_store: {} slots, source {}, cache {}",
             slots.size(0), src.describe(), cache.describe());
   check_indices(slots, c_rows, "paged_store slots");
-  RowsParams p = bf16 ? rows_params(s.p, s.stride, cb.p, cb.stride, s.rows, s.cols, RowOp::copy)
-                      : rows_params(s.p, s.stride, c.p, c.stride, s.rows, s.cols, RowOp::copy);
+  RowsParams p = bf16 ? rows_params(s.p, s.stride, cb.p, cb.stride, s.rows, s.cols, RowOp::copy, o.pdl)
+                      : rows_params(s.p, s.stride, c.p, c.stride, s.rows, s.cols, RowOp::copy, o.pdl);
   p.dst_bf16 = bf16;
   p.dst_rows = sl;
   check_launch(launch_rows(p, op_stream()), "paged_store");
@@ -275,7 +279,7 @@ void check_pages(const PagedSeq& seq, int64_t n, int64_t cache_rows, const char*
 
 // f32 [n, D] from an f32 or bf16 cache [slots, D], or from the FP8 latent cache u8 [slots, 656] (-> [n,
 // 576]).
-Tensor paged_gather(const PagedSeq& seq, int64_t n) {
+Tensor paged_gather(const PagedSeq& seq, int64_t n, const KernelOptions& o) {
   if (seq.cache.defined() && seq.cache.dtype() == DType::u8) {
     if (seq.cache.dim() == 2 && seq.cache.size(1) == kIndexerFp8RowBytes) {  // FP8 index keys
       check_pages(seq, n, seq.cache.size(0), "paged_gather");
@@ -289,8 +293,8 @@ Tensor paged_gather(const PagedSeq& seq, int64_t n) {
   const int64_t rows = bf16 ? cb.rows : c.rows, cols = bf16 ? cb.cols : c.cols;
   check_pages(seq, n, rows, "paged_gather");
   Tensor out = Tensor::empty({n, cols}, DType::f32, Device::cuda);
-  RowsParams p = bf16 ? rows_params(cb.p, cb.stride, out.raw_data(), cols, n, cols, RowOp::copy)
-                      : rows_params(c.p, c.stride, out.raw_data(), cols, n, cols, RowOp::copy);
+  RowsParams p = bf16 ? rows_params(cb.p, cb.stride, out.raw_data(), cols, n, cols, RowOp::copy, o.pdl)
+                      : rows_params(c.p, c.stride, out.raw_data(), cols, n, cols, RowOp::copy, o.pdl);
   p.src_bf16 = bf16;
   p.page_table = i32_vec(seq.page_table, "paged_gather page table");
   p.page_size = seq.page_size;

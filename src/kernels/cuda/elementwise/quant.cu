@@ -1,9 +1,14 @@
 // FP8 helpers of the GEMMs: activation quantisation per token per 128-group, weight dequantisation to
-// bf16 (fallback path), and the padded weight-scale layout cuBLASLt's BLK128x128 mode reads.
+// bf16 (fallback path), and the padded weight-scale layout cuBLASLt's BLK128x128 mode reads. The
+// quantisation and the bf16 split run in a step (programmatic dependent launches with p.pdl); the
+// dequantisation and the scale padding make a weight's derived forms (model load) and launch the ordinary
+// way.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/elementwise/elementwise_params.h"
 
 namespace dsaserve::kernels::cuda {
@@ -12,6 +17,7 @@ namespace {
 
 // One warp per (token, group): 4 values per lane.
 __global__ void sm90_quant_fp8_kernel(QuantFp8Params p) {
+  pdl_enter();
   const int64_t groups = p.cols / 128;
   const int64_t gw = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (gw >= p.rows_pad * groups) return;
@@ -62,6 +68,7 @@ __global__ void sm90_pad_scales_kernel(PadScalesParams p) {
 }
 
 __global__ void sm90_split_bf16_kernel(SplitBf16Params p) {
+  pdl_enter();
   const int64_t n = p.rows * p.cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -85,8 +92,7 @@ cudaError_t launch_quant_fp8(const QuantFp8Params& p, cudaStream_t stream) {
   if (p.cols % 128 != 0) return cudaErrorInvalidValue;
   const int64_t warps = p.rows_pad * (p.cols / 128);
   const int64_t blocks = (warps + 7) / 8;
-  sm90_quant_fp8_kernel<<<unsigned(blocks), 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_quant_fp8_kernel, dim3(unsigned(blocks)), dim3(256), 0, stream, p);
 }
 
 cudaError_t launch_dequant_fp8(const DequantFp8Params& p, cudaStream_t stream) {
@@ -103,8 +109,8 @@ cudaError_t launch_pad_scales(const PadScalesParams& p, cudaStream_t stream) {
 
 cudaError_t launch_split_bf16(const SplitBf16Params& p, cudaStream_t stream) {
   if (p.rows * p.cols == 0) return cudaSuccess;
-  sm90_split_bf16_kernel<<<blocks_for(p.rows * p.cols, 256), 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_split_bf16_kernel, dim3(blocks_for(p.rows * p.cols, 256)), dim3(256), 0,
+                    stream, p);
 }
 
 }  // namespace dsaserve::kernels::cuda

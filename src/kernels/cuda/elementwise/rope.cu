@@ -2,6 +2,8 @@
 // (fp32 angle, fp64 cos/sin rounded to fp32, times attention_factor: the CPU reference's rounding) into
 // shared memory; then each warp rotates groups of 4 whole heads, reading every pair of the group before
 // writing any (the interleaved form writes its result de-interleaved, over other lanes' inputs).
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/elementwise/elementwise_params.h"
 
 namespace dsaserve::kernels::cuda {
@@ -17,6 +19,7 @@ constexpr int kHeadsPerWarp = 4;  // heads a warp loads before writing any: four
 template <int kPairs>
 __global__ void __launch_bounds__(kWarps * 32) sm90_rope_kernel(RopeKernelParams p) {
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const int64_t half = p.dim / 2;
   const float pos = float(p.positions[t]);
@@ -68,14 +71,10 @@ cudaError_t launch_rope(const RopeKernelParams& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.heads == 0) return cudaSuccess;
   if (p.dim / 2 > kMaxHalf || p.dim % 2 != 0) return cudaErrorInvalidValue;
   const int64_t half = p.dim / 2;
-  if (half <= 32) {
-    sm90_rope_kernel<1><<<unsigned(p.tokens), kWarps * 32, 0, stream>>>(p);
-  } else if (half <= 64) {
-    sm90_rope_kernel<2><<<unsigned(p.tokens), kWarps * 32, 0, stream>>>(p);
-  } else {
-    sm90_rope_kernel<kMaxPairsPerLane><<<unsigned(p.tokens), kWarps * 32, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  void (*kernel)(RopeKernelParams) = half <= 32   ? sm90_rope_kernel<1>
+                                     : half <= 64 ? sm90_rope_kernel<2>
+                                                  : sm90_rope_kernel<kMaxPairsPerLane>;
+  return launch_pdl(p.pdl, kernel, dim3(unsigned(p.tokens)), dim3(kWarps * 32), 0, stream, p);
 }
 
 }  // namespace dsaserve::kernels::cuda

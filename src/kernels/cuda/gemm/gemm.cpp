@@ -225,8 +225,9 @@ void check_weight(const WeightRef& w, const char* what) {
   }
 }
 
+// pdl: a programmatic dependent launch (KernelOptions::pdl; the weights' derived forms: false).
 void cast_rows(const void* src, bool src_bf16, int64_t src_stride, void* dst, bool dst_bf16,
-               int64_t dst_stride, int64_t rows, int64_t cols, const char* what);
+               int64_t dst_stride, int64_t rows, int64_t cols, const char* what, bool pdl);
 
 // The FP8 weight dequantised to bf16 (or f32), made now.
 Tensor make_dequantised(const WeightRef& w, bool f32) {
@@ -245,7 +246,7 @@ Tensor make_f32(const WeightRef& w) {
   if (w.weight.dtype() == DType::f8e4m3fn) return make_dequantised(w, true);
   Tensor out = Tensor::empty({w.rows(), w.cols()}, DType::f32, Device::cuda);
   cast_rows(w.weight.raw_data(), true, w.cols(), out.raw_data(), false, w.cols(), w.rows(), w.cols(),
-            "bf16 weight to f32");
+            "bf16 weight to f32", false);
   return out;
 }
 
@@ -279,8 +280,9 @@ Tensor padded_scales(const WeightRef& w) {
 }
 
 void cast_rows(const void* src, bool src_bf16, int64_t src_stride, void* dst, bool dst_bf16,
-               int64_t dst_stride, int64_t rows, int64_t cols, const char* what) {
+               int64_t dst_stride, int64_t rows, int64_t cols, const char* what, bool pdl) {
   RowsParams p{};
+  p.pdl = pdl;
   p.src = src;
   p.dst = dst;
   p.rows = rows;
@@ -294,9 +296,10 @@ void cast_rows(const void* src, bool src_bf16, int64_t src_stride, void* dst, bo
 }
 
 // out [T, M] (+)= x [T, K] . A where A is bf16 or f32 at `a_ptr` (TN: rows of K, NN: rows of M) with
-// leading dimension lda. Handles the activation conversion, the split, and an unaligned output.
+// leading dimension lda. Handles the activation conversion, the split, and an unaligned output (those
+// kernels programmatic dependent launches with pdl; cuBLASLt's are ordinary).
 void gemm_dense(const RowView& x, const void* a_ptr, bool a_f32, bool trans_a, int64_t lda, int64_t M,
-                const RowView& o, bool split, const char* what) {
+                const RowView& o, bool split, const char* what, bool pdl) {
   const int64_t T = x.rows, K = x.cols;
   Tensor hi, lo;
   const void* b_ptr = nullptr;
@@ -308,9 +311,11 @@ void gemm_dense(const RowView& x, const void* a_ptr, bool a_f32, bool trans_a, i
     hi = Tensor::empty({T, K}, DType::bf16, Device::cuda);
     if (split) {
       lo = Tensor::empty({T, K}, DType::bf16, Device::cuda);
-      check_launch(launch_split_bf16({x.p, hi.data_u16(), lo.data_u16(), T, K, x.stride}, op_stream()), what);
+      SplitBf16Params sp{x.p, hi.data_u16(), lo.data_u16(), T, K, x.stride};
+      sp.pdl = pdl;
+      check_launch(launch_split_bf16(sp, op_stream()), what);
     } else {
-      cast_rows(x.p, false, x.stride, hi.raw_data(), true, K, T, K, what);
+      cast_rows(x.p, false, x.stride, hi.raw_data(), true, K, T, K, what, pdl);
     }
     b_ptr = hi.raw_data();
   }
@@ -334,7 +339,7 @@ void gemm_dense(const RowView& x, const void* a_ptr, bool a_f32, bool trans_a, i
   tune(*p, 2.0 * double(M) * double(T) * double(K), a_ptr, b_ptr, d, nullptr, nullptr);
   run(*p, a_ptr, b_ptr, d, 0.0f);
   if (split) run(*p, a_ptr, lo.raw_data(), d, 1.0f);
-  if (tmp.defined()) cast_rows(d, false, M, o.p, false, o.stride, T, M, what);
+  if (tmp.defined()) cast_rows(d, false, M, o.p, false, o.stride, T, M, what, pdl);
   count(a_f32 ? &GemmStats::f32_calls : &GemmStats::bf16_calls);
 }
 
@@ -355,9 +360,9 @@ Fp8Act quantise_rows(const RowView& x, const KernelOptions& o) {
   const int64_t Tp = fp8_act_rows(T, o.gemm_fp8_small_max_tokens);
   Fp8Act a{Tensor::empty({Tp, K}, DType::u8, Device::cuda),
            Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda), T};
-  check_launch(
-      launch_quant_fp8({x.p, a.codes.data_u8(), a.scales.data<float>(), T, Tp, K, x.stride}, op_stream()),
-      "linear: fp8 activation quantisation");
+  QuantFp8Params p{x.p, a.codes.data_u8(), a.scales.data<float>(), T, Tp, K, x.stride};
+  p.pdl = o.pdl;
+  check_launch(launch_quant_fp8(p, op_stream()), "linear: fp8 activation quantisation");
   return a;
 }
 
@@ -383,8 +388,8 @@ Tensor split_scratch(P& p) {
 }
 
 // The FP8 recipe's arithmetic for T <= kFp8SmallMaxTokens tokens with the weight-streaming kernel
-// (gemm_small_params.h), f32 output written in place.
-void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
+// (gemm_small_params.h), f32 output written in place; pdl: a programmatic dependent launch.
+void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o, bool pdl) {
   const int64_t T = a.rows, K = a.codes.size(1), N = r1 - r0;
   Fp8SmallGemmParams p{};
   p.w = static_cast<const uint8_t*>(w.weight.raw_data()) + r0 * K;
@@ -401,6 +406,7 @@ void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, cons
   p.K = K;
   p.ctas_per_sm = fp8_small_ctas_per_sm(N, p.Tp);  // resolved once: the split and the launch read it
   p.splits = fp8_small_gemm_splits(N, K, p.Tp, p.ctas_per_sm);
+  p.pdl = pdl;
   const Tensor partial = split_scratch(p);
   check_launch(launch_fp8_small_gemm(p, op_stream()), "linear: fp8 small-T GEMM");
   count(&GemmStats::fp8_small_calls);
@@ -408,7 +414,7 @@ void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, cons
 
 // The narrow bf16 linears' two-term recipe for T <= kBf16SmallMaxTokens in one weight-streaming launch
 // (gemm_small_params.h); false when the shapes or alignments do not fit it (cuBLASLt then runs).
-bool bf16_small(const RowView& x, const void* a_ptr, int64_t N, const RowView& o) {
+bool bf16_small(const RowView& x, const void* a_ptr, int64_t N, const RowView& o, bool pdl) {
   const int64_t T = x.rows, K = x.cols;
   if (T > kBf16SmallMaxTokens || K % 64 != 0 || x.stride % 4 != 0 ||
       (reinterpret_cast<uintptr_t>(x.p) & 15) != 0 || (reinterpret_cast<uintptr_t>(a_ptr) & 15) != 0)
@@ -423,6 +429,7 @@ bool bf16_small(const RowView& x, const void* a_ptr, int64_t N, const RowView& o
   p.N = N;
   p.K = K;
   p.splits = bf16_small_gemm_splits(N, K);
+  p.pdl = pdl;
   const Tensor partial = split_scratch(p);
   check_launch(launch_bf16_small_gemm(p, op_stream()), "linear: bf16 small-T GEMM");
   count(&GemmStats::bf16_small_calls);
@@ -438,7 +445,7 @@ bool gemm_fp8_quantised(const Fp8Act& act, const WeightRef& w, int64_t r0, int64
                         const KernelOptions& opts) {
   const int64_t T = act.rows, K = act.codes.size(1), N = r1 - r0, Tp = act.codes.size(0);
   if (T <= kFp8SmallMaxTokens && T <= opts.gemm_fp8_small_max_tokens && (Tp == 8 || Tp == 16 || Tp == 32)) {
-    fp8_small(act, w, r0, r1, o);
+    fp8_small(act, w, r0, r1, o, opts.pdl);
     return true;
   }
   const Tensor sc = padded_scales(w);  // [nb, ld]
@@ -466,9 +473,9 @@ bool gemm_fp8_quantised(const Fp8Act& act, const WeightRef& w, int64_t r0, int64
   tune(*p, flops, a_ptr, xq, d_ptr, a_scale, xs);
   run(*p, a_ptr, xq, d_ptr, 0.0f, a_scale, xs);
   if (!p32.ok) {
-    cast_rows(d16.raw_data(), true, N, o.p, false, o.stride, T, N, "linear: fp8 output");
+    cast_rows(d16.raw_data(), true, N, o.p, false, o.stride, T, N, "linear: fp8 output", opts.pdl);
   } else if (!direct) {
-    cast_rows(d32_ptr, false, N, o.p, false, o.stride, T, N, "linear: fp8 output");
+    cast_rows(d32_ptr, false, N, o.p, false, o.stride, T, N, "linear: fp8 output", opts.pdl);
   }
   count(&GemmStats::fp8_calls);
   return true;
@@ -503,8 +510,8 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
                                            : w.weight;
   const void* a_ptr = static_cast<const char*>(a.raw_data()) + r0 * K * (f32 ? 4 : 2);
   const bool split = !f32 && N <= kSplitMaxRows;
-  if (split && bf16_small(xv, a_ptr, N, ov)) return;
-  gemm_dense(xv, a_ptr, f32, true, K, N, ov, split, "linear");
+  if (split && bf16_small(xv, a_ptr, N, ov, o.pdl)) return;
+  gemm_dense(xv, a_ptr, f32, true, K, N, ov, split, "linear", o.pdl);
 }
 
 void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,
@@ -525,7 +532,7 @@ void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
                    : dt == DType::f8e4m3fn ? dequantised(w)
                                            : w.weight;
   const void* a_ptr = static_cast<const char*>(a.raw_data()) + r0 * C * (f32 ? 4 : 2);
-  gemm_dense(xv, a_ptr, f32, false, C, C, ov, false, "linear_t");
+  gemm_dense(xv, a_ptr, f32, false, C, C, ov, false, "linear_t", o.pdl);
 }
 
 std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act* q,

@@ -15,6 +15,8 @@
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/common/sm90_mma.cuh"
 #include "kernels/cuda/gemm/gemm_small_params.h"
 
@@ -54,6 +56,18 @@ __device__ __forceinline__ void stage_weight_tile(uint8_t* st, const uint8_t* w,
     const bool ok = row < N;
     const uint8_t* src = w + (ok ? row : 0) * row_bytes + kb * 128 + c * 16;
     mma::cp_async16(st + r * 128 + ((c ^ ((r & 1) << 2)) * 16), src, ok ? 16 : 0);
+  }
+}
+
+// Launched programmatically (p.pdl): the weight rows of the CTA's first `blocks` K blocks (128 bytes of a
+// row each, one L2 line) are prefetched into L2 before the kernel waits for the previous grid (pdl.cuh: the
+// weights are immutable, and a prefetch is only a hint), so the weight stream starts while that grid
+// drains; the pipeline's first copies then find them in L2.
+__device__ __forceinline__ void prefetch_weight_tiles(const uint8_t* w, int64_t row_bytes, int64_t row_base,
+                                                      int64_t N, int64_t kb0, int64_t blocks) {
+  for (int64_t i = threadIdx.x; i < blocks * kRows; i += kThreads) {
+    const int64_t row = row_base + i % kRows;
+    if (row < N) prefetch_l2(w + row * row_bytes + (kb0 + i / kRows) * 128);
   }
 }
 
@@ -113,6 +127,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int64_t nkb = kb1 - kb0;
   const int64_t row_base = int64_t(blockIdx.x) * kRows;
   const float* ws = p.w_scale + ((p.row0 + row_base) / 128) * p.w_scale_ld;  // this CTA's scale row
+  if (p.pdl) prefetch_weight_tiles(p.w, p.K, row_base, p.N, kb0, nkb < kStages - 1 ? nkb : kStages - 1);
+  pdl_enter();  // the activations, the output and the split's scratch come from / go to other kernels
 
   auto load = [&](int64_t kb, int stage) {
     uint8_t* st = smem + size_t(stage) * S::kBytes;
@@ -176,8 +192,7 @@ cudaError_t launch_nt_occ(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t s
   auto* kernel = sm90_fp8_small_gemm_kernel<NT, kMinBlocks>;
   const cudaError_t attr = set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), int(Stage<NT>::kSmem));
   if (attr != cudaSuccess) return attr;
-  kernel<<<grid, kThreads, Stage<NT>::kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, kernel, grid, dim3(kThreads), Stage<NT>::kSmem, stream, p);
 }
 template <int NT>
 cudaError_t launch_nt(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
@@ -226,6 +241,8 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const
   const int64_t nkb = kb1 - kb0;
   const int64_t row_base = int64_t(blockIdx.x) * kRows;
   const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w);
+  if (p.pdl) prefetch_weight_tiles(w, p.K * 2, row_base, p.N, kb0, nkb < kStages - 1 ? nkb : kStages - 1);
+  pdl_enter();
 
   auto load = [&](int64_t kb, int stage) {
     uint8_t* st = smem + size_t(stage) * S::kBytes;
@@ -286,8 +303,8 @@ cudaError_t launch_bf16_nt(const Bf16SmallGemmParams& p, dim3 grid, cudaStream_t
   const cudaError_t attr = set_max_dynamic_smem(
       reinterpret_cast<const void*>(sm90_bf16_small_gemm_kernel<NT>), int(Bf16Stage<NT>::kSmem));
   if (attr != cudaSuccess) return attr;
-  sm90_bf16_small_gemm_kernel<NT><<<grid, kThreads, Bf16Stage<NT>::kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_bf16_small_gemm_kernel<NT>, grid, dim3(kThreads), Bf16Stage<NT>::kSmem,
+                    stream, p);
 }
 
 // CTAs along K for `ctas` row slices over `kb` K blocks: whole waves of per_sm x kSms CTAs, every split at

@@ -37,6 +37,7 @@ struct Fp8SmallGemmParams {
   uint32_t* counters;   // [kFp8SmallCounters] zero on entry, left zero on exit (splits > 1)
   int splits;           // CTAs along K (1 = no split)
   int ctas_per_sm = 0;  // CTAs an SM holds (fp8_small_ctas_per_sm; 0: its default)
+  bool pdl = false;     // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 
 // The CTAs per SM a launch of N outputs and Tp token rows runs at: `requested` 2 or 3, or 0 for the
@@ -63,6 +64,7 @@ struct Bf16SmallGemmParams {
   float* partial;      // [splits, T, N] f32 scratch (splits > 1)
   uint32_t* counters;  // [kFp8SmallCounters] zero on entry, left zero on exit (splits > 1)
   int splits;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 int bf16_small_gemm_splits(int64_t N, int64_t K);
 cudaError_t launch_bf16_small_gemm(const Bf16SmallGemmParams& p, cudaStream_t stream);

@@ -169,6 +169,7 @@ Tensor indexer_topk_rows(const Tensor& q, const Tensor& w, const Tensor& cache, 
     p.key_format = format;
     p.select_path = opts.indexer_select;
     p.score_kernel = opts.indexer_score;
+    p.pdl = opts.pdl;
     DSA_CUDA_CHECK(launch_indexer_topk_fused(p, stream));
   }
   return out;

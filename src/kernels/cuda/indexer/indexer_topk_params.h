@@ -146,6 +146,10 @@ struct IndexerTopkParams {
   bool scores_only;                 // benchmarks: run only the score kernel (the selection is not written)
   IndexerSelectPath select_path;    // KernelOptions::indexer_select (automatic: zero)
   IndexerScoreKernel score_kernel;  // KernelOptions::indexer_score (automatic: zero)
+  // KernelOptions::pdl (common/pdl.cuh): the select passes (splits > 1) as programmatic dependent launches.
+  // The row select and, with packed scores, the score kernel are programmatic whatever it says
+  // (kIndexerSelectRowPdl, kIndexerScorePdl); the offsets kernel and the workspace memset never are.
+  bool pdl = false;
 };
 
 // The path p's select takes. splits == 1: row_fused when asked (or by default), max_len > topk and not

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/indexer/indexer_topk_params.h"
 #include "kernels/cuda/indexer/sm90_indexer_select.cuh"
 
@@ -27,7 +28,7 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_row_kernel(const
   __shared__ uint32_t sHist[kIndexerHistBins];
   __shared__ uint32_t scratch[32];
   __shared__ uint32_t res[2];
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  pdl_enter();
   const int row = blockIdx.x;
   const int64_t n = row_keys(p, row);
   int32_t* out = p.out + int64_t(row) * p.out_stride;
@@ -127,12 +128,14 @@ __device__ void select_pass(const IndexerTopkParams& p, int row, int split, uint
   }
 }
 
-// The four passes as four launches (grid rows x splits).
+// The four passes as four launches (grid rows x splits), each a programmatic dependent of the one before
+// (and the first of the score kernel) with KernelOptions::pdl (p.pdl).
 template <int PASS>
 __global__ void __launch_bounds__(kThreads) sm90_indexer_select_pass_kernel(const IndexerTopkParams p) {
   __shared__ uint32_t sHist[kIndexerHistBins];
   __shared__ uint32_t scratch[32];
   __shared__ uint32_t res[2];
+  pdl_enter();
   select_pass<PASS>(p, blockIdx.x, blockIdx.y, sHist, scratch, res);
 }
 
@@ -161,11 +164,12 @@ __global__ void __launch_bounds__(kThreads) sm90_indexer_select_coop_kernel(cons
 
 // One CTA: exclusive prefix sum over the rows of each row's packed size (n > topk: n rounded up to 4).
 // Lets the score kernel (a programmatic dependent) launch at once: it waits for this grid before it reads
-// the offsets.
+// the offsets. Always an ordinary launch (it follows the workspace memset, which programmatic launches
+// would not overlap): the score kernel's reads before its wait rely on it.
 __global__ void __launch_bounds__(kThreads) sm90_indexer_offsets_kernel(const IndexerTopkParams p) {
   __shared__ int64_t warp_sums[32];
   __shared__ int64_t carry;
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  pdl_launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
@@ -304,12 +308,15 @@ cudaError_t launch_indexer_select(const IndexerTopkParams& p, cudaStream_t strea
   }
   const dim3 grid(unsigned(p.rows), unsigned(p.splits));
   if (p.max_len > p.topk) {
-    sm90_indexer_select_pass_kernel<0><<<grid, kThreads, 0, stream>>>(p);
-    sm90_indexer_select_pass_kernel<1><<<grid, kThreads, 0, stream>>>(p);
-    sm90_indexer_select_pass_kernel<2><<<grid, kThreads, 0, stream>>>(p);
+    void (*const passes[3])(IndexerTopkParams) = {sm90_indexer_select_pass_kernel<0>,
+                                                  sm90_indexer_select_pass_kernel<1>,
+                                                  sm90_indexer_select_pass_kernel<2>};
+    for (auto* pass : passes) {
+      const cudaError_t e = launch_pdl(p.pdl, pass, grid, dim3(kThreads), 0, stream, p);
+      if (e != cudaSuccess) return e;
+    }
   }
-  sm90_indexer_select_pass_kernel<3><<<grid, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_indexer_select_pass_kernel<3>, grid, dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace dsaserve::kernels::cuda

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/common/sm90_mma.cuh"
 #include "kernels/cuda/indexer/indexer_topk_params.h"
 #include "kernels/cuda/indexer/sm90_indexer_fp8.cuh"
@@ -35,12 +36,6 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 // 32 c + 4 kk + 2 hi + e. q is stored in the same order, so the dot products are unchanged.
 __host__ __device__ constexpr int fp8_dim_of(int L) {
   return ((L % 8) / 2) * 32 + (L / 16) * 4 + ((L % 16) / 8) * 2 + (L % 2);
-}
-
-// Waits until the grid this one programmatically depends on has finished and its writes are visible
-// (griddepcontrol.wait; a no-op without a programmatic launch).
-__device__ __forceinline__ void grid_dependency_wait() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
 // The end of a score CTA: lets a programmatically dependent select launch, adds the CTA's digit-1
@@ -221,15 +216,19 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 || WG ? 2 : 1)
   const int row = blockIdx.x;
   const int64_t seq = p.row_seq ? p.row_seq[row] : row;
   const int64_t n = seq >= 0 && seq < p.num_seqs ? p.row_len[row] : 0;
+  // Every path waits for the grid before (pdl.cuh), the early returns too: this grid's completion then
+  // implies that grid's, which a programmatically launched next kernel relies on.
   if (n <= p.topk) {  // the select lists every position
-    if (fuse && blockIdx.y == 0) {
-      grid_dependency_wait();
+    pdl_wait();
+    if (fuse && blockIdx.y == 0)
       indexer_select::write_all<kScoreThreads>(p, n, p.out + int64_t(row) * p.out_stride);
-    }
     return;
   }
   const int64_t k0 = int64_t(blockIdx.y) * chunk;
-  if (k0 >= n) return;
+  if (k0 >= n) {
+    pdl_wait();
+    return;
+  }
   const int64_t k1 = k0 + chunk < n ? k0 + chunk : n;
   const int n_tiles = int((k1 - k0 + kTileKeys - 1) / kTileKeys);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -376,9 +375,10 @@ __global__ void __launch_bounds__(kScoreThreads, H == 32 || WG ? 2 : 1)
     wl[nt][1] = sW[nt * 8 + 2 * c4 + 1];
   }
   const float scale = p.scale;
-  // Launched as a programmatic dependent of the offsets kernel (packed scores): everything above reads
-  // only what was written before that kernel started; the offsets and everything below come after this.
-  grid_dependency_wait();
+  // Launched as a programmatic dependent of the offsets kernel (packed scores), itself an ordinary launch
+  // after the workspace memset: everything above reads only what was written before that kernel started
+  // (and writes only shared memory); the offsets and everything below come after this.
+  pdl_wait();
   float* srow = indexer_row_scores(p, row);
 
   for (int t = 0; t < n_tiles; ++t) {

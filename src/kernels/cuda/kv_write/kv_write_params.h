@@ -27,6 +27,7 @@ struct MlaKvWriteParams {
   double eps, attention_factor;
   bool norm_w_bf16, interleaved;
   MlaKvFormat format;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_mla_kv_write(const MlaKvWriteParams& p, cudaStream_t stream);
 
@@ -46,7 +47,8 @@ struct IndexerKWriteParams {
   int64_t tokens, dim, rope_dim, k_stride, cache_stride, num_slots;  // dim <= kIndexerKMaxDim
   double eps, attention_factor;
   bool w_bf16, b_bf16, interleaved;
-  bool fp8;  // the FP8 format: each key quantised as launch_indexer_key_store does (bit-identical)
+  bool fp8;          // the FP8 format: each key quantised as launch_indexer_key_store does (bit-identical)
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_indexer_k_write(const IndexerKWriteParams& p, cudaStream_t stream);
 

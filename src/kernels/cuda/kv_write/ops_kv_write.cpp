@@ -34,7 +34,7 @@ bool vec_ok(const Tensor& w, int64_t n) {
 }  // namespace
 
 bool mla_kv_write_fused(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
-                        const RopeParams& rope, Tensor& cache, const Tensor& slots) {
+                        const RopeParams& rope, Tensor& cache, const Tensor& slots, const KernelOptions& o) {
   // The kernel formats (bf16 [slots, 576], FP8 u8 [slots, 656]) of 512 + 64 rows only; anything else
   // (the f32 stand-in cache) takes the unfused sequence.
   if (!cache.defined() || cache.device() != Device::cuda || cache.dim() != 2 || !cache.is_contiguous())
@@ -70,13 +70,14 @@ bool mla_kv_write_fused(const Tensor& ckv, const Tensor& norm_w, double eps, con
   p.norm_w_bf16 = wb;
   p.interleaved = rope.interleaved;
   p.format = f;
+  p.pdl = o.pdl;
   check_launch(launch_mla_kv_write(p, op_stream()), "mla_kv_write");
   return true;
 }
 
 bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
                            const Tensor& positions, const RopeParams& rope, Tensor& cache,
-                           const Tensor& slots) {
+                           const Tensor& slots, const KernelOptions& o) {
   // bf16 index keys and the FP8 format; the f32 stand-in takes the unfused sequence.
   if (!cache.defined() || cache.device() != Device::cuda ||
       (cache.dtype() != DType::bf16 && cache.dtype() != DType::u8))
@@ -114,6 +115,7 @@ bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& 
   p.b_bf16 = norm_b.dtype() == DType::bf16;
   p.interleaved = rope.interleaved;
   p.fp8 = fp8;
+  p.pdl = o.pdl;
   check_launch(launch_indexer_k_write(p, op_stream()), "indexer_k_write");
   return true;
 }

@@ -12,6 +12,8 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/indexer/sm90_indexer_fp8.cuh"
 #include "kernels/cuda/kv_write/kv_write_params.h"
 
@@ -25,6 +27,7 @@ constexpr int kRopeHalf = kMlaRope / 2;
 static_assert(kLatent4 <= kKvThreads && kRopeHalf <= 32, "one float4 per thread, rope pairs in warp 0");
 
 __global__ void __launch_bounds__(kKvThreads) sm90_mla_kv_write_kernel(const MlaKvWriteParams p) {
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const int64_t slot = p.slots[t];
   if (slot < 0 || slot >= p.num_slots) return;  // the whole block: no barrier is left waiting
@@ -102,6 +105,7 @@ __global__ void __launch_bounds__(kKvThreads) sm90_mla_kv_write_kernel(const Mla
 __global__ void __launch_bounds__(kKvThreads) sm90_indexer_k_write_kernel(const IndexerKWriteParams p) {
   __shared__ float row[kIndexerKMaxDim];
   __shared__ float key[kIndexerKMaxDim];  // the FP8 format's finished key, before quantisation
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const int64_t slot = p.slots[t];
   if (slot < 0 || slot >= p.num_slots) return;  // the whole block
@@ -154,16 +158,16 @@ __global__ void __launch_bounds__(kKvThreads) sm90_indexer_k_write_kernel(const 
 
 cudaError_t launch_mla_kv_write(const MlaKvWriteParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return cudaSuccess;
-  sm90_mla_kv_write_kernel<<<unsigned(p.tokens), kKvThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_mla_kv_write_kernel, dim3(unsigned(p.tokens)), dim3(kKvThreads), 0, stream,
+                    p);
 }
 
 cudaError_t launch_indexer_k_write(const IndexerKWriteParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return cudaSuccess;
   if (p.dim > kIndexerKMaxDim || p.rope_dim % 2 != 0 || p.rope_dim > p.dim || (p.fp8 && p.dim != kIndexerDim))
     return cudaErrorInvalidValue;
-  sm90_indexer_k_write_kernel<<<unsigned(p.tokens), kKvThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_indexer_k_write_kernel, dim3(unsigned(p.tokens)), dim3(kKvThreads), 0, stream,
+                    p);
 }
 
 }  // namespace dsaserve::kernels::cuda

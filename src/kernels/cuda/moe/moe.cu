@@ -1,5 +1,7 @@
 // MoE router (sigmoid, bias, grouped top-k, normalise, scale) and the weighted combine of expert outputs.
 #include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/moe/moe_params.h"
 
 namespace dsaserve::kernels::cuda {
@@ -16,6 +18,7 @@ __global__ void sm90_moe_route_kernel(MoeRouteKernelParams p) {
   __shared__ float group_score[kMaxGroups];
   __shared__ bool group_kept[kMaxGroups];
   __shared__ int32_t chosen[kMaxTopK];
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const int e = threadIdx.x;
   const float ninf = -__int_as_float(0x7f800000);
@@ -83,6 +86,7 @@ __global__ void sm90_moe_route_kernel(MoeRouteKernelParams p) {
 }
 
 __global__ void sm90_moe_combine_kernel(MoeCombineParams p) {
+  pdl_enter();
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= p.cols) return;
   for (int64_t t = blockIdx.y; t < p.tokens; t += gridDim.y) {
@@ -101,16 +105,15 @@ cudaError_t launch_moe_route(const MoeRouteKernelParams& p, cudaStream_t stream)
   if (p.tokens == 0) return cudaSuccess;
   if (p.experts > kMaxExperts || p.n_group > kMaxGroups || p.top_k > kMaxTopK) return cudaErrorInvalidValue;
   const int threads = int((p.experts + 31) / 32 * 32);
-  sm90_moe_route_kernel<<<unsigned(p.tokens), threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_moe_route_kernel, dim3(unsigned(p.tokens)), dim3(threads), 0, stream, p);
 }
 
 cudaError_t launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.cols == 0) return cudaSuccess;
   const int64_t bx = (p.cols + 255) / 256;
   const int64_t gy = p.tokens < 65535 ? p.tokens : 65535;
-  sm90_moe_combine_kernel<<<dim3(unsigned(bx), unsigned(gy)), 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_moe_combine_kernel, dim3(unsigned(bx), unsigned(gy)), dim3(256), 0, stream,
+                    p);
 }
 
 }  // namespace dsaserve::kernels::cuda

@@ -6,6 +6,8 @@
 
 #include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/moe/moe_params.h"
 
 namespace dsaserve::kernels::cuda {
@@ -32,6 +34,7 @@ int group_warps(int experts) {
 __global__ void sm90_moe_group_kernel(MoeGroupParams p) {
   extern __shared__ int32_t smem[];
   __shared__ int32_t s_dropped, s_bad_id, s_total;
+  pdl_enter();
   const int E = p.experts, W = int(blockDim.x >> 5);
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   int32_t* cursor = smem;        // [W][E]
@@ -191,6 +194,7 @@ constexpr int kWarps = 8, kThreads = kWarps * 32;
 // applies it to the R rows of the group.
 template <MoeWeightType WT, bool GATE_UP, int R>
 __global__ void __launch_bounds__(kThreads) sm90_moe_expert_gemm_kernel(MoeExpertGemmParams p) {
+  pdl_enter();
   using WV = WeightVec<WT>;
   constexpr int V = WV::V, PARTS = V / 4;
   constexpr int NW = GATE_UP ? 2 : 1;    // weight matrices
@@ -330,8 +334,8 @@ cudaError_t launch_gemm(const MoeExpertGemmParams& p, cudaStream_t stream) {
       });
   const int64_t most = int64_t(p.experts) * ((p.n_out + TILE - 1) / TILE);  // every expert active
   const int grid = int(most < resident ? most : resident);
-  sm90_moe_expert_gemm_kernel<WT, GATE_UP, R><<<grid, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_moe_expert_gemm_kernel<WT, GATE_UP, R>, dim3(unsigned(grid)), dim3(kThreads),
+                    0, stream, p);
 }
 
 template <MoeWeightType WT, bool GATE_UP>
@@ -357,8 +361,7 @@ cudaError_t launch_moe_group(const MoeGroupParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const int W = group_warps(p.experts);
   const size_t smem = size_t(W + 1) * size_t(p.experts) * sizeof(int32_t);
-  sm90_moe_group_kernel<<<1, W * 32, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, sm90_moe_group_kernel, dim3(1), dim3(W * 32), smem, stream, p);
 }
 
 cudaError_t moe_take_dropped_pairs(int64_t* count) {

@@ -18,6 +18,7 @@ struct MoeRouteKernelParams {
   int n_group, topk_group, top_k;
   bool norm_topk_prob;
   double scaling;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_moe_route(const MoeRouteKernelParams& p, cudaStream_t stream);
 
@@ -29,6 +30,7 @@ struct MoeCombineParams {
   const float* weights;  // [tokens, top_k]
   float* out;            // [tokens, cols] contiguous
   int64_t tokens, top_k, cols;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream);
 
@@ -47,6 +49,7 @@ struct MoeGroupParams {
   int32_t* pos;        // [pairs] packed row of pair i, -1 when dropped
   int64_t pairs, top_k;
   int experts;
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_moe_group(const MoeGroupParams& p, cudaStream_t stream);
 
@@ -87,8 +90,9 @@ struct MoeExpertGemmParams {
   int experts;
   int block_n, block_k;  // fp8 scale blocks
   MoeWeightType wtype;
-  bool gate_up;    // true: gate and up with SiLU-mul (n_in = hidden, n_out = inter); false: down
-  int group_rows;  // rows held in registers at once: 2, 4 or 8 (any count is correct; tunes speed)
+  bool gate_up;      // true: gate and up with SiLU-mul (n_in = hidden, n_out = inter); false: down
+  int group_rows;    // rows held in registers at once: 2, 4 or 8 (any count is correct; tunes speed)
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_moe_expert_gemm(const MoeExpertGemmParams& p, cudaStream_t stream);
 
@@ -121,8 +125,9 @@ struct MoeFp8GemmParams {
   int64_t N, K;
   int experts;
   bool gate_up;
-  int tile_rows;  // packed rows per pass: 8 (mma.sync) or 128 (the wgmma form); either is correct at any
-                  // size, it tunes speed
+  int tile_rows;     // packed rows per pass: 8 (mma.sync) or 128 (the wgmma form); either is correct at any
+                     // size, it tunes speed
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 // Mean rows per expert from which the launch takes the wgmma form (tile_rows 128). Measured on the H200
 // (ops_gpu_bench moe, one GLM-5.3 layer, random top-8): T = 128 (4 rows per expert) mma.sync 2.55 ms

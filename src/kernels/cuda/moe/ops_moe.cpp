@@ -39,7 +39,7 @@
 
 namespace dsaserve::kernels::cuda {
 
-Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) {
+Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p, const KernelOptions& o) {
   const RowView lv = rows_f32(logits, "moe_route logits");
   const int64_t T = lv.rows, E = lv.cols;
   DSA_CHECK(bias.defined() && bias.dtype() == DType::f32 && bias.dim() == 1 && bias.size(0) == E &&
@@ -62,6 +62,7 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
                           int(p.top_k),
                           p.norm_topk_prob,
                           p.routed_scaling_factor};
+  kp.pdl = o.pdl;
   check_launch(launch_moe_route(kp, op_stream()), "moe_route");
   return r;
 }
@@ -136,8 +137,8 @@ struct PlanLayout {
 };
 
 // [M, H] f32: the rows of xv listed by the device array rows_d (the token of each (token, expert) pair,
-// packed by expert), one launch.
-Tensor gather_pair_rows(const RowView& xv, const int32_t* rows_d, int64_t M) {
+// packed by expert), one launch (programmatic with pdl: KernelOptions::pdl, as every launch below).
+Tensor gather_pair_rows(const RowView& xv, const int32_t* rows_d, int64_t M, bool pdl) {
   const int64_t H = xv.cols;
   Tensor xg = Tensor::empty({M, H}, DType::f32, Device::cuda);
   RowsParams g{};
@@ -150,12 +151,27 @@ Tensor gather_pair_rows(const RowView& xv, const int32_t* rows_d, int64_t M) {
   g.op = RowOp::copy;
   g.src_rows = rows_d;
   g.page_size = 1;
+  g.pdl = pdl;
   check_launch(launch_rows(g, op_stream()), "moe_experts gather");
   return xg;
 }
 
+// out[t] = the routing-weighted sum of token t's expert rows of y [M, H] (packed by expert).
+void combine(const Tensor& y, const int32_t* plan, const PlanLayout& l, const Routing& routing, Tensor& out,
+             int64_t T, int64_t K, int64_t H, bool pdl) {
+  MoeCombineParams c{y.data<float>(),
+                     plan + l.pos(),
+                     static_cast<const float*>(routing.weights.raw_data()),
+                     out.data<float>(),
+                     T,
+                     K,
+                     H};
+  c.pdl = pdl;
+  check_launch(launch_moe_combine(c, op_stream()), "moe_experts combine");
+}
+
 void device_experts(const RowView& xv, const Routing& routing, const DerivedExperts& tab, const int32_t* plan,
-                    const PlanLayout& l, int64_t K, Tensor& out) {
+                    const PlanLayout& l, int64_t K, Tensor& out, bool pdl) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
   DSA_CHECK(tab.hidden == H, "moe_experts: experts take {} features, the input has {}", tab.hidden, H);
   const int32_t* rows_d = plan + l.rows();
@@ -167,6 +183,7 @@ void device_experts(const RowView& xv, const Routing& routing, const DerivedExpe
   p.block_n = int(tab.block_n);
   p.block_k = int(tab.block_k);
   p.wtype = weight_type(tab.dtype);
+  p.pdl = pdl;
   // Rows held in registers: the mean rows per expert rounded up to 2, 4 or 8 (shapes only).
   const int64_t mean = (M + E - 1) / E;
   p.group_rows = mean <= 2 ? 2 : mean <= 4 ? 4 : 8;
@@ -177,7 +194,7 @@ void device_experts(const RowView& xv, const Routing& routing, const DerivedExpe
     p.in_stride = xv.stride;
     p.in_rows = rows_d;
   } else {  // unaligned rows: gather the tokens packed by expert first
-    xg = gather_pair_rows(xv, rows_d, M);
+    xg = gather_pair_rows(xv, rows_d, M, pdl);
     p.in = xg.data<float>();
     p.in_stride = H;
     p.in_rows = nullptr;
@@ -197,11 +214,7 @@ void device_experts(const RowView& xv, const Routing& routing, const DerivedExpe
   p.n_out = H;
   p.gate_up = false;
   check_launch(launch_moe_expert_gemm(p, op_stream()), "moe_experts down");
-  check_launch(
-      launch_moe_combine({y.data<float>(), plan + l.pos(),
-                          static_cast<const float*>(routing.weights.raw_data()), out.data<float>(), T, K, H},
-                         op_stream()),
-      "moe_experts combine");
+  combine(y, plan, l, routing, out, T, K, H, pdl);
 }
 
 // The experts' shapes the FP8 tensor-core kernels take (the table's dtype and blocks are checked for every
@@ -275,19 +288,19 @@ namespace {
 struct Quantised {
   Tensor codes, scales;
 };
-Quantised quantise(const float* x, int64_t stride, int64_t rows, int64_t cols, const char* what) {
+Quantised quantise(const float* x, int64_t stride, int64_t rows, int64_t cols, const char* what, bool pdl) {
   Quantised q{Tensor::empty({rows, cols}, DType::u8, Device::cuda),
               Tensor::empty({cols / 128, rows}, DType::f32, Device::cuda)};
-  check_launch(
-      launch_quant_fp8({x, q.codes.data_u8(), q.scales.data<float>(), rows, rows, cols, stride}, op_stream()),
-      what);
+  QuantFp8Params p{x, q.codes.data_u8(), q.scales.data<float>(), rows, rows, cols, stride};
+  p.pdl = pdl;
+  check_launch(launch_quant_fp8(p, op_stream()), what);
   return q;
 }
 
 // The input's FP8 copy `pre` when given (codes [Tp, H], scales [H / 128, Tp], Tp >= T), else x's.
 void device_fp8_experts(const RowView& xv, const Routing& routing, const DerivedExperts& tab,
                         const int32_t* plan, const PlanLayout& l, int64_t K, int tile_rows, const Fp8Act* pre,
-                        Tensor& out) {
+                        Tensor& out, bool pdl) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
   DSA_CHECK(tab.hidden == H, "moe_experts: experts take {} features, the input has {}", tab.hidden, H);
   Quantised xq;
@@ -296,7 +309,7 @@ void device_fp8_experts(const RowView& xv, const Routing& routing, const Derived
     xq = {pre->codes, pre->scales};
     x_ld = pre->codes.size(0);
   } else {
-    xq = quantise(xv.p, xv.stride, T, H, "moe_experts fp8 input");
+    xq = quantise(xv.p, xv.stride, T, H, "moe_experts fp8 input", pdl);
   }
   MoeFp8GemmParams p{};
   p.table = static_cast<const MoeExpertWeights*>(tab.table.raw_data());
@@ -305,6 +318,7 @@ void device_fp8_experts(const RowView& xv, const Routing& routing, const Derived
   p.active = plan + l.active();
   p.experts = int(E);
   p.tile_rows = tile_rows != 0 ? tile_rows : moe_fp8_tile_rows(M, E);
+  p.pdl = pdl;
   Tensor act = Tensor::empty({M, I}, DType::f32, Device::cuda);  // [M, I] silu(gate) * up, packed by expert
   p.in_rows = plan + l.rows();
   p.xq = xq.codes.data_u8();
@@ -316,7 +330,7 @@ void device_fp8_experts(const RowView& xv, const Routing& routing, const Derived
   p.gate_up = true;
   check_launch(launch_moe_fp8_gemm(p, op_stream()), "moe_experts fp8 gate/up");
   // Rows past the last expert's (dropped pairs) hold no value; their codes are never read.
-  const Quantised aq = quantise(act.data<float>(), I, M, I, "moe_experts fp8 act");
+  const Quantised aq = quantise(act.data<float>(), I, M, I, "moe_experts fp8 act", pdl);
   Tensor y = Tensor::empty({M, H}, DType::f32, Device::cuda);  // [M, H] expert outputs, packed by expert
   p.in_rows = nullptr;
   p.xq = aq.codes.data_u8();
@@ -327,11 +341,7 @@ void device_fp8_experts(const RowView& xv, const Routing& routing, const Derived
   p.K = I;
   p.gate_up = false;
   check_launch(launch_moe_fp8_gemm(p, op_stream()), "moe_experts fp8 down");
-  check_launch(
-      launch_moe_combine({y.data<float>(), plan + l.pos(),
-                          static_cast<const float*>(routing.weights.raw_data()), out.data<float>(), T, K, H},
-                         op_stream()),
-      "moe_experts combine");
+  combine(y, plan, l, routing, out, T, K, H, pdl);
 }
 
 void host_experts(const RowView& xv, const Routing& routing, const std::vector<MlpRef>& experts,
@@ -347,7 +357,7 @@ void host_experts(const RowView& xv, const Routing& routing, const std::vector<M
   const int32_t* off = h.data() + l.offsets();
   const int32_t* rows_d = plan + l.rows();
 
-  const Tensor xg = gather_pair_rows(xv, rows_d, M);  // [M, H] tokens packed by expert
+  const Tensor xg = gather_pair_rows(xv, rows_d, M, o.pdl);  // [M, H] tokens packed by expert
   int64_t I = -1;
   for (int64_t e = 0; e < E; ++e) {
     if (off[e + 1] == off[e]) continue;
@@ -365,7 +375,7 @@ void host_experts(const RowView& xv, const Routing& routing, const std::vector<M
     cuda::linear(xe, mlp.gate, 0, -1, gate.slice(0, m0, m1), o);
     cuda::linear(xe, mlp.up, 0, -1, up.slice(0, m0, m1), o);
   }
-  const Tensor act = cuda::silu_mul(gate, up);  // [M, I]
+  const Tensor act = cuda::silu_mul(gate, up, o);  // [M, I]
   Tensor y = Tensor::empty({M, H}, DType::f32, Device::cuda);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t m0 = off[e], m1 = off[e + 1];
@@ -375,11 +385,7 @@ void host_experts(const RowView& xv, const Routing& routing, const std::vector<M
               mlp.down.rows(), H);
     cuda::linear(act.slice(0, m0, m1), mlp.down, 0, -1, y.slice(0, m0, m1), o);
   }
-  check_launch(
-      launch_moe_combine({y.data<float>(), plan + l.pos(),
-                          static_cast<const float*>(routing.weights.raw_data()), out.data<float>(), T, K, H},
-                         op_stream()),
-      "moe_experts combine");
+  combine(y, plan, l, routing, out, T, K, H, o.pdl);
 }
 
 }  // namespace
@@ -426,6 +432,7 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
                    l.pairs,
                    K,
                    int(E)};
+  g.pdl = o.pdl;
   check_launch(launch_moe_group(g, op_stream()), "moe_experts grouping");
 
   const bool capturing = stream_capturing();
@@ -459,9 +466,9 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
                      tab.block_k == 128;
     if (tab.unusable.empty()) {
       if (fp8) {
-        device_fp8_experts(xv, routing, tab, pd, l, K, o.moe_fp8_tile_rows, pre, out);
+        device_fp8_experts(xv, routing, tab, pd, l, K, o.moe_fp8_tile_rows, pre, out, o.pdl);
       } else {
-        device_experts(xv, routing, tab, pd, l, K, out);
+        device_experts(xv, routing, tab, pd, l, K, out, o.pdl);
       }
       return out;
     }

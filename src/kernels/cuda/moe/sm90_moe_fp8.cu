@@ -15,6 +15,8 @@
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/launch_util.cuh"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/common/sm90_mma.cuh"
 #include "kernels/cuda/moe/moe_params.h"
 
@@ -70,6 +72,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_fp8_gemm_kernel(const Mo
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ float s_wscale[2][kMaxKb];  // weight scales of this CTA's rows (lo: gate / down, hi: up)
   __shared__ int64_t s_src[64];          // source row in xq of the pass's rows (-1: none)
+  pdl_enter();  // which experts run (header, active) comes from the grouping kernel: nothing to prefetch
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
   const int64_t K = p.K, N = p.N, nkb = K / 128;
   const int64_t tiles = (N + kFeat - 1) / kFeat;
@@ -203,8 +206,7 @@ cudaError_t launch_persistent(const MoeFp8GemmParams& p, cudaStream_t stream) {
       });
   const int64_t most = int64_t(p.experts) * ((p.N + kFeat - 1) / kFeat);
   const int grid = int(most < resident ? most : resident);
-  KERNEL<<<grid, kBlock, kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(p.pdl, KERNEL, dim3(unsigned(grid)), dim3(kBlock), kSmemBytes, stream, p);
 }
 
 template <bool GATE_UP, int NT>
@@ -327,6 +329,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
   uint8_t* smem = smem_raw + ((1024 - (mma::smem_addr(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1 KiB
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff);
   uint64_t* empty = full + kStages;
+  pdl_enter();
   const int tid = int(threadIdx.x);
   const int role = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform: 0 copies, 1 and 2 multiply
   if (tid == 0) {

@@ -123,7 +123,7 @@ TEST_F(CudaMlaFused, KvWriteEqualsUnfusedBf16AndFp8) {
       Tensor fused = mla_kv_cache_empty(b.pool, f), unfused = mla_kv_cache_empty(b.pool, f);
       cudaMemset(fused.raw_data(), 0x5a, fused.nbytes());
       cudaMemset(unfused.raw_data(), 0x5a, unfused.nbytes());
-      ASSERT_TRUE(mla_kv_write_fused(ckv_d, w_d, 1e-6, pos_d, rp, fused, sl_d)) << name;
+      ASSERT_TRUE(mla_kv_write_fused(ckv_d, w_d, 1e-6, pos_d, rp, fused, sl_d, {})) << name;
       {  // the sequence the forward ran before, on the GPU
         Tensor c2 = ckv_d.clone();
         const Tensor kv = gpu().rms_norm(c2.slice(1, 0, kL), w_d, 1e-6);
@@ -160,7 +160,7 @@ TEST_F(CudaMlaFused, KvWriteThroughTheOpAndF32Fallback) {
   const RopeParams rp = glm_rope(true);
   Tensor f32_d = Tensor::zeros({b.pool, kL + kRope}, DType::f32, Device::cuda);
   EXPECT_FALSE(mla_kv_write_fused(ckv.to(Device::cuda), w.to(Device::cuda), 1e-6, pos.to(Device::cuda), rp,
-                                  f32_d, sl.to(Device::cuda)));
+                                  f32_d, sl.to(Device::cuda), {}));
   kernels::mla_kv_write(ckv.to(Device::cuda), w.to(Device::cuda), 1e-6, pos.to(Device::cuda), rp, f32_d,
                         sl.to(Device::cuda));
   Tensor f32_ref = Tensor::zeros({b.pool, kL + kRope}, DType::f32);
@@ -193,7 +193,7 @@ TEST_F(CudaMlaFused, IndexerKWriteEqualsUnfusedBf16AndFp8) {
         Tensor fused = indexer_key_cache_empty(b.pool, f), unfused = indexer_key_cache_empty(b.pool, f);
         cudaMemset(fused.raw_data(), 0x3c, fused.nbytes());
         cudaMemset(unfused.raw_data(), 0x3c, unfused.nbytes());
-        ASSERT_TRUE(indexer_k_write_fused(k_d, w_d, bias_d, 1e-6, pos_d, rp, fused, sl_d));
+        ASSERT_TRUE(indexer_k_write_fused(k_d, w_d, bias_d, 1e-6, pos_d, rp, fused, sl_d, {}));
         {
           const Tensor ki = gpu().layer_norm(k_d, w_d, bias_d, 1e-6);
           Tensor ki_pe = ki.view({T, 1, kIdx}).slice(2, 0, kRope);
@@ -251,13 +251,13 @@ TEST_F(CudaMlaFused, AbsorbBatchedMatchesCpu) {
           const std::string mode =
               fmt::format("{}{}", dt == DType::bf16 ? "bf16" : "fp8", fp32 ? "/fp32" : "");
           Tensor q_lat_d = Tensor::empty({T, nh, kL}, DType::f32, Device::cuda);
-          ASSERT_TRUE(absorb_q_batched(q_d.slice(2, 0, kNope), w_d, q_lat_d, prec)) << nh << " " << mode;
+          ASSERT_TRUE(absorb_q_batched(q_d.slice(2, 0, kNope), w_d, q_lat_d, ko)) << nh << " " << mode;
           report_gemm("absorb_q " + mode, fmt::format("{} x [{}, {}] x [{}, {}]", nh, T, kNope, kNope, kL),
                       q_lat_d, q_lat, tol);
           // Into a [T, nh, dv] view of a wider output: the padding must stay zero.
           Tensor wide_d = Tensor::zeros({T, nh, kV + 32}, DType::f32, Device::cuda);
           Tensor o_d = wide_d.slice(2, 16, 16 + kV);
-          ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d, prec)) << nh << " " << mode;
+          ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d, ko)) << nh << " " << mode;
           const Tensor wide = cpu(wide_d);  // (a strided CUDA view cannot be copied to the host directly)
           report_gemm("absorb_v " + mode, fmt::format("{} x [{}, {}] x [{}, {}]", nh, T, kL, kL, kV),
                       wide.slice(2, 16, 16 + kV).contiguous(), o, tol);
@@ -284,22 +284,22 @@ TEST_F(CudaMlaFused, Fp32ModeHoldsOneF32CopyOfKvB) {
   Tensor o_d = Tensor::empty({T, nh, kV}, DType::f32, Device::cuda);
   // Warm-up (fast mode, a bf16 weight): the GEMM libraries' own state exists before the measurement.
   const WeightRef bf16_d = to_cuda(rand_weight(nh * (kNope + kV), kL, DType::bf16, 74));
-  ASSERT_TRUE(absorb_v_batched(lat_d, bf16_d, kV, o_d, GemmPrecision::fast));
+  ASSERT_TRUE(absorb_v_batched(lat_d, bf16_d, kV, o_d, KernelOptions{}));
   (void)kernels::linear(lat_d.view({T * nh, kL}), bf16_d);
   KernelOptions ko;
   ko.gemm = GemmPrecision::fp32;
   const std::shared_ptr<Backend> be = make_backend(ko);
   const Ops fp32_ops(be.get());
   const WeightRef warm_d = to_cuda(rand_weight(nh * (kNope + kV), kL, DType::bf16, 73));
-  ASSERT_TRUE(absorb_v_batched(lat_d, warm_d, kV, o_d, GemmPrecision::fp32));
+  ASSERT_TRUE(absorb_v_batched(lat_d, warm_d, kV, o_d, ko));
   (void)fp32_ops.linear(lat_d.view({T * nh, kL}), warm_d);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const int64_t before = allocator_stats().bytes_in_use;
   w_d.derived = be->derive_weight(w_d, WeightUse::absorb);  // model load
   ASSERT_TRUE(w_d.derived && w_d.derived->f32.defined());
-  ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d, GemmPrecision::fp32));
+  ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d, ko));
   (void)fp32_ops.linear(lat_d.view({T * nh, kL}), w_d);  // the MHA form's kv_b_proj
-  ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d, GemmPrecision::fp32));
+  ASSERT_TRUE(absorb_v_batched(lat_d, w_d, kV, o_d, ko));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const int64_t held = allocator_stats().bytes_in_use - before;
   const int64_t copy = int64_t(allocation_size_class(size_t(w_d.weight.numel()) * 4));
