@@ -144,7 +144,13 @@ std::string describe(const KernelOptions& o) {
              name(o.mla_decode), name(o.mla_v5_order), name(o.indexer_score), name(o.indexer_select),
              name(o.gemm), o.gemm_fp8_small_max_tokens, name(o.moe)) +
          (o.moe_fp8_tile_rows != 0 ? fmt::format(" moe_fp8_tile_rows={}", o.moe_fp8_tile_rows) : "") +
-         (o.mha != MhaKernel::automatic ? fmt::format(" mha={}", name(o.mha)) : "");
+         (o.mha != MhaKernel::automatic ? fmt::format(" mha={}", name(o.mha)) : "") +
+         (o.gemm_split_fused_min_tokens != kGemmSplitFusedDefaultTokens
+              ? fmt::format(" gemm_split_fused_min_tokens={}", o.gemm_split_fused_min_tokens)
+              : "") +
+         (o.absorb_fused_min_tokens != kAbsorbFusedDefaultTokens
+              ? fmt::format(" absorb_fused_min_tokens={}", o.absorb_fused_min_tokens)
+              : "");
 }
 
 }  // namespace dsaserve::kernels

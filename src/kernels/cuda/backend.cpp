@@ -98,13 +98,14 @@ class CudaBackend final : public Backend {
   Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out) override {
     const AbsorbDims a = absorb_dims(q_nope, kv_b, true, 0);
     if (!out.defined()) out = Tensor::empty({a.tokens, a.heads, a.latent}, DType::f32, Device::cuda);
-    if (absorb_q_batched(q_nope, kv_b, out, options().gemm)) return out;
+    if (absorb_q_batched(q_nope, kv_b, out, options().gemm, options().absorb_fused_min_tokens)) return out;
     return Backend::absorb_q(q_nope, kv_b, std::move(out));
   }
   Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out) override {
     const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
     if (!out.defined()) out = Tensor::empty({a.tokens, a.heads, a.dv}, DType::f32, Device::cuda);
-    if (absorb_v_batched(out_lat, kv_b, dv, out, options().gemm)) return out;
+    if (absorb_v_batched(out_lat, kv_b, dv, out, options().gemm, options().absorb_fused_min_tokens))
+      return out;
     return Backend::absorb_v(out_lat, kv_b, dv, std::move(out));
   }
   void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,

@@ -90,10 +90,13 @@ bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& 
 // in GemmPrecision::fp32 the weight is gemm_weight_f32's (the derived f32 copy the fp32 linears use: kv_b
 // is held in f32 once). Without a derived copy the call makes one for itself. Return false where they do
 // not apply (activation views whose heads are not evenly strided, a shape cuBLASLt has no algorithm for):
-// the caller runs the per-head loop.
-bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, GemmPrecision prec);
+// the caller runs the per-head loop. From `fused_min_tokens` tokens (> 0; KernelOptions::
+// absorb_fused_min_tokens) fast mode runs one launch of the f32-activation kernel instead (the activations
+// rounded to bf16 as they are staged: gemm/gemm_f32act_params.h), where its alignments allow.
+bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, GemmPrecision prec,
+                      int64_t fused_min_tokens = 0);
 bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out,
-                      GemmPrecision prec);
+                      GemmPrecision prec, int64_t fused_min_tokens = 0);
 
 // Checks a request's page table (copied to the host) covers n positions with pages inside the cache.
 void check_pages(const PagedSeq& seq, int64_t n, int64_t cache_rows, const char* what);
