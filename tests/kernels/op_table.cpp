@@ -197,6 +197,35 @@ void add_linear_cases(std::vector<OpCase>& t) {
                    }});
     }
   }
+  // The narrow bf16 linears at decode and prefill sizes (T = 4096 takes the fused two-term kernel from
+  // KernelOptions::gemm_split_fused_min_tokens on: kernels/cuda/gemm/gemm_f32act_params.h), held to the
+  // two-term recipe's accuracy (1e-4 per row L2; one bf16 term would give ~3e-3): router_gate, and the
+  // indexer's wk + weights_proj through linear_multi (one launch for both parts).
+  const std::vector<int64_t> prefill_tokens = {1, 33, 4096};
+  constexpr double kTolSplit = 1e-4;
+  t.push_back(
+      {"linear", "bf16 router_gate [256 x 6144], prefill sizes", prefill_tokens,
+       [=](Backend& d, Backend& r, int64_t T) {
+         const WeightRef w = rand_weight(kExperts, kH, DType::bf16, 950), wd = on(w, d);
+         const Tensor x = rand_f32({T, kH}, 960 + uint64_t(T), 2.0f), xd = on(x, d);
+         return same_op(
+             d, r, [=](Backend& b) { return Outs{b.linear(xd, wd, 0, -1, {})}; },
+             [=](Backend& b) { return Outs{b.linear(x, w, 0, -1, {})}; }, {{Measure::gemm_l2, kTolSplit}},
+             weight_bytes(w) + double(T) * double(kH + kExperts) * kF32, 2.0 * double(T * kExperts * kH));
+       }});
+  t.push_back({"linear_multi", "bf16 indexer wk + weights_proj [128 + 32 x 6144], prefill sizes",
+               prefill_tokens, [=](Backend& d, Backend& r, int64_t T) {
+                 const std::vector<WeightRef> ws = {rand_weight(kId, kH, DType::bf16, 970),
+                                                    rand_weight(kIh, kH, DType::bf16, 971)};
+                 const std::vector<WeightRef> wd = {on(ws[0], d), on(ws[1], d)};
+                 const Tensor x = rand_f32({T, kH}, 980 + uint64_t(T), 2.0f), xd = on(x, d);
+                 return same_op(
+                     d, r, [=](Backend& b) { return b.linear_multi(xd, wd, nullptr); },
+                     [=](Backend& b) { return b.linear_multi(x, ws, nullptr); },
+                     {{Measure::gemm_l2, kTolSplit}, {Measure::gemm_l2, kTolSplit}},
+                     weight_bytes(ws[0]) + weight_bytes(ws[1]) + double(T) * double(kH + kId + kIh) * kF32,
+                     2.0 * double(T * (kId + kIh) * kH));
+               }});
   // The absorbed-MLA products on one head's rows of kv_b: q_lat[h] = q_nope[h] @ W_UK[h] (linear_t) and
   // o[h] = out_lat[h] @ W_UV[h]^T written into a column slice of the output (the neighbouring head must
   // stay as it was), for head 0 and an odd head (unaligned rows).
