@@ -117,11 +117,15 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_f32act_gemm_kernel(const F32
   // ldmatrix row address of this lane (trans_w): matrix j = lane / 8, row r = lane % 8.
   const int lj = lane >> 3, lr = lane & 7;
   const int lk = 8 * (lr >> 1) + (lr & 1) + 2 * (lj & 1) + 4 * (lj >> 1);
+  // Warps whose 32 outputs all lie past N (a narrow segment: weights_proj's 32 rows in a 128-wide tile)
+  // only copy: their tensor-core time goes to the other CTAs of the SM.
+  const bool active = n0 + wn * kNT * 8 < N;
   for (int64_t i = 0; i < nkb; ++i) {
     mma::cp_async_wait<kStages - 2>();  // this block has landed (own copies) ...
     __syncthreads();                    // ... everyone's, and the stage refilled below is no longer read
     if (i + kStages - 1 < nkb) load(i + kStages - 1, int((i + kStages - 1) % kStages));
     mma::cp_async_commit();
+    if (!active) continue;
     const uint8_t* sx = smem + size_t(i % kStages) * S::kBytes;
     const uint8_t* sw = sx + S::kX;
     // B fragments of the block: bw[nt][0..1] for the first mma, [2..3] for the second.
