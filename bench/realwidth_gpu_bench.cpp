@@ -25,6 +25,8 @@
 //                       [--warmup 3] [--no-graphs] [--max-seconds 420] [--trace-prefill 4096]
 //                       [--verify-tokens 4] [--moe-path auto|device|device_fp8|host]
 //                       [--prefill-forms auto,absorbed,mha] (the prefill rows' attention forms, a row each)
+//                       [--split-fused-min-tokens N] [--absorb-fused-min-tokens N] (KernelOptions' thresholds
+//                       of the f32-activation kernel; 0: the old paths)
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -72,6 +74,9 @@ struct Args {
   bool graphs = true;
   double max_seconds = 420;
   std::string moe_path = "auto";  // KernelOptions::moe (the routed experts' path)
+  // KernelOptions::gemm_split_fused_min_tokens / absorb_fused_min_tokens (-1: the defaults; 0: the old
+  // paths): the f32-activation kernel's thresholds, for an old / new comparison of the prefill rows.
+  int64_t split_fused_min_tokens = -1, absorb_fused_min_tokens = -1;
   // The prefill rows' attention forms (ForwardOptions::attention), each a row: auto (the rule), absorbed,
   // mha.
   std::vector<std::string> prefill_forms{"auto"};
@@ -136,6 +141,10 @@ Args parse(int argc, char** argv) {
       a.max_seconds = std::stod(val());
     else if (k == "--moe-path")
       a.moe_path = val();
+    else if (k == "--split-fused-min-tokens")
+      a.split_fused_min_tokens = std::stoll(val());
+    else if (k == "--absorb-fused-min-tokens")
+      a.absorb_fused_min_tokens = std::stoll(val());
     else if (k == "--prefill-forms") {
       a.prefill_forms.clear();
       const std::string s = val();
@@ -319,11 +328,13 @@ int run(const Args& a) {
   auto t0 = clock_type::now();
   const bool spec = a.verify_tokens > 1 && c.num_nextn_predict_layers > 0;
   std::shared_ptr<model::Model> model = model::make_dummy_model(c, Device::cuda, 0, spec);
-  if (a.moe_path != "auto") {
+  if (a.moe_path != "auto" || a.split_fused_min_tokens >= 0 || a.absorb_fused_min_tokens >= 0) {
     kernels::KernelOptions ko;
     ko.moe = kernels::parse_moe_path(a.moe_path, "--moe-path");
+    if (a.split_fused_min_tokens >= 0) ko.gemm_split_fused_min_tokens = a.split_fused_min_tokens;
+    if (a.absorb_fused_min_tokens >= 0) ko.absorb_fused_min_tokens = a.absorb_fused_min_tokens;
     model = model->with_backend(kernels::cuda::make_backend(ko));
-    fmt::print("routed experts: --moe-path {}\n", a.moe_path);
+    fmt::print("kernel options: {}\n", kernels::describe(ko));
   }
   sync();
   fmt::print("dummy weights generated on the GPU: {:.2f} GiB in {:.1f} s\n",
