@@ -275,6 +275,11 @@ Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out = {});
 // [h P + P - dv, (h + 1) P) of kv_b. out_lat [T, nh, L] -> [T, nh, dv] (into `out`, a [T, nh, dv] view
 // with a contiguous last dim, when given).
 Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out = {});
+// absorb_v, and where the backend can make it with the product (the CUDA backend's prefill-sized fused
+// launch), the result's FP8 copy for the FP8 linear that reads it as [T, nh * dv] (o_proj): q holds the
+// codes and scales that linear's activation quantisation would make (rows as gemm's fp8_act_rows; pass it
+// to linear_multi). Otherwise q is left empty (the default: absorb_v).
+Tensor absorb_v_fp8(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out, Fp8Act& q);
 // The shape rules of absorb_q (q = true: x is q_nope, `d` unused) and absorb_v (x is out_lat, d = dv)
 // (every backend checks through this; throws dsaserve::Error).
 struct AbsorbDims {
@@ -382,6 +387,9 @@ class Backend {
   // rope_inplace, paged_store): the CPU results are exactly those of the sequence.
   virtual Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out);
   virtual Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out);
+  // The default runs absorb_v and leaves q empty.
+  virtual Tensor absorb_v_fp8(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out,
+                              Fp8Act& q);
   virtual void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
                             const RopeParams& rope, Tensor& cache, const Tensor& slots);
   virtual void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
@@ -456,6 +464,7 @@ class Ops {
                        int64_t start_pos, const Tensor& sel, double scale) const;
   Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out = {}) const;
   Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out = {}) const;
+  Tensor absorb_v_fp8(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out, Fp8Act& q) const;
   void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
                     const RopeParams& rope, Tensor& cache, const Tensor& slots) const;
   void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,

@@ -328,6 +328,32 @@ void add_mla_cases(std::vector<OpCase>& t) {
                    }});
     }
   }
+  // absorb_v_fp8: absorb_v and, where the CUDA backend's fused launch runs it (from
+  // KernelOptions::absorb_fused_min_tokens: T = 257 here), the output's FP8 copy; an FP8 linear in o_proj's
+  // place (768 of its rows) reading the output through linear_multi with that copy gives what it gives
+  // quantising the output itself (the CPU makes no copy: its linear is exact).
+  t.push_back(
+      {"absorb_v_fp8",
+       "bf16 kv_b, 64 heads, into an FP8 o_proj",
+       {1, 33, 257},
+       [=](Backend& d, Backend& r, int64_t T) {
+         const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, DType::bf16, 3800),
+                         wd = on(w, d, WeightUse::absorb);
+         const WeightRef o = rand_weight(768, kHeads * kV, DType::f8e4m3fn, 3810), od = on(o, d);
+         const Tensor lat = rand_f32({T, kHeads, kKvLora}, 4100 + uint64_t(T)), ld = on(lat, d);
+         auto run = [=](Backend& b, const Tensor& x, const WeightRef& kv, const WeightRef& op) {
+           Fp8Act q;
+           const Tensor a = b.absorb_v_fp8(x, kv, kV, {}, q);
+           return Outs{a, b.linear_multi(a.view({T, kHeads * kV}), {op}, q.defined() ? &q : nullptr)[0]};
+         };
+         return same_op(
+             d, r, [=](Backend& b) { return run(b, ld, wd, od); },
+             [=](Backend& b) { return run(b, lat, w, o); },
+             {{Measure::gemm_l2, kTolBf16}, {Measure::gemm_l2, kTolFp8}},
+             weight_bytes(w) * double(kV) / double(kNope + kV) + weight_bytes(o) +
+                 double(T) * double(kHeads * (kKvLora + kV) + 768) * kF32,
+             2.0 * double(T * kHeads * kV * kKvLora) + 2.0 * double(T * 768 * kHeads * kV), true);
+       }});
   // The cache writes of T tokens at slots scattered over the pages, positions up to 128K, into f32 caches
   // (the kernel formats and their rounding: mla_fused_test).
   for (bool indexer : {false, true}) {

@@ -108,6 +108,17 @@ class CudaBackend final : public Backend {
       return out;
     return Backend::absorb_v(out_lat, kv_b, dv, std::move(out));
   }
+  Tensor absorb_v_fp8(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out,
+                      Fp8Act& q) override {
+    const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
+    if (!out.defined()) out = Tensor::empty({a.tokens, a.heads, a.dv}, DType::f32, Device::cuda);
+    const KernelOptions& o = options();
+    if (absorb_v_batched(out_lat, kv_b, dv, out, o.gemm, o.absorb_fused_min_tokens, &q,
+                         o.gemm_fp8_small_max_tokens))
+      return out;
+    q = Fp8Act{};
+    return Backend::absorb_v(out_lat, kv_b, dv, std::move(out));
+  }
   void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
                     const RopeParams& rope, Tensor& cache, const Tensor& slots) override {
     if (!mla_kv_write_fused(ckv, norm_w, eps, positions, rope, cache, slots))

@@ -95,8 +95,12 @@ bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& 
 // rounded to bf16 as they are staged: gemm/gemm_f32act_params.h), where its alignments allow.
 bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, GemmPrecision prec,
                       int64_t fused_min_tokens = 0);
+// absorb_v_batched with `q` also makes, when the fused launch runs (and the output is a contiguous [T, nh,
+// dv] with dv % 128 == 0), the output's FP8 copy as an FP8 linear reads [T, nh dv] (the recipe's codes and
+// scales, rows gemm.h fp8_act_rows(T, fp8_small_max_tokens)): absorb_v_fp8 for o_proj; else q is empty.
 bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out,
-                      GemmPrecision prec, int64_t fused_min_tokens = 0);
+                      GemmPrecision prec, int64_t fused_min_tokens = 0, Fp8Act* q = nullptr,
+                      int64_t fp8_small_max_tokens = 0);
 
 // Checks a request's page table (copied to the host) covers n positions with pages inside the cache.
 void check_pages(const PagedSeq& seq, int64_t n, int64_t cache_rows, const char* what);

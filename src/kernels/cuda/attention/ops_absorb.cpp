@@ -155,10 +155,12 @@ Tensor dense_weight(const WeightRef& w, bool f32) {
 }
 
 // The product of many tokens in one launch of the f32-activation kernel (gemm_f32act_params.h: x rounded
-// to bf16 as it is staged, no conversion pass or packed copy); same operands as batched() below. False
-// when the views or alignments do not fit it (nothing launched).
+// to bf16 as it is staged, no conversion pass or packed copy); same operands as batched() below. With `q`
+// (absorb_v) the launch also writes the output's FP8 copy as the FP8 linears read [T, nh M] (q_rows rows:
+// gemm.h fp8_act_rows) where the output is contiguous and M a multiple of 128; q is left empty otherwise.
+// False when the views or alignments do not fit it (nothing launched).
 bool batched_fused(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_stride, bool trans_a,
-                   int64_t M, Tensor& out, const char* what) {
+                   int64_t M, Tensor& out, Fp8Act* q, int64_t q_rows, const char* what) {
   const int64_t nh = x.size(1), L = dense.size(1);
   if (dense.dtype() != DType::bf16 || x.dtype() != DType::f32 || x.stride(2) != 1) return false;
   F32ActGemmParams p{};
@@ -178,7 +180,25 @@ bool batched_fused(const Tensor& x, const Tensor& dense, int64_t a_offset, int64
   p.split = false;
   p.trans_w = !trans_a;
   if (!f32act_gemm_supported(p)) return false;
+  Fp8Act copy;
+  if (q != nullptr && out.stride(1) == M && out.stride(0) == nh * M) {
+    const int64_t cols = nh * M;
+    F32ActGemmParams pq = p;
+    copy = Fp8Act{Tensor::empty({q_rows, cols}, DType::u8, Device::cuda),
+                  Tensor::empty({cols / 128, q_rows}, DType::f32, Device::cuda), p.T};
+    pq.q_codes = copy.codes.data_u8();
+    pq.q_scales = copy.scales.data<float>();
+    pq.q_ld = cols;
+    pq.q_bs = M;
+    pq.q_rows = q_rows;
+    if (cols % 128 == 0 && f32act_gemm_supported(pq)) {
+      p = pq;
+    } else {
+      copy = Fp8Act{};
+    }
+  }
   check_launch(launch_f32act_gemm(p, op_stream()), what);
+  if (q != nullptr) *q = std::move(copy);
   return true;
 }
 
@@ -187,14 +207,14 @@ bool batched_fused(const Tensor& x, const Tensor& dense, int64_t a_offset, int64
 // (> 0) a bf16 weight runs batched_fused. False when the views do not fit (heads not evenly strided) or
 // cuBLASLt has no algorithm: nothing is launched then.
 bool batched(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_stride, bool trans_a,
-             int64_t M, Tensor& out, int64_t fused_min_tokens, const char* what) {
+             int64_t M, Tensor& out, int64_t fused_min_tokens, Fp8Act* q, int64_t q_rows, const char* what) {
   const int64_t T = x.size(0), nh = x.size(1), K = x.size(2), L = dense.size(1);
   if (T == 0) return true;
   if (x.stride(2) != 1 || x.stride(0) != nh * x.stride(1) || out.device() != Device::cuda ||
       out.dtype() != DType::f32 || out.stride(2) != 1)
     return false;
   if (fused_min_tokens > 0 && T >= fused_min_tokens &&
-      batched_fused(x, dense, a_offset, a_stride, trans_a, M, out, what))
+      batched_fused(x, dense, a_offset, a_stride, trans_a, M, out, q, q_rows, what))
     return true;
   const bool f32 = dense.dtype() == DType::f32;
   const int64_t es = f32 ? 4 : 2;
@@ -262,11 +282,13 @@ bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, 
   const bool f32 = prec == GemmPrecision::fp32;
   const Tensor w = dense_weight(kv_b, f32);
   // D[L, T] = W_UK[h] (column-major [L, nope], lda L) . q_nope[:, h]
-  return batched(q_nope, w, 0, a.per_head * a.latent, false, a.latent, out, fused_min_tokens, "absorb_q");
+  return batched(q_nope, w, 0, a.per_head * a.latent, false, a.latent, out, fused_min_tokens, nullptr, 0,
+                 "absorb_q");
 }
 
 bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out,
-                      GemmPrecision prec, int64_t fused_min_tokens) {
+                      GemmPrecision prec, int64_t fused_min_tokens, Fp8Act* q, int64_t fp8_small_max_tokens) {
+  if (q != nullptr) *q = Fp8Act{};
   const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
   check_out(out, a.tokens, a.heads, a.dv, "absorb_v");
   if (!weight_ok(kv_b) || out_lat.device() != Device::cuda) return false;
@@ -274,7 +296,7 @@ bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, 
   const Tensor w = dense_weight(kv_b, f32);
   // D[dv, T] = W_UV[h]^T (stored column-major [L, dv], lda L) . out_lat[:, h]
   return batched(out_lat, w, a.nope * a.latent, a.per_head * a.latent, true, a.dv, out, fused_min_tokens,
-                 "absorb_v");
+                 f32 ? nullptr : q, fp8_act_rows(a.tokens, fp8_small_max_tokens), "absorb_v");
 }
 
 }  // namespace dsaserve::kernels::cuda

@@ -18,6 +18,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/common/sm90_mma.cuh"
 #include "kernels/cuda/gemm/gemm_f32act_params.h"
 
@@ -53,7 +54,62 @@ __device__ __forceinline__ void split2(float a, float b, uint32_t& hi, uint32_t&
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
-template <int MT, bool kSplit, bool kTrans>
+// The FP8 copy of a CTA's output tile (F32ActGemmParams::q_codes): its 128 columns are one 128-group of each
+// token row (n0 and the batch's column offset are multiples of 128). The amax of a row: each thread's 8
+// values, the 4 lanes of the row (shuffles), the 4 warps along the outputs (shared memory); then
+// launch_quant_fp8's rule (fp8_act_scale, fp8_act_code) on the same f32 values the output holds. Rows past T
+// have zero activations, so zero sums: amax 0, scale 1, codes 0, the padding rows' rule.
+template <int MT>
+__device__ __forceinline__ void quantise_tile(const F32ActGemmParams& p, const float (&acc)[MT][kNT][4],
+                                              int64_t t0, int64_t n0, int64_t b, int wm, int wn, int g,
+                                              int t) {
+  __shared__ float s_amax[kWarpsN][kWarpsM * MT * 16];
+  float m[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    m[mt][0] = m[mt][1] = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      m[mt][0] = fmaxf(m[mt][0], fmaxf(fabsf(acc[mt][nt][0]), fabsf(acc[mt][nt][1])));
+      m[mt][1] = fmaxf(m[mt][1], fmaxf(fabsf(acc[mt][nt][2]), fabsf(acc[mt][nt][3])));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m[mt][h] = fmaxf(m[mt][h], __shfl_xor_sync(0xffffffffu, m[mt][h], 1));
+      m[mt][h] = fmaxf(m[mt][h], __shfl_xor_sync(0xffffffffu, m[mt][h], 2));
+    }
+    if (t == 0) {
+      const int r = wm * MT * 16 + mt * 16 + g;
+      s_amax[wn][r] = m[mt][0];
+      s_amax[wn][r + 8] = m[mt][1];
+    }
+  }
+  __syncthreads();
+  const int64_t col0 = b * p.q_bs + n0;  // the group's first column
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wm * MT * 16 + mt * 16 + g + 8 * h;
+      const int64_t tok = t0 + r;
+      if (tok >= p.q_rows) continue;
+      float amax = s_amax[0][r];
+#pragma unroll
+      for (int w = 1; w < kWarpsN; ++w) amax = fmaxf(amax, s_amax[w][r]);
+      const float sc = fp8_act_scale(amax);
+      uint8_t* row = p.q_codes + tok * p.q_ld + col0 + wn * kNT * 8 + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const uint32_t lo = fp8_act_code(acc[mt][nt][2 * h], sc),
+                       hi = fp8_act_code(acc[mt][nt][2 * h + 1], sc);
+        *reinterpret_cast<uint16_t*>(row + nt * 8) = uint16_t(lo | (hi << 8));
+      }
+      if (wn == 0 && t == 0) p.q_scales[(col0 / 128) * p.q_rows + tok] = sc;
+    }
+  }
+}
+
+template <int MT, bool kSplit, bool kTrans, bool kQuant>
 __global__ void __launch_bounds__(kThreads, 2) sm90_f32act_gemm_kernel(const F32ActGemmParams p) {
   using S = Tile<MT>;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -174,7 +230,9 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_f32act_gemm_kernel(const F32
   }
   mma::cp_async_wait<0>();
 
-  // acc[mt][nt]: rows (tokens) g and g + 8 of the m16 tile, columns (outputs) 2t and 2t + 1 of the n8 tile.
+  if constexpr (kQuant) quantise_tile<MT>(p, acc, t0, n0, b, wm, wn, g, t);
+
+    // acc[mt][nt]: rows (tokens) g and g + 8 of the m16 tile, columns (outputs) 2t and 2t + 1 of the n8 tile.
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int64_t ta = t0 + wm * MT * 16 + mt * 16 + g, tb = ta + 8;
@@ -203,9 +261,9 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_f32act_gemm_kernel(const F32
   }
 }
 
-template <int MT, bool kSplit, bool kTrans>
+template <int MT, bool kSplit, bool kTrans, bool kQuant = false>
 cudaError_t launch_cfg(const F32ActGemmParams& p, dim3 grid, cudaStream_t stream) {
-  auto* kernel = sm90_f32act_gemm_kernel<MT, kSplit, kTrans>;
+  auto* kernel = sm90_f32act_gemm_kernel<MT, kSplit, kTrans, kQuant>;
   const cudaError_t attr = set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), int(Tile<MT>::kSmem));
   if (attr != cudaSuccess) return attr;
   kernel<<<grid, kThreads, Tile<MT>::kSmem, stream>>>(p);
@@ -214,6 +272,7 @@ cudaError_t launch_cfg(const F32ActGemmParams& p, dim3 grid, cudaStream_t stream
 
 template <int MT>
 cudaError_t launch_mt(const F32ActGemmParams& p, dim3 grid, cudaStream_t stream) {
+  if (p.q_codes != nullptr) return launch_cfg<MT, false, false, true>(p, grid, stream);
   if (p.split) {
     if (p.trans_w) return launch_cfg<MT, true, true>(p, grid, stream);
     return launch_cfg<MT, true, false>(p, grid, stream);
@@ -246,6 +305,11 @@ bool f32act_gemm_supported(const F32ActGemmParams& p) {
     return false;
   if (p.tile_tokens != 0 && p.tile_tokens != 32 && p.tile_tokens != 64) return false;
   if (p.batch > 65535 || (p.T + 31) / 32 > 65535) return false;
+  if (p.q_codes != nullptr &&
+      (p.q_scales == nullptr || p.segments != 1 || p.split || p.trans_w || p.seg[0].N % kBN != 0 ||
+       p.q_bs % kBN != 0 || p.q_ld % kBN != 0 || p.q_rows < p.T || p.q_rows > (p.T + 31) / 32 * 32 ||
+       (p.batch - 1) * p.q_bs + p.seg[0].N > p.q_ld))
+    return false;
   for (int s = 0; s < p.segments; ++s) {
     const F32ActSegment& g = p.seg[s];
     if (g.w == nullptr || g.out == nullptr || g.N <= 0 || !aligned(g.w, 16) || g.w_ld % 8 != 0 ||

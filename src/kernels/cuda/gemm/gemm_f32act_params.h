@@ -40,6 +40,14 @@ struct F32ActGemmParams {
   bool split;                             // two-term split of x (else x rounded to bf16)
   bool trans_w;                           // weights stored [K][N]
   int tile_tokens;                        // 32 or 64; 0: f32act_tile_tokens
+  // Optional (absorb_v, for the FP8 o_proj that reads its output as [T, heads x N]): the output's FP8 copy
+  // in the linears' recipe (gemm.h; bit for bit launch_quant_fp8 on the f32 output): codes u8 [q_rows, q_ld]
+  // (output n of batch b in column b * q_bs + n), scales f32 [q_ld / 128, q_rows] (one per token and
+  // 128-group); rows T .. q_rows - 1 get codes 0 and scale 1. Null: none. Needs one segment, no split, W
+  // [N][K], N % 128 == 0, q_bs % 128 == 0, q_ld % 128 == 0 and T <= q_rows <= T rounded up to 32.
+  uint8_t* q_codes;
+  float* q_scales;
+  int64_t q_ld, q_bs, q_rows;
 };
 
 // The token tile a launch uses by default: 64 while that still gives two CTAs an SM, else 32.

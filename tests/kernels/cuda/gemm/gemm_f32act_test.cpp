@@ -262,5 +262,54 @@ TEST_F(CudaF32ActGemm, AbsorbTakesItAtPrefillSizes) {
   }
 }
 
+// absorb_v_fp8 (o_proj's input): the FP8 copy the fused launch writes is the recipe's quantisation of the f32
+// output bit for bit (codes, scales, the padding rows' zeros and ones), and o_proj through linear_multi with
+// it equals o_proj quantising the output itself, bit for bit; below the threshold (and in fp32 mode) the copy
+// is left empty.
+TEST_F(CudaF32ActGemm, AbsorbVFp8CopyIsTheQuantisationOfItsOutput) {
+  constexpr int64_t nh = 64, kL = 512, kV = 256, kNope = 192;
+  auto bits_equal = [](const Tensor& a, const Tensor& b) {
+    const Tensor x = cpu(a).contiguous(), y = cpu(b).contiguous();
+    return x.nbytes() == y.nbytes() && std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
+  };
+  KernelOptions fused;
+  fused.absorb_fused_min_tokens = 1;
+  const std::shared_ptr<Backend> be = make_backend(fused);
+  WeightRef w_d = to_cuda(rand_weight(nh * (kNope + kV), kL, DType::f8e4m3fn, 61));
+  w_d.derived = be->derive_weight(w_d, WeightUse::absorb);
+  WeightRef o_d = to_cuda(rand_weight(6144, nh * kV, DType::f8e4m3fn, 62));
+  o_d.derived = be->derive_weight(o_d, WeightUse::linear);
+  for (int64_t T : {int64_t(1), int64_t(33), int64_t(257), int64_t(4096)}) {
+    const Tensor lat = rand_f32({T, nh, kL}, 70 + uint64_t(T), 4.0f).to(Device::cuda);
+    Fp8Act q;
+    const Tensor a = be->absorb_v_fp8(lat, w_d, kV, {}, q);
+    ASSERT_TRUE(q.defined()) << "T " << T;
+    EXPECT_EQ(q.rows, T);
+    const Tensor flat = a.view({T, nh * kV});
+    const Fp8Act want = quantize_fp8_activations(flat, fused);
+    EXPECT_TRUE(bits_equal(q.codes, want.codes)) << "codes T " << T;
+    EXPECT_TRUE(bits_equal(q.scales, want.scales)) << "scales T " << T;
+    EXPECT_TRUE(bits_equal(a, be->absorb_v(lat, w_d, kV, {}))) << "the f32 output is absorb_v's, T " << T;
+    EXPECT_TRUE(bits_equal(be->linear_multi(flat, {o_d}, &q)[0], be->linear(flat, o_d, 0, -1, {})))
+        << "o_proj with the copy, T " << T;
+    fmt::print("RESULT op=absorb_v_fp8 T={} codes/scales == quantize(absorb_v) {}\n", T,
+               bits_equal(q.codes, want.codes) && bits_equal(q.scales, want.scales) ? "ok" : "FAIL");
+  }
+  // No copy below the threshold or in fp32 mode: the caller quantises itself.
+  KernelOptions off, exact;
+  off.absorb_fused_min_tokens = 0;
+  exact.gemm = GemmPrecision::fp32;
+  exact.absorb_fused_min_tokens = 1;
+  for (const KernelOptions& ko : {off, exact}) {
+    const std::shared_ptr<Backend> b2 = make_backend(ko);
+    WeightRef w2 = to_cuda(rand_weight(nh * (kNope + kV), kL, DType::bf16, 63));
+    w2.derived = b2->derive_weight(w2, WeightUse::absorb);
+    const Tensor lat = rand_f32({300, nh, kL}, 80).to(Device::cuda);
+    Fp8Act q;
+    (void)b2->absorb_v_fp8(lat, w2, kV, {}, q);
+    EXPECT_FALSE(q.defined());
+  }
+}
+
 }  // namespace
 }  // namespace dsaserve::kernels::cuda
