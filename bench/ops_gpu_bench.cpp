@@ -296,7 +296,8 @@ void bench_fp8_small_splits() {
 // path; 1: the fused kernel wherever it applies; the default switches at gemm_split_fused_min_tokens /
 // absorb_fused_min_tokens): router_gate [256 x 6144] and the indexer's wk + weights_proj [128 + 32 x 6144]
 // (the narrow two-term recipe: split pass + two cuBLASLt GEMMs per weight, or one fused launch), absorb_q /
-// absorb_v at 64 heads (conversion pass + cuBLASLt's strided batch, or one fused launch). Floor: the plan's
+// absorb_v at 64 heads (conversion pass + cuBLASLt's strided batch, or one fused launch; with o_proj's
+// activation quantisation: a pass over the f32 output, or absorb_v_fp8's epilogue). Floor: the plan's
 // arithmetic (one bf16 term) at the bf16 peak, or the bytes the fused kernel must move (bf16 weights, f32
 // activations in and out) at 4.3 TB/s, whichever is larger; ratio = floor / the default path's time.
 void bench_prefill_ops() {
@@ -350,6 +351,20 @@ void bench_prefill_ops() {
       auto run = [&](ops::Backend& b) { return time_us([&] { b.absorb_v(lat, kv_b, kV, o); }); };
       line("absorb_v 64h", T, fmt::format("64x[{},{},{}]", T, kKvLora, kV), run(*old_be), run(*new_be),
            run(*def_be), double(kHeads * kV * kKvLora) * 2 + 4.0 * double(T * kHeads * (kKvLora + kV)),
+           2.0 * double(T * kHeads * kKvLora * kV));
+      // With o_proj's activation quantisation: absorb_v_fp8's copy, or (no copy) a quantisation pass over
+      // the f32 output. Floor: + the codes written.
+      auto run_q = [&](ops::Backend& b) {
+        return time_us([&] {
+          ops::Fp8Act q;
+          b.absorb_v_fp8(lat, kv_b, kV, o, q);
+          if (!q.defined()) (void)kc::quantize_fp8_activations(o.view({T, kHeads * kV}));
+        });
+      };
+      line("absorb_v+o_proj quant", T, fmt::format("64x[{},{},{}]", T, kKvLora, kV), run_q(*old_be),
+           run_q(*new_be), run_q(*def_be),
+           double(kHeads * kV * kKvLora) * 2 + 4.0 * double(T * kHeads * (kKvLora + kV)) +
+               double(T * kHeads * kV),
            2.0 * double(T * kHeads * kKvLora * kV));
     }
   }
