@@ -220,6 +220,10 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p);
 
 // silu(gate) * up: [T, I] each -> [T, I].
 Tensor silu_mul(const Tensor& gate, const Tensor& up);
+// silu_mul, and where the backend makes it with the product (CUDA), the output's FP8 copy for the FP8 linear
+// that reads it (the down projections): the codes and scales that linear's activation quantisation would
+// make (rows as gemm's fp8_act_rows; pass it to linear_multi). Otherwise q is left empty (the default).
+Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q);
 // x [T, V] -> i32 [T] (the first maximum).
 Tensor argmax(const Tensor& x);
 // a += b, both [T, D].
@@ -358,6 +362,8 @@ class Backend {
   virtual Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q);
   virtual void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) = 0;
   virtual Tensor silu_mul(const Tensor& gate, const Tensor& up) = 0;
+  // The default runs silu_mul and leaves q empty.
+  virtual Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q);
   virtual Tensor argmax(const Tensor& x) = 0;
   virtual void add_inplace(Tensor& a, const Tensor& b) = 0;
   virtual void copy_rows(Tensor& dst, const Tensor& src) = 0;
@@ -442,6 +448,7 @@ class Ops {
   Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out = {}) const;
   void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) const;
   Tensor silu_mul(const Tensor& gate, const Tensor& up) const;
+  Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q) const;
   Tensor argmax(const Tensor& x) const;
   void add_inplace(Tensor& a, const Tensor& b) const;
   void copy_rows(Tensor& dst, const Tensor& src) const;

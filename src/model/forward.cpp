@@ -394,6 +394,7 @@ Tensor Model::dense_mlp(const MlpWeights& m, const Tensor& h, const kernels::Fp8
                                             "shared_expert_down"};
   const char* const* names = shared ? kShared : kMlp;
   Tensor g, u, a;
+  kernels::Fp8Act aq;  // a's FP8 copy for an FP8 down projection, when the backend makes it
   {
     OpScope span(names[0]);
     std::vector<Tensor> parts = ops_.linear_multi(h, {ref(m.gate), ref(m.up)}, &hq);
@@ -403,11 +404,11 @@ Tensor Model::dense_mlp(const MlpWeights& m, const Tensor& h, const kernels::Fp8
   }
   {
     OpScope span(names[1]);
-    a = ops_.silu_mul(g, u);
+    a = m.down.is_fp8() ? ops_.silu_mul_fp8(g, u, aq) : ops_.silu_mul(g, u);
     shape(span, "[{}, {}]", a.size(0), a.size(1));
   }
   OpScope span(names[2]);
-  Tensor out = ops_.linear(a, ref(m.down));
+  Tensor out = aq.defined() ? ops_.linear_multi(a, {ref(m.down)}, &aq)[0] : ops_.linear(a, ref(m.down));
   shape(span, "[{}, {}] x [{}, {}]^T", a.size(0), a.size(1), out.size(1), a.size(1));
   return out;
 }

@@ -391,6 +391,28 @@ void add_elementwise_cases(std::vector<OpCase>& t) {
                {kElem}, double(T * I) * 3 * kF32);
          }});
   }
+  // silu_mul_fp8: silu_mul and (CUDA) its output's FP8 copy, read by an FP8 down projection (768 of its rows)
+  // through linear_multi: what the linear gives quantising the output itself (the CPU makes no copy: its
+  // linear is exact). The shared expert's width (2048) and the dense MLP's (12288), at decode and prefill
+  // sizes.
+  for (int64_t I : {kI, int64_t(12288)}) {
+    t.push_back({"silu_mul_fp8", fmt::format("gate_up halves, I {}, into an FP8 down projection", I),
+                 I == kI ? std::vector<int64_t>{1, 33, 4096} : std::vector<int64_t>{1, 33, 257},
+                 [=](Backend& d, Backend& r, int64_t T) {
+                   const Tensor gu = rand_f32({T, 2 * I}, 1950 + uint64_t(T + I), 4.0f), gd = on(gu, d);
+                   const WeightRef w = rand_weight(768, I, DType::f8e4m3fn, 1960), wd = on(w, d);
+                   auto run = [=](Backend& b, const Tensor& x, const WeightRef& down) {
+                     Fp8Act q;
+                     const Tensor a = b.silu_mul_fp8(x.slice(1, 0, I), x.slice(1, I, 2 * I), q);
+                     return Outs{a, b.linear_multi(a, {down}, q.defined() ? &q : nullptr)[0]};
+                   };
+                   return same_op(
+                       d, r, [=](Backend& b) { return run(b, gd, wd); },
+                       [=](Backend& b) { return run(b, gu, w); }, {kElem, {Measure::gemm_l2, kTolFp8}},
+                       double(T * I) * 3 * kF32 + double(T * I) + weight_bytes(w) + double(T * 768) * kF32,
+                       2.0 * double(T * 768 * I), true);
+                 }});
+  }
   // argmax over the vocabulary; and rows of small integers full of ties (the first maximum wins; even rows
   // also hold three 6s spread over threads): whole, a vectorised view, an odd width, a shifted view.
   t.push_back({"argmax", "vocab 154880", kTokens, [](Backend& d, Backend& r, int64_t T) {

@@ -53,6 +53,9 @@ class CudaBackend final : public Backend {
     cuda::rope_inplace(x, positions, p);
   }
   Tensor silu_mul(const Tensor& gate, const Tensor& up) override { return cuda::silu_mul(gate, up); }
+  Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q) override {
+    return cuda::silu_mul_fp8(gate, up, q, options());
+  }
   Tensor argmax(const Tensor& x) override { return cuda::argmax(x); }
   void add_inplace(Tensor& a, const Tensor& b) override { cuda::add_inplace(a, b); }
   void copy_rows(Tensor& dst, const Tensor& src) override { cuda::copy_rows(dst, src); }

@@ -32,6 +32,10 @@ Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Ten
                 const KernelOptions& o);
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p);
 Tensor silu_mul(const Tensor& gate, const Tensor& up);
+// silu_mul and its output's FP8 copy for the FP8 linear reading it (ops.h silu_mul_fp8; rows fp8_act_rows
+// with o's small-T limit); q empty where the kernel does not apply (fp32 GEMMs, widths not multiples of 128,
+// unaligned views).
+Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q, const KernelOptions& o);
 Tensor argmax(const Tensor& x);
 void add_inplace(Tensor& a, const Tensor& b);
 void copy_rows(Tensor& dst, const Tensor& src);
