@@ -336,6 +336,17 @@ void bench_prefill_ops() {
            run_multi(*new_be), run_multi(*def_be), double(160 * kH) * 2 + 4.0 * double(T * (kH + 160)),
            2.0 * double(T * 160 * kH));
     }
+    for (int64_t I : {int64_t(2048), int64_t(12288)}) {  // shared expert, dense MLP: silu_mul + down's quant
+      const Tensor gu = rand_gpu({T, 2 * I}, 10);
+      const Tensor g = gu.slice(1, 0, I), u = gu.slice(1, I, 2 * I);
+      const double old_us = time_us([&] { (void)kc::quantize_fp8_activations(def_be->silu_mul(g, u)); });
+      const double new_us = time_us([&] {
+        ops::Fp8Act q;
+        (void)def_be->silu_mul_fp8(g, u, q);
+      });
+      line(fmt::format("silu_mul+fp8 quant {}", I), T, fmt::format("[{},{}]", T, I), old_us, new_us, new_us,
+           double(T * I) * (4.0 * 3 + 1), 0);
+    }
     {
       const Tensor q = rand_gpu({T, kHeads, kNope + kRope}, 8);
       const Tensor q_nope = q.slice(2, 0, kNope);
