@@ -26,7 +26,7 @@
 //                       [--verify-tokens 4] [--moe-path auto|device|device_fp8|host]
 //                       [--prefill-forms auto,absorbed,mha] (the prefill rows' attention forms, a row each)
 //                       [--split-fused-min-tokens N] [--absorb-fused-min-tokens N] (KernelOptions' thresholds
-//                       of the f32-activation kernel; 0: the old paths)
+//                       of the f32-activation kernel; 0: the old paths) [--silu-mul-fp8-copy 0|1]
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -77,6 +77,7 @@ struct Args {
   // KernelOptions::gemm_split_fused_min_tokens / absorb_fused_min_tokens (-1: the defaults; 0: the old
   // paths): the f32-activation kernel's thresholds, for an old / new comparison of the prefill rows.
   int64_t split_fused_min_tokens = -1, absorb_fused_min_tokens = -1;
+  int silu_mul_fp8_copy = -1;  // KernelOptions::silu_mul_fp8_copy (-1: the default; 0: off; 1: on)
   // The prefill rows' attention forms (ForwardOptions::attention), each a row: auto (the rule), absorbed,
   // mha.
   std::vector<std::string> prefill_forms{"auto"};
@@ -145,6 +146,8 @@ Args parse(int argc, char** argv) {
       a.split_fused_min_tokens = std::stoll(val());
     else if (k == "--absorb-fused-min-tokens")
       a.absorb_fused_min_tokens = std::stoll(val());
+    else if (k == "--silu-mul-fp8-copy")
+      a.silu_mul_fp8_copy = std::stoi(val()) != 0 ? 1 : 0;
     else if (k == "--prefill-forms") {
       a.prefill_forms.clear();
       const std::string s = val();
@@ -328,11 +331,13 @@ int run(const Args& a) {
   auto t0 = clock_type::now();
   const bool spec = a.verify_tokens > 1 && c.num_nextn_predict_layers > 0;
   std::shared_ptr<model::Model> model = model::make_dummy_model(c, Device::cuda, 0, spec);
-  if (a.moe_path != "auto" || a.split_fused_min_tokens >= 0 || a.absorb_fused_min_tokens >= 0) {
+  if (a.moe_path != "auto" || a.split_fused_min_tokens >= 0 || a.absorb_fused_min_tokens >= 0 ||
+      a.silu_mul_fp8_copy >= 0) {
     kernels::KernelOptions ko;
     ko.moe = kernels::parse_moe_path(a.moe_path, "--moe-path");
     if (a.split_fused_min_tokens >= 0) ko.gemm_split_fused_min_tokens = a.split_fused_min_tokens;
     if (a.absorb_fused_min_tokens >= 0) ko.absorb_fused_min_tokens = a.absorb_fused_min_tokens;
+    if (a.silu_mul_fp8_copy >= 0) ko.silu_mul_fp8_copy = a.silu_mul_fp8_copy == 1;
     model = model->with_backend(kernels::cuda::make_backend(ko));
     fmt::print("kernel options: {}\n", kernels::describe(ko));
   }

@@ -150,6 +150,9 @@ std::string describe(const KernelOptions& o) {
               : "") +
          (o.absorb_fused_min_tokens != kAbsorbFusedDefaultTokens
               ? fmt::format(" absorb_fused_min_tokens={}", o.absorb_fused_min_tokens)
+              : "") +
+         (o.silu_mul_fp8_copy != kSiluMulFp8CopyDefault
+              ? fmt::format(" silu_mul_fp8_copy={}", o.silu_mul_fp8_copy ? 1 : 0)
               : "");
 }
 

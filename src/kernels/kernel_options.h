@@ -126,6 +126,10 @@ inline constexpr int64_t kGemmSplitFusedDefaultTokens = 1024;
 // conversion pass and cuBLASLt's strided batch (0: never). Not yet measured (ops_gpu_bench prefill): 256
 // keeps decode batches (T <= 128) on the cuBLASLt path.
 inline constexpr int64_t kAbsorbFusedDefaultTokens = 256;
+// SiLU-mul writes its output's FP8 copy for an FP8 down projection (silu_mul_fp8, kernels/cuda/elementwise/
+// silu_fp8_params.h: bit for bit the quantisation pass it replaces) when KernelOptions::silu_mul_fp8_copy;
+// false: silu_mul and the down projection's own quantisation pass (the old path).
+inline constexpr bool kSiluMulFp8CopyDefault = true;
 // (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
 // the weight's dtype and shape, falling back where cuBLASLt has no plan.)
 
@@ -140,6 +144,7 @@ struct KernelOptions {
   int64_t gemm_fp8_small_max_tokens = kGemmFp8SmallDefaultTokens;      // 0..kGemmFp8SmallMaxTokens
   int64_t gemm_split_fused_min_tokens = kGemmSplitFusedDefaultTokens;  // 0: never
   int64_t absorb_fused_min_tokens = kAbsorbFusedDefaultTokens;         // 0: never
+  bool silu_mul_fp8_copy = kSiluMulFp8CopyDefault;
   MoePath moe = MoePath::automatic;
   // The FP8 grouped experts' packed rows per pass (kernels/cuda/moe/moe_params.h MoeFp8GemmParams::tile_rows:
   // 8 the mma.sync form, 128 the wgmma form); 0: by the shapes (moe_fp8_tile_rows).
@@ -170,7 +175,8 @@ MhaKernel parse_mha_kernel(std::string_view s, std::string_view flag);
 int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag);
 // "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast
 // gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " mha=K",
-// " gemm_split_fused_min_tokens=N", " absorb_fused_min_tokens=N" when not the defaults).
+// " gemm_split_fused_min_tokens=N", " absorb_fused_min_tokens=N", " silu_mul_fp8_copy=0|1" when not the
+// defaults).
 std::string describe(const KernelOptions& o);
 
 }  // namespace dsaserve::kernels

@@ -192,6 +192,10 @@ TEST(KernelOptions, FusedPrefillThresholdsLeaveDecodeAlone) {
   EXPECT_EQ(KernelOptions{}.absorb_fused_min_tokens, kAbsorbFusedDefaultTokens);
   EXPECT_GT(kGemmSplitFusedDefaultTokens, 128);
   EXPECT_GT(kAbsorbFusedDefaultTokens, 128);
+  EXPECT_TRUE(KernelOptions{}.silu_mul_fp8_copy);
+  KernelOptions old;
+  old.silu_mul_fp8_copy = false;
+  EXPECT_NE(describe(old).find(" silu_mul_fp8_copy=0"), std::string::npos) << describe(old);
 }
 // The FP8 small-T limit is a value of the options (no process-wide setter): 0..32, the default 8; anything
 // else is an error naming the flag.

@@ -34,7 +34,7 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p);
 Tensor silu_mul(const Tensor& gate, const Tensor& up);
 // silu_mul and its output's FP8 copy for the FP8 linear reading it (ops.h silu_mul_fp8; rows fp8_act_rows
 // with o's small-T limit); q empty where the kernel does not apply (fp32 GEMMs, widths not multiples of 128,
-// unaligned views).
+// unaligned views) or o.silu_mul_fp8_copy is off.
 Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q, const KernelOptions& o);
 Tensor argmax(const Tensor& x);
 void add_inplace(Tensor& a, const Tensor& b);

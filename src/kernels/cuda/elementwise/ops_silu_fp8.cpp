@@ -13,7 +13,8 @@ Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q, const Kerne
   const RowView u = rows_f32(up, "silu_mul up");
   DSA_CHECK(g.rows == u.rows && g.cols == u.cols, "silu_mul: gate {} and up {} differ", gate.describe(),
             up.describe());
-  if (o.gemm != GemmPrecision::fast || g.cols % 128 != 0 || g.rows == 0) return silu_mul(gate, up);
+  if (!o.silu_mul_fp8_copy || o.gemm != GemmPrecision::fast || g.cols % 128 != 0 || g.rows == 0)
+    return silu_mul(gate, up);
   Tensor out = Tensor::empty({g.rows, g.cols}, DType::f32, Device::cuda);
   const int64_t Tp = fp8_act_rows(g.rows, o.gemm_fp8_small_max_tokens);
   Fp8Act copy{Tensor::empty({Tp, g.cols}, DType::u8, Device::cuda),

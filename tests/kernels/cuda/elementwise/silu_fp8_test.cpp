@@ -64,6 +64,10 @@ TEST_F(CudaSiluFp8, CopyIsTheQuantisationOfSiluMul) {
   const Tensor y = rand_f32({5, 2 * 256}, 4).to(Device::cuda);
   (void)make_backend(exact)->silu_mul_fp8(y.slice(1, 0, 256), y.slice(1, 256, 512), q);
   EXPECT_FALSE(q.defined());
+  KernelOptions off;  // the old path, switched by the options
+  off.silu_mul_fp8_copy = false;
+  (void)make_backend(off)->silu_mul_fp8(y.slice(1, 0, 256), y.slice(1, 256, 512), q);
+  EXPECT_FALSE(q.defined());
 }
 
 }  // namespace
