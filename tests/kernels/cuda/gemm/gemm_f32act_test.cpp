@@ -122,8 +122,9 @@ double check_case(const KernelCase& c, uint64_t seed) {
 }
 
 TEST_F(CudaF32ActGemm, KernelIsTheExactSum) {
-  // f32 accumulation of exact bf16 products (and of the two terms): ~1e-6 of the sum of magnitudes.
-  constexpr double kTol = 1e-5;
+  // f32 accumulation of exact bf16 products (and of the two terms): ~1e-6 of the sum of magnitudes (the
+  // small-T kernel's test holds 1e-5; 2e-5 leaves room for the longer sums of one CTA).
+  constexpr double kTol = 2e-5;
   const std::vector<KernelCase> cases = {
       // The narrow linears' split: router [256 x 6144], indexer wk + weights_proj (two segments), ragged.
       {33, 6144, 1, {256}, true, false, 0},
@@ -203,7 +204,8 @@ TEST_F(CudaF32ActGemm, NarrowLinearsTakeItAtPrefillSizes) {
     const Tensor prev = be_old->linear(xd, router_d, 0, -1, {});
     const std::string shape = fmt::format("[{}, 6144] x [256, 6144]^T", T);
     if (T <= 300) report_gemm("router_gate fused vs cpu", shape, got, kernels::linear(x, router), 1e-4);
-    report_gemm("router_gate fused vs split+cublaslt", shape, got, prev, 1e-5);
+    // The same two terms of the same operands, f32 sums in another order.
+    report_gemm("router_gate fused vs split+cublaslt", shape, got, prev, 5e-5);
     if (T >= kGemmSplitFusedDefaultTokens) {  // the default options take it too
       const int64_t before = gemm_stats().bf16_fused_calls;
       (void)be_default.linear(xd, router_d, 0, -1, {});
@@ -221,7 +223,7 @@ TEST_F(CudaF32ActGemm, NarrowLinearsTakeItAtPrefillSizes) {
     }
     const Tensor prev_wk = be_old->linear(xd, wk_d, 0, -1, {});
     report_gemm("indexer wk fused vs split+cublaslt", fmt::format("[{}, 6144] x [128, 6144]^T", T), parts[0],
-                prev_wk, 1e-5);
+                prev_wk, 5e-5);
     if (T <= 300) {
       report_gemm("indexer weights_proj fused vs cpu", fmt::format("[{}, 6144] x [32, 6144]^T", T), parts[1],
                   kernels::linear(x, wp), 1e-4);
@@ -231,7 +233,7 @@ TEST_F(CudaF32ActGemm, NarrowLinearsTakeItAtPrefillSizes) {
 
 // absorb_q / absorb_v through the fused kernel (the backend's options) at GLM-5.3's 64 heads against the
 // CPU op (bf16 operands: 1e-2 per row L2, as the op table) and against the cuBLASLt path it replaces (the
-// same bf16 operands and f32 accumulation in another order: 1e-5), for a bf16 and an FP8 kv_b.
+// same bf16 operands and f32 accumulation in another order: 3e-5), for a bf16 and an FP8 kv_b.
 TEST_F(CudaF32ActGemm, AbsorbTakesItAtPrefillSizes) {
   constexpr int64_t nh = 64, kNope = 192, kRope = 64, kL = 512, kV = 256;
   KernelOptions fused, old;
@@ -252,8 +254,8 @@ TEST_F(CudaF32ActGemm, AbsorbTakesItAtPrefillSizes) {
       const Tensor o_old = be_old->absorb_v(lat_d, w_d, kV, {});
       const std::string qs = fmt::format("{} {} x [{}, {}] x [{}, {}]", tag, nh, T, kNope, kNope, kL),
                         vs = fmt::format("{} {} x [{}, {}] x [{}, {}]", tag, nh, T, kL, kL, kV);
-      report_gemm("absorb_q fused vs cublaslt", qs, ql, ql_old, 1e-5);
-      report_gemm("absorb_v fused vs cublaslt", vs, o, o_old, 1e-5);
+      report_gemm("absorb_q fused vs cublaslt", qs, ql, ql_old, 3e-5);
+      report_gemm("absorb_v fused vs cublaslt", vs, o, o_old, 3e-5);
       if (T <= 33) {
         report_gemm("absorb_q fused vs cpu", qs, ql, kernels::absorb_q(q.slice(2, 0, kNope), w), 1e-2);
         report_gemm("absorb_v fused vs cpu", vs, o, kernels::absorb_v(lat, w, kV), 1e-2);
