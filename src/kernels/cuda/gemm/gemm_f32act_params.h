@@ -7,9 +7,10 @@
 //   split pass + two cuBLASLt GEMMs it replaces, reading x once (f32) instead of 3 times;
 // - MLA's absorbed projections (attention/ops_absorb.cpp): x rounded to bf16 (one term), a strided batch
 //   over the heads: absorb_q reads W_UK[h] as [K][N] (`trans_w`), absorb_v W_UV[h] as [N][K].
-// CTA: 8 warps (2 along the tokens x 4 along the outputs), 32 or 64 tokens x 128 outputs, K in blocks of 32
-// through a 4-stage cp.async pipeline. Up to kF32ActMaxSegments weights may share one launch (linear_multi's
-// parts on the same input: their CTAs of a token tile run side by side, so x is read from memory once).
+// CTA tiles (tokens x outputs): 32 or 64 x 128 (8 warps; the split, or forced) and 128 x 256 (16 warps; the
+// one-term product by default), K in blocks of 32 through a 4-stage cp.async pipeline. Up to
+// kF32ActMaxSegments weights may share one launch (linear_multi's parts on the same input: their CTAs of a
+// token tile run side by side, so x is read from memory once).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -17,7 +18,6 @@
 namespace dsaserve::kernels::cuda {
 
 inline constexpr int kF32ActMaxSegments = 2;
-inline constexpr int64_t kF32ActTileN = 128;  // outputs per CTA
 
 struct F32ActSegment {
   const uint16_t* w;  // bf16 weight of batch b at w + b * w_bs: [N][K] with rows w_ld apart, or (trans_w)
@@ -39,18 +39,20 @@ struct F32ActGemmParams {
   int batch;                              // >= 1 (heads)
   bool split;                             // two-term split of x (else x rounded to bf16)
   bool trans_w;                           // weights stored [K][N]
-  int tile_tokens;                        // 32 or 64; 0: f32act_tile_tokens
+  int tile_tokens;                        // 32, 64 or 128 (one term only); 0: f32act_tile_tokens
   // Optional (absorb_v, for the FP8 o_proj that reads its output as [T, heads x N]): the output's FP8 copy
   // in the linears' recipe (gemm.h; bit for bit launch_quant_fp8 on the f32 output): codes u8 [q_rows, q_ld]
   // (output n of batch b in column b * q_bs + n), scales f32 [q_ld / 128, q_rows] (one per token and
   // 128-group); rows T .. q_rows - 1 get codes 0 and scale 1. Null: none. Needs one segment, no split, W
-  // [N][K], N % 128 == 0, q_bs % 128 == 0, q_ld % 128 == 0 and T <= q_rows <= T rounded up to 32.
+  // [N][K], the 128-token tile, N % 128 == 0, q_bs % 128 == 0, q_ld % 128 == 0 and T <= q_rows <= T rounded
+  // up to 32.
   uint8_t* q_codes;
   float* q_scales;
   int64_t q_ld, q_bs, q_rows;
 };
 
-// The token tile a launch uses by default: 64 while that still gives two CTAs an SM, else 32.
+// The token tile a launch uses: tile_tokens when set; else the one-term product 128 (x 256 outputs), the
+// split 64 (x 128) while that still gives two CTAs an SM, else 32.
 int f32act_tile_tokens(const F32ActGemmParams& p);
 // Whether the launcher takes these parameters (alignments, shapes above); launch_f32act_gemm returns
 // cudaErrorInvalidValue and launches nothing when not.

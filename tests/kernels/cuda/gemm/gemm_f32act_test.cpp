@@ -46,7 +46,7 @@ struct KernelCase {
   int64_t T, K, batch;
   std::vector<int64_t> N;  // one per segment
   bool split, trans;
-  int tile;             // 0, 32 or 64
+  int tile;             // 0 (the launcher's choice), 32, 64 or 128 (one term only)
   int64_t x_pad = 0;    // extra f32 per activation row (x_ld = K + x_pad, or the head stride)
   int64_t out_pad = 0;  // extra f32 per output row, sentinel-filled: must stay untouched
 };
@@ -138,6 +138,13 @@ TEST_F(CudaF32ActGemm, KernelIsTheExactSum) {
       {33, 192, 3, {512}, false, true, 64, 64},
       {97, 192, 2, {136}, false, true, 32, 64, 16},
       {3, 64, 4, {8}, true, true, 0},
+      // The 128 x 256 tile (the one-term default): absorb_v / absorb_q shapes, ragged tokens and outputs, two
+      // segments.
+      {130, 512, 3, {256}, false, false, 0, 0, 32},
+      {200, 192, 2, {512}, false, true, 128, 64},
+      {5, 64, 2, {136}, false, true, 0, 64, 16},
+      {129, 512, 2, {200}, false, false, 128},
+      {40, 256, 1, {128, 32}, false, false, 0},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const KernelCase& c = cases[i];
@@ -175,6 +182,10 @@ TEST_F(CudaF32ActGemm, BadParametersAreRejected) {
   q = p;
   q.trans_w = true;
   q.seg[0].N = 60;  // [K][N] weights need N % 8 == 0
+  EXPECT_FALSE(f32act_gemm_supported(q));
+  q = p;
+  q.split = true;
+  q.tile_tokens = 128;  // the wide tile takes one term only
   EXPECT_FALSE(f32act_gemm_supported(q));
   q = p;
   q.batch = 2;
