@@ -317,10 +317,10 @@ int64_t output_tiles(const F32ActGemmParams& p, int64_t bn) {
 int f32act_tile_tokens(const F32ActGemmParams& p) {
   if (p.tile_tokens == 32 || p.tile_tokens == 64 || p.tile_tokens == kWideBM) return p.tile_tokens;
   if (!p.split) return kWideBM;
-  // 64 tokens while that still fills one wave: each CTA re-reads its 128 weight rows from L2, so the taller
-  // tile halves that traffic (router_gate at 4,096 tokens: 400 -> 200 MB; not measured yet).
+  // 64 tokens while that still fills 7/8 of a wave: each CTA re-reads its 128 weight rows from L2, so the
+  // taller tile halves that traffic (router_gate at 4,096 tokens: 128 CTAs, 400 -> 200 MB; not measured yet).
   const int64_t ctas64 = output_tiles(p, kNarrowBN) * ((p.T + 63) / 64) * int64_t(p.batch > 0 ? p.batch : 1);
-  return ctas64 >= int64_t(device_sm_count()) ? 64 : 32;
+  return 8 * ctas64 >= 7 * int64_t(device_sm_count()) ? 64 : 32;
 }
 
 bool f32act_gemm_supported(const F32ActGemmParams& p) {

@@ -52,7 +52,7 @@ struct F32ActGemmParams {
 };
 
 // The token tile a launch uses: tile_tokens when set; else the one-term product 128 (x 256 outputs), the
-// split 64 (x 128) while that still fills one wave of CTAs, else 32.
+// split 64 (x 128) while that still fills 7/8 of a wave of CTAs, else 32.
 int f32act_tile_tokens(const F32ActGemmParams& p);
 // Whether the launcher takes these parameters (alignments, shapes above); launch_f32act_gemm returns
 // cudaErrorInvalidValue and launches nothing when not.
