@@ -5,7 +5,8 @@
 # Steps, logged under $OUT/prefill/ (a failing step does not stop the next):
 #   1. build cuda_kernels_test, ops_gpu_bench, realwidth_gpu_bench (scripts/gpu_build.sh)
 #   2. the GPU tests of the changed ops: the kernel against its exact sums, the operators against the paths they
-#      replace and the CPU, the op table's linear / absorb / silu cases (T = 1 .. 4096)
+#      replace and the CPU, the op table's prefill / absorb / silu cases (T = 1 .. 4096), the forward's goldens and
+#      decode steps
 #   3. ops_gpu_bench prefill: each changed op, old path / new / default, T = 1 .. 16,384
 #   4. realwidth_gpu_bench prefill rows (4K and 16K tokens, FP8 and bf16 KV) and batch 1 / 32 decode: the new
 #      paths (defaults, with the traced 4K prefill), then the old ones (every new path off by KernelOptions)
@@ -28,6 +29,7 @@ filter='CudaF32ActGemm.*:CudaSiluFp8.*:CudaMlaFused.AbsorbBatchedMatchesCpu:Cuda
 filter+=':CudaFp8SmallGemm.Bf16SmallKernelIsTheExactTwoTermSum:CudaFp8SmallGemm.NormFp8CopyIsTheQuantisationOfItsOutput'
 filter+=':CudaOps/CudaOpTable.MatchesCpu/*prefill*:CudaOps/CudaOpTable.MatchesCpu/*absorb*'
 filter+=':CudaOps/CudaOpTable.MatchesCpu/*silu*'
+filter+=':Fixtures/CudaGoldens.*:CudaDecodeStep.*'  # the forward with silu_mul_fp8 / absorb_v_fp8 in it
 timeout "${TEST_S:-240}" build-gpu/tests/kernels/cuda/cuda_kernels_test --gtest_filter="$filter" >"$LOG/tests.log" 2>&1
 echo "=== GPU tests: $(grep -E '^\[  (PASSED|FAILED)  \]' "$LOG/tests.log" | tr '\n' ' ')"
 grep -E "^\[  FAILED  \]|FAIL" "$LOG/tests.log" | head -20
