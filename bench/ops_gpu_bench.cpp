@@ -339,10 +339,104 @@ void bench_pdl_chains() {
   }
 }
 
+// The prefill path's small ops before and after the f32-activation kernel (kernels/cuda/gemm/
+// gemm_f32act_params.h), each through a backend that forces one path (KernelOptions thresholds 0: the old
+// path; 1: the fused kernel wherever it applies; the default switches at gemm_split_fused_min_tokens /
+// absorb_fused_min_tokens): router_gate [256 x 6144] and the indexer's wk + weights_proj [128 + 32 x 6144]
+// (the narrow two-term recipe: split pass + two cuBLASLt GEMMs per weight, or one fused launch), absorb_q /
+// absorb_v at 64 heads (conversion pass + cuBLASLt's strided batch, or one fused launch; with o_proj's
+// activation quantisation: a pass over the f32 output, or absorb_v_fp8's epilogue), silu_mul with the down
+// projection's quantisation (a pass, or silu_mul_fp8; KernelOptions::silu_mul_fp8_copy). Floor: the plan's
+// arithmetic (one bf16 term) at the bf16 peak, or the bytes the fused kernel must move (bf16 weights, f32
+// activations in and out) at 4.3 TB/s, whichever is larger; ratio = floor / the default path's time.
+void bench_prefill_ops() {
+  namespace kc = dsaserve::kernels::cuda;
+  ops::KernelOptions old_o, new_o;
+  old_o.gemm_split_fused_min_tokens = 0;
+  old_o.absorb_fused_min_tokens = 0;
+  old_o.silu_mul_fp8_copy = false;
+  new_o.gemm_split_fused_min_tokens = 1;
+  new_o.absorb_fused_min_tokens = 1;
+  const std::shared_ptr<ops::Backend> old_be = kc::make_backend(old_o), new_be = kc::make_backend(new_o),
+                                      def_be = kc::make_backend({});
+  fmt::print("\n| {:<22} | {:>5} | {:<20} | {:>9} | {:>9} | {:>9} | {:>9} | {:>5} | {:>5} |\n", "prefill op",
+             "T", "shape", "old us", "fused us", "dflt us", "floor us", "gain", "ratio");
+  auto line = [](const std::string& op, int64_t T, const std::string& shape, double t_old, double t_new,
+                 double t_def, double bytes, double flops) {
+    const double floor_us = std::max(bytes / kHbm, flops / kBf16) * 1e6;
+    fmt::print(
+        "| {:<22} | {:>5} | {:<20} | {:>9.1f} | {:>9.1f} | {:>9.1f} | {:>9.2f} | {:>5.2f} | {:>5.2f} |\n", op,
+        T, shape, t_old, t_new, t_def, floor_us, t_old / t_new, floor_us / t_def);
+    std::fflush(stdout);
+  };
+  const ops::WeightRef router = weight(256, kH, DType::bf16), wk = weight(128, kH, DType::bf16),
+                       wp = weight(32, kH, DType::bf16);
+  const ops::WeightRef kv_b = weight(kHeads * (kNope + kV), kKvLora, DType::bf16);
+  for (int64_t T : {1, 32, 128, 1024, 4096, 16384}) {
+    {
+      const Tensor x = rand_gpu({T, kH}, 7);
+      Tensor out = Tensor::empty({T, 256}, DType::f32, Device::cuda);
+      auto run = [&](ops::Backend& b) { return time_us([&] { b.linear(x, router, 0, -1, out); }); };
+      line("router_gate", T, fmt::format("[{},{},256]", T, kH), run(*old_be), run(*new_be), run(*def_be),
+           double(256 * kH) * 2 + 4.0 * double(T * (kH + 256)), 2.0 * double(T * 256 * kH));
+      auto run_multi = [&](ops::Backend& b) {
+        return time_us([&] { b.linear_multi(x, {wk, wp}, nullptr); });
+      };
+      line("indexer_wk_weights", T, fmt::format("[{},{},128+32]", T, kH), run_multi(*old_be),
+           run_multi(*new_be), run_multi(*def_be), double(160 * kH) * 2 + 4.0 * double(T * (kH + 160)),
+           2.0 * double(T * 160 * kH));
+    }
+    for (int64_t I : {int64_t(2048), int64_t(12288)}) {  // shared expert, dense MLP: silu_mul + down's quant
+      const Tensor gu = rand_gpu({T, 2 * I}, 10);
+      const Tensor g = gu.slice(1, 0, I), u = gu.slice(1, I, 2 * I);
+      auto run = [&](ops::Backend& b) {
+        return time_us([&] {
+          ops::Fp8Act q;
+          const Tensor a = b.silu_mul_fp8(g, u, q);
+          if (!q.defined()) (void)kc::quantize_fp8_activations(a);
+        });
+      };
+      line(fmt::format("silu_mul+fp8 quant {}", I), T, fmt::format("[{},{}]", T, I), run(*old_be),
+           run(*new_be), run(*def_be), double(T * I) * (4.0 * 3 + 1), 0);
+    }
+    {
+      const Tensor q = rand_gpu({T, kHeads, kNope + kRope}, 8);
+      const Tensor q_nope = q.slice(2, 0, kNope);
+      Tensor q_lat = Tensor::empty({T, kHeads, kKvLora}, DType::f32, Device::cuda);
+      auto run = [&](ops::Backend& b) { return time_us([&] { b.absorb_q(q_nope, kv_b, q_lat); }); };
+      line("absorb_q 64h", T, fmt::format("64x[{},{},{}]", T, kNope, kKvLora), run(*old_be), run(*new_be),
+           run(*def_be), double(kHeads * kNope * kKvLora) * 2 + 4.0 * double(T * kHeads * (kNope + kKvLora)),
+           2.0 * double(T * kHeads * kNope * kKvLora));
+    }
+    {
+      const Tensor lat = rand_gpu({T, kHeads, kKvLora}, 9);
+      Tensor o = Tensor::empty({T, kHeads, kV}, DType::f32, Device::cuda);
+      auto run = [&](ops::Backend& b) { return time_us([&] { b.absorb_v(lat, kv_b, kV, o); }); };
+      line("absorb_v 64h", T, fmt::format("64x[{},{},{}]", T, kKvLora, kV), run(*old_be), run(*new_be),
+           run(*def_be), double(kHeads * kV * kKvLora) * 2 + 4.0 * double(T * kHeads * (kKvLora + kV)),
+           2.0 * double(T * kHeads * kKvLora * kV));
+      // With o_proj's activation quantisation: absorb_v_fp8's copy, or (no copy) a quantisation pass over
+      // the f32 output. Floor: + the codes written.
+      auto run_q = [&](ops::Backend& b) {
+        return time_us([&] {
+          ops::Fp8Act q;
+          b.absorb_v_fp8(lat, kv_b, kV, o, q);
+          if (!q.defined()) (void)kc::quantize_fp8_activations(o.view({T, kHeads * kV}));
+        });
+      };
+      line("absorb_v+o_proj quant", T, fmt::format("64x[{},{},{}]", T, kKvLora, kV), run_q(*old_be),
+           run_q(*new_be), run_q(*def_be),
+           double(kHeads * kV * kKvLora) * 2 + 4.0 * double(T * kHeads * (kKvLora + kV)) +
+               double(T * kHeads * kV),
+           2.0 * double(T * kHeads * kKvLora * kV));
+    }
+  }
+}
 }  // namespace
 
 // `ops_gpu_bench moe` runs only the routed experts' table, `ops_gpu_bench splits` only the small-T FP8
-// kernel's K-split sweep, `ops_gpu_bench pdl` only the programmatic-dependent-launch chains.
+// kernel's K-split sweep, `ops_gpu_bench pdl` only the programmatic-dependent-launch chains,
+// `ops_gpu_bench prefill` only the prefill ops' old / fused table.
 int main(int argc, char** argv) {
   if (dsaserve::kernels::cuda::device_count() == 0) {
     fmt::print("ops_gpu_bench: no CUDA device, nothing to measure\n");
@@ -360,6 +454,10 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "pdl") {
     bench_pdl_chains();
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "prefill") {
+    bench_prefill_ops();
     return 0;
   }
   fmt::print("| {:<24} | {:>5} | {:<22} | {:>10} | {:>8} | {:>8} | {:>9} | {:>5} |\n", "op", "T",

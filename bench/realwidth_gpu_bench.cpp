@@ -28,6 +28,8 @@
 //                       [--pdl off,on] (KernelOptions::pdl, programmatic dependent launches: the prefill and
 //                       decode rows once per value, side by side, each with its own CUDA graphs; the spec
 //                       rows and the per-op tables with the first value)
+//                       [--split-fused-min-tokens N] [--absorb-fused-min-tokens N] (KernelOptions' thresholds
+//                       of the f32-activation kernel; 0: the old paths) [--silu-mul-fp8-copy 0|1]
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -75,6 +77,10 @@ struct Args {
   bool graphs = true;
   double max_seconds = 420;
   std::string moe_path = "auto";  // KernelOptions::moe (the routed experts' path)
+  // KernelOptions::gemm_split_fused_min_tokens / absorb_fused_min_tokens (-1: the defaults; 0: the old
+  // paths): the f32-activation kernel's thresholds, for an old / new comparison of the prefill rows.
+  int64_t split_fused_min_tokens = -1, absorb_fused_min_tokens = -1;
+  int silu_mul_fp8_copy = -1;  // KernelOptions::silu_mul_fp8_copy (-1: the default; 0: off; 1: on)
   // The prefill rows' attention forms (ForwardOptions::attention), each a row: auto (the rule), absorbed,
   // mha.
   std::vector<std::string> prefill_forms{"auto"};
@@ -149,7 +155,13 @@ Args parse(int argc, char** argv) {
         a.pdl.push_back(kernels::parse_pdl(s.substr(p, q - p), "--pdl"));
         p = q + 1;
       }
-    } else if (k == "--prefill-forms") {
+    } else if (k == "--split-fused-min-tokens")
+      a.split_fused_min_tokens = std::stoll(val());
+    else if (k == "--absorb-fused-min-tokens")
+      a.absorb_fused_min_tokens = std::stoll(val());
+    else if (k == "--silu-mul-fp8-copy")
+      a.silu_mul_fp8_copy = std::stoi(val()) != 0 ? 1 : 0;
+    else if (k == "--prefill-forms") {
       a.prefill_forms.clear();
       const std::string s = val();
       for (size_t p = 0; p <= s.size();) {
@@ -341,6 +353,9 @@ int run(const Args& a) {
   {
     kernels::KernelOptions ko;
     ko.moe = kernels::parse_moe_path(a.moe_path, "--moe-path");
+    if (a.split_fused_min_tokens >= 0) ko.gemm_split_fused_min_tokens = a.split_fused_min_tokens;
+    if (a.absorb_fused_min_tokens >= 0) ko.absorb_fused_min_tokens = a.absorb_fused_min_tokens;
+    if (a.silu_mul_fp8_copy >= 0) ko.silu_mul_fp8_copy = a.silu_mul_fp8_copy == 1;
     for (bool pdl : a.pdl) {
       ko.pdl = pdl;
       variants.push_back({pdl, ko == kernels::KernelOptions{}

@@ -148,7 +148,16 @@ std::string describe(const KernelOptions& o) {
              name(o.gemm), o.gemm_fp8_small_max_tokens, name(o.moe)) +
          (o.moe_fp8_tile_rows != 0 ? fmt::format(" moe_fp8_tile_rows={}", o.moe_fp8_tile_rows) : "") +
          (o.mha != MhaKernel::automatic ? fmt::format(" mha={}", name(o.mha)) : "") +
-         (o.pdl != kPdlDefault ? fmt::format(" pdl={}", pdl_name(o.pdl)) : "");
+         (o.pdl != kPdlDefault ? fmt::format(" pdl={}", pdl_name(o.pdl)) : "") +
+         (o.gemm_split_fused_min_tokens != kGemmSplitFusedDefaultTokens
+              ? fmt::format(" gemm_split_fused_min_tokens={}", o.gemm_split_fused_min_tokens)
+              : "") +
+         (o.absorb_fused_min_tokens != kAbsorbFusedDefaultTokens
+              ? fmt::format(" absorb_fused_min_tokens={}", o.absorb_fused_min_tokens)
+              : "") +
+         (o.silu_mul_fp8_copy != kSiluMulFp8CopyDefault
+              ? fmt::format(" silu_mul_fp8_copy={}", o.silu_mul_fp8_copy ? 1 : 0)
+              : "");
 }
 
 }  // namespace dsaserve::kernels

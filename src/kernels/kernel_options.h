@@ -114,6 +114,22 @@ enum class GemmPrecision : int { fast = 0, fp32 = 1 };
 // (gemm_small_params.h).
 inline constexpr int64_t kGemmFp8SmallMaxTokens = 32;
 inline constexpr int64_t kGemmFp8SmallDefaultTokens = 8;
+// The narrow bf16 linears' two-term recipe (routers, indexer heads: kernels/cuda/gemm/gemm.h) from
+// KernelOptions::gemm_split_fused_min_tokens tokens on runs the fused kernel (kernels/cuda/gemm/
+// gemm_f32act_params.h: the f32 rows split into hi + lo as they are staged, one launch for linear_multi's
+// parts) instead of a split pass and two cuBLASLt GEMMs per weight (0: never). Not yet measured on the
+// H200 (ops_gpu_bench prefill times both): 1,024 keeps every decode and verify batch on the old path and
+// gives the fused launch at least 64 CTAs for a router [256 x 6144].
+inline constexpr int64_t kGemmSplitFusedDefaultTokens = 1024;
+// MLA's absorbed projections (absorb_q / absorb_v) from KernelOptions::absorb_fused_min_tokens tokens on
+// run the same kernel over the heads (the f32 activations rounded to bf16 as they are staged) instead of a
+// conversion pass and cuBLASLt's strided batch (0: never). Not yet measured (ops_gpu_bench prefill): 256
+// keeps decode batches (T <= 128) on the cuBLASLt path.
+inline constexpr int64_t kAbsorbFusedDefaultTokens = 256;
+// SiLU-mul writes its output's FP8 copy for an FP8 down projection (silu_mul_fp8, kernels/cuda/elementwise/
+// silu_fp8_params.h: bit for bit the quantisation pass it replaces) when KernelOptions::silu_mul_fp8_copy;
+// false: silu_mul and the down projection's own quantisation pass (the old path).
+inline constexpr bool kSiluMulFp8CopyDefault = true;
 // (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
 // the weight's dtype and shape, falling back where cuBLASLt has no plan.)
 
@@ -136,7 +152,10 @@ struct KernelOptions {
   IndexerScoreKernel indexer_score = IndexerScoreKernel::automatic;
   IndexerSelectPath indexer_select = IndexerSelectPath::automatic;
   GemmPrecision gemm = GemmPrecision::fast;
-  int64_t gemm_fp8_small_max_tokens = kGemmFp8SmallDefaultTokens;  // 0..kGemmFp8SmallMaxTokens
+  int64_t gemm_fp8_small_max_tokens = kGemmFp8SmallDefaultTokens;      // 0..kGemmFp8SmallMaxTokens
+  int64_t gemm_split_fused_min_tokens = kGemmSplitFusedDefaultTokens;  // 0: never
+  int64_t absorb_fused_min_tokens = kAbsorbFusedDefaultTokens;         // 0: never
+  bool silu_mul_fp8_copy = kSiluMulFp8CopyDefault;
   MoePath moe = MoePath::automatic;
   // The FP8 grouped experts' packed rows per pass (kernels/cuda/moe/moe_params.h MoeFp8GemmParams::tile_rows:
   // 8 the mma.sync form, 128 the wgmma form); 0: by the shapes (moe_fp8_tile_rows).
@@ -170,8 +189,9 @@ bool parse_pdl(std::string_view s, std::string_view flag);  // "on" / "off"
 // Throws dsaserve::Error naming `flag` unless 0 <= t <= kGemmFp8SmallMaxTokens; returns t.
 int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag);
 // "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast
-// gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " mha=K", " pdl=on|off" when not
-// the defaults).
+// gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " mha=K", " pdl=on|off",
+// " gemm_split_fused_min_tokens=N", " absorb_fused_min_tokens=N", " silu_mul_fp8_copy=0|1" when not the
+// defaults).
 std::string describe(const KernelOptions& o);
 
 }  // namespace dsaserve::kernels

@@ -259,6 +259,10 @@ Tensor Ops::silu_mul(const Tensor& gate, const Tensor& up) const {
   DSA_KERNEL_SPAN("silu_mul", gate);
   return on(gate.device()).silu_mul(gate, up);
 }
+Tensor Ops::silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q) const {
+  DSA_KERNEL_SPAN("silu_mul", gate);
+  return on(gate.device()).silu_mul_fp8(gate, up, q);
+}
 Tensor Ops::argmax(const Tensor& x) const {
   DSA_KERNEL_SPAN("argmax", x);
   return on(x.device()).argmax(x);
@@ -367,6 +371,11 @@ PagedSeq run_seq(const PagedRows& b, const RowRun& r) {
 Tensor Backend::norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q) {
   q = Fp8Act{};
   return residual ? add_rms_norm(*residual, x, w, eps) : rms_norm(x, w, eps);
+}
+
+Tensor Backend::silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q) {
+  q = Fp8Act{};
+  return silu_mul(gate, up);
 }
 
 std::vector<Tensor> Backend::linear_multi(const Tensor& x, const std::vector<WeightRef>& ws, const Fp8Act*) {
@@ -488,6 +497,9 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) {
   Ops().rope_inplace(x, positions, p);
 }
 Tensor silu_mul(const Tensor& gate, const Tensor& up) { return Ops().silu_mul(gate, up); }
+Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q) {
+  return Ops().silu_mul_fp8(gate, up, q);
+}
 Tensor argmax(const Tensor& x) { return Ops().argmax(x); }
 void add_inplace(Tensor& a, const Tensor& b) { Ops().add_inplace(a, b); }
 void copy_rows(Tensor& dst, const Tensor& src) { Ops().copy_rows(dst, src); }

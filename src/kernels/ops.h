@@ -220,6 +220,10 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p);
 
 // silu(gate) * up: [T, I] each -> [T, I].
 Tensor silu_mul(const Tensor& gate, const Tensor& up);
+// silu_mul, and where the backend makes it with the product (CUDA), the output's FP8 copy for the FP8 linear
+// that reads it (the down projections): the codes and scales that linear's activation quantisation would
+// make (rows as gemm's fp8_act_rows; pass it to linear_multi). Otherwise q is left empty (the default).
+Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q);
 // x [T, V] -> i32 [T] (the first maximum).
 Tensor argmax(const Tensor& x);
 // a += b, both [T, D].
@@ -275,6 +279,11 @@ Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out = {});
 // [h P + P - dv, (h + 1) P) of kv_b. out_lat [T, nh, L] -> [T, nh, dv] (into `out`, a [T, nh, dv] view
 // with a contiguous last dim, when given).
 Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out = {});
+// absorb_v, and where the backend can make it with the product (the CUDA backend's prefill-sized fused
+// launch), the result's FP8 copy for the FP8 linear that reads it as [T, nh * dv] (o_proj): q holds the
+// codes and scales that linear's activation quantisation would make (rows as gemm's fp8_act_rows; pass it
+// to linear_multi). Otherwise q is left empty (the default: absorb_v).
+Tensor absorb_v_fp8(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out, Fp8Act& q);
 // The shape rules of absorb_q (q = true: x is q_nope, `d` unused) and absorb_v (x is out_lat, d = dv)
 // (every backend checks through this; throws dsaserve::Error).
 struct AbsorbDims {
@@ -353,6 +362,8 @@ class Backend {
   virtual Tensor norm_fp8(Tensor* residual, const Tensor& x, const Tensor& w, double eps, Fp8Act& q);
   virtual void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) = 0;
   virtual Tensor silu_mul(const Tensor& gate, const Tensor& up) = 0;
+  // The default runs silu_mul and leaves q empty.
+  virtual Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q);
   virtual Tensor argmax(const Tensor& x) = 0;
   virtual void add_inplace(Tensor& a, const Tensor& b) = 0;
   virtual void copy_rows(Tensor& dst, const Tensor& src) = 0;
@@ -382,6 +393,9 @@ class Backend {
   // rope_inplace, paged_store): the CPU results are exactly those of the sequence.
   virtual Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out);
   virtual Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out);
+  // The default runs absorb_v and leaves q empty.
+  virtual Tensor absorb_v_fp8(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out,
+                              Fp8Act& q);
   virtual void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
                             const RopeParams& rope, Tensor& cache, const Tensor& slots);
   virtual void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,
@@ -434,6 +448,7 @@ class Ops {
   Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Tensor out = {}) const;
   void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p) const;
   Tensor silu_mul(const Tensor& gate, const Tensor& up) const;
+  Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q) const;
   Tensor argmax(const Tensor& x) const;
   void add_inplace(Tensor& a, const Tensor& b) const;
   void copy_rows(Tensor& dst, const Tensor& src) const;
@@ -456,6 +471,7 @@ class Ops {
                        int64_t start_pos, const Tensor& sel, double scale) const;
   Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out = {}) const;
   Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out = {}) const;
+  Tensor absorb_v_fp8(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out, Fp8Act& q) const;
   void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
                     const RopeParams& rope, Tensor& cache, const Tensor& slots) const;
   void indexer_k_write(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, double eps,

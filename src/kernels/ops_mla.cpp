@@ -67,6 +67,13 @@ Tensor Ops::absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, T
   return on(out_lat.device()).absorb_v(out_lat, kv_b, dv, std::move(out));
 }
 
+Tensor Ops::absorb_v_fp8(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out,
+                         Fp8Act& q) const {
+  trace::Scope span_("absorb_v", "kernel");
+  if (span_.on()) span_.arg("x", out_lat.shape()).arg("w", kv_b.weight.shape());
+  return on(out_lat.device()).absorb_v_fp8(out_lat, kv_b, dv, std::move(out), q);
+}
+
 void Ops::mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
                        const RopeParams& rope, Tensor& cache, const Tensor& slots) const {
   trace::Scope span_("mla_kv_write", "kernel");
@@ -110,6 +117,12 @@ Tensor Backend::absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t d
   return out;
 }
 
+Tensor Backend::absorb_v_fp8(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out,
+                             Fp8Act& q) {
+  q = Fp8Act{};
+  return absorb_v(out_lat, kv_b, dv, std::move(out));
+}
+
 void Backend::mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
                            const RopeParams& rope, Tensor& cache, const Tensor& slots) {
   const int64_t T = ckv.size(0), L = ckv.size(1) - rope.dim, R = rope.dim;
@@ -141,6 +154,9 @@ Tensor absorb_q(const Tensor& q_nope, const WeightRef& kv_b, Tensor out) {
 }
 Tensor absorb_v(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out) {
   return Ops().absorb_v(out_lat, kv_b, dv, std::move(out));
+}
+Tensor absorb_v_fp8(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out, Fp8Act& q) {
+  return Ops().absorb_v_fp8(out_lat, kv_b, dv, std::move(out), q);
 }
 void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
                   const RopeParams& rope, Tensor& cache, const Tensor& slots) {

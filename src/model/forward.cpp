@@ -296,6 +296,7 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
   const double scale = c.attention_scale();
   const kernels::WeightRef kv_b = ref(aw.kv_b_proj);  // [nh * (nope + dv), L]
   Tensor attn = Tensor::empty({T, nh, dv}, DType::f32, h.device());
+  kernels::Fp8Act attn_q;  // attn's FP8 copy for an FP8 o_proj, when absorb_v_fp8 makes it
   // The plan chose each request's form (StepPlan::mha) once for the step.
   const std::vector<int64_t>& absorbed = st.plan->absorbed;  // requests in the absorbed form
   for (int64_t r = 0; r < b.num_requests(); ++r) {
@@ -366,7 +367,9 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     // o[h] = out_lat[h] @ W_UV[h]^T -> [Ta, nh, dv], then back to the requests' rows.
     OpScope span("v_up_absorb");
     shape(span, "{} x [{}, {}] x [{}, {}]", nh, Ta, L, L, dv);
-    Tensor oa = ops_.absorb_v(out_lat, kv_b, dv, Ta == T ? attn : Tensor());  // every head in one op
+    // Every head in one op; when it writes attn itself, also attn's FP8 copy for o_proj where it can.
+    Tensor oa = Ta == T && aw.o_proj.is_fp8() ? ops_.absorb_v_fp8(out_lat, kv_b, dv, attn, attn_q)
+                                              : ops_.absorb_v(out_lat, kv_b, dv, Ta == T ? attn : Tensor());
     if (Ta != T) {
       p0 = 0;
       for (int64_t r : absorbed) {
@@ -378,7 +381,8 @@ Tensor Model::attention(const LayerWeights& lw, int64_t kv_layer, bool own_index
     }
   }
   OpScope span("o_proj");
-  Tensor out = ops_.linear(attn.view({T, nh * dv}), ref(aw.o_proj));  // [T, H]
+  Tensor out = attn_q.defined() ? ops_.linear_multi(attn.view({T, nh * dv}), {ref(aw.o_proj)}, &attn_q)[0]
+                                : ops_.linear(attn.view({T, nh * dv}), ref(aw.o_proj));  // [T, H]
   shape(span, "[{}, {}] x [{}, {}]^T", T, nh * dv, out.size(1), nh * dv);
   return out;
 }
@@ -390,6 +394,7 @@ Tensor Model::dense_mlp(const MlpWeights& m, const Tensor& h, const kernels::Fp8
                                             "shared_expert_down"};
   const char* const* names = shared ? kShared : kMlp;
   Tensor g, u, a;
+  kernels::Fp8Act aq;  // a's FP8 copy for an FP8 down projection, when the backend makes it
   {
     OpScope span(names[0]);
     std::vector<Tensor> parts = ops_.linear_multi(h, {ref(m.gate), ref(m.up)}, &hq);
@@ -399,11 +404,11 @@ Tensor Model::dense_mlp(const MlpWeights& m, const Tensor& h, const kernels::Fp8
   }
   {
     OpScope span(names[1]);
-    a = ops_.silu_mul(g, u);
+    a = m.down.is_fp8() ? ops_.silu_mul_fp8(g, u, aq) : ops_.silu_mul(g, u);
     shape(span, "[{}, {}]", a.size(0), a.size(1));
   }
   OpScope span(names[2]);
-  Tensor out = ops_.linear(a, ref(m.down));
+  Tensor out = aq.defined() ? ops_.linear_multi(a, {ref(m.down)}, &aq)[0] : ops_.linear(a, ref(m.down));
   shape(span, "[{}, {}] x [{}, {}]^T", a.size(0), a.size(1), out.size(1), a.size(1));
   return out;
 }

@@ -178,6 +178,24 @@ TEST(KernelOptionsNames, RoundTripAndErrors) {
   EXPECT_EQ(describe(plain_mha),
             "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast "
             "gemm_fp8_small_max_tokens=8 moe=auto mha=plain");
+  KernelOptions fused;
+  fused.gemm_split_fused_min_tokens = 0;
+  fused.absorb_fused_min_tokens = 1;
+  EXPECT_EQ(describe(fused),
+            "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast "
+            "gemm_fp8_small_max_tokens=8 moe=auto gemm_split_fused_min_tokens=0 absorb_fused_min_tokens=1");
+}
+// The f32-activation kernel's token thresholds (kernels/cuda/gemm/gemm_f32act_params.h): defaults above every
+// decode and verify batch of the CUDA graphs (T <= 128), so those keep their paths.
+TEST(KernelOptions, FusedPrefillThresholdsLeaveDecodeAlone) {
+  EXPECT_EQ(KernelOptions{}.gemm_split_fused_min_tokens, kGemmSplitFusedDefaultTokens);
+  EXPECT_EQ(KernelOptions{}.absorb_fused_min_tokens, kAbsorbFusedDefaultTokens);
+  EXPECT_GT(kGemmSplitFusedDefaultTokens, 128);
+  EXPECT_GT(kAbsorbFusedDefaultTokens, 128);
+  EXPECT_TRUE(KernelOptions{}.silu_mul_fp8_copy);
+  KernelOptions old;
+  old.silu_mul_fp8_copy = false;
+  EXPECT_NE(describe(old).find(" silu_mul_fp8_copy=0"), std::string::npos) << describe(old);
 }
 // The FP8 small-T limit is a value of the options (no process-wide setter): 0..32, the default 8; anything
 // else is an error naming the flag.

@@ -197,6 +197,35 @@ void add_linear_cases(std::vector<OpCase>& t) {
                    }});
     }
   }
+  // The narrow bf16 linears at decode and prefill sizes (T = 4096 takes the fused two-term kernel from
+  // KernelOptions::gemm_split_fused_min_tokens on: kernels/cuda/gemm/gemm_f32act_params.h), held to the
+  // two-term recipe's accuracy (1e-4 per row L2; one bf16 term would give ~3e-3): router_gate, and the
+  // indexer's wk + weights_proj through linear_multi (one launch for both parts).
+  const std::vector<int64_t> prefill_tokens = {1, 33, 4096};
+  constexpr double kTolSplit = 1e-4;
+  t.push_back(
+      {"linear", "bf16 router_gate [256 x 6144], prefill sizes", prefill_tokens,
+       [=](Backend& d, Backend& r, int64_t T) {
+         const WeightRef w = rand_weight(kExperts, kH, DType::bf16, 950), wd = on(w, d);
+         const Tensor x = rand_f32({T, kH}, 960 + uint64_t(T), 2.0f), xd = on(x, d);
+         return same_op(
+             d, r, [=](Backend& b) { return Outs{b.linear(xd, wd, 0, -1, {})}; },
+             [=](Backend& b) { return Outs{b.linear(x, w, 0, -1, {})}; }, {{Measure::gemm_l2, kTolSplit}},
+             weight_bytes(w) + double(T) * double(kH + kExperts) * kF32, 2.0 * double(T * kExperts * kH));
+       }});
+  t.push_back({"linear_multi", "bf16 indexer wk + weights_proj [128 + 32 x 6144], prefill sizes",
+               prefill_tokens, [=](Backend& d, Backend& r, int64_t T) {
+                 const std::vector<WeightRef> ws = {rand_weight(kId, kH, DType::bf16, 970),
+                                                    rand_weight(kIh, kH, DType::bf16, 971)};
+                 const std::vector<WeightRef> wd = {on(ws[0], d), on(ws[1], d)};
+                 const Tensor x = rand_f32({T, kH}, 980 + uint64_t(T), 2.0f), xd = on(x, d);
+                 return same_op(
+                     d, r, [=](Backend& b) { return b.linear_multi(xd, wd, nullptr); },
+                     [=](Backend& b) { return b.linear_multi(x, ws, nullptr); },
+                     {{Measure::gemm_l2, kTolSplit}, {Measure::gemm_l2, kTolSplit}},
+                     weight_bytes(ws[0]) + weight_bytes(ws[1]) + double(T) * double(kH + kId + kIh) * kF32,
+                     2.0 * double(T * (kId + kIh) * kH));
+               }});
   // The absorbed-MLA products on one head's rows of kv_b: q_lat[h] = q_nope[h] @ W_UK[h] (linear_t) and
   // o[h] = out_lat[h] @ W_UV[h]^T written into a column slice of the output (the neighbouring head must
   // stay as it was), for head 0 and an odd head (unaligned rows).
@@ -361,6 +390,28 @@ void add_elementwise_cases(std::vector<OpCase>& t) {
                [=](Backend& b) { return Outs{b.silu_mul(gu.slice(1, 0, I), gu.slice(1, I, 2 * I))}; },
                {kElem}, double(T * I) * 3 * kF32);
          }});
+  }
+  // silu_mul_fp8: silu_mul and (CUDA) its output's FP8 copy, read by an FP8 down projection (768 of its rows)
+  // through linear_multi: what the linear gives quantising the output itself (the CPU makes no copy: its
+  // linear is exact). The shared expert's width (2048) and the dense MLP's (12288), at decode and prefill
+  // sizes.
+  for (int64_t I : {kI, int64_t(12288)}) {
+    t.push_back({"silu_mul_fp8", fmt::format("gate_up halves, I {}, into an FP8 down projection", I),
+                 I == kI ? std::vector<int64_t>{1, 33, 4096} : std::vector<int64_t>{1, 33, 257},
+                 [=](Backend& d, Backend& r, int64_t T) {
+                   const Tensor gu = rand_f32({T, 2 * I}, 1950 + uint64_t(T + I), 4.0f), gd = on(gu, d);
+                   const WeightRef w = rand_weight(768, I, DType::f8e4m3fn, 1960), wd = on(w, d);
+                   auto run = [=](Backend& b, const Tensor& x, const WeightRef& down) {
+                     Fp8Act q;
+                     const Tensor a = b.silu_mul_fp8(x.slice(1, 0, I), x.slice(1, I, 2 * I), q);
+                     return Outs{a, b.linear_multi(a, {down}, q.defined() ? &q : nullptr)[0]};
+                   };
+                   return same_op(
+                       d, r, [=](Backend& b) { return run(b, gd, wd); },
+                       [=](Backend& b) { return run(b, gu, w); }, {kElem, {Measure::gemm_l2, kTolFp8}},
+                       double(T * I) * 3 * kF32 + double(T * I) + weight_bytes(w) + double(T * 768) * kF32,
+                       2.0 * double(T * 768 * I), true);
+                 }});
   }
   // argmax over the vocabulary; and rows of small integers full of ties (the first maximum wins; even rows
   // also hold three 6s spread over threads): whole, a vectorised view, an odd width, a shifted view.

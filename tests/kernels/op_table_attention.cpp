@@ -295,32 +295,65 @@ void add_attention_cases(std::vector<OpCase>& t) {
 
 void add_mla_cases(std::vector<OpCase>& t) {
   // Absorbed projections over all 64 heads of kv_b [64 x 448, 512]: bf16 products (an FP8 kv_b runs as
-  // its bf16 dequantisation), per row L2 within 1e-2.
+  // its bf16 dequantisation), per row L2 within 1e-2; at decode sizes and at a 4,096-token prefill chunk
+  // (the fused f32-activation kernel from KernelOptions::absorb_fused_min_tokens on).
   for (DType dt : {DType::bf16, DType::f8e4m3fn}) {
-    const char* tag = dt == DType::bf16 ? "bf16" : "fp8";
-    t.push_back(
-        {"absorb_q", fmt::format("{} kv_b, 64 heads", tag), kTokens, [=](Backend& d, Backend& r, int64_t T) {
-           const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 3800),
-                           wd = on(w, d, WeightUse::absorb);
-           const Tensor q = rand_f32({T, kHeads, kNope + kRope}, 3900 + uint64_t(T)), qd = on(q, d);
-           return same_op(
-               d, r, [=](Backend& b) { return Outs{b.absorb_q(qd.slice(2, 0, kNope), wd, {})}; },
-               [=](Backend& b) { return Outs{b.absorb_q(q.slice(2, 0, kNope), w, {})}; },
-               {{Measure::gemm_l2, kTolBf16}}, double(kHeads * kNope * kKvLora) * double(dtype_size(dt)),
-               2.0 * double(T * kHeads * kNope * kKvLora));
-         }});
-    t.push_back(
-        {"absorb_v", fmt::format("{} kv_b, 64 heads", tag), kTokens, [=](Backend& d, Backend& r, int64_t T) {
-           const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 3800),
-                           wd = on(w, d, WeightUse::absorb);
-           const Tensor lat = rand_f32({T, kHeads, kKvLora}, 4000 + uint64_t(T)), ld = on(lat, d);
-           return same_op(
-               d, r, [=](Backend& b) { return Outs{b.absorb_v(ld, wd, kV, {})}; },
-               [=](Backend& b) { return Outs{b.absorb_v(lat, w, kV, {})}; }, {{Measure::gemm_l2, kTolBf16}},
-               double(kHeads * kV * kKvLora) * double(dtype_size(dt)),
-               2.0 * double(T * kHeads * kV * kKvLora));
-         }});
+    for (bool prefill : {false, true}) {
+      const char* tag = dt == DType::bf16 ? "bf16" : "fp8";
+      const std::vector<int64_t> tokens = prefill ? std::vector<int64_t>{4096} : kTokens;
+      const char* size = prefill ? ", prefill" : "";
+      t.push_back({"absorb_q", fmt::format("{} kv_b, 64 heads{}", tag, size), tokens,
+                   [=](Backend& d, Backend& r, int64_t T) {
+                     const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 3800),
+                                     wd = on(w, d, WeightUse::absorb);
+                     const Tensor q = rand_f32({T, kHeads, kNope + kRope}, 3900 + uint64_t(T)), qd = on(q, d);
+                     return same_op(
+                         d, r, [=](Backend& b) { return Outs{b.absorb_q(qd.slice(2, 0, kNope), wd, {})}; },
+                         [=](Backend& b) { return Outs{b.absorb_q(q.slice(2, 0, kNope), w, {})}; },
+                         {{Measure::gemm_l2, kTolBf16}},
+                         double(kHeads * kNope * kKvLora) * double(dtype_size(dt)),
+                         2.0 * double(T * kHeads * kNope * kKvLora));
+                   }});
+      t.push_back({"absorb_v", fmt::format("{} kv_b, 64 heads{}", tag, size), tokens,
+                   [=](Backend& d, Backend& r, int64_t T) {
+                     const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, dt, 3800),
+                                     wd = on(w, d, WeightUse::absorb);
+                     const Tensor lat = rand_f32({T, kHeads, kKvLora}, 4000 + uint64_t(T)), ld = on(lat, d);
+                     return same_op(
+                         d, r, [=](Backend& b) { return Outs{b.absorb_v(ld, wd, kV, {})}; },
+                         [=](Backend& b) { return Outs{b.absorb_v(lat, w, kV, {})}; },
+                         {{Measure::gemm_l2, kTolBf16}},
+                         double(kHeads * kV * kKvLora) * double(dtype_size(dt)),
+                         2.0 * double(T * kHeads * kV * kKvLora));
+                   }});
+    }
   }
+  // absorb_v_fp8: absorb_v and, where the CUDA backend's fused launch runs it (from
+  // KernelOptions::absorb_fused_min_tokens: T = 257 here), the output's FP8 copy; an FP8 linear in o_proj's
+  // place (768 of its rows) reading the output through linear_multi with that copy gives what it gives
+  // quantising the output itself (the CPU makes no copy: its linear is exact).
+  t.push_back(
+      {"absorb_v_fp8",
+       "bf16 kv_b, 64 heads, into an FP8 o_proj",
+       {1, 33, 257},
+       [=](Backend& d, Backend& r, int64_t T) {
+         const WeightRef w = rand_weight(kHeads * (kNope + kV), kKvLora, DType::bf16, 3800),
+                         wd = on(w, d, WeightUse::absorb);
+         const WeightRef o = rand_weight(768, kHeads * kV, DType::f8e4m3fn, 3810), od = on(o, d);
+         const Tensor lat = rand_f32({T, kHeads, kKvLora}, 4100 + uint64_t(T)), ld = on(lat, d);
+         auto run = [=](Backend& b, const Tensor& x, const WeightRef& kv, const WeightRef& op) {
+           Fp8Act q;
+           const Tensor a = b.absorb_v_fp8(x, kv, kV, {}, q);
+           return Outs{a, b.linear_multi(a.view({T, kHeads * kV}), {op}, q.defined() ? &q : nullptr)[0]};
+         };
+         return same_op(
+             d, r, [=](Backend& b) { return run(b, ld, wd, od); },
+             [=](Backend& b) { return run(b, lat, w, o); },
+             {{Measure::gemm_l2, kTolBf16}, {Measure::gemm_l2, kTolFp8}},
+             weight_bytes(w) * double(kV) / double(kNope + kV) + weight_bytes(o) +
+                 double(T) * double(kHeads * (kKvLora + kV) + 768) * kF32,
+             2.0 * double(T * kHeads * kV * kKvLora) + 2.0 * double(T * 768 * kHeads * kV), true);
+       }});
   // The cache writes of T tokens at slots scattered over the pages, positions up to 128K, into f32 caches
   // (the kernel formats and their rounding: mla_fused_test).
   for (bool indexer : {false, true}) {

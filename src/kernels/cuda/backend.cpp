@@ -65,6 +65,9 @@ class CudaBackend final : public Backend {
   Tensor gather_rows(const Tensor& x, const Tensor& idx) override {
     return cuda::gather_rows(x, idx, options());
   }
+  Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q) override {
+    return cuda::silu_mul_fp8(gate, up, q, options());
+  }
   void paged_store(Tensor& cache, const Tensor& slots, const Tensor& src) override {
     cuda::paged_store(cache, slots, src, options());
   }
@@ -115,6 +118,14 @@ class CudaBackend final : public Backend {
     const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
     if (!out.defined()) out = Tensor::empty({a.tokens, a.heads, a.dv}, DType::f32, Device::cuda);
     if (absorb_v_batched(out_lat, kv_b, dv, out, options())) return out;
+    return Backend::absorb_v(out_lat, kv_b, dv, std::move(out));
+  }
+  Tensor absorb_v_fp8(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor out,
+                      Fp8Act& q) override {
+    const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
+    if (!out.defined()) out = Tensor::empty({a.tokens, a.heads, a.dv}, DType::f32, Device::cuda);
+    if (absorb_v_batched(out_lat, kv_b, dv, out, options(), &q)) return out;
+    q = Fp8Act{};
     return Backend::absorb_v(out_lat, kv_b, dv, std::move(out));
   }
   void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,

@@ -33,6 +33,10 @@ Tensor linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Ten
                 const KernelOptions& o);
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeParams& p, const KernelOptions& o);
 Tensor silu_mul(const Tensor& gate, const Tensor& up, const KernelOptions& o);
+// silu_mul and its output's FP8 copy for the FP8 linear reading it (ops.h silu_mul_fp8; rows fp8_act_rows
+// with o's small-T limit); q empty where the kernel does not apply (fp32 GEMMs, widths not multiples of 128,
+// unaligned views) or o.silu_mul_fp8_copy is off.
+Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q, const KernelOptions& o);
 Tensor argmax(const Tensor& x, const KernelOptions& o);
 void add_inplace(Tensor& a, const Tensor& b, const KernelOptions& o);
 void copy_rows(Tensor& dst, const Tensor& src, const KernelOptions& o);
@@ -94,10 +98,16 @@ bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& 
 // in GemmPrecision::fp32 the weight is gemm_weight_f32's (the derived f32 copy the fp32 linears use: kv_b
 // is held in f32 once). Without a derived copy the call makes one for itself. Return false where they do
 // not apply (activation views whose heads are not evenly strided, a shape cuBLASLt has no algorithm for):
-// the caller runs the per-head loop.
+// the caller runs the per-head loop. From o.absorb_fused_min_tokens tokens (> 0) fast mode runs one launch
+// of the f32-activation kernel instead (the activations rounded to bf16 as they are staged:
+// gemm/gemm_f32act_params.h), where its alignments allow.
 bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, const KernelOptions& o);
+// absorb_v_batched with `q` also makes, when the fused launch runs (and the output is a contiguous [T, nh,
+// dv] with dv % 128 == 0), the output's FP8 copy as an FP8 linear reads [T, nh dv] (the recipe's codes and
+// scales, rows gemm.h fp8_act_rows(T, o.gemm_fp8_small_max_tokens)): absorb_v_fp8 for o_proj; else q is
+// empty.
 bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out,
-                      const KernelOptions& o);
+                      const KernelOptions& o, Fp8Act* q = nullptr);
 
 // Checks a request's page table (copied to the host) covers n positions with pages inside the cache.
 void check_pages(const PagedSeq& seq, int64_t n, int64_t cache_rows, const char* what);

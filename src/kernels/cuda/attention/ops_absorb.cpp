@@ -12,8 +12,12 @@
 // packed [T, nh, K] buffer, absorb.cu), bf16 x bf16 products accumulate in fp32, f32 output; FP8 weights
 // enter as their bf16 dequantisation. This is the per-head linear_t path's arithmetic; the per-head v_up
 // linear used a two-term bf16 split of the activations (its N <= 512 rule), which this drops (the GPU test
-// holds both within 1e-2 of the CPU, per row L2). GemmPrecision::fp32: f32 weights (gemm_weight_f32: the
-// copy the fp32 linears use, so kv_b is held in f32 once) and the f32 activations read in place.
+// holds both within 1e-2 of the CPU, per row L2). From KernelOptions::absorb_fused_min_tokens tokens the
+// same arithmetic runs in one launch of the f32-activation kernel (gemm_f32act_params.h), which rounds the
+// activations to bf16 as it stages them: no conversion pass, no packed copy (at 4,096 tokens and 64 heads
+// the pass reads 201 / 537 MB and writes 101 / 268 MB for absorb_q / absorb_v). GemmPrecision::fp32: f32
+// weights (gemm_weight_f32: the copy the fp32 linears use, so kv_b is held in f32 once) and the f32
+// activations read in place.
 #include <cublasLt.h>
 
 #include <array>
@@ -28,6 +32,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise/elementwise_params.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/gemm/gemm_f32act_params.h"
 #include "kernels/cuda/gemm/lt_handle.h"
 
 namespace dsaserve::kernels::cuda {
@@ -149,17 +154,71 @@ Tensor dense_weight(const WeightRef& w, bool f32) {
   return out;
 }
 
+// The product of many tokens in one launch of the f32-activation kernel (gemm_f32act_params.h: x rounded
+// to bf16 as it is staged, no conversion pass or packed copy); same operands as batched() below. With `q`
+// (absorb_v) the launch also writes the output's FP8 copy as the FP8 linears read [T, nh M] (q_rows rows:
+// gemm.h fp8_act_rows) where the output is contiguous and M a multiple of 128; q is left empty otherwise.
+// False when the views or alignments do not fit it (nothing launched).
+bool batched_fused(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_stride, bool trans_a,
+                   int64_t M, Tensor& out, Fp8Act* q, int64_t q_rows, const char* what, bool pdl) {
+  const int64_t nh = x.size(1), L = dense.size(1);
+  if (dense.dtype() != DType::bf16 || x.dtype() != DType::f32 || x.stride(2) != 1) return false;
+  F32ActGemmParams p{};
+  p.x = static_cast<const float*>(x.raw_data());
+  p.x_ld = x.stride(0);
+  p.x_bs = x.stride(1);
+  // absorb_q (trans_a false): W_UK[h] is [K = nope][N = L], rows L apart; absorb_v (trans_a): W_UV[h] is
+  // [N = dv][K = L], rows L apart.
+  p.seg[0] = {static_cast<const uint16_t*>(dense.raw_data()) + a_offset, L, out.data<float>(), out.stride(0),
+              M};
+  p.segments = 1;
+  p.w_bs = a_stride;
+  p.out_bs = out.stride(1);
+  p.T = x.size(0);
+  p.K = x.size(2);
+  p.batch = int(nh);
+  p.split = false;
+  p.trans_w = !trans_a;
+  p.pdl = pdl;
+  if (!f32act_gemm_supported(p)) return false;
+  Fp8Act copy;
+  if (q != nullptr && out.stride(1) == M && out.stride(0) == nh * M) {
+    const int64_t cols = nh * M;
+    F32ActGemmParams pq = p;
+    copy = Fp8Act{Tensor::empty({q_rows, cols}, DType::u8, Device::cuda),
+                  Tensor::empty({cols / 128, q_rows}, DType::f32, Device::cuda), p.T};
+    pq.q_codes = copy.codes.data_u8();
+    pq.q_scales = copy.scales.data<float>();
+    pq.q_ld = cols;
+    pq.q_bs = M;
+    pq.q_rows = q_rows;
+    if (cols % 128 == 0 && f32act_gemm_supported(pq)) {
+      p = pq;
+    } else {
+      copy = Fp8Act{};
+    }
+  }
+  check_launch(launch_f32act_gemm(p, op_stream()), what);
+  if (q != nullptr) *q = std::move(copy);
+  return true;
+}
+
 // One batched product over the heads. x: the activations [T, nh, K] f32; the weight operand of head h
-// starts at dense + a_offset + h * a_stride elements; out [T, nh, M] f32. False when the views do not
-// fit (heads not evenly strided) or cuBLASLt has no algorithm: nothing is launched then. pdl: the
-// activations' conversion as a programmatic dependent launch (KernelOptions::pdl).
+// starts at dense + a_offset + h * a_stride elements; out [T, nh, M] f32. From `fused_min_tokens` tokens
+// (> 0) a bf16 weight runs batched_fused. False when the views do not fit (heads not evenly strided) or
+// cuBLASLt has no algorithm: nothing is launched then. pdl: the activations' conversion as a programmatic
+// dependent launch (KernelOptions::pdl).
 bool batched(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_stride, bool trans_a,
-             int64_t M, Tensor& out, const char* what, bool pdl) {
+             int64_t M, Tensor& out, int64_t fused_min_tokens, Fp8Act* q, int64_t q_rows, const char* what,
+             bool pdl) {
   const int64_t T = x.size(0), nh = x.size(1), K = x.size(2), L = dense.size(1);
   if (T == 0) return true;
   if (x.stride(2) != 1 || x.stride(0) != nh * x.stride(1) || out.device() != Device::cuda ||
       out.dtype() != DType::f32 || out.stride(2) != 1)
     return false;
+  if (fused_min_tokens > 0 && T >= fused_min_tokens &&
+      batched_fused(x, dense, a_offset, a_stride, trans_a, M, out, q, q_rows, what, pdl))
+    return true;
   const bool f32 = dense.dtype() == DType::f32;
   const int64_t es = f32 ? 4 : 2;
   Tensor packed;  // bf16 [T, nh, K]: the activations rounded to the GEMM's input type
@@ -227,18 +286,22 @@ bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, 
   const bool f32 = o.gemm == GemmPrecision::fp32;
   const Tensor w = dense_weight(kv_b, f32);
   // D[L, T] = W_UK[h] (column-major [L, nope], lda L) . q_nope[:, h]
-  return batched(q_nope, w, 0, a.per_head * a.latent, false, a.latent, out, "absorb_q", o.pdl);
+  return batched(q_nope, w, 0, a.per_head * a.latent, false, a.latent, out, o.absorb_fused_min_tokens,
+                 nullptr, 0, "absorb_q", o.pdl);
 }
 
 bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out,
-                      const KernelOptions& o) {
+                      const KernelOptions& o, Fp8Act* q) {
+  if (q != nullptr) *q = Fp8Act{};
   const AbsorbDims a = absorb_dims(out_lat, kv_b, false, dv);
   check_out(out, a.tokens, a.heads, a.dv, "absorb_v");
   if (!weight_ok(kv_b) || out_lat.device() != Device::cuda) return false;
   const bool f32 = o.gemm == GemmPrecision::fp32;
   const Tensor w = dense_weight(kv_b, f32);
   // D[dv, T] = W_UV[h]^T (stored column-major [L, dv], lda L) . out_lat[:, h]
-  return batched(out_lat, w, a.nope * a.latent, a.per_head * a.latent, true, a.dv, out, "absorb_v", o.pdl);
+  return batched(out_lat, w, a.nope * a.latent, a.per_head * a.latent, true, a.dv, out,
+                 o.absorb_fused_min_tokens, f32 ? nullptr : q,
+                 fp8_act_rows(a.tokens, o.gemm_fp8_small_max_tokens), "absorb_v", o.pdl);
 }
 
 }  // namespace dsaserve::kernels::cuda

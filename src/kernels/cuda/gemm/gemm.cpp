@@ -14,6 +14,7 @@
 #include "kernels/cuda/common/views.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise/elementwise_params.h"
+#include "kernels/cuda/gemm/gemm_f32act_params.h"
 #include "kernels/cuda/gemm/gemm_small_params.h"
 #include "kernels/cuda/gemm/lt_handle.h"
 
@@ -436,6 +437,38 @@ bool bf16_small(const RowView& x, const void* a_ptr, int64_t N, const RowView& o
   return true;
 }
 
+// Whether a narrow bf16 product of T tokens (the two-term recipe) runs the fused kernel: from
+// KernelOptions::gemm_split_fused_min_tokens tokens, above the small-T kernel's range.
+bool split_fused_applies(int64_t T, const KernelOptions& o) {
+  return o.gemm_split_fused_min_tokens > 0 && T >= o.gemm_split_fused_min_tokens && T > kBf16SmallMaxTokens;
+}
+
+// The narrow bf16 linears' two-term recipe for many tokens in one launch (gemm_f32act_params.h): x [T, K]
+// times each part's bf16 rows (weights[i]: N_i contiguous rows of K) into outs[i] [T, N_i]; the parts share
+// the launch (x read once). False when the shapes or alignments do not fit it (nothing launched).
+bool split_fused(const RowView& x, const std::vector<const void*>& weights, const std::vector<RowView>& outs,
+                 bool pdl) {
+  if (weights.empty() || weights.size() > size_t(kF32ActMaxSegments) || weights.size() != outs.size())
+    return false;
+  F32ActGemmParams p{};
+  p.x = x.p;
+  p.x_ld = x.stride;
+  p.T = x.rows;
+  p.K = x.cols;
+  p.batch = 1;
+  p.split = true;
+  p.pdl = pdl;
+  p.segments = int(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    DSA_CHECK(outs[i].rows == x.rows, "linear: fused split output rows {} != {}", outs[i].rows, x.rows);
+    p.seg[i] = {static_cast<const uint16_t*>(weights[i]), x.cols, outs[i].p, outs[i].stride, outs[i].cols};
+  }
+  if (!f32act_gemm_supported(p)) return false;
+  check_launch(launch_f32act_gemm(p, op_stream()), "linear: fused two-term bf16 GEMM");
+  count(&GemmStats::bf16_fused_calls);
+  return true;
+}
+
 bool fp8_recipe_applies(const WeightRef& w, int64_t K, int64_t r0, int64_t N) {
   return w.block_n == 128 && w.block_k == 128 && K % 128 == 0 && r0 % 128 == 0 && N % 8 == 0;
 }
@@ -511,6 +544,7 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
   const void* a_ptr = static_cast<const char*>(a.raw_data()) + r0 * K * (f32 ? 4 : 2);
   const bool split = !f32 && N <= kSplitMaxRows;
   if (split && bf16_small(xv, a_ptr, N, ov, o.pdl)) return;
+  if (split && split_fused_applies(T, o) && split_fused(xv, {a_ptr}, {ov}, o.pdl)) return;
   gemm_dense(xv, a_ptr, f32, true, K, N, ov, split, "linear", o.pdl);
 }
 
@@ -559,8 +593,28 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
   const bool share = (fp8 >= 2 || (fp8 >= 1 && given)) && T > 0 && o.gemm == GemmPrecision::fast;
   std::optional<Fp8Act> act;
   if (share && given) act = *q;
+  // Narrow bf16 weights (the two-term recipe) at fused-kernel sizes: up to kF32ActMaxSegments of them in
+  // one launch (the indexer's wk + weights_proj), the same arithmetic as gemm_linear's fused path.
+  std::vector<bool> done(ws.size(), false);
+  if (o.gemm == GemmPrecision::fast && split_fused_applies(T, o) && x.device() == Device::cuda) {
+    std::vector<size_t> narrow;
+    for (size_t i = 0; i < ws.size(); ++i)
+      if (ws[i].weight.dtype() == DType::bf16 && ws[i].rows() <= kSplitMaxRows && ws[i].cols() == x.size(1))
+        narrow.push_back(i);
+    if (narrow.size() >= 2) {
+      const RowView xv = rows_f32(x, "linear_multi input");
+      for (size_t j = 0; j + 1 < narrow.size(); j += 2) {
+        const size_t a = narrow[j], b = narrow[j + 1];
+        if (split_fused(xv, {ws[a].weight.raw_data(), ws[b].weight.raw_data()},
+                        {rows_f32(out[a], "linear_multi output"), rows_f32(out[b], "linear_multi output")},
+                        o.pdl))
+          done[a] = done[b] = true;
+      }
+    }
+  }
   for (size_t i = 0; i < ws.size(); ++i) {
     const WeightRef& w = ws[i];
+    if (done[i]) continue;
     if (share && recipe[i]) {
       const RowView xv = rows_f32(x, "linear_multi input");
       DSA_CHECK(xv.cols == w.cols(), "linear_multi: input {} does not match weight {}", x.describe(),

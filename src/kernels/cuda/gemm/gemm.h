@@ -6,6 +6,10 @@
 //   bf16 split of the activations (x ~ hi + lo, two GEMMs accumulating in f32), ~16 mantissa bits; up to
 //   kBf16SmallMaxTokens tokens both terms run in one weight-streaming tensor-core launch instead
 //   (gemm_small_params.h; router_gate [256 x 6144] at T = 1: 35.7 -> 8.2 us, eager, op_table_gpu_bench).
+//   From KernelOptions::gemm_split_fused_min_tokens tokens (default 1,024) the two terms are made in
+//   registers as the f32 rows are staged and multiplied in one launch (gemm_f32act_params.h; linear_multi
+//   puts two such weights, the indexer's wk + weights_proj, in one launch) instead of a split pass and two
+//   GEMMs per weight (which read and write the activations three times over).
 // - FP8 weights with 128x128 block scales: the activations are quantised per token per 128-group
 //   (e4m3, scale = amax / 448) and multiplied with cuBLASLt's block-scaled FP8 GEMM (docs/GPU.md recipe:
 //   A = W with BLK128x128 scales padded to rows of a multiple of 4, B = X with VEC128 scales [K/128][T],
@@ -64,6 +68,8 @@ struct GemmStats {
   int64_t fp8_small_calls = 0;   // block-scaled FP8 GEMMs through the small-T kernel
   int64_t bf16_calls = 0;        // bf16 GEMMs through cuBLASLt (split ones count once)
   int64_t bf16_small_calls = 0;  // narrow (split) bf16 GEMMs through the small-T kernel
+  int64_t bf16_fused_calls = 0;  // narrow (split) bf16 launches of the fused large-T kernel (one per
+                                 // linear_multi pair)
   int64_t f32_calls = 0;         // f32 GEMMs
   int64_t dequantised = 0;       // FP8 weights dequantised to bf16 (derived at load, or per call)
   int64_t failed_plans = 0;      // shapes cuBLASLt had no algorithm for (fallback path)
