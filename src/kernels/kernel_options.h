@@ -114,21 +114,27 @@ enum class GemmPrecision : int { fast = 0, fp32 = 1 };
 // (gemm_small_params.h).
 inline constexpr int64_t kGemmFp8SmallMaxTokens = 32;
 inline constexpr int64_t kGemmFp8SmallDefaultTokens = 8;
-// The narrow bf16 linears' two-term recipe (routers, indexer heads: kernels/cuda/gemm/gemm.h) from
-// KernelOptions::gemm_split_fused_min_tokens tokens on runs the fused kernel (kernels/cuda/gemm/
-// gemm_f32act_params.h: the f32 rows split into hi + lo as they are staged, one launch for linear_multi's
-// parts) instead of a split pass and two cuBLASLt GEMMs per weight (0: never). Not yet measured on the
-// H200 (ops_gpu_bench prefill times both): 1,024 keeps every decode and verify batch on the old path and
-// gives the fused launch at least 64 CTAs for a router [256 x 6144].
-inline constexpr int64_t kGemmSplitFusedDefaultTokens = 1024;
-// MLA's absorbed projections (absorb_q / absorb_v) from KernelOptions::absorb_fused_min_tokens tokens on
-// run the same kernel over the heads (the f32 activations rounded to bf16 as they are staged) instead of a
-// conversion pass and cuBLASLt's strided batch (0: never). Not yet measured (ops_gpu_bench prefill): 256
-// keeps decode batches (T <= 128) on the cuBLASLt path.
+// The narrow bf16 linears' two-term recipe (routers, indexer heads: kernels/cuda/gemm/gemm.h): from
+// KernelOptions::gemm_split_fused_min_tokens tokens on, linear_multi's narrow parts (the indexer's wk +
+// weights_proj) run in one launch of the fused kernel (kernels/cuda/gemm/gemm_f32act_params.h: the f32 rows
+// split into hi + lo as they are staged, x read once for both) instead of a split pass and two cuBLASLt GEMMs
+// per weight (0: never). Measured on the H100 (ops_gpu_bench prefill): 196 vs 308 us at 4,096 tokens, 580 vs
+// 1,010 at 16,384, 137 vs 112 at 1,024 (so not below); one weight alone (router_gate) keeps the split pass +
+// cuBLASLt at every size (199 vs 168 us at 4,096).
+inline constexpr int64_t kGemmSplitFusedDefaultTokens = 4096;
+// MLA's absorbed v projection (absorb_v, and absorb_v_fp8 with o_proj's FP8 copy) from
+// KernelOptions::absorb_fused_min_tokens tokens on runs the same kernel over the heads (the f32 activations
+// rounded to bf16 as they are staged) instead of a conversion pass and cuBLASLt's strided batch (0: never).
+// Measured on the H100: absorb_v + o_proj's quantisation 507 vs 607 us at 4,096 tokens, 148 vs 165 at 1,024,
+// 36 vs 38 at 128, slower below (32 vs 20 at 32 tokens). absorb_q stays on cuBLASLt (448 vs 365 us fused at
+// 4,096).
 inline constexpr int64_t kAbsorbFusedDefaultTokens = 256;
 // SiLU-mul writes its output's FP8 copy for an FP8 down projection (silu_mul_fp8, kernels/cuda/elementwise/
 // silu_fp8_params.h: bit for bit the quantisation pass it replaces) when KernelOptions::silu_mul_fp8_copy;
-// false: silu_mul and the down projection's own quantisation pass (the old path).
+// false: silu_mul and the down projection's own quantisation pass (the old path). Measured on the H100
+// (ops_gpu_bench prefill, one launch vs two): 1.25-1.31x at 1,024-16,384 tokens; at one token 4.8 vs 9.0 us
+// for the shared expert's 2,048 columns and 12.0 vs 8.4 us for the dense MLP's 12,288 (a net gain per step
+// of the GLM-5.3 slice: five MoE layers, three dense).
 inline constexpr bool kSiluMulFp8CopyDefault = true;
 // (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
 // the weight's dtype and shape, falling back where cuBLASLt has no plan.)

@@ -12,12 +12,12 @@
 // packed [T, nh, K] buffer, absorb.cu), bf16 x bf16 products accumulate in fp32, f32 output; FP8 weights
 // enter as their bf16 dequantisation. This is the per-head linear_t path's arithmetic; the per-head v_up
 // linear used a two-term bf16 split of the activations (its N <= 512 rule), which this drops (the GPU test
-// holds both within 1e-2 of the CPU, per row L2). From KernelOptions::absorb_fused_min_tokens tokens the
-// same arithmetic runs in one launch of the f32-activation kernel (gemm_f32act_params.h), which rounds the
-// activations to bf16 as it stages them: no conversion pass, no packed copy (at 4,096 tokens and 64 heads
-// the pass reads 201 / 537 MB and writes 101 / 268 MB for absorb_q / absorb_v). GemmPrecision::fp32: f32
-// weights (gemm_weight_f32: the copy the fp32 linears use, so kv_b is held in f32 once) and the f32
-// activations read in place.
+// holds both within 1e-2 of the CPU, per row L2). From KernelOptions::absorb_fused_min_tokens tokens
+// absorb_v's arithmetic (absorb_q's measured slower that way) runs in one launch of the f32-activation kernel
+// (gemm_f32act_params.h), which rounds the activations to bf16 as it stages them: no conversion pass, no
+// packed copy (at 4,096 tokens and 64 heads the pass reads 201 / 537 MB and writes 101 / 268 MB for absorb_q
+// / absorb_v). GemmPrecision::fp32: f32 weights (gemm_weight_f32: the copy the fp32 linears use, so kv_b is
+// held in f32 once) and the f32 activations read in place.
 #include <cublasLt.h>
 
 #include <array>
@@ -286,8 +286,9 @@ bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, 
   const bool f32 = o.gemm == GemmPrecision::fp32;
   const Tensor w = dense_weight(kv_b, f32);
   // D[L, T] = W_UK[h] (column-major [L, nope], lda L) . q_nope[:, h]
-  return batched(q_nope, w, 0, a.per_head * a.latent, false, a.latent, out, o.absorb_fused_min_tokens,
-                 nullptr, 0, "absorb_q", o.pdl);
+  // (absorb_q stays on cuBLASLt's strided batch at every size: the fused launch measured slower on the H100,
+  // 448 vs 365 us at 4,096 tokens, 1,723 vs 1,401 at 16,384; absorb_v gains, 408 vs 492.)
+  return batched(q_nope, w, 0, a.per_head * a.latent, false, a.latent, out, 0, nullptr, 0, "absorb_q", o.pdl);
 }
 
 bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, Tensor& out,

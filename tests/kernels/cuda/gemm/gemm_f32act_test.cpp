@@ -209,17 +209,16 @@ TEST_F(CudaF32ActGemm, NarrowLinearsTakeItAtPrefillSizes) {
   const WeightRef router_d = to_cuda(router), wk_d = to_cuda(wk), wp_d = to_cuda(wp);
   for (int64_t T : {int64_t(33), int64_t(300), int64_t(4096)}) {
     const Tensor x = rand_f32({T, 6144}, 20 + uint64_t(T), 2.0f), xd = x.to(Device::cuda);
+    // One narrow weight alone keeps the split pass + cuBLASLt (measured faster for router_gate).
     const int64_t calls = gemm_stats().bf16_fused_calls;
     const Tensor got = be_fused->linear(xd, router_d, 0, -1, {});
-    EXPECT_EQ(gemm_stats().bf16_fused_calls, calls + 1) << "T " << T;
-    const Tensor prev = be_old->linear(xd, router_d, 0, -1, {});
-    const std::string shape = fmt::format("[{}, 6144] x [256, 6144]^T", T);
-    if (T <= 300) report_gemm("router_gate fused vs cpu", shape, got, kernels::linear(x, router), 1e-4);
-    // The same two terms of the same operands, f32 sums in another order.
-    report_gemm("router_gate fused vs split+cublaslt", shape, got, prev, 5e-5);
-    if (T >= kGemmSplitFusedDefaultTokens) {  // the default options take it too
+    EXPECT_EQ(gemm_stats().bf16_fused_calls, calls) << "T " << T;
+    if (T <= 300)
+      report_gemm("router_gate vs cpu", fmt::format("[{}, 6144] x [256, 6144]^T", T), got,
+                  kernels::linear(x, router), 1e-4);
+    if (T >= kGemmSplitFusedDefaultTokens) {  // the default options take the fused pair
       const int64_t before = gemm_stats().bf16_fused_calls;
-      (void)be_default.linear(xd, router_d, 0, -1, {});
+      (void)be_default.linear_multi(xd, {wk_d, wp_d}, nullptr);
       EXPECT_EQ(gemm_stats().bf16_fused_calls, before + 1) << "default options at T " << T;
     }
     // wk + weights_proj: one launch, the separate linears' bits.
@@ -265,10 +264,11 @@ TEST_F(CudaF32ActGemm, AbsorbTakesItAtPrefillSizes) {
       const Tensor o_old = be_old->absorb_v(lat_d, w_d, kV, {});
       const std::string qs = fmt::format("{} {} x [{}, {}] x [{}, {}]", tag, nh, T, kNope, kNope, kL),
                         vs = fmt::format("{} {} x [{}, {}] x [{}, {}]", tag, nh, T, kL, kL, kV);
-      report_gemm("absorb_q fused vs cublaslt", qs, ql, ql_old, 3e-5);
+      // absorb_q keeps cuBLASLt at every size (measured faster): the two backends agree bit for bit.
+      EXPECT_EQ(std::memcmp(cpu(ql).raw_data(), cpu(ql_old).raw_data(), ql.nbytes()), 0) << tag << " T " << T;
       report_gemm("absorb_v fused vs cublaslt", vs, o, o_old, 3e-5);
       if (T <= 33) {
-        report_gemm("absorb_q fused vs cpu", qs, ql, kernels::absorb_q(q.slice(2, 0, kNope), w), 1e-2);
+        report_gemm("absorb_q vs cpu", qs, ql, kernels::absorb_q(q.slice(2, 0, kNope), w), 1e-2);
         report_gemm("absorb_v fused vs cpu", vs, o, kernels::absorb_v(lat, w, kV), 1e-2);
       }
     }
