@@ -125,8 +125,9 @@ inline constexpr int64_t kGemmSplitFusedDefaultTokens = 4096;
 // MLA's absorbed v projection (absorb_v, and absorb_v_fp8 with o_proj's FP8 copy) from
 // KernelOptions::absorb_fused_min_tokens tokens on runs the same kernel over the heads (the f32 activations
 // rounded to bf16 as they are staged) instead of a conversion pass and cuBLASLt's strided batch (0: never).
-// Measured on the H100: absorb_v + o_proj's quantisation 507 vs 607 us at 4,096 tokens, 148 vs 165 at 1,024,
-// 36 vs 38 at 128, slower below (32 vs 20 at 32 tokens). absorb_q stays on cuBLASLt (448 vs 365 us fused at
+// Measured on the H100 (fused vs old): absorb_v + o_proj's quantisation 507 vs 607 us at 4,096 tokens, 148 vs
+// 165 at 1,024, 36 vs 38 at 128, slower below (32 vs 20 at 32 tokens); 256 keeps every decode and verify
+// batch (T <= 128) on the old path. absorb_q stays on cuBLASLt at every size (fused 448 vs cuBLASLt 365 us at
 // 4,096).
 inline constexpr int64_t kAbsorbFusedDefaultTokens = 256;
 // SiLU-mul writes its output's FP8 copy for an FP8 down projection (silu_mul_fp8, kernels/cuda/elementwise/

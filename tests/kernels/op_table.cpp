@@ -197,10 +197,10 @@ void add_linear_cases(std::vector<OpCase>& t) {
                    }});
     }
   }
-  // The narrow bf16 linears at decode and prefill sizes (T = 4096 takes the fused two-term kernel from
-  // KernelOptions::gemm_split_fused_min_tokens on: kernels/cuda/gemm/gemm_f32act_params.h), held to the
-  // two-term recipe's accuracy (1e-4 per row L2; one bf16 term would give ~3e-3): router_gate, and the
-  // indexer's wk + weights_proj through linear_multi (one launch for both parts).
+  // The narrow bf16 linears at decode and prefill sizes, held to the two-term recipe's accuracy (1e-4 per
+  // row L2; one bf16 term would give ~3e-3): router_gate (the split pass + cuBLASLt at T = 4096), and the
+  // indexer's wk + weights_proj through linear_multi (at T = 4096 one launch of the fused two-term kernel:
+  // KernelOptions::gemm_split_fused_min_tokens, kernels/cuda/gemm/gemm_f32act_params.h).
   const std::vector<int64_t> prefill_tokens = {1, 33, 4096};
   constexpr double kTolSplit = 1e-4;
   t.push_back(

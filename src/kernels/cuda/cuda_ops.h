@@ -98,9 +98,10 @@ bool indexer_k_write_fused(const Tensor& k, const Tensor& norm_w, const Tensor& 
 // in GemmPrecision::fp32 the weight is gemm_weight_f32's (the derived f32 copy the fp32 linears use: kv_b
 // is held in f32 once). Without a derived copy the call makes one for itself. Return false where they do
 // not apply (activation views whose heads are not evenly strided, a shape cuBLASLt has no algorithm for):
-// the caller runs the per-head loop. From o.absorb_fused_min_tokens tokens (> 0) fast mode runs one launch
-// of the f32-activation kernel instead (the activations rounded to bf16 as they are staged:
-// gemm/gemm_f32act_params.h), where its alignments allow.
+// the caller runs the per-head loop. absorb_v from o.absorb_fused_min_tokens tokens (> 0) in fast mode runs
+// one launch of the f32-activation kernel instead (the activations rounded to bf16 as they are staged:
+// gemm/gemm_f32act_params.h), where its alignments allow; absorb_q always the strided batch (measured
+// faster, kernel_options.h).
 bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, const KernelOptions& o);
 // absorb_v_batched with `q` also makes, when the fused launch runs (and the output is a contiguous [T, nh,
 // dv] with dv % 128 == 0), the output's FP8 copy as an FP8 linear reads [T, nh dv] (the recipe's codes and

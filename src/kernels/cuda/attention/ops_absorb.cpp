@@ -182,7 +182,7 @@ bool batched_fused(const Tensor& x, const Tensor& dense, int64_t a_offset, int64
   p.pdl = pdl;
   if (!f32act_gemm_supported(p)) return false;
   Fp8Act copy;
-  if (q != nullptr && out.stride(1) == M && out.stride(0) == nh * M) {
+  if (q != nullptr && out.stride(1) == M && out.stride(0) == nh * M && (nh * M) % 128 == 0) {
     const int64_t cols = nh * M;
     F32ActGemmParams pq = p;
     copy = Fp8Act{Tensor::empty({q_rows, cols}, DType::u8, Device::cuda),
@@ -192,7 +192,7 @@ bool batched_fused(const Tensor& x, const Tensor& dense, int64_t a_offset, int64
     pq.q_ld = cols;
     pq.q_bs = M;
     pq.q_rows = q_rows;
-    if (cols % 128 == 0 && f32act_gemm_supported(pq)) {
+    if (f32act_gemm_supported(pq)) {
       p = pq;
     } else {
       copy = Fp8Act{};

@@ -71,14 +71,19 @@ class CachingAllocator final : public DeviceAllocator {
     DSA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
   }
 
-  // On the tensor's device: the current one's op stream, another device's compute stream.
+  // On the tensor's device: queued on the current one's op stream; on another device, on that device's
+  // compute stream and waited for (nothing orders the caller's streams after it otherwise).
   void memset_zero(void* dst, size_t bytes, int index) override {
     if (index == current_device()) {
       DSA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, op_stream()));
       return;
     }
+    DSA_CHECK(!capturing(), "zeroing a tensor of device {} while capturing a CUDA graph on device {}", index,
+              current_device());
     const DeviceGuard guard(index);
-    DSA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, device_context(index).compute));
+    const cudaStream_t s = device_context(index).compute;
+    DSA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, s));
+    DSA_CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
   AllocatorStats stats() {

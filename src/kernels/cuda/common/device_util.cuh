@@ -113,4 +113,8 @@ __device__ __forceinline__ uint32_t fp8_kv_codes4(float x0, float x1, float x2, 
          uint32_t(__nv_cvt_float_to_fp8(x3 * inv, __NV_SATFINITE, __NV_E4M3)) << 24;
 }
 
+// SiLU(g) * u as every SiLU-mul kernel computes it (elementwise.cu, silu_fp8.cu: their f32 outputs equal
+// bit for bit).
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 }  // namespace dsaserve::kernels::cuda

@@ -27,8 +27,9 @@ cudaError_t launch_with_attribute(const cudaLaunchAttribute& attr, void (*kernel
 // (PDL, cudaLaunchAttributeProgrammaticStreamSerialization): the kernel may start while the previous grid
 // in `stream` drains, so it must griddepcontrol.wait before reading that grid's results (a no-op in an
 // ordinary launch). Where the programmatic launch fails (a driver or context without it), its error is
-// cleared and the kernel is launched the ordinary way; programmatic = false launches only that way.
-// Returns cudaSuccess, or cudaGetLastError() after the ordinary launch.
+// cleared and the kernel is launched the ordinary way, except while `stream` is being captured (the failed
+// launch has invalidated the capture: its error is returned as it is); programmatic = false launches only
+// the ordinary way. Returns cudaSuccess, or the error.
 template <typename... Params, typename... Args>
 cudaError_t launch_pdl(bool programmatic, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                        cudaStream_t stream, const Args&... args) {
@@ -36,8 +37,11 @@ cudaError_t launch_pdl(bool programmatic, void (*kernel)(Params...), dim3 grid, 
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
-    if (launch_with_attribute(attr, kernel, grid, block, smem, stream, args...) == cudaSuccess)
-      return cudaSuccess;
+    const cudaError_t e = launch_with_attribute(attr, kernel, grid, block, smem, stream, args...);
+    if (e == cudaSuccess) return cudaSuccess;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+      return e;
     (void)cudaGetLastError();  // no programmatic launch here: an ordinary one
   }
   kernel<<<grid, block, smem, stream>>>(args...);

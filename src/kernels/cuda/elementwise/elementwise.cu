@@ -85,8 +85,6 @@ __global__ void sm90_embedding_bf16x8_kernel(EmbeddingParams p) {
   }
 }
 
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
 __global__ void sm90_silu_mul_x4_kernel(SiluMulParams p) {
   pdl_enter();
   const int64_t n4 = p.cols / 4;
@@ -168,7 +166,7 @@ __global__ void sm90_silu_mul_kernel(SiluMulParams p) {
   if (c >= p.cols) return;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
     const float g = p.gate[r * p.gate_stride + c];
-    p.out[r * p.out_stride + c] = g / (1.0f + expf(-g)) * p.up[r * p.up_stride + c];
+    p.out[r * p.out_stride + c] = silu_times(g, p.up[r * p.up_stride + c]);
   }
 }
 

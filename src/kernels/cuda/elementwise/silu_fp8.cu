@@ -12,9 +12,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// The silu_mul kernels' expression (elementwise.cu), so the f32 output is theirs bit for bit.
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // One warp per (row, 128-group): lane l holds values [4l, 4l + 4) of the group. The amax and the codes

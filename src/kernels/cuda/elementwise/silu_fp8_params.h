@@ -13,8 +13,8 @@ struct SiluMulFp8Params {
   const float* gate;             // [rows, cols] row stride gate_stride; 16-byte aligned, gate_stride % 4 == 0
   const float* up;               // [rows, cols] row stride up_stride; 16-byte aligned, up_stride % 4 == 0
   float* out;                    // [rows, cols] row stride out_stride; 16-byte aligned, out_stride % 4 == 0
-  uint8_t* q_codes;              // [rows_pad, cols] e4m3 codes (rows >= rows: 0), contiguous
-  float* q_scales;               // [cols / 128, rows_pad] (rows >= rows: 1)
+  uint8_t* q_codes;              // [rows_pad, cols] e4m3 codes (rows [rows, rows_pad): 0), contiguous
+  float* q_scales;               // [cols / 128, rows_pad] (rows [rows, rows_pad): 1)
   int64_t rows, rows_pad, cols;  // cols % 128 == 0, rows_pad >= rows
   int64_t gate_stride, up_stride, out_stride;
   bool pdl = false;  // a programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)

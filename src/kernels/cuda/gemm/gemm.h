@@ -6,10 +6,11 @@
 //   bf16 split of the activations (x ~ hi + lo, two GEMMs accumulating in f32), ~16 mantissa bits; up to
 //   kBf16SmallMaxTokens tokens both terms run in one weight-streaming tensor-core launch instead
 //   (gemm_small_params.h; router_gate [256 x 6144] at T = 1: 35.7 -> 8.2 us, eager, op_table_gpu_bench).
-//   From KernelOptions::gemm_split_fused_min_tokens tokens (default 1,024) the two terms are made in
-//   registers as the f32 rows are staged and multiplied in one launch (gemm_f32act_params.h; linear_multi
-//   puts two such weights, the indexer's wk + weights_proj, in one launch) instead of a split pass and two
-//   GEMMs per weight (which read and write the activations three times over).
+//   From KernelOptions::gemm_split_fused_min_tokens tokens (default 4,096) linear_multi's pair of such
+//   weights (the indexer's wk + weights_proj) has its two terms made in registers as the f32 rows are
+//   staged and multiplied in one launch (gemm_f32act_params.h) instead of a split pass and two GEMMs per
+//   weight (which read and write the activations three times over); one such weight alone (router_gate)
+//   keeps the split pass + cuBLASLt, measured faster (kernel_options.h).
 // - FP8 weights with 128x128 block scales: the activations are quantised per token per 128-group
 //   (e4m3, scale = amax / 448) and multiplied with cuBLASLt's block-scaled FP8 GEMM (docs/GPU.md recipe:
 //   A = W with BLK128x128 scales padded to rows of a multiple of 4, B = X with VEC128 scales [K/128][T],

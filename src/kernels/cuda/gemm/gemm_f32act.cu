@@ -320,7 +320,7 @@ int f32act_tile_tokens(const F32ActGemmParams& p) {
   if (p.tile_tokens == 32 || p.tile_tokens == 64 || p.tile_tokens == kWideBM) return p.tile_tokens;
   if (!p.split) return kWideBM;
   // 64 tokens while that still fills 7/8 of a wave: each CTA re-reads its 128 weight rows from L2, so the
-  // taller tile halves that traffic (router_gate at 4,096 tokens: 128 CTAs, 400 -> 200 MB; not measured yet).
+  // taller tile halves that traffic (a [256 x 6144] weight at 4,096 tokens: 128 CTAs, 400 -> 200 MB).
   const int64_t ctas64 = output_tiles(p, kNarrowBN) * ((p.T + 63) / 64) * int64_t(p.batch > 0 ? p.batch : 1);
   return 8 * ctas64 >= 7 * int64_t(device_sm_count()) ? 64 : 32;
 }

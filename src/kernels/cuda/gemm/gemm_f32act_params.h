@@ -1,12 +1,14 @@
 #pragma once
 // bf16 weights times f32 activations for many tokens, the activations converted as they are staged (no
 // conversion pass, no bf16 copy of them in memory): out[b][t][n] = sum_k x[b][t][k] W_b(n, k), f32 output,
-// fp32 accumulation on tensor cores (mma.sync m16n8k16). Two uses:
-// - the narrow bf16 linears' two-term recipe (gemm.h: routers, indexer heads; `split`): x = hi + lo with
-//   hi = bf16(x), lo = bf16(x - hi), both multiplied with the same weight fragment: the arithmetic of the
-//   split pass + two cuBLASLt GEMMs it replaces, reading x once (f32) instead of 3 times;
-// - MLA's absorbed projections (attention/ops_absorb.cpp): x rounded to bf16 (one term), a strided batch
-//   over the heads: absorb_q reads W_UK[h] as [K][N] (`trans_w`), absorb_v W_UV[h] as [N][K].
+// fp32 accumulation on tensor cores (mma.sync m16n8k16). Two uses by default:
+// - the narrow bf16 linears' two-term recipe (gemm.h; `split`) for linear_multi's pair (the indexer's wk +
+//   weights_proj): x = hi + lo with hi = bf16(x), lo = bf16(x - hi), both multiplied with the same weight
+//   fragment: the arithmetic of the split pass + two cuBLASLt GEMMs it replaces, reading x once (f32)
+//   instead of 3 times;
+// - MLA's absorb_v (attention/ops_absorb.cpp): x rounded to bf16 (one term), a strided batch over the
+//   heads reading W_UV[h] as [N][K]. The [K][N] layout (`trans_w`: absorb_q's W_UK[h]) and one narrow weight
+//   alone are supported and tested but measured slower than cuBLASLt (kernel_options.h), so not taken.
 // CTA tiles (tokens x outputs): 32 or 64 x 128 (8 warps; the split, or forced) and 128 x 256 (16 warps; the
 // one-term product by default), K in blocks of 32 through a 4-stage cp.async pipeline. Up to
 // kF32ActMaxSegments weights may share one launch (linear_multi's parts on the same input: their CTAs of a

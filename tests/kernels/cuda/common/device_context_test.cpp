@@ -220,6 +220,11 @@ TEST_F(CudaAllocatorDevices, EachDeviceKeepsItsOwnFreeLists) {
   EXPECT_EQ(pointer_device(on0.raw_data()), 0);
   const Tensor on1 = empty_on_device({1000}, DType::f32, 1);
   EXPECT_EQ(on1.raw_data(), p1) << "device 1's free list";
+  // Zeros on another device: zeroed on that device before the call returns (then read from here).
+  const Tensor z = Tensor::zeros({1000}, DType::f32, Device::cuda, 1);
+  EXPECT_EQ(z.device_index(), 1);
+  const Tensor zh = z.to(Device::cpu);
+  for (int64_t i = 0; i < zh.numel(); ++i) ASSERT_EQ(zh.item_f32(i), 0.0f) << i;
 }
 
 }  // namespace
