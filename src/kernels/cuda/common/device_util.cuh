@@ -117,4 +117,14 @@ __device__ __forceinline__ uint32_t fp8_kv_codes4(float x0, float x1, float x2, 
 // bit for bit).
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+// The two-term bf16 split of a pair of f32 values (the narrow linears' recipe, gemm/gemm.h): hi = the bf16
+// pair of (a, b) (a in the low half), lo = the bf16 pair of what hi leaves.
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
 }  // namespace dsaserve::kernels::cuda

@@ -55,15 +55,6 @@ constexpr int kNarrowBN = Narrow32::kBN, kWideBN = Wide::kBN, kWideBM = Wide::kB
 
 __device__ __forceinline__ int trans_swizzle(int k) { return (((k >> 3) & 3) << 1) | (k & 1); }
 
-// hi = bf16 pair of (a, b) (a in the low half); lo = the pair of what hi leaves.
-__device__ __forceinline__ void split2(float a, float b, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  const float2 hf = __bfloat1622float2(h);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
-}
-
 // The FP8 copy of a CTA's output tile (F32ActGemmParams::q_codes): each 128 columns of the tile are one
 // 128-group of every token row (n0 and the batch's column offset are multiples of 128), held by kWpg warps
 // along the outputs. The amax of a row in a group: each thread's 2 NT values, the 4 lanes of the row
@@ -212,10 +203,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         const float4 fa = *reinterpret_cast<const float4*>(sx + ra * 128 + ((c ^ (ra & 1)) * 16));
         const float4 fb = *reinterpret_cast<const float4*>(sx + rb * 128 + ((c ^ (rb & 1)) * 16));
         if constexpr (kSplit) {
-          split2(fa.x, fa.y, ah[ks][mt][0], al[ks][mt][0]);
-          split2(fb.x, fb.y, ah[ks][mt][1], al[ks][mt][1]);
-          split2(fa.z, fa.w, ah[ks][mt][2], al[ks][mt][2]);
-          split2(fb.z, fb.w, ah[ks][mt][3], al[ks][mt][3]);
+          split_pair(fa.x, fa.y, ah[ks][mt][0], al[ks][mt][0]);
+          split_pair(fb.x, fb.y, ah[ks][mt][1], al[ks][mt][1]);
+          split_pair(fa.z, fa.w, ah[ks][mt][2], al[ks][mt][2]);
+          split_pair(fb.z, fb.w, ah[ks][mt][3], al[ks][mt][3]);
         } else {
           ah[ks][mt][0] = mma::pack_bf16(fa.x, fa.y);
           ah[ks][mt][1] = mma::pack_bf16(fb.x, fb.y);

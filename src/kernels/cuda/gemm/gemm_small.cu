@@ -15,6 +15,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/common/device_cache.h"
+#include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/common/launch_util.cuh"
 #include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/common/sm90_mma.cuh"
@@ -218,14 +219,6 @@ struct Bf16Stage {
   static constexpr int kBytes = kW + kTp * kBf16XLd;
   static constexpr size_t kSmem = size_t(kStages) * kBytes;
 };
-
-__device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  const float2 hf = __bfloat1622float2(h);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
-}
 
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const Bf16SmallGemmParams p) {

@@ -14,6 +14,7 @@
 #include "common/fixtures.h"
 #include "core/error.h"
 #include "gpu_test.h"
+#include "graph_requests.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common/allocator.h"
@@ -150,26 +151,14 @@ std::shared_ptr<Model> realdims(const std::filesystem::path& dir) {
   return runtime::model_on_device(Model::load(dir, false), Device::cuda);
 }
 
-int32_t token(int64_t r, int64_t pos, int64_t vocab) {
-  return int32_t((r * 7919 + pos * 104729 + 13) % vocab);
-}
-
-// B requests whose pages interleave in the pool (request r owns pages r, r + B, r + 2B); the last page
-// of the cache (B * kPagesPerReq) is the graphs' scratch page.
-std::vector<std::vector<int32_t>> page_tables(int64_t B) {
-  std::vector<std::vector<int32_t>> t(static_cast<size_t>(B));
-  for (int64_t r = 0; r < B; ++r)
-    for (int64_t i = 0; i < kPagesPerReq; ++i) t[size_t(r)].push_back(int32_t(i * B + r));
-  return t;
-}
-
 void prefill(const Model& m, KvCache& cache, const std::vector<int64_t>& lens,
              const std::vector<std::vector<int32_t>>& tables) {
   ForwardBatch b;
   b.page_size = kPs;
   for (size_t r = 0; r < lens.size(); ++r) {
     std::vector<int32_t> ids;
-    for (int64_t p = 0; p < lens[r]; ++p) ids.push_back(token(int64_t(r), p, m.config().vocab_size));
+    for (int64_t p = 0; p < lens[r]; ++p)
+      ids.push_back(testing::graph_token(int64_t(r), p, m.config().vocab_size));
     b.add_request(ids, 0, tables[r]);
   }
   model::ForwardOptions fo;
@@ -211,7 +200,7 @@ TEST(CudaGraph, RealdimsDecodeReplayEqualsEager) {
     for (const std::vector<int64_t>& start : all) {
       const int64_t B = int64_t(start.size());
       SCOPED_TRACE(fmt::format("kv {} B {}", kv_name(kv), B));
-      const auto tables = page_tables(B);
+      const auto tables = testing::interleaved_page_tables(B, kPagesPerReq);
       const int64_t pages = B * kPagesPerReq + 1;
       KvCache ce = KvCache::create(m->config(), pages, kPs, false, Device::cuda, kv);
       KvCache cg = KvCache::create(m->config(), pages, kPs, false, Device::cuda, kv);
@@ -228,7 +217,7 @@ TEST(CudaGraph, RealdimsDecodeReplayEqualsEager) {
       EXPECT_EQ(graphs0, 6) << "buckets 1, 2, 4, 8, 16, 32 at context " << topk;
       std::vector<int64_t> cached = lens;  // `next` decodes at position lens[r]
       std::vector<int32_t> next(static_cast<size_t>(B));
-      for (int64_t r = 0; r < B; ++r) next[size_t(r)] = token(r, lens[size_t(r)], V);
+      for (int64_t r = 0; r < B; ++r) next[size_t(r)] = testing::graph_token(r, lens[size_t(r)], V);
       std::vector<double> rel;
       double worst_abs = 0;
       int64_t agree = 0, rows = 0;

@@ -25,6 +25,7 @@
 
 #include "common/fixtures.h"
 #include "gpu_test.h"
+#include "graph_requests.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/kernel_options.h"
 #include "kernels/op_table.h"
@@ -102,24 +103,12 @@ INSTANTIATE_TEST_SUITE_P(CudaPdl, CudaPdlOpTable, ::testing::ValuesIn(kernels::t
 
 constexpr int64_t kPs = 64, kPagesPerReq = 3;  // up to 192 tokens per request
 
-int32_t token(int64_t r, int64_t pos, int64_t vocab) {
-  return int32_t((r * 7919 + pos * 104729 + 13) % vocab);
-}
-
-// Request r owns pages r, r + B, r + 2B; page B * kPagesPerReq is the graphs' scratch page.
-std::vector<std::vector<int32_t>> page_tables(int64_t B) {
-  std::vector<std::vector<int32_t>> t(static_cast<size_t>(B));
-  for (int64_t r = 0; r < B; ++r)
-    for (int64_t i = 0; i < kPagesPerReq; ++i) t[size_t(r)].push_back(int32_t(i * B + r));
-  return t;
-}
-
 // The logits (on the host) of: the prefill of `lens` tokens per request (last-token rows), then `steps`
 // decode steps eager, then `steps` more through the graph runner (captured on first use), each step
-// decoding token(r, position) at the next position of every request.
+// decoding testing::graph_token(r, position) at the next position of every request.
 std::vector<Tensor> run_steps(const Model& m, KvCacheDtype kv, const std::vector<int64_t>& lens, int steps) {
   const int64_t B = int64_t(lens.size()), V = m.config().vocab_size;
-  const auto tables = page_tables(B);
+  const auto tables = testing::interleaved_page_tables(B, kPagesPerReq);
   KvCache cache = KvCache::create(m.config(), B * kPagesPerReq + 1, kPs, false, Device::cuda, kv);
   model::ForwardOptions fo;
   fo.all_logits = false;
@@ -129,7 +118,7 @@ std::vector<Tensor> run_steps(const Model& m, KvCacheDtype kv, const std::vector
     b.page_size = kPs;
     for (int64_t r = 0; r < B; ++r) {
       std::vector<int32_t> ids;
-      for (int64_t p = 0; p < lens[size_t(r)]; ++p) ids.push_back(token(r, p, V));
+      for (int64_t p = 0; p < lens[size_t(r)]; ++p) ids.push_back(testing::graph_token(r, p, V));
       b.add_request(ids, 0, tables[size_t(r)]);
     }
     out.push_back(m.forward(b, cache, fo).logits.to(Device::cpu));
@@ -142,7 +131,7 @@ std::vector<Tensor> run_steps(const Model& m, KvCacheDtype kv, const std::vector
     b.page_size = kPs;
     std::vector<int32_t> next(static_cast<size_t>(B));
     for (int64_t r = 0; r < B; ++r) {
-      next[size_t(r)] = token(r, pos[size_t(r)], V);
+      next[size_t(r)] = testing::graph_token(r, pos[size_t(r)], V);
       b.add_request(std::span<const int32_t>(&next[size_t(r)], 1), pos[size_t(r)], tables[size_t(r)], true);
       ++pos[size_t(r)];
     }

@@ -15,6 +15,7 @@
 
 #include "common/fixtures.h"
 #include "gpu_test.h"
+#include "graph_requests.h"
 #include "model/model.h"
 #include "runtime/engine/cuda_graph_spec.h"
 #include "runtime/engine/device.h"
@@ -34,18 +35,6 @@ std::shared_ptr<Model> realdims_mtp(const std::filesystem::path& dir) {
   return runtime::model_on_device(Model::load(dir, true), Device::cuda);
 }
 
-int32_t token(int64_t r, int64_t pos, int64_t vocab) {
-  return int32_t((r * 7919 + pos * 104729 + 13) % vocab);
-}
-
-// Request r owns pages r, r + B, r + 2B; the cache's last page (B * kPagesPerReq) is the graphs' scratch.
-std::vector<std::vector<int32_t>> page_tables(int64_t B) {
-  std::vector<std::vector<int32_t>> t(static_cast<size_t>(B));
-  for (int64_t r = 0; r < B; ++r)
-    for (int64_t i = 0; i < kPagesPerReq; ++i) t[size_t(r)].push_back(int32_t(i * B + r));
-  return t;
-}
-
 // Prefills each request's lens[r] tokens (target KV) and, when `mtp`, the MTP layer's KV over them (its
 // row p takes token p + 1 and the target's hidden state at p, as the engine's mtp_after_step does).
 // Returns each request's last hidden row [1, H] (the first draft step's input).
@@ -54,7 +43,8 @@ std::vector<Tensor> prefill(const Model& m, KvCache& cache, const std::vector<in
   std::vector<Tensor> last;
   for (size_t r = 0; r < lens.size(); ++r) {
     std::vector<int32_t> ids;
-    for (int64_t p = 0; p < lens[r]; ++p) ids.push_back(token(int64_t(r), p, m.config().vocab_size));
+    for (int64_t p = 0; p < lens[r]; ++p)
+      ids.push_back(testing::graph_token(int64_t(r), p, m.config().vocab_size));
     ForwardBatch b;
     b.page_size = kPs;
     b.add_request(ids, 0, tables[r], false);
@@ -157,7 +147,7 @@ TEST(CudaSpecGraph, RealdimsVerifyReplayEqualsEager) {
     for (const std::vector<int64_t>& start : kStarts) {
       const int64_t B = int64_t(start.size());
       SCOPED_TRACE(fmt::format("kv {} B {}", kv_name(kv), B));
-      const auto tables = page_tables(B);
+      const auto tables = testing::interleaved_page_tables(B, kPagesPerReq);
       const int64_t pages = B * kPagesPerReq + 1;
       KvCache ce = KvCache::create(m->config(), pages, kPs, true, Device::cuda, kv);
       KvCache cg = KvCache::create(m->config(), pages, kPs, true, Device::cuda, kv);
@@ -180,7 +170,8 @@ TEST(CudaSpecGraph, RealdimsVerifyReplayEqualsEager) {
         vb.page_size = kPs;
         for (int64_t r = 0; r < B; ++r) {
           std::vector<int32_t> ids;
-          for (int64_t j = 0; j < K; ++j) ids.push_back(token(r + 5, cached[size_t(r)] + j, V));
+          for (int64_t j = 0; j < K; ++j)
+            ids.push_back(testing::graph_token(r + 5, cached[size_t(r)] + j, V));
           vb.add_request(ids, cached[size_t(r)], tables[size_t(r)], false);
         }
         model::ForwardOptions vo;
@@ -226,7 +217,7 @@ TEST(CudaSpecGraph, RealdimsDraftReplayEqualsEager) {
     for (const std::vector<int64_t>& start : kStarts) {
       const int64_t B = int64_t(start.size());
       SCOPED_TRACE(fmt::format("kv {} B {}", kv_name(kv), B));
-      const auto tables = page_tables(B);
+      const auto tables = testing::interleaved_page_tables(B, kPagesPerReq);
       const int64_t pages = B * kPagesPerReq + 1;
       KvCache ce = KvCache::create(m->config(), pages, kPs, true, Device::cuda, kv);
       KvCache cg = KvCache::create(m->config(), pages, kPs, true, Device::cuda, kv);
@@ -243,7 +234,7 @@ TEST(CudaSpecGraph, RealdimsDraftReplayEqualsEager) {
       EXPECT_EQ(graphs0, 4) << "buckets 1, 2, 4, 8 at context 32";
       Tensor h = stack(last);  // [B, H]
       std::vector<int32_t> cur(static_cast<size_t>(B));
-      for (int64_t r = 0; r < B; ++r) cur[size_t(r)] = token(r, lens[size_t(r)], V);
+      for (int64_t r = 0; r < B; ++r) cur[size_t(r)] = testing::graph_token(r, lens[size_t(r)], V);
       Diff logits, hidden;
       for (int s = 0; s < kSteps; ++s) {
         // Draft step s: one token per request at position len - 1 + s (draft_and_verify's batch).
