@@ -185,8 +185,7 @@ bool batched_fused(const Tensor& x, const Tensor& dense, int64_t a_offset, int64
   if (q != nullptr && out.stride(1) == M && out.stride(0) == nh * M && (nh * M) % 128 == 0) {
     const int64_t cols = nh * M;
     F32ActGemmParams pq = p;
-    copy = Fp8Act{Tensor::empty({q_rows, cols}, DType::u8, Device::cuda),
-                  Tensor::empty({cols / 128, q_rows}, DType::f32, Device::cuda), p.T};
+    copy = empty_fp8_act(p.T, q_rows, cols);
     pq.q_codes = copy.codes.data_u8();
     pq.q_scales = copy.scales.data<float>();
     pq.q_ld = cols;

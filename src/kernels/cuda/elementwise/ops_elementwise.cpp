@@ -91,8 +91,7 @@ Tensor norm_common(const Tensor& x, Tensor* residual, const Tensor& w, double ep
     *q = Fp8Act{};
     if (rms_norm_fp8_fusable(p) && o.gemm == GemmPrecision::fast) {
       const int64_t Tp = fp8_act_rows(xv.rows, o.gemm_fp8_small_max_tokens);
-      *q = Fp8Act{Tensor::empty({Tp, xv.cols}, DType::u8, Device::cuda),
-                  Tensor::empty({xv.cols / 128, Tp}, DType::f32, Device::cuda), xv.rows};
+      *q = empty_fp8_act(xv.rows, Tp, xv.cols);
       p.q_codes = q->codes.data_u8();
       p.q_scales = q->scales.data<float>();
       p.q_rows_pad = Tp;

@@ -17,8 +17,7 @@ Tensor silu_mul_fp8(const Tensor& gate, const Tensor& up, Fp8Act& q, const Kerne
     return silu_mul(gate, up, o);
   Tensor out = Tensor::empty({g.rows, g.cols}, DType::f32, Device::cuda);
   const int64_t Tp = fp8_act_rows(g.rows, o.gemm_fp8_small_max_tokens);
-  Fp8Act copy{Tensor::empty({Tp, g.cols}, DType::u8, Device::cuda),
-              Tensor::empty({g.cols / 128, Tp}, DType::f32, Device::cuda), g.rows};
+  Fp8Act copy = empty_fp8_act(g.rows, Tp, g.cols);
   SiluMulFp8Params p{};
   p.gate = g.p;
   p.up = u.p;

@@ -353,14 +353,18 @@ int64_t fp8_act_rows(int64_t T, int64_t small_max_tokens) {
   return T <= small ? (T <= 8 ? 8 : T <= 16 ? 16 : 32) : (T + 3) / 4 * 4;
 }
 
+Fp8Act empty_fp8_act(int64_t T, int64_t Tp, int64_t K) {
+  return Fp8Act{Tensor::empty({Tp, K}, DType::u8, Device::cuda),
+                Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda), T};
+}
+
 namespace {
 
 // The recipe's activation quantisation of f32 rows (x.cols % 128 == 0).
 Fp8Act quantise_rows(const RowView& x, const KernelOptions& o) {
   const int64_t T = x.rows, K = x.cols;
   const int64_t Tp = fp8_act_rows(T, o.gemm_fp8_small_max_tokens);
-  Fp8Act a{Tensor::empty({Tp, K}, DType::u8, Device::cuda),
-           Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda), T};
+  Fp8Act a = empty_fp8_act(T, Tp, K);
   QuantFp8Params p{x.p, a.codes.data_u8(), a.scales.data<float>(), T, Tp, K, x.stride};
   p.pdl = o.pdl;
   check_launch(launch_quant_fp8(p, op_stream()), "linear: fp8 activation quantisation");

@@ -58,6 +58,9 @@ void gemm_linear_t(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, 
 // The padded row count Tp the recipe uses for T tokens (8/16/32 on the small-T path, i.e. T <=
 // small_max_tokens: KernelOptions::gemm_fp8_small_max_tokens; else T rounded up to 4).
 int64_t fp8_act_rows(int64_t T, int64_t small_max_tokens);
+// Uninitialised CUDA buffers of an Fp8Act for T tokens of K columns (K % 128 == 0) padded to Tp rows
+// (fp8_act_rows): what a producer writing the copy fills.
+Fp8Act empty_fp8_act(int64_t T, int64_t Tp, int64_t K);
 Fp8Act quantize_fp8_activations(const Tensor& x, const KernelOptions& o = {});
 void gemm_linear_fp8(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, Tensor& out,
                      const KernelOptions& o = {});
