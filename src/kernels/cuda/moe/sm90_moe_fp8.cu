@@ -14,6 +14,8 @@
 // to a second (A and B agree on which k sits in which slot), weight chunks XOR-swizzled by row parity.
 #include <cuda_fp8.h>
 
+#include <algorithm>
+
 #include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/launch_util.cuh"
 #include "kernels/cuda/common/pdl.cuh"
@@ -190,8 +192,10 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_fp8_gemm_kernel(const Mo
 }
 
 // Launches a persistent form: as many CTAs of kBlock threads as fit on the device at once (computed once per
-// kernel and device), at most one per work item of every expert (items of kFeat output features).
-template <void (*KERNEL)(MoeFp8GemmParams), size_t kSmemBytes, int kFeat, int kBlock = kThreads>
+// kernel and device), at most one per work item (items of kFeat output features of an expert; with kChunk,
+// of its packed rows too, in chunks of kChunk: at most min(experts, rows) + rows / kChunk chunks).
+template <void (*KERNEL)(MoeFp8GemmParams), size_t kSmemBytes, int kFeat, int kBlock = kThreads,
+          int kChunk = 0>
 cudaError_t launch_persistent(const MoeFp8GemmParams& p, cudaStream_t stream) {
   const void* fn = reinterpret_cast<const void*>(KERNEL);
   const cudaError_t attr = set_max_dynamic_smem(fn, int(kSmemBytes));
@@ -204,7 +208,9 @@ cudaError_t launch_persistent(const MoeFp8GemmParams& p, cudaStream_t stream) {
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, KERNEL, kBlock, kSmemBytes);
         return (sms > 0 ? sms : 1) * (per > 0 ? per : 1);
       });
-  const int64_t most = int64_t(p.experts) * ((p.N + kFeat - 1) / kFeat);
+  const int64_t tiles = (p.N + kFeat - 1) / kFeat;
+  const int64_t most = kChunk == 0 ? int64_t(p.experts) * tiles
+                                   : (std::min<int64_t>(p.experts, p.rows) + p.rows / kChunk) * tiles;
   const int grid = int(most < resident ? most : resident);
   return launch_pdl(p.pdl, KERNEL, dim3(unsigned(grid)), dim3(kBlock), kSmemBytes, stream, p);
 }
@@ -216,9 +222,15 @@ cudaError_t launch_tile(const MoeFp8GemmParams& p, cudaStream_t stream) {
 }
 
 // ---- the wgmma form (tile_rows 128: prefill-sized groups), warp-specialised ----
-// Work item as above (128 weight rows of one active expert); a pass takes up to 128 packed rows of the
-// expert, so a group of <= 128 rows streams its weights once; the pass multiplies the narrowest wgmma N of
-// 16, 32, 64 and 128 that holds its rows (a group's tail pads to 16, not to 128). Multiplier warpgroup q
+// Work item: 128 weight rows of one active expert (as above) times one chunk of up to 128 of its packed
+// rows: the expert's chunks are items of their own, consecutive in the walk (expert-major, then feature
+// tile, then chunk), so the CTAs running the chunks of one (expert, tile) run at the same time and its
+// weight tiles come from HBM about once, the others' reads hitting L2 (the earlier form walked an expert's
+// chunks inside one CTA and streamed the weights from HBM once per chunk: at 4K-16K prefill tokens, 128-512
+// rows per GLM-5.3 expert, the grouped GEMMs are weight-bound). Each CTA first sums the chunks of the active
+// experts into shared memory (ws_chunk_prefix) and finds an item's expert by bisection. An item multiplies
+// the narrowest wgmma N of 16, 32, 64 and 128 that holds its rows (a group's tail pads to 16, not to 128).
+// Multiplier warpgroup q
 // takes weight rows 64q .. 64q + 63 (gate_up: q = 0 gate, q = 1 up features n0 .. n0 + 63; down: features
 // n0 + 64q ..) times the pass's rows, each 128-wide K block as four m64nNk32 e4m3 wgmmas into a block
 // accumulator that is then scaled (weight block scale x the row's scale) into the pass's sums, the
@@ -227,7 +239,7 @@ cudaError_t launch_tile(const MoeFp8GemmParams& p, cudaStream_t stream) {
 // Roles: warpgroup 0 copies (the weight and pass rows of every K block, cp.async into kStages stages, each
 // stage's arrival counted on its `full` mbarrier), warpgroups 1 and 2 multiply and release each stage on its
 // `empty` mbarrier once their wgmmas on it are done and its row scales read.
-// No CTA-wide barrier inside the K loop: the copies run up to kStages blocks ahead, across passes and items,
+// No CTA-wide barrier inside the K loop: the copies run up to kStages blocks ahead, across items,
 // and the two multiplying warpgroups drift apart, so one's scale folding overlaps the other's wgmmas.
 // Registers move from the copier (72) to the multipliers (200). The gate_up epilogue hands the up sums from
 // warpgroup 2 to warpgroup 1 through a buffer of its own (named barrier 1 over the 256 multiplier threads).
@@ -241,8 +253,64 @@ constexpr int kXsOff = kStages * (kA + kB);
 constexpr int kUpOff = kXsOff + kStages * kTok * 4;  // [64][128] f32 up sums (gate_up)
 constexpr int kBarOff = kUpOff + 64 * 128 * 4;
 constexpr size_t kSmem = size_t(kBarOff) + 2 * kStages * 8 + 1024;  // + alignment
-static_assert(kSmem <= 227 * 1024, "shared memory");
+constexpr int kMaxExperts = 1024;                                   // moe_experts' limit
+// Static: the chunk prefix (kMaxExperts + 1 i32).
+static_assert(kSmem + (kMaxExperts + 1) * 4 <= 227 * 1024, "shared memory");
 }  // namespace ws
+
+// cum[a] = the chunks of kTok rows of active slots 0 .. a - 1 (a = 0 .. header[0]), by warp 0 of the CTA;
+// returns after a CTA barrier. An expert's chunk count is ceil(rows / kTok) (every active expert has rows).
+__device__ __forceinline__ void ws_chunk_prefix(const MoeFp8GemmParams& p, int32_t* cum) {
+  const int n = p.header[0] < ws::kMaxExperts ? p.header[0] : ws::kMaxExperts;
+  if (threadIdx.x < 32) {
+    const int lane = int(threadIdx.x);
+    int32_t carry = 0;
+    if (lane == 0) cum[0] = 0;
+    for (int a0 = 0; a0 < n; a0 += 32) {
+      const int a = a0 + lane;
+      int32_t v = 0;
+      if (a < n) {
+        const int e = p.active[a];
+        v = (p.offsets[e + 1] - p.offsets[e] + ws::kTok - 1) / ws::kTok;
+      }
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int32_t u = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += u;
+      }
+      if (a < n) cum[a + 1] = carry + v;
+      carry += __shfl_sync(0xffffffffu, v, 31);
+    }
+  }
+  __syncthreads();
+}
+
+// Work item `item` of the walk: its active slot's expert, feature tile n0 and packed rows [g0, g0 + nr).
+struct WsItem {
+  int e;
+  int64_t n0;
+  int32_t g0;
+  int nr;
+};
+__device__ __forceinline__ WsItem ws_item(const MoeFp8GemmParams& p, const int32_t* cum, int n_active,
+                                          int64_t tiles, int kFeat, int64_t item) {
+  int lo = 0, hi = n_active;  // the slot a with tiles * cum[a] <= item < tiles * cum[a + 1]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (tiles * cum[mid] <= item)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const int64_t nch = cum[lo + 1] - cum[lo], local = item - tiles * cum[lo];
+  WsItem w;
+  w.e = p.active[lo];
+  w.n0 = (local / nch) * kFeat;
+  const int32_t m1 = p.offsets[w.e + 1];
+  w.g0 = p.offsets[w.e] + int32_t(local % nch) * ws::kTok;
+  w.nr = m1 - w.g0 < ws::kTok ? int(m1 - w.g0) : ws::kTok;
+  return w;
+}
 
 // Rows the pass of `nr` packed rows multiplies: the narrowest wgmma N of 16, 32, 64, 128 that holds them.
 __device__ __forceinline__ int ws_width(int nr) { return nr > 64 ? 128 : nr > 32 ? 64 : nr > 16 ? 32 : 16; }
@@ -326,6 +394,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
   using namespace ws;
   constexpr int kFeat = GATE_UP ? 64 : 128;
   extern __shared__ uint8_t smem_raw[];
+  __shared__ int32_t s_cum[kMaxExperts + 1];
   uint8_t* smem = smem_raw + ((1024 - (mma::smem_addr(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1 KiB
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff);
   uint64_t* empty = full + kStages;
@@ -338,10 +407,11 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
       mma::mbar_init(empty + s, 256);
     }
   }
-  __syncthreads();
+  ws_chunk_prefix(p, s_cum);  // ends with the barrier that also publishes the mbarriers' initialisation
   const int64_t N = p.N, K = p.K, nkb = K / 128;
   const int64_t tiles = (N + kFeat - 1) / kFeat;
-  const int64_t items = int64_t(p.header[0]) * tiles;
+  const int n_active = p.header[0] < kMaxExperts ? p.header[0] : kMaxExperts;
+  const int64_t items = tiles * s_cum[n_active];
   int64_t it = 0;  // K blocks this CTA has gone through (both roles count the same sequence)
   if (role == 0) {
     mma::setmaxnreg_dec<72>();
@@ -349,69 +419,65 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
     // bytes, coalesced), and the scale of pass row t.
     const int t = tid, c = t & 7, r0 = t >> 3;
     for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-      const int e = p.active[item / tiles];
-      const int64_t n0 = (item % tiles) * kFeat;
-      const int32_t m0 = p.offsets[e], m1 = p.offsets[e + 1];
-      const MoeExpertWeights ew = p.table[e];
+      const WsItem w = ws_item(p, s_cum, n_active, tiles, kFeat, item);
+      const int64_t n0 = w.n0;
+      const MoeExpertWeights ew = p.table[w.e];
       const uint8_t* w_lo = static_cast<const uint8_t*>(GATE_UP ? ew.gate : ew.down);
       const uint8_t* w_hi = static_cast<const uint8_t*>(GATE_UP ? ew.up : ew.down);
-      for (int32_t g0 = m0; g0 < m1; g0 += kTok) {
-        const int nr = m1 - g0 < kTok ? int(m1 - g0) : kTok;
-        const int nw = ws_width(nr);
-        int32_t src[8];
+      const int32_t g0 = w.g0;
+      const int nr = w.nr;
+      const int nw = ws_width(nr);
+      int32_t src[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int r = r0 + 16 * j;
+        src[j] = r < nr ? (p.in_rows ? p.in_rows[g0 + r] : g0 + r) : -1;
+      }
+      const int32_t srow = t < nr ? (p.in_rows ? p.in_rows[g0 + t] : g0 + t) : -1;
+      for (int64_t kb = 0; kb < nkb; ++kb, ++it) {
+        const int st = int(it % kStages);
+        if (it >= kStages) mma::mbar_wait(empty + st, uint32_t(it / kStages - 1) & 1u);
+        uint8_t* a = smem + size_t(st) * kA;
+        uint8_t* b = smem + size_t(kStages) * kA + size_t(st) * kB;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const int r = r0 + 16 * j;
-          src[j] = r < nr ? (p.in_rows ? p.in_rows[g0 + r] : g0 + r) : -1;
+          const bool hi = GATE_UP && r >= 64;
+          const int64_t f = n0 + (GATE_UP ? (r & 63) : r);
+          const bool ok = f < N;
+          mma::cp_async16(a + r * 128 + ((c ^ (r & 7)) * 16),
+                          (hi ? w_hi : w_lo) + (ok ? f : 0) * K + kb * 128 + c * 16, ok ? 16 : 0);
         }
-        const int32_t srow = t < nr ? (p.in_rows ? p.in_rows[g0 + t] : g0 + t) : -1;
-        for (int64_t kb = 0; kb < nkb; ++kb, ++it) {
-          const int st = int(it % kStages);
-          if (it >= kStages) mma::mbar_wait(empty + st, uint32_t(it / kStages - 1) & 1u);
-          uint8_t* a = smem + size_t(st) * kA;
-          uint8_t* b = smem + size_t(kStages) * kA + size_t(st) * kB;
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int r = r0 + 16 * j;
-            const bool hi = GATE_UP && r >= 64;
-            const int64_t f = n0 + (GATE_UP ? (r & 63) : r);
-            const bool ok = f < N;
-            mma::cp_async16(a + r * 128 + ((c ^ (r & 7)) * 16),
-                            (hi ? w_hi : w_lo) + (ok ? f : 0) * K + kb * 128 + c * 16, ok ? 16 : 0);
-          }
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int r = r0 + 16 * j;
-            if (r < nw)
-              mma::cp_async16(b + r * 128 + ((c ^ (r & 7)) * 16),
-                              p.xq + int64_t(src[j] >= 0 ? src[j] : 0) * K + kb * 128 + c * 16,
-                              src[j] >= 0 ? 16 : 0);
-          }
-          if (t < nw)
-            mma::cp_async4(smem + kXsOff + (st * kTok + t) * 4,
-                           p.x_scale + kb * p.x_scale_ld + (srow >= 0 ? srow : 0), srow >= 0 ? 4 : 0);
-          mma::cp_async_mbar_arrive_noinc(full + st);
+        for (int j = 0; j < 8; ++j) {
+          const int r = r0 + 16 * j;
+          if (r < nw)
+            mma::cp_async16(b + r * 128 + ((c ^ (r & 7)) * 16),
+                            p.xq + int64_t(src[j] >= 0 ? src[j] : 0) * K + kb * 128 + c * 16,
+                            src[j] >= 0 ? 16 : 0);
         }
+        if (t < nw)
+          mma::cp_async4(smem + kXsOff + (st * kTok + t) * 4,
+                         p.x_scale + kb * p.x_scale_ld + (srow >= 0 ? srow : 0), srow >= 0 ? 4 : 0);
+        mma::cp_async_mbar_arrive_noinc(full + st);
       }
     }
     mma::cp_async_wait<0>();
   } else {
     mma::setmaxnreg_inc<200>();
     const int q = role - 1;
-    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-      const int e = p.active[item / tiles];
-      const int64_t n0 = (item % tiles) * kFeat;
-      const int32_t m0 = p.offsets[e], m1 = p.offsets[e + 1];
-      const MoeExpertWeights ew = p.table[e];
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x, it += nkb) {
+      const WsItem w = ws_item(p, s_cum, n_active, tiles, kFeat, item);
+      const int64_t n0 = w.n0;
+      const int32_t g0 = w.g0;
+      const int nr = w.nr;
+      const MoeExpertWeights ew = p.table[w.e];
       const float* sc = (GATE_UP ? (q ? ew.up_scale : ew.gate_scale) : ew.down_scale) + (n0 / 128) * nkb;
-      for (int32_t g0 = m0; g0 < m1; g0 += kTok, it += nkb) {
-        const int nr = m1 - g0 < kTok ? int(m1 - g0) : kTok;
-        switch (ws_width(nr)) {
-          case 128: ws_consume<GATE_UP, 128>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
-          case 64: ws_consume<GATE_UP, 64>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
-          case 32: ws_consume<GATE_UP, 32>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
-          default: ws_consume<GATE_UP, 16>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
-        }
+      switch (ws_width(nr)) {
+        case 128: ws_consume<GATE_UP, 128>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+        case 64: ws_consume<GATE_UP, 64>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+        case 32: ws_consume<GATE_UP, 32>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+        default: ws_consume<GATE_UP, 16>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
       }
     }
   }
@@ -419,8 +485,8 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
 
 template <bool GATE_UP>
 cudaError_t launch_ws(const MoeFp8GemmParams& p, cudaStream_t stream) {
-  return launch_persistent < sm90_moe_fp8_ws_kernel<GATE_UP>, ws::kSmem, GATE_UP ? 64 : 128,
-         ws::kThreads > (p, stream);
+  return launch_persistent < sm90_moe_fp8_ws_kernel<GATE_UP>, ws::kSmem, GATE_UP ? 64 : 128, ws::kThreads,
+         ws::kTok > (p, stream);
 }
 
 template <bool GATE_UP>
@@ -441,7 +507,8 @@ int moe_fp8_tile_rows(int64_t pairs, int64_t experts) {
 
 cudaError_t launch_moe_fp8_gemm(const MoeFp8GemmParams& p, cudaStream_t stream) {
   if (p.N == 0 || p.experts == 0) return cudaSuccess;
-  if (p.K <= 0 || p.K % 128 != 0 || p.K > kMoeFp8MaxK || p.experts > 65535 || p.x_scale_ld <= 0)
+  if (p.K <= 0 || p.K % 128 != 0 || p.K > kMoeFp8MaxK || p.experts > 65535 || p.x_scale_ld <= 0 ||
+      p.rows < 0 || (p.tile_rows == 128 && p.experts > 1024))
     return cudaErrorInvalidValue;
   return p.gate_up ? launch_rows<true>(p, stream) : launch_rows<false>(p, stream);
 }

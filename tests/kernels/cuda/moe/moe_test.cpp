@@ -218,7 +218,10 @@ ExpertSet make_experts(int64_t sets, int64_t experts, int64_t H, int64_t I, DTyp
   return s;
 }
 
-// Top-K routing over E experts with positive router-like weights; kind as in the grouping test.
+// Top-K routing over E experts with positive router-like weights; kind as in the grouping test (0 distinct
+// experts per token, 1 repeats, 2 every pair on expert 7), and 3 skewed: slot 0 of token t on expert t % 3,
+// the other slots distinct experts of 3 .. E - 1 (three crowded experts beside many light ones: the wgmma
+// form's chunks, several per expert and ragged tails, next to one-chunk experts).
 Routing make_routing(int64_t T, int64_t K, int64_t E, int kind, uint64_t seed) {
   Routing r{Tensor::empty({T, K}, DType::i32), rand_f32({T, K}, seed)};
   for (int64_t i = 0; i < T * K; ++i) r.weights.data<float>()[i] = 0.55f + 0.45f * r.weights.data<float>()[i];
@@ -231,6 +234,13 @@ Routing make_routing(int64_t T, int64_t K, int64_t E, int kind, uint64_t seed) {
       if (kind == 0) {
         std::swap(all[size_t(k)], all[size_t(k + rng.below(E - k))]);
         v = all[size_t(k)];
+      } else if (kind == 3) {
+        if (k == 0) {
+          v = int32_t(t % 3);
+        } else {
+          std::swap(all[size_t(k + 2)], all[size_t(k + 2 + rng.below(E - k - 2))]);
+          v = all[size_t(k + 2)];
+        }
       } else if (kind == 1) {
         v = int32_t(rng.below(E));
       }
@@ -338,13 +348,15 @@ TEST_F(CudaMoe, Fp8TensorCoreGlmShapes) {
   const ExpertSet s = make_experts(kSets, kE, kH, kI, DType::f8e4m3fn, 9000);
   struct Case {
     int64_t T;
-    int kind;  // as make_routing: 0 distinct experts per token, 2 every pair on expert 7
+    int kind;  // as make_routing: 0 distinct experts per token, 2 every pair on expert 7, 3 skewed
     bool bad_ids;
   };
   // T = 1,024: 32 rows per expert on average, the wgmma form (tile_rows 128); kind 2 there: 8,192 rows of
-  // one expert, 64 passes of 128.
-  const Case cases[] = {{1, 0, false},   {3, 0, false},   {32, 0, false},   {128, 0, false},  {128, 2, false},
-                        {257, 0, false}, {257, 2, false}, {1024, 0, false}, {1024, 2, false}, {32, 0, true}};
+  // one expert, 64 chunks of 128; kind 3: experts 0-2 with 342 / 341 / 341 rows (chunks of 128, 128, 86 /
+  // 85), the others ~28.
+  const Case cases[] = {{1, 0, false},    {3, 0, false},    {32, 0, false},  {128, 0, false},
+                        {128, 2, false},  {257, 0, false},  {257, 2, false}, {1024, 0, false},
+                        {1024, 2, false}, {1024, 3, false}, {32, 0, true}};
   for (const Case& c : cases) {
     Routing r = make_routing(c.T, kK, kE, c.kind, 9100 + uint64_t(c.T * 3 + c.kind));
     const Tensor x = rand_f32({c.T, kH}, 9200 + uint64_t(c.T));
