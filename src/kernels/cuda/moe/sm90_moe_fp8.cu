@@ -258,21 +258,23 @@ constexpr int kMaxExperts = 1024;                                   // moe_exper
 static_assert(kSmem + (kMaxExperts + 1) * 4 <= 227 * 1024, "shared memory");
 }  // namespace ws
 
-// cum[a] = the chunks of kTok rows of active slots 0 .. a - 1 (a = 0 .. header[0]), by warp 0 of the CTA;
-// returns after a CTA barrier. An expert's chunk count is ceil(rows / kTok) (every active expert has rows).
+// cum[a] = the chunks of kTok rows of active slots 0 .. a - 1 (a = 0 .. header[0]): every thread loads the
+// counts of a few slots (one round of global loads), then warp 0 scans them in shared memory; returns after
+// a CTA barrier. An expert's chunk count is ceil(rows / kTok) (every active expert has rows).
 __device__ __forceinline__ void ws_chunk_prefix(const MoeFp8GemmParams& p, int32_t* cum) {
   const int n = p.header[0] < ws::kMaxExperts ? p.header[0] : ws::kMaxExperts;
+  for (int a = int(threadIdx.x); a < n; a += int(blockDim.x)) {
+    const int e = p.active[a];
+    cum[a + 1] = (p.offsets[e + 1] - p.offsets[e] + ws::kTok - 1) / ws::kTok;
+  }
+  __syncthreads();
   if (threadIdx.x < 32) {
     const int lane = int(threadIdx.x);
     int32_t carry = 0;
     if (lane == 0) cum[0] = 0;
     for (int a0 = 0; a0 < n; a0 += 32) {
       const int a = a0 + lane;
-      int32_t v = 0;
-      if (a < n) {
-        const int e = p.active[a];
-        v = (p.offsets[e + 1] - p.offsets[e] + ws::kTok - 1) / ws::kTok;
-      }
+      int32_t v = a < n ? cum[a + 1] : 0;
 #pragma unroll
       for (int d = 1; d < 32; d <<= 1) {
         const int32_t u = __shfl_up_sync(0xffffffffu, v, d);
