@@ -106,13 +106,10 @@ cudaError_t launch_moe_expert_gemm(const MoeExpertGemmParams& p, cudaStream_t st
 // same 64 of up, down 128 features); a CTA streams the item's 128 weight rows once per pass of
 // `tile_rows` packed rows of its expert (the "swap AB" form: weights are the M operand of mma.sync
 // m16n8k32, rows the N operand) through a cp.async pipeline; prefill-sized groups (tile_rows 128) take
-// the wgmma form: a copying warpgroup and two multiplying ones, whose items are (active slot, feature tile,
-// chunk of up to 128 of the expert's rows), the chunks of one tile consecutive so that the CTAs sharing a
-// weight tile run together (its HBM reads about once, the rest from L2), each as m64nNk32 wgmmas (N 16..128
-// by the chunk's rows), each 128-wide K block promoted into f32 with its scales. Slots >= header[0] are never
-// visited: experts without rows are never read; the grid depends on the shapes only. Requires 128x128 weight
-// blocks, K % 128 == 0, K <= kMoeFp8MaxK, 16-byte aligned weights and xq; the wgmma form at most 1,024
-// experts.
+// the wgmma form: a copying warpgroup and two multiplying ones, passes of up to 128 rows as m64nNk32 wgmmas
+// (N 16..128 by the pass's rows), each 128-wide K block promoted into f32 with its scales. Slots >= header[0]
+// are never visited: experts without rows are never read; the grid depends on the shapes only. Requires
+// 128x128 weight blocks, K % 128 == 0, K <= kMoeFp8MaxK, 16-byte aligned weights and xq.
 inline constexpr int64_t kMoeFp8MaxK = 16384;
 struct MoeFp8GemmParams {
   const MoeExpertWeights* table;  // [experts] device table (fp8 weights, f32 block scales)
@@ -124,8 +121,7 @@ struct MoeFp8GemmParams {
   const uint8_t* xq;              // [*, K] e4m3 codes, rows K bytes apart
   const float* x_scale;           // row r's scale of K block kb at x_scale[kb * x_scale_ld + r]
   int64_t x_scale_ld;
-  float* out;    // [pairs, N] f32 contiguous, packed by expert
-  int64_t rows;  // pairs: the packed rows (the wgmma form's grid is bounded by the chunks they can make)
+  float* out;  // [pairs, N] f32 contiguous, packed by expert
   int64_t N, K;
   int experts;
   bool gate_up;

@@ -317,7 +317,6 @@ void device_fp8_experts(const RowView& xv, const Routing& routing, const Derived
   p.offsets = plan + l.offsets();
   p.active = plan + l.active();
   p.experts = int(E);
-  p.rows = M;
   p.tile_rows = tile_rows != 0 ? tile_rows : moe_fp8_tile_rows(M, E);
   p.pdl = pdl;
   Tensor act = Tensor::empty({M, I}, DType::f32, Device::cuda);  // [M, I] silu(gate) * up, packed by expert

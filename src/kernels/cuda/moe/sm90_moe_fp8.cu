@@ -14,8 +14,6 @@
 // to a second (A and B agree on which k sits in which slot), weight chunks XOR-swizzled by row parity.
 #include <cuda_fp8.h>
 
-#include <algorithm>
-
 #include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/launch_util.cuh"
 #include "kernels/cuda/common/pdl.cuh"
@@ -192,10 +190,8 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_moe_fp8_gemm_kernel(const Mo
 }
 
 // Launches a persistent form: as many CTAs of kBlock threads as fit on the device at once (computed once per
-// kernel and device), at most one per work item (items of kFeat output features of an expert; with kChunk,
-// of its packed rows too, in chunks of kChunk: at most min(experts, rows) + rows / kChunk chunks).
-template <void (*KERNEL)(MoeFp8GemmParams), size_t kSmemBytes, int kFeat, int kBlock = kThreads,
-          int kChunk = 0>
+// kernel and device), at most one per work item of every expert (items of kFeat output features).
+template <void (*KERNEL)(MoeFp8GemmParams), size_t kSmemBytes, int kFeat, int kBlock = kThreads>
 cudaError_t launch_persistent(const MoeFp8GemmParams& p, cudaStream_t stream) {
   const void* fn = reinterpret_cast<const void*>(KERNEL);
   const cudaError_t attr = set_max_dynamic_smem(fn, int(kSmemBytes));
@@ -208,9 +204,7 @@ cudaError_t launch_persistent(const MoeFp8GemmParams& p, cudaStream_t stream) {
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, KERNEL, kBlock, kSmemBytes);
         return (sms > 0 ? sms : 1) * (per > 0 ? per : 1);
       });
-  const int64_t tiles = (p.N + kFeat - 1) / kFeat;
-  const int64_t most = kChunk == 0 ? int64_t(p.experts) * tiles
-                                   : (std::min<int64_t>(p.experts, p.rows) + p.rows / kChunk) * tiles;
+  const int64_t most = int64_t(p.experts) * ((p.N + kFeat - 1) / kFeat);
   const int grid = int(most < resident ? most : resident);
   return launch_pdl(p.pdl, KERNEL, dim3(unsigned(grid)), dim3(kBlock), kSmemBytes, stream, p);
 }
@@ -222,15 +216,9 @@ cudaError_t launch_tile(const MoeFp8GemmParams& p, cudaStream_t stream) {
 }
 
 // ---- the wgmma form (tile_rows 128: prefill-sized groups), warp-specialised ----
-// Work item: 128 weight rows of one active expert (as above) times one chunk of up to 128 of its packed
-// rows: the expert's chunks are items of their own, consecutive in the walk (expert-major, then feature
-// tile, then chunk), so the CTAs running the chunks of one (expert, tile) run at the same time and its
-// weight tiles come from HBM about once, the others' reads hitting L2 (the earlier form walked an expert's
-// chunks inside one CTA and streamed the weights from HBM once per chunk: at 4K-16K prefill tokens, 128-512
-// rows per GLM-5.3 expert, the grouped GEMMs are weight-bound). Each CTA first sums the chunks of the active
-// experts into shared memory (ws_chunk_prefix) and finds an item's expert by bisection. An item multiplies
-// the narrowest wgmma N of 16, 32, 64 and 128 that holds its rows (a group's tail pads to 16, not to 128).
-// Multiplier warpgroup q
+// Work item as above (128 weight rows of one active expert); a pass takes up to 128 packed rows of the
+// expert, so a group of <= 128 rows streams its weights once; the pass multiplies the narrowest wgmma N of
+// 16, 32, 64 and 128 that holds its rows (a group's tail pads to 16, not to 128). Multiplier warpgroup q
 // takes weight rows 64q .. 64q + 63 (gate_up: q = 0 gate, q = 1 up features n0 .. n0 + 63; down: features
 // n0 + 64q ..) times the pass's rows, each 128-wide K block as four m64nNk32 e4m3 wgmmas into a block
 // accumulator that is then scaled (weight block scale x the row's scale) into the pass's sums, the
@@ -239,7 +227,7 @@ cudaError_t launch_tile(const MoeFp8GemmParams& p, cudaStream_t stream) {
 // Roles: warpgroup 0 copies (the weight and pass rows of every K block, cp.async into kStages stages, each
 // stage's arrival counted on its `full` mbarrier), warpgroups 1 and 2 multiply and release each stage on its
 // `empty` mbarrier once their wgmmas on it are done and its row scales read.
-// No CTA-wide barrier inside the K loop: the copies run up to kStages blocks ahead, across items,
+// No CTA-wide barrier inside the K loop: the copies run up to kStages blocks ahead, across passes and items,
 // and the two multiplying warpgroups drift apart, so one's scale folding overlaps the other's wgmmas.
 // Registers move from the copier (72) to the multipliers (200). The gate_up epilogue hands the up sums from
 // warpgroup 2 to warpgroup 1 through a buffer of its own (named barrier 1 over the 256 multiplier threads).
@@ -253,72 +241,46 @@ constexpr int kXsOff = kStages * (kA + kB);
 constexpr int kUpOff = kXsOff + kStages * kTok * 4;  // [64][128] f32 up sums (gate_up)
 constexpr int kBarOff = kUpOff + 64 * 128 * 4;
 constexpr size_t kSmem = size_t(kBarOff) + 2 * kStages * 8 + 1024;  // + alignment
-constexpr int kMaxExperts = 1024;                                   // moe_experts' limit
-// Static: the chunk prefix (kMaxExperts + 1 i32).
-static_assert(kSmem + (kMaxExperts + 1) * 4 <= 227 * 1024, "shared memory");
+static_assert(kSmem <= 227 * 1024, "shared memory");
 }  // namespace ws
-
-// cum[a] = the chunks of kTok rows of active slots 0 .. a - 1 (a = 0 .. header[0]): every thread loads the
-// counts of a few slots (one round of global loads), then warp 0 scans them in shared memory; returns after
-// a CTA barrier. An expert's chunk count is ceil(rows / kTok) (every active expert has rows).
-__device__ __forceinline__ void ws_chunk_prefix(const MoeFp8GemmParams& p, int32_t* cum) {
-  const int n = p.header[0] < ws::kMaxExperts ? p.header[0] : ws::kMaxExperts;
-  for (int a = int(threadIdx.x); a < n; a += int(blockDim.x)) {
-    const int e = p.active[a];
-    cum[a + 1] = (p.offsets[e + 1] - p.offsets[e] + ws::kTok - 1) / ws::kTok;
-  }
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    const int lane = int(threadIdx.x);
-    int32_t carry = 0;
-    if (lane == 0) cum[0] = 0;
-    for (int a0 = 0; a0 < n; a0 += 32) {
-      const int a = a0 + lane;
-      int32_t v = a < n ? cum[a + 1] : 0;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int32_t u = __shfl_up_sync(0xffffffffu, v, d);
-        if (lane >= d) v += u;
-      }
-      if (a < n) cum[a + 1] = carry + v;
-      carry += __shfl_sync(0xffffffffu, v, 31);
-    }
-  }
-  __syncthreads();
-}
-
-// Work item `item` of the walk: its active slot's expert, feature tile n0 and packed rows [g0, g0 + nr).
-struct WsItem {
-  int e;
-  int64_t n0;
-  int32_t g0;
-  int nr;
-};
-__device__ __forceinline__ WsItem ws_item(const MoeFp8GemmParams& p, const int32_t* cum, int n_active,
-                                          int64_t tiles, int kFeat, int64_t item) {
-  int lo = 0, hi = n_active;  // the slot a with tiles * cum[a] <= item < tiles * cum[a + 1]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (tiles * cum[mid] <= item)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  const int64_t nch = cum[lo + 1] - cum[lo], local = item - tiles * cum[lo];
-  WsItem w;
-  w.e = p.active[lo];
-  w.n0 = (local / nch) * kFeat;
-  const int32_t m1 = p.offsets[w.e + 1];
-  w.g0 = p.offsets[w.e] + int32_t(local % nch) * ws::kTok;
-  w.nr = m1 - w.g0 < ws::kTok ? int(m1 - w.g0) : ws::kTok;
-  return w;
-}
 
 // Rows the pass of `nr` packed rows multiplies: the narrowest wgmma N of 16, 32, 64, 128 that holds them.
 __device__ __forceinline__ int ws_width(int nr) { return nr > 64 ? 128 : nr > 32 ? 64 : nr > 16 ? 32 : 16; }
 
+// Folds one K block's products `blk` (N = NB pass rows from pass row r0) into the pass's sums acc[kOff ..],
+// each times the weight block's scale and the row's scale (xs: the stage's row scales).
+template <int NB, int kOff, int kAcc>
+__device__ __forceinline__ void ws_fold(float (&acc)[kAcc], const float (&blk)[NB / 2], const float* xs,
+                                        float sw, int r0, int c4) {
+#pragma unroll
+  for (int j = 0; j < NB / 8; ++j) {
+    const float2 x = *reinterpret_cast<const float2*>(xs + r0 + 8 * j + 2 * c4);
+    const float s0 = sw * x.x, s1 = sw * x.y;
+    acc[kOff + 4 * j + 0] += blk[4 * j + 0] * s0;
+    acc[kOff + 4 * j + 1] += blk[4 * j + 1] * s1;
+    acc[kOff + 4 * j + 2] += blk[4 * j + 2] * s0;
+    acc[kOff + 4 * j + 3] += blk[4 * j + 3] * s1;
+  }
+}
+
+// A K block's four m64nNBk32 wgmmas of the warpgroup's 64 weight rows x the NB pass rows at b_addr into
+// blk, committed as one group.
+template <int NB>
+__device__ __forceinline__ void ws_issue(float (&blk)[NB / 2], uint32_t a_addr, uint32_t b_addr) {
+  mma::wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    mma::wgmma_m64nk32_e4m3<NB>(blk, mma::wgmma_desc_sw128(a_addr + k * 32),
+                                mma::wgmma_desc_sw128(b_addr + k * 32), k);
+  mma::wgmma_commit();
+}
+
 // One multiplier warpgroup's pass: nkb K blocks from stages it0, it0 + 1, .. (mod kStages) into the pass's
-// sums, then the epilogue.
+// sums, then the epilogue. Passes of 64 or 128 rows multiply in two halves of NW / 2 rows, each its own
+// commit group, so that folding one half overlaps the tensor cores' work on the other: half 0 of block
+// i + 1 is issued before half 1 of block i is folded, half 1 of block i + 1 after it (two groups in flight
+// at most; the stage of block i is released once both its halves are folded). Narrower passes multiply
+// a block at once and wait for it (the earlier form for every width).
 template <bool GATE_UP, int NW>
 __device__ __forceinline__ void ws_consume(const MoeFp8GemmParams& p, uint8_t* smem, uint64_t* full,
                                            uint64_t* empty, int64_t it0, int64_t nkb, const float* sc,
@@ -330,36 +292,86 @@ __device__ __forceinline__ void ws_consume(const MoeFp8GemmParams& p, uint8_t* s
   float acc[kAcc];
 #pragma unroll
   for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
-  float sw = __ldg(sc);
-  for (int64_t i = 0; i < nkb; ++i) {
+  // The stage of block i (waited for, its async-proxy reads ordered) and its operands' addresses.
+  auto stage = [&](int64_t i, uint32_t& a_addr, uint32_t& b_addr) -> int {
     const int64_t it = it0 + i;
     const int st = int(it % kStages);
     mma::mbar_wait(full + st, uint32_t(it / kStages) & 1u);
     mma::fence_proxy_async_smem();
-    const uint32_t a_addr = mma::smem_addr(smem + size_t(st) * kA + q * 64 * 128);
-    const uint32_t b_addr = mma::smem_addr(smem + size_t(kStages) * kA + size_t(st) * kB);
-    float blk[kAcc];
-    mma::wgmma_fence();
+    a_addr = mma::smem_addr(smem + size_t(st) * kA + q * 64 * 128);
+    b_addr = mma::smem_addr(smem + size_t(kStages) * kA + size_t(st) * kB);
+    return st;
+  };
+  const float* xs0 = reinterpret_cast<const float*>(smem + kXsOff);
+  if constexpr (NW >= 64) {
+    constexpr int kH = NW / 2;             // rows per half
+    constexpr uint32_t kHalfB = kH * 128;  // bytes of B rows per half (whole 1 KiB swizzle atoms)
+    float h0[kH / 2], h1[kH / 2];
+    // Runs of kRun blocks, unrolled: ptxas keeps wgmmas asynchronous across a wait_group 1 only where the
+    // groups it waits for were issued in the same straight-line run (a pipeline carried over the loop's
+    // back edge makes it serialise every wgmma: C7514), so each run starts with nothing in flight and ends
+    // with wait_group 0; three of a run's four folds overlap the other half's wgmmas.
+    constexpr int kRun = 4;
+    int64_t i = 0;
+    for (; i + kRun <= nkb; i += kRun) {
+      uint32_t a_addr = 0, b_addr = 0;
+      int st = stage(i, a_addr, b_addr);
+      ws_issue<kH>(h0, a_addr, b_addr);
+      ws_issue<kH>(h1, a_addr, b_addr + kHalfB);
+      float sw = __ldg(sc + i);
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      mma::wgmma_m64nk32_e4m3<NW>(blk, mma::wgmma_desc_sw128(a_addr + k * 32),
-                                  mma::wgmma_desc_sw128(b_addr + k * 32), k);
-    mma::wgmma_commit();
-    const float sw_next = i + 1 < nkb ? __ldg(sc + i + 1) : 0.0f;
-    mma::wgmma_wait<0>();
-    mma::wgmma_fence_operands(blk);
-    const float* xs = reinterpret_cast<const float*>(smem + kXsOff) + st * kTok;
-#pragma unroll
-    for (int j = 0; j < kAcc / 4; ++j) {
-      const float2 x = *reinterpret_cast<const float2*>(xs + 8 * j + 2 * c4);
-      const float s0 = sw * x.x, s1 = sw * x.y;
-      acc[4 * j + 0] += blk[4 * j + 0] * s0;
-      acc[4 * j + 1] += blk[4 * j + 1] * s1;
-      acc[4 * j + 2] += blk[4 * j + 2] * s0;
-      acc[4 * j + 3] += blk[4 * j + 3] * s1;
+      for (int u = 0; u < kRun; ++u) {
+        const float* xs = xs0 + st * kTok;
+        mma::wgmma_wait<1>();  // half 0 of block i + u done (half 1 in flight)
+        mma::wgmma_fence_operands(h0);
+        ws_fold<kH, 0>(acc, h0, xs, sw, 0, c4);
+        int st_next = st;
+        float sw_next = 0.0f;
+        uint32_t a_next = 0, b_next = 0;
+        if (u + 1 < kRun) {
+          st_next = stage(i + u + 1, a_next, b_next);
+          sw_next = __ldg(sc + i + u + 1);
+          ws_issue<kH>(h0, a_next, b_next);
+          mma::wgmma_wait<1>();  // half 1 of block i + u done (half 0 of the next block in flight)
+        } else {
+          mma::wgmma_wait<0>();
+        }
+        mma::wgmma_fence_operands(h1);
+        ws_fold<kH, kAcc / 2>(acc, h1, xs, sw, kH, c4);
+        mma::mbar_arrive(empty + st);  // both halves' wgmmas on the stage done, its row scales read
+        if (u + 1 < kRun) ws_issue<kH>(h1, a_next, b_next + kHalfB);
+        st = st_next;
+        sw = sw_next;
+      }
     }
-    mma::mbar_arrive(empty + st);
-    sw = sw_next;
+    for (; i < nkb; ++i) {  // the blocks past the last whole run (K not a multiple of 4 x 128)
+      uint32_t a_addr = 0, b_addr = 0;
+      const int st = stage(i, a_addr, b_addr);
+      ws_issue<kH>(h0, a_addr, b_addr);
+      ws_issue<kH>(h1, a_addr, b_addr + kHalfB);
+      const float sw = __ldg(sc + i);
+      const float* xs = xs0 + st * kTok;
+      mma::wgmma_wait<0>();
+      mma::wgmma_fence_operands(h0);
+      mma::wgmma_fence_operands(h1);
+      ws_fold<kH, 0>(acc, h0, xs, sw, 0, c4);
+      ws_fold<kH, kAcc / 2>(acc, h1, xs, sw, kH, c4);
+      mma::mbar_arrive(empty + st);
+    }
+  } else {
+    float sw = __ldg(sc);
+    for (int64_t i = 0; i < nkb; ++i) {
+      uint32_t a_addr = 0, b_addr = 0;
+      const int st = stage(i, a_addr, b_addr);
+      float blk[kAcc];
+      ws_issue<NW>(blk, a_addr, b_addr);
+      const float sw_next = i + 1 < nkb ? __ldg(sc + i + 1) : 0.0f;
+      mma::wgmma_wait<0>();
+      mma::wgmma_fence_operands(blk);
+      ws_fold<NW, 0>(acc, blk, xs0 + st * kTok, sw, 0, c4);
+      mma::mbar_arrive(empty + st);
+      sw = sw_next;
+    }
   }
   // acc[4j + e]: weight row 16 warp + g + 8 (e / 2) of this warpgroup's 64, pass row 8j + 2 c4 + e % 2.
   if (GATE_UP) {
@@ -396,7 +408,6 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
   using namespace ws;
   constexpr int kFeat = GATE_UP ? 64 : 128;
   extern __shared__ uint8_t smem_raw[];
-  __shared__ int32_t s_cum[kMaxExperts + 1];
   uint8_t* smem = smem_raw + ((1024 - (mma::smem_addr(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1 KiB
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff);
   uint64_t* empty = full + kStages;
@@ -409,11 +420,10 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
       mma::mbar_init(empty + s, 256);
     }
   }
-  ws_chunk_prefix(p, s_cum);  // ends with the barrier that also publishes the mbarriers' initialisation
+  __syncthreads();
   const int64_t N = p.N, K = p.K, nkb = K / 128;
   const int64_t tiles = (N + kFeat - 1) / kFeat;
-  const int n_active = p.header[0] < kMaxExperts ? p.header[0] : kMaxExperts;
-  const int64_t items = tiles * s_cum[n_active];
+  const int64_t items = int64_t(p.header[0]) * tiles;
   int64_t it = 0;  // K blocks this CTA has gone through (both roles count the same sequence)
   if (role == 0) {
     mma::setmaxnreg_dec<72>();
@@ -421,65 +431,69 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
     // bytes, coalesced), and the scale of pass row t.
     const int t = tid, c = t & 7, r0 = t >> 3;
     for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-      const WsItem w = ws_item(p, s_cum, n_active, tiles, kFeat, item);
-      const int64_t n0 = w.n0;
-      const MoeExpertWeights ew = p.table[w.e];
+      const int e = p.active[item / tiles];
+      const int64_t n0 = (item % tiles) * kFeat;
+      const int32_t m0 = p.offsets[e], m1 = p.offsets[e + 1];
+      const MoeExpertWeights ew = p.table[e];
       const uint8_t* w_lo = static_cast<const uint8_t*>(GATE_UP ? ew.gate : ew.down);
       const uint8_t* w_hi = static_cast<const uint8_t*>(GATE_UP ? ew.up : ew.down);
-      const int32_t g0 = w.g0;
-      const int nr = w.nr;
-      const int nw = ws_width(nr);
-      int32_t src[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int r = r0 + 16 * j;
-        src[j] = r < nr ? (p.in_rows ? p.in_rows[g0 + r] : g0 + r) : -1;
-      }
-      const int32_t srow = t < nr ? (p.in_rows ? p.in_rows[g0 + t] : g0 + t) : -1;
-      for (int64_t kb = 0; kb < nkb; ++kb, ++it) {
-        const int st = int(it % kStages);
-        if (it >= kStages) mma::mbar_wait(empty + st, uint32_t(it / kStages - 1) & 1u);
-        uint8_t* a = smem + size_t(st) * kA;
-        uint8_t* b = smem + size_t(kStages) * kA + size_t(st) * kB;
+      for (int32_t g0 = m0; g0 < m1; g0 += kTok) {
+        const int nr = m1 - g0 < kTok ? int(m1 - g0) : kTok;
+        const int nw = ws_width(nr);
+        int32_t src[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const int r = r0 + 16 * j;
-          const bool hi = GATE_UP && r >= 64;
-          const int64_t f = n0 + (GATE_UP ? (r & 63) : r);
-          const bool ok = f < N;
-          mma::cp_async16(a + r * 128 + ((c ^ (r & 7)) * 16),
-                          (hi ? w_hi : w_lo) + (ok ? f : 0) * K + kb * 128 + c * 16, ok ? 16 : 0);
+          src[j] = r < nr ? (p.in_rows ? p.in_rows[g0 + r] : g0 + r) : -1;
         }
+        const int32_t srow = t < nr ? (p.in_rows ? p.in_rows[g0 + t] : g0 + t) : -1;
+        for (int64_t kb = 0; kb < nkb; ++kb, ++it) {
+          const int st = int(it % kStages);
+          if (it >= kStages) mma::mbar_wait(empty + st, uint32_t(it / kStages - 1) & 1u);
+          uint8_t* a = smem + size_t(st) * kA;
+          uint8_t* b = smem + size_t(kStages) * kA + size_t(st) * kB;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int r = r0 + 16 * j;
-          if (r < nw)
-            mma::cp_async16(b + r * 128 + ((c ^ (r & 7)) * 16),
-                            p.xq + int64_t(src[j] >= 0 ? src[j] : 0) * K + kb * 128 + c * 16,
-                            src[j] >= 0 ? 16 : 0);
+          for (int j = 0; j < 8; ++j) {
+            const int r = r0 + 16 * j;
+            const bool hi = GATE_UP && r >= 64;
+            const int64_t f = n0 + (GATE_UP ? (r & 63) : r);
+            const bool ok = f < N;
+            mma::cp_async16(a + r * 128 + ((c ^ (r & 7)) * 16),
+                            (hi ? w_hi : w_lo) + (ok ? f : 0) * K + kb * 128 + c * 16, ok ? 16 : 0);
+          }
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int r = r0 + 16 * j;
+            if (r < nw)
+              mma::cp_async16(b + r * 128 + ((c ^ (r & 7)) * 16),
+                              p.xq + int64_t(src[j] >= 0 ? src[j] : 0) * K + kb * 128 + c * 16,
+                              src[j] >= 0 ? 16 : 0);
+          }
+          if (t < nw)
+            mma::cp_async4(smem + kXsOff + (st * kTok + t) * 4,
+                           p.x_scale + kb * p.x_scale_ld + (srow >= 0 ? srow : 0), srow >= 0 ? 4 : 0);
+          mma::cp_async_mbar_arrive_noinc(full + st);
         }
-        if (t < nw)
-          mma::cp_async4(smem + kXsOff + (st * kTok + t) * 4,
-                         p.x_scale + kb * p.x_scale_ld + (srow >= 0 ? srow : 0), srow >= 0 ? 4 : 0);
-        mma::cp_async_mbar_arrive_noinc(full + st);
       }
     }
     mma::cp_async_wait<0>();
   } else {
     mma::setmaxnreg_inc<200>();
     const int q = role - 1;
-    for (int64_t item = blockIdx.x; item < items; item += gridDim.x, it += nkb) {
-      const WsItem w = ws_item(p, s_cum, n_active, tiles, kFeat, item);
-      const int64_t n0 = w.n0;
-      const int32_t g0 = w.g0;
-      const int nr = w.nr;
-      const MoeExpertWeights ew = p.table[w.e];
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+      const int e = p.active[item / tiles];
+      const int64_t n0 = (item % tiles) * kFeat;
+      const int32_t m0 = p.offsets[e], m1 = p.offsets[e + 1];
+      const MoeExpertWeights ew = p.table[e];
       const float* sc = (GATE_UP ? (q ? ew.up_scale : ew.gate_scale) : ew.down_scale) + (n0 / 128) * nkb;
-      switch (ws_width(nr)) {
-        case 128: ws_consume<GATE_UP, 128>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
-        case 64: ws_consume<GATE_UP, 64>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
-        case 32: ws_consume<GATE_UP, 32>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
-        default: ws_consume<GATE_UP, 16>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+      for (int32_t g0 = m0; g0 < m1; g0 += kTok, it += nkb) {
+        const int nr = m1 - g0 < kTok ? int(m1 - g0) : kTok;
+        switch (ws_width(nr)) {
+          case 128: ws_consume<GATE_UP, 128>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+          case 64: ws_consume<GATE_UP, 64>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+          case 32: ws_consume<GATE_UP, 32>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+          default: ws_consume<GATE_UP, 16>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+        }
       }
     }
   }
@@ -487,8 +501,8 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
 
 template <bool GATE_UP>
 cudaError_t launch_ws(const MoeFp8GemmParams& p, cudaStream_t stream) {
-  return launch_persistent < sm90_moe_fp8_ws_kernel<GATE_UP>, ws::kSmem, GATE_UP ? 64 : 128, ws::kThreads,
-         ws::kTok > (p, stream);
+  return launch_persistent < sm90_moe_fp8_ws_kernel<GATE_UP>, ws::kSmem, GATE_UP ? 64 : 128,
+         ws::kThreads > (p, stream);
 }
 
 template <bool GATE_UP>
@@ -509,8 +523,7 @@ int moe_fp8_tile_rows(int64_t pairs, int64_t experts) {
 
 cudaError_t launch_moe_fp8_gemm(const MoeFp8GemmParams& p, cudaStream_t stream) {
   if (p.N == 0 || p.experts == 0) return cudaSuccess;
-  if (p.K <= 0 || p.K % 128 != 0 || p.K > kMoeFp8MaxK || p.experts > 65535 || p.x_scale_ld <= 0 ||
-      p.rows < 0 || (p.tile_rows == 128 && p.experts > 1024))
+  if (p.K <= 0 || p.K % 128 != 0 || p.K > kMoeFp8MaxK || p.experts > 65535 || p.x_scale_ld <= 0)
     return cudaErrorInvalidValue;
   return p.gate_up ? launch_rows<true>(p, stream) : launch_rows<false>(p, stream);
 }
