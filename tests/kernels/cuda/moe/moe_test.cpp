@@ -221,7 +221,7 @@ ExpertSet make_experts(int64_t sets, int64_t experts, int64_t H, int64_t I, DTyp
 // Top-K routing over E experts with positive router-like weights; kind as in the grouping test (0 distinct
 // experts per token, 1 repeats, 2 every pair on expert 7), and 3 skewed: slot 0 of token t on expert t % 3,
 // the other slots distinct experts of 3 .. E - 1 (three crowded experts beside many light ones: the wgmma
-// form's chunks, several per expert and ragged tails, next to one-chunk experts).
+// form's passes of 128 rows, several per expert with ragged tails, next to one-pass experts).
 Routing make_routing(int64_t T, int64_t K, int64_t E, int kind, uint64_t seed) {
   Routing r{Tensor::empty({T, K}, DType::i32), rand_f32({T, K}, seed)};
   for (int64_t i = 0; i < T * K; ++i) r.weights.data<float>()[i] = 0.55f + 0.45f * r.weights.data<float>()[i];
@@ -352,7 +352,7 @@ TEST_F(CudaMoe, Fp8TensorCoreGlmShapes) {
     bool bad_ids;
   };
   // T = 1,024: 32 rows per expert on average, the wgmma form (tile_rows 128); kind 2 there: 8,192 rows of
-  // one expert, 64 chunks of 128; kind 3: experts 0-2 with 342 / 341 / 341 rows (chunks of 128, 128, 86 /
+  // one expert, 64 passes of 128; kind 3: experts 0-2 with 342 / 341 / 341 rows (passes of 128, 128, 86 /
   // 85), the others ~28.
   const Case cases[] = {{1, 0, false},    {3, 0, false},    {32, 0, false},  {128, 0, false},
                         {128, 2, false},  {257, 0, false},  {257, 2, false}, {1024, 0, false},
