@@ -20,7 +20,7 @@ tar -xzf .deps/base-src.tgz -C "$BASE"
 for d in .deps/xgrammar-*; do ln -s "$PWD/$d" "$BASE/.deps/"; done
 ln -s "$PWD/.fixtures" "$BASE/.fixtures"
 # The base tree builds against the prefix that this tree's gpu_build fills (Debian packages, Boost headers),
-# once its configure step shows the prefix is complete; its own .deps/debs is empty, so it unpacks nothing.
+# once its configure step shows the prefix is complete; its own .deps/debs is empty (gpu_build skips it).
 (
   while [ ! -f build-gpu/build.ninja ]; do sleep 2; done
   # shellcheck disable=SC1091,SC2086

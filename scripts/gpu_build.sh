@@ -15,6 +15,7 @@ gpu_build() {
   shift
   mkdir -p "$log" "$PREFIX"
   for f in .deps/debs/*.deb; do
+    [ -f "$f" ] || continue  # none carried (scripts/gpu_ab.sh's base tree uses the prefix this tree filled)
     dpkg -x "$f" "$PREFIX" 2>/dev/null ||
       { mkdir -p /tmp/x && (cd /tmp/x && ar x "$OLDPWD/$f" && tar -xf data.tar.* -C "$PREFIX"); }
   done
