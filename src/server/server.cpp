@@ -298,8 +298,9 @@ class Server {
       if (path == "/metrics") {
         if (!get) throw ApiError(405, "use GET");
         metrics_.request_done(path, 200);
-        std::string text = metrics_.render(engine_->stats(), ctx_.active_jobs);
-        if (const auto groups = engine_->group_stats(); groups.size() > 1) text += render_dp_groups(groups);
+        const std::vector<runtime::EngineStats> groups = engine_->group_stats();  // one snapshot
+        std::string text = metrics_.render(runtime::sum_stats(groups), ctx_.active_jobs);
+        if (groups.size() > 1) text += render_dp_groups(groups);
         return s->send(200, text, "text/plain; version=0.0.4");
       }
       if (path == "/v1/models") {

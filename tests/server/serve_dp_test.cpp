@@ -120,12 +120,10 @@ TEST_F(ServeDp, GreedyCompletionsEqualOneRankAloneAndEightAtOnceOverTheDpGroups)
           << name << " request " << i << " alone\n"
           << s.output();
     }
-    std::vector<HttpResult> got(q.prompts.size());
-    std::vector<std::thread> threads;
+    std::vector<json> bodies;
     for (size_t i = 0; i < q.prompts.size(); ++i)
-      threads.emplace_back(
-          [&, i] { got[i] = post(s.port(), "/v1/completions", greedy_body(q.prompts[i], q.new_tokens[i])); });
-    for (auto& t : threads) t.join();
+      bodies.push_back(greedy_body(q.prompts[i], q.new_tokens[i]));
+    const std::vector<HttpResult> got = post_json_at_once(s.port(), "/v1/completions", bodies);
     int equal = 0;
     for (size_t i = 0; i < q.prompts.size(); ++i) {
       EXPECT_EQ(token_ids(got[i]), want[i]) << name << " request " << i << " of 8 at once\n" << s.output();

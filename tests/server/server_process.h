@@ -59,6 +59,55 @@ inline HttpResult post_json(int port, const std::string& target, const nlohmann:
   return http_request(port, "POST", target, body.dump(), api_key);
 }
 
+// POSTs every body at once: all connections are opened first, then every request is written (one thread,
+// microseconds apart), then the answers are read. Threads started one per request would arrive as the
+// scheduler lets them, on a loaded machine one after another. A request that fails is status 0 with
+// the reason as its body.
+inline std::vector<HttpResult> post_json_at_once(int port, const std::string& target,
+                                                 const std::vector<nlohmann::json>& bodies) {
+  namespace beast = boost::beast;
+  namespace http = beast::http;
+  boost::asio::io_context ioc;
+  std::vector<boost::asio::ip::tcp::socket> socks;
+  std::vector<HttpResult> out(bodies.size());
+  std::vector<bool> live(bodies.size(), true);
+  auto attempt = [&](size_t i, auto&& f) {
+    if (!live[i]) return;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      out[i] = {0, e.what()};
+      live[i] = false;
+    }
+  };
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    socks.emplace_back(ioc);
+    attempt(i, [&] { socks[i].connect({boost::asio::ip::make_address("127.0.0.1"), uint16_t(port)}); });
+  }
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    attempt(i, [&] {
+      http::request<http::string_body> req(http::verb::post, target, 11);
+      req.set(http::field::host, "127.0.0.1");
+      req.set(http::field::content_type, "application/json");
+      req.body() = bodies[i].dump();
+      req.prepare_payload();
+      http::write(socks[i], req);
+    });
+  }
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    attempt(i, [&] {
+      beast::flat_buffer buf;
+      http::response_parser<http::string_body> parser;
+      parser.body_limit(64 << 20);
+      http::read(socks[i], buf, parser);
+      out[i] = {int(parser.get().result_int()), parser.get().body()};
+      beast::error_code ec;
+      socks[i].shutdown(boost::asio::ip::tcp::socket::shutdown_both, ec);
+    });
+  }
+  return out;
+}
+
 // The JSON payloads of an SSE body ("data: {...}" events; "[DONE]" kept as a string).
 inline std::vector<nlohmann::json> sse_events(const std::string& body, bool* saw_done = nullptr) {
   std::vector<nlohmann::json> out;

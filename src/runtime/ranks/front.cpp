@@ -175,12 +175,14 @@ std::vector<EngineStats> DpFront::group_stats() const {
   return all;
 }
 
-EngineStats DpFront::stats() const {
-  const std::vector<EngineStats> all = group_stats();
-  EngineStats sum = all[0];
-  for (size_t g = 1; g < all.size(); ++g) add_stats(sum, all[g]);
+EngineStats sum_stats(const std::vector<EngineStats>& groups) {
+  DSA_CHECK(!groups.empty(), "sum_stats: no DP group");
+  EngineStats sum = groups[0];
+  for (size_t g = 1; g < groups.size(); ++g) add_stats(sum, groups[g]);
   return sum;
 }
+
+EngineStats DpFront::stats() const { return sum_stats(group_stats()); }
 
 std::vector<int64_t> DpFront::routed() const {
   std::lock_guard<std::mutex> lk(mu_);

@@ -56,6 +56,10 @@ class LocalFront final : public EngineFront {
   Engine engine_;
 };
 
+// The DP groups' stats summed (counters and gauges alike), as stats() reports them: /metrics renders the
+// total and the per-group lines from one group_stats() snapshot, so that they agree with each other.
+EngineStats sum_stats(const std::vector<EngineStats>& groups);
+
 // SGLang's --load-balance-method.
 enum class LoadBalance { round_robin, shortest_queue };
 LoadBalance parse_load_balance(const std::string& name);  // throws naming the flag
