@@ -385,6 +385,31 @@ TEST_F(CudaMoe, Fp8TensorCoreGlmShapes) {
   }
 }
 
+// The wgmma form where K is not a multiple of four 128-wide blocks: H = 6,784 (53 K blocks for gate / up)
+// and I = 2,432 (19 for down), so a pass's multiplying loop ends with 1 or 3 blocks after its whole runs
+// of four; the rows stay GLM-wide so that the GLM tolerances hold. Mean 64 rows per expert (passes of 33-64
+// and 65-128 rows), 128 (whole 128-row passes and their remainders), and the skewed routing at T = 384
+// (experts 0-2 exactly one 128-row pass each, the other 13 ~207 rows: a 128-row pass and one of ~79).
+TEST_F(CudaMoe, Fp8TensorCoreKBlocksPastWholeRuns) {
+  constexpr int64_t kH = 6784, kI = 2432, kE = 16, kK = 8;
+  const ExpertSet s = make_experts(8, kE, kH, kI, DType::f8e4m3fn, 9800);
+  struct Case {
+    int64_t T;
+    int kind;
+  };
+  for (const Case& c : {Case{128, 0}, Case{256, 0}, Case{384, 3}}) {
+    ASSERT_EQ(moe_fp8_tile_rows(c.T * kK, kE), 128) << c.T;
+    const Routing r = make_routing(c.T, kK, kE, c.kind, 9810 + uint64_t(c.T + c.kind));
+    const Tensor x = rand_f32({c.T, kH}, 9820 + uint64_t(c.T));
+    const std::string name = fmt::format("moe_experts H=6784 I=2432 device_fp8 T={} kind={}", c.T, c.kind);
+    const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
+    const Tensor got = run_path(MoePath::device_fp8, x.to(Device::cuda), r_d, s);
+    report_gemm(name + " ~cpu_fp8_emulation", shape_str(x.shape()), got, reference_fp8_emulated(x, r, s),
+                kTolFp8EmulatedGlmWgmma);
+    report_gemm(name + " ~exact", shape_str(x.shape()), got, reference(x, r, s), kTolFp8Exact);
+  }
+}
+
 // The input's FP8 copy given (ops.h moe_experts q: a DeepEP FP8 dispatch's codes and scales, quantised on
 // the sender by the CPU rule kernels::cpu::fp8_quantize_row128, which quant.cu matches bit for bit:
 // CudaFp8Emulation.QuantKernelMatchesCpuRule), with padding rows (Tp > T): device_fp8 reads it instead of
