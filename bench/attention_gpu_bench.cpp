@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "flushed_timing.h"
 #include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/attention/mla_decode_params.h"
 #include "kernels/cuda/backend.h"
@@ -32,58 +33,11 @@ namespace {
 
 using namespace dsaserve::kernels;
 using namespace dsaserve::kernels::cuda;
+using namespace dsaserve::bench;
 
 constexpr double kHbm = 4.3e12;   // device-to-device copy, bytes/s (docs/GPU.md)
 constexpr double kBf16 = 797e12;  // dense bf16 GEMM, FLOP/s
 constexpr int64_t kPage = 64;
-constexpr size_t kFlushBytes = size_t(256) << 20;
-
-#define CK(x)                                                                                             \
-  do {                                                                                                    \
-    cudaError_t e_ = (x);                                                                                 \
-    if (e_ != cudaSuccess) {                                                                              \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, #x); \
-      std::exit(1);                                                                                       \
-    }                                                                                                     \
-  } while (0)
-
-template <class T>
-T* dev_alloc(size_t n) {
-  void* p = nullptr;
-  CK(cudaMalloc(&p, n * sizeof(T)));
-  return static_cast<T*>(p);
-}
-
-template <class T>
-T* upload(const std::vector<T>& v) {
-  T* p = dev_alloc<T>(v.size());
-  CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
-
-// Median time in microseconds of fn() over `reps` runs, each after an L2 flush.
-template <class F>
-double time_us(F&& fn, void* flush, int reps = 20) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaMemsetAsync(flush, i & 0xff, kFlushBytes));
-    CK(cudaEventRecord(a));
-    fn();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return double(ms[ms.size() / 2]) * 1000.0;
-}
 
 void row(const char* name, double us, double bytes, double flops) {
   const double floor_us = std::max(bytes / kHbm, flops / kBf16) * 1e6;

@@ -1,0 +1,68 @@
+#pragma once
+// The attention benches' method, shared by bench/attention_gpu_bench.cpp and its FlashMLA peer
+// (bench/peer/flashmla_peer.cu) so that both time the same way: CUDA events around each run, the median of
+// `reps` runs after 3 warm-ups, a 256 MiB memset before each run to flush L2; and their allocation
+// helpers (any CUDA error ends the bench, naming the call).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                                             \
+  do {                                                                                                    \
+    cudaError_t e_ = (x);                                                                                 \
+    if (e_ != cudaSuccess) {                                                                              \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, #x); \
+      std::exit(1);                                                                                       \
+    }                                                                                                     \
+  } while (0)
+
+namespace dsaserve::bench {
+
+// Bytes memset before each timed run: larger than the H100's and H200's 50 MiB L2.
+inline constexpr size_t kFlushBytes = size_t(256) << 20;
+
+template <class T>
+T* dev_alloc(size_t n) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+template <class T>
+T* upload(const std::vector<T>& v) {
+  T* p = dev_alloc<T>(v.size());
+  CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+// Median time in microseconds of fn() over `reps` runs (3 warm-ups), each after an L2 flush of
+// kFlushBytes at `flush`.
+template <class F>
+double time_us(F&& fn, void* flush, int reps = 20) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) fn();
+  CK(cudaDeviceSynchronize());
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaMemsetAsync(flush, i & 0xff, kFlushBytes));
+    CK(cudaEventRecord(a));
+    fn();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CK(cudaGetLastError());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return double(ms[ms.size() / 2]) * 1000.0;
+}
+
+}  // namespace dsaserve::bench
