@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -53,6 +54,7 @@ constexpr int kDqk = 576, kDv = 512, kTopk = 2048;
 constexpr int kFp8RowBytes = 656;        // 512 e4m3 codes, 4 f32 scales (one per 128), 64 bf16 rope
 constexpr int kBf16RowBytes = kDqk * 2;  // 1152
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kPatternRows = 4096;  // the pools repeat this many random rows (slot s holds row s % 4096)
 // FlashMLA's decode scheduler constants for SM90 (csrc/api/sparse_decode.h / dense_decode.h): 64 keys a
 // block, 5 blocks of fixed cost per request.
 constexpr int kSchedBlock = 64, kSchedOverhead = 5;
@@ -74,6 +76,19 @@ uint16_t bf16_bits(float v) {  // round to nearest even
   std::memcpy(&u, &v, 4);
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
+}
+
+float bf16_value(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+float e4m3_value(unsigned char b) {  // no NaN codes here (the pool's exponents stay below 15)
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(float(8 + m), e - 10);
+  return (b & 0x80u) ? -v : v;
 }
 
 void header(const char* title) {
@@ -98,6 +113,8 @@ struct Pools {
   int64_t slots = 0, pages = 0;
   unsigned char* fp8 = nullptr;
   uint16_t* bf16 = nullptr;
+  std::vector<unsigned char> fp8_rows;  // host copies of the repeated rows, for the output check
+  std::vector<uint16_t> bf16_rows;
 };
 
 Pools make_pools(int64_t slots, std::mt19937_64& rng) {
@@ -106,7 +123,6 @@ Pools make_pools(int64_t slots, std::mt19937_64& rng) {
   p.slots = p.pages * kPage;
   p.fp8 = dev_alloc<unsigned char>(size_t(p.slots) * kFp8RowBytes);
   p.bf16 = dev_alloc<uint16_t>(size_t(p.slots) * kDqk);
-  constexpr int kPatternRows = 4096;
   std::vector<unsigned char> pat(size_t(kPatternRows) * kFp8RowBytes);
   for (int r = 0; r < kPatternRows; ++r) {
     unsigned char* x = pat.data() + size_t(r) * kFp8RowBytes;
@@ -127,13 +143,96 @@ Pools make_pools(int64_t slots, std::mt19937_64& rng) {
     std::memcpy(patb.data() + i, &h, 2);
   }
   fill_device(p.bf16, size_t(p.slots) * kBf16RowBytes, patb);
+  p.fp8_rows = std::move(pat);
+  p.bf16_rows.resize(patb.size() / 2);
+  std::memcpy(p.bf16_rows.data(), patb.data(), patb.size());
   return p;
 }
 
-uint16_t* random_q(int64_t n, std::mt19937_64& rng) {
-  std::vector<uint16_t> q(static_cast<size_t>(n));
+uint16_t* random_q(int64_t n, std::mt19937_64& rng, std::vector<uint16_t>& q) {
+  q.resize(static_cast<size_t>(n));
   for (auto& x : q) x = bf16_bits(float(int64_t(rng() % 2001) - 1000) * 1e-3f);
   return upload(q);
+}
+
+// The K row (576 floats; V is its first 512) a slot of each pool holds, as the kernels dequantize it: FP8
+// codes times the f32 scale of their 128-value group, then the bf16 rope.
+void fp8_key(const Pools& p, int64_t slot, float* k) {
+  const unsigned char* x = p.fp8_rows.data() + size_t(slot % kPatternRows) * kFp8RowBytes;
+  float sc[4];
+  std::memcpy(sc, x + 512, 16);
+  for (int i = 0; i < 512; ++i) k[i] = e4m3_value(x[i]) * sc[i / 128];
+  for (int i = 0; i < 64; ++i) {
+    uint16_t h;
+    std::memcpy(&h, x + 528 + 2 * i, 2);
+    k[512 + i] = bf16_value(h);
+  }
+}
+
+void bf16_key(const Pools& p, int64_t slot, float* k) {
+  const uint16_t* x = p.bf16_rows.data() + size_t(slot % kPatternRows) * kDqk;
+  for (int i = 0; i < kDqk; ++i) k[i] = bf16_value(x[i]);
+}
+
+// The output check: a timing only means something if the kernels computed the attention asked for, and a
+// wrong stride, index form or row layout would still run (and time) without an error. For a query row, the
+// host computes softmax(q K^T / sqrt(576)) V over the row's keys for heads 0, h/2 and h-1 and compares with
+// the GPU's bf16 output (copied back after the timed runs, which all write the same result).
+int g_checked = 0, g_mismatched = 0;
+
+struct Check {
+  double err = 0, ref = 0;  // max |gpu - host| and max |host| over the rows and heads checked
+};
+
+void check_row(const std::vector<uint16_t>& q_host, const uint16_t* out_dev, int64_t row, int heads,
+               const std::vector<int64_t>& slots, const std::function<void(int64_t, float*)>& key,
+               Check& ck) {
+  std::vector<uint16_t> o(size_t(heads) * kDv);
+  CK(cudaMemcpy(o.data(), out_dev + size_t(row) * heads * kDv, o.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> k(slots.size() * kDqk);
+  for (size_t j = 0; j < slots.size(); ++j) key(slots[j], k.data() + j * kDqk);
+  const double scale = 1.0 / std::sqrt(double(kDqk));
+  std::vector<double> s(slots.size()), acc(kDv);
+  for (int h : {0, heads / 2, heads - 1}) {
+    const uint16_t* q = q_host.data() + (size_t(row) * heads + h) * kDqk;
+    double mx = -1e300, sum = 0;
+    for (size_t j = 0; j < slots.size(); ++j) {
+      double d = 0;
+      for (int i = 0; i < kDqk; ++i) d += double(bf16_value(q[i])) * k[j * kDqk + i];
+      s[j] = d * scale;
+      mx = std::max(mx, s[j]);
+    }
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (size_t j = 0; j < slots.size(); ++j) {
+      const double w = std::exp(s[j] - mx);
+      sum += w;
+      for (int i = 0; i < kDv; ++i) acc[i] += w * k[j * kDqk + i];
+    }
+    for (int i = 0; i < kDv; ++i) {
+      const double r = acc[i] / sum;
+      ck.ref = std::max(ck.ref, std::fabs(r));
+      ck.err = std::max(ck.err, std::fabs(r - double(bf16_value(o[size_t(h) * kDv + i]))));
+    }
+  }
+}
+
+// bf16 rounding of K, P and O keeps the error near 1e-3 of the output's scale; a wrong key, scale or row
+// would be off by the output's own size.
+void report_check(const std::string& name, const Check& ck) {
+  ++g_checked;
+  if (ck.err <= 2e-3 + 0.02 * ck.ref) return;
+  ++g_mismatched;
+  std::fprintf(stderr,
+               "flashmla_peer: %s: output differs from the host reference (max |err| %.3g, max |ref| %.3g)\n",
+               name.c_str(), ck.err, ck.ref);
+}
+
+// The slots a row of flat indices selects (-1: none).
+std::vector<int64_t> row_slots(const std::vector<int32_t>& flat, int64_t row) {
+  std::vector<int64_t> v;
+  for (int j = 0; j < kTopk; ++j)
+    if (flat[size_t(row) * kTopk + j] >= 0) v.push_back(flat[size_t(row) * kTopk + j]);
+  return v;
 }
 
 // One decode case as attention_gpu_bench's MLA table names it.
@@ -206,7 +305,8 @@ void bench_sparse_fp8(const Pools& pools, int num_sms, void* flush, const Flags&
     const int b = c.rows_as_requests ? c.batch * c.qtok : c.batch, s_q = c.rows_as_requests ? 1 : c.qtok;
     const int h_q = c.heads;
     const Selection sel = make_selection(c, pools, rng);
-    uint16_t* q = random_q(int64_t(b) * s_q * h_q * kDqk, rng);
+    std::vector<uint16_t> q_host;
+    uint16_t* q = random_q(int64_t(b) * s_q * h_q * kDqk, rng, q_host);
     int32_t* idx = upload(sel.flat);
     // FlashMLA's SM90 decode split: max(SMs / s_q / (h_q / 64), 1) partitions of the work.
     const int num_sm_parts = std::max(num_sms / s_q / (h_q / 64), 1);
@@ -318,6 +418,13 @@ void bench_sparse_fp8(const Pools& pools, int num_sms, void* flush, const Flags&
     std::snprintf(tail, sizeof tail, "%s sm_parts=%d",
                   c.rows_as_requests ? " (as b*q requests of s_q=1: SGLang's form)" : "", num_sm_parts);
     row(case_name("flashmla sparse top-2048 kv=fp8", c) + tail, time_us(kernel, flush), bytes, flops);
+    {
+      Check ck;
+      const auto key = [&](int64_t slot, float* k) { fp8_key(pools, slot, k); };
+      for (int64_t r : {int64_t(0), int64_t(b) * s_q - 1})
+        check_row(q_host, out, r, h_q, row_slots(sel.flat, r), key, ck);
+      report_check(case_name("sparse-fp8", c) + tail, ck);
+    }
     if (fl.with_meta)
       row(case_name("flashmla sparse top-2048 kv=fp8", c) + tail + " +metadata",
           time_us(
@@ -338,12 +445,13 @@ void bench_sparse_fp8(const Pools& pools, int num_sms, void* flush, const Flags&
 struct PrefillRun {
   SparseAttnFwdParams p{};
   void* bufs[6] = {};
+  std::vector<uint16_t> q_host;
 };
 
 PrefillRun make_prefill(int rows, int h_q, const Pools& pools, const std::vector<int32_t>& flat, int num_sms,
                         std::mt19937_64& rng) {
   PrefillRun r;
-  uint16_t* q = random_q(int64_t(rows) * h_q * kDqk, rng);
+  uint16_t* q = random_q(int64_t(rows) * h_q * kDqk, rng, r.q_host);
   int32_t* idx = upload(flat);
   auto* out = dev_alloc<uint16_t>(size_t(rows) * h_q * kDv);
   auto* max_logits = dev_alloc<float>(size_t(rows) * h_q);
@@ -382,6 +490,16 @@ PrefillRun make_prefill(int rows, int h_q, const Pools& pools, const std::vector
   return r;
 }
 
+// The prefill kernel's output check: its first and last query rows.
+void check_prefill(const PrefillRun& r, const Pools& pools, const std::vector<int32_t>& flat, int rows,
+                   int h_q, const std::string& name) {
+  Check ck;
+  const auto key = [&](int64_t slot, float* k) { bf16_key(pools, slot, k); };
+  for (int64_t t : {int64_t(0), int64_t(rows) - 1})
+    check_row(r.q_host, static_cast<const uint16_t*>(r.bufs[2]), t, h_q, row_slots(flat, t), key, ck);
+  report_check(name, ck);
+}
+
 void free_prefill(PrefillRun& r) {
   for (void* x : r.bufs)
     if (x) CK(cudaFree(x));
@@ -402,6 +520,7 @@ void bench_sparse_bf16(const Pools& pools, int num_sms, void* flush, const Flags
     const double flops = keys * c.heads * 2.0 * (kDqk + kDv);
     row(case_name("flashmla sparse top-2048 kv=bf16 (prefill kernel)", c),
         time_us([&] { sm90::fwd::run_fwd_phase1_kernel<kDqk, false>(r.p); }, flush), bytes, flops);
+    check_prefill(r, pools, sel.flat, rows, c.heads, case_name("sparse-bf16", c));
     free_prefill(r);
   }
 }
@@ -418,7 +537,8 @@ void bench_dense(const Pools& pools, int num_sms, void* flush, const Flags& fl, 
     if (!wanted(c, fl)) continue;
     const int b = c.batch, h_q = c.heads, s_q = 1, h_k = 1, q_per_hk = s_q * h_q;
     const Selection sel = make_selection(c, pools, rng);
-    uint16_t* q = random_q(int64_t(b) * h_q * kDqk, rng);
+    std::vector<uint16_t> q_host;
+    uint16_t* q = random_q(int64_t(b) * h_q * kDqk, rng, q_host);
     int32_t* bt = upload(sel.pt);
     int32_t* seqlens = upload(std::vector<int32_t>(size_t(b), c.ctx));
     // FlashMLA's dense split: max(SMs / h_k / ceil(s_q * h_q / h_k / 64), 1) partitions.
@@ -520,6 +640,19 @@ void bench_dense(const Pools& pools, int num_sms, void* flush, const Flags& fl, 
     char tail[64];
     std::snprintf(tail, sizeof tail, " sm_parts=%d", num_sm_parts);
     row(case_name("flashmla dense kv=bf16", c) + tail, time_us(kernel, flush), bytes, flops);
+    {
+      // out is [b, h_k = 1, s_q * h_q, 512]: with s_q = 1 the same [b, h_q, 512] rows as q.
+      Check ck;
+      const auto key = [&](int64_t slot, float* k) { bf16_key(pools, slot, k); };
+      for (int64_t r : {int64_t(0), int64_t(b) - 1}) {
+        std::vector<int64_t> slots(size_t(c.ctx));
+        for (int64_t pos = 0; pos < c.ctx; ++pos)
+          slots[size_t(pos)] =
+              int64_t(sel.pt[size_t(r) * sel.pages + size_t(pos / kPage)]) * kPage + pos % kPage;
+        check_row(q_host, out, r, h_q, slots, key, ck);
+      }
+      report_check(case_name("dense", c), ck);
+    }
     if (fl.with_meta)
       row(case_name("flashmla dense kv=bf16", c) + tail + " +metadata",
           time_us(
@@ -568,6 +701,7 @@ void bench_prefill(const Pools& pools, int num_sms, void* flush, const Flags& fl
       char name[128];
       std::snprintf(name, sizeof name, "flashmla sparse prefill kv=bf16 heads=%d ctx=%d T=%d", h_q, ctx, T);
       row(name, time_us([&] { sm90::fwd::run_fwd_phase1_kernel<kDqk, false>(r.p); }, flush), bytes, flops);
+      check_prefill(r, pools, flat, T, h_q, name);
       free_prefill(r);
     }
   }
@@ -656,6 +790,9 @@ int main(int argc, char** argv) {
     if (on("sparse-bf16")) bench_sparse_bf16(pools, sms, flush, fl, rng);
     if (on("dense")) bench_dense(pools, sms, flush, fl, rng);
     if (on("prefill")) bench_prefill(pools, sms, flush, fl, rng);
+    std::printf(
+        "\ncheck: %d of %d cases match a host reference (first and last query row, heads 0, h/2, h-1)%s\n",
+        g_checked - g_mismatched, g_checked, g_mismatched ? "; the others are named on stderr" : "");
     CK(cudaFree(flush));
     CK(cudaFree(pools.fp8));
     CK(cudaFree(pools.bf16));

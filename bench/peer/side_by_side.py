@@ -65,7 +65,8 @@ def peer(text: str):
             prefill[(int(m.group(2)), int(m.group(3)), int(m.group(4)))] = us
         elif k := decode_key(c[0]):
             key, tail = k
-            variant = "+metadata" if "+metadata" in c[0] else "b*q form" if "s_q=1" in c[0] else ""
+            variant = " ".join(v for v, on in (("b*q form", "s_q=1" in c[0]), ("+metadata", "+metadata" in c[0]))
+                               if on)
             decode.setdefault((key, variant), us)
     return decode, prefill
 
