@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <random>
@@ -28,6 +29,18 @@ int32_t next_token(std::span<const int32_t> seq) {
   return int32_t(h % uint64_t(kVocab - 2)) + 2;  // never 0/1 (eos is 1)
 }
 
+// The fake model's logits at a position whose sequence so far is `seq` (a prompt-logprob row): values
+// spread over the vocabulary by a hash of the whole sequence, so that a row computed from wrong or stale KV,
+// or reported for the wrong position, shows in the logprobs and their top tokens.
+void fake_row(std::span<const int32_t> seq, std::span<float> row) {
+  uint64_t h = 1469598103934665603ULL;
+  for (int32_t t : seq) h = (h ^ uint64_t(t)) * 1099511628211ULL;
+  for (size_t v = 0; v < row.size(); ++v) {
+    const uint64_t x = (h ^ (uint64_t(v) * 0x9E3779B97F4A7C15ULL)) * 0xBF58476D1CE4E5B9ULL;
+    row[v] = float(x >> 58) / 8.0f;
+  }
+}
+
 model::KvCache fake_cache(int64_t pages, int64_t page_size) {
   model::KvCache c;
   c.num_pages = pages;
@@ -46,7 +59,8 @@ struct RunLog {
 
 // The model-free runner: writes each fed token into its KV slot, reads each request's sequence back
 // through its page table (every position must have been written) and returns one-hot logits of
-// next_token(that sequence) for each request (and zero rows for any extra logits rows).
+// next_token(that sequence) for each request, then each extra (prompt-logprob) row: fake_row() of the
+// sequence up to its position, read back the same way.
 class FakeRunner final : public ModelRunner {
  public:
   FakeRunner(RunLog& log, const model::KvCache& cache)
@@ -57,21 +71,33 @@ class FakeRunner final : public ModelRunner {
     const int64_t R = fb.num_requests(), ps = fb.page_size;
     logits_.assign(size_t((R + int64_t(fb.extra_logit_rows.size())) * kVocab), 0.0f);
     log_.last_batch.clear();
-    for (int64_t k = 0; k < R; ++k) {
-      for (int64_t t = fb.token_begin[size_t(k)]; t < fb.token_begin[size_t(k) + 1]; ++t) {
-        EXPECT_NE(fb.input_ids[size_t(t)], kFutureToken) << "unresolved input, request " << k;
-        kv_[size_t(fb.out_cache_loc[size_t(t)])] = fb.input_ids[size_t(t)];
-      }
+    // Request k's sequence [0, end) as its page table reads it back.
+    auto read_back = [&](int64_t k, int64_t end) {
       const std::span<const int32_t> pages = fb.pages(k);
-      const int64_t end = fb.start_pos[size_t(k)] + fb.num_new(k);
       std::vector<int32_t> seq;
       for (int64_t p = 0; p < end; ++p) {
         seq.push_back(kv_[size_t(int64_t(pages[size_t(p / ps)]) * ps + p % ps)]);
         EXPECT_GE(seq.back(), 0) << "position " << p << " of request " << k << " was never written";
       }
+      return seq;
+    };
+    for (int64_t k = 0; k < R; ++k) {
+      for (int64_t t = fb.token_begin[size_t(k)]; t < fb.token_begin[size_t(k) + 1]; ++t) {
+        EXPECT_NE(fb.input_ids[size_t(t)], kFutureToken) << "unresolved input, request " << k;
+        kv_[size_t(fb.out_cache_loc[size_t(t)])] = fb.input_ids[size_t(t)];
+      }
+      const std::vector<int32_t> seq = read_back(k, fb.start_pos[size_t(k)] + fb.num_new(k));
       logits_[size_t(k * kVocab + next_token(seq))] = 1.0f;
       log_.last_batch.emplace_back(fb.start_pos[size_t(k)], fb.num_new(k));
       log_.max_item_tokens = std::max(log_.max_item_tokens, fb.num_new(k));
+    }
+    for (size_t e = 0; e < fb.extra_logit_rows.size(); ++e) {
+      const int64_t t = fb.extra_logit_rows[e];
+      const auto owner = std::upper_bound(fb.token_begin.begin(), fb.token_begin.end(), t);
+      const int64_t k = int64_t(owner - fb.token_begin.begin()) - 1;  // the request whose token row t is
+      const std::vector<int32_t> seq =
+          read_back(k, fb.start_pos[size_t(k)] + t - fb.token_begin[size_t(k)] + 1);
+      fake_row(seq, std::span<float>(logits_).subspan(size_t((R + int64_t(e)) * kVocab), size_t(kVocab)));
     }
     log_.max_step_tokens = std::max(log_.max_step_tokens, fb.num_tokens());
     log_.max_step_requests = std::max(log_.max_step_requests, R);
@@ -107,6 +133,8 @@ struct Harness {
   Engine engine;
   std::map<uint64_t, std::vector<int32_t>> outputs;
   std::map<uint64_t, StepOutput> finished;
+  // Prompt logprob entries in the order reported, each with its prompt position.
+  std::map<uint64_t, std::vector<std::pair<int64_t, SampleResult>>> prompt_logprobs;
   int64_t calls = 0;         // step() calls
   float temperature = 0.0f;  // of the requests add() makes (seed = id)
 
@@ -141,6 +169,11 @@ struct Harness {
     std::vector<StepOutput> out;
     engine.wait_outputs(out, std::chrono::milliseconds(0));
     for (StepOutput& o : out) {
+      if (!o.prompt_logprobs.empty()) {
+        EXPECT_TRUE(outputs[o.id].empty()) << "request " << o.id << ": prompt logprobs after a sample";
+      }
+      for (size_t j = 0; j < o.prompt_logprobs.size(); ++j)
+        prompt_logprobs[o.id].emplace_back(o.prompt_logprobs_from + int64_t(j), o.prompt_logprobs[j]);
       if (o.token >= 0) outputs[o.id].push_back(o.token);
       if (o.finish != FinishReason::none) finished[o.id] = o;
     }
@@ -393,6 +426,115 @@ TEST_P(SchedulerTest, RetractsWhenPagesRunOutAndStillProducesTheReference) {
   EXPECT_GT(h.sched().num_retractions(), 0);
   for (auto& [id, p] : prompts) EXPECT_EQ(h.outputs[id], expected_output(p, lens[id])) << id;
   EXPECT_EQ(h.pool().num_pages() - h.pool().free_pages(), h.cache().cached_pages());
+}
+
+// Prompt logprobs under retraction (a small pool, chunked prefill): a request retracted before all its
+// prompt logprobs were reported recomputes its whole prompt (cached tokens have no logits, so it takes no
+// prefix from the cache, not even one another request computed) and must report only the positions not
+// reported yet; one retracted after them takes its prefix from the cache and reports nothing more. Either
+// way each request gets every prompt position 1..len-1 exactly once, in order, with the tokens and logprobs
+// of the request run alone on a large pool (the fake model's prompt-logprob rows hash the whole sequence
+// read back through the page table), and the same outputs.
+TEST_P(SchedulerTest, PromptLogprobsUnderRetractionAreReportedOnceWithTheUnretractedValues) {
+  SchedulerConfig cfg;
+  cfg.chunked_prefill_size = 4;
+  cfg.max_prefill_tokens = 8;
+  struct Spec {
+    std::vector<int32_t> prompt;
+    int64_t max_new = 0;
+    int32_t top = -1;    // params.prompt_logprobs
+    int64_t arrive = 0;  // submitted before this step() call
+  };
+  std::mt19937 rng(31);
+  std::map<uint64_t, Spec> reqs;
+  // On 14 pages of 4: 1 and 2 decode long enough to push 2 (the younger) out after its prefill; 3 and 4
+  // are pushed out in the middle of their chunked prefills; 6 (3's prompt, no prompt logprobs, first to
+  // arrive) leaves 3's prompt in the prefix cache; 5 only competes for pages.
+  reqs[1] = {random_prompt(rng, 6), 30, 2, 0};
+  reqs[2] = {random_prompt(rng, 9), 30, 0, 0};
+  reqs[3] = {random_prompt(rng, 26), 6, 3, 3};
+  reqs[4] = {random_prompt(rng, 15), 10, 1, 5};
+  reqs[5] = {random_prompt(rng, 11), 12, -1, 6};
+  reqs[6] = {reqs[3].prompt, 12, -1, 0};
+  int64_t last_arrival = 0;
+  for (auto& [id, s] : reqs) last_arrival = std::max(last_arrival, s.arrive);
+  auto params = [](const Spec& s, uint64_t id) {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.seed = id;
+    p.max_new_tokens = s.max_new;
+    p.ignore_eos = true;
+    p.prompt_logprobs = s.top;
+    return p;
+  };
+  // The reference: each request alone with room for everything (whose entries are those of fake_row()).
+  std::map<uint64_t, std::vector<std::pair<int64_t, SampleResult>>> want;
+  for (auto& [id, s] : reqs) {
+    Harness alone(256, 4, cfg, GetParam());
+    alone.submit(id, s.prompt, params(s, id));
+    alone.run();
+    EXPECT_EQ(alone.sched().num_retractions(), 0);
+    EXPECT_EQ(alone.outputs[id], expected_output(s.prompt, s.max_new)) << id;
+    want[id] = alone.prompt_logprobs[id];
+    ASSERT_EQ(int64_t(want[id].size()), s.top >= 0 ? int64_t(s.prompt.size()) - 1 : 0) << id;
+    std::vector<float> row(static_cast<size_t>(kVocab));
+    for (size_t j = 0; j < want[id].size(); ++j) {
+      fake_row(std::span<const int32_t>(s.prompt).first(j + 1), row);
+      EXPECT_EQ(want[id][j].second.logprob, token_logprobs(row, s.prompt[j + 1], s.top).logprob) << id;
+    }
+  }
+
+  Harness h(14, 4, cfg, GetParam());
+  // Retractions of requests that report prompt logprobs, by the state they left: prefill unfinished (even
+  // counting the step in flight) with some entries reported, or every entry reported.
+  int64_t mid_prefill = 0, after_prefill = 0;
+  struct Seen {
+    int32_t retractions = 0;
+    int64_t next = 0;  // prompt_logprobs_next
+    int64_t kv = 0;
+  };
+  for (bool worked = true; worked || h.calls <= last_arrival;) {
+    ASSERT_LT(h.calls, 2000) << "the engine does not make progress";
+    for (auto& [id, s] : reqs) {
+      if (s.arrive == h.calls) h.submit(id, s.prompt, params(s, id));
+    }
+    std::map<uint64_t, Seen> before;
+    for (auto& [id, s] : reqs) {
+      if (const Request* r = h.sched().find(id))
+        before[id] = {r->num_retractions, r->prompt_logprobs_next, r->kv.len};
+    }
+    worked = h.step();
+    for (auto& [id, b] : before) {
+      const Request* r = h.sched().find(id);
+      if (r == nullptr || r->num_retractions == b.retractions || reqs[id].top < 0) continue;
+      if (b.next == r->prompt_len) {
+        ++after_prefill;
+      } else if (b.next > 1 && b.kv < r->prompt_len) {
+        ++mid_prefill;
+      }
+    }
+  }
+  EXPECT_GT(mid_prefill, 0) << "no request was retracted mid-prefill with its entries partly reported";
+  EXPECT_GT(after_prefill, 0) << "no request was retracted after reporting its prompt logprobs";
+  for (auto& [id, s] : reqs) {
+    EXPECT_EQ(h.finished[id].finish, FinishReason::length) << id << " " << h.finished[id].error;
+    EXPECT_EQ(h.outputs[id], expected_output(s.prompt, s.max_new)) << id;
+    const std::vector<std::pair<int64_t, SampleResult>>& got = h.prompt_logprobs[id];
+    ASSERT_EQ(got.size(), want[id].size()) << "request " << id << ": entries repeated or skipped";
+    for (size_t j = 0; j < got.size(); ++j) {
+      const SampleResult &g = got[j].second, &w = want[id][j].second;
+      EXPECT_EQ(got[j].first, int64_t(j) + 1) << "request " << id << " entry " << j;
+      EXPECT_EQ(g.token, s.prompt[j + 1]) << "request " << id << " entry " << j;
+      EXPECT_EQ(g.logprob, w.logprob) << "request " << id << " entry " << j;
+      ASSERT_EQ(g.top.size(), size_t(s.top)) << "request " << id << " entry " << j;
+      for (size_t t = 0; t < g.top.size(); ++t) {
+        EXPECT_EQ(g.top[t].token, w.top[t].token) << "request " << id << " entry " << j << " top " << t;
+        EXPECT_EQ(g.top[t].logprob, w.top[t].logprob) << "request " << id << " entry " << j << " top " << t;
+      }
+    }
+  }
+  EXPECT_TRUE(h.sched().idle());
+  EXPECT_EQ(h.pool().num_pages() - h.pool().free_pages(), h.cache().cached_pages()) << "pages leaked";
 }
 
 TEST_P(SchedulerTest, RequestLargerThanThePoolFailsWithoutBlockingOthers) {
