@@ -209,16 +209,23 @@ void bench_moe_experts() {
     const struct {
       const char* tag;
       ops::MoePath path;
-      int tile_rows;
-    } paths[] = {{"dev", ops::MoePath::device, 0},        {"dev_fp8", ops::MoePath::device_fp8, 0},
-                 {"fp8/t8", ops::MoePath::device_fp8, 8}, {"fp8/t128", ops::MoePath::device_fp8, 128},
-                 {"host", ops::MoePath::host, 0},         {"auto", ops::MoePath::automatic, 0}};
+      int tile_rows, split_min_rows;
+    } paths[] = {{"dev", ops::MoePath::device, 0, 0},
+                 {"dev_fp8", ops::MoePath::device_fp8, 0, 0},
+                 {"fp8/t8", ops::MoePath::device_fp8, 8, 0},
+                 {"fp8/t128", ops::MoePath::device_fp8, 128, 0},
+                 // The wgmma form's passes multiplied in halves (KernelOptions::moe_fp8_split_min_rows).
+                 {"fp8/s128", ops::MoePath::device_fp8, 128, 128},
+                 {"fp8/s64", ops::MoePath::device_fp8, 128, 64},
+                 {"host", ops::MoePath::host, 0, 0},
+                 {"auto", ops::MoePath::automatic, 0, 0}};
     for (const auto& pa : paths) {
       if (pa.path == ops::MoePath::device && T > 256) continue;  // the CUDA-core kernels: ~100 ms there
       if (pa.tile_rows == 8 && T > 1024) continue;  // mma.sync passes at prefill sizes: ~11 ms at T = 1,024
       ops::KernelOptions ko;
       ko.moe = pa.path;
       ko.moe_fp8_tile_rows = pa.tile_rows;
+      ko.moe_fp8_split_min_rows = pa.split_min_rows;
       const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
       const double us = time_us([&] { be->moe_experts(x, routing, experts, nullptr, set.get()); }, 2, 10);
       fmt::print(

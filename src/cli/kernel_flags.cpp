@@ -18,6 +18,8 @@ kernels::KernelOptions KernelFlags::options() const {
             "--moe-fp8-tile-rows {}: expected 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)",
             moe_fp8_tile_rows);
   o.moe_fp8_tile_rows = moe_fp8_tile_rows;
+  o.moe_fp8_split_min_rows =
+      kernels::check_moe_fp8_split_min_rows(moe_fp8_split_min_rows, "--moe-fp8-split-min-rows");
   o.mha = kernels::parse_mha_kernel(mha, "--mha-kernel");
   o.pdl = kernels::parse_pdl(pdl, "--pdl");
   return o;
@@ -59,6 +61,12 @@ std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--moe-fp8-tile-rows", f->moe_fp8_tile_rows,
                  "FP8 grouped experts: packed rows per pass, 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)")
+      ->group(g)
+      ->capture_default_str();
+  sub.add_option("--moe-fp8-split-min-rows", f->moe_fp8_split_min_rows,
+                 "FP8 grouped experts, wgmma form: passes of at least this many rows (64 or 128; 0: none) "
+                 "multiply each K block in two halves, so that folding one overlaps the other's wgmmas (same "
+                 "sums bit for bit)")
       ->group(g)
       ->capture_default_str();
   sub.add_option("--mha-kernel", f->mha,

@@ -139,6 +139,14 @@ int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag) {
   return t;
 }
 
+int check_moe_fp8_split_min_rows(int r, std::string_view flag) {
+  DSA_CHECK(
+      r == 0 || r == 64 || r == 128,
+      "{}: expected 0 (no pass splits), 64 (passes of 64 and 128 rows) or 128 (passes of 128 rows), got {}",
+      flag, r);
+  return r;
+}
+
 std::string describe(const KernelOptions& o) {
   return fmt::format(
              "mla_decode={} mla_v5_order={} indexer_score={} indexer_select={} gemm={} "
@@ -147,6 +155,8 @@ std::string describe(const KernelOptions& o) {
              name(o.mla_decode), name(o.mla_v5_order), name(o.indexer_score), name(o.indexer_select),
              name(o.gemm), o.gemm_fp8_small_max_tokens, name(o.moe)) +
          (o.moe_fp8_tile_rows != 0 ? fmt::format(" moe_fp8_tile_rows={}", o.moe_fp8_tile_rows) : "") +
+         (o.moe_fp8_split_min_rows != 0 ? fmt::format(" moe_fp8_split_min_rows={}", o.moe_fp8_split_min_rows)
+                                        : "") +
          (o.mha != MhaKernel::automatic ? fmt::format(" mha={}", name(o.mha)) : "") +
          (o.pdl != kPdlDefault ? fmt::format(" pdl={}", pdl_name(o.pdl)) : "") +
          (o.gemm_split_fused_min_tokens != kGemmSplitFusedDefaultTokens

@@ -167,6 +167,11 @@ struct KernelOptions {
   // The FP8 grouped experts' packed rows per pass (kernels/cuda/moe/moe_params.h MoeFp8GemmParams::tile_rows:
   // 8 the mma.sync form, 128 the wgmma form); 0: by the shapes (moe_fp8_tile_rows).
   int moe_fp8_tile_rows = 0;
+  // The wgmma form's passes of at least this many rows (64 or 128; 0: none, the default until measured)
+  // multiply each K block in two halves, each its own commit group, so that folding one half's products
+  // into the sums overlaps the tensor cores' work on the other half (MoeFp8GemmParams::split_min_rows).
+  // The sums are the same bit for bit either way; only the speed differs.
+  int moe_fp8_split_min_rows = 0;
   MhaKernel mha = MhaKernel::automatic;
   bool pdl = kPdlDefault;  // programmatic dependent launches (above)
   bool operator==(const KernelOptions&) const = default;
@@ -195,8 +200,11 @@ MhaKernel parse_mha_kernel(std::string_view s, std::string_view flag);
 bool parse_pdl(std::string_view s, std::string_view flag);  // "on" / "off"
 // Throws dsaserve::Error naming `flag` unless 0 <= t <= kGemmFp8SmallMaxTokens; returns t.
 int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag);
+// Throws dsaserve::Error naming `flag` unless r is 0, 64 or 128; returns r.
+int check_moe_fp8_split_min_rows(int r, std::string_view flag);
 // "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast
-// gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " mha=K", " pdl=on|off",
+// gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " moe_fp8_split_min_rows=N", " mha=K",
+// " pdl=on|off",
 // " gemm_split_fused_min_tokens=N", " absorb_fused_min_tokens=N", " silu_mul_fp8_copy=0|1" when not the
 // defaults).
 std::string describe(const KernelOptions& o);

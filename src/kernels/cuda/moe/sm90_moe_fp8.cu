@@ -247,9 +247,42 @@ static_assert(kSmem <= 227 * 1024, "shared memory");
 // Rows the pass of `nr` packed rows multiplies: the narrowest wgmma N of 16, 32, 64, 128 that holds them.
 __device__ __forceinline__ int ws_width(int nr) { return nr > 64 ? 128 : nr > 32 ? 64 : nr > 16 ? 32 : 16; }
 
+// Folds one K block's products `blk` (N = NB pass rows from pass row r0) into the pass's sums acc[kOff ..],
+// each times the weight block's scale and the row's scale (xs: the stage's row scales).
+template <int NB, int kOff, int kAcc>
+__device__ __forceinline__ void ws_fold(float (&acc)[kAcc], const float (&blk)[NB / 2], const float* xs,
+                                        float sw, int r0, int c4) {
+#pragma unroll
+  for (int j = 0; j < NB / 8; ++j) {
+    const float2 x = *reinterpret_cast<const float2*>(xs + r0 + 8 * j + 2 * c4);
+    const float s0 = sw * x.x, s1 = sw * x.y;
+    acc[kOff + 4 * j + 0] += blk[4 * j + 0] * s0;
+    acc[kOff + 4 * j + 1] += blk[4 * j + 1] * s1;
+    acc[kOff + 4 * j + 2] += blk[4 * j + 2] * s0;
+    acc[kOff + 4 * j + 3] += blk[4 * j + 3] * s1;
+  }
+}
+
+// A K block's four m64nNBk32 wgmmas of the warpgroup's 64 weight rows x the NB pass rows at b_addr into
+// blk, committed as one group.
+template <int NB>
+__device__ __forceinline__ void ws_issue(float (&blk)[NB / 2], uint32_t a_addr, uint32_t b_addr) {
+  mma::wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    mma::wgmma_m64nk32_e4m3<NB>(blk, mma::wgmma_desc_sw128(a_addr + k * 32),
+                                mma::wgmma_desc_sw128(b_addr + k * 32), k);
+  mma::wgmma_commit();
+}
+
 // One multiplier warpgroup's pass: nkb K blocks from stages it0, it0 + 1, .. (mod kStages) into the pass's
-// sums, then the epilogue.
-template <bool GATE_UP, int NW>
+// sums, then the epilogue. SPLIT (passes of 64 or 128 rows, KernelOptions::moe_fp8_split_min_rows): each
+// block multiplies in two halves of NW / 2 rows, each its own commit group, so that folding one half
+// overlaps the tensor cores' work on the other: half 0 of block i + 1 is issued before half 1 of block i is
+// folded, half 1 of block i + 1 after it (two groups in flight at most; the stage of block i is released
+// once both its halves are folded). Each sum adds the same block products in the same order either way
+// (checked bit for bit: CudaMoe.Fp8SplitFoldIsBitIdentical).
+template <bool GATE_UP, int NW, bool SPLIT>
 __device__ __forceinline__ void ws_consume(const MoeFp8GemmParams& p, uint8_t* smem, uint64_t* full,
                                            uint64_t* empty, int64_t it0, int64_t nkb, const float* sc,
                                            int64_t n0, int32_t g0, int nr, int q) {
@@ -260,36 +293,106 @@ __device__ __forceinline__ void ws_consume(const MoeFp8GemmParams& p, uint8_t* s
   float acc[kAcc];
 #pragma unroll
   for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
-  float sw = __ldg(sc);
-  for (int64_t i = 0; i < nkb; ++i) {
-    const int64_t it = it0 + i;
-    const int st = int(it % kStages);
-    mma::mbar_wait(full + st, uint32_t(it / kStages) & 1u);
-    mma::fence_proxy_async_smem();
-    const uint32_t a_addr = mma::smem_addr(smem + size_t(st) * kA + q * 64 * 128);
-    const uint32_t b_addr = mma::smem_addr(smem + size_t(kStages) * kA + size_t(st) * kB);
-    float blk[kAcc];
-    mma::wgmma_fence();
+  if constexpr (!SPLIT) {
+    float sw = __ldg(sc);
+    for (int64_t i = 0; i < nkb; ++i) {
+      const int64_t it = it0 + i;
+      const int st = int(it % kStages);
+      mma::mbar_wait(full + st, uint32_t(it / kStages) & 1u);
+      mma::fence_proxy_async_smem();
+      const uint32_t a_addr = mma::smem_addr(smem + size_t(st) * kA + q * 64 * 128);
+      const uint32_t b_addr = mma::smem_addr(smem + size_t(kStages) * kA + size_t(st) * kB);
+      float blk[kAcc];
+      mma::wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      mma::wgmma_m64nk32_e4m3<NW>(blk, mma::wgmma_desc_sw128(a_addr + k * 32),
-                                  mma::wgmma_desc_sw128(b_addr + k * 32), k);
-    mma::wgmma_commit();
-    const float sw_next = i + 1 < nkb ? __ldg(sc + i + 1) : 0.0f;
-    mma::wgmma_wait<0>();
-    mma::wgmma_fence_operands(blk);
-    const float* xs = reinterpret_cast<const float*>(smem + kXsOff) + st * kTok;
+      for (int k = 0; k < 4; ++k)
+        mma::wgmma_m64nk32_e4m3<NW>(blk, mma::wgmma_desc_sw128(a_addr + k * 32),
+                                    mma::wgmma_desc_sw128(b_addr + k * 32), k);
+      mma::wgmma_commit();
+      const float sw_next = i + 1 < nkb ? __ldg(sc + i + 1) : 0.0f;
+      mma::wgmma_wait<0>();
+      mma::wgmma_fence_operands(blk);
+      const float* xs = reinterpret_cast<const float*>(smem + kXsOff) + st * kTok;
 #pragma unroll
-    for (int j = 0; j < kAcc / 4; ++j) {
-      const float2 x = *reinterpret_cast<const float2*>(xs + 8 * j + 2 * c4);
-      const float s0 = sw * x.x, s1 = sw * x.y;
-      acc[4 * j + 0] += blk[4 * j + 0] * s0;
-      acc[4 * j + 1] += blk[4 * j + 1] * s1;
-      acc[4 * j + 2] += blk[4 * j + 2] * s0;
-      acc[4 * j + 3] += blk[4 * j + 3] * s1;
+      for (int j = 0; j < kAcc / 4; ++j) {
+        const float2 x = *reinterpret_cast<const float2*>(xs + 8 * j + 2 * c4);
+        const float s0 = sw * x.x, s1 = sw * x.y;
+        acc[4 * j + 0] += blk[4 * j + 0] * s0;
+        acc[4 * j + 1] += blk[4 * j + 1] * s1;
+        acc[4 * j + 2] += blk[4 * j + 2] * s0;
+        acc[4 * j + 3] += blk[4 * j + 3] * s1;
+      }
+      mma::mbar_arrive(empty + st);
+      sw = sw_next;
     }
-    mma::mbar_arrive(empty + st);
-    sw = sw_next;
+  } else {
+    static_assert(NW >= 64, "split passes of 64 or 128 rows only");
+    // The stage of block i (waited for, its async-proxy reads ordered) and its operands' addresses.
+    auto stage = [&](int64_t i, uint32_t& a_addr, uint32_t& b_addr) -> int {
+      const int64_t it = it0 + i;
+      const int st = int(it % kStages);
+      mma::mbar_wait(full + st, uint32_t(it / kStages) & 1u);
+      mma::fence_proxy_async_smem();
+      a_addr = mma::smem_addr(smem + size_t(st) * kA + q * 64 * 128);
+      b_addr = mma::smem_addr(smem + size_t(kStages) * kA + size_t(st) * kB);
+      return st;
+    };
+    const float* xs0 = reinterpret_cast<const float*>(smem + kXsOff);
+    constexpr int kH = NW / 2;             // rows per half
+    constexpr uint32_t kHalfB = kH * 128;  // bytes of B rows per half (whole 1 KiB swizzle atoms)
+    static_assert(kHalfB % 1024 == 0, "half 1's B rows must start on a swizzle atom");
+    float h0[kH / 2], h1[kH / 2];
+    // Runs of kRun blocks, unrolled: ptxas keeps wgmmas asynchronous across a wait_group 1 only where the
+    // groups it waits for were issued in the same straight-line run (a pipeline carried over the loop's
+    // back edge makes it serialise every wgmma: C7514), so each run starts with nothing in flight and ends
+    // with wait_group 0; seven of a run's eight half-folds overlap the other half's wgmmas.
+    constexpr int kRun = 4;
+    int64_t i = 0;
+    for (; i + kRun <= nkb; i += kRun) {
+      uint32_t a_addr = 0, b_addr = 0;
+      int st = stage(i, a_addr, b_addr);
+      ws_issue<kH>(h0, a_addr, b_addr);
+      ws_issue<kH>(h1, a_addr, b_addr + kHalfB);
+      float sw = __ldg(sc + i);
+#pragma unroll
+      for (int u = 0; u < kRun; ++u) {
+        const float* xs = xs0 + st * kTok;
+        mma::wgmma_wait<1>();  // half 0 of block i + u done (half 1 in flight)
+        mma::wgmma_fence_operands(h0);
+        ws_fold<kH, 0>(acc, h0, xs, sw, 0, c4);
+        int st_next = st;
+        float sw_next = 0.0f;
+        uint32_t a_next = 0, b_next = 0;
+        if (u + 1 < kRun) {
+          st_next = stage(i + u + 1, a_next, b_next);
+          sw_next = __ldg(sc + i + u + 1);
+          ws_issue<kH>(h0, a_next, b_next);
+          mma::wgmma_wait<1>();  // half 1 of block i + u done (half 0 of the next block in flight)
+        } else {
+          mma::wgmma_wait<0>();
+        }
+        mma::wgmma_fence_operands(h1);
+        ws_fold<kH, kAcc / 2>(acc, h1, xs, sw, kH, c4);
+        mma::mbar_arrive(empty + st);  // both halves' wgmmas on the stage done, its row scales read
+        if (u + 1 < kRun) ws_issue<kH>(h1, a_next, b_next + kHalfB);
+        st = st_next;
+        sw = sw_next;
+      }
+    }
+    for (; i < nkb; ++i) {  // the blocks past the last whole run (K not a multiple of 4 x 128)
+      uint32_t a_addr = 0, b_addr = 0;
+      const int st = stage(i, a_addr, b_addr);
+      ws_issue<kH>(h0, a_addr, b_addr);
+      ws_issue<kH>(h1, a_addr, b_addr + kHalfB);
+      const float sw = __ldg(sc + i);
+      const float* xs = xs0 + st * kTok;
+      mma::wgmma_wait<0>();
+      mma::wgmma_fence_operands(h0);
+      mma::wgmma_fence_operands(h1);
+      ws_fold<kH, 0>(acc, h0, xs, sw, 0, c4);
+      ws_fold<kH, kAcc / 2>(acc, h1, xs, sw, kH, c4);
+      mma::mbar_arrive(empty + st);
+    }
   }
   // acc[4j + e]: weight row 16 warp + g + 8 (e / 2) of this warpgroup's 64, pass row 8j + 2 c4 + e % 2.
   if (GATE_UP) {
@@ -321,7 +424,8 @@ __device__ __forceinline__ void ws_consume(const MoeFp8GemmParams& p, uint8_t* s
   }
 }
 
-template <bool GATE_UP>
+// SPLIT_MIN: passes of at least this many rows (64, 128; 0: none) multiply in halves (ws_consume).
+template <bool GATE_UP, int SPLIT_MIN>
 __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const MoeFp8GemmParams p) {
   using namespace ws;
   constexpr int kFeat = GATE_UP ? 64 : 128;
@@ -407,19 +511,25 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
       for (int32_t g0 = m0; g0 < m1; g0 += kTok, it += nkb) {
         const int nr = m1 - g0 < kTok ? int(m1 - g0) : kTok;
         switch (ws_width(nr)) {
-          case 128: ws_consume<GATE_UP, 128>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
-          case 64: ws_consume<GATE_UP, 64>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
-          case 32: ws_consume<GATE_UP, 32>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
-          default: ws_consume<GATE_UP, 16>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+          case 128:
+            ws_consume<GATE_UP, 128, (SPLIT_MIN > 0 && SPLIT_MIN <= 128)>(p, smem, full, empty, it, nkb, sc,
+                                                                          n0, g0, nr, q);
+            break;
+          case 64:
+            ws_consume<GATE_UP, 64, (SPLIT_MIN > 0 && SPLIT_MIN <= 64)>(p, smem, full, empty, it, nkb, sc, n0,
+                                                                        g0, nr, q);
+            break;
+          case 32: ws_consume<GATE_UP, 32, false>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+          default: ws_consume<GATE_UP, 16, false>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
         }
       }
     }
   }
 }
 
-template <bool GATE_UP>
+template <bool GATE_UP, int SPLIT_MIN>
 cudaError_t launch_ws(const MoeFp8GemmParams& p, cudaStream_t stream) {
-  return launch_persistent < sm90_moe_fp8_ws_kernel<GATE_UP>, ws::kSmem, GATE_UP ? 64 : 128,
+  return launch_persistent < sm90_moe_fp8_ws_kernel<GATE_UP, SPLIT_MIN>, ws::kSmem, GATE_UP ? 64 : 128,
          ws::kThreads > (p, stream);
 }
 
@@ -427,7 +537,13 @@ template <bool GATE_UP>
 cudaError_t launch_rows(const MoeFp8GemmParams& p, cudaStream_t stream) {
   switch (p.tile_rows) {
     case 8: return launch_tile<GATE_UP, 1>(p, stream);
-    case 128: return launch_ws<GATE_UP>(p, stream);
+    case 128:
+      switch (p.split_min_rows) {
+        case 0: return launch_ws<GATE_UP, 0>(p, stream);
+        case 64: return launch_ws<GATE_UP, 64>(p, stream);
+        case 128: return launch_ws<GATE_UP, 128>(p, stream);
+        default: return cudaErrorInvalidValue;
+      }
     default: return cudaErrorInvalidValue;
   }
 }
@@ -441,7 +557,8 @@ int moe_fp8_tile_rows(int64_t pairs, int64_t experts) {
 
 cudaError_t launch_moe_fp8_gemm(const MoeFp8GemmParams& p, cudaStream_t stream) {
   if (p.N == 0 || p.experts == 0) return cudaSuccess;
-  if (p.K <= 0 || p.K % 128 != 0 || p.K > kMoeFp8MaxK || p.experts > 65535 || p.x_scale_ld <= 0)
+  if (p.K <= 0 || p.K % 128 != 0 || p.K > kMoeFp8MaxK || p.experts > 65535 || p.x_scale_ld <= 0 ||
+      (p.split_min_rows != 0 && p.split_min_rows != 64 && p.split_min_rows != 128))
     return cudaErrorInvalidValue;
   return p.gate_up ? launch_rows<true>(p, stream) : launch_rows<false>(p, stream);
 }

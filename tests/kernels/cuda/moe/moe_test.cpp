@@ -412,6 +412,48 @@ TEST_F(CudaMoe, Fp8TensorCoreKBlocksPastWholeRuns) {
   }
 }
 
+// KernelOptions::moe_fp8_split_min_rows (the wgmma form's 64- / 128-row passes multiplied in two halves)
+// changes when a block's products are folded into the sums, not which products or in what order: the
+// output equals the unsplit kernel's bit for bit. GLM-5.3 widths (48 / 16 K blocks: whole runs of four)
+// and H 6,784 / I 2,432 (53 / 19: runs and remainders); routings whose passes are 33-64 rows (split 64
+// only), 65-128 rows and whole 128s (kind 2: one expert with every pair; kind 3: three crowded experts).
+TEST_F(CudaMoe, Fp8SplitFoldIsBitIdentical) {
+  struct Shape {
+    int64_t H, I, E;
+  };
+  constexpr int64_t kK = 8;
+  for (const Shape& sh : {Shape{6144, 2048, 256}, Shape{6784, 2432, 16}}) {
+    const ExpertSet s = make_experts(8, sh.E, sh.H, sh.I, DType::f8e4m3fn, 9900);
+    for (int64_t T : {257, 1024}) {
+      for (int kind : {0, 2, 3}) {
+        const Routing r = make_routing(T, kK, sh.E, kind, 9910 + uint64_t(T * 3 + kind));
+        const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
+        const Tensor x_d = rand_f32({T, sh.H}, 9920 + uint64_t(T)).to(Device::cuda);
+        std::vector<Tensor> got;
+        for (int split : {0, 64, 128}) {
+          KernelOptions o;
+          o.moe = MoePath::device_fp8;
+          o.moe_fp8_tile_rows = 128;
+          o.moe_fp8_split_min_rows = split;
+          got.push_back(make_backend(o)->moe_experts(x_d, r_d, s.gpu, nullptr, s.table.get()).to(Device::cpu));
+        }
+        for (size_t v = 1; v < got.size(); ++v) {
+          ASSERT_EQ(got[v].numel(), got[0].numel());
+          const float *a = got[0].data<float>(), *b = got[v].data<float>();
+          int64_t differ = 0;
+          for (int64_t i = 0; i < got[0].numel(); ++i)
+            differ += std::memcmp(a + i, b + i, sizeof(float)) != 0 ? 1 : 0;
+          const int split = v == 1 ? 64 : 128;
+          fmt::print("RESULT op=moe_experts split_fold H={} I={} E={} T={} kind={} split_min_rows={}: {} of {} "
+                     "outputs differ from the unsplit kernel {}\n",
+                     sh.H, sh.I, sh.E, T, kind, split, differ, got[0].numel(), differ == 0 ? "ok" : "FAIL");
+          EXPECT_EQ(differ, 0) << "H=" << sh.H << " T=" << T << " kind=" << kind << " split=" << split;
+        }
+      }
+    }
+  }
+}
+
 // The input's FP8 copy given (ops.h moe_experts q: a DeepEP FP8 dispatch's codes and scales, quantised on
 // the sender by the CPU rule kernels::cpu::fp8_quantize_row128, which quant.cu matches bit for bit:
 // CudaFp8Emulation.QuantKernelMatchesCpuRule), with padding rows (Tp > T): device_fp8 reads it instead of
