@@ -20,9 +20,9 @@ def test_outputs(log: str) -> dict:
     """Test name -> its output, from ctest's LastTest.log."""
     out = {}
     for block in re.split(r"^(?=\d+/\d+ Testing: )", log, flags=re.M):
-        m = re.match(r"\d+/\d+ Testing: (\S+)", block)
+        m = re.match(r"\d+/\d+ Testing: (.*)", block)  # the whole name: parametrised ones hold spaces
         if m:
-            out[m.group(1)] = block
+            out[m.group(1).rstrip()] = block
     return out
 
 
@@ -36,6 +36,8 @@ def digest(name: str, block: str) -> list:
         failures += 1
         for l in lines[i : i + LINES_PER_FAILURE]:
             shown.append("  " + (l if len(l) <= CHARS_PER_LINE else l[:CHARS_PER_LINE] + " ..."))
+    if not block:
+        return [f"{name}: its output is not in LastTest.log"]
     if not shown:  # no gtest failure (a crash, a timeout): its output's last lines
         shown = ["  " + l[:CHARS_PER_LINE] for l in lines[-LINES_PER_FAILURE:]]
     return [f"{name}: {failures} gtest failure(s) shown"] + shown

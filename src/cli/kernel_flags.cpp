@@ -63,10 +63,11 @@ std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub) {
                  "FP8 grouped experts: packed rows per pass, 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)")
       ->group(g)
       ->capture_default_str();
-  sub.add_option("--moe-fp8-split-min-rows", f->moe_fp8_split_min_rows,
-                 "FP8 grouped experts, wgmma form: passes of at least this many rows (64 or 128; 0: none) "
-                 "multiply each K block in two halves, so that folding one overlaps the other's wgmmas (same "
-                 "sums bit for bit)")
+  sub.add_option(
+         "--moe-fp8-split-min-rows", f->moe_fp8_split_min_rows,
+         "FP8 grouped experts, wgmma form: passes multiplied at this wgmma width or wider (64: passes "
+         "of 33-128 rows, 128: of 65-128; 0: none) multiply each K block in two halves, so that "
+         "folding one overlaps the other's wgmmas (same sums bit for bit)")
       ->group(g)
       ->capture_default_str();
   sub.add_option("--mha-kernel", f->mha,

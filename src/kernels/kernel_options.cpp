@@ -142,7 +142,7 @@ int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag) {
 int check_moe_fp8_split_min_rows(int r, std::string_view flag) {
   DSA_CHECK(
       r == 0 || r == 64 || r == 128,
-      "{}: expected 0 (no pass splits), 64 (passes of 64 and 128 rows) or 128 (passes of 128 rows), got {}",
+      "{}: expected 0 (no pass splits), 64 (passes of 33-128 rows) or 128 (passes of 65-128 rows), got {}",
       flag, r);
   return r;
 }

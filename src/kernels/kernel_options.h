@@ -167,10 +167,10 @@ struct KernelOptions {
   // The FP8 grouped experts' packed rows per pass (kernels/cuda/moe/moe_params.h MoeFp8GemmParams::tile_rows:
   // 8 the mma.sync form, 128 the wgmma form); 0: by the shapes (moe_fp8_tile_rows).
   int moe_fp8_tile_rows = 0;
-  // The wgmma form's passes of at least this many rows (64 or 128; 0: none, the default until measured)
-  // multiply each K block in two halves, each its own commit group, so that folding one half's products
-  // into the sums overlaps the tensor cores' work on the other half (MoeFp8GemmParams::split_min_rows).
-  // The sums are the same bit for bit either way; only the speed differs.
+  // The wgmma form's passes multiplied at this wgmma width or wider (64: passes of 33-128 rows; 128: of
+  // 65-128; 0: none, the default until measured) multiply each K block in two halves, each its own commit
+  // group, so that folding one half's products into the sums overlaps the tensor cores' work on the other
+  // half (MoeFp8GemmParams::split_min_rows). The sums are the same bit for bit either way.
   int moe_fp8_split_min_rows = 0;
   MhaKernel mha = MhaKernel::automatic;
   bool pdl = kPdlDefault;  // programmatic dependent launches (above)

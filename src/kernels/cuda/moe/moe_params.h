@@ -127,8 +127,8 @@ struct MoeFp8GemmParams {
   bool gate_up;
   int tile_rows;  // packed rows per pass: 8 (mma.sync) or 128 (the wgmma form); either is correct at any
                   // size, it tunes speed
-  int split_min_rows = 0;  // the wgmma form: passes of >= this many rows (64, 128; 0: none) multiply in two
-                           // halves (KernelOptions::moe_fp8_split_min_rows); same sums, other speed
+  int split_min_rows = 0;  // the wgmma form: passes at this wgmma width or wider (64, 128; 0: none) multiply
+                           // in two halves (KernelOptions::moe_fp8_split_min_rows); same sums, other speed
   bool pdl = false;        // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 // Mean rows per expert from which the launch takes the wgmma form (tile_rows 128). Measured on the H200

@@ -424,7 +424,7 @@ __device__ __forceinline__ void ws_consume(const MoeFp8GemmParams& p, uint8_t* s
   }
 }
 
-// SPLIT_MIN: passes of at least this many rows (64, 128; 0: none) multiply in halves (ws_consume).
+// SPLIT_MIN: passes at this wgmma width or wider (64, 128; 0: none) multiply in halves (ws_consume).
 template <bool GATE_UP, int SPLIT_MIN>
 __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const MoeFp8GemmParams p) {
   using namespace ws;

@@ -223,6 +223,7 @@ ExpertSet make_experts(int64_t sets, int64_t experts, int64_t H, int64_t I, DTyp
 // the other slots distinct experts of 3 .. E - 1 (three crowded experts beside many light ones: the wgmma
 // form's passes of 128 rows, several per expert with ragged tails, next to one-pass experts).
 Routing make_routing(int64_t T, int64_t K, int64_t E, int kind, uint64_t seed) {
+  DSA_CHECK(kind != 3 || E >= K + 2, "make_routing kind 3: {} experts, {} slots (needs E >= K + 2)", E, K);
   Routing r{Tensor::empty({T, K}, DType::i32), rand_f32({T, K}, seed)};
   for (int64_t i = 0; i < T * K; ++i) r.weights.data<float>()[i] = 0.55f + 0.45f * r.weights.data<float>()[i];
   Rng rng(seed);
@@ -386,10 +387,12 @@ TEST_F(CudaMoe, Fp8TensorCoreGlmShapes) {
 }
 
 // The wgmma form where K is not a multiple of four 128-wide blocks: H = 6,784 (53 K blocks for gate / up)
-// and I = 2,432 (19 for down), so a pass's multiplying loop ends with 1 or 3 blocks after its whole runs
-// of four; the rows stay GLM-wide so that the GLM tolerances hold. Mean 64 rows per expert (passes of 33-64
-// and 65-128 rows), 128 (whole 128-row passes and their remainders), and the skewed routing at T = 384
-// (experts 0-2 exactly one 128-row pass each, the other 13 ~207 rows: a 128-row pass and one of ~79).
+// and I = 2,432 (19 for down), the widths at which the split form (--moe-fp8-split-min-rows) ends its runs
+// of four blocks with 1 or 3 more; here today's unsplit kernel against the emulation
+// (Fp8SplitFoldIsBitIdentical holds the split form to it bit for bit at these widths). The rows stay GLM-wide
+// so that the GLM tolerances hold. Mean 64 rows per expert (passes of 33-64 and 65-128 rows), 128 (whole
+// 128-row passes and their remainders), and the skewed routing at T = 384 (experts 0-2 exactly one 128-row
+// pass each, the other 13 ~207 rows: a 128-row pass and one of ~79).
 TEST_F(CudaMoe, Fp8TensorCoreKBlocksPastWholeRuns) {
   constexpr int64_t kH = 6784, kI = 2432, kE = 16, kK = 8;
   const ExpertSet s = make_experts(8, kE, kH, kI, DType::f8e4m3fn, 9800);
@@ -435,7 +438,8 @@ TEST_F(CudaMoe, Fp8SplitFoldIsBitIdentical) {
           o.moe = MoePath::device_fp8;
           o.moe_fp8_tile_rows = 128;
           o.moe_fp8_split_min_rows = split;
-          got.push_back(make_backend(o)->moe_experts(x_d, r_d, s.gpu, nullptr, s.table.get()).to(Device::cpu));
+          got.push_back(
+              make_backend(o)->moe_experts(x_d, r_d, s.gpu, nullptr, s.table.get()).to(Device::cpu));
         }
         for (size_t v = 1; v < got.size(); ++v) {
           ASSERT_EQ(got[v].numel(), got[0].numel());
@@ -444,9 +448,10 @@ TEST_F(CudaMoe, Fp8SplitFoldIsBitIdentical) {
           for (int64_t i = 0; i < got[0].numel(); ++i)
             differ += std::memcmp(a + i, b + i, sizeof(float)) != 0 ? 1 : 0;
           const int split = v == 1 ? 64 : 128;
-          fmt::print("RESULT op=moe_experts split_fold H={} I={} E={} T={} kind={} split_min_rows={}: {} of {} "
-                     "outputs differ from the unsplit kernel {}\n",
-                     sh.H, sh.I, sh.E, T, kind, split, differ, got[0].numel(), differ == 0 ? "ok" : "FAIL");
+          fmt::print(
+              "RESULT op=moe_experts split_fold H={} I={} E={} T={} kind={} split_min_rows={}: {} of {} "
+              "outputs differ from the unsplit kernel {}\n",
+              sh.H, sh.I, sh.E, T, kind, split, differ, got[0].numel(), differ == 0 ? "ok" : "FAIL");
           EXPECT_EQ(differ, 0) << "H=" << sh.H << " T=" << T << " kind=" << kind << " split=" << split;
         }
       }
