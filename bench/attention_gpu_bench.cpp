@@ -179,17 +179,6 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
   CK(cudaFree(cache_fp8));
 }
 
-// Fills n bytes at dst with `pattern` repeated (one upload, then device-to-device doubling).
-void fill_device(void* dst, size_t n, const std::vector<unsigned char>& pattern) {
-  const size_t first = std::min(n, pattern.size());
-  CK(cudaMemcpy(dst, pattern.data(), first, cudaMemcpyHostToDevice));
-  for (size_t done = first; done < n;) {
-    const size_t c = std::min(done, n - done);
-    CK(cudaMemcpy(static_cast<char*>(dst) + done, dst, c, cudaMemcpyDeviceToDevice));
-    done += c;
-  }
-}
-
 const char* score_kernel_name(IndexerScoreKernel k) { return name(k).data(); }
 
 // The indexer + top-2048 at batch B and context ctx over a bf16 or FP8 key cache. Bytes: the key cache

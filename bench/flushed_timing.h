@@ -1,8 +1,8 @@
 #pragma once
-// The attention benches' method, shared by bench/attention_gpu_bench.cpp and its FlashMLA peer
+// The attention benches' method and helpers, shared by bench/attention_gpu_bench.cpp and its FlashMLA peer
 // (bench/peer/flashmla_peer.cu) so that both time the same way: CUDA events around each run, the median of
 // `reps` runs after 3 warm-ups, a 256 MiB memset before each run to flush L2; and their allocation
-// helpers (any CUDA error ends the bench, naming the call).
+// and filling helpers (any CUDA error ends the bench, naming the call).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,6 +36,18 @@ T* upload(const std::vector<T>& v) {
   T* p = dev_alloc<T>(v.size());
   CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return p;
+}
+
+// Fills n bytes at dst with `pattern` repeated (one upload, then device-to-device doubling; offsets stay
+// multiples of the pattern's length, so a pattern of whole KV rows keeps the rows aligned).
+inline void fill_device(void* dst, size_t n, const std::vector<unsigned char>& pattern) {
+  const size_t first = std::min(n, pattern.size());
+  CK(cudaMemcpy(dst, pattern.data(), first, cudaMemcpyHostToDevice));
+  for (size_t done = first; done < n;) {
+    const size_t c = std::min(done, n - done);
+    CK(cudaMemcpy(static_cast<char*>(dst) + done, dst, c, cudaMemcpyDeviceToDevice));
+    done += c;
+  }
 }
 
 // Median time in microseconds of fn() over `reps` runs (3 warm-ups), each after an L2 flush of

@@ -59,18 +59,6 @@ constexpr int kPatternRows = 4096;  // the pools repeat this many random rows (s
 // block, 5 blocks of fixed cost per request.
 constexpr int kSchedBlock = 64, kSchedOverhead = 5;
 
-// Fills n bytes at dst with `pattern` repeated (one upload, then device-to-device doubling; offsets stay
-// multiples of the pattern's length, so a pattern of whole KV rows keeps the rows aligned).
-void fill_device(void* dst, size_t n, const std::vector<unsigned char>& pattern) {
-  const size_t first = std::min(n, pattern.size());
-  CK(cudaMemcpy(dst, pattern.data(), first, cudaMemcpyHostToDevice));
-  for (size_t done = first; done < n;) {
-    const size_t c = std::min(done, n - done);
-    CK(cudaMemcpy(static_cast<char*>(dst) + done, dst, c, cudaMemcpyDeviceToDevice));
-    done += c;
-  }
-}
-
 uint16_t bf16_bits(float v) {  // round to nearest even
   uint32_t u;
   std::memcpy(&u, &v, 4);

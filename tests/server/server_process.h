@@ -31,27 +31,39 @@ struct HttpResult {
   nlohmann::json json() const { return nlohmann::json::parse(body, nullptr, false); }
 };
 
-inline HttpResult http_request(int port, const std::string& method, const std::string& target,
-                               const std::string& body = "", const std::string& api_key = "") {
-  namespace beast = boost::beast;
-  namespace http = beast::http;
-  boost::asio::io_context ioc;
-  boost::asio::ip::tcp::socket sock(ioc);
-  sock.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+// The request http_request and post_json_at_once send.
+inline boost::beast::http::request<boost::beast::http::string_body> make_http_request(
+    const std::string& method, const std::string& target, const std::string& body,
+    const std::string& api_key = "") {
+  namespace http = boost::beast::http;
   http::request<http::string_body> req(method == "POST" ? http::verb::post : http::verb::get, target, 11);
   req.set(http::field::host, "127.0.0.1");
   req.set(http::field::content_type, "application/json");
   if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
   req.body() = body;
   req.prepare_payload();
-  http::write(sock, req);
+  return req;
+}
+
+// Reads one response from `sock`, then shuts the socket down.
+inline HttpResult read_http_response(boost::asio::ip::tcp::socket& sock) {
+  namespace beast = boost::beast;
   beast::flat_buffer buf;
-  http::response_parser<http::string_body> parser;
+  beast::http::response_parser<beast::http::string_body> parser;
   parser.body_limit(64 << 20);
-  http::read(sock, buf, parser);
+  beast::http::read(sock, buf, parser);
   beast::error_code ec;
   sock.shutdown(boost::asio::ip::tcp::socket::shutdown_both, ec);
   return {int(parser.get().result_int()), parser.get().body()};
+}
+
+inline HttpResult http_request(int port, const std::string& method, const std::string& target,
+                               const std::string& body = "", const std::string& api_key = "") {
+  boost::asio::io_context ioc;
+  boost::asio::ip::tcp::socket sock(ioc);
+  sock.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+  boost::beast::http::write(sock, make_http_request(method, target, body, api_key));
+  return read_http_response(sock);
 }
 
 inline HttpResult post_json(int port, const std::string& target, const nlohmann::json& body,
@@ -65,8 +77,6 @@ inline HttpResult post_json(int port, const std::string& target, const nlohmann:
 // the reason as its body.
 inline std::vector<HttpResult> post_json_at_once(int port, const std::string& target,
                                                  const std::vector<nlohmann::json>& bodies) {
-  namespace beast = boost::beast;
-  namespace http = beast::http;
   boost::asio::io_context ioc;
   std::vector<boost::asio::ip::tcp::socket> socks;
   std::vector<HttpResult> out(bodies.size());
@@ -84,27 +94,10 @@ inline std::vector<HttpResult> post_json_at_once(int port, const std::string& ta
     socks.emplace_back(ioc);
     attempt(i, [&] { socks[i].connect({boost::asio::ip::make_address("127.0.0.1"), uint16_t(port)}); });
   }
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    attempt(i, [&] {
-      http::request<http::string_body> req(http::verb::post, target, 11);
-      req.set(http::field::host, "127.0.0.1");
-      req.set(http::field::content_type, "application/json");
-      req.body() = bodies[i].dump();
-      req.prepare_payload();
-      http::write(socks[i], req);
-    });
-  }
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    attempt(i, [&] {
-      beast::flat_buffer buf;
-      http::response_parser<http::string_body> parser;
-      parser.body_limit(64 << 20);
-      http::read(socks[i], buf, parser);
-      out[i] = {int(parser.get().result_int()), parser.get().body()};
-      beast::error_code ec;
-      socks[i].shutdown(boost::asio::ip::tcp::socket::shutdown_both, ec);
-    });
-  }
+  for (size_t i = 0; i < bodies.size(); ++i)
+    attempt(
+        i, [&] { boost::beast::http::write(socks[i], make_http_request("POST", target, bodies[i].dump())); });
+  for (size_t i = 0; i < bodies.size(); ++i) attempt(i, [&] { out[i] = read_http_response(socks[i]); });
   return out;
 }
 

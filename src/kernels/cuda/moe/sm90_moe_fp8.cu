@@ -303,25 +303,11 @@ __device__ __forceinline__ void ws_consume(const MoeFp8GemmParams& p, uint8_t* s
       const uint32_t a_addr = mma::smem_addr(smem + size_t(st) * kA + q * 64 * 128);
       const uint32_t b_addr = mma::smem_addr(smem + size_t(kStages) * kA + size_t(st) * kB);
       float blk[kAcc];
-      mma::wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        mma::wgmma_m64nk32_e4m3<NW>(blk, mma::wgmma_desc_sw128(a_addr + k * 32),
-                                    mma::wgmma_desc_sw128(b_addr + k * 32), k);
-      mma::wgmma_commit();
+      ws_issue<NW>(blk, a_addr, b_addr);
       const float sw_next = i + 1 < nkb ? __ldg(sc + i + 1) : 0.0f;
       mma::wgmma_wait<0>();
       mma::wgmma_fence_operands(blk);
-      const float* xs = reinterpret_cast<const float*>(smem + kXsOff) + st * kTok;
-#pragma unroll
-      for (int j = 0; j < kAcc / 4; ++j) {
-        const float2 x = *reinterpret_cast<const float2*>(xs + 8 * j + 2 * c4);
-        const float s0 = sw * x.x, s1 = sw * x.y;
-        acc[4 * j + 0] += blk[4 * j + 0] * s0;
-        acc[4 * j + 1] += blk[4 * j + 1] * s1;
-        acc[4 * j + 2] += blk[4 * j + 2] * s0;
-        acc[4 * j + 3] += blk[4 * j + 3] * s1;
-      }
+      ws_fold<NW, 0>(acc, blk, reinterpret_cast<const float*>(smem + kXsOff) + st * kTok, sw, 0, c4);
       mma::mbar_arrive(empty + st);
       sw = sw_next;
     }
