@@ -60,11 +60,14 @@ struct MlaBenchFlags {
   int forced_splits = 0;                  // --mla-splits N: N key splits (to check mla_decode_splits' choice)
   int64_t pool_slots = int64_t(4) << 20;  // --pool-slots N (16384 keeps the cache inside L2)
   MlaV5Order v5_order = MlaV5Order::automatic;  // --mla-v5-order early|late
+  bool head_groups_adjacent = false;            // --mla-head-groups apart|adjacent (v5 above 64 heads)
 };
 
 void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
   const int64_t only_heads = fl.only_heads, only_batch = fl.only_batch;
   const int forced_splits = fl.forced_splits;
+  if (fl.head_groups_adjacent)
+    std::printf("\nv5 above 64 heads: a row's head groups on neighbouring blocks\n");
   header(
       "### sparse / dense MLA decode (absorbed, 576/512), one query token per request (q=2: two, a verify)");
   // 4M token slots shared by all requests (4.8 GB bf16: every read comes from HBM); --pool-slots 16384
@@ -136,6 +139,7 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
       p.scale = 0.0625f;
       p.format = f;
       p.v5_order = fl.v5_order;
+      p.head_groups_adjacent = fl.head_groups_adjacent;
       p.out = dev_alloc<float>(size_t(B * nh * kMlaLatent));
       // The default kernel for the shape, and (at one context per shape) the other to compare (v5, 64 heads
       // a block, only above 16 heads).
@@ -675,7 +679,7 @@ int main(int argc, char** argv) {
   // An argument picks one table: "indexer", "mla", "prefill" or "mha" (default: all); "mla HEADS BATCH" runs
   // only the MLA decode cases of that shape (for a profiler). Flags (anywhere): --mla-splits N, --pool-slots
   // N,
-  // --mla-v5-order early|late (MlaBenchFlags).
+  // --mla-v5-order early|late, --mla-head-groups apart|adjacent (MlaBenchFlags).
   std::vector<std::string> pos;
   MlaBenchFlags fl;
   for (int i = 1; i < argc; ++i) {
@@ -698,6 +702,14 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "attention_gpu_bench: %s\n", e.what());
         return 2;
       }
+    } else if (a == "--mla-head-groups") {
+      const std::string v = value();
+      if (v != "apart" && v != "adjacent") {
+        std::fprintf(stderr, "attention_gpu_bench: --mla-head-groups: %s is not apart or adjacent\n",
+                     v.c_str());
+        return 2;
+      }
+      fl.head_groups_adjacent = v == "adjacent";
     } else {
       pos.push_back(a);
     }

@@ -156,6 +156,11 @@ inline constexpr bool kPdlDefault = false;
 struct KernelOptions {
   MlaDecodeKernel mla_decode = MlaDecodeKernel::automatic;
   MlaV5Order mla_v5_order = MlaV5Order::automatic;
+  // v5's grid with more than 64 heads: false puts a row's head groups of 64 on grid.y (each group's blocks
+  // run one after another, a wave apart); true puts them on neighbouring blocks of grid.x, so that they run
+  // in the same wave and the later ones find the row's keys in L2 (MlaDecodeParams::head_groups_adjacent).
+  // Same values bit for bit; no flag (tests and attention_gpu_bench set it) until measured.
+  bool mla_head_groups_adjacent = false;
   IndexerScoreKernel indexer_score = IndexerScoreKernel::automatic;
   IndexerSelectPath indexer_select = IndexerSelectPath::automatic;
   GemmPrecision gemm = GemmPrecision::fast;

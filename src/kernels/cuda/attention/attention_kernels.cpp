@@ -132,6 +132,7 @@ Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache
   p.max_keys = sel.defined() ? p.sel_k : max_len;
   p.kernel = opts.mla_decode;
   p.v5_order = opts.mla_v5_order;
+  p.head_groups_adjacent = opts.mla_head_groups_adjacent;
   p.pdl = opts.pdl;
   const MlaRowsPlan plan =
       given != nullptr && given->planned ? *given : plan_mla_decode(R, nh, p.max_keys, opts);

@@ -227,6 +227,7 @@ cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.heads == 0) return cudaSuccess;
   if (p.splits < 1 || (p.splits > 1 && (!p.partial_out || !p.partial_lse))) return cudaErrorInvalidValue;
   if (p.page_size <= 0 || p.page_size > 0x7fffffff) return cudaErrorInvalidValue;  // kernels split in 32 bits
+  if (p.rows * ((p.heads + 63) / 64) > 0x7fffffff) return cudaErrorInvalidValue;   // v5_grid's x (adjacent)
   const MlaDecodeKernel kernel = mla_decode_kernel(p);
   const cudaError_t e = kernel == MlaDecodeKernel::v2 ? mla_detail::launch_decode_v2(p, stream)
                                                       : mla_detail::launch_decode_v5(p, stream);

@@ -27,6 +27,27 @@ __device__ __forceinline__ uint32_t swz(int rows, int r, int cc) {
 
 constexpr size_t align1024(size_t x) { return (x + 1023) / 1024 * 1024; }
 
+// v5's blocks (kRows heads each): a row's head groups on grid.y, or with p.head_groups_adjacent on
+// neighbouring blocks of grid.x (block x = row * groups + group), so that they run in the same wave and the
+// later groups gather the row's keys from L2; the key splits on grid.z either way. v5_block: this block's
+// query row and first head.
+template <int kRows>
+inline dim3 v5_grid(const MlaDecodeParams& p) {
+  const unsigned groups = unsigned((p.heads + kRows - 1) / kRows);
+  return p.head_groups_adjacent ? dim3(unsigned(p.rows) * groups, 1, unsigned(p.splits))
+                                : dim3(unsigned(p.rows), groups, unsigned(p.splits));
+}
+struct V5Block {
+  int row;
+  int64_t h0;
+};
+template <int kRows>
+__device__ __forceinline__ V5Block v5_block(const MlaDecodeParams& p) {
+  if (!p.head_groups_adjacent) return {int(blockIdx.x), int64_t(blockIdx.y) * kRows};
+  const unsigned groups = unsigned((p.heads + kRows - 1) / kRows);
+  return {int(blockIdx.x / groups), int64_t(blockIdx.x % groups) * kRows};
+}
+
 // A key's cache slot: page id (-1: no key) and position within the page.
 struct KeySlot {
   int32_t page;

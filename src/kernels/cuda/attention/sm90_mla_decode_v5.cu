@@ -63,8 +63,9 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff5);
   uint64_t* ofree = full + kStages5;
 
-  const int row = blockIdx.x, split = blockIdx.z;
-  const int64_t h0 = int64_t(blockIdx.y) * kRows5;
+  const V5Block blk = v5_block<kRows5>(p);
+  const int row = blk.row, split = blockIdx.z;
+  const int64_t h0 = blk.h0;
   const int tid = threadIdx.x, wt = tid & 127;
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform to the compiler: wgmma stays async
   const int wi = wt >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
@@ -138,7 +139,7 @@ cudaError_t launch_v5(const MlaDecodeParams& p, cudaStream_t stream) {
   const cudaError_t e =
       set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_mla_decode_v5_kernel<kEarly>), int(kSmem5));
   if (e != cudaSuccess) return e;
-  const dim3 grid(unsigned(p.rows), unsigned((p.heads + kRows5 - 1) / kRows5), unsigned(p.splits));
+  const dim3 grid = v5_grid<kRows5>(p);
   return launch_pdl(p.pdl, sm90_mla_decode_v5_kernel<kEarly>, grid, dim3(kThreads), kSmem5, stream, p);
 }
 

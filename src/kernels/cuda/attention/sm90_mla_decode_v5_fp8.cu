@@ -59,8 +59,9 @@ __global__ void __launch_bounds__(kThreadsF, 1) sm90_mla_decode_v5_fp8_kernel(co
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOffF);
   uint64_t* ofree = full + kStagesF;
 
-  const int row = blockIdx.x, split = blockIdx.z;
-  const int64_t h0 = int64_t(blockIdx.y) * kRowsF;
+  const V5Block blk = v5_block<kRowsF>(p);
+  const int row = blk.row, split = blockIdx.z;
+  const int64_t h0 = blk.h0;
   const int tid = threadIdx.x, wt = tid & 127;
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform to the compiler: wgmma stays async
 
@@ -175,7 +176,7 @@ cudaError_t launch_v5_fp8(const MlaDecodeParams& p, cudaStream_t stream) {
   const cudaError_t e =
       set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_mla_decode_v5_fp8_kernel<kEarly>), int(kSmemF));
   if (e != cudaSuccess) return e;
-  const dim3 grid(unsigned(p.rows), unsigned((p.heads + kRowsF - 1) / kRowsF), unsigned(p.splits));
+  const dim3 grid = v5_grid<kRowsF>(p);
   return launch_pdl(p.pdl, sm90_mla_decode_v5_fp8_kernel<kEarly>, grid, dim3(kThreadsF), kSmemF, stream, p);
 }
 

@@ -98,10 +98,10 @@ void random_selection(int64_t len, int64_t topk, Rng& r, int32_t* dst) {
   for (int64_t j = 0; j < topk; ++j) dst[j] = j < k ? pos[size_t(j)] : -1;
 }
 
-// One ragged decode batch (one row per request): GPU vs the CPU op per row.
+// One ragged decode batch (one row per request): GPU vs the CPU op per row; returns the GPU's output.
 // `ko`: the kernel choice (KernelOptions::mla_decode; automatic: the selector's default for the shape).
-void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat f, int64_t topk,
-                      uint64_t seed, const KernelOptions& ko = {}) {
+Tensor run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat f, int64_t topk,
+                        uint64_t seed, const KernelOptions& ko = {}) {
   Rng r(seed);
   const Paging pg = make_paging(lens, r);
   const LatentCache cache = make_latent(pg.num_pages * kPage, f, r);
@@ -151,6 +151,7 @@ void run_decode_batch(const std::vector<int64_t>& lens, int64_t nh, MlaKvFormat 
     EXPECT_LE(e.rel(), tol) << "row " << b << " ctx " << lens[size_t(b)];
     EXPECT_TRUE(src_ok) << "row " << b << extra;
   }
+  return got;
 }
 
 const std::vector<int64_t> kContexts = {1, 63, 64, 65, 2048, 2049, 8191, 32768};
@@ -321,6 +322,28 @@ void run_wgmma_kernel_cases(MlaDecodeKernel kernel) {
 // dequantises: sm90_mla_decode_v5_fp8.cu).
 TEST_F(CudaMlaDecode, PingPongKernelV5) {
   run_isolated([] { run_wgmma_kernel_cases(MlaDecodeKernel::v5); });
+}
+
+// KernelOptions::mla_head_groups_adjacent moves v5's blocks, not its arithmetic: the same output bits as
+// the head groups on grid.y (and both within the CPU op's tolerance), at DeepSeek-V3.2's 128 heads and a
+// partial second group (96), sparse and dense, both cache formats, with key splits (four rows).
+TEST_F(CudaMlaDecode, HeadGroupsAdjacentAreBitIdentical) {
+  run_isolated([] {
+    const KernelOptions apart = with_kernel(MlaDecodeKernel::v5);
+    KernelOptions adjacent = apart;
+    adjacent.mla_head_groups_adjacent = true;
+    const std::vector<int64_t> lens = {2049, 1, 64, 5000};
+    for (MlaKvFormat f : {MlaKvFormat::bf16, MlaKvFormat::fp8_e4m3})
+      for (int64_t nh : {128, 96})
+        for (int64_t topk : {2048, 0}) {
+          const uint64_t seed = 110 + uint64_t(nh) + uint64_t(topk);
+          const Tensor a = run_decode_batch(lens, nh, f, topk, seed, apart);
+          const Tensor b = run_decode_batch(lens, nh, f, topk, seed, adjacent);
+          ASSERT_EQ(a.numel(), b.numel());
+          EXPECT_EQ(std::memcmp(a.data<float>(), b.data<float>(), size_t(a.numel()) * sizeof(float)), 0)
+              << fmt_name(f) << " heads " << nh << " topk " << topk;
+        }
+  });
 }
 
 // The ops.h contract (T rows of one request at start_pos + t, causal, with a selection holding -1).
