@@ -75,10 +75,10 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
   const int64_t pool_slots = std::max<int64_t>(kPage, fl.pool_slots);
   void* cache_bf16 = dev_alloc<unsigned char>(size_t(pool_slots) * kMlaBf16RowBytes);
   void* cache_fp8 = dev_alloc<unsigned char>(size_t(pool_slots) * kMlaFp8RowBytes);
-  CK(cudaMemset(cache_bf16, 0x3c,
-                size_t(pool_slots) * kMlaBf16RowBytes));  // bf16 0.0115; fp8 1.5, scale 0.0115
-  CK(cudaMemset(cache_fp8, 0x3c, size_t(pool_slots) * kMlaFp8RowBytes));
   std::mt19937_64 rng(1);
+  static_assert(kMlaFp8RowBytes == kFp8MlaRowBytes, "flushed_timing.h's FP8 rows");
+  fill_device(cache_fp8, size_t(pool_slots) * kMlaFp8RowBytes, random_fp8_mla_rows(rng));  // as the peer's
+  fill_device(cache_bf16, size_t(pool_slots) * kMlaBf16RowBytes, random_bf16_rows(rng, kMlaDim));
   const int64_t topk = 2048;
   struct Case {
     int64_t heads, batch, ctx;

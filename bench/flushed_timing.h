@@ -6,8 +6,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #define CK(x)                                                                                             \
@@ -75,6 +78,47 @@ double time_us(F&& fn, void* flush, int reps = 20) {
   CK(cudaEventDestroy(b));
   std::sort(ms.begin(), ms.end());
   return double(ms[ms.size() / 2]) * 1000.0;
+}
+
+// The KV rows both benches fill their latent pools with, kPatternRows random rows repeated (slot s holds row
+// s % kPatternRows), so that both kernels see the same kind of data (the row maxima move from tile to
+// tile, as with real keys; a constant cache would skip the online softmax's rescales):
+// random_fp8_mla_rows: 656-byte rows (512 e4m3 codes with exponent < 15, 4 f32 scales in [0.01, 0.02),
+// 64 bf16 rope values in [-1, 1]); random_bf16_rows: `values` bf16 values a row in [-1, 1].
+inline constexpr int kPatternRows = 4096;
+inline constexpr int kFp8MlaRowBytes = 656;
+
+inline uint16_t bf16_bits(float v) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+inline std::vector<unsigned char> random_fp8_mla_rows(std::mt19937_64& rng) {
+  std::vector<unsigned char> pat(size_t(kPatternRows) * kFp8MlaRowBytes);
+  for (int r = 0; r < kPatternRows; ++r) {
+    unsigned char* x = pat.data() + size_t(r) * kFp8MlaRowBytes;
+    for (int i = 0; i < 512; ++i) x[i] = static_cast<unsigned char>(rng() & 0xf7u);  // exponent < 15
+    for (int i = 0; i < 4; ++i) {
+      const float s = 0.01f + float(rng() % 1000) * 1e-5f;
+      std::memcpy(x + 512 + 4 * i, &s, 4);
+    }
+    for (int i = 0; i < 64; ++i) {
+      const uint16_t b = bf16_bits(float(int64_t(rng() % 2001) - 1000) * 1e-3f);
+      std::memcpy(x + 528 + 2 * i, &b, 2);
+    }
+  }
+  return pat;
+}
+
+inline std::vector<unsigned char> random_bf16_rows(std::mt19937_64& rng, size_t values) {
+  std::vector<unsigned char> pat(size_t(kPatternRows) * values * 2);
+  for (size_t i = 0; i < pat.size(); i += 2) {
+    const uint16_t b = bf16_bits(float(int64_t(rng() % 2001) - 1000) * 1e-3f);
+    std::memcpy(pat.data() + i, &b, 2);
+  }
+  return pat;
 }
 
 }  // namespace dsaserve::bench

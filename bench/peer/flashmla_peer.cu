@@ -54,17 +54,10 @@ constexpr int kDqk = 576, kDv = 512, kTopk = 2048;
 constexpr int kFp8RowBytes = 656;        // 512 e4m3 codes, 4 f32 scales (one per 128), 64 bf16 rope
 constexpr int kBf16RowBytes = kDqk * 2;  // 1152
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kPatternRows = 4096;  // the pools repeat this many random rows (slot s holds row s % 4096)
+static_assert(kFp8RowBytes == kFp8MlaRowBytes, "flushed_timing.h's FP8 rows");
 // FlashMLA's decode scheduler constants for SM90 (csrc/api/sparse_decode.h / dense_decode.h): 64 keys a
 // block, 5 blocks of fixed cost per request.
 constexpr int kSchedBlock = 64, kSchedOverhead = 5;
-
-uint16_t bf16_bits(float v) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
 
 float bf16_value(uint16_t h) {
   const uint32_t u = uint32_t(h) << 16;
@@ -111,25 +104,9 @@ Pools make_pools(int64_t slots, std::mt19937_64& rng) {
   p.slots = p.pages * kPage;
   p.fp8 = dev_alloc<unsigned char>(size_t(p.slots) * kFp8RowBytes);
   p.bf16 = dev_alloc<uint16_t>(size_t(p.slots) * kDqk);
-  std::vector<unsigned char> pat(size_t(kPatternRows) * kFp8RowBytes);
-  for (int r = 0; r < kPatternRows; ++r) {
-    unsigned char* x = pat.data() + size_t(r) * kFp8RowBytes;
-    for (int i = 0; i < 512; ++i) x[i] = static_cast<unsigned char>(rng() & 0xf7u);  // exponent < 15
-    for (int i = 0; i < 4; ++i) {
-      const float s = 0.01f + float(rng() % 1000) * 1e-5f;
-      std::memcpy(x + 512 + 4 * i, &s, 4);
-    }
-    for (int i = 0; i < 64; ++i) {
-      const uint16_t h = bf16_bits(float(int64_t(rng() % 2001) - 1000) * 1e-3f);
-      std::memcpy(x + 528 + 2 * i, &h, 2);
-    }
-  }
+  std::vector<unsigned char> pat = random_fp8_mla_rows(rng);
   fill_device(p.fp8, size_t(p.slots) * kFp8RowBytes, pat);
-  std::vector<unsigned char> patb(size_t(kPatternRows) * kBf16RowBytes);
-  for (size_t i = 0; i < patb.size(); i += 2) {
-    const uint16_t h = bf16_bits(float(int64_t(rng() % 2001) - 1000) * 1e-3f);
-    std::memcpy(patb.data() + i, &h, 2);
-  }
+  const std::vector<unsigned char> patb = random_bf16_rows(rng, kDqk);
   fill_device(p.bf16, size_t(p.slots) * kBf16RowBytes, patb);
   p.fp8_rows = std::move(pat);
   p.bf16_rows.resize(patb.size() / 2);
