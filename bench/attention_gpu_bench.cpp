@@ -60,14 +60,14 @@ struct MlaBenchFlags {
   int forced_splits = 0;                  // --mla-splits N: N key splits (to check mla_decode_splits' choice)
   int64_t pool_slots = int64_t(4) << 20;  // --pool-slots N (16384 keeps the cache inside L2)
   MlaV5Order v5_order = MlaV5Order::automatic;  // --mla-v5-order early|late
-  bool head_groups_adjacent = false;            // --mla-head-groups apart|adjacent (v5 above 64 heads)
+  bool head_groups_adjacent = true;             // --mla-head-groups apart|adjacent (v5 above 64 heads)
 };
 
 void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
   const int64_t only_heads = fl.only_heads, only_batch = fl.only_batch;
   const int forced_splits = fl.forced_splits;
-  if (fl.head_groups_adjacent)
-    std::printf("\nv5 above 64 heads: a row's head groups on neighbouring blocks\n");
+  if (!fl.head_groups_adjacent)
+    std::printf("\nv5 above 64 heads: a row's head groups on grid.y (--mla-head-groups apart)\n");
   header(
       "### sparse / dense MLA decode (absorbed, 576/512), one query token per request (q=2: two, a verify)");
   // 4M token slots shared by all requests (4.8 GB bf16: every read comes from HBM); --pool-slots 16384

@@ -157,7 +157,7 @@ std::string describe(const KernelOptions& o) {
          (o.moe_fp8_tile_rows != 0 ? fmt::format(" moe_fp8_tile_rows={}", o.moe_fp8_tile_rows) : "") +
          (o.moe_fp8_split_min_rows != 0 ? fmt::format(" moe_fp8_split_min_rows={}", o.moe_fp8_split_min_rows)
                                         : "") +
-         (o.mla_head_groups_adjacent ? " mla_head_groups_adjacent=1" : "") +
+         (!o.mla_head_groups_adjacent ? " mla_head_groups_adjacent=0" : "") +
          (o.mha != MhaKernel::automatic ? fmt::format(" mha={}", name(o.mha)) : "") +
          (o.pdl != kPdlDefault ? fmt::format(" pdl={}", pdl_name(o.pdl)) : "") +
          (o.gemm_split_fused_min_tokens != kGemmSplitFusedDefaultTokens

@@ -178,11 +178,11 @@ TEST(KernelOptionsNames, RoundTripAndErrors) {
   EXPECT_EQ(describe(split),
             "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast "
             "gemm_fp8_small_max_tokens=8 moe=auto moe_fp8_split_min_rows=64");
-  KernelOptions adjacent;
-  adjacent.mla_head_groups_adjacent = true;
-  EXPECT_EQ(describe(adjacent),
+  KernelOptions apart;
+  apart.mla_head_groups_adjacent = false;
+  EXPECT_EQ(describe(apart),
             "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast "
-            "gemm_fp8_small_max_tokens=8 moe=auto mla_head_groups_adjacent=1");
+            "gemm_fp8_small_max_tokens=8 moe=auto mla_head_groups_adjacent=0");
   EXPECT_EQ(check_moe_fp8_split_min_rows(128, "--moe-fp8-split-min-rows"), 128);
   EXPECT_EQ(check_moe_fp8_split_min_rows(0, "--moe-fp8-split-min-rows"), 0);
   for (int bad : {-1, 1, 32, 96, 256}) {

@@ -93,7 +93,7 @@ struct MlaDecodeParams {
   MlaV5Order v5_order = MlaV5Order::automatic;
   // v5 (64 heads a block) with more than 64 heads: a row's head groups on neighbouring blocks of grid.x
   // (KernelOptions::mla_head_groups_adjacent; v5_grid / v5_block in sm90_mla_decode.cuh), else on grid.y.
-  bool head_groups_adjacent = false;
+  bool head_groups_adjacent = true;
   // KernelOptions::pdl (common/pdl.cuh): the decode kernel as a programmatic dependent launch (the split
   // combine is one whatever it says: it follows the decode kernel of the same call).
   bool pdl = false;

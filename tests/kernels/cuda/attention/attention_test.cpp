@@ -329,8 +329,8 @@ TEST_F(CudaMlaDecode, PingPongKernelV5) {
 // partial second group (96), sparse and dense, both cache formats, with key splits (four rows).
 TEST_F(CudaMlaDecode, HeadGroupsAdjacentAreBitIdentical) {
   run_isolated([] {
-    const KernelOptions apart = with_kernel(MlaDecodeKernel::v5);
-    KernelOptions adjacent = apart;
+    KernelOptions apart = with_kernel(MlaDecodeKernel::v5), adjacent = apart;
+    apart.mla_head_groups_adjacent = false;
     adjacent.mla_head_groups_adjacent = true;
     const std::vector<int64_t> lens = {2049, 1, 64, 5000};
     for (MlaKvFormat f : {MlaKvFormat::bf16, MlaKvFormat::fp8_e4m3})
