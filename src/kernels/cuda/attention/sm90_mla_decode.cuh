@@ -80,14 +80,25 @@ struct RowKeys {
     ps32 = p.page_size > 0 && p.page_size <= 0x7fffffff;
     ps = ps32 ? uint32_t(p.page_size) : 1u;
   }
-  // The position of list entry li (>= k_begin), or -1 past the chunk / for an entry outside the row.
-  __device__ __forceinline__ int64_t position(int64_t li) const {
+  // List entry li (>= k_begin) as stored, or -1 past the chunk: a position not yet checked against the
+  // row (slot() checks it). Unchecked and 32-bit, so nothing consumes the load until slot(): callers fetch
+  // it a step before they need its page, and the index load's latency stays off their critical path
+  // (measured: validating here stalled v5's FP8 producer on every tile).
+  __device__ __forceinline__ int32_t position(int64_t li) const {
     if (li >= k_end) return -1;
-    const int64_t pos = p.sel ? int64_t(p.sel[int64_t(row) * p.sel_stride + li]) : li;
-    return pos >= 0 && pos < n_vis && ps32 ? pos : -1;
+    return p.sel ? p.sel[int64_t(row) * p.sel_stride + li] : int32_t(li);
   }
-  __device__ __forceinline__ KeySlot slot(int64_t pos) const {
-    if (pos < 0) return {-1, 0};
+  // Where position `pos`'s page id is stored (null: outside the row) and its offset in the page.
+  __device__ __forceinline__ const int32_t* page_entry(int32_t pos, int32_t& off) const {
+    if (pos < 0 || pos >= n_vis || !ps32) return nullptr;
+    const uint32_t pi = uint32_t(pos) / ps;
+    if (int64_t(pi) >= p.pt_cols) return nullptr;
+    off = int32_t(uint32_t(pos) - pi * ps);
+    return p.page_table + seq * p.pt_stride + pi;
+  }
+  // The slot of position `pos` (from position()); page -1 for an entry outside the row.
+  __device__ __forceinline__ KeySlot slot(int32_t pos) const {
+    if (pos < 0 || pos >= n_vis || !ps32) return {-1, 0};
     const uint32_t pi = uint32_t(pos) / ps;
     if (int64_t(pi) >= p.pt_cols) return {-1, 0};
     return {p.page_table[seq * p.pt_stride + pi], int32_t(uint32_t(pos) - pi * ps)};

@@ -70,10 +70,10 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
   // tensor-core work. Positions are < 2^31 (row_len is i32): one 32-bit division per key.
   constexpr int kTpr = kThreads / C::kHalf;
   const int my_r = tid / kTpr, my_sub = tid % kTpr;
-  auto fetch_pos = [&](int u) -> int64_t {  // -1: no key
+  auto fetch_pos = [&](int u) -> int32_t {  // -1: no key
     return u < n_halves ? keys.position(keys.k_begin + int64_t(u) * C::kHalf + my_r) : -1;
   };
-  auto fetch_page = [&](int64_t pos) { return keys.slot(pos); };
+  auto fetch_page = [&](int32_t pos) { return keys.slot(pos); };
   auto issue = [&](int u, KeySlot s) {  // half u, when it exists; always one commit group
     if (u < n_halves) {
       const int sl = u % C::kSlots;
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v2_kernel(const M
 
   for (int u = 0; u < C::kSlots - 2; ++u) issue(u, fetch_page(fetch_pos(u)));
   KeySlot slot_a0 = fetch_page(fetch_pos(C::kSlots - 2)), slot_a1 = fetch_page(fetch_pos(C::kSlots - 1));
-  int64_t pos_b0 = fetch_pos(C::kSlots), pos_b1 = fetch_pos(C::kSlots + 1);
+  int32_t pos_b0 = fetch_pos(C::kSlots), pos_b1 = fetch_pos(C::kSlots + 1);
 
   load_q_rows<C::kRows>([&](int r, int c) { return sQ + r * kLd + c; }, p, row, h0, tid);
 

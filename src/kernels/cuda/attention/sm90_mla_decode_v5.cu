@@ -88,13 +88,13 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
   // step early so the dependent index loads do not stall the copies.
   const int lr = wt >> 2, lsub = wt & 3;
   auto load_tile = [&](int k) { return 1 - wg + 2 * k; };
-  auto fetch_pos = [&](int k) -> int64_t {  // -1: no key
+  auto fetch_pos = [&](int k) -> int32_t {  // -1: no key
     const int t = load_tile(k);
     return t < n_tiles ? keys.position(keys.k_begin + int64_t(t) * kBn5 + lr) : -1;
   };
-  auto fetch_page = [&](int64_t pos) { return keys.slot(pos); };
+  auto fetch_page = [&](int32_t pos) { return keys.slot(pos); };
   KeySlot slot_a = fetch_page(fetch_pos(0));
-  int64_t pos_b = fetch_pos(1);
+  int32_t pos_b = fetch_pos(1);
   int next_load = 0;
   // Issues load `next_load` (its tile must exist) into its stage and counts it on the stage's barrier.
   auto issue_next = [&]() {

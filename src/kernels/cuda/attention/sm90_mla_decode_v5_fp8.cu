@@ -36,7 +36,16 @@ constexpr size_t kStageOffF = size_t(kRowsF) * kMlaDim * 2;  // 73728
 constexpr size_t kValidOffF = kStageOffF + size_t(kStagesF) * kTileF;
 constexpr size_t kMOffF = kValidOffF + size_t(kStagesF) * kBnF * 4;  // [2][64] f32 row maxima
 constexpr size_t kBarOffF = kMOffF + 2 * kRowsF * 4;                 // full[4], ofree[4]
-constexpr size_t kSmemF = kBarOffF + 2 * kStagesF * 8 + 1024;        // + base alignment
+// The producer's index rings: list entries are copied kSelAhead tiles ahead and page ids kPageAhead ahead.
+// The copies of iteration t have landed by iteration t + 2, so the rows of tile t + 2 (issued in iteration
+// t) need its page from iteration t - 2 or earlier, and that page its entry from two iterations before.
+// The prologue fills kSelAhead entries at once; a slot is rewritten kRing tiles later.
+constexpr int kSelAhead = 6, kPageAhead = 4, kRing = 8;
+static_assert(kPageAhead >= 2 + 2 && kSelAhead >= kPageAhead + 2 && kRing >= kSelAhead, "index rings");
+constexpr size_t kIdxOffF = kBarOffF + 2 * kStagesF * 8;              // [kRing][32] i32 stored positions
+constexpr size_t kPgOffF = kIdxOffF + size_t(kRing) * kBnF * 4;       // [kRing][32] i32 pages (-1: none)
+constexpr size_t kOfOffF = kPgOffF + size_t(kRing) * kBnF * 4;        // [kRing][32] i32 offsets in page
+constexpr size_t kSmemF = kOfOffF + size_t(kRing) * kBnF * 4 + 1024;  // + base alignment
 static_assert(kSmemF <= 227 * 1024, "shared memory");
 static_assert(kStageOffF % 1024 == 0 && kTileF % 1024 == 0, "swizzled tiles 1024-aligned");
 static_assert(kMlaFp8RowBytes % 16 == 0 && kRawOff5 % 16 == 0, "raw rows 16-aligned");
@@ -58,6 +67,9 @@ __global__ void __launch_bounds__(kThreadsF, 1) sm90_mla_decode_v5_fp8_kernel(co
   float* sM = reinterpret_cast<float*>(smem + kMOffF);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOffF);
   uint64_t* ofree = full + kStagesF;
+  int* sIdx = reinterpret_cast<int*>(smem + kIdxOffF);
+  int* sPg = reinterpret_cast<int*>(smem + kPgOffF);
+  int* sOf = reinterpret_cast<int*>(smem + kOfOffF);
 
   const V5Block blk = v5_block<kRowsF>(p);
   const int row = blk.row, split = blockIdx.z;
@@ -80,19 +92,48 @@ __global__ void __launch_bounds__(kThreadsF, 1) sm90_mla_decode_v5_fp8_kernel(co
     // Tile t's raw rows are gathered by cp.async into the tail of its own stage (kRawOff5: the bf16 tile
     // is written over them once every raw byte is in registers), issued two tiles ahead: once tile t - 2's
     // stage is released (`ofree`) tile t + 2 goes there, so two tiles (42 KB) are in flight while the
-    // consumers hold the other two stages. Issue: 4 threads a raw row (chunks isub + 4j of 41); the
-    // position of the tile after next and the page of the next are fetched a step early.
+    // consumers hold the other two stages. Issue: 4 threads a raw row (chunks isub + 4j of 41).
+    // The row's list entries and page ids reach shared memory the same way, by 4-byte cp.async in the tile
+    // groups (rings sIdx / sPg of kRing tiles): tile t + kSelAhead's entry and tile t + kPageAhead's page
+    // (from its entry, copied two groups earlier) go with tile t + 2's rows, so the wait for the rows
+    // covers them and no index or page-table load is ever waited for in the loop (a plain load of the
+    // entry, consumed a step later, stalled the producer on every tile: 7% of all the kernel's samples).
     // Dequantisation: 8 threads a row, rows lr and lr + 16: bf16 chunks lsub + 8m (m < 8: 8 codes at byte
     // 8 (lsub + 8m), scale m / 2) and rope chunk lsub; a warp's stores of one m fill one 128-byte row
     // of a column block (no bank conflicts).
     const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
     const int ir = wt >> 2, isub = wt & 3;
     const int lr = wt >> 3, lsub = wt & 7;
-    auto fetch_pos = [&](int t) -> int64_t {
-      return t < n_tiles ? keys.position(keys.k_begin + int64_t(t) * kBnF + ir) : -1;
+    const int32_t* sel_mine = p.sel ? p.sel + int64_t(row) * p.sel_stride + keys.k_begin + ir : nullptr;
+    const int n_mine = int(keys.k_end - keys.k_begin) - ir;  // row ir's entries: 32 t < n_mine
+    auto has = [&](int t) { return t < n_tiles && t * kBnF < n_mine; };
+    auto stored_pos = [&](int t) -> int32_t {  // after tile t's sel copy landed
+      if (!has(t)) return -1;
+      return sel_mine ? sIdx[(t % kRing) * kBnF + ir] : int32_t(keys.k_begin) + ir + t * kBnF;
     };
-    auto issue = [&](int t, KeySlot ks) {
+    auto copy_sel = [&](int t) {  // sel entry of tile t, row ir -> sIdx (lane isub 0, sparse rows)
+      if (!sel_mine || isub != 0) return;
+      int* d = sIdx + (t % kRing) * kBnF + ir;
+      if (has(t))
+        mma::cp_async4(d, sel_mine + t * kBnF, 4);
+      else
+        *d = -1;
+    };
+    auto copy_page = [&](int t) {  // page id of tile t, row ir -> sPg, offset -> sOf (lane isub 0)
+      if (isub != 0) return;
+      int32_t off = 0;
+      const int32_t* e = keys.page_entry(stored_pos(t), off);
+      const int i = (t % kRing) * kBnF + ir;
+      if (e)
+        mma::cp_async4(sPg + i, e, 4);
+      else
+        sPg[i] = -1;
+      sOf[i] = off;
+    };
+    auto issue = [&](int t) {
       const int s = t % kStagesF;
+      const int i = (t % kRing) * kBnF + ir;
+      const KeySlot ks{sPg[i], sOf[i]};
       const int64_t slot = int64_t(ks.page) * p.page_size + ks.off;
       const bool ok = ks.page >= 0 && slot < p.num_slots;
       const unsigned char* src = ok ? cache + slot * kMlaFp8RowBytes : cache;
@@ -104,15 +145,24 @@ __global__ void __launch_bounds__(kThreadsF, 1) sm90_mla_decode_v5_fp8_kernel(co
       }
       if (isub == 0) sValid[s * kBnF + ir] = ok ? 1 : 0;
     };
-    {
-      const KeySlot k0 = keys.slot(fetch_pos(0)), k1 = keys.slot(fetch_pos(1));
-      if (n_tiles > 0) issue(0, k0);
+    {  // prologue: positions of tiles 0 .. kSelAhead - 1 and pages of 0 .. kPageAhead - 1, synchronously
+      if (isub == 0)
+        for (int t = 0; t < kSelAhead; ++t)
+          sIdx[(t % kRing) * kBnF + ir] = has(t) && sel_mine ? sel_mine[t * kBnF] : -1;
+      __syncwarp();
+      for (int t = 0; t < kPageAhead; ++t)
+        if (isub == 0) {
+          int32_t off = 0;
+          const int32_t* e = keys.page_entry(stored_pos(t), off);
+          sPg[(t % kRing) * kBnF + ir] = e ? *e : -1;
+          sOf[(t % kRing) * kBnF + ir] = off;
+        }
+      __syncwarp();
+      if (n_tiles > 0) issue(0);
       mma::cp_async_commit();
-      if (n_tiles > 1) issue(1, k1);
+      if (n_tiles > 1) issue(1);
       mma::cp_async_commit();
     }
-    KeySlot ks_next = keys.slot(fetch_pos(2));
-    int64_t pos_after = fetch_pos(3);
     __syncthreads();  // the barriers are initialised
     mma::setmaxnreg_dec<kProducerRegs>();
     for (int t = 0; t < n_tiles; ++t) {
@@ -144,14 +194,13 @@ __global__ void __launch_bounds__(kThreadsF, 1) sm90_mla_decode_v5_fp8_kernel(co
       }
       mma::fence_proxy_async_smem();  // the stores -> visible to the consumers' wgmma
       mma::mbar_arrive(full + s);
-      // Tile t + 2 into the stage of tile t - 2 once both consumers multiplied it.
+      copy_page(t + kPageAhead);  // its sel copy: group t - 2, landed
+      copy_sel(t + kSelAhead);
       if (t + 2 < n_tiles) {
         if (t >= 2) mma::mbar_wait(ofree + (t + 2) % kStagesF, uint32_t((t - 2) / kStagesF) & 1u);
-        issue(t + 2, ks_next);
+        issue(t + 2);
       }
       mma::cp_async_commit();
-      ks_next = keys.slot(pos_after);
-      pos_after = fetch_pos(t + 4);
     }
     mma::cp_async_wait<0>();
     return;
