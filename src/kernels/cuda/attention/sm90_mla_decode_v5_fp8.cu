@@ -7,10 +7,12 @@
 // counts the tile on the stage's `full` mbarrier. A stage is refilled once both consumers multiplied its
 // tile (`ofree`, 256 arrivals). The values equal the bf16 copy's (launch_mla_cache_bf16_copy).
 //
-// Shared memory: Q 72 KB, four 36 KB stages (218 KB with the flags). Registers: the producer gives back to 88
-// a thread, the consumers take 208 (v5's accumulators: 128), within the 168 x 384 the launch holds.
-// Measured on the H200 (attention_gpu_bench, top-2048, 64 heads): batch 128 151 us (the removed v4, which
-// dequantised in the threads that multiply: 266; FlashMLA 122), batch 32 60 us (v4 87; FlashMLA 52).
+// Shared memory: Q 72 KB, four 36 KB stages (221 KB with the flags and the index rings). Registers: the
+// producer gives back to 88 a thread, the consumers take 208 (v5's accumulators: 128), within the 168 x 384
+// the launch holds. Measured on the H200 (attention_gpu_bench, top-2048, 64 heads): batch 128 151 us (the
+// removed v4, which dequantised in the threads that multiply: 266; FlashMLA 122), batch 32 60 us (v4 87;
+// FlashMLA 52); on an H100 with the index rings (2026-12-07): batch 128 144.5 us (without: 161.0; FlashMLA
+// 125.8), batch 32 57.5 (FlashMLA 56.7).
 #include "kernels/cuda/attention/sm90_mla_decode_v5.cuh"
 #include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/launch_util.cuh"
