@@ -198,6 +198,7 @@ __global__ void __launch_bounds__(kThreadsF, 1) sm90_mla_decode_v5_fp8_kernel(co
       mma::mbar_arrive(full + s);
       copy_page(t + kPageAhead);  // its sel copy: group t - 2, landed
       copy_sel(t + kSelAhead);
+      // Tile t + 2 into the stage of tile t - 2 once both consumers multiplied it.
       if (t + 2 < n_tiles) {
         if (t >= 2) mma::mbar_wait(ofree + (t + 2) % kStagesF, uint32_t((t - 2) / kStagesF) & 1u);
         issue(t + 2);
