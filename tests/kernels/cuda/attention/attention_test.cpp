@@ -527,6 +527,44 @@ TEST_F(CudaMlaDecode, RejectsBadInput) {
   EXPECT_THROW(mla_decode(q.slice(2, 0, 256), qr, cache, pt, kPage, {}, len, 1, {}, 1.0), Error);
 }
 
+// Selection entries are device data: one outside its row (negative, at or past the row's length, at the i32
+// extremes) is skipped exactly as a -1 is -- the same output bits -- and never becomes an address. Every
+// kernel checks an entry where it looks its page up (RowKeys::slot, page_entry), after loading it unchecked.
+TEST_F(CudaMlaDecode, OutOfRangeEntriesAreSkippedLikeMinusOne) {
+  const std::vector<int64_t> lens = {300, 2049, 64, 5000};
+  const int64_t B = int64_t(lens.size()), nh = 64, topk = 2048;
+  for (MlaDecodeKernel k : {MlaDecodeKernel::v2, MlaDecodeKernel::v5})
+    for (MlaKvFormat f : {MlaKvFormat::bf16, MlaKvFormat::fp8_e4m3}) {
+      Rng r(300 + uint64_t(k) * 2 + (f == MlaKvFormat::bf16 ? 0 : 1));
+      const Paging pg = make_paging(lens, r);
+      const LatentCache cache = make_latent(pg.num_pages * kPage, f, r);
+      const Tensor q_lat = rand_bf16_values({B, nh, kMlaLatent}, r, 2.0f).to(Device::cuda);
+      const Tensor q_rope = rand_bf16_values({B, nh, kMlaRope}, r, 2.0f).to(Device::cuda);
+      Tensor hostile = Tensor::empty({B, topk}, DType::i32), skipped = Tensor::empty({B, topk}, DType::i32);
+      for (int64_t b = 0; b < B; ++b) {
+        int32_t* h = hostile.data<int32_t>() + b * topk;
+        int32_t* s = skipped.data<int32_t>() + b * topk;
+        random_selection(lens[size_t(b)], topk, r, h);
+        const int32_t len = int32_t(lens[size_t(b)]);
+        const int32_t bad[] = {-5, len, len + 1000, 0x7fffffff, int32_t(0x80000000u)};
+        for (int64_t j = 0; j < topk; ++j) {
+          if (j % 7 == 3) h[j] = bad[(j / 7) % 5];
+          s[j] = h[j] >= 0 && h[j] < len ? h[j] : -1;
+        }
+      }
+      std::vector<int32_t> len32(lens.begin(), lens.end());
+      auto run = [&](const Tensor& sel) {
+        return mla_decode(q_lat, q_rope, cache.gpu, pg.table_gpu(), kPage, {}, gpu_i32(len32, {B}), 5000,
+                          sel.to(Device::cuda), 1.0 / 16.0, nullptr, with_kernel(k))
+            .to(Device::cpu);
+      };
+      const Tensor a = run(hostile), b = run(skipped);
+      ASSERT_EQ(a.numel(), b.numel());
+      EXPECT_EQ(std::memcmp(a.data<float>(), b.data<float>(), size_t(a.numel()) * sizeof(float)), 0)
+          << name(k) << " " << fmt_name(f);
+    }
+}
+
 class CudaIndexerTopk : public testing::GpuTest {};
 
 void run_indexer_batch(const std::vector<int64_t>& lens, int64_t ih, uint64_t seed, bool ties) {
