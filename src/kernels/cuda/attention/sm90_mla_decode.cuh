@@ -88,20 +88,26 @@ struct RowKeys {
     if (li >= k_end) return -1;
     return p.sel ? p.sel[int64_t(row) * p.sel_stride + li] : int32_t(li);
   }
+  // Position `pos` (from position()) as its page-table column pi and offset in the page; false for an
+  // entry outside the row (negative, at or past its length) or past the page table.
+  __device__ __forceinline__ bool locate(int32_t pos, uint32_t& pi, int32_t& off) const {
+    if (pos < 0 || pos >= n_vis || !ps32) return false;
+    pi = uint32_t(pos) / ps;
+    if (int64_t(pi) >= p.pt_cols) return false;
+    off = int32_t(uint32_t(pos) - pi * ps);
+    return true;
+  }
   // Where position `pos`'s page id is stored (null: outside the row) and its offset in the page.
   __device__ __forceinline__ const int32_t* page_entry(int32_t pos, int32_t& off) const {
-    if (pos < 0 || pos >= n_vis || !ps32) return nullptr;
-    const uint32_t pi = uint32_t(pos) / ps;
-    if (int64_t(pi) >= p.pt_cols) return nullptr;
-    off = int32_t(uint32_t(pos) - pi * ps);
-    return p.page_table + seq * p.pt_stride + pi;
+    uint32_t pi;
+    return locate(pos, pi, off) ? p.page_table + seq * p.pt_stride + pi : nullptr;
   }
   // The slot of position `pos` (from position()); page -1 for an entry outside the row.
   __device__ __forceinline__ KeySlot slot(int32_t pos) const {
-    if (pos < 0 || pos >= n_vis || !ps32) return {-1, 0};
-    const uint32_t pi = uint32_t(pos) / ps;
-    if (int64_t(pi) >= p.pt_cols) return {-1, 0};
-    return {p.page_table[seq * p.pt_stride + pi], int32_t(uint32_t(pos) - pi * ps)};
+    uint32_t pi;
+    int32_t off;
+    if (!locate(pos, pi, off)) return {-1, 0};
+    return {p.page_table[seq * p.pt_stride + pi], off};
   }
 };
 
