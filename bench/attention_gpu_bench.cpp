@@ -61,6 +61,8 @@ struct MlaBenchFlags {
   int64_t pool_slots = int64_t(4) << 20;  // --pool-slots N (16384 keeps the cache inside L2)
   MlaV5Order v5_order = MlaV5Order::automatic;  // --mla-v5-order early|late
   bool head_groups_adjacent = true;             // --mla-head-groups apart|adjacent (v5 above 64 heads)
+  MlaDecodeKernel kernel =
+      MlaDecodeKernel::automatic;  // --mla-kernel K: each case's first row (auto: default)
 };
 
 void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
@@ -141,10 +143,10 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
       p.v5_order = fl.v5_order;
       p.head_groups_adjacent = fl.head_groups_adjacent;
       p.out = dev_alloc<float>(size_t(B * nh * kMlaLatent));
-      // The default kernel for the shape, and (at one context per shape) the other to compare (v5, 64 heads
-      // a block, only above 16 heads).
+      // The default kernel for the shape (or --mla-kernel's), and (at one context per shape) the others to
+      // compare (v5, 64 heads a block, only above 16 heads).
       using K = MlaDecodeKernel;
-      const K dflt = select_mla_decode_kernel(K::automatic, nh, B);
+      const K dflt = select_mla_decode_kernel(fl.kernel, nh, B);
       const K kernels[3] = {dflt, K::v2, K::v5};
       for (int ki = 0; ki < 3; ++ki) {
         const K kernel = kernels[ki];
@@ -678,8 +680,8 @@ int main(int argc, char** argv) {
   void* flush = dev_alloc<unsigned char>(kFlushBytes);
   // An argument picks one table: "indexer", "mla", "prefill" or "mha" (default: all); "mla HEADS BATCH" runs
   // only the MLA decode cases of that shape (for a profiler). Flags (anywhere): --mla-splits N, --pool-slots
-  // N,
-  // --mla-v5-order early|late, --mla-head-groups apart|adjacent (MlaBenchFlags).
+  // N, --mla-v5-order early|late, --mla-head-groups apart|adjacent, --mla-kernel auto|v2|v5|v6
+  // (MlaBenchFlags).
   std::vector<std::string> pos;
   MlaBenchFlags fl;
   for (int i = 1; i < argc; ++i) {
@@ -698,6 +700,13 @@ int main(int argc, char** argv) {
     } else if (a == "--mla-v5-order") {
       try {
         fl.v5_order = parse_mla_v5_order(value(), "--mla-v5-order");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "attention_gpu_bench: %s\n", e.what());
+        return 2;
+      }
+    } else if (a == "--mla-kernel") {
+      try {
+        fl.kernel = parse_mla_decode_kernel(value(), "--mla-kernel");
       } catch (const std::exception& e) {
         std::fprintf(stderr, "attention_gpu_bench: %s\n", e.what());
         return 2;

@@ -17,8 +17,8 @@ MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t head
 
 bool select_mla_fp8_bf16_copy(MlaDecodeKernel requested, int64_t heads, int64_t rows, int64_t copy_tokens,
                               int64_t keys_per_row) {
-  if (requested != MlaDecodeKernel::automatic && requested != MlaDecodeKernel::v5) return false;
-  if (select_mla_decode_kernel(requested, heads, rows) != MlaDecodeKernel::v5) return false;
+  const MlaDecodeKernel k = select_mla_decode_kernel(requested, heads, rows);
+  if (k != MlaDecodeKernel::v5 && k != MlaDecodeKernel::v6) return false;
   if (copy_tokens <= 0 || copy_tokens > kMlaBf16CopyMaxTokens || rows <= 0 || keys_per_row <= 0) return false;
   return copy_tokens <= rows * keys_per_row / 16;
 }
@@ -66,8 +66,10 @@ namespace {
 template <typename E, size_t N>
 using Names = std::array<std::pair<E, std::string_view>, N>;
 
-constexpr Names<MlaDecodeKernel, 3> kMla{
-    {{MlaDecodeKernel::automatic, "auto"}, {MlaDecodeKernel::v2, "v2"}, {MlaDecodeKernel::v5, "v5"}}};
+constexpr Names<MlaDecodeKernel, 4> kMla{{{MlaDecodeKernel::automatic, "auto"},
+                                          {MlaDecodeKernel::v2, "v2"},
+                                          {MlaDecodeKernel::v5, "v5"},
+                                          {MlaDecodeKernel::v6, "v6"}}};
 constexpr Names<MlaV5Order, 3> kOrder{
     {{MlaV5Order::automatic, "auto"}, {MlaV5Order::early, "early"}, {MlaV5Order::late, "late"}}};
 constexpr Names<IndexerScoreKernel, 3> kScore{{{IndexerScoreKernel::automatic, "auto"},

@@ -21,8 +21,11 @@ namespace dsaserve::kernels {
 // warps; v5: 64 heads, Q K^T and P V by wgmma, the two warpgroups taking turns on whole key tiles (over an
 // FP8 cache fed by a third warpgroup that dequantises: sm90_mla_decode_v5_fp8.cu). v1, v3 and v4 were
 // removed as slower everywhere (v4, 64 heads with the warpgroups splitting each tile: FP8 top-2048 266 us at
-// batch 128 against v5's 151; bf16 188 against 133).
-enum class MlaDecodeKernel : int { automatic = 0, v2 = 2, v5 = 5 };
+// batch 128 against v5's 151; bf16 188 against 133). v6: 64 heads, 64-key blocks taken in pairs by the two
+// warpgroups, fed by a producer warpgroup (sm90_mla_decode_v6.cu); bf16 caches only: over an FP8 cache a
+// v6 request runs v5 (mla_decode_kernel of the launch's params says so), and prefill rows run it on their
+// bf16 copy (select_mla_fp8_bf16_copy).
+enum class MlaDecodeKernel : int { automatic = 0, v2 = 2, v5 = 5, v6 = 6 };
 // v5's order of the P V product and the next tile's reload: early (dense rows) or late (sparse rows).
 enum class MlaV5Order : int { automatic = 0, early = 1, late = 2 };
 
@@ -40,8 +43,8 @@ inline bool mla_decode_uses_v2(MlaDecodeKernel requested, int64_t heads, int64_t
   return select_mla_decode_kernel(requested, heads, rows) == MlaDecodeKernel::v2;
 }
 // Whether an MLA launch over an FP8 latent cache first copies its sequences' rows to bf16
-// (attention/mla_decode_params.h launch_mla_cache_bf16_copy) and runs v5 on the copy instead of on the FP8
-// rows: when `requested` is automatic or v5, the rows would run v5, and the copy is
+// (attention/mla_decode_params.h launch_mla_cache_bf16_copy) and runs v5 (or a requested v6) on the copy
+// instead of on the FP8 rows: when `requested` is automatic, v5 or v6, the rows would run it, and the copy is
 // small beside the keys the rows read (copy_tokens x 16 <= rows x keys_per_row: prefill chunks, never a
 // decode or verify batch) and at most kMlaBf16CopyMaxTokens tokens. Measured on the H200 (4K-token GLM-5.3
 // prefill, top-2048, 64 heads): v4 on FP8 rows 7.6 ms a layer, v5 on bf16 rows 3.6 ms; the copy of 4K rows

@@ -30,6 +30,8 @@ TEST(KernelSelect, MlaDecodeDefaults) {
 TEST(KernelSelect, MlaFp8Bf16CopyOnlyForPrefillSizedRows) {
   EXPECT_TRUE(select_mla_fp8_bf16_copy(K::automatic, 64, 4096, 4096, 2048));    // 4K prefill chunk
   EXPECT_TRUE(select_mla_fp8_bf16_copy(K::v5, 64, 4096, 131072, 2048));         // 4K chunk at 128K context
+  EXPECT_TRUE(select_mla_fp8_bf16_copy(K::v6, 64, 4096, 4096, 2048));           // v6 reads the copy too
+  EXPECT_TRUE(select_mla_fp8_bf16_copy(K::v6, 16, 4096, 4096, 2048));           // requested: any heads
   EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 64, 512, 131072, 2048));  // copy > keys / 16
   EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 64, 128, 128 * 4096, 2048));    // decode batch
   EXPECT_FALSE(select_mla_fp8_bf16_copy(K::automatic, 64, 32 * 6, 32 * 4096, 2048));  // verify batch
@@ -41,7 +43,7 @@ TEST(KernelSelect, MlaFp8Bf16CopyOnlyForPrefillSizedRows) {
 }
 
 TEST(KernelSelect, MlaDecodeRequestWins) {
-  for (K k : {K::v2, K::v5})
+  for (K k : {K::v2, K::v5, K::v6})
     for (int64_t nh : {8, 16, 64})
       for (int64_t rows : {-1, 1, 2, 4096}) EXPECT_EQ(select_mla_decode_kernel(k, nh, rows), k);
   // The split model follows the same choice (v2 or not), with or without a request.
@@ -50,6 +52,7 @@ TEST(KernelSelect, MlaDecodeRequestWins) {
   EXPECT_FALSE(mla_decode_uses_v2(K::automatic, 64, 3));
   EXPECT_FALSE(mla_decode_uses_v2(K::v5, 8, 1));
   EXPECT_TRUE(mla_decode_uses_v2(K::v2, 64, 4096));
+  EXPECT_FALSE(mla_decode_uses_v2(K::v6, 8, 1));
 }
 
 TEST(KernelSelect, MlaV5Order) {

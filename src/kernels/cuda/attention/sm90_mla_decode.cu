@@ -185,13 +185,16 @@ cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t 
 }
 
 MlaDecodeKernel mla_decode_kernel(const MlaDecodeParams& p) {
-  return select_mla_decode_kernel(p.kernel, p.heads, p.rows);
+  const MlaDecodeKernel k = select_mla_decode_kernel(p.kernel, p.heads, p.rows);
+  return k == MlaDecodeKernel::v6 && p.format != MlaKvFormat::bf16 ? MlaDecodeKernel::v5
+                                                                   : k;  // v6: bf16 only
 }
 
 int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms, MlaDecodeKernel requested) {
   const bool by16 = mla_decode_uses_v2(requested, heads, rows);  // v2: 16 heads and 64 keys a block
   const int64_t rows_per_block = by16 ? 16 : 64;
-  const int64_t tile = by16 ? 64 : 32;
+  const int64_t tile =
+      by16 || select_mla_decode_kernel(requested, heads, rows) == MlaDecodeKernel::v6 ? 64 : 32;
   const int64_t base = rows * ((heads + rows_per_block - 1) / rows_per_block);
   int64_t max_split = (max_keys + tile - 1) / tile;  // at least one tile per split
   if (max_split > 64) max_split = 64;
@@ -229,8 +232,9 @@ cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.page_size <= 0 || p.page_size > 0x7fffffff) return cudaErrorInvalidValue;  // kernels split in 32 bits
   if (p.rows * ((p.heads + 63) / 64) > 0x7fffffff) return cudaErrorInvalidValue;   // v5_grid's x (adjacent)
   const MlaDecodeKernel kernel = mla_decode_kernel(p);
-  const cudaError_t e = kernel == MlaDecodeKernel::v2 ? mla_detail::launch_decode_v2(p, stream)
-                                                      : mla_detail::launch_decode_v5(p, stream);
+  const cudaError_t e = kernel == MlaDecodeKernel::v2   ? mla_detail::launch_decode_v2(p, stream)
+                        : kernel == MlaDecodeKernel::v6 ? mla_detail::launch_decode_v6(p, stream)
+                                                        : mla_detail::launch_decode_v5(p, stream);
   if (e != cudaSuccess || p.splits == 1) return e;
   return launch_pdl(true, sm90_mla_combine_kernel, dim3(unsigned(p.rows), unsigned(p.heads)), dim3(128), 0,
                     stream, p);
