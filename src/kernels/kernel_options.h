@@ -22,9 +22,8 @@ namespace dsaserve::kernels {
 // FP8 cache fed by a third warpgroup that dequantises: sm90_mla_decode_v5_fp8.cu). v1, v3 and v4 were
 // removed as slower everywhere (v4, 64 heads with the warpgroups splitting each tile: FP8 top-2048 266 us at
 // batch 128 against v5's 151; bf16 188 against 133). v6: 64 heads, 64-key blocks taken in pairs by the two
-// warpgroups, fed by a producer warpgroup (sm90_mla_decode_v6.cu); bf16 caches only: over an FP8 cache a
-// v6 request runs v5 (mla_decode_kernel of the launch's params says so), and prefill rows run it on their
-// bf16 copy (select_mla_fp8_bf16_copy).
+// warpgroups, fed by a producer warpgroup that copies bf16 rows or dequantises FP8 ones on their way
+// (sm90_mla_decode_v6.cu).
 enum class MlaDecodeKernel : int { automatic = 0, v2 = 2, v5 = 5, v6 = 6 };
 // v5's order of the P V product and the next tile's reload: early (dense rows) or late (sparse rows).
 enum class MlaV5Order : int { automatic = 0, early = 1, late = 2 };

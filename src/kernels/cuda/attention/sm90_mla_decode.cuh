@@ -248,8 +248,8 @@ cudaError_t launch_decode_v5(const MlaDecodeParams& p, cudaStream_t stream);
 // Kernel v5 over an FP8 cache (sm90_mla_decode_v5_fp8.cu): v5's two consumer warpgroups fed by a producer
 // warpgroup that gathers the raw rows and dequantises them into the bf16 tiles (a bf16 launch here fails).
 cudaError_t launch_decode_v5_fp8(const MlaDecodeParams& p, cudaStream_t stream);
-// Kernel v6 (sm90_mla_decode_v6.cu): 64 heads a block, 64-key blocks in pairs, a producer warpgroup; bf16
-// caches (an FP8 launch fails: launch_mla_decode runs v5 there).
+// Kernel v6 (sm90_mla_decode_v6.cu): 64 heads a block, 64-key blocks in pairs, a producer warpgroup that
+// copies bf16 rows or dequantises FP8 ones.
 cudaError_t launch_decode_v6(const MlaDecodeParams& p, cudaStream_t stream);
 
 }  // namespace dsaserve::kernels::cuda::mla_detail

@@ -37,15 +37,23 @@ namespace dsaserve::kernels::cuda::mla_detail {
 
 namespace {
 
-constexpr int kRows6 = 64;                              // heads of a block
-constexpr int kBn6 = 64;                                // keys per block
-constexpr int kWg = 128;                                // threads of a warpgroup
-constexpr int kThreads6 = 3 * kWg;                      // consumers 0 and 1, producer 2
-constexpr int kConsumers = 2 * kWg;                     // the consumers' named barriers count these
-constexpr int kColBlock = kBn6 * 128;                   // 8 KB: 64 rows x 128 bytes (64 bf16 columns)
-constexpr int kBuf6 = 9 * kColBlock;                    // 72 KB: a key block of 576 columns
-constexpr int kHalfCb = 4;                              // column blocks of the L half (latent 0-255)
-constexpr int kProducerRegs = 72, kConsumerRegs = 216;  // 72 x 128 + 216 x 256 <= 65536
+constexpr int kRows6 = 64;             // heads of a block
+constexpr int kBn6 = 64;               // keys per block
+constexpr int kWg = 128;               // threads of a warpgroup
+constexpr int kThreads6 = 3 * kWg;     // consumers 0 and 1, producer 2
+constexpr int kConsumers = 2 * kWg;    // the consumers' named barriers count these
+constexpr int kColBlock = kBn6 * 128;  // 8 KB: 64 rows x 128 bytes (64 bf16 columns)
+constexpr int kBuf6 = 9 * kColBlock;   // 72 KB: a key block of 576 columns
+constexpr int kHalfCb = 4;             // column blocks of the L half (latent 0-255)
+// Register budgets (x 128 threads, <= 65536 in all): the consumers need 168 (ptxas, no spills); the FP8
+// producer holds two jobs' raw rows (2 x 50 registers), the bf16 one only page slots.
+template <bool kFp8>
+constexpr int kProducerRegs = kFp8 ? 128 : 72;
+template <bool kFp8>
+constexpr int kConsumerRegs = kFp8 ? 192 : 216;
+static_assert(kProducerRegs<true> + 2 * kConsumerRegs<true> <= 512 &&
+                  kProducerRegs<false> + 2 * kConsumerRegs<false> <= 512,
+              "register budgets");
 constexpr size_t kQOff6 = 0;
 constexpr size_t kBufOff6 = size_t(kRows6) * kMlaDim * 2;  // 73728
 constexpr size_t kS1Off6 = kBufOff6 + 2 * size_t(kBuf6);   // P1: one column block
@@ -71,6 +79,8 @@ __device__ const int kOne6[4] = {1, 1, 1, 1};  // the source of a valid key's fl
 // Byte offset of (row r, 16-byte chunk c) inside one 128-byte-swizzled column block of 64 rows.
 __device__ __forceinline__ uint32_t cb_off(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
 
+// kFp8: the cache holds FP8 rows (656 bytes), dequantised by the producer on their way to the key buffers.
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads6, 1) sm90_mla_decode_v6_kernel(const MlaDecodeParams p) {
   pdl_wait();  // programmatic launch (p.pdl): everything below reads or writes what other kernels touch
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -100,8 +110,106 @@ __global__ void __launch_bounds__(kThreads6, 1) sm90_mla_decode_v6_kernel(const 
     }
   }
 
+  if (wg == 2 && kFp8) {
+    // ---- producer, FP8 rows ----
+    // The four half jobs of a pair (K0.L, K1.R, K0.R, K1.L) in turn; thread: row r = wt / 2 of both
+    // blocks, part q = wt % 2. A job's raw bytes are loaded into registers one job ahead (before its
+    // buffer half is free), then dequantised (dequant_fp8x8: the values of every other FP8 reader) and
+    // stored as bf16 once it is: 16-byte code chunks q + 2k (k < 8) of the half's 256 codes (neighbouring
+    // threads read one 32-byte sector), the half's two scales, and in R the rope's chunks q + 2k (k < 4).
+    const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
+    const int r = wt >> 1, q = wt & 1;
+    struct Raw {
+      uint4 code[8], rope[4];
+      uint2 scale;
+      bool ok;
+    };
+    int32_t pos[2];   // the next pair's list entries (blocks 2i + 2, 2i + 3)
+    int64_t slot[2];  // this pair's slots (-1: no key)
+    auto fetch_pos = [&](int pair) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) pos[b] = keys.position(keys.k_begin + int64_t(2 * pair + b) * kBn6 + r);
+    };
+    auto fetch_slots = [&]() {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const KeySlot ks = keys.slot(pos[b]);
+        const int64_t s = int64_t(ks.page) * p.page_size + ks.off;
+        slot[b] = ks.page >= 0 && s < p.num_slots ? s : -1;
+      }
+    };
+    // Job (buffer b, half h) of this pair's rows into registers (zeros for no key).
+    auto load = [&](Raw& x, int b, int h) {
+      x.ok = slot[b] >= 0;
+      if (x.ok) {
+        const uint4* src = reinterpret_cast<const uint4*>(cache + slot[b] * kMlaFp8RowBytes);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) x.code[k] = __ldg(src + h * 16 + q + 2 * k);
+        x.scale = __ldg(reinterpret_cast<const uint2*>(src + kMlaLatent / 16) + h);
+        if (h == 1) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) x.rope[k] = __ldg(src + (kMlaLatent + 16) / 16 + q + 2 * k);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) x.code[k] = make_uint4(0, 0, 0, 0);
+        x.scale = make_uint2(0, 0);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) x.rope[k] = make_uint4(0, 0, 0, 0);
+      }
+    };
+    // Its bf16 values into the buffer half, the valid flag with `flags`, then counted on its `ready`.
+    auto store = [&](const Raw& x, int b, int h, bool flags) {
+      unsigned char* buf = sK + size_t(b) * kBuf6;
+      const float sc[2] = {__uint_as_float(x.scale.x), __uint_as_float(x.scale.y)};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int chunk = q + 2 * k;           // of the half's 16 code chunks (16 codes each)
+        const int col = h * 256 + chunk * 16;  // its first latent column
+        const float s = sc[chunk >> 3];        // scale block h * 2 + chunk / 8
+        const int cb = col >> 6, cc = (col & 63) >> 3;
+        *reinterpret_cast<uint4*>(buf + cb * kColBlock + cb_off(r, cc)) =
+            dequant_fp8x8(make_uint2(x.code[k].x, x.code[k].y), s);
+        *reinterpret_cast<uint4*>(buf + cb * kColBlock + cb_off(r, cc + 1)) =
+            dequant_fp8x8(make_uint2(x.code[k].z, x.code[k].w), s);
+      }
+      if (h == 1) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          *reinterpret_cast<uint4*>(buf + 8 * kColBlock + cb_off(r, q + 2 * k)) = x.rope[k];
+      }
+      if (flags && q == 0) sValid[b * kBn6 + r] = x.ok ? 1 : 0;
+      mma::fence_proxy_async_smem();  // the stores -> visible to the consumers' wgmma
+      mma::mbar_arrive(ready + b * 2 + h);
+    };
+    fetch_pos(0);
+    fetch_slots();
+    fetch_pos(1);
+    __syncthreads();  // the barriers are initialised
+    mma::setmaxnreg_dec<kProducerRegs<kFp8>>();
+    Raw a, c;
+    if (n_pairs > 0) load(a, 0, 0);
+    for (int i = 0; i < n_pairs; ++i) {
+      const uint32_t par = uint32_t(i - 1) & 1u;  // the consumers' release of pair i - 1
+      load(c, 1, 1);
+      if (i > 0) mma::mbar_wait(freed + 0, par);
+      store(a, 0, 0, true);
+      load(a, 0, 1);
+      if (i > 0) mma::mbar_wait(freed + 3, par);
+      store(c, 1, 1, true);
+      load(c, 1, 0);
+      if (i > 0) mma::mbar_wait(freed + 1, par);
+      store(a, 0, 1, false);
+      fetch_slots();  // pair i + 1's (entries fetched a pair ago); job K1.L below still uses this pair's
+      if (i + 1 < n_pairs) load(a, 0, 0);
+      if (i > 0) mma::mbar_wait(freed + 2, par);
+      store(c, 1, 0, false);
+      fetch_pos(i + 2);  // -1 past the split: an empty block
+    }
+    return;
+  }
   if (wg == 2) {
-    // ---- producer ----
+    // ---- producer, bf16 rows ----
     // Thread: row group rg = wt / 8 (rows rg + 16 j, j < 4, of each block), chunk c8 = wt % 8 of a row's
     // 128 bytes in every column block (8 threads copy one row's 128 bytes: one coalesced segment).
     const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
@@ -144,7 +252,7 @@ __global__ void __launch_bounds__(kThreads6, 1) sm90_mla_decode_v6_kernel(const 
     fetch_slots();
     fetch_pos(1);
     __syncthreads();  // the barriers are initialised
-    mma::setmaxnreg_dec<kProducerRegs>();
+    mma::setmaxnreg_dec<kProducerRegs<kFp8>>();
     for (int i = 0; i < n_pairs; ++i) {
       const uint32_t par = uint32_t(i - 1) & 1u;  // the consumers' release of pair i - 1
       if (i > 0) mma::mbar_wait(freed + 0, par);
@@ -169,7 +277,7 @@ __global__ void __launch_bounds__(kThreads6, 1) sm90_mla_decode_v6_kernel(const 
                       tid);
   mma::fence_proxy_async_smem();
   __syncthreads();
-  mma::setmaxnreg_inc<kConsumerRegs>();
+  mma::setmaxnreg_inc<kConsumerRegs<kFp8>>();
 
   float oacc[32][4];  // O[r0 / r1][256 wg + 8 i + 2 c4 ..]
 #pragma unroll
@@ -378,14 +486,19 @@ __global__ void __launch_bounds__(kThreads6, 1) sm90_mla_decode_v6_kernel(const 
                     l1 + other.y, wg == 0);
 }
 
+template <bool kFp8>
+cudaError_t launch_v6(const MlaDecodeParams& p, cudaStream_t stream) {
+  const cudaError_t e =
+      set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_mla_decode_v6_kernel<kFp8>), int(kSmem6));
+  if (e != cudaSuccess) return e;
+  return launch_pdl(p.pdl, sm90_mla_decode_v6_kernel<kFp8>, v5_grid<kRows6>(p), dim3(kThreads6), kSmem6,
+                    stream, p);
+}
+
 }  // namespace
 
 cudaError_t launch_decode_v6(const MlaDecodeParams& p, cudaStream_t stream) {
-  if (p.format != MlaKvFormat::bf16) return cudaErrorInvalidValue;
-  const cudaError_t e =
-      set_max_dynamic_smem(reinterpret_cast<const void*>(sm90_mla_decode_v6_kernel), int(kSmem6));
-  if (e != cudaSuccess) return e;
-  return launch_pdl(p.pdl, sm90_mla_decode_v6_kernel, v5_grid<kRows6>(p), dim3(kThreads6), kSmem6, stream, p);
+  return p.format == MlaKvFormat::bf16 ? launch_v6<false>(p, stream) : launch_v6<true>(p, stream);
 }
 
 }  // namespace dsaserve::kernels::cuda::mla_detail
