@@ -179,7 +179,8 @@ __global__ void __launch_bounds__(kThreads6, 1) sm90_mla_decode_v6_kernel(const 
           *reinterpret_cast<uint4*>(buf + 8 * kColBlock + cb_off(r, q + 2 * k)) = x.rope[k];
       }
       if (flags && q == 0) sValid[b * kBn6 + r] = x.ok ? 1 : 0;
-      mma::fence_proxy_async_smem();  // the stores -> visible to the consumers' wgmma
+      // No proxy fence here: it would wait for the next job's loads in flight; the consumers fence after
+      // their `ready` wait (as they must for the bf16 producer's cp.async rows).
       mma::mbar_arrive(ready + b * 2 + h);
     };
     fetch_pos(0);
