@@ -185,9 +185,7 @@ cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t 
 }
 
 MlaDecodeKernel mla_decode_kernel(const MlaDecodeParams& p) {
-  const MlaDecodeKernel k = select_mla_decode_kernel(p.kernel, p.heads, p.rows);
-  return k == MlaDecodeKernel::v6 && p.format != MlaKvFormat::bf16 ? MlaDecodeKernel::v5
-                                                                   : k;  // v6: bf16 only
+  return select_mla_decode_kernel(p.kernel, p.heads, p.rows);
 }
 
 int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms, MlaDecodeKernel requested) {
