@@ -31,7 +31,8 @@
 //                       [--split-fused-min-tokens N] [--absorb-fused-min-tokens N] (KernelOptions' thresholds
 //                       of the f32-activation kernel; 0: the old paths) [--silu-mul-fp8-copy 0|1]
 //                       [--moe-fp8-split-min-rows 0|64|128] (KernelOptions: the experts' wgmma passes of
-//                       that many rows and more multiplied in halves)
+//                       that many rows and more multiplied in halves) [--mla-decode-kernel auto|v2|v5|v6]
+//                       (KernelOptions::mla_decode, every row's MLA attention kernel)
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -78,7 +79,8 @@ struct Args {
   int64_t trace_prefill = 4096, verify_tokens = 4;
   bool graphs = true;
   double max_seconds = 420;
-  std::string moe_path = "auto";  // KernelOptions::moe (the routed experts' path)
+  std::string moe_path = "auto";    // KernelOptions::moe (the routed experts' path)
+  std::string mla_decode = "auto";  // KernelOptions::mla_decode
   // KernelOptions::gemm_split_fused_min_tokens / absorb_fused_min_tokens (-1: the defaults; 0: the old
   // paths): the f32-activation kernel's thresholds, for an old / new comparison of the prefill rows.
   int64_t split_fused_min_tokens = -1, absorb_fused_min_tokens = -1;
@@ -150,6 +152,8 @@ Args parse(int argc, char** argv) {
       a.max_seconds = std::stod(val());
     else if (k == "--moe-path")
       a.moe_path = val();
+    else if (k == "--mla-decode-kernel")
+      a.mla_decode = val();
     else if (k == "--pdl") {
       a.pdl.clear();
       const std::string s = val();
@@ -358,6 +362,7 @@ int run(const Args& a) {
   {
     kernels::KernelOptions ko;
     ko.moe = kernels::parse_moe_path(a.moe_path, "--moe-path");
+    ko.mla_decode = kernels::parse_mla_decode_kernel(a.mla_decode, "--mla-decode-kernel");
     if (a.split_fused_min_tokens >= 0) ko.gemm_split_fused_min_tokens = a.split_fused_min_tokens;
     if (a.absorb_fused_min_tokens >= 0) ko.absorb_fused_min_tokens = a.absorb_fused_min_tokens;
     if (a.silu_mul_fp8_copy >= 0) ko.silu_mul_fp8_copy = a.silu_mul_fp8_copy == 1;
@@ -371,6 +376,7 @@ int run(const Args& a) {
     model = variants.front().model;
   }
   if (a.moe_path != "auto") fmt::print("routed experts: --moe-path {}\n", a.moe_path);
+  if (a.mla_decode != "auto") fmt::print("MLA attention: --mla-decode-kernel {}\n", a.mla_decode);
   for (const Variant& v : variants)
     fmt::print(
         "kernels (pdl={}): {}\n", kernels::pdl_name(v.pdl),
