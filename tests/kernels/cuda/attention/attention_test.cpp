@@ -457,8 +457,8 @@ TEST_F(CudaMlaDecode, Fp8PrefillRowsThroughTheBf16Copy) {
 // sees len - q + 1 + t keys), each row with its own selection list of width 2,048 (a random 2,048 of the
 // 2,100-key request's keys; all keys, -1 padded, for the shorter ones), across page boundaries; every head
 // count one rank holds under TP (8, 16, 32, 64) and DeepSeek-V3.2's 128, both cache formats, through the
-// automatic kernel choice (what the verify step runs), against the CPU op per row.
-TEST_F(CudaMlaDecode, VerifyRowsOneToSixTokensPerRequest) {
+// kernel choice `ko` (automatic: what the verify step runs), against the CPU op per row.
+void run_verify_rows(const KernelOptions& ko) {
   const std::vector<int64_t> lens = {300, 700, 2100, 1500};  // the last row's visible keys
   const std::vector<int64_t> qs = {1, 2, 3, 6};              // query rows per request
   const int64_t topk = 2048;
@@ -483,7 +483,7 @@ TEST_F(CudaMlaDecode, VerifyRowsOneToSixTokensPerRequest) {
       const int64_t max_len = *std::max_element(lens.begin(), lens.end());
       const Tensor got =
           mla_decode(q_lat.to(Device::cuda), q_rope.to(Device::cuda), cache.gpu, pg.table_gpu(), kPage,
-                     gpu_i32(seq, {R}), gpu_i32(len, {R}), max_len, sel.to(Device::cuda), 0.0625, nullptr, {})
+                     gpu_i32(seq, {R}), gpu_i32(len, {R}), max_len, sel.to(Device::cuda), 0.0625, nullptr, ko)
               .to(Device::cpu);
       Err worst;
       for (int64_t i = 0; i < R; ++i) {
@@ -499,10 +499,15 @@ TEST_F(CudaMlaDecode, VerifyRowsOneToSixTokensPerRequest) {
       std::printf(
           "RESULT mla_decode verify rows kernel=%s kv=%s heads=%lld rows=%lld (1-6 a request) rel=%.3g "
           "tol=1e-02 %s\n",
-          name(select_mla_decode_kernel(MlaDecodeKernel::automatic, nh, R)).data(), fmt_name(f),
-          (long long)nh, (long long)R, worst.rel(), worst.rel() <= 1e-2 ? "ok" : "FAIL");
+          name(select_mla_decode_kernel(ko.mla_decode, nh, R)).data(), fmt_name(f), (long long)nh,
+          (long long)R, worst.rel(), worst.rel() <= 1e-2 ? "ok" : "FAIL");
     }
   }
+}
+TEST_F(CudaMlaDecode, VerifyRowsOneToSixTokensPerRequest) { run_verify_rows({}); }
+// The same rows through v6 (all five head counts; 8-32 heads padded to its 64-head blocks).
+TEST_F(CudaMlaDecode, VerifyRowsThroughV6) {
+  run_isolated([] { run_verify_rows(with_kernel(MlaDecodeKernel::v6)); });
 }
 
 // The kernel choice is host code (no device needed; its rule: tests/kernels/kernel_options_test.cpp). The
