@@ -144,11 +144,11 @@ void bench_mla(int num_sms, void* flush, const MlaBenchFlags& fl) {
       p.head_groups_adjacent = fl.head_groups_adjacent;
       p.out = dev_alloc<float>(size_t(B * nh * kMlaLatent));
       // The default kernel for the shape (or --mla-kernel's), and (at one context per shape) the others to
-      // compare (v5, 64 heads a block, only above 16 heads).
+      // compare (v2; v5 and v6, 64 heads a block, only above 16 heads).
       using K = MlaDecodeKernel;
-      const K dflt = select_mla_decode_kernel(fl.kernel, nh, B);
-      const K kernels[3] = {dflt, K::v2, K::v5};
-      for (int ki = 0; ki < 3; ++ki) {
+      const K dflt = select_mla_decode_kernel(fl.kernel, nh, B, f == MlaKvFormat::fp8_e4m3);
+      const K kernels[4] = {fl.kernel, K::v2, K::v5, K::v6};
+      for (int ki = 0; ki < 4; ++ki) {
         const K kernel = kernels[ki];
         if (ki > 0 && (kernel == dflt || (cs.sparse && cs.ctx != 32768) || (kernel != K::v2 && nh <= 16) ||
                        cs.qtok > 1))

@@ -7,12 +7,11 @@
 
 namespace dsaserve::kernels {
 
-MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows) {
-  MlaDecodeKernel k = requested;
-  if (k == MlaDecodeKernel::automatic)
-    k = heads <= kMlaDecodeNarrowMaxHeads || (rows >= 0 && rows <= 2) ? MlaDecodeKernel::v2
-                                                                      : MlaDecodeKernel::v5;
-  return k;
+MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows,
+                                         bool fp8_cache) {
+  if (requested != MlaDecodeKernel::automatic) return requested;
+  if (heads <= kMlaDecodeNarrowMaxHeads || (rows >= 0 && rows <= 2)) return MlaDecodeKernel::v2;
+  return fp8_cache ? MlaDecodeKernel::v5 : MlaDecodeKernel::v6;
 }
 
 bool select_mla_fp8_bf16_copy(MlaDecodeKernel requested, int64_t heads, int64_t rows, int64_t copy_tokens,

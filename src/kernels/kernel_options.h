@@ -33,17 +33,22 @@ enum class MlaV5Order : int { automatic = 0, early = 1, late = 2 };
 inline constexpr int64_t kMlaDecodeNarrowMaxHeads = 16;
 
 // The MLA decode kernel a launch runs. `requested` unless automatic; automatic: v2 for <= 16 heads and for
-// one or two rows at more heads (`rows` < 0: unknown, taken as many), v5 otherwise (measured on the H200,
-// attention_gpu_bench mla: batch 1 16.3 vs 22.1 us, batch 2 19.3 vs 24.2), for either cache format (FP8,
-// top-2048, 64 heads: v5 151 us at batch 128, 60 at batch 32). Never returns automatic.
-MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows);
+// one or two rows at more heads (`rows` < 0: unknown, taken as many; measured on the H200,
+// attention_gpu_bench mla: batch 1 16.3 vs v5's 22.1 us, batch 2 19.3 vs 24.2), otherwise v6 over a bf16
+// cache (`fp8_cache` false) and v5 over an FP8 one. Measured on an H100 (2026-12-07, one run, top-2048, batch
+// 128, HBM-resident cache): bf16 at 64 heads v6 137.1 vs v5 144.4 us, at 128 heads 193.1 vs 239.9, 2,048
+// prefill-sized rows 1,783 vs 1,973, dense (context 2,048) 131.1 vs 134.1; FP8 at 64 heads v6 160.0 vs v5
+// 142.8 (v6's producer loads raw rows into registers one half block ahead, which leaves the gather's latency
+// exposed; v5 keeps two tiles in flight by cp.async), dense FP8 157.6 vs 131.3. Never returns automatic.
+MlaDecodeKernel select_mla_decode_kernel(MlaDecodeKernel requested, int64_t heads, int64_t rows,
+                                         bool fp8_cache = false);
 // Whether the kernel select_mla_decode_kernel picks is v2 (the split-count model, mla_decode_splits).
 inline bool mla_decode_uses_v2(MlaDecodeKernel requested, int64_t heads, int64_t rows) {
   return select_mla_decode_kernel(requested, heads, rows) == MlaDecodeKernel::v2;
 }
 // Whether an MLA launch over an FP8 latent cache first copies its sequences' rows to bf16
-// (attention/mla_decode_params.h launch_mla_cache_bf16_copy) and runs v5 (or a requested v6) on the copy
-// instead of on the FP8 rows: when `requested` is automatic, v5 or v6, the rows would run it, and the copy is
+// (attention/mla_decode_params.h launch_mla_cache_bf16_copy) and runs the bf16 kernel (v6 by default, or a
+// requested v5) on the copy instead of on the FP8 rows: when the rows would run v5 or v6, and the copy is
 // small beside the keys the rows read (copy_tokens x 16 <= rows x keys_per_row: prefill chunks, never a
 // decode or verify batch) and at most kMlaBf16CopyMaxTokens tokens. Measured on the H200 (4K-token GLM-5.3
 // prefill, top-2048, 64 heads): v4 on FP8 rows 7.6 ms a layer, v5 on bf16 rows 3.6 ms; the copy of 4K rows

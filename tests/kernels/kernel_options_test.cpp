@@ -17,16 +17,24 @@ TEST(KernelSelect, MlaDecodeDefaults) {
   for (int64_t nh : {8, 16})
     for (int64_t rows : {-1, 1, 2, 3, 4096})
       EXPECT_EQ(select_mla_decode_kernel(K::automatic, nh, rows), K::v2);
-  // Above 16 heads: v2 for one or two rows (its 16-head blocks fill more SMs), v5 otherwise.
-  for (int64_t rows : {1, 2}) EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows), K::v2) << rows;
-  for (int64_t rows : {3, 32, 4096}) EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows), K::v5);
-  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, -1), K::v5);  // rows unknown: taken as many
-  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 17, 128), K::v5);
+  // Above 16 heads: v2 for one or two rows (its 16-head blocks fill more SMs), otherwise v6 over a bf16
+  // cache and v5 over an FP8 one.
+  for (int64_t rows : {1, 2})
+    for (bool fp8 : {false, true})
+      EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows, fp8), K::v2) << rows;
+  for (int64_t rows : {3, 32, 4096}) {
+    EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows), K::v6);
+    EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, rows, true), K::v5);
+  }
+  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 64, -1), K::v6);  // rows unknown: taken as many
+  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 17, 128), K::v6);
+  EXPECT_EQ(select_mla_decode_kernel(K::automatic, 128, 128, true), K::v5);
+  for (int64_t rows : {-1, 1, 4096}) EXPECT_EQ(select_mla_decode_kernel(K::automatic, 16, rows, true), K::v2);
   EXPECT_EQ(kMlaDecodeNarrowMaxHeads, 16);
 }
 
-// FP8 prefill chunks read a bf16 copy with v5; decode and verify batches (copy large beside their keys),
-// v2 shapes, a forced v2 and oversized copies stay on the FP8 rows.
+// FP8 prefill chunks read a bf16 copy with v6 (or a requested v5); decode and verify batches (copy large
+// beside their keys), v2 shapes, a forced v2 and oversized copies stay on the FP8 rows.
 TEST(KernelSelect, MlaFp8Bf16CopyOnlyForPrefillSizedRows) {
   EXPECT_TRUE(select_mla_fp8_bf16_copy(K::automatic, 64, 4096, 4096, 2048));    // 4K prefill chunk
   EXPECT_TRUE(select_mla_fp8_bf16_copy(K::v5, 64, 4096, 131072, 2048));         // 4K chunk at 128K context
@@ -45,7 +53,8 @@ TEST(KernelSelect, MlaFp8Bf16CopyOnlyForPrefillSizedRows) {
 TEST(KernelSelect, MlaDecodeRequestWins) {
   for (K k : {K::v2, K::v5, K::v6})
     for (int64_t nh : {8, 16, 64})
-      for (int64_t rows : {-1, 1, 2, 4096}) EXPECT_EQ(select_mla_decode_kernel(k, nh, rows), k);
+      for (int64_t rows : {-1, 1, 2, 4096})
+        for (bool fp8 : {false, true}) EXPECT_EQ(select_mla_decode_kernel(k, nh, rows, fp8), k);
   // The split model follows the same choice (v2 or not), with or without a request.
   EXPECT_TRUE(mla_decode_uses_v2(K::automatic, 16, 4096));
   EXPECT_TRUE(mla_decode_uses_v2(K::automatic, 64, 2));

@@ -185,11 +185,13 @@ cudaError_t launch_mla_cache_gather(const MlaCacheGatherParams& p, cudaStream_t 
 }
 
 MlaDecodeKernel mla_decode_kernel(const MlaDecodeParams& p) {
-  return select_mla_decode_kernel(p.kernel, p.heads, p.rows);
+  return select_mla_decode_kernel(p.kernel, p.heads, p.rows, p.format == MlaKvFormat::fp8_e4m3);
 }
 
 int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms, MlaDecodeKernel requested) {
-  const bool by16 = mla_decode_uses_v2(requested, heads, rows);  // v2: 16 heads and 64 keys a block
+  // v2: 16 heads and 64 keys a block; v6 (the bf16 default: the cache format is not known here; over FP8 v5
+  // runs chunks of whole 64-key blocks just as well) 64 keys; v5 32.
+  const bool by16 = mla_decode_uses_v2(requested, heads, rows);
   const int64_t rows_per_block = by16 ? 16 : 64;
   const int64_t tile =
       by16 || select_mla_decode_kernel(requested, heads, rows) == MlaDecodeKernel::v6 ? 64 : 32;
