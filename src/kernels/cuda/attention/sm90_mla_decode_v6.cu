@@ -1,4 +1,4 @@
-// Sparse MLA decode, kernel v6 (bf16 latent cache): 64 heads a block, key blocks of 64, and a producer
+// Sparse MLA decode, kernel v6 (bf16 or FP8 latent cache): 64 heads a block, key blocks of 64, and a producer
 // warpgroup. v5 (sm90_mla_decode_v5.cu) takes 32-key tiles in turns and hands every tile's P and row maximum
 // over to the other warpgroup: its Q K^T at N = 32 re-reads all of Q for every 32 keys (shared-memory bound,
 // 864 cycles of 576 of arithmetic), and its softmax chain crosses warpgroups on every tile. v6 works in
@@ -24,10 +24,15 @@
 //   Producer: per pair, K0.L, K1.R, K0.R, K1.L as each is freed: 8 threads a row of 128 bytes per column
 //        block (16-byte cp.async, 4 rows a thread), the keys' valid flags in the first half of each buffer,
 //        completion counted on the half's `ready` barrier; the next pair's list entries and page ids are
-//        fetched a pair ahead so that no index load is waited for before a copy.
+//        fetched a pair ahead so that no index load is waited for before a copy. FP8 rows instead go
+//        through registers, one half job ahead, and are dequantised on the way (no raw rows in shared
+//        memory).
 // Both warpgroups end every pair at the same maximum M', so their column halves and row sums (each
 // warpgroup sums its own P) add up at the end. A split's last block of an odd count is an empty one (no
 // valid key: P = 0). The block's keys are those of RowKeys with 64-key tiles (splits in whole blocks).
+// Measured on an H100 (2026-12-07, top-2048, batch 128): bf16 64 heads 137.1 us (v5 144.4, FlashMLA 128.7),
+// 128 heads 193.1 (v5 239.9, FlashMLA 157.2); FP8 64 heads 160.0 (v5 142.8: the automatic choice keeps v5
+// over FP8, kernel_options.h).
 #include "kernels/cuda/attention/sm90_mla_decode.cuh"
 #include "kernels/cuda/common/device_cache.h"
 #include "kernels/cuda/common/launch_util.cuh"
