@@ -96,7 +96,7 @@ struct AttentionFormRates {
 // about 300-2,048 tokens takes the MHA form (at 1,024 tokens, 64 heads: ~0.32 ms against ~0.46 absorbed).
 struct AttentionFormRule {
   // heads <= this use `narrow`, else `wide`: the cutoff where the MLA decode selector changes kernel
-  // (kernels/kernel_options.h select_mla_decode_kernel: v2 up to it, v5 above).
+  // (kernels/kernel_options.h select_mla_decode_kernel: v2 up to it, v5 / v6 above).
   int64_t narrow_max_heads = kernels::kMlaDecodeNarrowMaxHeads;
   AttentionFormRates wide{
       297.5, 171.3, 0.4,

@@ -153,7 +153,8 @@ Tensor mla_decode(const Tensor& q_lat, const Tensor& q_rope, const Tensor& cache
   const int64_t seq_pages = std::min(d.pt_cols, (max_len + page_size - 1) / page_size);
   if (f == MlaKvFormat::fp8_e4m3 &&
       select_mla_fp8_bf16_copy(opts.mla_decode, nh, R, d.num_seqs * seq_pages * page_size, p.max_keys)) {
-    // Prefill-sized rows: v5 on a bf16 copy of the sequences' rows (kernel_options.h).
+    // Prefill-sized rows: the bf16 kernel (v6, or a requested v5) on a bf16 copy of the sequences' rows
+    // (kernel_options.h).
     copy = Tensor::empty({d.num_seqs * seq_pages * page_size, kMlaDim}, DType::bf16, Device::cuda);
     copy_pt = Tensor::empty({d.num_seqs, seq_pages}, DType::i32, Device::cuda);
     MlaCacheBf16CopyParams cp{};

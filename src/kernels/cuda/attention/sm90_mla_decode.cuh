@@ -2,10 +2,11 @@
 // Helpers shared by the sparse MLA decode kernels (absorbed form): v2 (sm90_mla_decode_v2.cu: 16 heads a
 // block, keys split across warps; the default for <= 16 heads) and v5 (sm90_mla_decode_v5.cu: 64 heads a
 // block, Q K^T and P V by wgmma, the two warpgroups taking turns on key tiles, the default above 16 heads for
-// three or more query rows -- one or two rows run v2; over an FP8 cache sm90_mla_decode_v5_fp8.cu adds a
-// producer warpgroup that dequantises), and their launch entry points (dispatched by launch_mla_decode in
-// sm90_mla_decode.cu). The kernels run 256 threads a block (v5 over FP8: 384) and gather latent rows through
-// the page table with cp.async.
+// three or more query rows over FP8 caches -- one or two rows run v2; over an FP8 cache
+// sm90_mla_decode_v5_fp8.cu adds a producer warpgroup that dequantises) and v6 (sm90_mla_decode_v6.cu: 64-key
+// blocks in pairs and a producer warpgroup; the default over bf16 caches), and their launch entry points
+// (dispatched by launch_mla_decode in sm90_mla_decode.cu). The kernels run 256 threads a block (v5 over FP8
+// and v6: 384) and gather latent rows through the page table.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

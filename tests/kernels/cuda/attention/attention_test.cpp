@@ -181,8 +181,8 @@ KernelOptions with_kernel(MlaDecodeKernel k) {
   return o;
 }
 
-// v2 (16 heads a block, both cache formats) at every head count, off its default range too (v5, the
-// default above 16 heads, runs its own cases in PingPongKernelV5).
+// v2 (16 heads a block, both cache formats) at every head count, off its default range too (v5 and v6, the
+// defaults above 16 heads, run their own cases in PingPongKernelV5 and PairedBlocksKernelV6).
 TEST_F(CudaMlaDecode, V2AllHeadCounts) {
   const KernelOptions o = with_kernel(MlaDecodeKernel::v2);
   for (int64_t nh : {64, 16, 8}) {
