@@ -29,7 +29,8 @@ std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub) {
   auto f = std::make_shared<KernelFlags>();
   const std::string g = "Kernels (--device cuda; the defaults are the measured choices)";
   sub.add_option("--mla-decode-kernel", f->mla_decode,
-                 "MLA decode kernel: auto (v2 at <= 16 heads or <= 2 rows, else v5), v2, v5, v6")
+                 "MLA decode kernel: auto (v2 at <= 16 heads or <= 2 rows, else v6 over bf16 caches and v5 "
+                 "over FP8), v2, v5, v6")
       ->group(g)
       ->capture_default_str();
   sub.add_option("--mla-v5-order", f->mla_v5_order,
