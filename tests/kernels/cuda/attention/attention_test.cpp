@@ -323,9 +323,9 @@ void run_wgmma_kernel_cases(MlaDecodeKernel kernel) {
 TEST_F(CudaMlaDecode, PingPongKernelV5) {
   run_isolated([] { run_wgmma_kernel_cases(MlaDecodeKernel::v5); });
 }
-// v6: 64-key blocks taken in pairs by the two warpgroups, fed by a producer warpgroup (bf16 caches; its FP8
-// cases run v5): v5's cases (odd block counts leave an empty last block, splits, graphs), plus
-// DeepSeek-V3.2's 128 heads sparse and a partial second head group dense.
+// v6: 64-key blocks taken in pairs by the two warpgroups, fed by a producer warpgroup that copies bf16 rows
+// or dequantises FP8 ones: v5's cases in both formats (odd block counts leave an empty last block, splits,
+// graphs), plus DeepSeek-V3.2's 128 heads sparse and a partial second head group dense over bf16.
 TEST_F(CudaMlaDecode, PairedBlocksKernelV6) {
   run_isolated([] {
     run_wgmma_kernel_cases(MlaDecodeKernel::v6);
