@@ -697,16 +697,12 @@ int main(int argc, char** argv) {
       fl.forced_splits = std::atoi(value().c_str());
     } else if (a == "--pool-slots") {
       fl.pool_slots = std::atoll(value().c_str());
-    } else if (a == "--mla-v5-order") {
+    } else if (a == "--mla-v5-order" || a == "--mla-kernel") {
       try {
-        fl.v5_order = parse_mla_v5_order(value(), "--mla-v5-order");
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "attention_gpu_bench: %s\n", e.what());
-        return 2;
-      }
-    } else if (a == "--mla-kernel") {
-      try {
-        fl.kernel = parse_mla_decode_kernel(value(), "--mla-kernel");
+        if (a == "--mla-kernel")
+          fl.kernel = parse_mla_decode_kernel(value(), a);
+        else
+          fl.v5_order = parse_mla_v5_order(value(), a);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "attention_gpu_bench: %s\n", e.what());
         return 2;

@@ -191,10 +191,9 @@ MlaDecodeKernel mla_decode_kernel(const MlaDecodeParams& p) {
 int mla_decode_splits(int64_t rows, int64_t heads, int64_t max_keys, int num_sms, MlaDecodeKernel requested) {
   // v2: 16 heads and 64 keys a block; v6 (the bf16 default: the cache format is not known here; over FP8 v5
   // runs chunks of whole 64-key blocks just as well) 64 keys; v5 32.
-  const bool by16 = mla_decode_uses_v2(requested, heads, rows);
-  const int64_t rows_per_block = by16 ? 16 : 64;
-  const int64_t tile =
-      by16 || select_mla_decode_kernel(requested, heads, rows) == MlaDecodeKernel::v6 ? 64 : 32;
+  const MlaDecodeKernel k = select_mla_decode_kernel(requested, heads, rows);
+  const int64_t rows_per_block = k == MlaDecodeKernel::v2 ? 16 : 64;
+  const int64_t tile = k == MlaDecodeKernel::v5 ? 32 : 64;
   const int64_t base = rows * ((heads + rows_per_block - 1) / rows_per_block);
   int64_t max_split = (max_keys + tile - 1) / tile;  // at least one tile per split
   if (max_split > 64) max_split = 64;

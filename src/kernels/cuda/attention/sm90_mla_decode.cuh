@@ -49,6 +49,10 @@ __device__ __forceinline__ V5Block v5_block(const MlaDecodeParams& p) {
   return {int(blockIdx.x / groups), int64_t(blockIdx.x % groups) * kRows};
 }
 
+// The source of a valid key's flag for the kernels that copy flags by cp.async next to their rows (4 bytes
+// copied: 1; 0 bytes: the zero fill says "no key"). A const at namespace scope: each kernel file its own.
+__device__ const int kValidFlagOnes[4] = {1, 1, 1, 1};
+
 // A key's cache slot: page id (-1: no key) and position within the page.
 struct KeySlot {
   int32_t page;
@@ -110,7 +114,74 @@ struct RowKeys {
     if (!locate(pos, pi, off)) return {-1, 0};
     return {p.page_table[seq * p.pt_stride + pi], off};
   }
+  // The cache row of position `pos` (from position()): -1 for an entry outside the row or a page outside
+  // the cache.
+  __device__ __forceinline__ int64_t cache_row(int32_t pos) const {
+    const KeySlot ks = slot(pos);
+    const int64_t s = int64_t(ks.page) * p.page_size + ks.off;
+    return ks.page >= 0 && s < p.num_slots ? s : -1;
+  }
 };
+
+// The softmax steps of v5's and v6's consumers over one wgmma accumulator fragment of N = 4 I values: d[4i +
+// e] is head row r0 (e < 2) or r1 (e >= 2) of the thread, key 8i + 2 c4 + e % 2 (c4 = lane % 4). s = d in the
+// log2 domain (times sl2), -inf where valid[key] is 0 (s may be d); mx0 / mx1: the two rows' maxima over the
+// 4 lanes that share them.
+template <int N>
+__device__ __forceinline__ void masked_row_max(const float (&d)[N], float (&s)[N], const int* valid, int c4,
+                                               float sl2, float& mx0, float& mx1) {
+  mx0 = -INFINITY;
+  mx1 = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = i * 8 + 2 * c4 + (e & 1);
+      s[i * 4 + e] = valid[key] ? d[i * 4 + e] * sl2 : -INFINITY;
+    }
+    mx0 = fmaxf(mx0, fmaxf(s[i * 4], s[i * 4 + 1]));
+    mx1 = fmaxf(mx1, fmaxf(s[i * 4 + 2], s[i * 4 + 3]));
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+}
+// s = exp2(s - mu) in rows r0 (mu0) and r1 (mu1), then P's bf16 A fragments of the N / 8 16-key steps.
+template <int N>
+__device__ __forceinline__ void exp2_pack_p(float (&s)[N], float mu0, float mu1, uint32_t (&a)[N / 8][4]) {
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    s[i * 4] = exp2f(s[i * 4] - mu0);
+    s[i * 4 + 1] = exp2f(s[i * 4 + 1] - mu0);
+    s[i * 4 + 2] = exp2f(s[i * 4 + 2] - mu1);
+    s[i * 4 + 3] = exp2f(s[i * 4 + 3] - mu1);
+  }
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    a[j][0] = mma::pack_bf16(s[8 * j], s[8 * j + 1]);
+    a[j][1] = mma::pack_bf16(s[8 * j + 2], s[8 * j + 3]);
+    a[j][2] = mma::pack_bf16(s[8 * j + 4], s[8 * j + 5]);
+    a[j][3] = mma::pack_bf16(s[8 * j + 6], s[8 * j + 7]);
+  }
+}
+// Rows r0 / r1's sums of the bf16 P values in A fragments a (what the P V products multiply).
+template <int J>
+__device__ __forceinline__ void bf16_row_sums(const uint32_t (&a)[J][4], float& rs0, float& rs1) {
+  rs0 = 0.f;
+  rs1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&a[j][q]));
+      if (q % 2 == 0)
+        rs0 += f.x + f.y;
+      else
+        rs1 += f.x + f.y;
+    }
+  }
+}
 
 // O rows r0 / r1 of this thread (oacc[i][0..1] / [2..3]) times al0 / al1 after the running row maximum
 // moved; skipped when it moved in no row of the warp (the common case once the maxima settle).

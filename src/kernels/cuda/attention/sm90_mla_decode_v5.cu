@@ -47,8 +47,6 @@ constexpr size_t kSmem5 = kBarOff5 + 2 * kStages5 * 8 + 1024;        // + base a
 static_assert(kSmem5 <= 227 * 1024, "shared memory");
 static_assert(kStageOff5 % 1024 == 0 && kTile5 % 1024 == 0, "swizzled tiles 1024-aligned");
 
-__device__ const int kOne5[4] = {1, 1, 1, 1};  // the source of a valid key's flag
-
 // kEarly (chosen by measurement, see launch_decode_v5): P_{u-1} V_{u-1} before the own softmax and the
 // stage reloaded right after it; otherwise after the own hand-over, the stage reloaded after P_u V_u.
 template <bool kEarly>
@@ -109,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_mla_decode_v5_kernel(const M
       const int c = lsub + 4 * j;
       mma::cp_async16(stage + swz(kBn5, lr, c), src + c * 16, ok ? 16 : 0);
     }
-    if (lsub == 0) mma::cp_async4(sValid + st * kBn5 + lr, kOne5, ok ? 4 : 0);
+    if (lsub == 0) mma::cp_async4(sValid + st * kBn5 + lr, kValidFlagOnes, ok ? 4 : 0);
     mma::cp_async_mbar_arrive_noinc(full + st);
     ++next_load;
     slot_a = fetch_page(pos_b);

@@ -49,18 +49,8 @@ __device__ __forceinline__ void v5_consumers(const MlaDecodeParams& p, int row, 
     const float al0 = exp2f(m_run0 - mu0), al1 = exp2f(m_run1 - mu1);
     m_run0 = mt0;
     m_run1 = mt1;
-    float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&a[j][q]));
-        if (q % 2 == 0)
-          rs0 += f.x + f.y;
-        else
-          rs1 += f.x + f.y;
-      }
-    }
+    float rs0, rs1;
+    bf16_row_sums(a, rs0, rs1);
     l0 = l0 * al0 + rs0;
     l1 = l1 * al1 + rs1;
     rescale_rows(oacc, al0, al1);
@@ -129,37 +119,11 @@ __device__ __forceinline__ void v5_consumers(const MlaDecodeParams& p, int row, 
     mma::named_sync(v5_wg_bar(wg), kWg);
     uint32_t a[2][4];
     float s[16];
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = i * 8 + 2 * c4 + (e & 1);
-        s[i * 4 + e] = sValid[st * kBn + key] ? d[i * 4 + e] * sl2 : -INFINITY;
-      }
-      mx0 = fmaxf(mx0, fmaxf(s[i * 4], s[i * 4 + 1]));
-      mx1 = fmaxf(mx1, fmaxf(s[i * 4 + 2], s[i * 4 + 3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    float mx0, mx1;
+    masked_row_max(d, s, sValid + st * kBn, c4, sl2, mx0, mx1);
     const float mn0 = fmaxf(mp0, mx0), mn1 = fmaxf(mp1, mx1);
     const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s[i * 4] = exp2f(s[i * 4] - mu0);
-      s[i * 4 + 1] = exp2f(s[i * 4 + 1] - mu0);
-      s[i * 4 + 2] = exp2f(s[i * 4 + 2] - mu1);
-      s[i * 4 + 3] = exp2f(s[i * 4 + 3] - mu1);
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {  // A fragments of the two 16-key steps
-      a[j][0] = mma::pack_bf16(s[8 * j], s[8 * j + 1]);
-      a[j][1] = mma::pack_bf16(s[8 * j + 2], s[8 * j + 3]);
-      a[j][2] = mma::pack_bf16(s[8 * j + 4], s[8 * j + 5]);
-      a[j][3] = mma::pack_bf16(s[8 * j + 6], s[8 * j + 7]);
-    }
+    exp2_pack_p(s, mu0, mu1, a);
     uint32_t* dst = reinterpret_cast<uint32_t*>(sStage + size_t(st) * kStageBytes + kHandOff);
 #pragma unroll
     for (int j = 0; j < 2; ++j)

@@ -80,8 +80,6 @@ constexpr int kBarS0 = 3;   // P0 in buffer 0's rope block (WG0 -> WG1)
 constexpr int kBarS1 = 4;   // P1 in sS1 (WG1 -> WG0)
 constexpr int kBarEnd = 5;  // both consumers past their last product (the row sums' exchange)
 
-__device__ const int kOne6[4] = {1, 1, 1, 1};  // the source of a valid key's flag
-
 // Byte offset of (row r, 16-byte chunk c) inside one 128-byte-swizzled column block of 64 rows.
 __device__ __forceinline__ uint32_t cb_off(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
 
@@ -138,11 +136,7 @@ __global__ void __launch_bounds__(kThreads6, 1) sm90_mla_decode_v6_kernel(const 
     };
     auto fetch_slots = [&]() {
 #pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        const KeySlot ks = keys.slot(pos[b]);
-        const int64_t s = int64_t(ks.page) * p.page_size + ks.off;
-        slot[b] = ks.page >= 0 && s < p.num_slots ? s : -1;
-      }
+      for (int b = 0; b < 2; ++b) slot[b] = keys.cache_row(pos[b]);
     };
     // Job (buffer b, half h) of this pair's rows into registers (zeros for no key).
     auto load = [&](Raw& x, int b, int h) {
@@ -234,11 +228,7 @@ __global__ void __launch_bounds__(kThreads6, 1) sm90_mla_decode_v6_kernel(const 
 #pragma unroll
       for (int b = 0; b < 2; ++b)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const KeySlot ks = keys.slot(pos[b][j]);
-          const int64_t s = int64_t(ks.page) * p.page_size + ks.off;
-          slot[b][j] = ks.page >= 0 && s < p.num_slots ? s : -1;
-        }
+        for (int j = 0; j < 4; ++j) slot[b][j] = keys.cache_row(pos[b][j]);
     };
     // Column blocks [c0, c1) of buffer b from this pair's rows; with the valid flags when `flags`.
     auto copy = [&](int b, int c0, int c1, bool flags) {
@@ -251,7 +241,7 @@ __global__ void __launch_bounds__(kThreads6, 1) sm90_mla_decode_v6_kernel(const 
 #pragma unroll
         for (int c = c0; c < c1; ++c)
           mma::cp_async16(buf + c * kColBlock + cb_off(r, c8), src + c * 128, ok ? 16 : 0);
-        if (flags && c8 == 0) mma::cp_async4(sValid + b * kBn6 + r, kOne6, ok ? 4 : 0);
+        if (flags && c8 == 0) mma::cp_async4(sValid + b * kBn6 + r, kValidFlagOnes, ok ? 4 : 0);
       }
       mma::cp_async_mbar_arrive_noinc(ready + b * 2 + (c0 == 0 ? 0 : 1));
     };
@@ -337,50 +327,16 @@ __global__ void __launch_bounds__(kThreads6, 1) sm90_mla_decode_v6_kernel(const 
   // Masked online softmax of d against `prev` maxima (rows r0, r1): returns P's A fragments, the new
   // maxima in mn0 / mn1; scales O and the row sums by exp2(M - new) and adds P's row sums.
   auto softmax = [&](float prev0, float prev1, float& mn0, float& mn1, uint32_t(&a)[4][4]) {
-    const int* valid = sValid + wg * kBn6;
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = i * 8 + 2 * c4 + (e & 1);
-        d[i * 4 + e] = valid[key] ? d[i * 4 + e] * sl2 : -INFINITY;
-      }
-      mx0 = fmaxf(mx0, fmaxf(d[i * 4], d[i * 4 + 1]));
-      mx1 = fmaxf(mx1, fmaxf(d[i * 4 + 2], d[i * 4 + 3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    float mx0, mx1;
+    masked_row_max(d, d, sValid + wg * kBn6, c4, sl2, mx0, mx1);
     mn0 = fmaxf(prev0, mx0);
     mn1 = fmaxf(prev1, mx1);
     const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
     const float al0 = exp2f(m_run0 - mu0), al1 = exp2f(m_run1 - mu1);
     rescale_rows(oacc, al0, al1);
-    float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      d[i * 4] = exp2f(d[i * 4] - mu0);
-      d[i * 4 + 1] = exp2f(d[i * 4 + 1] - mu0);
-      d[i * 4 + 2] = exp2f(d[i * 4 + 2] - mu1);
-      d[i * 4 + 3] = exp2f(d[i * 4 + 3] - mu1);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {  // A fragments of the four 16-key steps
-      a[j][0] = mma::pack_bf16(d[8 * j], d[8 * j + 1]);
-      a[j][1] = mma::pack_bf16(d[8 * j + 2], d[8 * j + 3]);
-      a[j][2] = mma::pack_bf16(d[8 * j + 4], d[8 * j + 5]);
-      a[j][3] = mma::pack_bf16(d[8 * j + 6], d[8 * j + 7]);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {  // row sums of the bf16 values the products multiply
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&a[j][q]));
-        if (q % 2 == 0)
-          rs0 += f.x + f.y;
-        else
-          rs1 += f.x + f.y;
-      }
-    }
+    exp2_pack_p(d, mu0, mu1, a);
+    float rs0, rs1;
+    bf16_row_sums(a, rs0, rs1);
     l0 = l0 * al0 + rs0;
     l1 = l1 * al1 + rs1;
     m_run0 = mn0;
