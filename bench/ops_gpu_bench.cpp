@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -172,7 +174,8 @@ void bench_mla_fused(const int64_t* Ts, size_t nT) {
 // the FP8 peak, whichever is larger. DeepGEMM column: the active experts times DeepGEMM's single-expert T = 1
 // times on the H200 (GPU.md: gate_up 16.1 us + down 10.3 us, its weight-streaming rate; it has no grouped
 // decode figure on this machine).
-void bench_moe_experts() {
+constexpr int64_t kMoeTokens[] = {1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096};
+void bench_moe_experts(const std::vector<int64_t>& tokens) {
   namespace kc = dsaserve::kernels::cuda;
   constexpr int64_t kE = 256, kI = 2048, kTopK = 8;
   constexpr double kDeepGemmExpertUs = 16.1 + 10.3;
@@ -188,7 +191,7 @@ void bench_moe_experts() {
   // The experts' device table, derived once as at model load (it depends on no option).
   const std::shared_ptr<const ops::DerivedExperts> set = kc::make_backend({})->derive_experts(experts);
   std::mt19937 r(11);
-  for (int64_t T : {1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096}) {
+  for (int64_t T : tokens) {
     Tensor ids = Tensor::empty({T, kTopK}, DType::i32);
     std::vector<bool> used(kE, false);
     for (int64_t t = 0; t < T; ++t) {
@@ -209,23 +212,23 @@ void bench_moe_experts() {
     const struct {
       const char* tag;
       ops::MoePath path;
-      int tile_rows, split_min_rows;
-    } paths[] = {{"dev", ops::MoePath::device, 0, 0},
-                 {"dev_fp8", ops::MoePath::device_fp8, 0, 0},
-                 {"fp8/t8", ops::MoePath::device_fp8, 8, 0},
-                 {"fp8/t128", ops::MoePath::device_fp8, 128, 0},
-                 // The wgmma form's passes multiplied in halves (KernelOptions::moe_fp8_split_min_rows).
-                 {"fp8/s128", ops::MoePath::device_fp8, 128, 128},
-                 {"fp8/s64", ops::MoePath::device_fp8, 128, 64},
-                 {"host", ops::MoePath::host, 0, 0},
-                 {"auto", ops::MoePath::automatic, 0, 0}};
+      int tile_rows, tail_rows;
+    } paths[] = {{"dev", ops::MoePath::device, 0, ops::kMoeFp8TailRowsDefault},
+                 {"dev_fp8", ops::MoePath::device_fp8, 0, ops::kMoeFp8TailRowsDefault},
+                 {"fp8/t8", ops::MoePath::device_fp8, 8, ops::kMoeFp8TailRowsDefault},
+                 {"fp8/t128", ops::MoePath::device_fp8, 128, ops::kMoeFp8TailRowsDefault},
+                 // The wgmma form with every remainder past 128 rows in a pass of its own
+                 // (KernelOptions::moe_fp8_tail_rows 0).
+                 {"fp8/tail0", ops::MoePath::device_fp8, 128, 0},
+                 {"host", ops::MoePath::host, 0, ops::kMoeFp8TailRowsDefault},
+                 {"auto", ops::MoePath::automatic, 0, ops::kMoeFp8TailRowsDefault}};
     for (const auto& pa : paths) {
       if (pa.path == ops::MoePath::device && T > 256) continue;  // the CUDA-core kernels: ~100 ms there
       if (pa.tile_rows == 8 && T > 1024) continue;  // mma.sync passes at prefill sizes: ~11 ms at T = 1,024
       ops::KernelOptions ko;
       ko.moe = pa.path;
       ko.moe_fp8_tile_rows = pa.tile_rows;
-      ko.moe_fp8_split_min_rows = pa.split_min_rows;
+      ko.moe_fp8_tail_rows = pa.tail_rows;
       const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
       const double us = time_us([&] { be->moe_experts(x, routing, experts, nullptr, set.get()); }, 2, 10);
       fmt::print(
@@ -441,7 +444,7 @@ void bench_prefill_ops() {
 }
 }  // namespace
 
-// `ops_gpu_bench moe` runs only the routed experts' table, `ops_gpu_bench splits` only the small-T FP8
+// `ops_gpu_bench moe [T,T,..]` runs only the routed experts' table (at the given token counts), `ops_gpu_bench splits` only the small-T FP8
 // kernel's K-split sweep, `ops_gpu_bench pdl` only the programmatic-dependent-launch chains,
 // `ops_gpu_bench prefill` only the prefill ops' old / fused table.
 int main(int argc, char** argv) {
@@ -452,7 +455,20 @@ int main(int argc, char** argv) {
   ops::cuda::install_backend();
   fmt::print("ops_gpu_bench on {}\n", dsaserve::kernels::cuda::device_summary());
   if (argc > 1 && std::string(argv[1]) == "moe") {
-    bench_moe_experts();
+    std::vector<int64_t> tokens(std::begin(kMoeTokens), std::end(kMoeTokens));
+    if (argc > 2) {
+      tokens.clear();
+      std::stringstream list(argv[2]);
+      for (std::string item; std::getline(list, item, ',');) {
+        const int64_t t = std::strtoll(item.c_str(), nullptr, 10);
+        if (t < 1 || t > 65536) {
+          fmt::print(stderr, "ops_gpu_bench moe: token counts are 1..65536, got '{}'\n", item);
+          return 2;
+        }
+        tokens.push_back(t);
+      }
+    }
+    bench_moe_experts(tokens);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "splits") {
@@ -620,7 +636,7 @@ int main(int argc, char** argv) {
     }
   }
   bench_mla_fused(kTs, sizeof(kTs) / sizeof(kTs[0]));
-  bench_moe_experts();
+  bench_moe_experts({std::begin(kMoeTokens), std::end(kMoeTokens)});
   const auto st = dsaserve::kernels::cuda::gemm_stats();
   fmt::print(
       "GEMM paths: {} FP8 block-scaled calls, {} bf16, {} f32, {} FP8 weights dequantised (fallback), {} "

@@ -30,8 +30,8 @@
 //                       rows and the per-op tables with the first value)
 //                       [--split-fused-min-tokens N] [--absorb-fused-min-tokens N] (KernelOptions' thresholds
 //                       of the f32-activation kernel; 0: the old paths) [--silu-mul-fp8-copy 0|1]
-//                       [--moe-fp8-split-min-rows 0|64|128] (KernelOptions: the experts' wgmma passes of
-//                       that many rows and more multiplied in halves) [--mla-decode-kernel auto|v2|v5|v6]
+//                       [--moe-fp8-tail-rows 0..32] (KernelOptions: rows past 128 the experts' last wgmma
+//                       pass takes) [--mla-decode-kernel auto|v2|v5|v6]
 //                       (KernelOptions::mla_decode, every row's MLA attention kernel)
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
@@ -84,8 +84,8 @@ struct Args {
   // KernelOptions::gemm_split_fused_min_tokens / absorb_fused_min_tokens (-1: the defaults; 0: the old
   // paths): the f32-activation kernel's thresholds, for an old / new comparison of the prefill rows.
   int64_t split_fused_min_tokens = -1, absorb_fused_min_tokens = -1;
+  int moe_fp8_tail_rows = kernels::kMoeFp8TailRowsDefault;  // KernelOptions::moe_fp8_tail_rows
   int silu_mul_fp8_copy = -1;      // KernelOptions::silu_mul_fp8_copy (-1: the default; 0: off; 1: on)
-  int moe_fp8_split_min_rows = 0;  // KernelOptions::moe_fp8_split_min_rows (0, 64, 128)
   // The prefill rows' attention forms (ForwardOptions::attention), each a row: auto (the rule), absorbed,
   // mha.
   std::vector<std::string> prefill_forms{"auto"};
@@ -162,14 +162,14 @@ Args parse(int argc, char** argv) {
         a.pdl.push_back(kernels::parse_pdl(s.substr(p, q - p), "--pdl"));
         p = q + 1;
       }
-    } else if (k == "--split-fused-min-tokens")
+    } else if (k == "--moe-fp8-tail-rows")
+      a.moe_fp8_tail_rows = kernels::check_moe_fp8_tail_rows(std::stoi(val()), k);
+    else if (k == "--split-fused-min-tokens")
       a.split_fused_min_tokens = std::stoll(val());
     else if (k == "--absorb-fused-min-tokens")
       a.absorb_fused_min_tokens = std::stoll(val());
     else if (k == "--silu-mul-fp8-copy")
       a.silu_mul_fp8_copy = std::stoi(val()) != 0 ? 1 : 0;
-    else if (k == "--moe-fp8-split-min-rows")
-      a.moe_fp8_split_min_rows = kernels::check_moe_fp8_split_min_rows(std::stoi(val()), k);
     else if (k == "--prefill-forms") {
       a.prefill_forms.clear();
       const std::string s = val();
@@ -366,7 +366,7 @@ int run(const Args& a) {
     if (a.split_fused_min_tokens >= 0) ko.gemm_split_fused_min_tokens = a.split_fused_min_tokens;
     if (a.absorb_fused_min_tokens >= 0) ko.absorb_fused_min_tokens = a.absorb_fused_min_tokens;
     if (a.silu_mul_fp8_copy >= 0) ko.silu_mul_fp8_copy = a.silu_mul_fp8_copy == 1;
-    ko.moe_fp8_split_min_rows = a.moe_fp8_split_min_rows;
+    ko.moe_fp8_tail_rows = a.moe_fp8_tail_rows;
     for (bool pdl : a.pdl) {
       ko.pdl = pdl;
       variants.push_back({pdl, ko == kernels::KernelOptions{}

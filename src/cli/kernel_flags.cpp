@@ -18,8 +18,7 @@ kernels::KernelOptions KernelFlags::options() const {
             "--moe-fp8-tile-rows {}: expected 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)",
             moe_fp8_tile_rows);
   o.moe_fp8_tile_rows = moe_fp8_tile_rows;
-  o.moe_fp8_split_min_rows =
-      kernels::check_moe_fp8_split_min_rows(moe_fp8_split_min_rows, "--moe-fp8-split-min-rows");
+  o.moe_fp8_tail_rows = kernels::check_moe_fp8_tail_rows(moe_fp8_tail_rows, "--moe-fp8-tail-rows");
   o.mha = kernels::parse_mha_kernel(mha, "--mha-kernel");
   o.pdl = kernels::parse_pdl(pdl, "--pdl");
   return o;
@@ -64,11 +63,9 @@ std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub) {
                  "FP8 grouped experts: packed rows per pass, 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)")
       ->group(g)
       ->capture_default_str();
-  sub.add_option(
-         "--moe-fp8-split-min-rows", f->moe_fp8_split_min_rows,
-         "FP8 grouped experts, wgmma form: passes multiplied at this wgmma width or wider (64: passes "
-         "of 33-128 rows, 128: of 65-128; 0: none) multiply each K block in two halves, so that "
-         "folding one overlaps the other's wgmmas (same sums bit for bit)")
+  sub.add_option("--moe-fp8-tail-rows", f->moe_fp8_tail_rows,
+                 "FP8 grouped experts, wgmma form: rows past 128 that a group's last pass takes (0..32) instead "
+                 "of streaming the expert's weights again for them (same sums bit for bit)")
       ->group(g)
       ->capture_default_str();
   sub.add_option("--mha-kernel", f->mha,

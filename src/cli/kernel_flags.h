@@ -14,7 +14,7 @@ struct KernelFlags {
               gemm = "fast", moe = "auto", mha = "auto";
   std::string pdl{kernels::pdl_name(kernels::kPdlDefault)};
   int moe_fp8_tile_rows = 0;
-  int moe_fp8_split_min_rows = 0;
+  int moe_fp8_tail_rows = kernels::kMoeFp8TailRowsDefault;
   int64_t gemm_fp8_small_max_tokens = kernels::kGemmFp8SmallDefaultTokens;
   // The parsed value; throws dsaserve::Error naming the flag for an unknown name.
   kernels::KernelOptions options() const;

@@ -140,11 +140,9 @@ int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag) {
   return t;
 }
 
-int check_moe_fp8_split_min_rows(int r, std::string_view flag) {
-  DSA_CHECK(
-      r == 0 || r == 64 || r == 128,
-      "{}: expected 0 (no pass splits), 64 (passes of 33-128 rows) or 128 (passes of 65-128 rows), got {}",
-      flag, r);
+int check_moe_fp8_tail_rows(int r, std::string_view flag) {
+  DSA_CHECK(r >= 0 && r <= kMoeFp8TailRowsMax, "{}: the rows past 128 a pass takes are 0..{}, got {}", flag,
+            kMoeFp8TailRowsMax, r);
   return r;
 }
 
@@ -156,8 +154,8 @@ std::string describe(const KernelOptions& o) {
              name(o.mla_decode), name(o.mla_v5_order), name(o.indexer_score), name(o.indexer_select),
              name(o.gemm), o.gemm_fp8_small_max_tokens, name(o.moe)) +
          (o.moe_fp8_tile_rows != 0 ? fmt::format(" moe_fp8_tile_rows={}", o.moe_fp8_tile_rows) : "") +
-         (o.moe_fp8_split_min_rows != 0 ? fmt::format(" moe_fp8_split_min_rows={}", o.moe_fp8_split_min_rows)
-                                        : "") +
+         (o.moe_fp8_tail_rows != kMoeFp8TailRowsDefault ? fmt::format(" moe_fp8_tail_rows={}", o.moe_fp8_tail_rows)
+                                                        : "") +
          (!o.mla_head_groups_adjacent ? " mla_head_groups_adjacent=0" : "") +
          (o.mha != MhaKernel::automatic ? fmt::format(" mha={}", name(o.mha)) : "") +
          (o.pdl != kPdlDefault ? fmt::format(" pdl={}", pdl_name(o.pdl)) : "") +

@@ -121,6 +121,10 @@ enum class GemmPrecision : int { fast = 0, fp32 = 1 };
 // (gemm_small_params.h).
 inline constexpr int64_t kGemmFp8SmallMaxTokens = 32;
 inline constexpr int64_t kGemmFp8SmallDefaultTokens = 8;
+// The FP8 grouped experts' wgmma form (kernels/cuda/moe/moe_params.h MoeFp8GemmParams::tail_rows): a group's
+// last pass takes up to KernelOptions::moe_fp8_tail_rows rows past 128 (0..kMoeFp8TailRowsMax).
+inline constexpr int kMoeFp8TailRowsMax = 32;
+inline constexpr int kMoeFp8TailRowsDefault = 32;
 // The narrow bf16 linears' two-term recipe (routers, indexer heads: kernels/cuda/gemm/gemm.h): from
 // KernelOptions::gemm_split_fused_min_tokens tokens on, linear_multi's narrow parts (the indexer's wk +
 // weights_proj) run in one launch of the fused kernel (kernels/cuda/gemm/gemm_f32act_params.h: the f32 rows
@@ -181,11 +185,10 @@ struct KernelOptions {
   // The FP8 grouped experts' packed rows per pass (kernels/cuda/moe/moe_params.h MoeFp8GemmParams::tile_rows:
   // 8 the mma.sync form, 128 the wgmma form); 0: by the shapes (moe_fp8_tile_rows).
   int moe_fp8_tile_rows = 0;
-  // The wgmma form's passes multiplied at this wgmma width or wider (64: passes of 33-128 rows; 128: of
-  // 65-128; 0: none, the default until measured) multiply each K block in two halves, each its own commit
-  // group, so that folding one half's products into the sums overlaps the tensor cores' work on the other
-  // half (MoeFp8GemmParams::split_min_rows). The sums are the same bit for bit either way.
-  int moe_fp8_split_min_rows = 0;
+  // The wgmma form: rows a group's last pass takes past 128 (MoeFp8GemmParams::tail_rows: 0 .. 32), as a
+  // second wgmma on the same weight tile, instead of a pass of their own that streams the weights again.
+  // The sums are the same bit for bit either way.
+  int moe_fp8_tail_rows = kMoeFp8TailRowsDefault;
   MhaKernel mha = MhaKernel::automatic;
   bool pdl = kPdlDefault;  // programmatic dependent launches (above)
   bool operator==(const KernelOptions&) const = default;
@@ -214,10 +217,10 @@ MhaKernel parse_mha_kernel(std::string_view s, std::string_view flag);
 bool parse_pdl(std::string_view s, std::string_view flag);  // "on" / "off"
 // Throws dsaserve::Error naming `flag` unless 0 <= t <= kGemmFp8SmallMaxTokens; returns t.
 int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag);
-// Throws dsaserve::Error naming `flag` unless r is 0, 64 or 128; returns r.
-int check_moe_fp8_split_min_rows(int r, std::string_view flag);
+// Throws dsaserve::Error naming `flag` unless 0 <= r <= kMoeFp8TailRowsMax; returns r.
+int check_moe_fp8_tail_rows(int r, std::string_view flag);
 // "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast
-// gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " moe_fp8_split_min_rows=N", " mha=K",
+// gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " moe_fp8_tail_rows=N", " mha=K",
 // " pdl=on|off",
 // " gemm_split_fused_min_tokens=N", " absorb_fused_min_tokens=N", " silu_mul_fp8_copy=0|1" when not the
 // defaults).

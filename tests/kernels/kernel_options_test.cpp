@@ -185,26 +185,26 @@ TEST(KernelOptionsNames, RoundTripAndErrors) {
   EXPECT_EQ(describe(tiled),
             "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast "
             "gemm_fp8_small_max_tokens=8 moe=auto moe_fp8_tile_rows=128");
-  KernelOptions split;
-  split.moe_fp8_split_min_rows = 64;
-  EXPECT_EQ(describe(split),
+  KernelOptions no_tail;
+  no_tail.moe_fp8_tail_rows = 0;
+  EXPECT_EQ(describe(no_tail),
             "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast "
-            "gemm_fp8_small_max_tokens=8 moe=auto moe_fp8_split_min_rows=64");
+            "gemm_fp8_small_max_tokens=8 moe=auto moe_fp8_tail_rows=0");
+  EXPECT_EQ(check_moe_fp8_tail_rows(0, "--moe-fp8-tail-rows"), 0);
+  EXPECT_EQ(check_moe_fp8_tail_rows(32, "--moe-fp8-tail-rows"), 32);
+  for (int bad : {-1, 33, 128}) {
+    try {
+      check_moe_fp8_tail_rows(bad, "--moe-fp8-tail-rows");
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--moe-fp8-tail-rows"), std::string::npos) << e.what();
+    }
+  }
   KernelOptions apart;
   apart.mla_head_groups_adjacent = false;
   EXPECT_EQ(describe(apart),
             "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast "
             "gemm_fp8_small_max_tokens=8 moe=auto mla_head_groups_adjacent=0");
-  EXPECT_EQ(check_moe_fp8_split_min_rows(128, "--moe-fp8-split-min-rows"), 128);
-  EXPECT_EQ(check_moe_fp8_split_min_rows(0, "--moe-fp8-split-min-rows"), 0);
-  for (int bad : {-1, 1, 32, 96, 256}) {
-    try {
-      check_moe_fp8_split_min_rows(bad, "--moe-fp8-split-min-rows");
-      ADD_FAILURE() << bad;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("--moe-fp8-split-min-rows"), std::string::npos) << e.what();
-    }
-  }
   KernelOptions plain_mha;
   plain_mha.mha = MhaKernel::plain;
   EXPECT_EQ(describe(plain_mha),

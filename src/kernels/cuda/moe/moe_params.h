@@ -111,6 +111,7 @@ cudaError_t launch_moe_expert_gemm(const MoeExpertGemmParams& p, cudaStream_t st
 // are never visited: experts without rows are never read; the grid depends on the shapes only. Requires
 // 128x128 weight blocks, K % 128 == 0, K <= kMoeFp8MaxK, 16-byte aligned weights and xq.
 inline constexpr int64_t kMoeFp8MaxK = 16384;
+inline constexpr int64_t kMoeFp8MaxTailRows = 32;
 struct MoeFp8GemmParams {
   const MoeExpertWeights* table;  // [experts] device table (fp8 weights, f32 block scales)
   const int32_t* header;          // [4] of the grouping (header[0] = active experts)
@@ -127,9 +128,11 @@ struct MoeFp8GemmParams {
   bool gate_up;
   int tile_rows;  // packed rows per pass: 8 (mma.sync) or 128 (the wgmma form); either is correct at any
                   // size, it tunes speed
-  int split_min_rows = 0;  // the wgmma form: passes at this wgmma width or wider (64, 128; 0: none) multiply
-                           // in two halves (KernelOptions::moe_fp8_split_min_rows); same sums, other speed
-  bool pdl = false;        // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
+  // The wgmma form: a group's last pass takes up to this many rows past 128 (0 .. kMoeFp8MaxTailRows), as
+  // a second wgmma on the same weight tile, so that a remainder of that many rows does not stream the
+  // weights again (KernelOptions::moe_fp8_tail_rows); the same sums bit for bit, another speed.
+  int tail_rows = int(kMoeFp8MaxTailRows);
+  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 // Mean rows per expert from which the launch takes the wgmma form (tile_rows 128). Measured on the H200
 // (ops_gpu_bench moe, one GLM-5.3 layer, random top-8): T = 128 (4 rows per expert) mma.sync 2.55 ms

@@ -299,8 +299,8 @@ Quantised quantise(const float* x, int64_t stride, int64_t rows, int64_t cols, c
 
 // The input's FP8 copy `pre` when given (codes [Tp, H], scales [H / 128, Tp], Tp >= T), else x's.
 void device_fp8_experts(const RowView& xv, const Routing& routing, const DerivedExperts& tab,
-                        const int32_t* plan, const PlanLayout& l, int64_t K, int tile_rows,
-                        int split_min_rows, const Fp8Act* pre, Tensor& out, bool pdl) {
+                        const int32_t* plan, const PlanLayout& l, int64_t K, int tile_rows, int tail_rows,
+                        const Fp8Act* pre, Tensor& out, bool pdl) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
   DSA_CHECK(tab.hidden == H, "moe_experts: experts take {} features, the input has {}", tab.hidden, H);
   Quantised xq;
@@ -318,7 +318,7 @@ void device_fp8_experts(const RowView& xv, const Routing& routing, const Derived
   p.active = plan + l.active();
   p.experts = int(E);
   p.tile_rows = tile_rows != 0 ? tile_rows : moe_fp8_tile_rows(M, E);
-  p.split_min_rows = split_min_rows;
+  p.tail_rows = tail_rows;
   p.pdl = pdl;
   Tensor act = Tensor::empty({M, I}, DType::f32, Device::cuda);  // [M, I] silu(gate) * up, packed by expert
   p.in_rows = plan + l.rows();
@@ -467,8 +467,8 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
                      tab.block_k == 128;
     if (tab.unusable.empty()) {
       if (fp8) {
-        device_fp8_experts(xv, routing, tab, pd, l, K, o.moe_fp8_tile_rows, o.moe_fp8_split_min_rows, pre,
-                           out, o.pdl);
+        device_fp8_experts(xv, routing, tab, pd, l, K, o.moe_fp8_tile_rows, o.moe_fp8_tail_rows, pre, out,
+                           o.pdl);
       } else {
         device_experts(xv, routing, tab, pd, l, K, out, o.pdl);
       }

@@ -217,13 +217,17 @@ cudaError_t launch_tile(const MoeFp8GemmParams& p, cudaStream_t stream) {
 
 // ---- the wgmma form (tile_rows 128: prefill-sized groups), warp-specialised ----
 // Work item as above (128 weight rows of one active expert); a pass takes up to 128 packed rows of the
-// expert, so a group of <= 128 rows streams its weights once; the pass multiplies the narrowest wgmma N of
-// 16, 32, 64 and 128 that holds its rows (a group's tail pads to 16, not to 128). Multiplier warpgroup q
-// takes weight rows 64q .. 64q + 63 (gate_up: q = 0 gate, q = 1 up features n0 .. n0 + 63; down: features
-// n0 + 64q ..) times the pass's rows, each 128-wide K block as four m64nNk32 e4m3 wgmmas into a block
-// accumulator that is then scaled (weight block scale x the row's scale) into the pass's sums, the
-// block-scaled recipe of the mma.sync form. Weight and row tiles sit in shared memory in the 128-byte
-// swizzle of wgmma_desc_sw128 (row r's 16-byte chunk c at chunk c ^ (r % 8)).
+// expert, and a group's last pass takes up to tail_rows (<= 32) more (by default a remainder of 129-160 rows
+// is one pass), so a group of <= 160 rows streams its weights once: at 4,096 tokens over 256 experts (128 rows an expert on average)
+// about half the groups would otherwise stream them twice, the second time for a few rows. A pass
+// multiplies the narrowest wgmma N of 16, 32, 64 and 128 that holds its first 128 rows (a group's tail
+// pads to 16, not to 128), and its rows past 128 as a second wgmma of N 16 or 32 on the same weight tile.
+// Multiplier warpgroup q takes weight rows 64q .. 64q + 63 (gate_up: q = 0 gate, q = 1 up features
+// n0 .. n0 + 63; down: features n0 + 64q ..) times the pass's rows, each 128-wide K block as four m64nNk32
+// e4m3 wgmmas (and four more for the rows past 128) into a block accumulator that is then scaled (weight
+// block scale x the row's scale) into the pass's sums, the block-scaled recipe of the mma.sync form.
+// Weight and row tiles sit in shared memory in the 128-byte swizzle of wgmma_desc_sw128 (row r's 16-byte
+// chunk c at chunk c ^ (r % 8)).
 // Roles: warpgroup 0 copies (the weight and pass rows of every K block, cp.async into kStages stages, each
 // stage's arrival counted on its `full` mbarrier), warpgroups 1 and 2 multiply and release each stage on its
 // `empty` mbarrier once their wgmmas on it are done and its row scales read.
@@ -233,19 +237,31 @@ cudaError_t launch_tile(const MoeFp8GemmParams& p, cudaStream_t stream) {
 // warpgroup 2 to warpgroup 1 through a buffer of its own (named barrier 1 over the 256 multiplier threads).
 namespace ws {
 constexpr int kThreads = 384;
-constexpr int kTok = 128;  // packed rows per pass
+constexpr int kTok = 128;                // rows of a pass's first product
+constexpr int kTail = int(kMoeFp8MaxTailRows);  // rows a group's last pass may take past kTok
+constexpr int kPassMax = kTok + kTail;   // rows a pass holds at most
 constexpr int kStages = 5;
-constexpr int kA = kRows * 128;  // weight tile bytes per stage
-constexpr int kB = kTok * 128;   // row tile bytes per stage
+constexpr int kA = kRows * 128;    // weight tile bytes per stage
+constexpr int kB = kPassMax * 128;  // row tile bytes per stage (whole 1 KiB swizzle atoms)
 constexpr int kXsOff = kStages * (kA + kB);
-constexpr int kUpOff = kXsOff + kStages * kTok * 4;  // [64][128] f32 up sums (gate_up)
-constexpr int kBarOff = kUpOff + 64 * 128 * 4;
+constexpr int kUpOff = kXsOff + kStages * kPassMax * 4;  // [kPassMax / 2][128] f32 up sums (gate_up)
+constexpr int kBarOff = kUpOff + (kPassMax / 2) * 128 * 4;
 constexpr size_t kSmem = size_t(kBarOff) + 2 * kStages * 8 + 1024;  // + alignment
 static_assert(kSmem <= 227 * 1024, "shared memory");
+static_assert(kB % 1024 == 0 && (kTok * 128) % 1024 == 0, "stages and the tail's rows on swizzle atoms");
 }  // namespace ws
 
-// Rows the pass of `nr` packed rows multiplies: the narrowest wgmma N of 16, 32, 64, 128 that holds them.
+// Rows of the pass that starts `rem` rows before its group's end: all of them up to kTok + tail (tail:
+// MoeFp8GemmParams::tail_rows, 0 .. kTail), else kTok.
+__device__ __forceinline__ int ws_pass_rows(int32_t rem, int tail) {
+  return rem <= ws::kTok + tail ? int(rem) : ws::kTok;
+}
+// The wgmma N of a pass of `nr` rows: of its first 128 rows the narrowest of 16, 32, 64, 128 that holds
+// them; of the rest (tail) 0, 16 or 32.
 __device__ __forceinline__ int ws_width(int nr) { return nr > 64 ? 128 : nr > 32 ? 64 : nr > 16 ? 32 : 16; }
+__device__ __forceinline__ int ws_tail(int nr) {
+  return nr <= ws::kTok ? 0 : nr - ws::kTok > 16 ? 32 : 16;
+}
 
 // Folds one K block's products `blk` (N = NB pass rows from pass row r0) into the pass's sums acc[kOff ..],
 // each times the weight block's scale and the row's scale (xs: the stage's row scales).
@@ -263,124 +279,58 @@ __device__ __forceinline__ void ws_fold(float (&acc)[kAcc], const float (&blk)[N
   }
 }
 
-// A K block's four m64nNBk32 wgmmas of the warpgroup's 64 weight rows x the NB pass rows at b_addr into
-// blk, committed as one group.
-template <int NB>
-__device__ __forceinline__ void ws_issue(float (&blk)[NB / 2], uint32_t a_addr, uint32_t b_addr) {
-  mma::wgmma_fence();
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-    mma::wgmma_m64nk32_e4m3<NB>(blk, mma::wgmma_desc_sw128(a_addr + k * 32),
-                                mma::wgmma_desc_sw128(b_addr + k * 32), k);
-  mma::wgmma_commit();
-}
-
 // One multiplier warpgroup's pass: nkb K blocks from stages it0, it0 + 1, .. (mod kStages) into the pass's
-// sums, then the epilogue. SPLIT (passes of 64 or 128 rows, KernelOptions::moe_fp8_split_min_rows): each
-// block multiplies in two halves of NW / 2 rows, each its own commit group, so that folding one half
-// overlaps the tensor cores' work on the other: half 0 of block i + 1 is issued before half 1 of block i is
-// folded, half 1 of block i + 1 after it (two groups in flight at most; the stage of block i is released
-// once both its halves are folded). Each sum adds the same block products in the same order either way
-// (checked bit for bit: CudaMoe.Fp8SplitFoldIsBitIdentical).
-template <bool GATE_UP, int NW, bool SPLIT>
+// sums, then the epilogue. A K block's four m64nNWk32 wgmmas of the warpgroup's 64 weight rows x the pass's
+// first NW rows, and with a tail (TW 16 or 32, NW 128) four m64nTWk32 ones x rows 128 .. 128 + TW - 1, are
+// one commit group.
+template <bool GATE_UP, int NW, int TW>
 __device__ __forceinline__ void ws_consume(const MoeFp8GemmParams& p, uint8_t* smem, uint64_t* full,
                                            uint64_t* empty, int64_t it0, int64_t nkb, const float* sc,
                                            int64_t n0, int32_t g0, int nr, int q) {
   using namespace ws;
-  constexpr int kAcc = NW / 2;
+  static_assert(TW == 0 || NW == kTok, "a tail follows a whole first product");
+  constexpr int kAcc = NW / 2 + TW / 2;
   const int t = int(threadIdx.x) & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, c4 = lane & 3;
   const int64_t N = p.N;
   float acc[kAcc];
 #pragma unroll
   for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
-  if constexpr (!SPLIT) {
-    float sw = __ldg(sc);
-    for (int64_t i = 0; i < nkb; ++i) {
-      const int64_t it = it0 + i;
-      const int st = int(it % kStages);
-      mma::mbar_wait(full + st, uint32_t(it / kStages) & 1u);
-      mma::fence_proxy_async_smem();
-      const uint32_t a_addr = mma::smem_addr(smem + size_t(st) * kA + q * 64 * 128);
-      const uint32_t b_addr = mma::smem_addr(smem + size_t(kStages) * kA + size_t(st) * kB);
-      float blk[kAcc];
-      ws_issue<NW>(blk, a_addr, b_addr);
-      const float sw_next = i + 1 < nkb ? __ldg(sc + i + 1) : 0.0f;
-      mma::wgmma_wait<0>();
-      mma::wgmma_fence_operands(blk);
-      ws_fold<NW, 0>(acc, blk, reinterpret_cast<const float*>(smem + kXsOff) + st * kTok, sw, 0, c4);
-      mma::mbar_arrive(empty + st);
-      sw = sw_next;
-    }
-  } else {
-    static_assert(NW >= 64, "split passes of 64 or 128 rows only");
-    // The stage of block i (waited for, its async-proxy reads ordered) and its operands' addresses.
-    auto stage = [&](int64_t i, uint32_t& a_addr, uint32_t& b_addr) -> int {
-      const int64_t it = it0 + i;
-      const int st = int(it % kStages);
-      mma::mbar_wait(full + st, uint32_t(it / kStages) & 1u);
-      mma::fence_proxy_async_smem();
-      a_addr = mma::smem_addr(smem + size_t(st) * kA + q * 64 * 128);
-      b_addr = mma::smem_addr(smem + size_t(kStages) * kA + size_t(st) * kB);
-      return st;
-    };
-    const float* xs0 = reinterpret_cast<const float*>(smem + kXsOff);
-    constexpr int kH = NW / 2;             // rows per half
-    constexpr uint32_t kHalfB = kH * 128;  // bytes of B rows per half (whole 1 KiB swizzle atoms)
-    static_assert(kHalfB % 1024 == 0, "half 1's B rows must start on a swizzle atom");
-    float h0[kH / 2], h1[kH / 2];
-    // Runs of kRun blocks, unrolled: ptxas keeps wgmmas asynchronous across a wait_group 1 only where the
-    // groups it waits for were issued in the same straight-line run (a pipeline carried over the loop's
-    // back edge makes it serialise every wgmma: C7514), so each run starts with nothing in flight and ends
-    // with wait_group 0; seven of a run's eight half-folds overlap the other half's wgmmas.
-    constexpr int kRun = 4;
-    int64_t i = 0;
-    for (; i + kRun <= nkb; i += kRun) {
-      uint32_t a_addr = 0, b_addr = 0;
-      int st = stage(i, a_addr, b_addr);
-      ws_issue<kH>(h0, a_addr, b_addr);
-      ws_issue<kH>(h1, a_addr, b_addr + kHalfB);
-      float sw = __ldg(sc + i);
+  float sw = __ldg(sc);
+  for (int64_t i = 0; i < nkb; ++i) {
+    const int64_t it = it0 + i;
+    const int st = int(it % kStages);
+    mma::mbar_wait(full + st, uint32_t(it / kStages) & 1u);
+    mma::fence_proxy_async_smem();
+    const uint32_t a_addr = mma::smem_addr(smem + size_t(st) * kA + q * 64 * 128);
+    const uint32_t b_addr = mma::smem_addr(smem + size_t(kStages) * kA + size_t(st) * kB);
+    float blk[NW / 2];
+    [[maybe_unused]] float blt[TW > 0 ? TW / 2 : 8];
+    mma::wgmma_fence();
 #pragma unroll
-      for (int u = 0; u < kRun; ++u) {
-        const float* xs = xs0 + st * kTok;
-        mma::wgmma_wait<1>();  // half 0 of block i + u done (half 1 in flight)
-        mma::wgmma_fence_operands(h0);
-        ws_fold<kH, 0>(acc, h0, xs, sw, 0, c4);
-        int st_next = st;
-        float sw_next = 0.0f;
-        uint32_t a_next = 0, b_next = 0;
-        if (u + 1 < kRun) {
-          st_next = stage(i + u + 1, a_next, b_next);
-          sw_next = __ldg(sc + i + u + 1);
-          ws_issue<kH>(h0, a_next, b_next);
-          mma::wgmma_wait<1>();  // half 1 of block i + u done (half 0 of the next block in flight)
-        } else {
-          mma::wgmma_wait<0>();
-        }
-        mma::wgmma_fence_operands(h1);
-        ws_fold<kH, kAcc / 2>(acc, h1, xs, sw, kH, c4);
-        mma::mbar_arrive(empty + st);  // both halves' wgmmas on the stage done, its row scales read
-        if (u + 1 < kRun) ws_issue<kH>(h1, a_next, b_next + kHalfB);
-        st = st_next;
-        sw = sw_next;
-      }
+    for (int k = 0; k < 4; ++k)
+      mma::wgmma_m64nk32_e4m3<NW>(blk, mma::wgmma_desc_sw128(a_addr + k * 32),
+                                  mma::wgmma_desc_sw128(b_addr + k * 32), k);
+    if constexpr (TW > 0) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        mma::wgmma_m64nk32_e4m3<TW>(blt, mma::wgmma_desc_sw128(a_addr + k * 32),
+                                    mma::wgmma_desc_sw128(b_addr + kTok * 128 + k * 32), k);
     }
-    for (; i < nkb; ++i) {  // the blocks past the last whole run (K not a multiple of 4 x 128)
-      uint32_t a_addr = 0, b_addr = 0;
-      const int st = stage(i, a_addr, b_addr);
-      ws_issue<kH>(h0, a_addr, b_addr);
-      ws_issue<kH>(h1, a_addr, b_addr + kHalfB);
-      const float sw = __ldg(sc + i);
-      const float* xs = xs0 + st * kTok;
-      mma::wgmma_wait<0>();
-      mma::wgmma_fence_operands(h0);
-      mma::wgmma_fence_operands(h1);
-      ws_fold<kH, 0>(acc, h0, xs, sw, 0, c4);
-      ws_fold<kH, kAcc / 2>(acc, h1, xs, sw, kH, c4);
-      mma::mbar_arrive(empty + st);
+    mma::wgmma_commit();
+    const float sw_next = i + 1 < nkb ? __ldg(sc + i + 1) : 0.0f;
+    mma::wgmma_wait<0>();
+    mma::wgmma_fence_operands(blk);
+    const float* xs = reinterpret_cast<const float*>(smem + kXsOff) + st * kPassMax;
+    ws_fold<NW, 0>(acc, blk, xs, sw, 0, c4);
+    if constexpr (TW > 0) {
+      mma::wgmma_fence_operands(blt);
+      ws_fold<TW, NW / 2>(acc, blt, xs, sw, kTok, c4);
     }
+    mma::mbar_arrive(empty + st);
+    sw = sw_next;
   }
-  // acc[4j + e]: weight row 16 warp + g + 8 (e / 2) of this warpgroup's 64, pass row 8j + 2 c4 + e % 2.
+  // acc[4j + e]: weight row 16 warp + g + 8 (e / 2) of this warpgroup's 64, pass row 8j + 2 c4 + e % 2
+  // (the tail's sums continue the first product's: j >= 16 are rows 128 ..).
   if (GATE_UP) {
     float* up = reinterpret_cast<float*>(smem + kUpOff);  // [kAcc][128 threads]
     if (q == 1) {
@@ -410,11 +360,11 @@ __device__ __forceinline__ void ws_consume(const MoeFp8GemmParams& p, uint8_t* s
   }
 }
 
-// SPLIT_MIN: passes at this wgmma width or wider (64, 128; 0: none) multiply in halves (ws_consume).
-template <bool GATE_UP, int SPLIT_MIN>
+template <bool GATE_UP>
 __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const MoeFp8GemmParams p) {
   using namespace ws;
   constexpr int kFeat = GATE_UP ? 64 : 128;
+  constexpr int kCopyRows = kPassMax / 16;  // pass rows a copying thread covers (weight rows: 8)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (mma::smem_addr(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1 KiB
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOff);
@@ -435,8 +385,8 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
   int64_t it = 0;  // K blocks this CTA has gone through (both roles count the same sequence)
   if (role == 0) {
     mma::setmaxnreg_dec<72>();
-    // Thread t copies 16-byte chunk t % 8 of tile rows t / 8 + 16 j, j = 0..7 (a warp: 4 whole rows of 128
-    // bytes, coalesced), and the scale of pass row t.
+    // Thread t copies 16-byte chunk t % 8 of tile rows t / 8 + 16 j (a warp: 4 whole rows of 128 bytes,
+    // coalesced), weight rows j < 8 and pass rows j < kCopyRows, and the scales of pass rows t and t + 128.
     const int t = tid, c = t & 7, r0 = t >> 3;
     for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
       const int e = p.active[item / tiles];
@@ -445,16 +395,16 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
       const MoeExpertWeights ew = p.table[e];
       const uint8_t* w_lo = static_cast<const uint8_t*>(GATE_UP ? ew.gate : ew.down);
       const uint8_t* w_hi = static_cast<const uint8_t*>(GATE_UP ? ew.up : ew.down);
-      for (int32_t g0 = m0; g0 < m1; g0 += kTok) {
-        const int nr = m1 - g0 < kTok ? int(m1 - g0) : kTok;
-        const int nw = ws_width(nr);
-        int32_t src[8];
+      for (int32_t g0 = m0; g0 < m1;) {
+        const int nr = ws_pass_rows(m1 - g0, p.tail_rows);
+        const int nw = ws_width(nr < kTok ? nr : kTok), tw = ws_tail(nr);
+        // Pass row r is copied when a wgmma reads it: r < nw, or in the tail's kTok .. kTok + tw - 1.
+        auto wanted = [&](int r) { return r < nw || (r >= kTok && r < kTok + tw); };
+        auto src_of = [&](int r) -> int32_t { return r < nr ? (p.in_rows ? p.in_rows[g0 + r] : g0 + r) : -1; };
+        int32_t src[kCopyRows];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int r = r0 + 16 * j;
-          src[j] = r < nr ? (p.in_rows ? p.in_rows[g0 + r] : g0 + r) : -1;
-        }
-        const int32_t srow = t < nr ? (p.in_rows ? p.in_rows[g0 + t] : g0 + t) : -1;
+        for (int j = 0; j < kCopyRows; ++j) src[j] = src_of(r0 + 16 * j);
+        const int32_t srow0 = src_of(t), srow1 = t + kTok < kPassMax ? src_of(t + kTok) : -1;
         for (int64_t kb = 0; kb < nkb; ++kb, ++it) {
           const int st = int(it % kStages);
           if (it >= kStages) mma::mbar_wait(empty + st, uint32_t(it / kStages - 1) & 1u);
@@ -470,18 +420,22 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
                             (hi ? w_hi : w_lo) + (ok ? f : 0) * K + kb * 128 + c * 16, ok ? 16 : 0);
           }
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
+          for (int j = 0; j < kCopyRows; ++j) {
             const int r = r0 + 16 * j;
-            if (r < nw)
+            if (wanted(r))
               mma::cp_async16(b + r * 128 + ((c ^ (r & 7)) * 16),
                               p.xq + int64_t(src[j] >= 0 ? src[j] : 0) * K + kb * 128 + c * 16,
                               src[j] >= 0 ? 16 : 0);
           }
-          if (t < nw)
-            mma::cp_async4(smem + kXsOff + (st * kTok + t) * 4,
-                           p.x_scale + kb * p.x_scale_ld + (srow >= 0 ? srow : 0), srow >= 0 ? 4 : 0);
+          float* xs = reinterpret_cast<float*>(smem + kXsOff) + st * kPassMax;
+          if (wanted(t))
+            mma::cp_async4(xs + t, p.x_scale + kb * p.x_scale_ld + (srow0 >= 0 ? srow0 : 0), srow0 >= 0 ? 4 : 0);
+          if (t + kTok < kPassMax && wanted(t + kTok))
+            mma::cp_async4(xs + t + kTok, p.x_scale + kb * p.x_scale_ld + (srow1 >= 0 ? srow1 : 0),
+                           srow1 >= 0 ? 4 : 0);
           mma::cp_async_mbar_arrive_noinc(full + st);
         }
+        g0 += nr;
       }
     }
     mma::cp_async_wait<0>();
@@ -494,28 +448,29 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
       const int32_t m0 = p.offsets[e], m1 = p.offsets[e + 1];
       const MoeExpertWeights ew = p.table[e];
       const float* sc = (GATE_UP ? (q ? ew.up_scale : ew.gate_scale) : ew.down_scale) + (n0 / 128) * nkb;
-      for (int32_t g0 = m0; g0 < m1; g0 += kTok, it += nkb) {
-        const int nr = m1 - g0 < kTok ? int(m1 - g0) : kTok;
-        switch (ws_width(nr)) {
-          case 128:
-            ws_consume<GATE_UP, 128, (SPLIT_MIN > 0 && SPLIT_MIN <= 128)>(p, smem, full, empty, it, nkb, sc,
-                                                                          n0, g0, nr, q);
-            break;
-          case 64:
-            ws_consume<GATE_UP, 64, (SPLIT_MIN > 0 && SPLIT_MIN <= 64)>(p, smem, full, empty, it, nkb, sc, n0,
-                                                                        g0, nr, q);
-            break;
-          case 32: ws_consume<GATE_UP, 32, false>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
-          default: ws_consume<GATE_UP, 16, false>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+      for (int32_t g0 = m0; g0 < m1;) {
+        const int nr = ws_pass_rows(m1 - g0, p.tail_rows);
+        switch (ws_tail(nr)) {
+          case 32: ws_consume<GATE_UP, 128, 32>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+          case 16: ws_consume<GATE_UP, 128, 16>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+          default:
+            switch (ws_width(nr)) {
+              case 128: ws_consume<GATE_UP, 128, 0>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+              case 64: ws_consume<GATE_UP, 64, 0>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+              case 32: ws_consume<GATE_UP, 32, 0>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+              default: ws_consume<GATE_UP, 16, 0>(p, smem, full, empty, it, nkb, sc, n0, g0, nr, q); break;
+            }
         }
+        g0 += nr;
+        it += nkb;
       }
     }
   }
 }
 
-template <bool GATE_UP, int SPLIT_MIN>
+template <bool GATE_UP>
 cudaError_t launch_ws(const MoeFp8GemmParams& p, cudaStream_t stream) {
-  return launch_persistent < sm90_moe_fp8_ws_kernel<GATE_UP, SPLIT_MIN>, ws::kSmem, GATE_UP ? 64 : 128,
+  return launch_persistent < sm90_moe_fp8_ws_kernel<GATE_UP>, ws::kSmem, GATE_UP ? 64 : 128,
          ws::kThreads > (p, stream);
 }
 
@@ -523,13 +478,7 @@ template <bool GATE_UP>
 cudaError_t launch_rows(const MoeFp8GemmParams& p, cudaStream_t stream) {
   switch (p.tile_rows) {
     case 8: return launch_tile<GATE_UP, 1>(p, stream);
-    case 128:
-      switch (p.split_min_rows) {
-        case 0: return launch_ws<GATE_UP, 0>(p, stream);
-        case 64: return launch_ws<GATE_UP, 64>(p, stream);
-        case 128: return launch_ws<GATE_UP, 128>(p, stream);
-        default: return cudaErrorInvalidValue;
-      }
+    case 128: return launch_ws<GATE_UP>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -544,7 +493,7 @@ int moe_fp8_tile_rows(int64_t pairs, int64_t experts) {
 cudaError_t launch_moe_fp8_gemm(const MoeFp8GemmParams& p, cudaStream_t stream) {
   if (p.N == 0 || p.experts == 0) return cudaSuccess;
   if (p.K <= 0 || p.K % 128 != 0 || p.K > kMoeFp8MaxK || p.experts > 65535 || p.x_scale_ld <= 0 ||
-      (p.split_min_rows != 0 && p.split_min_rows != 64 && p.split_min_rows != 128))
+      p.tail_rows < 0 || p.tail_rows > kMoeFp8MaxTailRows)
     return cudaErrorInvalidValue;
   return p.gate_up ? launch_rows<true>(p, stream) : launch_rows<false>(p, stream);
 }

@@ -387,11 +387,9 @@ TEST_F(CudaMoe, Fp8TensorCoreGlmShapes) {
 }
 
 // The wgmma form where K is not a multiple of four 128-wide blocks: H = 6,784 (53 K blocks for gate / up)
-// and I = 2,432 (19 for down), the widths at which the split form (--moe-fp8-split-min-rows) ends its runs
-// of four blocks with 1 or 3 more; here today's unsplit kernel against the emulation
-// (Fp8SplitFoldIsBitIdentical holds the split form to it bit for bit at these widths). The rows stay GLM-wide
-// so that the GLM tolerances hold. Mean 64 rows per expert (passes of 33-64 and 65-128 rows), 128 (whole
-// 128-row passes and their remainders), and the skewed routing at T = 384 (experts 0-2 exactly one 128-row
+// and I = 2,432 (19 for down), against the emulation. The rows stay GLM-wide so that the GLM tolerances
+// hold. Mean 64 rows per expert (passes of 33-64 and 65-128 rows), 128 (128-row passes, remainders of up to
+// 32 rows taken by the pass before them, larger ones in passes of their own), and the skewed routing at T = 384 (experts 0-2 exactly one 128-row
 // pass each, the other 13 ~207 rows: a 128-row pass and one of ~79).
 TEST_F(CudaMoe, Fp8TensorCoreKBlocksPastWholeRuns) {
   constexpr int64_t kH = 6784, kI = 2432, kE = 16, kK = 8;
@@ -415,47 +413,45 @@ TEST_F(CudaMoe, Fp8TensorCoreKBlocksPastWholeRuns) {
   }
 }
 
-// KernelOptions::moe_fp8_split_min_rows (the wgmma form's 64- / 128-row passes multiplied in two halves)
-// changes when a block's products are folded into the sums, not which products or in what order: the
-// output equals the unsplit kernel's bit for bit. GLM-5.3 widths (48 / 16 K blocks: whole runs of four)
-// and H 6,784 / I 2,432 (53 / 19: runs and remainders); routings whose passes are 33-64 rows (split 64
-// only), 65-128 rows and whole 128s (kind 2: one expert with every pair; kind 3: three crowded experts).
-TEST_F(CudaMoe, Fp8SplitFoldIsBitIdentical) {
-  struct Shape {
-    int64_t H, I, E;
+// A group's last pass takes up to KernelOptions::moe_fp8_tail_rows (32) rows past 128, so a remainder of
+// 129-160 rows is one pass and its weights stream once: the rows past 128 multiply as a second wgmma (N 16 or
+// 32) on the same weight tile, in the same commit group. The sums equal, bit for bit, those of tail_rows 0
+// (the same rows in a pass of their own, the first 128 in a plain 128-row pass). GLM-5.3 widths: n tokens
+// all on one expert (top-1), n = 129, 144, 145, 160 (tails of 1, 16, 17, 32 rows: N 16, 16, 32, 32), 161
+// (33: a pass of its own either way), 288 (a 128-row pass, then 128 + 32); and random top-8 routings of 256
+// and 320 tokens over 16 experts (128 / 160 rows an expert on average: many 129-160-row groups). Each fused
+// result also against the emulation.
+TEST_F(CudaMoe, Fp8WgmmaTailRowsEqualTheirOwnPass) {
+  constexpr int64_t kH = 6144, kI = 2048, kE = 16;
+  const ExpertSet s = make_experts(8, kE, kH, kI, DType::f8e4m3fn, 9950);
+  auto backend_with_tail = [](int tail) {
+    KernelOptions o;
+    o.moe = MoePath::device_fp8;
+    o.moe_fp8_tile_rows = 128;
+    o.moe_fp8_tail_rows = tail;
+    return make_backend(o);
   };
-  constexpr int64_t kK = 8;
-  for (const Shape& sh : {Shape{6144, 2048, 256}, Shape{6784, 2432, 16}}) {
-    const ExpertSet s = make_experts(8, sh.E, sh.H, sh.I, DType::f8e4m3fn, 9900);
-    for (int64_t T : {257, 1024}) {
-      for (int kind : {0, 2, 3}) {
-        const Routing r = make_routing(T, kK, sh.E, kind, 9910 + uint64_t(T * 3 + kind));
-        const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
-        const Tensor x_d = rand_f32({T, sh.H}, 9920 + uint64_t(T)).to(Device::cuda);
-        std::vector<Tensor> got;
-        for (int split : {0, 64, 128}) {
-          KernelOptions o;
-          o.moe = MoePath::device_fp8;
-          o.moe_fp8_tile_rows = 128;
-          o.moe_fp8_split_min_rows = split;
-          got.push_back(
-              make_backend(o)->moe_experts(x_d, r_d, s.gpu, nullptr, s.table.get()).to(Device::cpu));
-        }
-        for (size_t v = 1; v < got.size(); ++v) {
-          ASSERT_EQ(got[v].numel(), got[0].numel());
-          const float *a = got[0].data<float>(), *b = got[v].data<float>();
-          int64_t differ = 0;
-          for (int64_t i = 0; i < got[0].numel(); ++i)
-            differ += std::memcmp(a + i, b + i, sizeof(float)) != 0 ? 1 : 0;
-          const int split = v == 1 ? 64 : 128;
-          fmt::print(
-              "RESULT op=moe_experts split_fold H={} I={} E={} T={} kind={} split_min_rows={}: {} of {} "
-              "outputs differ from the unsplit kernel {}\n",
-              sh.H, sh.I, sh.E, T, kind, split, differ, got[0].numel(), differ == 0 ? "ok" : "FAIL");
-          EXPECT_EQ(differ, 0) << "H=" << sh.H << " T=" << T << " kind=" << kind << " split=" << split;
-        }
-      }
-    }
+  const std::shared_ptr<Backend> fused = backend_with_tail(32), apart = backend_with_tail(0);
+  struct Case {
+    int64_t T, K;
+  };
+  for (const Case& c : {Case{129, 1}, Case{144, 1}, Case{145, 1}, Case{160, 1}, Case{161, 1}, Case{288, 1},
+                        Case{256, 8}, Case{320, 8}}) {
+    const Routing r = make_routing(c.T, c.K, kE, c.K == 1 ? 2 : 0, 9960 + uint64_t(c.T));  // K 1: all on expert 7
+    const Tensor x = rand_f32({c.T, kH}, 9970 + uint64_t(c.T));
+    const Tensor x_d = x.to(Device::cuda);
+    const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
+    const Tensor a = fused->moe_experts(x_d, r_d, s.gpu, nullptr, s.table.get()).to(Device::cpu);
+    const Tensor b = apart->moe_experts(x_d, r_d, s.gpu, nullptr, s.table.get()).to(Device::cpu);
+    ASSERT_EQ(a.numel(), b.numel());
+    int64_t differ = 0;
+    for (int64_t i = 0; i < a.numel(); ++i)
+      differ += std::memcmp(a.data<float>() + i, b.data<float>() + i, sizeof(float)) != 0 ? 1 : 0;
+    fmt::print("RESULT op=moe_experts wgmma_tail T={} top-{}: {} of {} outputs differ from tail_rows 0 {}\n",
+               c.T, c.K, differ, a.numel(), differ == 0 ? "ok" : "FAIL");
+    EXPECT_EQ(differ, 0) << "T=" << c.T << " K=" << c.K;
+    report_gemm(fmt::format("moe_experts glm device_fp8 wgmma_tail T={} top-{} ~cpu_fp8_emulation", c.T, c.K),
+                shape_str(x.shape()), a, reference_fp8_emulated(x, r, s), kTolFp8EmulatedGlmWgmma);
   }
 }
 
