@@ -66,12 +66,12 @@ int main(int argc, char** argv) {
     oo = std::min(oo, parse_seconds(o_obj, kObjects));
     oa = std::min(oa, parse_seconds(o_arr, kObjects));
   }
-  fmt::print("| {:<40} | {:>10} | {:>10} | {:>6} |\n", "body (floor: the same size as arrays)", "ms", "floor ms",
-             "ratio");
+  fmt::print("| {:<40} | {:>10} | {:>10} | {:>6} |\n", "body (floor: the same size as arrays)", "ms",
+             "floor ms", "ratio");
   fmt::print("|{:-<42}|{:->12}|{:->12}|{:->8}|\n", "", "", "", "");
-  fmt::print("| {:<40} | {:>10.2f} | {:>10.2f} | {:>6.2f} |\n", "one object of 64,000 keys", ko * 1e3, ka * 1e3,
-             ka / ko);
-  fmt::print("| {:<40} | {:>10.2f} | {:>10.2f} | {:>6.2f} |\n", "an array of 400,000 objects", oo * 1e3, oa * 1e3,
-             oa / oo);
+  fmt::print("| {:<40} | {:>10.2f} | {:>10.2f} | {:>6.2f} |\n", "one object of 64,000 keys", ko * 1e3,
+             ka * 1e3, ka / ko);
+  fmt::print("| {:<40} | {:>10.2f} | {:>10.2f} | {:>6.2f} |\n", "an array of 400,000 objects", oo * 1e3,
+             oa * 1e3, oa / oo);
   return 0;
 }

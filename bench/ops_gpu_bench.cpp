@@ -444,9 +444,9 @@ void bench_prefill_ops() {
 }
 }  // namespace
 
-// `ops_gpu_bench moe [T,T,..]` runs only the routed experts' table (at the given token counts), `ops_gpu_bench splits` only the small-T FP8
-// kernel's K-split sweep, `ops_gpu_bench pdl` only the programmatic-dependent-launch chains,
-// `ops_gpu_bench prefill` only the prefill ops' old / fused table.
+// `ops_gpu_bench moe [T,T,..]` runs only the routed experts' table (at the given token counts),
+// `ops_gpu_bench splits` only the small-T FP8 kernel's K-split sweep, `ops_gpu_bench pdl` only the
+// programmatic-dependent-launch chains, `ops_gpu_bench prefill` only the prefill ops' old / fused table.
 int main(int argc, char** argv) {
   if (dsaserve::kernels::cuda::device_count() == 0) {
     fmt::print("ops_gpu_bench: no CUDA device, nothing to measure\n");

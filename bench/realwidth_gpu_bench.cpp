@@ -85,7 +85,7 @@ struct Args {
   // paths): the f32-activation kernel's thresholds, for an old / new comparison of the prefill rows.
   int64_t split_fused_min_tokens = -1, absorb_fused_min_tokens = -1;
   int moe_fp8_tail_rows = kernels::kMoeFp8TailRowsDefault;  // KernelOptions::moe_fp8_tail_rows
-  int silu_mul_fp8_copy = -1;      // KernelOptions::silu_mul_fp8_copy (-1: the default; 0: off; 1: on)
+  int silu_mul_fp8_copy = -1;  // KernelOptions::silu_mul_fp8_copy (-1: the default; 0: off; 1: on)
   // The prefill rows' attention forms (ForwardOptions::attention), each a row: auto (the rule), absorbed,
   // mha.
   std::vector<std::string> prefill_forms{"auto"};

@@ -63,9 +63,10 @@ std::shared_ptr<KernelFlags> add_kernel_flags(CLI::App& sub) {
                  "FP8 grouped experts: packed rows per pass, 0 (by the shapes), 8 (mma.sync) or 128 (wgmma)")
       ->group(g)
       ->capture_default_str();
-  sub.add_option("--moe-fp8-tail-rows", f->moe_fp8_tail_rows,
-                 "FP8 grouped experts, wgmma form: rows past 128 that a group's last pass takes (0..32) instead "
-                 "of streaming the expert's weights again for them (same sums bit for bit)")
+  sub.add_option(
+         "--moe-fp8-tail-rows", f->moe_fp8_tail_rows,
+         "FP8 grouped experts, wgmma form: rows past 128 that a group's last pass takes (0..32) instead "
+         "of streaming the expert's weights again for them (same sums bit for bit)")
       ->group(g)
       ->capture_default_str();
   sub.add_option("--mha-kernel", f->mha,

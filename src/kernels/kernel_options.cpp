@@ -154,8 +154,9 @@ std::string describe(const KernelOptions& o) {
              name(o.mla_decode), name(o.mla_v5_order), name(o.indexer_score), name(o.indexer_select),
              name(o.gemm), o.gemm_fp8_small_max_tokens, name(o.moe)) +
          (o.moe_fp8_tile_rows != 0 ? fmt::format(" moe_fp8_tile_rows={}", o.moe_fp8_tile_rows) : "") +
-         (o.moe_fp8_tail_rows != kMoeFp8TailRowsDefault ? fmt::format(" moe_fp8_tail_rows={}", o.moe_fp8_tail_rows)
-                                                        : "") +
+         (o.moe_fp8_tail_rows != kMoeFp8TailRowsDefault
+              ? fmt::format(" moe_fp8_tail_rows={}", o.moe_fp8_tail_rows)
+              : "") +
          (!o.mla_head_groups_adjacent ? " mla_head_groups_adjacent=0" : "") +
          (o.mha != MhaKernel::automatic ? fmt::format(" mha={}", name(o.mha)) : "") +
          (o.pdl != kPdlDefault ? fmt::format(" pdl={}", pdl_name(o.pdl)) : "") +

@@ -112,7 +112,8 @@ TEST(JsonBody, ManyKeysAndArraysOfObjects) {
     ++i;
   }
   std::string objects = "[";
-  for (int j = 0; j < kObjects; ++j) objects += fmt::format("{}{{\"a\":[{}],\"b\":{{\"c\":{}}}}}", j ? "," : "", j, -j);
+  for (int j = 0; j < kObjects; ++j)
+    objects += fmt::format("{}{{\"a\":[{}],\"b\":{{\"c\":{}}}}}", j ? "," : "", j, -j);
   objects += "]";
   const ojson arr = parse_json_body(objects, {});
   EXPECT_EQ(arr, ojson::parse(objects));

@@ -218,14 +218,14 @@ cudaError_t launch_tile(const MoeFp8GemmParams& p, cudaStream_t stream) {
 // ---- the wgmma form (tile_rows 128: prefill-sized groups), warp-specialised ----
 // Work item as above (128 weight rows of one active expert); a pass takes up to 128 packed rows of the
 // expert, and a group's last pass takes up to tail_rows (<= 32) more (by default a remainder of 129-160 rows
-// is one pass), so a group of <= 160 rows streams its weights once: at 4,096 tokens over 256 experts (128 rows an expert on average)
-// about half the groups would otherwise stream them twice, the second time for a few rows. A pass
-// multiplies the narrowest wgmma N of 16, 32, 64 and 128 that holds its first 128 rows (a group's tail
-// pads to 16, not to 128), and its rows past 128 as a second wgmma of N 16 or 32 on the same weight tile.
-// Multiplier warpgroup q takes weight rows 64q .. 64q + 63 (gate_up: q = 0 gate, q = 1 up features
-// n0 .. n0 + 63; down: features n0 + 64q ..) times the pass's rows, each 128-wide K block as four m64nNk32
-// e4m3 wgmmas (and four more for the rows past 128) into a block accumulator that is then scaled (weight
-// block scale x the row's scale) into the pass's sums, the block-scaled recipe of the mma.sync form.
+// is one pass), so a group of <= 160 rows streams its weights once: at 4,096 tokens over 256 experts (128
+// rows an expert on average) about half the groups would otherwise stream them twice, the second time for a
+// few rows. A pass multiplies the narrowest wgmma N of 16, 32, 64 and 128 that holds its first 128 rows (a
+// group's tail pads to 16, not to 128), and its rows past 128 as a second wgmma of N 16 or 32 on the same
+// weight tile. Multiplier warpgroup q takes weight rows 64q .. 64q + 63 (gate_up: q = 0 gate, q = 1 up
+// features n0 .. n0 + 63; down: features n0 + 64q ..) times the pass's rows, each 128-wide K block as four
+// m64nNk32 e4m3 wgmmas (and four more for the rows past 128) into a block accumulator that is then scaled
+// (weight block scale x the row's scale) into the pass's sums, the block-scaled recipe of the mma.sync form.
 // Weight and row tiles sit in shared memory in the 128-byte swizzle of wgmma_desc_sw128 (row r's 16-byte
 // chunk c at chunk c ^ (r % 8)).
 // Roles: warpgroup 0 copies (the weight and pass rows of every K block, cp.async into kStages stages, each
@@ -237,11 +237,11 @@ cudaError_t launch_tile(const MoeFp8GemmParams& p, cudaStream_t stream) {
 // warpgroup 2 to warpgroup 1 through a buffer of its own (named barrier 1 over the 256 multiplier threads).
 namespace ws {
 constexpr int kThreads = 384;
-constexpr int kTok = 128;                // rows of a pass's first product
+constexpr int kTok = 128;                       // rows of a pass's first product
 constexpr int kTail = int(kMoeFp8MaxTailRows);  // rows a group's last pass may take past kTok
-constexpr int kPassMax = kTok + kTail;   // rows a pass holds at most
+constexpr int kPassMax = kTok + kTail;          // rows a pass holds at most
 constexpr int kStages = 5;
-constexpr int kA = kRows * 128;    // weight tile bytes per stage
+constexpr int kA = kRows * 128;     // weight tile bytes per stage
 constexpr int kB = kPassMax * 128;  // row tile bytes per stage (whole 1 KiB swizzle atoms)
 constexpr int kXsOff = kStages * (kA + kB);
 constexpr int kUpOff = kXsOff + kStages * kPassMax * 4;  // [kPassMax / 2][128] f32 up sums (gate_up)
@@ -259,9 +259,7 @@ __device__ __forceinline__ int ws_pass_rows(int32_t rem, int tail) {
 // The wgmma N of a pass of `nr` rows: of its first 128 rows the narrowest of 16, 32, 64, 128 that holds
 // them; of the rest (tail) 0, 16 or 32.
 __device__ __forceinline__ int ws_width(int nr) { return nr > 64 ? 128 : nr > 32 ? 64 : nr > 16 ? 32 : 16; }
-__device__ __forceinline__ int ws_tail(int nr) {
-  return nr <= ws::kTok ? 0 : nr - ws::kTok > 16 ? 32 : 16;
-}
+__device__ __forceinline__ int ws_tail(int nr) { return nr <= ws::kTok ? 0 : nr - ws::kTok > 16 ? 32 : 16; }
 
 // Folds one K block's products `blk` (N = NB pass rows from pass row r0) into the pass's sums acc[kOff ..],
 // each times the weight block's scale and the row's scale (xs: the stage's row scales).
@@ -400,7 +398,9 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
         const int nw = ws_width(nr < kTok ? nr : kTok), tw = ws_tail(nr);
         // Pass row r is copied when a wgmma reads it: r < nw, or in the tail's kTok .. kTok + tw - 1.
         auto wanted = [&](int r) { return r < nw || (r >= kTok && r < kTok + tw); };
-        auto src_of = [&](int r) -> int32_t { return r < nr ? (p.in_rows ? p.in_rows[g0 + r] : g0 + r) : -1; };
+        auto src_of = [&](int r) -> int32_t {
+          return r < nr ? (p.in_rows ? p.in_rows[g0 + r] : g0 + r) : -1;
+        };
         int32_t src[kCopyRows];
 #pragma unroll
         for (int j = 0; j < kCopyRows; ++j) src[j] = src_of(r0 + 16 * j);
@@ -429,7 +429,8 @@ __global__ void __launch_bounds__(ws::kThreads, 1) sm90_moe_fp8_ws_kernel(const 
           }
           float* xs = reinterpret_cast<float*>(smem + kXsOff) + st * kPassMax;
           if (wanted(t))
-            mma::cp_async4(xs + t, p.x_scale + kb * p.x_scale_ld + (srow0 >= 0 ? srow0 : 0), srow0 >= 0 ? 4 : 0);
+            mma::cp_async4(xs + t, p.x_scale + kb * p.x_scale_ld + (srow0 >= 0 ? srow0 : 0),
+                           srow0 >= 0 ? 4 : 0);
           if (t + kTok < kPassMax && wanted(t + kTok))
             mma::cp_async4(xs + t + kTok, p.x_scale + kb * p.x_scale_ld + (srow1 >= 0 ? srow1 : 0),
                            srow1 >= 0 ? 4 : 0);

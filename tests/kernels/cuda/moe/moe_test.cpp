@@ -389,8 +389,8 @@ TEST_F(CudaMoe, Fp8TensorCoreGlmShapes) {
 // The wgmma form where K is not a multiple of four 128-wide blocks: H = 6,784 (53 K blocks for gate / up)
 // and I = 2,432 (19 for down), against the emulation. The rows stay GLM-wide so that the GLM tolerances
 // hold. Mean 64 rows per expert (passes of 33-64 and 65-128 rows), 128 (128-row passes, remainders of up to
-// 32 rows taken by the pass before them, larger ones in passes of their own), and the skewed routing at T = 384 (experts 0-2 exactly one 128-row
-// pass each, the other 13 ~207 rows: a 128-row pass and one of ~79).
+// 32 rows taken by the pass before them, larger ones in passes of their own), and the skewed routing at T =
+// 384 (experts 0-2 exactly one 128-row pass each, the other 13 ~207 rows: a 128-row pass and one of ~79).
 TEST_F(CudaMoe, Fp8TensorCoreKBlocksPastWholeRuns) {
   constexpr int64_t kH = 6784, kI = 2432, kE = 16, kK = 8;
   const ExpertSet s = make_experts(8, kE, kH, kI, DType::f8e4m3fn, 9800);
@@ -437,7 +437,8 @@ TEST_F(CudaMoe, Fp8WgmmaTailRowsEqualTheirOwnPass) {
   };
   for (const Case& c : {Case{129, 1}, Case{144, 1}, Case{145, 1}, Case{160, 1}, Case{161, 1}, Case{288, 1},
                         Case{256, 8}, Case{320, 8}}) {
-    const Routing r = make_routing(c.T, c.K, kE, c.K == 1 ? 2 : 0, 9960 + uint64_t(c.T));  // K 1: all on expert 7
+    const Routing r =
+        make_routing(c.T, c.K, kE, c.K == 1 ? 2 : 0, 9960 + uint64_t(c.T));  // K 1: all on expert 7
     const Tensor x = rand_f32({c.T, kH}, 9970 + uint64_t(c.T));
     const Tensor x_d = x.to(Device::cuda);
     const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
