@@ -173,34 +173,30 @@ TEST_F(Robust, MalformedRequestsAre400AndHugeHeaders431) {
   expect_alive();
 }
 
-// Item 4: parsing is linear (an object of 200k keys took 33 s; an array of objects was quadratic too)
-// and bounded: keys per object, values per body, nesting.
+// Item 4: parsing is bounded (keys per object, values per body, nesting) and linear (an object of 200k keys
+// took 33 s; an array of objects was quadratic too). The time each body takes is bench/json_body_bench's
+// (same-size array bodies beside it as the floor); here raw_request's own limit (20 s) is only the bound
+// against a hang or a quadratic parse, not a speed target.
 TEST_F(Robust, JsonParsingIsLinearAndBounded) {
   std::string keys = "{\"prompt\":\"x\",\"max_tokens\":1,\"metadata\":{";
   for (int i = 0; i < 200000; ++i) keys += fmt::format("{}\"k{}\":{}", i ? "," : "", i, i);
   keys += "}}";
-  auto t0 = Clock::now();
   RawReply r = raw_request(port(), post("/v1/completions", keys));
   expect_error(r, 400, "metadata");
   EXPECT_NE(r.body.find("more than 65536 keys"), std::string::npos) << r.body;
-  EXPECT_LT(since(t0), 5.0) << "200k keys";
 
   std::string within = "{\"prompt\":\"x\",\"max_tokens\":1,\"metadata\":{";
   for (int i = 0; i < 60000; ++i) within += fmt::format("{}\"k{}\":{}", i ? "," : "", i, i);
   within += "},\"max_tokens\":2}";  // a duplicate key: the last value wins
-  t0 = Clock::now();
   r = raw_request(port(), post("/v1/completions", within));
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.json_body()["usage"]["completion_tokens"], 2) << r.body;
-  EXPECT_LT(since(t0), 5.0) << "60k keys";
 
   std::string objects = "{\"prompt\":\"x\",\"max_tokens\":1,\"metadata\":[";
   for (int i = 0; i < 300000; ++i) objects += i ? ",{\"a\":[1]}" : "{\"a\":[1]}";
   objects += "]}";
-  t0 = Clock::now();
   r = raw_request(port(), post("/v1/completions", objects));
   EXPECT_EQ(r.status, 200) << r.body;
-  EXPECT_LT(since(t0), 5.0) << "an array of 300k objects";
 
   std::string values = "{\"prompt\":\"x\",\"metadata\":[0";
   for (int i = 0; i < 2200000; ++i) values += ",0";
@@ -221,10 +217,9 @@ TEST_F(Robust, GrammarSourcesAreBounded) {
       {"prompt", "x"},
       {"max_tokens", 1},
       {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "a"}, {"schema", schema}}}}}};
-  const auto t0 = Clock::now();
+  // Refused before any compilation: compiled, it would outlast raw_request's 20 s and read as no reply.
   const RawReply r = raw_request(port(), post("/v1/completions", body.dump()));
   expect_error(r, 400, "response_format.json_schema.schema");
-  EXPECT_LT(since(t0), 5.0);
   json tools = json::array();
   for (int i = 0; i < 1600; ++i) {
     tools.push_back({{"type", "function"},
@@ -348,10 +343,8 @@ TEST(RobustLimits, AcceptResumesAfterDescriptorsRunOut) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the server accepts until EMFILE
   for (int fd : idle) ::close(fd);
-  const auto t0 = Clock::now();
   const RawReply h = raw_request(s.port(), "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 15);
-  EXPECT_EQ(h.status, 200) << "no answer after the idle connections closed";
-  EXPECT_LT(since(t0), 5.0);
+  EXPECT_EQ(h.status, 200) << "no answer within 15 s after the idle connections closed";
   const RawReply c = raw_request(s.port(), post("/v1/completions", R"({"prompt":"x","max_tokens":3})"), 15);
   EXPECT_EQ(c.status, 200) << c.body;
   EXPECT_EQ(s.stop(), 0);
