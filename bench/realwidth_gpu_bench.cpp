@@ -33,6 +33,10 @@
 //                       [--moe-fp8-tail-rows 0..32] (KernelOptions: rows past 128 the experts' last wgmma
 //                       pass takes) [--mla-decode-kernel auto|v2|v5|v6]
 //                       (KernelOptions::mla_decode, every row's MLA attention kernel)
+//                       [--profile-batch B] (after batch B's timed decode steps, one more step between
+//                       cudaProfilerStart / Stop: `ncu --profile-from-start off` then sees that step's
+//                       kernels alone, each graph node its own result)
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -77,6 +81,7 @@ struct Args {
   std::vector<std::string> kv{"bf16", "fp8_e4m3"};
   int64_t trace_batch = 32, trace_context = 4096, steps = 20, warmup = 3;
   int64_t trace_prefill = 4096, verify_tokens = 4;
+  int64_t profile_batch = 0;  // 0: no profiled step
   bool graphs = true;
   double max_seconds = 420;
   std::string moe_path = "auto";    // KernelOptions::moe (the routed experts' path)
@@ -146,6 +151,8 @@ Args parse(int argc, char** argv) {
       a.trace_prefill = std::stoll(val());
     else if (k == "--verify-tokens")
       a.verify_tokens = std::stoll(val());
+    else if (k == "--profile-batch")
+      a.profile_batch = std::stoll(val());
     else if (k == "--no-graphs")
       a.graphs = false;
     else if (k == "--max-seconds")
@@ -278,11 +285,7 @@ DecodeResult time_decode(const model::Model& m, model::KvCache& cache, runtime::
   DecodeResult res;
   clock_type::time_point t0;
   std::vector<int32_t> ids(static_cast<size_t>(tokens));
-  for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
-    if (s == a.warmup) {
-      sync();
-      t0 = clock_type::now();
-    }
+  auto step = [&](int64_t s) {
     model::ForwardBatch b;
     b.page_size = kPage;
     const int64_t pos = ctx + s * tokens;
@@ -296,20 +299,33 @@ DecodeResult time_decode(const model::Model& m, model::KvCache& cache, runtime::
       std::optional<model::ForwardOutput> g = spec && tokens == 1 ? spec->draft(b, h) : std::nullopt;
       if (g) res.replayed = true;
       if (!g) (void)m.forward_mtp(b, h, cache, fo);
-      continue;
+      return;
     }
     if (spec && tokens > 1) {
       std::optional<model::ForwardOutput> g = spec->verify(b);
       if (g) res.replayed = true;
       if (!g) (void)m.forward(b, cache, fo);
-      continue;
+      return;
     }
     std::optional<Tensor> g = graphs && tokens == 1 ? graphs->run(b) : std::nullopt;
     if (g) res.replayed = true;
     if (!g) (void)m.forward(b, cache, fo);
+  };
+  for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
+    if (s == a.warmup) {
+      sync();
+      t0 = clock_type::now();
+    }
+    step(s);
   }
   sync();
   res.ms = since(t0) * 1e3 / double(a.steps);
+  if (a.profile_batch == B && tokens == 1 && !mtp_hidden) {  // one more step, for a profiler
+    cudaProfilerStart();
+    step(a.warmup + a.steps);
+    sync();
+    cudaProfilerStop();
+  }
   return res;
 }
 
@@ -512,6 +528,7 @@ int run(const Args& a) {
         if (spec && ctx == a.contexts.front() && since(t_start) <= a.max_seconds) {
           const int64_t K = a.verify_tokens;
           Args e = a;
+          e.profile_batch = 0;  // the profiled step is the graph row's
           e.warmup = 1;
           e.steps = std::max<int64_t>(a.steps / 4, 3);
           Tensor hidden = Tensor::empty({B * K, c.hidden_size}, DType::f32, Device::cuda);
@@ -555,6 +572,7 @@ int run(const Args& a) {
     const int64_t per_req = (tctx + a.warmup + a.steps + kPage) / kPage;
     if (tb > 0 && tb * per_req <= pages - 1 && since(t_start) <= a.max_seconds) {
       Args one = a;
+      one.profile_batch = 0;
       one.warmup = 0;
       one.steps = 1;
       print_op_table(c, kv,
