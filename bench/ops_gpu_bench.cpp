@@ -230,7 +230,7 @@ void bench_moe_experts(const std::vector<int64_t>& tokens) {
       ko.moe_fp8_tile_rows = pa.tile_rows;
       ko.moe_fp8_tail_rows = pa.tail_rows;
       const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
-      const double us = time_us([&] { be->moe_experts(x, routing, experts, nullptr, set.get()); }, 2, 10);
+      const double us = time_us([&] { be->moe_experts(x, routing, experts, nullptr, set.get(), nullptr); }, 2, 10);
       fmt::print(
           "| {:<18} | {:>5} | {:>6} | {:<7} | {:>10.1f} | {:>8.1f} | {:>9.1f} | {:>5.2f} | {:>13.1f} |\n",
           "per layer", T, active, pa.tag, us, bytes / (us * 1e-6) / 1e9, floor_us, floor_us / us,

@@ -14,6 +14,12 @@ namespace dsaserve::kernels {
 
 namespace {
 
+// moe_experts' `add` on the CPU: after the sum, as add_inplace.
+Tensor with_add(Tensor out, const Tensor* add) {
+  if (add != nullptr) cpu::add_inplace(out, *add);
+  return out;
+}
+
 // The CPU backend: forwards to kernels/cpu (the reference).
 class CpuBackend : public Backend {
  public:
@@ -62,8 +68,8 @@ class CpuBackend : public Backend {
   }
   // The reference quantises nothing: x (with q, its dequantised value) is the input.
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                     const Fp8Act*, const DerivedExperts*) override {
-    return cpu::moe_experts(x, routing, experts);
+                     const Fp8Act*, const DerivedExperts*, const Tensor* add) override {
+    return with_add(cpu::moe_experts(x, routing, experts), add);
   }
   void fill_dummy(Tensor& t, const dummy::FillSpec& f) override { cpu::fill_dummy(t, f); }
 
@@ -85,8 +91,8 @@ class Fp8EmulationBackend final : public CpuBackend {
     return cpu::linear(x, w, r0, r1, std::move(out), &e_);
   }
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                     const Fp8Act* q, const DerivedExperts*) override {
-    return cpu::moe_experts(x, routing, experts, &e_, q);
+                     const Fp8Act* q, const DerivedExperts*, const Tensor* add) override {
+    return with_add(cpu::moe_experts(x, routing, experts, &e_, q), add);
   }
   // With Fp8Emulation::fp8_kv_cache: Backend's sequences, each row rounded as the GPU's FP8 cache stores it.
   void mla_kv_write(const Tensor& ckv, const Tensor& norm_w, double eps, const Tensor& positions,
@@ -460,13 +466,18 @@ Routing Ops::moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteP
   return on(logits.device()).moe_route(logits, bias, p);
 }
 Tensor Ops::moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                        const Fp8Act* q, const DerivedExperts* derived) const {
+                        const Fp8Act* q, const DerivedExperts* derived, const Tensor* add) const {
   DSA_KERNEL_SPAN("moe_experts", x);
   DSA_CHECK(q == nullptr || !q->defined() ||
                 (q->codes.device() == x.device() && q->scales.defined() && q->scales.device() == x.device()),
             "moe_experts: the input's FP8 copy ({}) is not on the input's device ({})", q->codes.describe(),
             x.describe());
-  return on(x.device()).moe_experts(x, routing, experts, q, derived);
+  const bool has_add = add != nullptr && add->defined();
+  DSA_CHECK(!has_add || (add->device() == x.device() && add->dtype() == DType::f32 && add->dim() == 2 &&
+                         x.dim() == 2 && add->size(0) == x.size(0) && add->size(1) == x.size(1)),
+            "moe_experts: the addend {} should be f32 of the input's shape on its device ({})",
+            has_add ? add->describe() : "", x.describe());
+  return on(x.device()).moe_experts(x, routing, experts, q, derived, has_add ? add : nullptr);
 }
 
 // The free operators: the registered backends (Ops without a backend of its own).
@@ -532,8 +543,8 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
   return Ops().moe_route(logits, bias, p);
 }
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                   const Fp8Act* q, const DerivedExperts* derived) {
-  return Ops().moe_experts(x, routing, experts, q, derived);
+                   const Fp8Act* q, const DerivedExperts* derived, const Tensor* add) {
+  return Ops().moe_experts(x, routing, experts, q, derived, add);
 }
 
 }  // namespace dsaserve::kernels

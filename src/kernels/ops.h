@@ -312,8 +312,12 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
 // result is bit for bit that of quantising the original rows where they run; the others compute on x.
 // `derived` (may be null): the set's form its backend derived (DerivedExperts: the model's
 // MoeWeights::experts_derived), made from these experts; changes no bit, only saves the backend making it.
+// `add` (may be null): f32 [T, H] on x's device (the shared expert's output) added to each token's sum after
+// it, bit for bit moe_experts(...) followed by add_inplace(out, *add); the CUDA backend adds it in the
+// combine that writes the sum (one pass over [T, H] fewer).
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                   const Fp8Act* q = nullptr, const DerivedExperts* derived = nullptr);
+                   const Fp8Act* q = nullptr, const DerivedExperts* derived = nullptr,
+                   const Tensor* add = nullptr);
 
 // Dummy weights (--load-format dummy, model/dummy_weights.h): fills the contiguous tensor `t` (bf16, f32
 // or f8e4m3fn) as core/dummy_fill.h defines; every backend writes the same bytes for the same spec.
@@ -403,7 +407,7 @@ class Backend {
                                const Tensor& slots);
   virtual Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) = 0;
   virtual Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                             const Fp8Act* q, const DerivedExperts* derived) = 0;
+                             const Fp8Act* q, const DerivedExperts* derived, const Tensor* add) = 0;
   virtual void fill_dummy(Tensor& t, const dummy::FillSpec& f) = 0;
 
  private:
@@ -479,7 +483,8 @@ class Ops {
                        const Tensor& slots) const;
   Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams& p) const;
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                     const Fp8Act* q = nullptr, const DerivedExperts* derived = nullptr) const;
+                     const Fp8Act* q = nullptr, const DerivedExperts* derived = nullptr,
+                     const Tensor* add = nullptr) const;
 
  private:
   Backend& on(Device d) const;

@@ -443,24 +443,28 @@ Tensor Model::mlp(const LayerWeights& lw, const Tensor& h, const kernels::Fp8Act
   }
   const MoeWeights& moe = *lw.moe;
   const kernels::Routing routing = local_routing(route(moe, h));
+  // Sharded: each rank's routed experts and shared-expert slice give partial sums over the world (MoE TP x
+  // EP); the shared expert is split over MoE TP only, so one EP rank adds it. It runs first: the experts'
+  // combine adds it to the routed sum (moe_sum, no pass of its own).
+  Tensor sh;
+  if (moe.shared_experts && shard_.ep_rank() == 0) sh = dense(*moe.shared_experts, true);
   Tensor out;
   {
-    OpScope span("experts_gate_up+experts_act+experts_down");  // one kernel
-    out = ops_.moe_experts(h, routing, expert_refs(moe), nullptr, moe.experts_derived.get());
+    OpScope span(sh.defined() ? "experts_gate_up+experts_act+experts_down+moe_sum"
+                              : "experts_gate_up+experts_act+experts_down");  // one op
+    // h's FP8 copy (post_attention_layernorm made it for the shared expert) instead of quantising h again:
+    // the same codes and scales (the GEMM input rule).
+    out = ops_.moe_experts(h, routing, expert_refs(moe), hq.defined() ? &hq : nullptr,
+                           moe.experts_derived.get(), sh.defined() ? &sh : nullptr);
     if (span.on() && !moe.experts.empty()) {
-      const int64_t E = int64_t(moe.experts.size()), rows = h.size(0) * cfg_.num_experts_per_tok,
+      const int64_t E = int64_t(moe.experts.size()), T = h.size(0), rows = T * cfg_.num_experts_per_tok,
                     H = h.size(1), I = moe.experts[0].gate.weight.size(0);
-      shapes(span, {fmt::format("{} experts, {} rows x [{}, {}]^T", E, rows, 2 * I, H),
-                    fmt::format("[{}, {}]", rows, I), fmt::format("{} rows x [{}, {}]^T", rows, H, I)});
+      std::vector<std::string> parts{fmt::format("{} experts, {} rows x [{}, {}]^T", E, rows, 2 * I, H),
+                                     fmt::format("[{}, {}]", rows, I),
+                                     fmt::format("{} rows x [{}, {}]^T", rows, H, I)};
+      if (sh.defined()) parts.push_back(fmt::format("[{}, {}]", T, H));
+      shapes(span, std::move(parts));
     }
-  }
-  // Sharded: each rank's routed experts and shared-expert slice give partial sums over the world (MoE TP x
-  // EP); the shared expert is split over MoE TP only, so one EP rank adds it.
-  if (moe.shared_experts && shard_.ep_rank() == 0) {
-    const Tensor sh = dense(*moe.shared_experts, true);
-    OpScope span("moe_sum");
-    ops_.add_inplace(out, sh);
-    shape(span, "[{}, {}]", out.size(0), out.size(1));
   }
   if (reduce) all_reduce(out, dist::GroupKind::world, "tp_all_reduce", opt);
   return out;

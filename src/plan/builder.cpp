@@ -348,6 +348,25 @@ void Builder::moe(LayerKindPlan& lp, const PassTokens& p) const {
         "ep_dispatch", CollKind::dispatch, "ep", ep, "router_topk", occ, Town / occ * k * H * act_in,
         fp8_dispatch ? Town / occ * k * double(ceil_div(c_.hidden_size, 128)) * 4 : 0, Town / occ * k * 8));
   }
+  // The shared expert runs before the routed experts on one rank (their combine adds its output: moe_sum),
+  // after them with DeepEP.
+  auto shared_expert = [&] {
+    if (c_.n_shared_experts <= 0) return;
+    const int64_t Isl = c_.moe_intermediate_size * c_.n_shared_experts / mtp;
+    const double Is = double(Isl);
+    lp.ops.push_back(op("shared_expert_gate_up", OpKind::gemm, pr,
+                        fmt::format("[{}, {}] x [{}, {}]^T", town, c_.hidden_size, 2 * Isl, c_.hidden_size),
+                        2 * Town * H * 2 * Is, 2 * linear_bytes(c_, Isl, c_.hidden_size) * occ,
+                        Town * H * kAct, Town * 2 * Is * kAct));
+    lp.ops.push_back(op("shared_expert_act", OpKind::elementwise, Precision::none,
+                        fmt::format("[{}, {}]", town, Isl), kActFlops * Town * Is, 0, Town * 2 * Is * kAct,
+                        Town * Is * kAct));
+    lp.ops.push_back(op("shared_expert_down", OpKind::gemm, pr,
+                        fmt::format("[{}, {}] x [{}, {}]^T", town, Isl, c_.hidden_size, Isl),
+                        2 * Town * Is * H, linear_bytes(c_, c_.hidden_size, Isl) * occ, Town * Is * kAct,
+                        Town * H * kAct));
+  };
+  if (!deepep) shared_expert();
   const int64_t Iml = c_.moe_intermediate_size / mtp;
   const double I = double(Iml);
   const std::string pshape = n(pairs / occ);
@@ -367,21 +386,7 @@ void Builder::moe(LayerKindPlan& lp, const PassTokens& p) const {
     lp.collectives.push_back(
         coll("ep_combine", CollKind::combine, "ep", ep, "experts_down", occ, Town / occ * k * H * kAct));
   }
-  if (c_.n_shared_experts > 0) {
-    const int64_t Isl = c_.moe_intermediate_size * c_.n_shared_experts / mtp;
-    const double Is = double(Isl);
-    lp.ops.push_back(op("shared_expert_gate_up", OpKind::gemm, pr,
-                        fmt::format("[{}, {}] x [{}, {}]^T", town, c_.hidden_size, 2 * Isl, c_.hidden_size),
-                        2 * Town * H * 2 * Is, 2 * linear_bytes(c_, Isl, c_.hidden_size) * occ,
-                        Town * H * kAct, Town * 2 * Is * kAct));
-    lp.ops.push_back(op("shared_expert_act", OpKind::elementwise, Precision::none,
-                        fmt::format("[{}, {}]", town, Isl), kActFlops * Town * Is, 0, Town * 2 * Is * kAct,
-                        Town * Is * kAct));
-    lp.ops.push_back(op("shared_expert_down", OpKind::gemm, pr,
-                        fmt::format("[{}, {}] x [{}, {}]^T", town, Isl, c_.hidden_size, Isl),
-                        2 * Town * Is * H, linear_bytes(c_, c_.hidden_size, Isl) * occ, Town * Is * kAct,
-                        Town * H * kAct));
-  }
+  if (deepep) shared_expert();
   // Weighted sum of the routed outputs (when not done by the combine), routed scaling, + shared output.
   const double rows_in = deepep ? 2 * Town : (Town + pairs);
   lp.ops.push_back(op("moe_sum", OpKind::elementwise, Precision::none,

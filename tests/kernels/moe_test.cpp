@@ -117,6 +117,15 @@ TEST(MoeExperts, WeightedSumOfExpertMlps) {
       }
     }
   EXPECT_LT(rel_error(moe_experts(x, r, experts), ref), 2e-6);
+  // An addend (the shared expert's output) is added after the sum: add_inplace's values bit for bit; one of
+  // another shape throws.
+  const Tensor add = randn({T, H}, rng);
+  Tensor want = moe_experts(x, r, experts);
+  add_inplace(want, add);
+  const Tensor got = moe_experts(x, r, experts, nullptr, nullptr, &add);
+  EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), size_t(want.nbytes())), 0);
+  const Tensor bad = Tensor::zeros({T + 1, H}, DType::f32);
+  EXPECT_THROW(moe_experts(x, r, experts, nullptr, nullptr, &bad), Error);
   r.ids.data<int32_t>()[0] = int32_t(E);
   EXPECT_THROW(moe_experts(x, r, experts), Error);
 }
@@ -163,17 +172,17 @@ TEST(MoeExperts, PreQuantisedInputIsTheEmulationsOwnQuantisation) {
   cpu::Fp8Emulation emu;
   emu.enabled = true;
   const std::shared_ptr<Backend> b = make_fp8_emulation_backend(emu);
-  const Tensor want = b->moe_experts(x, r, experts, nullptr, nullptr);
-  const Tensor got = b->moe_experts(xdq, r, experts, &q, nullptr);
+  const Tensor want = b->moe_experts(x, r, experts, nullptr, nullptr, nullptr);
+  const Tensor got = b->moe_experts(xdq, r, experts, &q, nullptr, nullptr);
   EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), size_t(want.nbytes())), 0);
   // The reference backend ignores q: the experts of the quantised rows.
-  const Tensor plain = backend(Device::cpu).moe_experts(xdq, r, experts, &q, nullptr);
-  const Tensor plain_x = backend(Device::cpu).moe_experts(xdq, r, experts, nullptr, nullptr);
+  const Tensor plain = backend(Device::cpu).moe_experts(xdq, r, experts, &q, nullptr, nullptr);
+  const Tensor plain_x = backend(Device::cpu).moe_experts(xdq, r, experts, nullptr, nullptr, nullptr);
   EXPECT_EQ(std::memcmp(plain.raw_data(), plain_x.raw_data(), size_t(plain.nbytes())), 0);
   // A copy that does not match the rows is an error.
   Fp8Act short_q = q;
   short_q.rows = T - 1;
-  EXPECT_THROW(b->moe_experts(xdq, r, experts, &short_q, nullptr), Error);
+  EXPECT_THROW(b->moe_experts(xdq, r, experts, &short_q, nullptr, nullptr), Error);
 }
 
 }  // namespace

@@ -469,7 +469,9 @@ void add_moe_cases(std::vector<OpCase>& t) {
                used.insert(all[size_t(k)]);
              }
            }
+           // The second output adds a [T, H] addend (a shared expert's output) in the combine.
            const Tensor x = rand_f32({T, kH}, 5200 + uint64_t(T)), xd = on(x, d);
+           const Tensor add = rand_f32({T, kH}, 5300 + uint64_t(T)), add_d = on(add, d);
            const Routing rd{on(rt.ids, d), on(rt.weights, d)};
            const double per_expert = 3.0 * double(kI * kH) * double(dtype_size(dt));
            const bool both = c.also_underived;
@@ -477,16 +479,18 @@ void add_moe_cases(std::vector<OpCase>& t) {
            return same_op(
                d, r,
                [=](Backend& b) {
-                 Outs o{b.moe_experts(xd, rd, *ex_d, nullptr, set_d.get())};
-                 if (both) o.push_back(b.moe_experts(xd, rd, *ex_d, nullptr, nullptr));
+                 Outs o{b.moe_experts(xd, rd, *ex_d, nullptr, set_d.get(), nullptr),
+                        b.moe_experts(xd, rd, *ex_d, nullptr, set_d.get(), &add_d)};
+                 if (both) o.push_back(b.moe_experts(xd, rd, *ex_d, nullptr, nullptr, nullptr));
                  return o;
                },
                [=](Backend& b) {
-                 Outs o{b.moe_experts(x, rt, *ex, nullptr, nullptr)};
+                 Outs o{b.moe_experts(x, rt, *ex, nullptr, nullptr, nullptr),
+                        b.moe_experts(x, rt, *ex, nullptr, nullptr, &add)};
                  if (both) o.push_back(o[0]);
                  return o;
                },
-               both ? std::vector<Check>{check, check} : std::vector<Check>{check},
+               both ? std::vector<Check>{check, check, check} : std::vector<Check>{check, check},
                per_expert * double(used.size()) + double(T * kH) * 2 * kF32,
                6.0 * double(T * kTopK * kI * kH), dt == DType::f8e4m3fn);
          }});

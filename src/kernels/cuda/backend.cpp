@@ -147,8 +147,8 @@ class CudaBackend final : public Backend {
     return cuda::moe_route(logits, bias, p, options());
   }
   Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                     const Fp8Act* q, const DerivedExperts* derived) override {
-    return cuda::moe_experts(x, routing, experts, options(), q, derived);
+                     const Fp8Act* q, const DerivedExperts* derived, const Tensor* add) override {
+    return cuda::moe_experts(x, routing, experts, options(), q, derived, add);
   }
   void fill_dummy(Tensor& t, const dummy::FillSpec& f) override { cuda::fill_dummy(t, f); }
 };

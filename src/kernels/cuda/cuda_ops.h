@@ -63,10 +63,11 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const MoeRouteParams
 // the host loop's GEMMs. q (may be null): x's FP8 copy (ops.h moe_experts), read by the device_fp8 path
 // instead of quantising x. derived (may be null): derive_moe_experts(experts), which the device paths read;
 // without it they make it for the call (a synchronous upload, which a CUDA graph capture refuses: there
-// the call throws). A table made from other experts throws.
+// the call throws). A table made from other experts throws. add (may be null): ops.h moe_experts, added by
+// the combine.
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                   const KernelOptions& o, const Fp8Act* q = nullptr,
-                   const DerivedExperts* derived = nullptr);
+                   const KernelOptions& o, const Fp8Act* q = nullptr, const DerivedExperts* derived = nullptr,
+                   const Tensor* add = nullptr);
 // The experts' device table (ops.h DerivedExperts): every expert checked against expert 0's dtype, shape
 // and blocks, then their weight pointers (moe_params.h MoeExpertWeights) uploaded with a synchronous copy
 // on the current device; `unusable` says why the device paths cannot take them instead (the host loop

@@ -95,6 +95,7 @@ __global__ void sm90_moe_combine_kernel(MoeCombineParams p) {
       const int32_t m = p.pos[t * p.top_k + k];
       if (m >= 0) acc += p.weights[t * p.top_k + k] * p.y[int64_t(m) * p.cols + c];
     }
+    if (p.add != nullptr) acc += p.add[t * p.cols + c];  // after the sum: the CPU's add_inplace order
     p.out[t * p.cols + c] = acc;
   }
 }

@@ -30,7 +30,8 @@ struct MoeCombineParams {
   const float* weights;  // [tokens, top_k]
   float* out;            // [tokens, cols] contiguous
   int64_t tokens, top_k, cols;
-  bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
+  const float* add = nullptr;  // [tokens, cols] contiguous or null: out = the weighted sum + add
+  bool pdl = false;            // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
 cudaError_t launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream);
 

@@ -156,9 +156,10 @@ Tensor gather_pair_rows(const RowView& xv, const int32_t* rows_d, int64_t M, boo
   return xg;
 }
 
-// out[t] = the routing-weighted sum of token t's expert rows of y [M, H] (packed by expert).
+// out[t] = the routing-weighted sum of token t's expert rows of y [M, H] (packed by expert), + add[t] when
+// add is given ([T, H] contiguous).
 void combine(const Tensor& y, const int32_t* plan, const PlanLayout& l, const Routing& routing, Tensor& out,
-             int64_t T, int64_t K, int64_t H, bool pdl) {
+             int64_t T, int64_t K, int64_t H, const float* add, bool pdl) {
   MoeCombineParams c{y.data<float>(),
                      plan + l.pos(),
                      static_cast<const float*>(routing.weights.raw_data()),
@@ -166,12 +167,13 @@ void combine(const Tensor& y, const int32_t* plan, const PlanLayout& l, const Ro
                      T,
                      K,
                      H};
+  c.add = add;
   c.pdl = pdl;
   check_launch(launch_moe_combine(c, op_stream()), "moe_experts combine");
 }
 
 void device_experts(const RowView& xv, const Routing& routing, const DerivedExperts& tab, const int32_t* plan,
-                    const PlanLayout& l, int64_t K, Tensor& out, bool pdl) {
+                    const PlanLayout& l, int64_t K, const float* add, Tensor& out, bool pdl) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
   DSA_CHECK(tab.hidden == H, "moe_experts: experts take {} features, the input has {}", tab.hidden, H);
   const int32_t* rows_d = plan + l.rows();
@@ -214,7 +216,7 @@ void device_experts(const RowView& xv, const Routing& routing, const DerivedExpe
   p.n_out = H;
   p.gate_up = false;
   check_launch(launch_moe_expert_gemm(p, op_stream()), "moe_experts down");
-  combine(y, plan, l, routing, out, T, K, H, pdl);
+  combine(y, plan, l, routing, out, T, K, H, add, pdl);
 }
 
 // The experts' shapes the FP8 tensor-core kernels take (the table's dtype and blocks are checked for every
@@ -300,7 +302,7 @@ Quantised quantise(const float* x, int64_t stride, int64_t rows, int64_t cols, c
 // The input's FP8 copy `pre` when given (codes [Tp, H], scales [H / 128, Tp], Tp >= T), else x's.
 void device_fp8_experts(const RowView& xv, const Routing& routing, const DerivedExperts& tab,
                         const int32_t* plan, const PlanLayout& l, int64_t K, int tile_rows, int tail_rows,
-                        const Fp8Act* pre, Tensor& out, bool pdl) {
+                        const Fp8Act* pre, const float* add, Tensor& out, bool pdl) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs, I = tab.inter;
   DSA_CHECK(tab.hidden == H, "moe_experts: experts take {} features, the input has {}", tab.hidden, H);
   Quantised xq;
@@ -342,11 +344,12 @@ void device_fp8_experts(const RowView& xv, const Routing& routing, const Derived
   p.K = I;
   p.gate_up = false;
   check_launch(launch_moe_fp8_gemm(p, op_stream()), "moe_experts fp8 down");
-  combine(y, plan, l, routing, out, T, K, H, pdl);
+  combine(y, plan, l, routing, out, T, K, H, add, pdl);
 }
 
 void host_experts(const RowView& xv, const Routing& routing, const std::vector<MlpRef>& experts,
-                  const int32_t* plan, const PlanLayout& l, int64_t K, Tensor& out, const KernelOptions& o) {
+                  const int32_t* plan, const PlanLayout& l, int64_t K, const float* add, Tensor& out,
+                  const KernelOptions& o) {
   const int64_t T = xv.rows, H = xv.cols, E = l.experts, M = l.pairs;
   // One small copy back: the header and the expert offsets.
   std::vector<int32_t> h(size_t(l.counts()));
@@ -386,13 +389,14 @@ void host_experts(const RowView& xv, const Routing& routing, const std::vector<M
               mlp.down.rows(), H);
     cuda::linear(act.slice(0, m0, m1), mlp.down, 0, -1, y.slice(0, m0, m1), o);
   }
-  combine(y, plan, l, routing, out, T, K, H, o.pdl);
+  combine(y, plan, l, routing, out, T, K, H, add, o.pdl);
 }
 
 }  // namespace
 
 Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<MlpRef>& experts,
-                   const KernelOptions& o, const Fp8Act* q, const DerivedExperts* derived) {
+                   const KernelOptions& o, const Fp8Act* q, const DerivedExperts* derived,
+                   const Tensor* add) {
   const RowView xv = rows_f32(x, "moe_experts input");
   const int64_t T = xv.rows, H = xv.cols, E = int64_t(experts.size());
   const Fp8Act* pre = q != nullptr && q->defined() ? q : nullptr;
@@ -415,9 +419,19 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
             "moe_experts: routing does not match {} tokens", T);
   DSA_CHECK(E >= 1 && E <= 1024, "moe_experts: {} experts (1..1024 supported)", E);
   const int64_t K = routing.ids.size(1);
+  const bool has_add = add != nullptr && add->defined();
+  DSA_CHECK(!has_add || (add->dim() == 2 && add->size(0) == T && add->size(1) == H &&
+                         add->dtype() == DType::f32 && add->device() == Device::cuda && add->is_contiguous()),
+            "moe_experts: the addend {} should be a contiguous CUDA f32 [{}, {}]",
+            has_add ? add->describe() : "", T, H);
+  const float* add_p = has_add ? add->data<float>() : nullptr;
   Tensor out = Tensor::empty({T, H}, DType::f32, Device::cuda);
   if (T == 0 || K == 0) {
-    if (T > 0) check_launch(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), op_stream()), "moe_experts");
+    if (T > 0)
+      check_launch(add_p != nullptr ? cudaMemcpyAsync(out.raw_data(), add_p, out.nbytes(),
+                                                      cudaMemcpyDeviceToDevice, op_stream())
+                                    : cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), op_stream()),
+                   "moe_experts");
     return out;
   }
   const PlanLayout l{E, T * K};
@@ -467,17 +481,17 @@ Tensor moe_experts(const Tensor& x, const Routing& routing, const std::vector<Ml
                      tab.block_k == 128;
     if (tab.unusable.empty()) {
       if (fp8) {
-        device_fp8_experts(xv, routing, tab, pd, l, K, o.moe_fp8_tile_rows, o.moe_fp8_tail_rows, pre, out,
-                           o.pdl);
+        device_fp8_experts(xv, routing, tab, pd, l, K, o.moe_fp8_tile_rows, o.moe_fp8_tail_rows, pre, add_p,
+                           out, o.pdl);
       } else {
-        device_experts(xv, routing, tab, pd, l, K, out, o.pdl);
+        device_experts(xv, routing, tab, pd, l, K, add_p, out, o.pdl);
       }
       return out;
     }
     DSA_CHECK(!capturing && o.moe != MoePath::device && o.moe != MoePath::device_fp8,
               "moe_experts: the device path cannot run these experts: {}", tab.unusable);
   }
-  host_experts(xv, routing, experts, pd, l, K, out, o);
+  host_experts(xv, routing, experts, pd, l, K, add_p, out, o);
   return out;
 }
 

@@ -73,7 +73,7 @@ Tensor moe_on_path(MoePath path, const Tensor& x_d, const Routing& r_d, const st
                    const DerivedExperts* set) {
   KernelOptions o;
   o.moe = path;
-  return make_backend(o)->moe_experts(x_d, r_d, experts, nullptr, set);
+  return make_backend(o)->moe_experts(x_d, r_d, experts, nullptr, set, nullptr);
 }
 
 const char* dtype_tag(DType dt) { return dt == DType::bf16 ? "bf16" : dt == DType::f32 ? "f32" : "fp8"; }
@@ -256,7 +256,7 @@ Tensor reference(const Tensor& x, const Routing& r, const ExpertSet& s) {
   Routing m{r.ids.clone(), r.weights};
   const int32_t sets = int32_t(s.cpu.size());
   for (int64_t i = 0; i < m.ids.numel(); ++i) m.ids.data<int32_t>()[i] %= sets;
-  return backend(Device::cpu).moe_experts(x, m, s.cpu, nullptr, nullptr);
+  return backend(Device::cpu).moe_experts(x, m, s.cpu, nullptr, nullptr, nullptr);
 }
 
 // The CPU reference with the GPU's FP8 linear arithmetic emulated: each expert linear's input quantised per
@@ -269,7 +269,7 @@ Tensor reference_fp8_emulated(const Tensor& x, const Routing& r, const ExpertSet
   Routing m{r.ids.clone(), r.weights};
   const int32_t sets = int32_t(s.cpu.size());
   for (int64_t i = 0; i < m.ids.numel(); ++i) m.ids.data<int32_t>()[i] %= sets;
-  return make_fp8_emulation_backend(e)->moe_experts(x, m, s.cpu, nullptr, nullptr);
+  return make_fp8_emulation_backend(e)->moe_experts(x, m, s.cpu, nullptr, nullptr, nullptr);
 }
 
 Tensor run_path(MoePath path, const Tensor& x_d, const Routing& r_d, const ExpertSet& s) {
@@ -442,8 +442,8 @@ TEST_F(CudaMoe, Fp8WgmmaTailRowsEqualTheirOwnPass) {
     const Tensor x = rand_f32({c.T, kH}, 9970 + uint64_t(c.T));
     const Tensor x_d = x.to(Device::cuda);
     const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
-    const Tensor a = fused->moe_experts(x_d, r_d, s.gpu, nullptr, s.table.get()).to(Device::cpu);
-    const Tensor b = apart->moe_experts(x_d, r_d, s.gpu, nullptr, s.table.get()).to(Device::cpu);
+    const Tensor a = fused->moe_experts(x_d, r_d, s.gpu, nullptr, s.table.get(), nullptr).to(Device::cpu);
+    const Tensor b = apart->moe_experts(x_d, r_d, s.gpu, nullptr, s.table.get(), nullptr).to(Device::cpu);
     ASSERT_EQ(a.numel(), b.numel());
     int64_t differ = 0;
     for (int64_t i = 0; i < a.numel(); ++i)
@@ -481,13 +481,57 @@ TEST_F(CudaMoe, Fp8PreQuantisedInputIsBitIdentical) {
     o.moe = MoePath::device_fp8;
     const std::shared_ptr<Backend> b = make_backend(o);
     const std::shared_ptr<const DerivedExperts> set = b->derive_experts(s.gpu);  // as a model holds it
-    const Tensor want = b->moe_experts(x.to(Device::cuda), r_d, s.gpu, nullptr, set.get()).to(Device::cpu);
+    const Tensor want =
+        b->moe_experts(x.to(Device::cuda), r_d, s.gpu, nullptr, set.get(), nullptr).to(Device::cpu);
     const Fp8Act q_d{q.codes.to(Device::cuda), q.scales.to(Device::cuda), c.T};
-    const Tensor got = b->moe_experts(xdq.to(Device::cuda), r_d, s.gpu, &q_d, set.get()).to(Device::cpu);
+    const Tensor got =
+        b->moe_experts(xdq.to(Device::cuda), r_d, s.gpu, &q_d, set.get(), nullptr).to(Device::cpu);
     EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), size_t(want.nbytes())), 0)
         << "H=" << c.H << " T=" << c.T << " diff " << row_l2_rel_error(got, want);
     const Fp8Act bad{q_d.codes, q_d.scales, c.T + 1};
-    EXPECT_THROW(b->moe_experts(xdq.to(Device::cuda), r_d, s.gpu, &bad, set.get()), Error);
+    EXPECT_THROW(b->moe_experts(xdq.to(Device::cuda), r_d, s.gpu, &bad, set.get(), nullptr), Error);
+  }
+}
+
+// The addend (ops.h moe_experts add: the shared expert's output, added by the combine) equals the same call
+// followed by add_inplace bit for bit, on every path, at one token and at many; T = 0 gives an empty result
+// and top-0 routing the addend itself. A wrong-shaped addend throws.
+TEST_F(CudaMoe, AddendInTheCombineEqualsAddInplace) {
+  struct Case {
+    MoePath path;
+    DType dt;
+    int64_t H, I, E, K, T;
+  };
+  for (const Case& c : {Case{MoePath::device_fp8, DType::f8e4m3fn, 6144, 2048, 32, 8, 1},
+                        Case{MoePath::device_fp8, DType::f8e4m3fn, 6144, 2048, 32, 8, 300},
+                        Case{MoePath::device, DType::bf16, 256, 128, 16, 4, 33},
+                        Case{MoePath::host, DType::bf16, 256, 128, 16, 4, 7},
+                        Case{MoePath::device, DType::bf16, 256, 128, 16, 0, 5},
+                        Case{MoePath::device, DType::bf16, 256, 128, 16, 4, 0}}) {
+    const ExpertSet s = make_experts(std::min<int64_t>(c.E, 16), c.E, c.H, c.I, c.dt, 9800);
+    const Routing r = c.K > 0
+                          ? make_routing(c.T, c.K, c.E, 0, 9810 + uint64_t(c.T))
+                          : Routing{Tensor::empty({c.T, 0}, DType::i32), Tensor::empty({c.T, 0}, DType::f32)};
+    const Tensor x = rand_f32({c.T, c.H}, 9820 + uint64_t(c.T)).to(Device::cuda);
+    const Tensor add = rand_f32({c.T, c.H}, 9830 + uint64_t(c.T)).to(Device::cuda);
+    const Routing r_d{r.ids.to(Device::cuda), r.weights.to(Device::cuda)};
+    KernelOptions o;
+    o.moe = c.path;
+    const std::shared_ptr<Backend> b = make_backend(o);
+    const std::shared_ptr<const DerivedExperts> set = b->derive_experts(s.gpu);
+    Tensor want = b->moe_experts(x, r_d, s.gpu, nullptr, set.get(), nullptr);
+    b->add_inplace(want, add);
+    const Tensor got = b->moe_experts(x, r_d, s.gpu, nullptr, set.get(), &add);
+    const Tensor w = want.to(Device::cpu), g = got.to(Device::cpu);
+    ASSERT_EQ(w.numel(), g.numel());
+    EXPECT_EQ(std::memcmp(g.raw_data(), w.raw_data(), size_t(w.nbytes())), 0)
+        << "path " << int(c.path) << " T=" << c.T << " K=" << c.K << " diff " << row_l2_rel_error(g, w);
+    if (c.K == 0 && c.T > 0) {
+      const Tensor a = add.to(Device::cpu);
+      EXPECT_EQ(std::memcmp(g.raw_data(), a.raw_data(), size_t(a.nbytes())), 0);
+    }
+    const Tensor bad = Tensor::zeros({c.T + 1, c.H}, DType::f32).to(Device::cuda);
+    EXPECT_THROW(b->moe_experts(x, r_d, s.gpu, nullptr, set.get(), &bad), Error);
   }
 }
 
