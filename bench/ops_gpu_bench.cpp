@@ -230,7 +230,8 @@ void bench_moe_experts(const std::vector<int64_t>& tokens) {
       ko.moe_fp8_tile_rows = pa.tile_rows;
       ko.moe_fp8_tail_rows = pa.tail_rows;
       const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
-      const double us = time_us([&] { be->moe_experts(x, routing, experts, nullptr, set.get(), nullptr); }, 2, 10);
+      const double us =
+          time_us([&] { be->moe_experts(x, routing, experts, nullptr, set.get(), nullptr); }, 2, 10);
       fmt::print(
           "| {:<18} | {:>5} | {:>6} | {:<7} | {:>10.1f} | {:>8.1f} | {:>9.1f} | {:>5.2f} | {:>13.1f} |\n",
           "per layer", T, active, pa.tag, us, bytes / (us * 1e-6) / 1e9, floor_us, floor_us / us,
@@ -345,6 +346,37 @@ void bench_pdl_chains() {
     for (int c = 0; c < 2; ++c)
       fmt::print("| {:<28} | {:>3} | {:>11.1f} | {:>10.1f} | {:>7.3f} |\n", names[c], T, us[c][0], us[c][1],
                  us[c][1] / us[c][0]);
+    std::fflush(stdout);
+  }
+}
+
+// The LM head of the GLM-5.3 slice (bf16 [154,880 x 6,144], 1.9 GB) at decode sizes, the two paths of a wide
+// bf16 linear (KernelOptions::gemm_bf16_small_wide): x rounded to bf16 once and cuBLASLt (off), or the
+// weight-streaming small-T kernel with the two-term split (on). Floor: the weight bytes at 4.3 TB/s. Each
+// time is a CUDA-graph replay of the one op (the weights far exceed L2).
+void bench_lm_head() {
+  namespace kc = dsaserve::kernels::cuda;
+  constexpr int64_t kVocab = 154880;
+  const ops::WeightRef w = weight(kVocab, kH, DType::bf16);
+  const double floor_us = double(kVocab * kH * 2) / kHbm * 1e6;
+  fmt::print("\n| {:<26} | {:>3} | {:>12} | {:>12} | {:>9} | {:>9} | {:>9} |\n",
+             "lm_head [154880 x 6144] bf16", "T", "cuBLASLt us", "small-T us", "floor us", "ratio off",
+             "ratio on");
+  for (int64_t T : {1, 2, 4, 8, 16, 32}) {
+    const Tensor x = rand_gpu({T, kH}, 41, 1e-1f);
+    Tensor out = Tensor::empty({T, kVocab}, DType::f32, Device::cuda);
+    double us[2] = {};
+    for (int on = 0; on < 2; ++on) {
+      ops::KernelOptions ko;
+      ko.gemm_bf16_small_wide = on == 1;
+      const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
+      const ops::Ops o(be.get());
+      auto run = [&] { (void)o.linear(x, w, 0, -1, out); };
+      run();
+      us[on] = kc::graph_time_us(run);
+    }
+    fmt::print("| {:<26} | {:>3} | {:>12.1f} | {:>12.1f} | {:>9.1f} | {:>9.2f} | {:>9.2f} |\n", "", T, us[0],
+               us[1], floor_us, floor_us / us[0], floor_us / us[1]);
     std::fflush(stdout);
   }
 }
@@ -473,6 +505,10 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "splits") {
     bench_fp8_small_splits();
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "lmhead") {
+    bench_lm_head();
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "pdl") {

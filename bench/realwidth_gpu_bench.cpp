@@ -33,6 +33,8 @@
 //                       [--moe-fp8-tail-rows 0..32] (KernelOptions: rows past 128 the experts' last wgmma
 //                       pass takes) [--mla-decode-kernel auto|v2|v5|v6]
 //                       (KernelOptions::mla_decode, every row's MLA attention kernel)
+//                       [--bf16-small-wide 0|1] (KernelOptions::gemm_bf16_small_wide: the LM head at decode
+//                       on the small-T kernel or on cuBLASLt)
 //                       [--profile-batch B] (after batch B's timed decode steps, one more step between
 //                       cudaProfilerStart / Stop: `ncu --profile-from-start off` then sees that step's
 //                       kernels alone, each graph node its own result)
@@ -91,6 +93,7 @@ struct Args {
   int64_t split_fused_min_tokens = -1, absorb_fused_min_tokens = -1;
   int moe_fp8_tail_rows = kernels::kMoeFp8TailRowsDefault;  // KernelOptions::moe_fp8_tail_rows
   int silu_mul_fp8_copy = -1;  // KernelOptions::silu_mul_fp8_copy (-1: the default; 0: off; 1: on)
+  int bf16_small_wide = -1;    // KernelOptions::gemm_bf16_small_wide (-1: the default; 0: off; 1: on)
   // The prefill rows' attention forms (ForwardOptions::attention), each a row: auto (the rule), absorbed,
   // mha.
   std::vector<std::string> prefill_forms{"auto"};
@@ -177,6 +180,8 @@ Args parse(int argc, char** argv) {
       a.absorb_fused_min_tokens = std::stoll(val());
     else if (k == "--silu-mul-fp8-copy")
       a.silu_mul_fp8_copy = std::stoi(val()) != 0 ? 1 : 0;
+    else if (k == "--bf16-small-wide")
+      a.bf16_small_wide = std::stoi(val()) != 0 ? 1 : 0;
     else if (k == "--prefill-forms") {
       a.prefill_forms.clear();
       const std::string s = val();
@@ -382,6 +387,7 @@ int run(const Args& a) {
     if (a.split_fused_min_tokens >= 0) ko.gemm_split_fused_min_tokens = a.split_fused_min_tokens;
     if (a.absorb_fused_min_tokens >= 0) ko.absorb_fused_min_tokens = a.absorb_fused_min_tokens;
     if (a.silu_mul_fp8_copy >= 0) ko.silu_mul_fp8_copy = a.silu_mul_fp8_copy == 1;
+    if (a.bf16_small_wide >= 0) ko.gemm_bf16_small_wide = a.bf16_small_wide == 1;
     ko.moe_fp8_tail_rows = a.moe_fp8_tail_rows;
     for (bool pdl : a.pdl) {
       ko.pdl = pdl;

@@ -168,6 +168,9 @@ std::string describe(const KernelOptions& o) {
               : "") +
          (o.silu_mul_fp8_copy != kSiluMulFp8CopyDefault
               ? fmt::format(" silu_mul_fp8_copy={}", o.silu_mul_fp8_copy ? 1 : 0)
+              : "") +
+         (o.gemm_bf16_small_wide != kGemmBf16SmallWideDefault
+              ? fmt::format(" gemm_bf16_small_wide={}", o.gemm_bf16_small_wide ? 1 : 0)
               : "");
 }
 

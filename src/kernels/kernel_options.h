@@ -151,6 +151,12 @@ inline constexpr int64_t kAbsorbFusedDefaultTokens = 256;
 // for the shared expert's 2,048 columns and 12.0 vs 8.4 us for the dense MLP's 12,288 (a net gain per step
 // of the GLM-5.3 slice: five MoE layers, three dense).
 inline constexpr bool kSiluMulFp8CopyDefault = true;
+// Wide bf16 linears (more than kSplitMaxRows output features: the LM head of an FP8 model, every linear of a
+// bf16 one) at T <= kBf16SmallMaxTokens tokens run the narrow linears' weight-streaming small-T kernel (the
+// two-term recipe: x split into bf16 hi + lo, ~16 mantissa bits of x kept) when
+// KernelOptions::gemm_bf16_small_wide; false: x rounded to bf16 once and cuBLASLt (the old path). The LM
+// head [154,880 x 6,144] is a third of a batch-1 decode step's weight bytes on the GLM-5.3 slice.
+inline constexpr bool kGemmBf16SmallWideDefault = true;
 // (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
 // the weight's dtype and shape, falling back where cuBLASLt has no plan.)
 
@@ -184,6 +190,7 @@ struct KernelOptions {
   int64_t gemm_split_fused_min_tokens = kGemmSplitFusedDefaultTokens;  // 0: never
   int64_t absorb_fused_min_tokens = kAbsorbFusedDefaultTokens;         // 0: never
   bool silu_mul_fp8_copy = kSiluMulFp8CopyDefault;
+  bool gemm_bf16_small_wide = kGemmBf16SmallWideDefault;
   MoePath moe = MoePath::automatic;
   // The FP8 grouped experts' packed rows per pass (kernels/cuda/moe/moe_params.h MoeFp8GemmParams::tile_rows:
   // 8 the mma.sync form, 128 the wgmma form); 0: by the shapes (moe_fp8_tile_rows).
@@ -225,8 +232,8 @@ int check_moe_fp8_tail_rows(int r, std::string_view flag);
 // "mla_decode=auto mla_v5_order=auto indexer_score=auto indexer_select=auto gemm=fast
 // gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " moe_fp8_tail_rows=N", " mha=K",
 // " pdl=on|off",
-// " gemm_split_fused_min_tokens=N", " absorb_fused_min_tokens=N", " silu_mul_fp8_copy=0|1" when not the
-// defaults).
+// " gemm_split_fused_min_tokens=N", " absorb_fused_min_tokens=N", " silu_mul_fp8_copy=0|1",
+// " gemm_bf16_small_wide=0|1" when not the defaults).
 std::string describe(const KernelOptions& o);
 
 }  // namespace dsaserve::kernels

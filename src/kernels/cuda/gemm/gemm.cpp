@@ -549,8 +549,9 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
   const bool split = !f32 && N <= kSplitMaxRows;
   // (One narrow weight keeps the split pass + cuBLASLt at every size: the fused launch measured slower for
   // router_gate [256 x 6144] on the H100, 199 vs 168 us at 4,096 tokens, 131 vs 71 at 1,024; it pays where
-  // two parts share it: linear_multi below.)
-  if (split && bf16_small(xv, a_ptr, N, ov, o.pdl)) return;
+  // two parts share it: linear_multi below.) Wide bf16 weights take the small-T kernel too when
+  // KernelOptions::gemm_bf16_small_wide (the LM head at decode).
+  if ((split || (!f32 && o.gemm_bf16_small_wide)) && bf16_small(xv, a_ptr, N, ov, o.pdl)) return;
   gemm_dense(xv, a_ptr, f32, true, K, N, ov, split, "linear", o.pdl);
 }
 
