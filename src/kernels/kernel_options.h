@@ -154,9 +154,11 @@ inline constexpr bool kSiluMulFp8CopyDefault = true;
 // Wide bf16 linears (more than kSplitMaxRows output features: the LM head of an FP8 model, every linear of a
 // bf16 one) at T <= kBf16SmallMaxTokens tokens run the narrow linears' weight-streaming small-T kernel (the
 // two-term recipe: x split into bf16 hi + lo, ~16 mantissa bits of x kept) when
-// KernelOptions::gemm_bf16_small_wide; false: x rounded to bf16 once and cuBLASLt (the old path). The LM
-// head [154,880 x 6,144] is a third of a batch-1 decode step's weight bytes on the GLM-5.3 slice.
-inline constexpr bool kGemmBf16SmallWideDefault = true;
+// KernelOptions::gemm_bf16_small_wide; false: x rounded to bf16 once and cuBLASLt. The LM head [154,880 x
+// 6,144] is a third of a batch-1 decode step's weight bytes on the GLM-5.3 slice. Measured on the H100
+// (realwidth_gpu_bench, FP8 KV, context 4K, batch 1): 3.206 ms a step on vs 3.163 off; Nsight Compute puts
+// the small-T kernel's LM head at 665 us (2.86 TB/s), so cuBLASLt's is ~0.62 ms. Off until it wins.
+inline constexpr bool kGemmBf16SmallWideDefault = false;
 // (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
 // the weight's dtype and shape, falling back where cuBLASLt has no plan.)
 
