@@ -156,8 +156,8 @@ inline constexpr bool kSiluMulFp8CopyDefault = true;
 // two-term recipe: x split into bf16 hi + lo, ~16 mantissa bits of x kept) when
 // KernelOptions::gemm_bf16_small_wide; false: x rounded to bf16 once and cuBLASLt. The LM head [154,880 x
 // 6,144] is a third of a batch-1 decode step's weight bytes on the GLM-5.3 slice. Measured on the H100
-// (realwidth_gpu_bench, FP8 KV, context 4K, batch 1): 3.206 ms a step on vs 3.163 off; Nsight Compute puts
-// the small-T kernel's LM head at 665 us (2.86 TB/s), so cuBLASLt's is ~0.62 ms. Off until it wins.
+// (realwidth_gpu_bench, FP8 KV, context 4K, batch 1): 3.206 ms a step on vs 3.163 off; ops_gpu_bench lmhead:
+// cuBLASLt / small-T 660 / 666 us at one token, 666 / 694 at 8, 662 / 1,003 at 32. Off until it wins.
 inline constexpr bool kGemmBf16SmallWideDefault = false;
 // (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
 // the weight's dtype and shape, falling back where cuBLASLt has no plan.)

@@ -228,6 +228,12 @@ TEST(KernelOptions, FusedPrefillThresholdsLeaveDecodeAlone) {
   KernelOptions old;
   old.silu_mul_fp8_copy = false;
   EXPECT_NE(describe(old).find(" silu_mul_fp8_copy=0"), std::string::npos) << describe(old);
+  // Wide bf16 linears on the small-T kernel: off by default, named when on.
+  EXPECT_FALSE(KernelOptions{}.gemm_bf16_small_wide);
+  KernelOptions wide;
+  wide.gemm_bf16_small_wide = true;
+  EXPECT_NE(describe(wide).find(" gemm_bf16_small_wide=1"), std::string::npos) << describe(wide);
+  EXPECT_EQ(describe(KernelOptions{}).find("gemm_bf16_small_wide"), std::string::npos);
 }
 // The FP8 small-T limit is a value of the options (no process-wide setter): 0..32, the default 8; anything
 // else is an error naming the flag.

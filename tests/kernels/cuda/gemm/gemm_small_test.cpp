@@ -354,5 +354,31 @@ TEST_F(CudaFp8SmallGemm, Bf16SmallKernelIsTheExactTwoTermSum) {
   EXPECT_EQ(gemm_stats().bf16_small_calls, before.bf16_small_calls + 3);
 }
 
+// KernelOptions::gemm_bf16_small_wide: a wide bf16 weight (an LM head's rows, past kSplitMaxRows) at <= 32
+// tokens takes the small-T kernel (two-term: closer to the f32 product than cuBLASLt's bf16 x), off by
+// default; above 32 tokens, and with the option off, cuBLASLt.
+TEST_F(CudaFp8SmallGemm, WideBf16TakesTheSmallKernelWhenAsked) {
+  EXPECT_FALSE(KernelOptions{}.gemm_bf16_small_wide);
+  KernelOptions on_o;
+  on_o.gemm_bf16_small_wide = true;
+  const std::shared_ptr<Backend> on = make_backend(on_o), off = make_backend({});
+  const WeightRef w = rand_weight(4096 + 72, 6144, DType::bf16, 11), wd = to_cuda(w);
+  for (int64_t T : {int64_t(1), int64_t(7), int64_t(32), int64_t(33)}) {
+    const Tensor x = rand_f32({T, 6144}, uint64_t(100 + T), 2.0f), xd = x.to(Device::cuda);
+    const Tensor want = kernels::linear(x, w);
+    const GemmStats before = gemm_stats();
+    const Tensor a = on->linear(xd, wd, 0, -1, Tensor());
+    const int64_t small_calls = gemm_stats().bf16_small_calls - before.bf16_small_calls;
+    const Tensor b = off->linear(xd, wd, 0, -1, Tensor());
+    EXPECT_EQ(gemm_stats().bf16_small_calls - before.bf16_small_calls, small_calls) << "off: cuBLASLt";
+    EXPECT_EQ(small_calls, T <= kBf16SmallMaxTokens ? 1 : 0) << "T=" << T;
+    const double err_on = testing::row_l2_rel_error(a, want), err_off = testing::row_l2_rel_error(b, want);
+    fmt::print("RESULT op=linear bf16 wide [4168 x 6144] T={} small-T l2_rel_err={:.3g} cuBLASLt {:.3g}\n", T,
+               err_on, err_off);
+    EXPECT_LE(err_on, T <= kBf16SmallMaxTokens ? 1e-4 : 1e-2);
+    EXPECT_LE(err_off, 1e-2);
+  }
+}
+
 }  // namespace
 }  // namespace dsaserve::kernels::cuda
