@@ -74,13 +74,15 @@ __global__ void __launch_bounds__(kRouteWarps * 32) sm90_moe_route_kernel(MoeRou
       if (!group_kept[warp][e / per_group]) choice[e] = ninf;
     __syncwarp();
   }
-  // Each lane's best untaken expert; after a round only the winner's lane looks again.
+  // Each lane's best untaken expert; after a round only the winner's lane looks again. A NaN choice (logits
+  // that overflowed) counts as -inf, so every round picks an expert in range.
   uint32_t taken = 0;  // bit j: expert lane + 32 j chosen (experts <= 1024)
   auto lane_best = [&]() {
     ValIdx b{ninf, 0x7fffffff};
     for (int j = 0, e = lane; e < experts; ++j, e += 32)
       if (!(taken >> j & 1u)) {
-        const ValIdx c{choice[e], int32_t(e)};
+        const float v = choice[e];
+        const ValIdx c{v == v ? v : ninf, int32_t(e)};
         if (better(c, b)) b = c;
       }
     return b;

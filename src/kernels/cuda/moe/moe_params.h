@@ -8,7 +8,7 @@ namespace dsaserve::kernels::cuda {
 
 // Router: s = sigmoid(logits); choice = s + bias; the topk_group groups with the best sum of their two
 // best choices survive; top_k of the survivors by choice (ties: lower index); weights = s of the chosen,
-// normalised (+1e-20) when asked, times scaling. One block per token; experts <= 1024.
+// normalised (+1e-20) when asked, times scaling. One warp per token (four a block); experts <= 1024.
 struct MoeRouteKernelParams {
   const float* logits;  // [tokens, experts] stride logits_stride
   const float* bias;    // [experts]
