@@ -15,12 +15,12 @@ constexpr int kMaxTopK = 64;
 constexpr int kRouteWarps = 4;  // tokens a block, one warp each
 
 // One warp per token: lane l holds experts l, l + 32, ... (a per-warp slice of shared memory keeps the
-// choice scores and the sigmoid scores). The same arithmetic in the same order as cpu::moe_route, so the ids
-// and weights are the CPU's bit for bit: the group scores (the sum of a group's best two choices), the
-// groups kept one by one, then top_k rounds of a warp argmax (ties toward the lower expert), a chosen expert
-// leaving the race, and the weights normalised in choice order. A warp reads its token's logits once
-// (coalesced) and needs no block barrier: at T = 4,096 the block-per-token form spent 55 us a layer in its
-// top_k rounds of two __syncthreads each.
+// choice scores and the sigmoid scores). The same arithmetic in the same order as cpu::moe_route (the
+// sigmoid's expf aside, so the weights may differ in their last bits): the group scores (the sum of a group's
+// best two choices), the groups kept one by one, then top_k rounds of a warp argmax (ties toward the lower
+// expert), a chosen expert leaving the race, and the weights normalised in choice order. A warp reads its
+// token's logits once (coalesced) and needs no block barrier: at T = 4,096 the block-per-token form spent 55
+// us a layer in its top_k rounds of two __syncthreads each.
 __global__ void __launch_bounds__(kRouteWarps * 32) sm90_moe_route_kernel(MoeRouteKernelParams p) {
   extern __shared__ float route_smem[];  // [kRouteWarps][2][experts]
   __shared__ float group_score[kRouteWarps][kMaxGroups];
