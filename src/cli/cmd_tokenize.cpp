@@ -4,8 +4,10 @@
 //   dsaserve detokenize --tokenizer DIR [--skip-special-tokens] [--stream]
 //     in:  {"ids": [...], "skip_special_tokens"?: bool}   out: {"text": "..."} and, with --stream,
 //     "chunks": the streaming detokenizer's output for each id, then its final flush.
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -47,6 +49,17 @@ void for_each_json_line(F&& fn) {
   }
 }
 
+// Writes `s` to stdout; a closed or failed stdout (a reader that went away: EPIPE, SIGPIPE being ignored)
+// ends the command with an error instead of tokenizing the rest of stdin for nobody.
+void write_stdout(const std::string& s) {
+  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::ferror(stdout))
+    fail("cannot write to stdout: {}", std::strerror(errno));
+}
+
+void flush_stdout() {
+  if (std::fflush(stdout) != 0) fail("cannot write to stdout: {}", std::strerror(errno));
+}
+
 bool line_flag(const json& j, const char* key, bool fallback, size_t line_no) {
   auto it = j.find(key);
   if (it == j.end()) return fallback;
@@ -75,9 +88,9 @@ int run_tokenize(const TokenizeOptions& o) {
       out.append(buf, std::to_chars(buf, buf + sizeof(buf), ids[i]).ptr);
     }
     out += "]}\n";
-    std::fwrite(out.data(), 1, out.size(), stdout);
+    write_stdout(out);
   });
-  std::fflush(stdout);
+  flush_stdout();
   return 0;
 }
 
@@ -104,9 +117,9 @@ int run_detokenize(const TokenizeOptions& o) {
       result["chunks"] = std::move(chunks);
     }
     const std::string line = result.dump() + "\n";
-    std::fwrite(line.data(), 1, line.size(), stdout);
+    write_stdout(line);
   });
-  std::fflush(stdout);
+  flush_stdout();
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <exception>
 #include <map>
@@ -20,6 +21,10 @@ std::vector<Command>& commands() {
 
 int main(int argc, char** argv) {
   using namespace dsaserve::cli;
+  // A write to a peer that is gone (a Gloo pair to a killed rank, a closed stdout) fails with EPIPE and is
+  // reported as an error, as Python-based servers do, instead of SIGPIPE ending the process silently (a
+  // rank dying of SIGPIPE would also hide which peer died first). Inherited by the ranks it launches.
+  std::signal(SIGPIPE, SIG_IGN);
   // Log lines (errors print as one: "error: <what, naming file/tensor/field>") go to stderr; stdout
   // carries only the commands' output.
   spdlog::set_default_logger(spdlog::stderr_color_mt("dsaserve"));

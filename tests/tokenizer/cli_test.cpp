@@ -53,5 +53,19 @@ TEST(Cli, BadInputNamesTheLine) {
   EXPECT_NE(out.find("/nonexistent/tok: cannot open tokenizer file"), std::string::npos) << out;
 }
 
+// A reader that goes away (`| head -c 1`) ends the command with an error naming stdout, in bounded time,
+// never SIGPIPE killing it (status 141 under pipefail) nor tokenizing the rest of stdin for nobody.
+TEST(Cli, AClosedStdoutIsAnErrorNotSigpipe) {
+  DSA_FIXTURE_PATH(dir, "tokenizers/deepseek_v3");
+  std::string out;
+  EXPECT_EQ(run_command("bash -c 'set -o pipefail; yes \"{\\\"text\\\": \\\"hello world\\\"}\" | head -n 300000 | " +
+                            dsaserve_binary().string() + " tokenize --tokenizer " + dir.string() +
+                            " | head -c 1 > /dev/null'",
+                        &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("error: cannot write to stdout: Broken pipe"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace dsaserve::tokenizer
