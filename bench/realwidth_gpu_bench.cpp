@@ -35,6 +35,9 @@
 //                       (KernelOptions::mla_decode, every row's MLA attention kernel)
 //                       [--bf16-small-wide 0|1] (KernelOptions::gemm_bf16_small_wide: the LM head at decode
 //                       on the small-T kernel or on cuBLASLt)
+//                       [--fp8-small-fuse 0|1|0,1] (KernelOptions::gemm_fp8_small_fuse: linear_multi's FP8
+//                       parts at decode in one small-T launch or one each; a list: one variant each, like
+//                       --pdl, the rows naming it as fuse=0|1)
 //                       [--profile-batch B] (after batch B's timed decode steps, one more step between
 //                       cudaProfilerStart / Stop: `ncu --profile-from-start off` then sees that step's
 //                       kernels alone, each graph node its own result)
@@ -94,6 +97,8 @@ struct Args {
   int moe_fp8_tail_rows = kernels::kMoeFp8TailRowsDefault;  // KernelOptions::moe_fp8_tail_rows
   int silu_mul_fp8_copy = -1;  // KernelOptions::silu_mul_fp8_copy (-1: the default; 0: off; 1: on)
   int bf16_small_wide = -1;    // KernelOptions::gemm_bf16_small_wide (-1: the default; 0: off; 1: on)
+  // KernelOptions::gemm_fp8_small_fuse values, a variant each (empty: the default, rows without fuse=).
+  std::vector<bool> fp8_small_fuse;
   // The prefill rows' attention forms (ForwardOptions::attention), each a row: auto (the rule), absorbed,
   // mha.
   std::vector<std::string> prefill_forms{"auto"};
@@ -182,7 +187,17 @@ Args parse(int argc, char** argv) {
       a.silu_mul_fp8_copy = std::stoi(val()) != 0 ? 1 : 0;
     else if (k == "--bf16-small-wide")
       a.bf16_small_wide = std::stoi(val()) != 0 ? 1 : 0;
-    else if (k == "--prefill-forms") {
+    else if (k == "--fp8-small-fuse") {
+      a.fp8_small_fuse.clear();
+      const std::string s = val();
+      for (size_t p = 0; p <= s.size();) {
+        const size_t q = std::min(s.find(',', p), s.size());
+        const std::string v = s.substr(p, q - p);
+        DSA_CHECK(v == "0" || v == "1", "--fp8-small-fuse takes 0, 1 or 0,1, got {}", s);
+        a.fp8_small_fuse.push_back(v == "1");
+        p = q + 1;
+      }
+    } else if (k == "--prefill-forms") {
       a.prefill_forms.clear();
       const std::string s = val();
       for (size_t p = 0; p <= s.size();) {
@@ -374,9 +389,11 @@ int run(const Args& a) {
   auto t0 = clock_type::now();
   const bool spec = a.verify_tokens > 1 && c.num_nextn_predict_layers > 0;
   std::shared_ptr<model::Model> model = model::make_dummy_model(c, Device::cuda, 0, spec);
-  // One model per --pdl value (the weights shared; each its own backend with those KernelOptions).
+  // One model per --pdl (x --fp8-small-fuse) value (the weights shared; each its own backend with those
+  // KernelOptions).
   struct Variant {
     bool pdl;
+    std::string fuse;  // " fuse=0|1" when --fp8-small-fuse was given (the rows print it after pdl=)
     std::shared_ptr<model::Model> model;
   };
   std::vector<Variant> variants;
@@ -389,19 +406,24 @@ int run(const Args& a) {
     if (a.silu_mul_fp8_copy >= 0) ko.silu_mul_fp8_copy = a.silu_mul_fp8_copy == 1;
     if (a.bf16_small_wide >= 0) ko.gemm_bf16_small_wide = a.bf16_small_wide == 1;
     ko.moe_fp8_tail_rows = a.moe_fp8_tail_rows;
-    for (bool pdl : a.pdl) {
-      ko.pdl = pdl;
-      variants.push_back({pdl, ko == kernels::KernelOptions{}
-                                   ? model
-                                   : model->with_backend(kernels::cuda::make_backend(ko))});
-    }
+    const std::vector<int> fuses = a.fp8_small_fuse.empty()
+                                       ? std::vector<int>{-1}
+                                       : std::vector<int>(a.fp8_small_fuse.begin(), a.fp8_small_fuse.end());
+    for (bool pdl : a.pdl)
+      for (int fuse : fuses) {
+        ko.pdl = pdl;
+        if (fuse >= 0) ko.gemm_fp8_small_fuse = fuse == 1;
+        variants.push_back(
+            {pdl, fuse == -1 ? std::string() : fmt::format(" fuse={}", fuse),
+             ko == kernels::KernelOptions{} ? model : model->with_backend(kernels::cuda::make_backend(ko))});
+      }
     model = variants.front().model;
   }
   if (a.moe_path != "auto") fmt::print("routed experts: --moe-path {}\n", a.moe_path);
   if (a.mla_decode != "auto") fmt::print("MLA attention: --mla-decode-kernel {}\n", a.mla_decode);
   for (const Variant& v : variants)
     fmt::print(
-        "kernels (pdl={}): {}\n", kernels::pdl_name(v.pdl),
+        "kernels (pdl={}{}): {}\n", kernels::pdl_name(v.pdl), v.fuse,
         kernels::describe(v.model->backend() ? v.model->backend()->options() : kernels::KernelOptions{}));
   sync();
   fmt::print("dummy weights generated on the GPU: {:.2f} GiB in {:.1f} s\n",
@@ -443,10 +465,11 @@ int run(const Args& a) {
           }
           const double plan = roofline_ms(c, kv, {{n, 0}}, false);
           fmt::print(
-              "ROW prefill kv={} tokens={} cached=0 form={} pdl={} measured_ms={:.2f} plan_ms={:.3f} "
+              "ROW prefill kv={} tokens={} cached=0 form={} pdl={}{} measured_ms={:.2f} plan_ms={:.3f} "
               "plan/measured={:.3f} "
               "tok/s={:.0f}\n",
-              kvn, n, form, kernels::pdl_name(var.pdl), best, plan, plan / best, double(n) * 1e3 / best);
+              kvn, n, form, kernels::pdl_name(var.pdl), var.fuse, best, plan, plan / best,
+              double(n) * 1e3 / best);
           std::fflush(stdout);
           if (n == a.trace_prefill && kvn == a.kv.front() && form == a.prefill_forms.front() &&
               &var == &variants.front()) {
@@ -491,7 +514,7 @@ int run(const Args& a) {
     model::ForwardOptions fo;
     fo.all_logits = false;
     const int64_t max_bs = *std::max_element(a.batches.begin(), a.batches.end());
-    std::vector<std::unique_ptr<runtime::CudaGraphRunner>> graphs(variants.size());  // one per --pdl value
+    std::vector<std::unique_ptr<runtime::CudaGraphRunner>> graphs(variants.size());  // one per variant
     std::unique_ptr<runtime::SpecGraphRunner> spec_graphs;  // captured lazily (the timed runs' warm-up)
     if (a.graphs)
       for (size_t v = 0; v < variants.size(); ++v)
@@ -525,10 +548,10 @@ int run(const Args& a) {
           const DecodeResult rv = time_decode(*variants[v].model, cache, graphs[v].get(), B, ctx, per_req, a);
           if (v == 0) r = rv;
           fmt::print(
-              "ROW decode kv={} batch={} context={} graphs={} pdl={} measured_ms={:.3f} plan_ms={:.3f} "
+              "ROW decode kv={} batch={} context={} graphs={} pdl={}{} measured_ms={:.3f} plan_ms={:.3f} "
               "plan/measured={:.3f} tok/s={:.0f}\n",
-              kvn, B, ctx, rv.replayed ? "yes" : "no", kernels::pdl_name(variants[v].pdl), rv.ms, plan,
-              plan / rv.ms, double(B) * 1e3 / rv.ms);
+              kvn, B, ctx, rv.replayed ? "yes" : "no", kernels::pdl_name(variants[v].pdl), variants[v].fuse,
+              rv.ms, plan, plan / rv.ms, double(B) * 1e3 / rv.ms);
           std::fflush(stdout);
         }
         if (spec && ctx == a.contexts.front() && since(t_start) <= a.max_seconds) {

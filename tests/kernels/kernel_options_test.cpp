@@ -3,6 +3,7 @@
 // prefill copy, the 16-head cutoff), and the flag names.
 #include "kernels/kernel_options.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -234,6 +235,13 @@ TEST(KernelOptions, FusedPrefillThresholdsLeaveDecodeAlone) {
   wide.gemm_bf16_small_wide = true;
   EXPECT_NE(describe(wide).find(" gemm_bf16_small_wide=1"), std::string::npos) << describe(wide);
   EXPECT_EQ(describe(KernelOptions{}).find("gemm_bf16_small_wide"), std::string::npos);
+  // linear_multi's FP8 parts in one small-T launch: named when not the default.
+  KernelOptions fuse;
+  fuse.gemm_fp8_small_fuse = !kGemmFp8SmallFuseDefault;
+  EXPECT_NE(describe(fuse).find(fmt::format(" gemm_fp8_small_fuse={}", fuse.gemm_fp8_small_fuse ? 1 : 0)),
+            std::string::npos)
+      << describe(fuse);
+  EXPECT_EQ(describe(KernelOptions{}).find("gemm_fp8_small_fuse"), std::string::npos);
 }
 // The FP8 small-T limit is a value of the options (no process-wide setter): 0..32, the default 8; anything
 // else is an error naming the flag.

@@ -417,6 +417,55 @@ void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, cons
   count(&GemmStats::fp8_small_calls);
 }
 
+// linear_multi's FP8 parts on the small-T kernel in one launch (KernelOptions::gemm_fp8_small_fuse): the
+// parts' row slices one grid, one K split chosen for all of them (gemm_small_params.h, `more`); up to
+// 1 + kFp8SmallMaxMore parts (the caller groups more).
+void fp8_small_fused(const Fp8Act& a, const std::vector<const WeightRef*>& ws,
+                     const std::vector<RowView>& outs, bool pdl) {
+  DSA_CHECK(!ws.empty() && ws.size() <= size_t(1 + kFp8SmallMaxMore) && ws.size() == outs.size(),
+            "linear: {} parts for one fused FP8 small-T launch", ws.size());
+  const int64_t K = a.codes.size(1);
+  Fp8SmallGemmParams p{};
+  auto part = [&](size_t i) {
+    const WeightRef& w = *ws[i];
+    return Fp8SmallSegment{static_cast<const uint8_t*>(w.weight.raw_data()),
+                           static_cast<const float*>(w.scale_inv.raw_data()),
+                           0,
+                           w.scale_inv.size(1),
+                           outs[i].p,
+                           outs[i].stride,
+                           w.rows()};
+  };
+  const Fp8SmallSegment first = part(0);
+  p.w = first.w;
+  p.w_scale = first.w_scale;
+  p.row0 = 0;
+  p.w_scale_ld = first.w_scale_ld;
+  p.out = first.out;
+  p.out_stride = first.out_stride;
+  p.N = first.N;
+  for (size_t i = 1; i < ws.size(); ++i) p.more[i - 1] = part(i);
+  p.n_more = int(ws.size()) - 1;
+  p.xq = static_cast<const uint8_t*>(a.codes.raw_data());
+  p.x_scale = a.scales.data<float>();
+  p.T = a.rows;
+  p.Tp = a.codes.size(0);
+  p.K = K;
+  const int64_t slices = fp8_small_slices(p);
+  p.ctas_per_sm = fp8_small_ctas_per_sm(slices * 128, p.Tp);  // resolved once: the split and the launch
+  p.splits = fp8_small_fused_splits(slices, K, p.Tp, p.ctas_per_sm);
+  p.pdl = pdl;
+  Tensor partial;
+  if (p.splits > 1) {
+    partial = Tensor::empty({fp8_small_fused_scratch(p)}, DType::f32, Device::cuda);
+    p.partial = partial.data<float>();
+    p.counters = small_counters();
+  }
+  check_launch(launch_fp8_small_gemm(p, op_stream()), "linear: fused fp8 small-T GEMM");
+  count(&GemmStats::fp8_small_calls);
+  count(&GemmStats::fp8_small_fused_calls);
+}
+
 // The narrow bf16 linears' two-term recipe for T <= kBf16SmallMaxTokens in one weight-streaming launch
 // (gemm_small_params.h); false when the shapes or alignments do not fit it (cuBLASLt then runs).
 bool bf16_small(const RowView& x, const void* a_ptr, int64_t N, const RowView& o, bool pdl) {
@@ -478,10 +527,16 @@ bool fp8_recipe_applies(const WeightRef& w, int64_t K, int64_t r0, int64_t N) {
 }
 
 // The FP8 recipe's GEMM on quantised activations; false when cuBLASLt has no plan (caller falls back).
+// Whether FP8 products on these quantised activations take the small-T kernel.
+bool fp8_small_applies(const Fp8Act& act, const KernelOptions& opts) {
+  const int64_t T = act.rows, Tp = act.codes.size(0);
+  return T <= kFp8SmallMaxTokens && T <= opts.gemm_fp8_small_max_tokens && (Tp == 8 || Tp == 16 || Tp == 32);
+}
+
 bool gemm_fp8_quantised(const Fp8Act& act, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o,
                         const KernelOptions& opts) {
   const int64_t T = act.rows, K = act.codes.size(1), N = r1 - r0, Tp = act.codes.size(0);
-  if (T <= kFp8SmallMaxTokens && T <= opts.gemm_fp8_small_max_tokens && (Tp == 8 || Tp == 16 || Tp == 32)) {
+  if (fp8_small_applies(act, opts)) {
     fp8_small(act, w, r0, r1, o, opts.pdl);
     return true;
   }
@@ -616,6 +671,27 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
                         {rows_f32(out[a], "linear_multi output"), rows_f32(out[b], "linear_multi output")},
                         o.pdl))
           done[a] = done[b] = true;
+      }
+    }
+  }
+  // FP8 parts on the small-T kernel: one launch for up to 1 + kFp8SmallMaxMore of them.
+  if (share && o.gemm_fp8_small_fuse && fp8 >= 2 && x.device() == Device::cuda) {
+    const RowView xv = rows_f32(x, "linear_multi input");
+    if (!act) act = quantise_rows(xv, o);
+    if (fp8_small_applies(*act, o)) {
+      std::vector<size_t> parts;
+      for (size_t i = 0; i < ws.size(); ++i)
+        if (recipe[i] && !done[i] && ws[i].cols() == xv.cols) parts.push_back(i);
+      for (size_t j = 0; j + 1 < parts.size(); j += size_t(1 + kFp8SmallMaxMore)) {
+        const size_t end = std::min(parts.size(), j + size_t(1 + kFp8SmallMaxMore));
+        std::vector<const WeightRef*> group;
+        std::vector<RowView> outs;
+        for (size_t k = j; k < end; ++k) {
+          group.push_back(&ws[parts[k]]);
+          outs.push_back(rows_f32(out[parts[k]], "linear_multi output"));
+        }
+        fp8_small_fused(*act, group, outs, o.pdl);
+        for (size_t k = j; k < end; ++k) done[parts[k]] = true;
       }
     }
   }

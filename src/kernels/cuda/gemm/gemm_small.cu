@@ -112,6 +112,56 @@ __device__ __forceinline__ void small_gemm_epilogue(const P& p, const float (&ac
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0u;
 }
 
+// The weight a CTA of an FP8 small-T launch works on (the call's own or one of its more[]) and what the
+// epilogue needs of it (small_gemm_epilogue's fields).
+struct Fp8SmallCta {
+  const uint8_t* w;
+  const float* ws;  // the CTA's row of weight scales
+  float* out;
+  int64_t out_stride, T, N, row_base;
+  float* partial;
+  uint32_t* counters;
+  int splits;
+};
+
+// Finds blockIdx.x's weight: the call's own row slices first, then each of more[] in order. The loop over
+// more[] is unrolled so that every field is read from the parameters at a fixed offset (no local copy).
+__device__ __forceinline__ Fp8SmallCta fp8_small_cta(const Fp8SmallGemmParams& p) {
+  const uint8_t* w = p.w;
+  const float* w_scale = p.w_scale;
+  int64_t row0 = p.row0, ld = p.w_scale_ld, N = p.N, out_stride = p.out_stride;
+  float* out = p.out;
+  int64_t before = 0, slices = (N + kRows - 1) / kRows;  // row slices before this weight; its own
+  const int64_t x = blockIdx.x;
+#pragma unroll
+  for (int i = 0; i < kFp8SmallMaxMore; ++i) {
+    if (i < p.n_more && x >= before + slices) {
+      before += slices;
+      w = p.more[i].w;
+      w_scale = p.more[i].w_scale;
+      row0 = p.more[i].row0;
+      ld = p.more[i].w_scale_ld;
+      out = p.more[i].out;
+      out_stride = p.more[i].out_stride;
+      N = p.more[i].N;
+      slices = (N + kRows - 1) / kRows;
+    }
+  }
+  const int64_t row_base = (x - before) * kRows;
+  Fp8SmallCta c;
+  c.w = w;
+  c.ws = w_scale + ((row0 + row_base) / 128) * ld;
+  c.out = out;
+  c.out_stride = out_stride;
+  c.T = p.T;
+  c.N = N;
+  c.row_base = row_base;
+  c.partial = p.partial ? p.partial + int64_t(p.splits) * p.T * kRows * before : nullptr;
+  c.counters = p.counters;
+  c.splits = p.splits;
+  return c;
+}
+
 // kMinBlocks: CTAs an SM holds (2, or 3 at 8 tokens for wide outputs: fp8_small_ctas_per_sm).
 template <int NT, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
@@ -126,14 +176,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int64_t kb0 = int64_t(blockIdx.y) * per;
   const int64_t kb1 = kb0 + per < kb_total ? kb0 + per : kb_total;
   const int64_t nkb = kb1 - kb0;
-  const int64_t row_base = int64_t(blockIdx.x) * kRows;
-  const float* ws = p.w_scale + ((p.row0 + row_base) / 128) * p.w_scale_ld;  // this CTA's scale row
-  if (p.pdl) prefetch_weight_tiles(p.w, p.K, row_base, p.N, kb0, nkb < kStages - 1 ? nkb : kStages - 1);
+  const Fp8SmallCta cta = fp8_small_cta(p);  // this CTA's weight, rows and output
+  const int64_t row_base = cta.row_base;
+  const float* ws = cta.ws;  // this CTA's scale row
+  if (p.pdl) prefetch_weight_tiles(cta.w, p.K, row_base, cta.N, kb0, nkb < kStages - 1 ? nkb : kStages - 1);
   pdl_enter();  // the activations, the output and the split's scratch come from / go to other kernels
 
   auto load = [&](int64_t kb, int stage) {
     uint8_t* st = smem + size_t(stage) * S::kBytes;
-    stage_weight_tile(st, p.w, p.K, row_base, p.N, kb);
+    stage_weight_tile(st, cta.w, p.K, row_base, cta.N, kb);
     for (int i = threadIdx.x; i < Tp * 8; i += kThreads) {
       const int r = i >> 3, c = i & 7;
       mma::cp_async16(st + S::kW + r * kXLd + c * 16, p.xq + r * p.K + kb * 128 + c * 16, 16);
@@ -185,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   mma::cp_async_wait<0>();
 
-  small_gemm_epilogue<NT>(p, acc, row_base, r_lo, t, s_last);
+  small_gemm_epilogue<NT>(cta, acc, row_base, r_lo, t, s_last);
 }
 
 template <int NT, int kMinBlocks>
@@ -198,7 +249,8 @@ cudaError_t launch_nt_occ(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t s
 template <int NT>
 cudaError_t launch_nt(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (NT == 1) {
-    if (fp8_small_ctas_per_sm(p.N, p.Tp, p.ctas_per_sm) == 3) return launch_nt_occ<1, 3>(p, grid, stream);
+    if (fp8_small_ctas_per_sm(fp8_small_slices(p) * kRows, p.Tp, p.ctas_per_sm) == 3)
+      return launch_nt_occ<1, 3>(p, grid, stream);
   }
   return launch_nt_occ<NT, 2>(p, grid, stream);
 }
@@ -348,13 +400,33 @@ int fp8_small_gemm_splits(int64_t N, int64_t K, int64_t Tp, int ctas_per_sm) {
   return splits_for((N + kRows - 1) / kRows, K / 128, fp8_small_ctas_per_sm(N, Tp, ctas_per_sm));
 }
 
+int fp8_small_fused_splits(int64_t slices, int64_t K, int64_t Tp, int ctas_per_sm) {
+  return splits_for(slices, K / 128, fp8_small_ctas_per_sm(slices * kRows, Tp, ctas_per_sm));
+}
+
+int64_t fp8_small_slices(const Fp8SmallGemmParams& p) {
+  int64_t n = (p.N + kRows - 1) / kRows;
+  for (int i = 0; i < p.n_more && i < kFp8SmallMaxMore; ++i) n += (p.more[i].N + kRows - 1) / kRows;
+  return n;
+}
+
+int64_t fp8_small_fused_scratch(const Fp8SmallGemmParams& p) {
+  return p.splits > 1 ? int64_t(p.splits) * p.T * kRows * fp8_small_slices(p) : 0;
+}
+
 cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stream) {
-  if (p.T == 0 || p.N == 0) return cudaSuccess;
-  if (p.K <= 0 || p.K % 128 != 0 || p.row0 % 128 != 0 || p.T > p.Tp ||
+  if (p.n_more < 0 || p.n_more > kFp8SmallMaxMore) return cudaErrorInvalidValue;
+  for (int i = 0; i < p.n_more; ++i) {  // every weight of a fused launch is a real one
+    const Fp8SmallSegment& m = p.more[i];
+    if (m.N <= 0 || m.row0 % 128 != 0 || m.w == nullptr || m.w_scale == nullptr || m.out == nullptr)
+      return cudaErrorInvalidValue;
+  }
+  if (p.T == 0 || (p.N == 0 && p.n_more == 0)) return cudaSuccess;
+  if (p.N <= 0 || p.K <= 0 || p.K % 128 != 0 || p.row0 % 128 != 0 || p.T > p.Tp ||
       (p.Tp != 8 && p.Tp != 16 && p.Tp != 32) || p.splits < 1 ||
       (p.splits > 1 && (p.partial == nullptr || p.counters == nullptr)))
     return cudaErrorInvalidValue;
-  const int64_t ctas = (p.N + kRows - 1) / kRows;
+  const int64_t ctas = fp8_small_slices(p);
   if (p.splits > 1 && ctas > kMaxCounters) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(ctas), unsigned(p.splits));
   switch (p.Tp) {

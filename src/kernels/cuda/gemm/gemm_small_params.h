@@ -24,6 +24,18 @@ inline constexpr int64_t kFp8SmallDefaultTokens = kGemmFp8SmallDefaultTokens;
 // Row slices (of 128 rows) a split launch can count: the size of the counters buffer.
 inline constexpr int64_t kFp8SmallCounters = int64_t(1) << 16;
 
+// One more weight of a fused small-T launch (Fp8SmallGemmParams::more): the same fields as the call's own.
+struct Fp8SmallSegment {
+  const uint8_t* w;          // [N, K] e4m3 codes, contiguous
+  const float* w_scale;      // row n's scales at w_scale[((row0 + n) / 128) * w_scale_ld + kb]
+  int64_t row0, w_scale_ld;  // row0 % 128 == 0
+  float* out;                // [T, N] f32, row stride out_stride
+  int64_t out_stride;
+  int64_t N;
+};
+// Weights beside the call's own that one launch can take (linear_multi's FP8 parts: q_a + kv_a, gate + up).
+inline constexpr int kFp8SmallMaxMore = 3;
+
 struct Fp8SmallGemmParams {
   const uint8_t* w;          // [N, K] e4m3 codes (row 0 = output feature 0 of this call), contiguous
   const float* w_scale;      // row n's scales at w_scale[((row0 + n) / 128) * w_scale_ld + kb]
@@ -38,7 +50,19 @@ struct Fp8SmallGemmParams {
   int splits;           // CTAs along K (1 = no split)
   int ctas_per_sm = 0;  // CTAs an SM holds (fp8_small_ctas_per_sm; 0: its default)
   bool pdl = false;     // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
+  // More weights on the same activations in this launch: more[0, n_more), each with its own rows, scales
+  // and output. Their 128-row slices follow this call's along the grid and share its K split; `partial`
+  // then holds each weight's [splits, T, N] at splits * T * 128 * (the row slices before it), and
+  // fp8_small_fused_scratch() floats in all. The slices' count decides ctas_per_sm and the split
+  // (fp8_small_fused_splits): one wave for all of them, not one each.
+  Fp8SmallSegment more[kFp8SmallMaxMore] = {};
+  int n_more = 0;
 };
+
+// The 128-row slices of a launch (its own N and its more[] weights').
+int64_t fp8_small_slices(const Fp8SmallGemmParams& p);
+// The f32 scratch a split launch of p needs (splits x T x 128 x slices; 0 without a split).
+int64_t fp8_small_fused_scratch(const Fp8SmallGemmParams& p);
 
 // The CTAs per SM a launch of N outputs and Tp token rows runs at: `requested` 2 or 3, or 0 for the
 // default (3 at Tp 8 with at least 64 row slices of 128, else 2); 3 is only built for Tp 8.
@@ -46,6 +70,9 @@ int fp8_small_ctas_per_sm(int64_t N, int64_t Tp, int requested = 0);
 // The K split launch_fp8_small_gemm would use for N output features and K inputs (whole waves of the
 // CTAs per SM that Tp and ctas_per_sm give).
 int fp8_small_gemm_splits(int64_t N, int64_t K, int64_t Tp, int ctas_per_sm = 0);
+// The same for a fused launch of `slices` 128-row slices in all; ctas_per_sm from fp8_small_ctas_per_sm(128 *
+// slices, Tp).
+int fp8_small_fused_splits(int64_t slices, int64_t K, int64_t Tp, int ctas_per_sm = 0);
 cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stream);
 
 // bf16 weights times f32 activations for few tokens, the narrow linears' two-term recipe (gemm.h: routers,

@@ -35,6 +35,38 @@ using testing::to_cuda;
 
 class CudaFp8SmallGemm : public testing::GpuTest {};
 
+// The worst |got - want| / sum|terms| of got[t][n] (row stride ld) over T x N against the exact block-scaled
+// sum (in double) of the GPU's activation codes xq / scales xs times rows [r0, r0 + N) of the host weight w.
+double exact_sum_error(const WeightRef& w, int64_t r0, const Tensor& xq_dev, const Tensor& xs_dev,
+                       const Tensor& got_dev, int64_t T, int64_t N, int64_t ld) {
+  const Tensor q = xq_dev.to(Device::cpu), s = xs_dev.to(Device::cpu), got = got_dev.to(Device::cpu);
+  const int64_t K = q.size(1), Tp = q.size(0);
+  const uint8_t* wc = w.weight.data_u8();
+  const float* ws = w.scale_inv.data<float>();
+  const int64_t kb_n = K / 128, ws_ld = w.scale_inv.size(1);
+  double worst = 0.0;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t n = 0; n < N; ++n) {
+      double want = 0.0, mag = 0.0;
+      for (int64_t kb = 0; kb < kb_n; ++kb) {
+        double blk = 0.0, blk_abs = 0.0;
+        for (int64_t k = kb * 128; k < kb * 128 + 128; ++k) {
+          const double v =
+              double(f8e4m3fn_to_f32(q.data_u8()[t * K + k])) * double(f8e4m3fn_to_f32(wc[(r0 + n) * K + k]));
+          blk += v;
+          blk_abs += std::fabs(v);
+        }
+        const double sc = double(ws[((r0 + n) / 128) * ws_ld + kb]) * double(s.data<float>()[kb * Tp + t]);
+        want += blk * sc;
+        mag += blk_abs * std::fabs(sc);
+      }
+      const double d = std::fabs(double(got.data<float>()[t * ld + n]) - want) / std::max(mag, 1e-30);
+      worst = std::max(worst, d);
+    }
+  }
+  return worst;
+}
+
 // Runs the kernel directly on W rows [r0, r0 + N) and checks every output against the exact sum.
 // Returns the worst |got - want| / sum|terms|.
 // ctas_per_sm: Fp8SmallGemmParams::ctas_per_sm (0: the default for the shape; 3: the 8-row three-CTA build).
@@ -79,30 +111,7 @@ double check_kernel(int64_t N_total, int64_t K, int64_t r0, int64_t N, int64_t T
   cudaFree(counters);
   for (uint32_t c : cnt) EXPECT_EQ(c, 0u) << "a split launch left a counter set";
 
-  const Tensor q = xq.to(Device::cpu), s = xs.to(Device::cpu), got = out.to(Device::cpu);
-  const uint8_t* wc = w.weight.data_u8();
-  const float* ws = w.scale_inv.data<float>();
-  const int64_t kb_n = K / 128, ws_ld = w.scale_inv.size(1);
-  double worst = 0.0;
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t n = 0; n < N; ++n) {
-      double want = 0.0, mag = 0.0;
-      for (int64_t kb = 0; kb < kb_n; ++kb) {
-        double blk = 0.0, blk_abs = 0.0;
-        for (int64_t k = kb * 128; k < kb * 128 + 128; ++k) {
-          const double v =
-              double(f8e4m3fn_to_f32(q.data_u8()[t * K + k])) * double(f8e4m3fn_to_f32(wc[(r0 + n) * K + k]));
-          blk += v;
-          blk_abs += std::fabs(v);
-        }
-        const double sc = double(ws[((r0 + n) / 128) * ws_ld + kb]) * double(s.data<float>()[kb * Tp + t]);
-        want += blk * sc;
-        mag += blk_abs * std::fabs(sc);
-      }
-      const double d = std::fabs(double(got.data<float>()[t * N + n]) - want) / std::max(mag, 1e-30);
-      worst = std::max(worst, d);
-    }
-  }
+  const double worst = exact_sum_error(w, r0, xq, xs, out, T, N, out.size(1));
   fmt::print("RESULT op=fp8_small_gemm_exact N={} K={} r0={} T={} splits={} max_err_rel_to_abs_sum={:.3g}\n",
              N, K, r0, T, splits, worst);
   return worst;
@@ -128,6 +137,100 @@ TEST_F(CudaFp8SmallGemm, KernelIsTheExactBlockScaledSum) {
       }
 }
 
+// One launch over several weights (Fp8SmallGemmParams::more, linear_multi's fused FP8 parts): every part's
+// outputs are the exact block-scaled sums, for widths that are not multiples of 128, a part taken from row
+// 128 of its weight, an output with a row stride wider than its part, with and without the K split (the
+// split's partial sums of each part in its own scratch range), at 1..32 tokens and both 8-row builds; the
+// split's counters are left zero.
+TEST_F(CudaFp8SmallGemm, FusedLaunchIsEachPartsExactBlockScaledSum) {
+  constexpr double kTol = 2e-5;  // as KernelIsTheExactBlockScaledSum
+  const int64_t K = 1024;
+  struct Part {
+    int64_t n_total, r0, n, ld;  // the weight's rows; this launch's rows [r0, r0 + n); the output's stride
+  };
+  const Part parts[] = {{2048, 0, 2048, 2048}, {576, 0, 576, 600}, {384, 128, 200, 200}, {130, 0, 130, 130}};
+  std::vector<WeightRef> host, dev;
+  for (size_t i = 0; i < 4; ++i) {
+    host.push_back(rand_weight(parts[i].n_total, K, DType::f8e4m3fn, 40 + i));
+    dev.push_back(to_cuda(host.back()));
+  }
+  uint32_t* counters = nullptr;
+  ASSERT_EQ(cudaMalloc(&counters, size_t(kFp8SmallCounters) * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(counters, 0, size_t(kFp8SmallCounters) * 4), cudaSuccess);
+  double worst = 0.0;
+  for (int n_parts : {2, 4})
+    for (int64_t T : {1, 3, 8, 9, 16, 32})
+      for (int splits : {1, 3, 0})  // 0: fp8_small_fused_splits' choice
+        for (int occ : {2, 3}) {
+          if (occ == 3 && T > 8) continue;
+          const int64_t Tp = T <= 8 ? 8 : T <= 16 ? 16 : 32;
+          const Tensor xd = rand_f32({T, K}, 90 + uint64_t(T), 2.0f).to(Device::cuda);
+          Tensor xq = Tensor::empty({Tp, K}, DType::u8, Device::cuda);
+          Tensor xs = Tensor::empty({K / 128, Tp}, DType::f32, Device::cuda);
+          ASSERT_EQ(
+              launch_quant_fp8({xd.data<float>(), xq.data_u8(), xs.data<float>(), T, Tp, K, K}, nullptr),
+              cudaSuccess);
+          std::vector<Tensor> outs;
+          Fp8SmallGemmParams p{};
+          for (int i = 0; i < n_parts; ++i) {
+            const Part& c = parts[i];
+            outs.push_back(Tensor::zeros({T, c.ld}, DType::f32, Device::cuda));
+            const Fp8SmallSegment seg{
+                static_cast<const uint8_t*>(dev[size_t(i)].weight.raw_data()) + c.r0 * K,
+                dev[size_t(i)].scale_inv.data<float>(),
+                c.r0,
+                dev[size_t(i)].scale_inv.size(1),
+                outs.back().data<float>(),
+                c.ld,
+                c.n};
+            if (i == 0) {
+              p.w = seg.w;
+              p.w_scale = seg.w_scale;
+              p.row0 = seg.row0;
+              p.w_scale_ld = seg.w_scale_ld;
+              p.out = seg.out;
+              p.out_stride = seg.out_stride;
+              p.N = seg.N;
+            } else {
+              p.more[i - 1] = seg;
+            }
+          }
+          p.n_more = n_parts - 1;
+          p.xq = xq.data_u8();
+          p.x_scale = xs.data<float>();
+          p.T = T;
+          p.Tp = Tp;
+          p.K = K;
+          p.ctas_per_sm = occ;
+          p.splits = splits > 0 ? splits : fp8_small_fused_splits(fp8_small_slices(p), K, Tp, occ);
+          Tensor partial =
+              Tensor::empty({std::max<int64_t>(fp8_small_fused_scratch(p), 1)}, DType::f32, Device::cuda);
+          p.partial = partial.data<float>();
+          p.counters = counters;
+          // Twice: the split's counters must be left at zero by the first launch.
+          ASSERT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
+          ASSERT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          for (int i = 0; i < n_parts; ++i) {
+            const Part& c = parts[i];
+            const double e = exact_sum_error(host[size_t(i)], c.r0, xq, xs, outs[size_t(i)], T, c.n, c.ld);
+            worst = std::max(worst, e);
+            EXPECT_LE(e, kTol) << "part " << i << " of " << n_parts << " T " << T << " splits " << p.splits
+                               << " CTAs/SM " << occ;
+            if (c.ld > c.n) {  // the columns past the part are not written
+              const std::vector<float> o = outs[size_t(i)].to(Device::cpu).to_f32_vector();
+              for (int64_t t = 0; t < T; ++t)
+                for (int64_t n = c.n; n < c.ld; ++n) ASSERT_EQ(o[size_t(t * c.ld + n)], 0.0f) << "part " << i;
+            }
+          }
+        }
+  std::vector<uint32_t> cnt(256);
+  ASSERT_EQ(cudaMemcpy(cnt.data(), counters, cnt.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(counters);
+  for (uint32_t c : cnt) EXPECT_EQ(c, 0u) << "a split launch left a counter set";
+  fmt::print("RESULT op=fp8_small_gemm_fused_exact K={} max_err_rel_to_abs_sum={:.3g}\n", K, worst);
+}
+
 TEST_F(CudaFp8SmallGemm, BadParametersAreRejected) {
   Fp8SmallGemmParams p{};
   p.T = 4;
@@ -142,6 +245,20 @@ TEST_F(CudaFp8SmallGemm, BadParametersAreRejected) {
   p.Tp = 8;
   p.splits = 2;  // no scratch
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  // A fused launch: too many parts, a part without rows, a part off its 128-row scale block.
+  p.splits = 1;
+  p.n_more = kFp8SmallMaxMore + 1;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  p.n_more = 1;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);  // more[0] is empty
+  const uint8_t w = 0;
+  const float sc = 1.0f;
+  float out = 0.0f;
+  p.more[0] = {&w, &sc, 64, 1, &out, 1, 8};
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);  // row0 % 128 != 0
+  p.more[0].row0 = 0;
+  p.more[0].N = 0;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);  // no rows
   cudaGetLastError();
 }
 
@@ -217,24 +334,46 @@ TEST_F(CudaFp8SmallGemm, LinearMatchesCublasLtPathAtGlmShapes) {
   EXPECT_LE(worst, 8e-3);
 }
 
-// linear_multi shares one activation quantisation between FP8 weights: the results are linear()'s, bit
-// for bit (same codes, same GEMM), mixed with a bf16 weight, small and large T.
+// linear_multi shares one activation quantisation between FP8 weights: without the fused small-T launch
+// the results are linear()'s, bit for bit (same codes, same GEMM), mixed with a bf16 weight, small and
+// large T. With it (KernelOptions::gemm_fp8_small_fuse) the FP8 parts at <= the small-T limit take one
+// launch (counted) and differ from linear()'s only in the order of the K split's partial sums; the bf16
+// part and the large-T rows stay bit for bit.
 TEST_F(CudaFp8SmallGemm, LinearMultiEqualsSeparateLinears) {
   const WeightRef a = to_cuda(rand_weight(2048, 1024, DType::f8e4m3fn, 3)),
                   b = to_cuda(rand_weight(576, 1024, DType::f8e4m3fn, 4)),
                   c = to_cuda(rand_weight(64, 1024, DType::bf16, 5));
-  for (int64_t T : {1, 7, 32, 300}) {
-    const Tensor x = rand_f32({T, 1024}, 9 + uint64_t(T)).to(Device::cuda);
-    const std::vector<Tensor> got = kernels::linear_multi(x, {a, b, c});
-    ASSERT_EQ(got.size(), 3u);
-    const Tensor want[] = {kernels::linear(x, a), kernels::linear(x, b), kernels::linear(x, c)};
-    for (size_t i = 0; i < 3; ++i) {
-      const std::vector<float> g = got[i].to(Device::cpu).to_f32_vector(),
-                               w = want[i].to(Device::cpu).to_f32_vector();
-      ASSERT_EQ(g.size(), w.size());
-      int64_t diff = 0;
-      for (size_t j = 0; j < g.size(); ++j) diff += g[j] != w[j];
-      EXPECT_EQ(diff, 0) << "part " << i << " T=" << T;
+  for (bool fuse : {false, true}) {
+    KernelOptions ko;
+    ko.gemm_fp8_small_fuse = fuse;
+    ko.gemm_fp8_small_max_tokens = kFp8SmallMaxTokens;
+    const std::shared_ptr<Backend> be = make_backend(ko);
+    for (int64_t T : {1, 7, 32, 300}) {
+      const Tensor x = rand_f32({T, 1024}, 9 + uint64_t(T)).to(Device::cuda);
+      const int64_t fused_before = gemm_stats().fp8_small_fused_calls;
+      const std::vector<Tensor> got = be->linear_multi(x, {a, b, c}, nullptr);
+      const bool fused = fuse && T <= kFp8SmallMaxTokens;
+      EXPECT_EQ(gemm_stats().fp8_small_fused_calls - fused_before, fused ? 1 : 0) << "T=" << T;
+      ASSERT_EQ(got.size(), 3u);
+      Tensor want[3];
+      for (size_t i = 0; i < 3; ++i) {
+        const WeightRef& w = i == 0 ? a : i == 1 ? b : c;
+        want[i] = Tensor::empty({T, w.rows()}, DType::f32, Device::cuda);
+        be->linear(x, w, 0, -1, want[i]);
+      }
+      for (size_t i = 0; i < 3; ++i) {
+        const std::vector<float> g = got[i].to(Device::cpu).to_f32_vector(),
+                                 w = want[i].to(Device::cpu).to_f32_vector();
+        ASSERT_EQ(g.size(), w.size());
+        if (fused && i < 2) {
+          const double d = row_rel_error(got[i], want[i]);
+          EXPECT_LE(d, 1e-5) << "part " << i << " T=" << T;
+          continue;
+        }
+        int64_t diff = 0;
+        for (size_t j = 0; j < g.size(); ++j) diff += g[j] != w[j];
+        EXPECT_EQ(diff, 0) << "part " << i << " T=" << T << " fuse " << fuse;
+      }
     }
   }
 }
