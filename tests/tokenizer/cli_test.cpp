@@ -58,10 +58,11 @@ TEST(Cli, BadInputNamesTheLine) {
 TEST(Cli, AClosedStdoutIsAnErrorNotSigpipe) {
   DSA_FIXTURE_PATH(dir, "tokenizers/deepseek_v3");
   std::string out;
-  EXPECT_EQ(run_command("bash -c 'set -o pipefail; yes \"{\\\"text\\\": \\\"hello world\\\"}\" | head -n 300000 | " +
-                            dsaserve_binary().string() + " tokenize --tokenizer " + dir.string() +
-                            " | head -c 1 > /dev/null'",
-                        &out),
+  EXPECT_EQ(run_command(
+                "bash -c 'set -o pipefail; yes \"{\\\"text\\\": \\\"hello world\\\"}\" | head -n 300000 | " +
+                    dsaserve_binary().string() + " tokenize --tokenizer " + dir.string() +
+                    " | head -c 1 > /dev/null'",
+                &out),
             1)
       << out;
   EXPECT_NE(out.find("error: cannot write to stdout: Broken pipe"), std::string::npos) << out;
