@@ -134,6 +134,13 @@ MoePath parse_moe_path(std::string_view s, std::string_view flag) { return parse
 MhaKernel parse_mha_kernel(std::string_view s, std::string_view flag) { return parse_of(kMha, s, flag); }
 bool parse_pdl(std::string_view s, std::string_view flag) { return parse_of(kPdl, s, flag); }
 
+int64_t check_absorb_small_max_tokens(int64_t t, std::string_view flag) {
+  DSA_CHECK(t >= 0 && t <= kAbsorbSmallMaxTokensLimit,
+            "{}: the absorbed projections' small-T kernel takes 0..{} tokens, got {}", flag,
+            kAbsorbSmallMaxTokensLimit, t);
+  return t;
+}
+
 int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag) {
   DSA_CHECK(t >= 0 && t <= kGemmFp8SmallMaxTokens, "{}: the FP8 small-T GEMM takes 0..{} tokens, got {}",
             flag, kGemmFp8SmallMaxTokens, t);
@@ -174,6 +181,9 @@ std::string describe(const KernelOptions& o) {
               : "") +
          (o.gemm_fp8_small_fuse != kGemmFp8SmallFuseDefault
               ? fmt::format(" gemm_fp8_small_fuse={}", o.gemm_fp8_small_fuse ? 1 : 0)
+              : "") +
+         (o.absorb_small_max_tokens != kAbsorbSmallDefaultTokens
+              ? fmt::format(" absorb_small_max_tokens={}", o.absorb_small_max_tokens)
               : "");
 }
 

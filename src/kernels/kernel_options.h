@@ -144,6 +144,14 @@ inline constexpr int64_t kGemmSplitFusedDefaultTokens = 4096;
 // batch (T <= 128) on the old path. absorb_q stays on cuBLASLt at every size (fused 448 vs cuBLASLt 365 us at
 // 4,096).
 inline constexpr int64_t kAbsorbFusedDefaultTokens = 256;
+// MLA's absorbed projections (absorb_q, absorb_v) at up to KernelOptions::absorb_small_max_tokens tokens
+// (0: never; at most kAbsorbSmallMaxTokens) run one weight-streaming launch over every head
+// (kernels/cuda/attention/absorb_params.h: bf16 weights times the f32 activations as they are, f32
+// accumulation) instead of a conversion pass and cuBLASLt's strided batch: one launch instead of two at
+// decode, the 12.6 / 16.8 MB of W_UK / W_UV (64 heads) read once. Not yet measured on a GPU: off (0) until it
+// wins.
+inline constexpr int64_t kAbsorbSmallMaxTokensLimit = 8;
+inline constexpr int64_t kAbsorbSmallDefaultTokens = 0;
 // SiLU-mul writes its output's FP8 copy for an FP8 down projection (silu_mul_fp8, kernels/cuda/elementwise/
 // silu_fp8_params.h: bit for bit the quantisation pass it replaces) when KernelOptions::silu_mul_fp8_copy;
 // false: silu_mul and the down projection's own quantisation pass (the old path). Measured on the H100
@@ -197,6 +205,7 @@ struct KernelOptions {
   int64_t gemm_fp8_small_max_tokens = kGemmFp8SmallDefaultTokens;      // 0..kGemmFp8SmallMaxTokens
   int64_t gemm_split_fused_min_tokens = kGemmSplitFusedDefaultTokens;  // 0: never
   int64_t absorb_fused_min_tokens = kAbsorbFusedDefaultTokens;         // 0: never
+  int64_t absorb_small_max_tokens = kAbsorbSmallDefaultTokens;         // 0..kAbsorbSmallMaxTokensLimit
   bool silu_mul_fp8_copy = kSiluMulFp8CopyDefault;
   bool gemm_bf16_small_wide = kGemmBf16SmallWideDefault;
   bool gemm_fp8_small_fuse = kGemmFp8SmallFuseDefault;
@@ -234,6 +243,8 @@ GemmPrecision parse_gemm_precision(std::string_view s, std::string_view flag);
 MoePath parse_moe_path(std::string_view s, std::string_view flag);
 MhaKernel parse_mha_kernel(std::string_view s, std::string_view flag);
 bool parse_pdl(std::string_view s, std::string_view flag);  // "on" / "off"
+// Throws dsaserve::Error naming `flag` unless 0 <= t <= kAbsorbSmallMaxTokensLimit; returns t.
+int64_t check_absorb_small_max_tokens(int64_t t, std::string_view flag);
 // Throws dsaserve::Error naming `flag` unless 0 <= t <= kGemmFp8SmallMaxTokens; returns t.
 int64_t check_gemm_fp8_small_max_tokens(int64_t t, std::string_view flag);
 // Throws dsaserve::Error naming `flag` unless 0 <= r <= kMoeFp8TailRowsMax; returns r.
@@ -242,7 +253,8 @@ int check_moe_fp8_tail_rows(int r, std::string_view flag);
 // gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " moe_fp8_tail_rows=N", " mha=K",
 // " pdl=on|off",
 // " gemm_split_fused_min_tokens=N", " absorb_fused_min_tokens=N", " silu_mul_fp8_copy=0|1",
-// " gemm_bf16_small_wide=0|1", " gemm_fp8_small_fuse=0|1" when not the defaults).
+// " gemm_bf16_small_wide=0|1", " gemm_fp8_small_fuse=0|1", " absorb_small_max_tokens=N" when not the
+// defaults).
 std::string describe(const KernelOptions& o);
 
 }  // namespace dsaserve::kernels

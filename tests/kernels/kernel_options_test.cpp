@@ -242,6 +242,17 @@ TEST(KernelOptions, FusedPrefillThresholdsLeaveDecodeAlone) {
             std::string::npos)
       << describe(fuse);
   EXPECT_EQ(describe(KernelOptions{}).find("gemm_fp8_small_fuse"), std::string::npos);
+  // The absorbed projections' small-T kernel: a token limit in range, named when not the default.
+  KernelOptions absorb;
+  absorb.absorb_small_max_tokens = kAbsorbSmallDefaultTokens == 8 ? 4 : 8;
+  EXPECT_NE(describe(absorb).find(fmt::format(" absorb_small_max_tokens={}", absorb.absorb_small_max_tokens)),
+            std::string::npos)
+      << describe(absorb);
+  EXPECT_EQ(describe(KernelOptions{}).find("absorb_small_max_tokens"), std::string::npos);
+  for (int64_t t : {int64_t(0), int64_t(1), kAbsorbSmallMaxTokensLimit})
+    EXPECT_EQ(check_absorb_small_max_tokens(t, "--absorb-small-max-tokens"), t);
+  for (int64_t t : {int64_t(-1), kAbsorbSmallMaxTokensLimit + 1})
+    EXPECT_THROW(check_absorb_small_max_tokens(t, "--absorb-small-max-tokens"), Error);
 }
 // The FP8 small-T limit is a value of the options (no process-wide setter): 0..32, the default 8; anything
 // else is an error naming the flag.

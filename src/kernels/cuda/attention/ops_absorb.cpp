@@ -264,6 +264,40 @@ bool batched(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_s
   return true;
 }
 
+// The product of a decode batch (T <= KernelOptions::absorb_small_max_tokens) in one launch of the
+// small-T kernel (absorb_params.h) over a bf16 weight: the activations read as they are. x: [T, nh, K] f32;
+// head h's weight operand at dense + a_offset + h a_stride; out [T, nh, M] f32. rows_form: absorb_q's W_UK
+// ([K, M] per head), else absorb_v's W_UV ([M, K]). False when the shapes or alignments do not fit it
+// (nothing launched).
+bool batched_small(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_stride, bool rows_form,
+                   int64_t M, Tensor& out, const char* what, bool pdl) {
+  if (dense.dtype() != DType::bf16 || x.dtype() != DType::f32 || x.stride(2) != 1 || out.stride(2) != 1)
+    return false;
+  AbsorbSmallParams p{};
+  p.w = static_cast<const uint16_t*>(dense.raw_data()) + a_offset;
+  p.w_ld = dense.size(1);
+  p.w_bs = a_stride;
+  p.x = static_cast<const float*>(x.raw_data());
+  p.x_ts = x.stride(0);
+  p.x_hs = x.stride(1);
+  p.out = out.data<float>();
+  p.out_ts = out.stride(0);
+  p.out_hs = out.stride(1);
+  p.T = x.size(0);
+  p.heads = x.size(1);
+  p.K = x.size(2);
+  p.N = M;
+  p.rows_form = rows_form;
+  p.pdl = pdl;
+  const cudaError_t e = launch_absorb_small(p, op_stream());
+  if (e == cudaErrorInvalidValue) {
+    cudaGetLastError();  // not this kernel's shapes: the caller's path runs
+    return false;
+  }
+  check_launch(e, what);
+  return true;
+}
+
 void check_out(const Tensor& out, int64_t T, int64_t nh, int64_t n, const char* what) {
   DSA_CHECK(out.defined() && out.dim() == 3 && out.size(0) == T && out.size(1) == nh && out.size(2) == n,
             "{}: output {} should be [{}, {}, {}]", what,
@@ -287,6 +321,9 @@ bool absorb_q_batched(const Tensor& q_nope, const WeightRef& kv_b, Tensor& out, 
   // D[L, T] = W_UK[h] (column-major [L, nope], lda L) . q_nope[:, h]
   // (absorb_q stays on cuBLASLt's strided batch at every size: the fused launch measured slower on the H100,
   // 448 vs 365 us at 4,096 tokens, 1,723 vs 1,401 at 16,384; absorb_v gains, 408 vs 492.)
+  if (!f32 && a.tokens > 0 && a.tokens <= o.absorb_small_max_tokens &&
+      batched_small(q_nope, w, 0, a.per_head * a.latent, true, a.latent, out, "absorb_q", o.pdl))
+    return true;
   return batched(q_nope, w, 0, a.per_head * a.latent, false, a.latent, out, 0, nullptr, 0, "absorb_q", o.pdl);
 }
 
@@ -299,6 +336,10 @@ bool absorb_v_batched(const Tensor& out_lat, const WeightRef& kv_b, int64_t dv, 
   const bool f32 = o.gemm == GemmPrecision::fp32;
   const Tensor w = dense_weight(kv_b, f32);
   // D[dv, T] = W_UV[h]^T (stored column-major [L, dv], lda L) . out_lat[:, h]
+  if (!f32 && a.tokens > 0 && a.tokens <= o.absorb_small_max_tokens &&
+      batched_small(out_lat, w, a.nope * a.latent, a.per_head * a.latent, false, a.dv, out, "absorb_v",
+                    o.pdl))
+    return true;
   return batched(out_lat, w, a.nope * a.latent, a.per_head * a.latent, true, a.dv, out,
                  o.absorb_fused_min_tokens, f32 ? nullptr : q,
                  fp8_act_rows(a.tokens, o.gemm_fp8_small_max_tokens), "absorb_v", o.pdl);

@@ -54,15 +54,19 @@ __global__ void __launch_bounds__(kVecThreads) sm90_rms_norm_vec_kernel(RmsNormP
   }
   const float4* x = reinterpret_cast<const float4*>(p.x + row * p.x_stride);
   float4* res = p.residual ? reinterpret_cast<float4*>(p.residual + row * p.res_stride) : nullptr;
-  float4 v[kVec], r4[kVec];
+  // The weights are loaded with the row (not after the reduction): a row of a decode step is one block,
+  // whose time is its chain of memory round trips.
+  float4 v[kVec], r4[kVec], w4[kVec];
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * kVecThreads;
     v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
     r4[j] = v[j];
+    w4[j] = v[j];
     if (i < n4) {
       v[j] = x[i];
       if (res) r4[j] = res[i];
+      w4[j] = load4_any(p.weight, p.weight_bf16, i);
     }
   }
   double ss = 0.0;
@@ -87,7 +91,7 @@ __global__ void __launch_bounds__(kVecThreads) sm90_rms_norm_vec_kernel(RmsNormP
   for (int j = 0; j < kVec; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * kVecThreads;
     if (i < n4) {
-      const float4 w = load4_any(p.weight, p.weight_bf16, i);
+      const float4 w = w4[j];
       const float4 o =
           make_float4(w.x * (v[j].x * r), w.y * (v[j].y * r), w.z * (v[j].z * r), w.w * (v[j].w * r));
       out[i] = o;

@@ -6,7 +6,7 @@
 // The FP8 format quantises each 128-value block in the warp that holds it (warp w: values 128w..128w+127),
 // as sm90_mla_cache_store_kernel does.
 //
-// Indexer key: the LayerNorm statistics of sm90_layer_norm_kernel (same loops, same reduction), the row
+// Indexer key: the LayerNorm statistics of sm90_layer_norm_kernel (same order, same reduction), the row
 // in shared memory, the rope pairs rotated from it, bf16 stores; or, for the FP8 index-key format, the
 // finished key in shared memory, quantised and stored by warp 0 exactly as launch_indexer_key_store does.
 #include <cuda_bf16.h>
@@ -25,18 +25,41 @@ constexpr int kKvThreads = 256;  // the unfused norms' block size: the same redu
 constexpr int kLatent4 = kMlaLatent / 4;
 constexpr int kRopeHalf = kMlaRope / 2;
 static_assert(kLatent4 <= kKvThreads && kRopeHalf <= 32, "one float4 per thread, rope pairs in warp 0");
+constexpr int kKPer = (kIndexerKMaxDim + kKvThreads - 1) / kKvThreads;  // indexer-key channels per thread
 
 __global__ void __launch_bounds__(kKvThreads) sm90_mla_kv_write_kernel(const MlaKvWriteParams p) {
   pdl_enter();
   const int64_t t = blockIdx.x;
-  const int64_t slot = p.slots[t];
-  if (slot < 0 || slot >= p.num_slots) return;  // the whole block: no barrier is left waiting
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float* x = p.ckv + t * p.ckv_stride;
 
+  // Every global read is issued before the reduction (the norm weights, the rope inputs and angle): a
+  // decode step's token is one block, whose time is its chain of memory round trips.
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f), w = v;
+  if (tid < kLatent4) {
+    v = reinterpret_cast<const float4*>(x)[tid];
+    w = load4_any(p.norm_w, p.norm_w_bf16, tid);
+  }
+  float ra = 0.f, rc = 0.f, ang = 0.f;  // warp 0: this lane's rope pair and its angle
+  if (warp == 0 && lane < kRopeHalf) {
+    const int i = lane;
+    const float* e = x + kMlaLatent;
+    ra = p.interleaved ? e[2 * i] : e[i];
+    rc = p.interleaved ? e[2 * i + 1] : e[i + kRopeHalf];
+    ang = p.inv_freq[i] * float(p.positions[t]);
+  }
+  const int64_t slot = p.slots[t];
+  if (slot < 0 || slot >= p.num_slots) return;  // the whole block: no barrier is left waiting
+  // RoPE of the shared key (rope.cu's arithmetic), before the reduction's barriers: lane i of warp 0
+  // rotates pair i.
+  float e0 = 0.f, e1 = 0.f;  // the rotated values of channels i and i + 32 (de-interleaved layout)
+  if (warp == 0 && lane < kRopeHalf) {
+    const float cs = float(cos(double(ang)) * p.attention_factor);
+    const float sn = float(sin(double(ang)) * p.attention_factor);
+    e0 = ra * cs - rc * sn;
+    e1 = rc * cs + ra * sn;
+  }
   // RMSNorm statistics (sm90_rms_norm_vec_kernel<1>'s order).
-  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (tid < kLatent4) v = reinterpret_cast<const float4*>(x)[tid];
   double ss = 0.0;
   if (tid < kLatent4) {
     ss += double(v.x) * double(v.x);
@@ -47,25 +70,7 @@ __global__ void __launch_bounds__(kKvThreads) sm90_mla_kv_write_kernel(const Mla
   ss = block_sum(ss);
   const float r = float(1.0 / sqrt(ss / double(kMlaLatent) + p.eps));
   float4 o = v;
-  if (tid < kLatent4) {
-    const float4 w = load4_any(p.norm_w, p.norm_w_bf16, tid);
-    o = make_float4(w.x * (v.x * r), w.y * (v.y * r), w.z * (v.z * r), w.w * (v.w * r));
-  }
-
-  // RoPE of the shared key (rope.cu's arithmetic): lane i of warp 0 rotates pair i.
-  float e0 = 0.f, e1 = 0.f;  // the rotated values of channels i and i + 32 (de-interleaved layout)
-  if (warp == 0 && lane < kRopeHalf) {
-    const int i = lane;
-    const float pos = float(p.positions[t]);
-    const float ang = p.inv_freq[i] * pos;
-    const float cs = float(cos(double(ang)) * p.attention_factor);
-    const float sn = float(sin(double(ang)) * p.attention_factor);
-    const float* e = x + kMlaLatent;
-    const float a = p.interleaved ? e[2 * i] : e[i];
-    const float c = p.interleaved ? e[2 * i + 1] : e[i + kRopeHalf];
-    e0 = a * cs - c * sn;
-    e1 = c * cs + a * sn;
-  }
+  if (tid < kLatent4) o = make_float4(w.x * (v.x * r), w.y * (v.y * r), w.z * (v.z * r), w.w * (v.w * r));
 
   if (p.format == MlaKvFormat::bf16) {
     __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.cache) + slot * kMlaDim;
@@ -107,20 +112,46 @@ __global__ void __launch_bounds__(kKvThreads) sm90_indexer_k_write_kernel(const 
   __shared__ float key[kIndexerKMaxDim];  // the FP8 format's finished key, before quantisation
   pdl_enter();
   const int64_t t = blockIdx.x;
+  const float* x = p.k + t * p.k_stride;
+  // The key, the norm's weight and bias and the position are read once, up front (the block's time at a
+  // decode step is its chain of memory round trips); thread i holds channels i + kKvThreads j.
+  float xv[kKPer], wv[kKPer], bv[kKPer];
+#pragma unroll
+  for (int j = 0; j < kKPer; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kKvThreads;
+    xv[j] = wv[j] = bv[j] = 0.f;
+    if (i < p.dim) {
+      xv[j] = x[i];
+      wv[j] = load_any(p.w, p.w_bf16, i);
+      bv[j] = load_any(p.b, p.b_bf16, i);
+    }
+  }
+  const float pos = float(p.positions[t]);
   const int64_t slot = p.slots[t];
   if (slot < 0 || slot >= p.num_slots) return;  // the whole block
-  const float* x = p.k + t * p.k_stride;
-  // sm90_layer_norm_kernel's statistics, loop for loop.
+  // The first rope pair of this thread's angle, before the barriers (rope.cu's arithmetic).
+  float cs0 = 0.f, sn0 = 0.f;
+  if (threadIdx.x < p.rope_dim / 2) {
+    const float ang = p.inv_freq[threadIdx.x] * pos;
+    cs0 = float(cos(double(ang)) * p.attention_factor);
+    sn0 = float(sin(double(ang)) * p.attention_factor);
+  }
+  // sm90_layer_norm_kernel's statistics, in its loops' order.
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) s += double(x[i]);
+#pragma unroll
+  for (int j = 0; j < kKPer; ++j)
+    if (threadIdx.x + int64_t(j) * kKvThreads < p.dim) s += double(xv[j]);
   const double mean = block_sum(s) / double(p.dim);
   double v = 0.0;
-  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) v += (x[i] - mean) * (x[i] - mean);
+#pragma unroll
+  for (int j = 0; j < kKPer; ++j)
+    if (threadIdx.x + int64_t(j) * kKvThreads < p.dim) v += (xv[j] - mean) * (xv[j] - mean);
   const double var = block_sum(v) / double(p.dim);
   const double r = 1.0 / sqrt(var + p.eps);
-  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) {
-    row[i] =
-        float((x[i] - mean) * r * double(load_any(p.w, p.w_bf16, i)) + double(load_any(p.b, p.b_bf16, i)));
+#pragma unroll
+  for (int j = 0; j < kKPer; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kKvThreads;
+    if (i < p.dim) row[i] = float((xv[j] - mean) * r * double(wv[j]) + double(bv[j]));
   }
   __syncthreads();
   // Channels past the rope part as they are; rope pairs rotated (rope.cu's arithmetic, rope first). bf16:
@@ -135,11 +166,13 @@ __global__ void __launch_bounds__(kKvThreads) sm90_indexer_k_write_kernel(const 
   };
   for (int64_t i = p.rope_dim + threadIdx.x; i < p.dim; i += blockDim.x) put(i, row[i]);
   const int64_t half = p.rope_dim / 2;
-  const float pos = float(p.positions[t]);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const float ang = p.inv_freq[i] * pos;
-    const float cs = float(cos(double(ang)) * p.attention_factor);
-    const float sn = float(sin(double(ang)) * p.attention_factor);
+    float cs = cs0, sn = sn0;
+    if (i != threadIdx.x) {
+      const float ang = p.inv_freq[i] * pos;
+      cs = float(cos(double(ang)) * p.attention_factor);
+      sn = float(sin(double(ang)) * p.attention_factor);
+    }
     const float a = p.interleaved ? row[2 * i] : row[i];
     const float c = p.interleaved ? row[2 * i + 1] : row[i + half];
     put(i, a * cs - c * sn);
