@@ -381,36 +381,39 @@ void bench_lm_head() {
   }
 }
 
-// linear_multi's FP8 pairs at decode sizes, a launch per part (off) or one fused small-T launch
-// (KernelOptions::gemm_fp8_small_fuse on): q_a + kv_a, the shared expert's gate + up, the dense MLP's gate +
-// up (GLM-5.3). Each time is a CUDA-graph replay of linear_multi (the activations' quantisation included,
-// the same in both). Floor: the weights' bytes at 4.3 TB/s.
-void bench_fp8_small_fuse() {
+// linear_multi's pairs at decode sizes, a launch per part (off) or one fused small-T launch
+// (KernelOptions::gemm_small_fuse on): q_a + kv_a, the shared expert's gate + up, the dense MLP's gate +
+// up (FP8), the indexer's wk + weights_proj (bf16, the two-term recipe) (GLM-5.3). Each time is a CUDA-graph
+// replay of linear_multi (the activations' quantisation included, the same in both). Floor: the weights'
+// bytes at 4.3 TB/s.
+void bench_small_fuse() {
   namespace kc = dsaserve::kernels::cuda;
   struct Pair {
     const char* name;
     int64_t n0, n1;
+    DType dt;
   };
-  const Pair pairs[] = {{"q_a + kv_a", kQLora, kKvLora + kRope},
-                        {"shared gate + up", 2048, 2048},
-                        {"dense gate + up", 12288, 12288}};
-  fmt::print("\n| {:<18} | {:>2} | {:>12} | {:>12} | {:>8} | {:>9} | {:>8} | {:>5} |\n", "linear_multi FP8",
+  const Pair pairs[] = {{"q_a + kv_a", kQLora, kKvLora + kRope, DType::f8e4m3fn},
+                        {"shared gate + up", 2048, 2048, DType::f8e4m3fn},
+                        {"dense gate + up", 12288, 12288, DType::f8e4m3fn},
+                        {"idx wk + weights (bf16)", 128, 32, DType::bf16}};
+  fmt::print("\n| {:<23} | {:>2} | {:>12} | {:>12} | {:>8} | {:>9} | {:>8} | {:>5} |\n", "linear_multi pair",
              "T", "separate us", "fused us", "floor us", "ratio off", "ratio on", "gain");
   for (const Pair& pr : pairs) {
-    const ops::WeightRef a = weight(pr.n0, kH, DType::f8e4m3fn), b = weight(pr.n1, kH, DType::f8e4m3fn);
-    const double floor_us = double((pr.n0 + pr.n1) * kH) / kHbm * 1e6;
+    const ops::WeightRef a = weight(pr.n0, kH, pr.dt), b = weight(pr.n1, kH, pr.dt);
+    const double floor_us = double((pr.n0 + pr.n1) * kH * int64_t(dsaserve::dtype_size(pr.dt))) / kHbm * 1e6;
     for (int64_t T : {1, 2, 4, 8}) {
       const Tensor x = rand_gpu({T, kH}, 43, 1e-1f);
       double us[2] = {};
       for (int on = 0; on < 2; ++on) {
         ops::KernelOptions ko;
-        ko.gemm_fp8_small_fuse = on == 1;
+        ko.gemm_small_fuse = on == 1;
         const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
         auto run = [&] { (void)be->linear_multi(x, {a, b}, nullptr); };
         run();
         us[on] = kc::graph_time_us(run);
       }
-      fmt::print("| {:<18} | {:>2} | {:>12.1f} | {:>12.1f} | {:>8.1f} | {:>9.2f} | {:>8.2f} | {:>5.2f} |\n",
+      fmt::print("| {:<23} | {:>2} | {:>12.1f} | {:>12.1f} | {:>8.1f} | {:>9.2f} | {:>8.2f} | {:>5.2f} |\n",
                  pr.name, T, us[0], us[1], floor_us, floor_us / us[0], floor_us / us[1], us[0] / us[1]);
       std::fflush(stdout);
     }
@@ -548,7 +551,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "fuse") {
-    bench_fp8_small_fuse();
+    bench_small_fuse();
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "pdl") {

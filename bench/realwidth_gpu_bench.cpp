@@ -35,12 +35,12 @@
 //                       (KernelOptions::mla_decode, every row's MLA attention kernel)
 //                       [--bf16-small-wide 0|1] (KernelOptions::gemm_bf16_small_wide: the LM head at decode
 //                       on the small-T kernel or on cuBLASLt)
-//                       [--fp8-small-fuse 0|1|0,1] (KernelOptions::gemm_fp8_small_fuse: linear_multi's FP8
+//                       [--small-fuse 0|1|0,1] (KernelOptions::gemm_small_fuse: linear_multi's FP8
 //                       parts at decode in one small-T launch or one each; a list: one variant each, like
 //                       --pdl, the rows naming it as fuse=0|1)
 //                       [--absorb-small-max-tokens N[,N...]] (KernelOptions::absorb_small_max_tokens: the
 //                       absorbed projections' small-T kernel up to N tokens, 0 never; a list: a variant each,
-//                       rows naming it as absorb_small=N; with --fp8-small-fuse, every pair of values)
+//                       rows naming it as absorb_small=N; with --small-fuse, every pair of values)
 //                       [--profile-batch B] (after batch B's timed decode steps, one more step between
 //                       cudaProfilerStart / Stop: `ncu --profile-from-start off` then sees that step's
 //                       kernels alone, each graph node its own result)
@@ -100,8 +100,8 @@ struct Args {
   int moe_fp8_tail_rows = kernels::kMoeFp8TailRowsDefault;  // KernelOptions::moe_fp8_tail_rows
   int silu_mul_fp8_copy = -1;  // KernelOptions::silu_mul_fp8_copy (-1: the default; 0: off; 1: on)
   int bf16_small_wide = -1;    // KernelOptions::gemm_bf16_small_wide (-1: the default; 0: off; 1: on)
-  // KernelOptions::gemm_fp8_small_fuse values, a variant each (empty: the default, rows without fuse=).
-  std::vector<bool> fp8_small_fuse;
+  // KernelOptions::gemm_small_fuse values, a variant each (empty: the default, rows without fuse=).
+  std::vector<bool> small_fuse;
   // KernelOptions::absorb_small_max_tokens values, a variant each (empty: the default, rows without it).
   std::vector<int64_t> absorb_small;
   // The prefill rows' attention forms (ForwardOptions::attention), each a row: auto (the rule), absorbed,
@@ -192,14 +192,14 @@ Args parse(int argc, char** argv) {
       a.silu_mul_fp8_copy = std::stoi(val()) != 0 ? 1 : 0;
     else if (k == "--bf16-small-wide")
       a.bf16_small_wide = std::stoi(val()) != 0 ? 1 : 0;
-    else if (k == "--fp8-small-fuse") {
-      a.fp8_small_fuse.clear();
+    else if (k == "--small-fuse") {
+      a.small_fuse.clear();
       const std::string s = val();
       for (size_t p = 0; p <= s.size();) {
         const size_t q = std::min(s.find(',', p), s.size());
         const std::string v = s.substr(p, q - p);
-        DSA_CHECK(v == "0" || v == "1", "--fp8-small-fuse takes 0, 1 or 0,1, got {}", s);
-        a.fp8_small_fuse.push_back(v == "1");
+        DSA_CHECK(v == "0" || v == "1", "--small-fuse takes 0, 1 or 0,1, got {}", s);
+        a.small_fuse.push_back(v == "1");
         p = q + 1;
       }
     } else if (k == "--absorb-small-max-tokens") {
@@ -402,7 +402,7 @@ int run(const Args& a) {
   auto t0 = clock_type::now();
   const bool spec = a.verify_tokens > 1 && c.num_nextn_predict_layers > 0;
   std::shared_ptr<model::Model> model = model::make_dummy_model(c, Device::cuda, 0, spec);
-  // One model per --pdl (x --fp8-small-fuse x --absorb-small-max-tokens) value (the weights shared; each its
+  // One model per --pdl (x --small-fuse x --absorb-small-max-tokens) value (the weights shared; each its
   // own backend with those KernelOptions).
   struct Variant {
     bool pdl;
@@ -419,15 +419,15 @@ int run(const Args& a) {
     if (a.silu_mul_fp8_copy >= 0) ko.silu_mul_fp8_copy = a.silu_mul_fp8_copy == 1;
     if (a.bf16_small_wide >= 0) ko.gemm_bf16_small_wide = a.bf16_small_wide == 1;
     ko.moe_fp8_tail_rows = a.moe_fp8_tail_rows;
-    const std::vector<int> fuses = a.fp8_small_fuse.empty()
+    const std::vector<int> fuses = a.small_fuse.empty()
                                        ? std::vector<int>{-1}
-                                       : std::vector<int>(a.fp8_small_fuse.begin(), a.fp8_small_fuse.end());
+                                       : std::vector<int>(a.small_fuse.begin(), a.small_fuse.end());
     const std::vector<int64_t> absorbs = a.absorb_small.empty() ? std::vector<int64_t>{-1} : a.absorb_small;
     for (bool pdl : a.pdl)
       for (int fuse : fuses)
         for (int64_t absorb : absorbs) {
           ko.pdl = pdl;
-          if (fuse >= 0) ko.gemm_fp8_small_fuse = fuse == 1;
+          if (fuse >= 0) ko.gemm_small_fuse = fuse == 1;
           if (absorb >= 0) ko.absorb_small_max_tokens = absorb;
           std::string tag = fuse == -1 ? std::string() : fmt::format(" fuse={}", fuse);
           if (absorb >= 0) tag += fmt::format(" absorb_small={}", absorb);

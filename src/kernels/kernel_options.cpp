@@ -179,8 +179,8 @@ std::string describe(const KernelOptions& o) {
          (o.gemm_bf16_small_wide != kGemmBf16SmallWideDefault
               ? fmt::format(" gemm_bf16_small_wide={}", o.gemm_bf16_small_wide ? 1 : 0)
               : "") +
-         (o.gemm_fp8_small_fuse != kGemmFp8SmallFuseDefault
-              ? fmt::format(" gemm_fp8_small_fuse={}", o.gemm_fp8_small_fuse ? 1 : 0)
+         (o.gemm_small_fuse != kGemmSmallFuseDefault
+              ? fmt::format(" gemm_small_fuse={}", o.gemm_small_fuse ? 1 : 0)
               : "") +
          (o.absorb_small_max_tokens != kAbsorbSmallDefaultTokens
               ? fmt::format(" absorb_small_max_tokens={}", o.absorb_small_max_tokens)

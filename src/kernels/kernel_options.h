@@ -167,12 +167,13 @@ inline constexpr bool kSiluMulFp8CopyDefault = true;
 // (realwidth_gpu_bench, FP8 KV, context 4K, batch 1): 3.206 ms a step on vs 3.163 off; ops_gpu_bench lmhead:
 // cuBLASLt / small-T 660 / 666 us at one token, 666 / 694 at 8, 662 / 1,003 at 32. Off until it wins.
 inline constexpr bool kGemmBf16SmallWideDefault = false;
-// linear_multi's FP8 parts on the small-T kernel (q_a + kv_a, a dense MLP's or the shared expert's gate +
-// up) in one launch when KernelOptions::gemm_fp8_small_fuse: the parts' 128-row slices form one grid under
-// one K split chosen for all of them (one wave instead of one per part; kv_a alone splits its 48 K blocks
-// 48 ways). Each part's outputs are the same block-scaled sums in another order of the split's partial
-// sums (within the kernel's tolerance of separate calls, not bit for bit). false: a launch per part.
-inline constexpr bool kGemmFp8SmallFuseDefault = false;
+// linear_multi's parts on the small-T kernels in one launch when KernelOptions::gemm_small_fuse: the FP8
+// parts (q_a + kv_a, a dense MLP's or the shared expert's gate + up) and the narrow bf16 parts of the
+// two-term recipe (the indexer's wk + weights_proj). The parts' 128-row slices form one grid under one K
+// split chosen for all of them (one wave instead of one per part; kv_a alone splits its 48 K blocks 48
+// ways). Each part's outputs are the same sums in another order of the split's partial sums (within the
+// kernels' tolerance of separate calls, not bit for bit). false: a launch per part.
+inline constexpr bool kGemmSmallFuseDefault = false;
 // (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
 // the weight's dtype and shape, falling back where cuBLASLt has no plan.)
 
@@ -208,7 +209,7 @@ struct KernelOptions {
   int64_t absorb_small_max_tokens = kAbsorbSmallDefaultTokens;         // 0..kAbsorbSmallMaxTokensLimit
   bool silu_mul_fp8_copy = kSiluMulFp8CopyDefault;
   bool gemm_bf16_small_wide = kGemmBf16SmallWideDefault;
-  bool gemm_fp8_small_fuse = kGemmFp8SmallFuseDefault;
+  bool gemm_small_fuse = kGemmSmallFuseDefault;
   MoePath moe = MoePath::automatic;
   // The FP8 grouped experts' packed rows per pass (kernels/cuda/moe/moe_params.h MoeFp8GemmParams::tile_rows:
   // 8 the mma.sync form, 128 the wgmma form); 0: by the shapes (moe_fp8_tile_rows).
@@ -253,7 +254,7 @@ int check_moe_fp8_tail_rows(int r, std::string_view flag);
 // gemm_fp8_small_max_tokens=8 moe=auto" (and " moe_fp8_tile_rows=N", " moe_fp8_tail_rows=N", " mha=K",
 // " pdl=on|off",
 // " gemm_split_fused_min_tokens=N", " absorb_fused_min_tokens=N", " silu_mul_fp8_copy=0|1",
-// " gemm_bf16_small_wide=0|1", " gemm_fp8_small_fuse=0|1", " absorb_small_max_tokens=N" when not the
+// " gemm_bf16_small_wide=0|1", " gemm_small_fuse=0|1", " absorb_small_max_tokens=N" when not the
 // defaults).
 std::string describe(const KernelOptions& o);
 

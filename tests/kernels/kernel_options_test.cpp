@@ -237,11 +237,11 @@ TEST(KernelOptions, FusedPrefillThresholdsLeaveDecodeAlone) {
   EXPECT_EQ(describe(KernelOptions{}).find("gemm_bf16_small_wide"), std::string::npos);
   // linear_multi's FP8 parts in one small-T launch: named when not the default.
   KernelOptions fuse;
-  fuse.gemm_fp8_small_fuse = !kGemmFp8SmallFuseDefault;
-  EXPECT_NE(describe(fuse).find(fmt::format(" gemm_fp8_small_fuse={}", fuse.gemm_fp8_small_fuse ? 1 : 0)),
+  fuse.gemm_small_fuse = !kGemmSmallFuseDefault;
+  EXPECT_NE(describe(fuse).find(fmt::format(" gemm_small_fuse={}", fuse.gemm_small_fuse ? 1 : 0)),
             std::string::npos)
       << describe(fuse);
-  EXPECT_EQ(describe(KernelOptions{}).find("gemm_fp8_small_fuse"), std::string::npos);
+  EXPECT_EQ(describe(KernelOptions{}).find("gemm_small_fuse"), std::string::npos);
   // The absorbed projections' small-T kernel: a token limit in range, named when not the default.
   KernelOptions absorb;
   absorb.absorb_small_max_tokens = kAbsorbSmallDefaultTokens == 8 ? 4 : 8;

@@ -417,7 +417,7 @@ void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, cons
   count(&GemmStats::fp8_small_calls);
 }
 
-// linear_multi's FP8 parts on the small-T kernel in one launch (KernelOptions::gemm_fp8_small_fuse): the
+// linear_multi's FP8 parts on the small-T kernel in one launch (KernelOptions::gemm_small_fuse): the
 // parts' row slices one grid, one K split chosen for all of them (gemm_small_params.h, `more`); up to
 // 1 + kFp8SmallMaxMore parts (the caller groups more).
 void fp8_small_fused(const Fp8Act& a, const std::vector<const WeightRef*>& ws,
@@ -527,6 +527,46 @@ bool fp8_recipe_applies(const WeightRef& w, int64_t K, int64_t r0, int64_t N) {
 }
 
 // The FP8 recipe's GEMM on quantised activations; false when cuBLASLt has no plan (caller falls back).
+// linear_multi's narrow bf16 parts (the two-term recipe) at T <= kBf16SmallMaxTokens in one launch of the
+// bf16 small-T kernel (KernelOptions::gemm_small_fuse; gemm_small_params.h, `more`): up to
+// 1 + kBf16SmallMaxMore parts on the same x. False when the shapes or alignments do not fit it (nothing
+// launched).
+bool bf16_small_fused(const RowView& x, const std::vector<const WeightRef*>& ws,
+                      const std::vector<RowView>& outs, bool pdl) {
+  const int64_t T = x.rows, K = x.cols;
+  if (ws.size() < 2 || ws.size() > size_t(1 + kBf16SmallMaxMore) || ws.size() != outs.size() ||
+      T > kBf16SmallMaxTokens || K % 64 != 0 || x.stride % 4 != 0 ||
+      (reinterpret_cast<uintptr_t>(x.p) & 15) != 0)
+    return false;
+  for (const WeightRef* w : ws)
+    if ((reinterpret_cast<uintptr_t>(w->weight.raw_data()) & 15) != 0) return false;
+  Bf16SmallGemmParams p{};
+  p.w = static_cast<const uint16_t*>(ws[0]->weight.raw_data());
+  p.out = outs[0].p;
+  p.out_stride = outs[0].stride;
+  p.N = ws[0]->rows();
+  for (size_t i = 1; i < ws.size(); ++i)
+    p.more[i - 1] = {static_cast<const uint16_t*>(ws[i]->weight.raw_data()), outs[i].p, outs[i].stride,
+                     ws[i]->rows()};
+  p.n_more = int(ws.size()) - 1;
+  p.x = x.p;
+  p.x_stride = x.stride;
+  p.T = T;
+  p.K = K;
+  p.splits = bf16_small_fused_splits(bf16_small_slices(p), K);
+  p.pdl = pdl;
+  Tensor partial;
+  if (p.splits > 1) {
+    partial = Tensor::empty({bf16_small_fused_scratch(p)}, DType::f32, Device::cuda);
+    p.partial = partial.data<float>();
+    p.counters = small_counters();
+  }
+  check_launch(launch_bf16_small_gemm(p, op_stream()), "linear: fused bf16 small-T GEMM");
+  count(&GemmStats::bf16_small_calls);
+  count(&GemmStats::bf16_small_fused_calls);
+  return true;
+}
+
 // Whether FP8 products on these quantised activations take the small-T kernel.
 bool fp8_small_applies(const Fp8Act& act, const KernelOptions& opts) {
   const int64_t T = act.rows, Tp = act.codes.size(0);
@@ -674,8 +714,32 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
       }
     }
   }
+  // Narrow bf16 parts on the small-T kernel (the two-term recipe): one launch for up to 1 +
+  // kBf16SmallMaxMore of them.
+  if (o.gemm == GemmPrecision::fast && o.gemm_small_fuse && T > 0 && T <= kBf16SmallMaxTokens &&
+      x.device() == Device::cuda) {
+    std::vector<size_t> parts;
+    for (size_t i = 0; i < ws.size(); ++i)
+      if (!done[i] && ws[i].weight.dtype() == DType::bf16 && ws[i].rows() <= kSplitMaxRows &&
+          ws[i].cols() == x.size(1))
+        parts.push_back(i);
+    if (parts.size() >= 2) {
+      const RowView xv = rows_f32(x, "linear_multi input");
+      for (size_t j = 0; j + 1 < parts.size(); j += size_t(1 + kBf16SmallMaxMore)) {
+        const size_t end = std::min(parts.size(), j + size_t(1 + kBf16SmallMaxMore));
+        std::vector<const WeightRef*> group;
+        std::vector<RowView> outs;
+        for (size_t k = j; k < end; ++k) {
+          group.push_back(&ws[parts[k]]);
+          outs.push_back(rows_f32(out[parts[k]], "linear_multi output"));
+        }
+        if (!bf16_small_fused(xv, group, outs, o.pdl)) continue;
+        for (size_t k = j; k < end; ++k) done[parts[k]] = true;
+      }
+    }
+  }
   // FP8 parts on the small-T kernel: one launch for up to 1 + kFp8SmallMaxMore of them.
-  if (share && o.gemm_fp8_small_fuse && fp8 >= 2 && x.device() == Device::cuda) {
+  if (share && o.gemm_small_fuse && fp8 >= 2 && x.device() == Device::cuda) {
     const RowView xv = rows_f32(x, "linear_multi input");
     if (!act) act = quantise_rows(xv, o);
     if (fp8_small_applies(*act, o)) {

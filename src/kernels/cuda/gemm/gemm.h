@@ -72,13 +72,14 @@ struct GemmStats {
   int64_t fp8_small_calls = 0;  // block-scaled FP8 GEMMs through the small-T kernel (a fused launch once)
   int64_t fp8_small_fused_calls = 0;  // of them, launches for several of linear_multi's parts
   int64_t bf16_calls = 0;             // bf16 GEMMs through cuBLASLt (split ones count once)
-  int64_t bf16_small_calls = 0;       // narrow (split) bf16 GEMMs through the small-T kernel
-  int64_t bf16_fused_calls = 0;       // narrow (split) bf16 launches of the fused large-T kernel (one per
-                                      // linear_multi pair)
-  int64_t f32_calls = 0;              // f32 GEMMs
-  int64_t dequantised = 0;            // FP8 weights dequantised to bf16 (derived at load, or per call)
-  int64_t failed_plans = 0;           // shapes cuBLASLt had no algorithm for (fallback path)
-  std::string last_failure;           // the last of them, described
+  int64_t bf16_small_calls = 0;  // narrow (split) bf16 GEMMs through the small-T kernel (a fused launch once)
+  int64_t bf16_small_fused_calls = 0;  // of them, launches for several of linear_multi's parts
+  int64_t bf16_fused_calls = 0;        // narrow (split) bf16 launches of the fused large-T kernel (one per
+                                       // linear_multi pair)
+  int64_t f32_calls = 0;               // f32 GEMMs
+  int64_t dequantised = 0;             // FP8 weights dequantised to bf16 (derived at load, or per call)
+  int64_t failed_plans = 0;            // shapes cuBLASLt had no algorithm for (fallback path)
+  std::string last_failure;            // the last of them, described
 };
 GemmStats gemm_stats();
 

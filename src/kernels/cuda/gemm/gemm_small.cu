@@ -272,6 +272,46 @@ struct Bf16Stage {
   static constexpr size_t kSmem = size_t(kStages) * kBytes;
 };
 
+// The weight a CTA of a bf16 small-T launch works on (fp8_small_cta's rule) and what the epilogue needs.
+struct Bf16SmallCta {
+  const uint16_t* w;
+  float* out;
+  int64_t out_stride, T, N, row_base;
+  float* partial;
+  uint32_t* counters;
+  int splits;
+};
+
+__device__ __forceinline__ Bf16SmallCta bf16_small_cta(const Bf16SmallGemmParams& p) {
+  const uint16_t* w = p.w;
+  float* out = p.out;
+  int64_t N = p.N, out_stride = p.out_stride;
+  int64_t before = 0, slices = (N + kRows - 1) / kRows;
+  const int64_t x = blockIdx.x;
+#pragma unroll
+  for (int i = 0; i < kBf16SmallMaxMore; ++i) {
+    if (i < p.n_more && x >= before + slices) {
+      before += slices;
+      w = p.more[i].w;
+      out = p.more[i].out;
+      out_stride = p.more[i].out_stride;
+      N = p.more[i].N;
+      slices = (N + kRows - 1) / kRows;
+    }
+  }
+  Bf16SmallCta c;
+  c.w = w;
+  c.out = out;
+  c.out_stride = out_stride;
+  c.T = p.T;
+  c.N = N;
+  c.row_base = (x - before) * kRows;
+  c.partial = p.partial ? p.partial + int64_t(p.splits) * p.T * kRows * before : nullptr;
+  c.counters = p.counters;
+  c.splits = p.splits;
+  return c;
+}
+
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const Bf16SmallGemmParams p) {
   using S = Bf16Stage<NT>;
@@ -284,14 +324,15 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const
   const int64_t kb0 = int64_t(blockIdx.y) * per;
   const int64_t kb1 = kb0 + per < kb_total ? kb0 + per : kb_total;
   const int64_t nkb = kb1 - kb0;
-  const int64_t row_base = int64_t(blockIdx.x) * kRows;
-  const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w);
-  if (p.pdl) prefetch_weight_tiles(w, p.K * 2, row_base, p.N, kb0, nkb < kStages - 1 ? nkb : kStages - 1);
+  const Bf16SmallCta cta = bf16_small_cta(p);  // this CTA's weight, rows and output
+  const int64_t row_base = cta.row_base;
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(cta.w);
+  if (p.pdl) prefetch_weight_tiles(w, p.K * 2, row_base, cta.N, kb0, nkb < kStages - 1 ? nkb : kStages - 1);
   pdl_enter();
 
   auto load = [&](int64_t kb, int stage) {
     uint8_t* st = smem + size_t(stage) * S::kBytes;
-    stage_weight_tile(st, w, p.K * 2, row_base, p.N, kb);
+    stage_weight_tile(st, w, p.K * 2, row_base, cta.N, kb);
     // Token rows: 16 chunks of 4 floats; rows >= T are zero-filled.
     for (int i = threadIdx.x; i < Tp * 16; i += kThreads) {
       const int r = i >> 4, c = i & 15;
@@ -340,7 +381,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const
   }
   mma::cp_async_wait<0>();
 
-  small_gemm_epilogue<NT>(p, acc, row_base, r_lo, t, s_last);
+  small_gemm_epilogue<NT>(cta, acc, row_base, r_lo, t, s_last);
 }
 
 template <int NT>
@@ -372,13 +413,34 @@ int bf16_small_gemm_splits(int64_t N, int64_t K) {
   return splits_for((N + kRows - 1) / kRows, kb < 8 ? kb : kb / 4);
 }
 
+int bf16_small_fused_splits(int64_t slices, int64_t K) {
+  const int64_t kb = K / 64;
+  return splits_for(slices, kb < 8 ? kb : kb / 4);
+}
+
+int64_t bf16_small_slices(const Bf16SmallGemmParams& p) {
+  int64_t n = (p.N + kRows - 1) / kRows;
+  for (int i = 0; i < p.n_more && i < kBf16SmallMaxMore; ++i) n += (p.more[i].N + kRows - 1) / kRows;
+  return n;
+}
+
+int64_t bf16_small_fused_scratch(const Bf16SmallGemmParams& p) {
+  return p.splits > 1 ? int64_t(p.splits) * p.T * kRows * bf16_small_slices(p) : 0;
+}
+
 cudaError_t launch_bf16_small_gemm(const Bf16SmallGemmParams& p, cudaStream_t stream) {
-  if (p.T == 0 || p.N == 0) return cudaSuccess;
-  if (p.K <= 0 || p.K % 64 != 0 || p.T > kBf16SmallMaxTokens || p.x_stride % 4 != 0 ||
+  if (p.n_more < 0 || p.n_more > kBf16SmallMaxMore) return cudaErrorInvalidValue;
+  for (int i = 0; i < p.n_more; ++i) {  // every weight of a fused launch is a real one
+    const Bf16SmallSegment& m = p.more[i];
+    if (m.N <= 0 || m.w == nullptr || m.out == nullptr || (reinterpret_cast<uintptr_t>(m.w) & 15) != 0)
+      return cudaErrorInvalidValue;
+  }
+  if (p.T == 0 || (p.N == 0 && p.n_more == 0)) return cudaSuccess;
+  if (p.N <= 0 || p.K <= 0 || p.K % 64 != 0 || p.T > kBf16SmallMaxTokens || p.x_stride % 4 != 0 ||
       (reinterpret_cast<uintptr_t>(p.x) & 15) != 0 || (reinterpret_cast<uintptr_t>(p.w) & 15) != 0 ||
       p.splits < 1 || (p.splits > 1 && (p.partial == nullptr || p.counters == nullptr)))
     return cudaErrorInvalidValue;
-  const int64_t ctas = (p.N + kRows - 1) / kRows;
+  const int64_t ctas = bf16_small_slices(p);
   if (p.splits > 1 && ctas > kMaxCounters) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(ctas), unsigned(p.splits));
   if (p.T <= 8) return launch_bf16_nt<1>(p, grid, stream);

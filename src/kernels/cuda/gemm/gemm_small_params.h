@@ -81,6 +81,14 @@ cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stre
 // bound like the FP8 kernel above: 128-row slices of W streamed once through mma.sync m16n8k16, K split
 // over CTAs when the slices alone would not fill the GPU (partial sums added in a fixed order).
 inline constexpr int64_t kBf16SmallMaxTokens = 32;
+// One more weight of a fused bf16 small-T launch (Bf16SmallGemmParams::more).
+struct Bf16SmallSegment {
+  const uint16_t* w;  // [N, K] bf16, contiguous rows, 16-byte aligned
+  float* out;         // [T, N] f32, row stride out_stride
+  int64_t out_stride;
+  int64_t N;
+};
+inline constexpr int kBf16SmallMaxMore = 3;
 struct Bf16SmallGemmParams {
   const uint16_t* w;  // [N, K] bf16, contiguous rows (row 0 = output feature 0 of this call)
   const float* x;     // [T, K] f32, row stride x_stride (x 16-byte aligned, x_stride % 4 == 0)
@@ -92,8 +100,17 @@ struct Bf16SmallGemmParams {
   uint32_t* counters;  // [kFp8SmallCounters] zero on entry, left zero on exit (splits > 1)
   int splits;
   bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
+  // More weights on the same activations in this launch (linear_multi's narrow pair: the indexer's wk +
+  // weights_proj), laid out as Fp8SmallGemmParams::more: their 128-row slices after this call's, one K split,
+  // each weight's partial sums at splits * T * 128 * (the slices before it) (bf16_small_fused_scratch).
+  Bf16SmallSegment more[kBf16SmallMaxMore] = {};
+  int n_more = 0;
 };
 int bf16_small_gemm_splits(int64_t N, int64_t K);
+// The K split of a fused launch of `slices` 128-row slices in all; its slices and scratch floats.
+int bf16_small_fused_splits(int64_t slices, int64_t K);
+int64_t bf16_small_slices(const Bf16SmallGemmParams& p);
+int64_t bf16_small_fused_scratch(const Bf16SmallGemmParams& p);
 cudaError_t launch_bf16_small_gemm(const Bf16SmallGemmParams& p, cudaStream_t stream);
 
 }  // namespace dsaserve::kernels::cuda

@@ -336,7 +336,7 @@ TEST_F(CudaFp8SmallGemm, LinearMatchesCublasLtPathAtGlmShapes) {
 
 // linear_multi shares one activation quantisation between FP8 weights: without the fused small-T launch
 // the results are linear()'s, bit for bit (same codes, same GEMM), mixed with a bf16 weight, small and
-// large T. With it (KernelOptions::gemm_fp8_small_fuse) the FP8 parts at <= the small-T limit take one
+// large T. With it (KernelOptions::gemm_small_fuse) the FP8 parts at <= the small-T limit take one
 // launch (counted) and differ from linear()'s only in the order of the K split's partial sums; the bf16
 // part and the large-T rows stay bit for bit.
 TEST_F(CudaFp8SmallGemm, LinearMultiEqualsSeparateLinears) {
@@ -345,7 +345,7 @@ TEST_F(CudaFp8SmallGemm, LinearMultiEqualsSeparateLinears) {
                   c = to_cuda(rand_weight(64, 1024, DType::bf16, 5));
   for (bool fuse : {false, true}) {
     KernelOptions ko;
-    ko.gemm_fp8_small_fuse = fuse;
+    ko.gemm_small_fuse = fuse;
     ko.gemm_fp8_small_max_tokens = kFp8SmallMaxTokens;
     const std::shared_ptr<Backend> be = make_backend(ko);
     for (int64_t T : {1, 7, 32, 300}) {
@@ -491,6 +491,100 @@ TEST_F(CudaFp8SmallGemm, Bf16SmallKernelIsTheExactTwoTermSum) {
     EXPECT_LE(err, 1e-4);
   }
   EXPECT_EQ(gemm_stats().bf16_small_calls, before.bf16_small_calls + 3);
+}
+
+// The bf16 small-T kernel over several weights in one launch (Bf16SmallGemmParams::more): each part's
+// outputs are the exact two-term sum (the indexer's wk + weights_proj widths, a part of 200 rows, an output
+// stride wider than its part), with and without the K split, 1..32 tokens; then linear_multi with
+// KernelOptions::gemm_small_fuse takes one launch for the pair (counted) within 1e-5 of separate linears.
+TEST_F(CudaFp8SmallGemm, Bf16FusedLaunchIsEachPartsExactTwoTermSum) {
+  const int64_t K = 6144;
+  struct Part {
+    int64_t n, ld;
+  };
+  const Part parts[] = {{128, 128}, {32, 40}, {200, 200}};
+  std::vector<WeightRef> host, dev;
+  for (size_t i = 0; i < 3; ++i) {
+    host.push_back(rand_weight(parts[i].n, K, DType::bf16, 60 + i));
+    dev.push_back(to_cuda(host.back()));
+  }
+  uint32_t* counters = nullptr;
+  ASSERT_EQ(cudaMalloc(&counters, size_t(kFp8SmallCounters) * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(counters, 0, size_t(kFp8SmallCounters) * 4), cudaSuccess);
+  double worst = 0;
+  for (int n_parts : {2, 3})
+    for (int64_t T : {1, 7, 9, 32})
+      for (int splits : {1, 0}) {  // 0: bf16_small_fused_splits' choice
+        const Tensor x = rand_f32({T, K}, 70 + uint64_t(T), 3.0f), xd = x.to(Device::cuda);
+        std::vector<Tensor> outs;
+        Bf16SmallGemmParams p{};
+        for (int i = 0; i < n_parts; ++i) {
+          outs.push_back(Tensor::zeros({T, parts[i].ld}, DType::f32, Device::cuda));
+          if (i == 0) {
+            p.w = dev[0].weight.data_u16();
+            p.out = outs.back().data<float>();
+            p.out_stride = parts[0].ld;
+            p.N = parts[0].n;
+          } else {
+            p.more[i - 1] = {dev[size_t(i)].weight.data_u16(), outs.back().data<float>(), parts[i].ld,
+                             parts[i].n};
+          }
+        }
+        p.n_more = n_parts - 1;
+        p.x = xd.data<float>();
+        p.x_stride = K;
+        p.T = T;
+        p.K = K;
+        p.splits = splits > 0 ? splits : bf16_small_fused_splits(bf16_small_slices(p), K);
+        Tensor partial =
+            Tensor::empty({std::max<int64_t>(bf16_small_fused_scratch(p), 1)}, DType::f32, Device::cuda);
+        p.partial = partial.data<float>();
+        p.counters = counters;
+        ASSERT_EQ(launch_bf16_small_gemm(p, nullptr), cudaSuccess);
+        ASSERT_EQ(launch_bf16_small_gemm(p, nullptr), cudaSuccess);  // the counters are left zero
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        for (int i = 0; i < n_parts; ++i) {
+          const Part& c = parts[i];
+          const std::vector<float> got = outs[size_t(i)].to(Device::cpu).to_f32_vector();
+          for (int64_t t = 0; t < T; ++t) {
+            for (int64_t n = 0; n < c.ld; ++n) {
+              if (n >= c.n) {
+                ASSERT_EQ(got[size_t(t * c.ld + n)], 0.0f) << "part " << i << " wrote past its rows";
+                continue;
+              }
+              double want = 0, mag = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double wv = bf16_to_f32(host[size_t(i)].weight.data_u16()[n * K + k]);
+                const float xv = x.data<float>()[t * K + k];
+                const double term = wv * (split_term(xv, true) + split_term(xv, false));
+                want += term;
+                mag += std::fabs(term);
+              }
+              const double e = std::fabs(double(got[size_t(t * c.ld + n)]) - want) / mag;
+              worst = std::max(worst, e);
+              ASSERT_LE(e, 1e-5) << "part " << i << " of " << n_parts << " T " << T << " splits " << p.splits;
+            }
+          }
+        }
+      }
+  std::vector<uint32_t> cnt(16);
+  ASSERT_EQ(cudaMemcpy(cnt.data(), counters, cnt.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(counters);
+  for (uint32_t c : cnt) EXPECT_EQ(c, 0u) << "a split launch left a counter set";
+  fmt::print("RESULT op=bf16_small_gemm_fused worst_err/sum|terms|={:.3g}\n", worst);
+
+  KernelOptions ko;
+  ko.gemm_small_fuse = true;
+  const std::shared_ptr<Backend> be = make_backend(ko), sep = make_backend({});
+  for (int64_t T : {1, 8, 32, 33}) {
+    const Tensor x = rand_f32({T, K}, 80 + uint64_t(T)).to(Device::cuda);
+    const int64_t before = gemm_stats().bf16_small_fused_calls;
+    const std::vector<Tensor> got = be->linear_multi(x, {dev[0], dev[1]}, nullptr);
+    EXPECT_EQ(gemm_stats().bf16_small_fused_calls - before, T <= kBf16SmallMaxTokens ? 1 : 0) << "T=" << T;
+    const std::vector<Tensor> want = sep->linear_multi(x, {dev[0], dev[1]}, nullptr);
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_LE(row_rel_error(got[i], want[i]), 1e-5) << "part " << i << " T=" << T;
+  }
 }
 
 // KernelOptions::gemm_bf16_small_wide: a wide bf16 weight (an LM head's rows, past kSplitMaxRows) at <= 32
