@@ -151,7 +151,7 @@ inline constexpr int64_t kAbsorbFusedDefaultTokens = 256;
 // decode, the 12.6 / 16.8 MB of W_UK / W_UV (64 heads) read once. Not yet measured on a GPU: off (0) until it
 // wins.
 inline constexpr int64_t kAbsorbSmallMaxTokensLimit = 8;
-inline constexpr int64_t kAbsorbSmallDefaultTokens = 0;
+inline constexpr int64_t kAbsorbSmallDefaultTokens = 8;
 // SiLU-mul writes its output's FP8 copy for an FP8 down projection (silu_mul_fp8, kernels/cuda/elementwise/
 // silu_fp8_params.h: bit for bit the quantisation pass it replaces) when KernelOptions::silu_mul_fp8_copy;
 // false: silu_mul and the down projection's own quantisation pass (the old path). Measured on the H100
@@ -173,7 +173,7 @@ inline constexpr bool kGemmBf16SmallWideDefault = false;
 // split chosen for all of them (one wave instead of one per part; kv_a alone splits its 48 K blocks 48
 // ways). Each part's outputs are the same sums in another order of the split's partial sums (within the
 // kernels' tolerance of separate calls, not bit for bit). false: a launch per part.
-inline constexpr bool kGemmSmallFuseDefault = false;
+inline constexpr bool kGemmSmallFuseDefault = true;
 // (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
 // the weight's dtype and shape, falling back where cuBLASLt has no plan.)
 

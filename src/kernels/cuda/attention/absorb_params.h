@@ -21,7 +21,7 @@ cudaError_t launch_cast_bf16_x4(const CastBf16Params& p, cudaStream_t stream);
 // they are (no conversion pass, no packed copy), f32 accumulation in a fixed order (deterministic).
 //   rows form (absorb_q):  out[t][h][n] = sum_{k < K} x[t][h][k] W_h[k][n]   (W_h: [K, N], row stride w_ld)
 //   cols form (absorb_v):  out[t][h][n] = sum_{k < K} x[t][h][k] W_h[n][k]   (W_h: [N, K], row stride w_ld)
-// with W_h at w + h w_bs. Each CTA streams one head's slice of W once: 128 outputs (rows form) or 32
+// with W_h at w + h w_bs. Each CTA streams one head's slice of W once: 64 outputs (rows form) or 32
 // (cols form) of one head.
 inline constexpr int64_t kAbsorbSmallMaxTokens = 8;
 inline constexpr int64_t kAbsorbSmallMaxK = 1024;     // rows form: the reduction length staged
@@ -38,6 +38,8 @@ struct AbsorbSmallParams {
   bool rows_form;          // true: absorb_q's form; false: absorb_v's
   bool pdl = false;        // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
 };
+// Whether p keeps the rules above (what launch_absorb_small checks before launching).
+bool absorb_small_supported(const AbsorbSmallParams& p);
 // Returns cudaErrorInvalidValue (launching nothing) when the rules above do not hold.
 cudaError_t launch_absorb_small(const AbsorbSmallParams& p, cudaStream_t stream);
 

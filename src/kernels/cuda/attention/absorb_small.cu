@@ -111,7 +111,9 @@ __global__ void __launch_bounds__(kThreads) sm90_absorb_cols_kernel(const Absorb
   const int64_t h = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t n_first = int64_t(blockIdx.x) * kColsRows + warp * kColsPerWarp;
-  // The warp's rows, loaded before anything waits on them (the weights come from no earlier kernel).
+  pdl_enter();
+  // The warp's rows, loaded before anything waits on them (after pdl_enter: an FP8 kv_b without a derived
+  // bf16 copy is dequantised by the kernel just before).
   uint4 wv[kColsPerWarp][kKChunks];
 #pragma unroll
   for (int r = 0; r < kColsPerWarp; ++r)
@@ -122,7 +124,6 @@ __global__ void __launch_bounds__(kThreads) sm90_absorb_cols_kernel(const Absorb
       if (n < p.N && k < p.K)
         wv[r][m] = __ldg(reinterpret_cast<const uint4*>(p.w + h * p.w_bs + n * p.w_ld + k));
     }
-  pdl_enter();
   stage_x<kT>(p, h, xs);
   __syncthreads();
 #pragma unroll
@@ -165,7 +166,11 @@ template <int kT>
 cudaError_t launch_t(const AbsorbSmallParams& p, cudaStream_t stream) {
   const size_t smem = size_t(kT) * size_t(p.K) * sizeof(float);  // the staged activations
   auto* kernel = p.rows_form ? sm90_absorb_rows_kernel<kT> : sm90_absorb_cols_kernel<kT>;
-  const cudaError_t attr = set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), int(smem));
+  // One limit per kernel, the largest K it takes (set_max_dynamic_smem caches by size: a varying size
+  // could leave a smaller limit in place after a larger one).
+  const int limit =
+      int(size_t(kT) * size_t(p.rows_form ? kAbsorbSmallMaxK : kAbsorbSmallColsMaxK) * sizeof(float));
+  const cudaError_t attr = set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), limit);
   if (attr != cudaSuccess) return attr;
   const int64_t per_cta = p.rows_form ? kRowsCols : kColsRows;
   const dim3 grid(unsigned((p.N + per_cta - 1) / per_cta), unsigned(p.heads));
@@ -174,12 +179,15 @@ cudaError_t launch_t(const AbsorbSmallParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+bool absorb_small_supported(const AbsorbSmallParams& p) {
+  return !(p.T < 1 || p.T > kAbsorbSmallMaxTokens || p.heads < 1 || p.heads > 65535 || p.K < 1 ||
+           p.K > (p.rows_form ? kAbsorbSmallMaxK : kAbsorbSmallColsMaxK) || p.N < 1 || p.w == nullptr ||
+           p.x == nullptr || p.out == nullptr || !is_aligned(p.w, 16) || p.w_ld % 8 != 0 || p.w_bs % 8 != 0 ||
+           (p.rows_form ? p.N : p.K) % 8 != 0);
+}
+
 cudaError_t launch_absorb_small(const AbsorbSmallParams& p, cudaStream_t stream) {
-  if (p.T < 1 || p.T > kAbsorbSmallMaxTokens || p.heads < 1 || p.heads > 65535 || p.K < 1 ||
-      p.K > (p.rows_form ? kAbsorbSmallMaxK : kAbsorbSmallColsMaxK) || p.N < 1 || p.w == nullptr ||
-      p.x == nullptr || p.out == nullptr || !is_aligned(p.w, 16) || p.w_ld % 8 != 0 || p.w_bs % 8 != 0 ||
-      (p.rows_form ? p.N : p.K) % 8 != 0)
-    return cudaErrorInvalidValue;
+  if (!absorb_small_supported(p)) return cudaErrorInvalidValue;
   if (p.T == 1) return launch_t<1>(p, stream);
   if (p.T == 2) return launch_t<2>(p, stream);
   if (p.T <= 4) return launch_t<4>(p, stream);

@@ -271,7 +271,8 @@ bool batched(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_s
 // (nothing launched).
 bool batched_small(const Tensor& x, const Tensor& dense, int64_t a_offset, int64_t a_stride, bool rows_form,
                    int64_t M, Tensor& out, const char* what, bool pdl) {
-  if (dense.dtype() != DType::bf16 || x.dtype() != DType::f32 || x.stride(2) != 1 || out.stride(2) != 1)
+  if (dense.dtype() != DType::bf16 || x.dtype() != DType::f32 || x.stride(2) != 1 ||
+      out.device() != Device::cuda || out.dtype() != DType::f32 || out.stride(2) != 1)
     return false;
   AbsorbSmallParams p{};
   p.w = static_cast<const uint16_t*>(dense.raw_data()) + a_offset;
@@ -289,12 +290,8 @@ bool batched_small(const Tensor& x, const Tensor& dense, int64_t a_offset, int64
   p.N = M;
   p.rows_form = rows_form;
   p.pdl = pdl;
-  const cudaError_t e = launch_absorb_small(p, op_stream());
-  if (e == cudaErrorInvalidValue) {
-    cudaGetLastError();  // not this kernel's shapes: the caller's path runs
-    return false;
-  }
-  check_launch(e, what);
+  if (!absorb_small_supported(p)) return false;  // not this kernel's shapes: the caller's path runs
+  check_launch(launch_absorb_small(p, op_stream()), what);
   return true;
 }
 

@@ -526,7 +526,6 @@ bool fp8_recipe_applies(const WeightRef& w, int64_t K, int64_t r0, int64_t N) {
   return w.block_n == 128 && w.block_k == 128 && K % 128 == 0 && r0 % 128 == 0 && N % 8 == 0;
 }
 
-// The FP8 recipe's GEMM on quantised activations; false when cuBLASLt has no plan (caller falls back).
 // linear_multi's narrow bf16 parts (the two-term recipe) at T <= kBf16SmallMaxTokens in one launch of the
 // bf16 small-T kernel (KernelOptions::gemm_small_fuse; gemm_small_params.h, `more`): up to
 // 1 + kBf16SmallMaxMore parts on the same x. False when the shapes or alignments do not fit it (nothing
@@ -573,6 +572,7 @@ bool fp8_small_applies(const Fp8Act& act, const KernelOptions& opts) {
   return T <= kFp8SmallMaxTokens && T <= opts.gemm_fp8_small_max_tokens && (Tp == 8 || Tp == 16 || Tp == 32);
 }
 
+// The FP8 recipe's GEMM on quantised activations; false when cuBLASLt has no plan (caller falls back).
 bool gemm_fp8_quantised(const Fp8Act& act, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o,
                         const KernelOptions& opts) {
   const int64_t T = act.rows, K = act.codes.size(1), N = r1 - r0, Tp = act.codes.size(0);

@@ -480,13 +480,15 @@ cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stre
   if (p.n_more < 0 || p.n_more > kFp8SmallMaxMore) return cudaErrorInvalidValue;
   for (int i = 0; i < p.n_more; ++i) {  // every weight of a fused launch is a real one
     const Fp8SmallSegment& m = p.more[i];
-    if (m.N <= 0 || m.row0 % 128 != 0 || m.w == nullptr || m.w_scale == nullptr || m.out == nullptr)
+    if (m.N <= 0 || m.row0 % 128 != 0 || m.w == nullptr || m.w_scale == nullptr || m.out == nullptr ||
+        (reinterpret_cast<uintptr_t>(m.w) & 15) != 0)  // cp.async's 16-byte copies
       return cudaErrorInvalidValue;
   }
   if (p.T == 0 || (p.N == 0 && p.n_more == 0)) return cudaSuccess;
-  if (p.N <= 0 || p.K <= 0 || p.K % 128 != 0 || p.row0 % 128 != 0 || p.T > p.Tp ||
-      (p.Tp != 8 && p.Tp != 16 && p.Tp != 32) || p.splits < 1 ||
-      (p.splits > 1 && (p.partial == nullptr || p.counters == nullptr)))
+  if (p.N <= 0 || p.K <= 0 || p.K % 128 != 0 || p.row0 % 128 != 0 || p.T > p.Tp || p.w == nullptr ||
+      p.xq == nullptr || (reinterpret_cast<uintptr_t>(p.w) & 15) != 0 ||
+      (reinterpret_cast<uintptr_t>(p.xq) & 15) != 0 || (p.Tp != 8 && p.Tp != 16 && p.Tp != 32) ||
+      p.splits < 1 || (p.splits > 1 && (p.partial == nullptr || p.counters == nullptr)))
     return cudaErrorInvalidValue;
   const int64_t ctas = fp8_small_slices(p);
   if (p.splits > 1 && ctas > kMaxCounters) return cudaErrorInvalidValue;

@@ -153,6 +153,35 @@ TEST_F(CudaAbsorbSmall, BackendDispatchesUpToTheLimit) {
   }
 }
 
+// An FP8 kv_b takes the kernel on its bf16 dequantisation: with the derived copy a model holds, and without
+// one (dequantised by the call, in the kernel just before: with programmatic dependent launches on, the
+// kernel must not read the weight before that kernel's writes are visible). All three equal bit for bit.
+TEST_F(CudaAbsorbSmall, Fp8KvBWithAndWithoutItsDerivedCopy) {
+  const int64_t H = 64, nope = 192, dv = 256, L = 512, P = nope + dv;
+  const WeightRef w = to_cuda(rand_weight(H * P, L, DType::f8e4m3fn, 78));
+  KernelOptions o, o_pdl;
+  o.absorb_small_max_tokens = 8;
+  o_pdl.absorb_small_max_tokens = 8;
+  o_pdl.pdl = true;
+  const std::shared_ptr<Backend> be = make_backend(o), be_pdl = make_backend(o_pdl);
+  WeightRef held = w;
+  held.derived = be->derive_weight(w, WeightUse::absorb);
+  ASSERT_TRUE(held.derived && held.derived->bf16.defined());
+  auto bits = [](const Tensor& t) { return t.to(Device::cpu).to_f32_vector(); };
+  for (int64_t T : {1, 8}) {
+    const Tensor q = rand_f32({T, H, nope + 64}, 81 + uint64_t(T)).to(Device::cuda).slice(2, 0, nope);
+    const Tensor lat = rand_f32({T, H, L}, 91 + uint64_t(T)).to(Device::cuda);
+    const std::vector<float> q_held = bits(be->absorb_q(q, held, {})),
+                             v_held = bits(be->absorb_v(lat, held, dv, {}));
+    for (int rep = 0; rep < 3; ++rep) {  // the per-call dequantisation's buffer is new each time
+      EXPECT_EQ(bits(be->absorb_q(q, w, {})), q_held) << "T=" << T;
+      EXPECT_EQ(bits(be->absorb_v(lat, w, dv, {})), v_held) << "T=" << T;
+      EXPECT_EQ(bits(be_pdl->absorb_q(q, w, {})), q_held) << "pdl T=" << T;
+      EXPECT_EQ(bits(be_pdl->absorb_v(lat, w, dv, {})), v_held) << "pdl T=" << T;
+    }
+  }
+}
+
 TEST_F(CudaAbsorbSmall, BadParametersAreRefused) {
   Tensor w = Tensor::empty({64, 64}, DType::bf16, Device::cuda),
          x = Tensor::empty({8, 64}, DType::f32, Device::cuda),

@@ -573,9 +573,10 @@ TEST_F(CudaFp8SmallGemm, Bf16FusedLaunchIsEachPartsExactTwoTermSum) {
   for (uint32_t c : cnt) EXPECT_EQ(c, 0u) << "a split launch left a counter set";
   fmt::print("RESULT op=bf16_small_gemm_fused worst_err/sum|terms|={:.3g}\n", worst);
 
-  KernelOptions ko;
+  KernelOptions ko, sep_o;
   ko.gemm_small_fuse = true;
-  const std::shared_ptr<Backend> be = make_backend(ko), sep = make_backend({});
+  sep_o.gemm_small_fuse = false;
+  const std::shared_ptr<Backend> be = make_backend(ko), sep = make_backend(sep_o);
   for (int64_t T : {1, 8, 32, 33}) {
     const Tensor x = rand_f32({T, K}, 80 + uint64_t(T)).to(Device::cuda);
     const int64_t before = gemm_stats().bf16_small_fused_calls;
@@ -585,6 +586,39 @@ TEST_F(CudaFp8SmallGemm, Bf16FusedLaunchIsEachPartsExactTwoTermSum) {
     for (size_t i = 0; i < 2; ++i)
       EXPECT_LE(row_rel_error(got[i], want[i]), 1e-5) << "part " << i << " T=" << T;
   }
+}
+
+// A fused bf16 launch refuses a part it cannot run: too many, empty, misaligned (cp.async's 16 bytes).
+TEST_F(CudaFp8SmallGemm, Bf16FusedBadPartsAreRefused) {
+  Tensor w = Tensor::zeros({128, 64}, DType::bf16, Device::cuda),
+         x = Tensor::zeros({1, 64}, DType::f32, Device::cuda),
+         o = Tensor::empty({1, 128}, DType::f32, Device::cuda);
+  Bf16SmallGemmParams p{};
+  p.w = w.data_u16();
+  p.x = x.data<float>();
+  p.x_stride = 64;
+  p.out = o.data<float>();
+  p.out_stride = 128;
+  p.T = 1;
+  p.N = 64;
+  p.K = 64;
+  p.splits = 1;
+  p.n_more = 1;
+  p.more[0] = {w.data_u16() + 64 * 64, o.data<float>() + 64, 128, 64};
+  EXPECT_EQ(launch_bf16_small_gemm(p, nullptr), cudaSuccess);
+  Bf16SmallGemmParams bad = p;
+  bad.n_more = kBf16SmallMaxMore + 1;
+  EXPECT_EQ(launch_bf16_small_gemm(bad, nullptr), cudaErrorInvalidValue);
+  bad = p;
+  bad.more[0].N = 0;
+  EXPECT_EQ(launch_bf16_small_gemm(bad, nullptr), cudaErrorInvalidValue);
+  bad = p;
+  bad.more[0].w = p.more[0].w + 1;
+  EXPECT_EQ(launch_bf16_small_gemm(bad, nullptr), cudaErrorInvalidValue);
+  bad = p;
+  bad.more[0].out = nullptr;
+  EXPECT_EQ(launch_bf16_small_gemm(bad, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 // KernelOptions::gemm_bf16_small_wide: a wide bf16 weight (an LM head's rows, past kSplitMaxRows) at <= 32
