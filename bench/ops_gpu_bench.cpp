@@ -5,7 +5,8 @@
 // floor / time. Weights are filled on the GPU with a constant pattern (values do not change GEMM speed).
 // The routed experts have their own table at the end (bench_moe_experts; `ops_gpu_bench moe` runs only it).
 // `ops_gpu_bench pdl` times chains of a decode step's small kernels with programmatic dependent launches
-// off and on (bench_pdl_chains); `ops_gpu_bench fuse` linear_multi's FP8 pairs in one launch or two.
+// off and on (bench_pdl_chains); `ops_gpu_bench fuse` linear_multi's pairs in one launch or two;
+// `ops_gpu_bench stages` the FP8 small-T kernel's pipeline depth.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -303,6 +304,70 @@ void bench_fp8_small_splits() {
     }
   }
 }
+// The small-T FP8 kernel's pipeline depth (Fp8SmallGemmParams::stages): at T = 1 and 8 per GLM-5.3 decode
+// shape, the default launch (4 K blocks in flight, the default CTAs per SM and split), then 4 and
+// kFp8SmallDeepStages blocks at 2 CTAs per SM with that occupancy's split: whether more bytes in flight
+// per SM move the weight stream closer to the bandwidth. CUDA-graph replays of the kernel alone; floor:
+// the weight bytes at 4.3 TB/s.
+void bench_fp8_small_stages() {
+  namespace kc = dsaserve::kernels::cuda;
+  fmt::print("\n| {:<12} | {:>2} | {:<13} | {:>6} | {:>6} | {:>6} | {:>9} | {:>9} | {:>5} |\n", "fp8 small",
+             "T", "[K, N]", "stages", "CTA/SM", "splits", "time us", "floor us", "ratio");
+  const struct {
+    const char* name;
+    int64_t n, k;
+  } shapes[] = {
+      {"q_a", kQLora, kH},         {"kv_a", kKvLora + kRope, kH}, {"q_b", kHeads * (kNope + kRope), kQLora},
+      {"o_proj", kH, kHeads * kV}, {"mlp_gate", 12288, kH},       {"mlp_down", kH, 12288},
+      {"shared_gate", 2048, kH},   {"shared_down", kH, 2048}};
+  Tensor counters = Tensor::empty({kc::kFp8SmallCounters}, DType::i32, Device::cuda);
+  cudaMemset(counters.raw_data(), 0, counters.nbytes());
+  for (const auto& g : shapes) {
+    const ops::WeightRef w = weight(g.n, g.k, DType::f8e4m3fn);
+    for (int64_t T : {1, 8}) {
+      const Tensor x = rand_gpu({T, g.k}, 1);
+      const ops::Fp8Act a = kc::quantize_fp8_activations(x);
+      Tensor out = Tensor::empty({T, g.n}, DType::f32, Device::cuda);
+      const int64_t Tp = a.codes.size(0);
+      const struct { int stages, occ; } runs[] = {{0, 0}, {4, 2}, {kc::kFp8SmallDeepStages, 2}};
+      for (const auto& r : runs) {
+        const int occ = kc::fp8_small_ctas_per_sm(g.n, Tp, r.occ);
+        const int s = kc::fp8_small_gemm_splits(g.n, g.k, Tp, occ);
+        Tensor partial = Tensor::empty({s, T, g.n}, DType::f32, Device::cuda);
+        kc::Fp8SmallGemmParams p{};
+        p.w = static_cast<const uint8_t*>(w.weight.raw_data());
+        p.w_scale = static_cast<const float*>(w.scale_inv.raw_data());
+        p.w_scale_ld = w.scale_inv.size(1);
+        p.xq = static_cast<const uint8_t*>(a.codes.raw_data());
+        p.x_scale = a.scales.data<float>();
+        p.out = out.data<float>();
+        p.out_stride = g.n;
+        p.T = T;
+        p.Tp = Tp;
+        p.N = g.n;
+        p.K = g.k;
+        p.splits = s;
+        p.partial = partial.data<float>();
+        p.counters = static_cast<uint32_t*>(counters.raw_data());
+        p.ctas_per_sm = occ;
+        p.stages = r.stages;
+        if (kc::launch_fp8_small_gemm(p, kc::op_stream()) != cudaSuccess) {
+          cudaGetLastError();
+          fmt::print("| {:<12} | {:>2} | {:<13} | {:>6} | refused |\n", g.name, T, "", r.stages);
+          continue;
+        }
+        const double us = kc::graph_time_us([&] { (void)kc::launch_fp8_small_gemm(p, kc::op_stream()); });
+        const double floor_us = double(g.n * g.k) / kHbm * 1e6;
+        fmt::print("| {:<12} | {:>2} | {:<13} | {:>6} | {:>6} | {:>6} | {:>9.1f} | {:>9.2f} | {:>5.2f} |\n",
+                   fmt::format("{}{}", g.name, r.stages == 0 ? " default" : ""), T,
+                   fmt::format("[{},{}]", g.k, g.n), r.stages == 0 ? 4 : r.stages, occ, s, us, floor_us,
+                   floor_us / us);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 // Programmatic dependent launch (KernelOptions::pdl) changes how consecutive kernels overlap, so it shows
 // only on chains: per T in {1, 8}, two chains captured in one CUDA graph (20 chains a graph), replayed with
 // a backend of pdl off and one of pdl on: the dense MLP of a GLM-5.3 layer (add_rms_norm with its FP8
@@ -548,6 +613,10 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "lmhead") {
     bench_lm_head();
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "stages") {
+    bench_fp8_small_stages();
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "fuse") {

@@ -35,13 +35,13 @@ constexpr int kXLd = 192;
 constexpr int kSms = 132;  // the H200's SMs (the K split aims at whole waves of them)
 constexpr int64_t kMaxCounters = kFp8SmallCounters;
 
-template <int NT>
+template <int NT, int kSt = kStages>
 struct Stage {
   static constexpr int kTp = NT * 8;
   static constexpr int kW = kRows * 128;            // weight tile
   static constexpr int kX = kTp * kXLd;             // activation codes
   static constexpr int kBytes = kW + kX + kTp * 4;  // + activation scales
-  static constexpr size_t kSmem = size_t(kStages) * kBytes;
+  static constexpr size_t kSmem = size_t(kSt) * kBytes;
 };
 
 using mma::mma_e4m3;
@@ -162,11 +162,12 @@ __device__ __forceinline__ Fp8SmallCta fp8_small_cta(const Fp8SmallGemmParams& p
   return c;
 }
 
-// kMinBlocks: CTAs an SM holds (2, or 3 at 8 tokens for wide outputs: fp8_small_ctas_per_sm).
-template <int NT, int kMinBlocks>
+// kMinBlocks: CTAs an SM holds (2, or 3 at 8 tokens for wide outputs: fp8_small_ctas_per_sm). kSt: K
+// blocks in flight (Fp8SmallGemmParams::stages).
+template <int NT, int kMinBlocks, int kSt = kStages>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     sm90_fp8_small_gemm_kernel(const Fp8SmallGemmParams p) {
-  using S = Stage<NT>;
+  using S = Stage<NT, kSt>;
   constexpr int Tp = S::kTp;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ bool s_last;
@@ -179,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const Fp8SmallCta cta = fp8_small_cta(p);  // this CTA's weight, rows and output
   const int64_t row_base = cta.row_base;
   const float* ws = cta.ws;  // this CTA's scale row
-  if (p.pdl) prefetch_weight_tiles(cta.w, p.K, row_base, cta.N, kb0, nkb < kStages - 1 ? nkb : kStages - 1);
+  if (p.pdl) prefetch_weight_tiles(cta.w, p.K, row_base, cta.N, kb0, nkb < kSt - 1 ? nkb : kSt - 1);
   pdl_enter();  // the activations, the output and the split's scratch come from / go to other kernels
 
   auto load = [&](int64_t kb, int stage) {
@@ -197,17 +198,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kSt - 1; ++s) {
     if (s < nkb) load(kb0 + s, s);
     mma::cp_async_commit();
   }
   const int r_lo = warp * 16 + g, r_hi = r_lo + 8;  // rows in the tile
   for (int64_t i = 0; i < nkb; ++i) {
-    mma::cp_async_wait<kStages - 2>();  // this K block has landed (own copies) ...
-    __syncthreads();                    // ... everyone's, and the stage refilled below is no longer read
-    if (i + kStages - 1 < nkb) load(kb0 + i + kStages - 1, int((i + kStages - 1) % kStages));
+    mma::cp_async_wait<kSt - 2>();  // this K block has landed (own copies) ...
+    __syncthreads();                // ... everyone's, and the stage refilled below is no longer read
+    if (i + kSt - 1 < nkb) load(kb0 + i + kSt - 1, int((i + kSt - 1) % kSt));
     mma::cp_async_commit();
-    const uint8_t* st = smem + size_t(i % kStages) * S::kBytes;
+    const uint8_t* st = smem + size_t(i % kSt) * S::kBytes;
     const float* xs = reinterpret_cast<const float*>(st + S::kW + S::kX);
     float blk[NT][4];
 #pragma unroll
@@ -239,16 +240,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   small_gemm_epilogue<NT>(cta, acc, row_base, r_lo, t, s_last);
 }
 
-template <int NT, int kMinBlocks>
+template <int NT, int kMinBlocks, int kSt = kStages>
 cudaError_t launch_nt_occ(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
-  auto* kernel = sm90_fp8_small_gemm_kernel<NT, kMinBlocks>;
-  const cudaError_t attr = set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), int(Stage<NT>::kSmem));
+  auto* kernel = sm90_fp8_small_gemm_kernel<NT, kMinBlocks, kSt>;
+  const cudaError_t attr =
+      set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), int(Stage<NT, kSt>::kSmem));
   if (attr != cudaSuccess) return attr;
-  return launch_pdl(p.pdl, kernel, grid, dim3(kThreads), Stage<NT>::kSmem, stream, p);
+  return launch_pdl(p.pdl, kernel, grid, dim3(kThreads), Stage<NT, kSt>::kSmem, stream, p);
 }
 template <int NT>
 cudaError_t launch_nt(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (NT == 1) {
+    if (p.stages == kFp8SmallDeepStages) return launch_nt_occ<1, 2, kFp8SmallDeepStages>(p, grid, stream);
     if (fp8_small_ctas_per_sm(fp8_small_slices(p) * kRows, p.Tp, p.ctas_per_sm) == 3)
       return launch_nt_occ<1, 3>(p, grid, stream);
   }
@@ -478,6 +481,9 @@ int64_t fp8_small_fused_scratch(const Fp8SmallGemmParams& p) {
 
 cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stream) {
   if (p.n_more < 0 || p.n_more > kFp8SmallMaxMore) return cudaErrorInvalidValue;
+  if (p.stages != 0 && p.stages != kStages &&
+      (p.stages != kFp8SmallDeepStages || p.Tp != 8 || fp8_small_ctas_per_sm(0, p.Tp, p.ctas_per_sm) == 3))
+    return cudaErrorInvalidValue;       // the deep pipeline: 8 token rows, 2 CTAs an SM
   for (int i = 0; i < p.n_more; ++i) {  // every weight of a fused launch is a real one
     const Fp8SmallSegment& m = p.more[i];
     if (m.N <= 0 || m.row0 % 128 != 0 || m.w == nullptr || m.w_scale == nullptr || m.out == nullptr ||

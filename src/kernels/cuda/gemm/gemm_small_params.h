@@ -35,6 +35,8 @@ struct Fp8SmallSegment {
 };
 // Weights beside the call's own that one launch can take (linear_multi's FP8 parts: q_a + kv_a, gate + up).
 inline constexpr int kFp8SmallMaxMore = 3;
+// The deeper pipeline Fp8SmallGemmParams::stages may ask for (6 K blocks of 18 KB in flight per CTA).
+inline constexpr int kFp8SmallDeepStages = 6;
 
 struct Fp8SmallGemmParams {
   const uint8_t* w;          // [N, K] e4m3 codes (row 0 = output feature 0 of this call), contiguous
@@ -50,6 +52,9 @@ struct Fp8SmallGemmParams {
   int splits;           // CTAs along K (1 = no split)
   int ctas_per_sm = 0;  // CTAs an SM holds (fp8_small_ctas_per_sm; 0: its default)
   bool pdl = false;     // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
+  // K blocks in flight: 0 or 4 (the default), or kFp8SmallDeepStages (Tp 8 at 2 CTAs an SM only: an
+  // experiment, ops_gpu_bench stages; nothing else sets it).
+  int stages = 0;
   // More weights on the same activations in this launch: more[0, n_more), each with its own rows, scales
   // and output. Their 128-row slices follow this call's along the grid and share its K split; `partial`
   // then holds each weight's [splits, T, N] at splits * T * 128 * (the row slices before it), and

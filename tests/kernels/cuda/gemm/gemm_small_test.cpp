@@ -71,7 +71,7 @@ double exact_sum_error(const WeightRef& w, int64_t r0, const Tensor& xq_dev, con
 // Returns the worst |got - want| / sum|terms|.
 // ctas_per_sm: Fp8SmallGemmParams::ctas_per_sm (0: the default for the shape; 3: the 8-row three-CTA build).
 double check_kernel(int64_t N_total, int64_t K, int64_t r0, int64_t N, int64_t T, int splits, uint64_t seed,
-                    int ctas_per_sm = 0) {
+                    int ctas_per_sm = 0, int stages = 0) {
   const WeightRef w = rand_weight(N_total, K, DType::f8e4m3fn, seed), wd = to_cuda(w);
   const Tensor x = rand_f32({T, K}, seed + 1, 2.0f);
   const int64_t Tp = T <= 8 ? 8 : T <= 16 ? 16 : 32;
@@ -102,6 +102,7 @@ double check_kernel(int64_t N_total, int64_t K, int64_t r0, int64_t N, int64_t T
   p.counters = counters;
   p.splits = splits;
   p.ctas_per_sm = ctas_per_sm;
+  p.stages = stages;
   // Twice: the split's counters must be left at zero by the first launch.
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
@@ -135,6 +136,39 @@ TEST_F(CudaFp8SmallGemm, KernelIsTheExactBlockScaledSum) {
             << "N " << c.n << " K " << c.k << " r0 " << c.r0 << " T " << T << " splits " << c.splits
             << " CTAs/SM " << occ;
       }
+}
+
+// The deeper pipeline (Fp8SmallGemmParams::stages = kFp8SmallDeepStages, ops_gpu_bench stages' experiment):
+// the same exact sums at up to 8 tokens with and without the split, K ranges shorter and longer than the
+// pipeline; other depths, more token rows and 3 CTAs an SM are refused.
+TEST_F(CudaFp8SmallGemm, DeepPipelineIsTheExactBlockScaledSum) {
+  struct Case {
+    int64_t n_total, k, r0, n;
+    int splits;
+  };
+  const Case cases[] = {{576, 1024, 0, 576, 1},   {576, 1024, 0, 576, 3}, {384, 768, 128, 256, 2},
+                        {2048, 6144, 0, 2048, 8}, {130, 384, 0, 130, 3},  {6144, 16384, 0, 256, 5}};
+  for (const Case& c : cases)
+    for (int64_t T : {1, 3, 8})
+      EXPECT_LE(check_kernel(c.n_total, c.k, c.r0, c.n, T, c.splits, 17 + uint64_t(c.n + T), 2,
+                             kFp8SmallDeepStages),
+                2e-5)
+          << "N " << c.n << " K " << c.k << " T " << T << " splits " << c.splits;
+  Fp8SmallGemmParams p{};
+  p.T = 1;
+  p.Tp = 8;
+  p.N = 128;
+  p.K = 128;
+  p.splits = 1;
+  p.stages = 5;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  p.stages = kFp8SmallDeepStages;
+  p.ctas_per_sm = 3;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  p.ctas_per_sm = 2;
+  p.Tp = 16;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  cudaGetLastError();
 }
 
 // One launch over several weights (Fp8SmallGemmParams::more, linear_multi's fused FP8 parts): every part's
