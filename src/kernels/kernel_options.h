@@ -148,10 +148,10 @@ inline constexpr int64_t kAbsorbFusedDefaultTokens = 256;
 // (0: never; at most kAbsorbSmallMaxTokens) run one weight-streaming launch over every head
 // (kernels/cuda/attention/absorb_params.h: bf16 weights times the f32 activations as they are, f32
 // accumulation) instead of a conversion pass and cuBLASLt's strided batch: one launch instead of two at
-// decode, the 12.6 / 16.8 MB of W_UK / W_UV (64 heads) read once. Not yet measured on a GPU: off (0) until it
-// wins.
+// decode, the 12.6 / 16.8 MB of W_UK / W_UV (64 heads) read once. Off (0): not yet run on a GPU;
+// `realwidth_gpu_bench --absorb-small-max-tokens 0,8` measures it.
 inline constexpr int64_t kAbsorbSmallMaxTokensLimit = 8;
-inline constexpr int64_t kAbsorbSmallDefaultTokens = 8;
+inline constexpr int64_t kAbsorbSmallDefaultTokens = 0;
 // SiLU-mul writes its output's FP8 copy for an FP8 down projection (silu_mul_fp8, kernels/cuda/elementwise/
 // silu_fp8_params.h: bit for bit the quantisation pass it replaces) when KernelOptions::silu_mul_fp8_copy;
 // false: silu_mul and the down projection's own quantisation pass (the old path). Measured on the H100
@@ -172,8 +172,10 @@ inline constexpr bool kGemmBf16SmallWideDefault = false;
 // two-term recipe (the indexer's wk + weights_proj). The parts' 128-row slices form one grid under one K
 // split chosen for all of them (one wave instead of one per part; kv_a alone splits its 48 K blocks 48
 // ways). Each part's outputs are the same sums in another order of the split's partial sums (within the
-// kernels' tolerance of separate calls, not bit for bit). false: a launch per part.
-inline constexpr bool kGemmSmallFuseDefault = true;
+// kernels' tolerance of separate calls, not bit for bit). false: a launch per part. Off: not yet run on a
+// GPU (the 2026-12-07 session had no device time left); `ops_gpu_bench fuse` and `realwidth_gpu_bench
+// --small-fuse 0,1` measure it.
+inline constexpr bool kGemmSmallFuseDefault = false;
 // (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
 // the weight's dtype and shape, falling back where cuBLASLt has no plan.)
 

@@ -126,7 +126,24 @@ struct Fp8SmallCta {
 
 // Finds blockIdx.x's weight: the call's own row slices first, then each of more[] in order. The loop over
 // more[] is unrolled so that every field is read from the parameters at a fixed offset (no local copy).
+// kFused false (n_more == 0): the call's own weight, read as the single-weight kernel always did (no walk,
+// no registers for it).
+template <bool kFused>
 __device__ __forceinline__ Fp8SmallCta fp8_small_cta(const Fp8SmallGemmParams& p) {
+  if constexpr (!kFused) {
+    Fp8SmallCta c;
+    c.row_base = int64_t(blockIdx.x) * kRows;
+    c.w = p.w;
+    c.ws = p.w_scale + ((p.row0 + c.row_base) / 128) * p.w_scale_ld;
+    c.out = p.out;
+    c.out_stride = p.out_stride;
+    c.T = p.T;
+    c.N = p.N;
+    c.partial = p.partial;
+    c.counters = p.counters;
+    c.splits = p.splits;
+    return c;
+  }
   const uint8_t* w = p.w;
   const float* w_scale = p.w_scale;
   int64_t row0 = p.row0, ld = p.w_scale_ld, N = p.N, out_stride = p.out_stride;
@@ -163,8 +180,8 @@ __device__ __forceinline__ Fp8SmallCta fp8_small_cta(const Fp8SmallGemmParams& p
 }
 
 // kMinBlocks: CTAs an SM holds (2, or 3 at 8 tokens for wide outputs: fp8_small_ctas_per_sm). kSt: K
-// blocks in flight (Fp8SmallGemmParams::stages).
-template <int NT, int kMinBlocks, int kSt = kStages>
+// blocks in flight (Fp8SmallGemmParams::stages). kFused: several weights (n_more > 0).
+template <int NT, int kMinBlocks, int kSt, bool kFused>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     sm90_fp8_small_gemm_kernel(const Fp8SmallGemmParams p) {
   using S = Stage<NT, kSt>;
@@ -177,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int64_t kb0 = int64_t(blockIdx.y) * per;
   const int64_t kb1 = kb0 + per < kb_total ? kb0 + per : kb_total;
   const int64_t nkb = kb1 - kb0;
-  const Fp8SmallCta cta = fp8_small_cta(p);  // this CTA's weight, rows and output
+  const Fp8SmallCta cta = fp8_small_cta<kFused>(p);  // this CTA's weight, rows and output
   const int64_t row_base = cta.row_base;
   const float* ws = cta.ws;  // this CTA's scale row
   if (p.pdl) prefetch_weight_tiles(cta.w, p.K, row_base, cta.N, kb0, nkb < kSt - 1 ? nkb : kSt - 1);
@@ -242,7 +259,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
 template <int NT, int kMinBlocks, int kSt = kStages>
 cudaError_t launch_nt_occ(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
-  auto* kernel = sm90_fp8_small_gemm_kernel<NT, kMinBlocks, kSt>;
+  auto* kernel = p.n_more > 0 ? sm90_fp8_small_gemm_kernel<NT, kMinBlocks, kSt, true>
+                              : sm90_fp8_small_gemm_kernel<NT, kMinBlocks, kSt, false>;
   const cudaError_t attr =
       set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), int(Stage<NT, kSt>::kSmem));
   if (attr != cudaSuccess) return attr;
@@ -285,7 +303,21 @@ struct Bf16SmallCta {
   int splits;
 };
 
+template <bool kFused>
 __device__ __forceinline__ Bf16SmallCta bf16_small_cta(const Bf16SmallGemmParams& p) {
+  if constexpr (!kFused) {
+    Bf16SmallCta c;
+    c.w = p.w;
+    c.out = p.out;
+    c.out_stride = p.out_stride;
+    c.T = p.T;
+    c.N = p.N;
+    c.row_base = int64_t(blockIdx.x) * kRows;
+    c.partial = p.partial;
+    c.counters = p.counters;
+    c.splits = p.splits;
+    return c;
+  }
   const uint16_t* w = p.w;
   float* out = p.out;
   int64_t N = p.N, out_stride = p.out_stride;
@@ -315,7 +347,7 @@ __device__ __forceinline__ Bf16SmallCta bf16_small_cta(const Bf16SmallGemmParams
   return c;
 }
 
-template <int NT>
+template <int NT, bool kFused>
 __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const Bf16SmallGemmParams p) {
   using S = Bf16Stage<NT>;
   constexpr int Tp = S::kTp;
@@ -327,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const
   const int64_t kb0 = int64_t(blockIdx.y) * per;
   const int64_t kb1 = kb0 + per < kb_total ? kb0 + per : kb_total;
   const int64_t nkb = kb1 - kb0;
-  const Bf16SmallCta cta = bf16_small_cta(p);  // this CTA's weight, rows and output
+  const Bf16SmallCta cta = bf16_small_cta<kFused>(p);  // this CTA's weight, rows and output
   const int64_t row_base = cta.row_base;
   const uint8_t* w = reinterpret_cast<const uint8_t*>(cta.w);
   if (p.pdl) prefetch_weight_tiles(w, p.K * 2, row_base, cta.N, kb0, nkb < kStages - 1 ? nkb : kStages - 1);
@@ -389,11 +421,12 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const
 
 template <int NT>
 cudaError_t launch_bf16_nt(const Bf16SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
-  const cudaError_t attr = set_max_dynamic_smem(
-      reinterpret_cast<const void*>(sm90_bf16_small_gemm_kernel<NT>), int(Bf16Stage<NT>::kSmem));
+  auto* kernel =
+      p.n_more > 0 ? sm90_bf16_small_gemm_kernel<NT, true> : sm90_bf16_small_gemm_kernel<NT, false>;
+  const cudaError_t attr =
+      set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), int(Bf16Stage<NT>::kSmem));
   if (attr != cudaSuccess) return attr;
-  return launch_pdl(p.pdl, sm90_bf16_small_gemm_kernel<NT>, grid, dim3(kThreads), Bf16Stage<NT>::kSmem,
-                    stream, p);
+  return launch_pdl(p.pdl, kernel, grid, dim3(kThreads), Bf16Stage<NT>::kSmem, stream, p);
 }
 
 // CTAs along K for `ctas` row slices over `kb` K blocks: whole waves of per_sm x kSms CTAs, every split at
