@@ -4,11 +4,45 @@
 # the machine has no Boost, the server's Boost headers (.deps/boost-headers.tar.xz, scripts/stage_boost.sh)
 # into a prefix, then configures build-gpu against them and builds the given targets.
 #   gpu_build LOGDIR TARGET...   logs: LOGDIR/device.txt, configure.log, build.log; returns non-zero on failure
+#   GPU_PREBUILT=1 gpu_build ...  the binaries staged by scripts/stage_prebuilt.sh instead, where they fit
 PREFIX=/tmp/dsaserve-deps
 ARCHLIB=$PREFIX/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$ARCHLIB:$PREFIX/usr/lib:${LD_LIBRARY_PATH:-}"  # Gloo installs to /usr/lib
 export PATH="/usr/local/cuda/bin:$PATH"
 export DSASERVE_FIXTURES="$PWD/.fixtures"
+
+# The sources' fingerprint (the same command here, in scripts/stage_prebuilt.sh, and on the GPU machine): the
+# prebuilt binaries are used only for the very sources they were built from.
+source_fingerprint() {
+  find src tests bench cmake CMakeLists.txt -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' -o \
+    -name '*.h' -o -name '*.hpp' -o -name '*.inc' -o -name 'CMakeLists.txt' -o -name '*.cmake' \) -print0 |
+    LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
+}
+
+# GPU_PREBUILT=1: the targets from .prebuilt/ (scripts/stage_prebuilt.sh, carried) into build-gpu/ at their
+# build-tree paths, when .prebuilt/FINGERPRINT matches these sources and every binary finds its libraries:
+# no build on the GPU machine (~100 s of device time). Not for scripts that need build-gpu's CMake files
+# (gpu.sh runs ctest; gpu_ab.sh builds a base tree beside it). Returns non-zero (nothing used) otherwise.
+use_prebuilt() {
+  local log=$1
+  shift
+  local want have t f
+  [ -f .prebuilt/FINGERPRINT ] || { echo "prebuilt: no .prebuilt/FINGERPRINT" | tee "$log/prebuilt.txt"; return 1; }
+  want=$(cat .prebuilt/FINGERPRINT)
+  have=$(source_fingerprint)
+  [ "$want" = "$have" ] || { echo "prebuilt: built from $want, the sources are $have" | tee "$log/prebuilt.txt"; return 1; }
+  export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH"
+  for t in "$@"; do
+    f=$(cd .prebuilt && find . -type f -name "$t" | head -1)
+    [ -n "$f" ] || { echo "prebuilt: no $t" | tee "$log/prebuilt.txt"; return 1; }
+    mkdir -p "build-gpu/$(dirname "$f")" && cp ".prebuilt/$f" "build-gpu/$f" && chmod +x "build-gpu/$f"
+    if ldd "build-gpu/$f" 2>&1 | grep -q "not found"; then
+      { echo "prebuilt: $t misses libraries:"; ldd "build-gpu/$f" 2>&1 | grep "not found"; } | tee "$log/prebuilt.txt"
+      return 1
+    fi
+  done
+  echo "build: 0 s (prebuilt $want: $*)"
+}
 
 gpu_build() {
   local log=$1
@@ -24,6 +58,10 @@ gpu_build() {
     tar -C "$PREFIX" -xJf .deps/boost-headers.tar.xz && boost=(-DBoost_DIR="$ARCHLIB/cmake/Boost-1.74.0")
   fi
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$log/device.txt"
+  if [ "${GPU_PREBUILT:-0}" = 1 ]; then
+    use_prebuilt "$log" "$@" && return 0
+    echo "prebuilt: not used; building"
+  fi
   local start
   start=$(date +%s)
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSASERVE_BENCH=ON \
