@@ -60,6 +60,16 @@ __global__ void __launch_bounds__(kThreads) sm90_absorb_rows_kernel(const Absorb
   const bool ok = n < p.N;  // N % 8 == 0: a thread's 8 outputs are all in or all out
   const uint16_t* w = p.w + h * p.w_bs + (ok ? n : 0);
   pdl_enter();
+  // The thread's first kPre rows are loaded before the activations are staged (the two round trips
+  // overlap); the rest as the loop reaches them. Rows in k order either way.
+  constexpr int kPre = kT <= 2 ? 8 : 4;
+  uint4 pre[kPre];
+#pragma unroll
+  for (int i = 0; i < kPre; ++i) {
+    const int64_t k = g + int64_t(i) * kRowGroups;
+    pre[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (ok && k < p.K) pre[i] = __ldg(reinterpret_cast<const uint4*>(w + k * p.w_ld));
+  }
   stage_x<kT>(p, h, xs);
   __syncthreads();
   float acc[kT][8];
@@ -67,18 +77,25 @@ __global__ void __launch_bounds__(kThreads) sm90_absorb_rows_kernel(const Absorb
   for (int t = 0; t < kT; ++t)
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[t][j] = 0.0f;
-  if (ok) {
-#pragma unroll 8
-    for (int64_t k = g; k < p.K; k += kRowGroups) {
-      float wf[8];
-      bf16x8(__ldg(reinterpret_cast<const uint4*>(w + k * p.w_ld)), wf);
+  auto add_row = [&](int64_t k, const uint4 u) {
+    float wf[8];
+    bf16x8(u, wf);
 #pragma unroll
-      for (int t = 0; t < kT; ++t) {
-        const float xv = xs[t * p.K + k];
+    for (int t = 0; t < kT; ++t) {
+      const float xv = xs[t * p.K + k];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[t][j] = fmaf(xv, wf[j], acc[t][j]);
-      }
+      for (int j = 0; j < 8; ++j) acc[t][j] = fmaf(xv, wf[j], acc[t][j]);
     }
+  };
+  if (ok) {
+#pragma unroll
+    for (int i = 0; i < kPre; ++i) {
+      const int64_t k = g + int64_t(i) * kRowGroups;
+      if (k < p.K) add_row(k, pre[i]);
+    }
+#pragma unroll 4
+    for (int64_t k = g + int64_t(kPre) * kRowGroups; k < p.K; k += kRowGroups)
+      add_row(k, __ldg(reinterpret_cast<const uint4*>(w + k * p.w_ld)));
   }
   // The warp's 4 row groups (lanes c, c + 8, c + 16, c + 24), then the warps in order.
 #pragma unroll
