@@ -14,10 +14,16 @@ export DSASERVE_FIXTURES="$PWD/.fixtures"
 # The sources' fingerprint (the same command here, in scripts/stage_prebuilt.sh, and on the GPU machine): the
 # prebuilt binaries are used only for the very sources they were built from.
 source_fingerprint() {
-  find src tests bench cmake CMakeLists.txt -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' -o \
-    -name '*.h' -o -name '*.hpp' -o -name '*.inc' -o -name 'CMakeLists.txt' -o -name '*.cmake' \) -print0 |
-    LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
+  find src tests bench cmake configs CMakeLists.txt -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' -o \
+    -name '*.h' -o -name '*.hpp' -o -name '*.inc' -o -name '*.in' -o -name '*.json' -o -name 'CMakeLists.txt' -o \
+    -name '*.cmake' \) -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
 }
+# The prebuilt binaries' RUNPATH is the build machine's toolkit folder: the GPU machine's toolkit libraries
+# through the environment instead (exported here, at the top, so that callers running gpu_build in a pipeline's
+# subshell have it too).
+if [ "${GPU_PREBUILT:-0}" = 1 ]; then
+  export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH"
+fi
 
 # GPU_PREBUILT=1: the targets from .prebuilt/ (scripts/stage_prebuilt.sh, carried) into build-gpu/ at their
 # build-tree paths, when .prebuilt/FINGERPRINT matches these sources and every binary finds its libraries:
@@ -31,15 +37,19 @@ use_prebuilt() {
   want=$(cat .prebuilt/FINGERPRINT)
   have=$(source_fingerprint)
   [ "$want" = "$have" ] || { echo "prebuilt: built from $want, the sources are $have" | tee "$log/prebuilt.txt"; return 1; }
-  export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH"
+  local libs
   for t in "$@"; do
     f=$(cd .prebuilt && find . -type f -name "$t" | head -1)
     [ -n "$f" ] || { echo "prebuilt: no $t" | tee "$log/prebuilt.txt"; return 1; }
-    mkdir -p "build-gpu/$(dirname "$f")" && cp ".prebuilt/$f" "build-gpu/$f" && chmod +x "build-gpu/$f"
-    if ldd "build-gpu/$f" 2>&1 | grep -q "not found"; then
-      { echo "prebuilt: $t misses libraries:"; ldd "build-gpu/$f" 2>&1 | grep "not found"; } | tee "$log/prebuilt.txt"
-      return 1
-    fi
+    { mkdir -p "build-gpu/$(dirname "$f")" && cp ".prebuilt/$f" "build-gpu/$f" && chmod +x "build-gpu/$f"; } ||
+      { echo "prebuilt: could not place $t" | tee "$log/prebuilt.txt"; return 1; }
+    libs=$(ldd "build-gpu/$f" 2>&1 || true)
+    case $libs in
+      *"not found"* | *"not a dynamic executable"*)
+        { echo "prebuilt: $t misses libraries:"; echo "$libs"; } | tee "$log/prebuilt.txt"
+        return 1
+        ;;
+    esac
   done
   echo "build: 0 s (prebuilt $want: $*)"
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds GPU targets here (the CUDA toolkit compiles and links on this machine; nothing runs) and stages the
+# Builds GPU targets here in build-prebuilt/ (the CUDA toolkit compiles and links on this machine; nothing runs) and stages the
 # stripped binaries into .prebuilt/ (ignored by git) at their build-tree paths, with the sources' fingerprint,
 # so that a device call carrying .prebuilt (beside .deps: its Debian packages give the shared libraries) and
 # run with GPU_PREBUILT=1 skips the ~100 s build (scripts/gpu_build.sh use_prebuilt; it builds as before when
@@ -14,15 +14,22 @@ source scripts/gpu_build.sh
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(cuda_kernels_test realwidth_gpu_bench ops_gpu_bench)
 export PATH="/usr/local/cuda/bin:$PATH"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target "${targets[@]}"
+# A build folder of its own with the GPU machine's options (gpu_build's), not build/'s cache (sanitizers...).
+dir=build-prebuilt
+launcher=()
+if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache); fi
+fp=$(source_fingerprint)  # before the build: a source edited during it must not be staged as built
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSASERVE_BENCH=ON -DDSASERVE_TESTS=ON "${launcher[@]}" \
+  >/dev/null
+cmake --build "$dir" -j"$(nproc)" --target "${targets[@]}"
+[ "$(source_fingerprint)" = "$fp" ] || { echo "stage_prebuilt: sources changed during the build; run again" >&2; exit 1; }
 rm -rf .prebuilt
 for t in "${targets[@]}"; do
-  f=$(cd build && find . -type f -name "$t" -perm -u+x | head -1)
-  [ -n "$f" ] || { echo "stage_prebuilt: no binary for $t under build/" >&2; exit 1; }
+  f=$(cd "$dir" && find . -type f -name "$t" -perm -u+x | head -1)
+  [ -n "$f" ] || { echo "stage_prebuilt: no binary for $t under $dir/" >&2; exit 1; }
   mkdir -p ".prebuilt/$(dirname "$f")"
-  cp "build/$f" ".prebuilt/$f"
+  cp "$dir/$f" ".prebuilt/$f"
   strip ".prebuilt/$f"
 done
-source_fingerprint > .prebuilt/FINGERPRINT
+echo "$fp" > .prebuilt/FINGERPRINT
 echo "$(cat .prebuilt/FINGERPRINT) -> .prebuilt ($(du -sh .prebuilt | cut -f1)): ${targets[*]}"

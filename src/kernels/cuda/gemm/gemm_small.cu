@@ -515,7 +515,8 @@ int64_t fp8_small_fused_scratch(const Fp8SmallGemmParams& p) {
 cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stream) {
   if (p.n_more < 0 || p.n_more > kFp8SmallMaxMore) return cudaErrorInvalidValue;
   if (p.stages != 0 && p.stages != kStages &&
-      (p.stages != kFp8SmallDeepStages || p.Tp != 8 || fp8_small_ctas_per_sm(0, p.Tp, p.ctas_per_sm) == 3))
+      (p.stages != kFp8SmallDeepStages || p.Tp != 8 ||
+       fp8_small_ctas_per_sm(fp8_small_slices(p) * kRows, p.Tp, p.ctas_per_sm) == 3))
     return cudaErrorInvalidValue;       // the deep pipeline: 8 token rows, 2 CTAs an SM
   for (int i = 0; i < p.n_more; ++i) {  // every weight of a fused launch is a real one
     const Fp8SmallSegment& m = p.more[i];

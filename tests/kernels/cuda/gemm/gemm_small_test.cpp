@@ -154,21 +154,39 @@ TEST_F(CudaFp8SmallGemm, DeepPipelineIsTheExactBlockScaledSum) {
                              kFp8SmallDeepStages),
                 2e-5)
           << "N " << c.n << " K " << c.k << " T " << T << " splits " << c.splits;
+  // Refusals on otherwise valid operands (the same launch with the default depth runs).
+  const WeightRef w = to_cuda(rand_weight(128 * 64, 128, DType::f8e4m3fn, 5));
+  Tensor xq = Tensor::zeros({16, 128}, DType::u8, Device::cuda),
+         xs = Tensor::zeros({1, 16}, DType::f32, Device::cuda);
+  Tensor out = Tensor::empty({1, 128 * 64}, DType::f32, Device::cuda);
   Fp8SmallGemmParams p{};
+  p.w = static_cast<const uint8_t*>(w.weight.raw_data());
+  p.w_scale = w.scale_inv.data<float>();
+  p.w_scale_ld = w.scale_inv.size(1);
+  p.xq = xq.data_u8();
+  p.x_scale = xs.data<float>();
+  p.out = out.data<float>();
+  p.out_stride = 128 * 64;
   p.T = 1;
   p.Tp = 8;
-  p.N = 128;
+  p.N = 128 * 64;  // 64 row slices: 3 CTAs an SM by default at 8 rows
   p.K = 128;
   p.splits = 1;
+  p.ctas_per_sm = 2;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
+  p.stages = kFp8SmallDeepStages;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
   p.stages = 5;
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
   p.stages = kFp8SmallDeepStages;
   p.ctas_per_sm = 3;
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  p.ctas_per_sm = 0;  // the default for 64 slices is 3
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
   p.ctas_per_sm = 2;
   p.Tp = 16;
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
-  cudaGetLastError();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 // One launch over several weights (Fp8SmallGemmParams::more, linear_multi's fused FP8 parts): every part's
