@@ -306,9 +306,10 @@ void bench_fp8_small_splits() {
 }
 // The small-T FP8 kernel's pipeline depth (Fp8SmallGemmParams::stages): at T = 1 and 8 per GLM-5.3 decode
 // shape, the default launch (4 K blocks in flight, the default CTAs per SM and split), then 4 and
-// kFp8SmallDeepStages blocks at 2 CTAs per SM with that occupancy's split: whether more bytes in flight
-// per SM move the weight stream closer to the bandwidth. CUDA-graph replays of the kernel alone; floor:
-// the weight bytes at 4.3 TB/s.
+// kFp8SmallDeepStages blocks at 2 CTAs per SM with that occupancy's split, each with every thread's cp.async
+// and with one warp's bulk copies (Fp8SmallGemmParams::tma): whether more bytes in flight per SM, or fewer
+// copy instructions, move the weight stream closer to the bandwidth. CUDA-graph replays of the kernel alone;
+// floor: the weight bytes at 4.3 TB/s.
 void bench_fp8_small_stages() {
   namespace kc = dsaserve::kernels::cuda;
   fmt::print("\n| {:<12} | {:>2} | {:<13} | {:>6} | {:>6} | {:>6} | {:>9} | {:>9} | {:>5} |\n", "fp8 small",
@@ -329,7 +330,14 @@ void bench_fp8_small_stages() {
       const ops::Fp8Act a = kc::quantize_fp8_activations(x);
       Tensor out = Tensor::empty({T, g.n}, DType::f32, Device::cuda);
       const int64_t Tp = a.codes.size(0);
-      const struct { int stages, occ; } runs[] = {{0, 0}, {4, 2}, {kc::kFp8SmallDeepStages, 2}};
+      const struct {
+        int stages, occ;
+        bool tma;
+      } runs[] = {{0, 0, false},
+                  {4, 2, false},
+                  {kc::kFp8SmallDeepStages, 2, false},
+                  {4, 2, true},
+                  {kc::kFp8SmallDeepStages, 2, true}};
       for (const auto& r : runs) {
         const int occ = kc::fp8_small_ctas_per_sm(g.n, Tp, r.occ);
         const int s = kc::fp8_small_gemm_splits(g.n, g.k, Tp, occ);
@@ -351,16 +359,21 @@ void bench_fp8_small_stages() {
         p.counters = static_cast<uint32_t*>(counters.raw_data());
         p.ctas_per_sm = occ;
         p.stages = r.stages;
+        p.tma = r.tma;
         if (kc::launch_fp8_small_gemm(p, kc::op_stream()) != cudaSuccess) {
           cudaGetLastError();
-          fmt::print("| {:<12} | {:>2} | {:<13} | {:>6} | refused |\n", g.name, T, "", r.stages);
+          fmt::print("| {:<12} | {:>2} | {:<13} | {:>6} | refused |\n", g.name, T, r.tma ? "bulk copies" : "",
+                     r.stages);
           continue;
         }
         const double us = kc::graph_time_us([&] { (void)kc::launch_fp8_small_gemm(p, kc::op_stream()); });
         const double floor_us = double(g.n * g.k) / kHbm * 1e6;
         fmt::print("| {:<12} | {:>2} | {:<13} | {:>6} | {:>6} | {:>6} | {:>9.1f} | {:>9.2f} | {:>5.2f} |\n",
-                   fmt::format("{}{}", g.name, r.stages == 0 ? " default" : ""), T,
-                   fmt::format("[{},{}]", g.k, g.n), r.stages == 0 ? 4 : r.stages, occ, s, us, floor_us,
+                   fmt::format("{}{}", g.name,
+                               r.stages == 0 ? " default"
+                               : r.tma       ? " bulk"
+                                             : ""),
+                   T, fmt::format("[{},{}]", g.k, g.n), r.stages == 0 ? 4 : r.stages, occ, s, us, floor_us,
                    floor_us / us);
         std::fflush(stdout);
       }

@@ -180,14 +180,18 @@ __device__ __forceinline__ Fp8SmallCta fp8_small_cta(const Fp8SmallGemmParams& p
 }
 
 // kMinBlocks: CTAs an SM holds (2, or 3 at 8 tokens for wide outputs: fp8_small_ctas_per_sm). kSt: K
-// blocks in flight (Fp8SmallGemmParams::stages). kFused: several weights (n_more > 0).
-template <int NT, int kMinBlocks, int kSt, bool kFused>
+// blocks in flight (Fp8SmallGemmParams::stages). kFused: several weights (n_more > 0). kTma
+// (Fp8SmallGemmParams::tma, an experiment): warp 0 stages each K block with bulk copies (one or two a weight
+// row: the odd rows' swizzle swaps their halves; one a token row; one for the scales) completing on the
+// stage's mbarrier, instead of every thread's 16-byte cp.async.
+template <int NT, int kMinBlocks, int kSt, bool kFused, bool kTma = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     sm90_fp8_small_gemm_kernel(const Fp8SmallGemmParams p) {
   using S = Stage<NT, kSt>;
   constexpr int Tp = S::kTp;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ bool s_last;
+  __shared__ __align__(8) uint64_t bars[kSt];  // kTma: a stage's copies complete here
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t kb_total = p.K / 128;
   const int64_t per = (kb_total + p.splits - 1) / p.splits;
@@ -211,20 +215,59 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       mma::cp_async16(st + S::kW + S::kX + i * 16, p.x_scale + kb * p.Tp + i * 4, 16);
   };
 
+  // kTma: warp 0 stages K block kb into `stage` (rows past N are not copied: their sums are never stored).
+  const int64_t tile_rows = cta.N - row_base < kRows ? cta.N - row_base : kRows;
+  auto load_tma = [&](int64_t kb, int stage) {
+    uint8_t* st = smem + size_t(stage) * S::kBytes;
+    uint64_t* bar = &bars[stage];
+    if (lane == 0) mma::mbar_arrive_expect_tx(bar, uint32_t(tile_rows * 128 + Tp * 128 + Tp * 4));
+    __syncwarp();
+    for (int r = lane; r < tile_rows; r += 32) {
+      const uint8_t* src = cta.w + (row_base + r) * p.K + kb * 128;
+      if (r & 1) {  // chunk c at c ^ 4: the halves swapped
+        mma::bulk_g2s(st + r * 128 + 64, src, 64, bar);
+        mma::bulk_g2s(st + r * 128, src + 64, 64, bar);
+      } else {
+        mma::bulk_g2s(st + r * 128, src, 128, bar);
+      }
+    }
+    for (int r = lane; r < Tp; r += 32)
+      mma::bulk_g2s(st + S::kW + r * kXLd, p.xq + r * p.K + kb * 128, 128, bar);
+    if (lane == 0) mma::bulk_g2s(st + S::kW + S::kX, p.x_scale + kb * p.Tp, uint32_t(Tp * 4), bar);
+  };
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < kSt; ++s) mma::mbar_init(&bars[s], 1);
+      mma::fence_mbarrier_init();
+    }
+    __syncthreads();
+  }
+
   float acc[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 #pragma unroll
   for (int s = 0; s < kSt - 1; ++s) {
-    if (s < nkb) load(kb0 + s, s);
-    mma::cp_async_commit();
+    if constexpr (kTma) {
+      if (warp == 0 && s < nkb) load_tma(kb0 + s, s);
+    } else {
+      if (s < nkb) load(kb0 + s, s);
+      mma::cp_async_commit();
+    }
   }
   const int r_lo = warp * 16 + g, r_hi = r_lo + 8;  // rows in the tile
   for (int64_t i = 0; i < nkb; ++i) {
-    mma::cp_async_wait<kSt - 2>();  // this K block has landed (own copies) ...
-    __syncthreads();                // ... everyone's, and the stage refilled below is no longer read
-    if (i + kSt - 1 < nkb) load(kb0 + i + kSt - 1, int((i + kSt - 1) % kSt));
-    mma::cp_async_commit();
+    if constexpr (kTma) {
+      mma::mbar_wait(&bars[i % kSt], uint32_t((i / kSt) & 1));  // this K block has landed ...
+      __syncthreads();  // ... and every thread is past the stage refilled below
+      if (warp == 0 && i + kSt - 1 < nkb) load_tma(kb0 + i + kSt - 1, int((i + kSt - 1) % kSt));
+    } else {
+      mma::cp_async_wait<kSt - 2>();  // this K block has landed (own copies) ...
+      __syncthreads();                // ... everyone's, and the stage refilled below is no longer read
+      if (i + kSt - 1 < nkb) load(kb0 + i + kSt - 1, int((i + kSt - 1) % kSt));
+      mma::cp_async_commit();
+    }
     const uint8_t* st = smem + size_t(i % kSt) * S::kBytes;
     const float* xs = reinterpret_cast<const float*>(st + S::kW + S::kX);
     float blk[NT][4];
@@ -266,9 +309,22 @@ cudaError_t launch_nt_occ(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t s
   if (attr != cudaSuccess) return attr;
   return launch_pdl(p.pdl, kernel, grid, dim3(kThreads), Stage<NT, kSt>::kSmem, stream, p);
 }
+// The bulk-copy experiment (Fp8SmallGemmParams::tma): 8 token rows, 2 CTAs an SM, one weight.
+template <int kSt>
+cudaError_t launch_nt_tma(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
+  auto* kernel = sm90_fp8_small_gemm_kernel<1, 2, kSt, false, true>;
+  const cudaError_t attr =
+      set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), int(Stage<1, kSt>::kSmem));
+  if (attr != cudaSuccess) return attr;
+  return launch_pdl(p.pdl, kernel, grid, dim3(kThreads), Stage<1, kSt>::kSmem, stream, p);
+}
 template <int NT>
 cudaError_t launch_nt(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (NT == 1) {
+    if (p.tma) {
+      return p.stages == kFp8SmallDeepStages ? launch_nt_tma<kFp8SmallDeepStages>(p, grid, stream)
+                                             : launch_nt_tma<kStages>(p, grid, stream);
+    }
     if (p.stages == kFp8SmallDeepStages) return launch_nt_occ<1, 2, kFp8SmallDeepStages>(p, grid, stream);
     if (fp8_small_ctas_per_sm(fp8_small_slices(p) * kRows, p.Tp, p.ctas_per_sm) == 3)
       return launch_nt_occ<1, 3>(p, grid, stream);
@@ -514,10 +570,12 @@ int64_t fp8_small_fused_scratch(const Fp8SmallGemmParams& p) {
 
 cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stream) {
   if (p.n_more < 0 || p.n_more > kFp8SmallMaxMore) return cudaErrorInvalidValue;
-  if (p.stages != 0 && p.stages != kStages &&
-      (p.stages != kFp8SmallDeepStages || p.Tp != 8 ||
-       fp8_small_ctas_per_sm(fp8_small_slices(p) * kRows, p.Tp, p.ctas_per_sm) == 3))
-    return cudaErrorInvalidValue;       // the deep pipeline: 8 token rows, 2 CTAs an SM
+  const bool two_ctas =
+      p.Tp == 8 && fp8_small_ctas_per_sm(fp8_small_slices(p) * kRows, p.Tp, p.ctas_per_sm) == 2;
+  if (p.stages != 0 && p.stages != kStages && (p.stages != kFp8SmallDeepStages || !two_ctas))
+    return cudaErrorInvalidValue;  // the deep pipeline: 8 token rows, 2 CTAs an SM
+  if (p.tma && (!two_ctas || p.n_more != 0 || (reinterpret_cast<uintptr_t>(p.x_scale) & 15) != 0))
+    return cudaErrorInvalidValue;       // the bulk copies: the same, one weight, 16-byte aligned scales
   for (int i = 0; i < p.n_more; ++i) {  // every weight of a fused launch is a real one
     const Fp8SmallSegment& m = p.more[i];
     if (m.N <= 0 || m.row0 % 128 != 0 || m.w == nullptr || m.w_scale == nullptr || m.out == nullptr ||

@@ -55,6 +55,9 @@ struct Fp8SmallGemmParams {
   // K blocks in flight: 0 or 4 (the default), or kFp8SmallDeepStages (Tp 8 at 2 CTAs an SM only: an
   // experiment, ops_gpu_bench stages; nothing else sets it).
   int stages = 0;
+  // Stage each K block with bulk (TMA) copies from one warp instead of every thread's cp.async (an
+  // experiment, ops_gpu_bench stages; Tp 8 at 2 CTAs an SM, one weight, x_scale 16-byte aligned).
+  bool tma = false;
   // More weights on the same activations in this launch: more[0, n_more), each with its own rows, scales
   // and output. Their 128-row slices follow this call's along the grid and share its K split; `partial`
   // then holds each weight's [splits, T, N] at splits * T * 128 * (the row slices before it), and

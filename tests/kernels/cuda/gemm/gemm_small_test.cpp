@@ -71,7 +71,7 @@ double exact_sum_error(const WeightRef& w, int64_t r0, const Tensor& xq_dev, con
 // Returns the worst |got - want| / sum|terms|.
 // ctas_per_sm: Fp8SmallGemmParams::ctas_per_sm (0: the default for the shape; 3: the 8-row three-CTA build).
 double check_kernel(int64_t N_total, int64_t K, int64_t r0, int64_t N, int64_t T, int splits, uint64_t seed,
-                    int ctas_per_sm = 0, int stages = 0) {
+                    int ctas_per_sm = 0, int stages = 0, bool tma = false) {
   const WeightRef w = rand_weight(N_total, K, DType::f8e4m3fn, seed), wd = to_cuda(w);
   const Tensor x = rand_f32({T, K}, seed + 1, 2.0f);
   const int64_t Tp = T <= 8 ? 8 : T <= 16 ? 16 : 32;
@@ -103,6 +103,7 @@ double check_kernel(int64_t N_total, int64_t K, int64_t r0, int64_t N, int64_t T
   p.splits = splits;
   p.ctas_per_sm = ctas_per_sm;
   p.stages = stages;
+  p.tma = tma;
   // Twice: the split's counters must be left at zero by the first launch.
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
@@ -138,10 +139,12 @@ TEST_F(CudaFp8SmallGemm, KernelIsTheExactBlockScaledSum) {
       }
 }
 
-// The deeper pipeline (Fp8SmallGemmParams::stages = kFp8SmallDeepStages, ops_gpu_bench stages' experiment):
-// the same exact sums at up to 8 tokens with and without the split, K ranges shorter and longer than the
-// pipeline; other depths, more token rows and 3 CTAs an SM are refused.
-TEST_F(CudaFp8SmallGemm, DeepPipelineIsTheExactBlockScaledSum) {
+// The deeper pipeline (Fp8SmallGemmParams::stages = kFp8SmallDeepStages) and the bulk-copy staging
+// (Fp8SmallGemmParams::tma), ops_gpu_bench stages' experiments: the same exact sums at up to 8 tokens with
+// and without the split, K ranges shorter and longer than the pipeline, widths not multiples of 128 (the bulk
+// copies skip the rows past N), a part from row 128; other depths, more token rows, 3 CTAs an SM, several
+// weights and misaligned scales (bulk copies) are refused.
+TEST_F(CudaFp8SmallGemm, DeepPipelineAndBulkCopiesAreTheExactBlockScaledSum) {
   struct Case {
     int64_t n_total, k, r0, n;
     int splits;
@@ -150,10 +153,15 @@ TEST_F(CudaFp8SmallGemm, DeepPipelineIsTheExactBlockScaledSum) {
                         {2048, 6144, 0, 2048, 8}, {130, 384, 0, 130, 3},  {6144, 16384, 0, 256, 5}};
   for (const Case& c : cases)
     for (int64_t T : {1, 3, 8})
-      EXPECT_LE(check_kernel(c.n_total, c.k, c.r0, c.n, T, c.splits, 17 + uint64_t(c.n + T), 2,
-                             kFp8SmallDeepStages),
-                2e-5)
-          << "N " << c.n << " K " << c.k << " T " << T << " splits " << c.splits;
+      for (int stages : {4, kFp8SmallDeepStages})
+        for (bool tma : {false, true}) {
+          if (stages == 4 && !tma) continue;  // the default kernel: KernelIsTheExactBlockScaledSum
+          EXPECT_LE(
+              check_kernel(c.n_total, c.k, c.r0, c.n, T, c.splits, 17 + uint64_t(c.n + T), 2, stages, tma),
+              2e-5)
+              << "N " << c.n << " K " << c.k << " T " << T << " splits " << c.splits << " stages " << stages
+              << " tma " << tma;
+        }
   // Refusals on otherwise valid operands (the same launch with the default depth runs).
   const WeightRef w = to_cuda(rand_weight(128 * 64, 128, DType::f8e4m3fn, 5));
   Tensor xq = Tensor::zeros({16, 128}, DType::u8, Device::cuda),
@@ -185,6 +193,20 @@ TEST_F(CudaFp8SmallGemm, DeepPipelineIsTheExactBlockScaledSum) {
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
   p.ctas_per_sm = 2;
   p.Tp = 16;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  // The bulk copies: likewise 8 token rows at 2 CTAs an SM, one weight, aligned scales.
+  p.Tp = 8;
+  p.stages = 0;
+  p.tma = true;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
+  p.ctas_per_sm = 0;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  p.ctas_per_sm = 2;
+  p.x_scale = xs.data<float>() + 1;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  p.x_scale = xs.data<float>();
+  p.n_more = 1;
+  p.more[0] = {p.w, p.w_scale, 0, p.w_scale_ld, p.out, p.out_stride, 128};
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
