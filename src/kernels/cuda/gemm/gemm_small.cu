@@ -261,7 +261,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     if constexpr (kTma) {
       mma::mbar_wait(&bars[i % kSt], uint32_t((i / kSt) & 1));  // this K block has landed ...
       __syncthreads();  // ... and every thread is past the stage refilled below
-      if (warp == 0 && i + kSt - 1 < nkb) load_tma(kb0 + i + kSt - 1, int((i + kSt - 1) % kSt));
+      if (warp == 0 && i + kSt - 1 < nkb) {
+        // The threads' generic reads of that stage before the bulk (async-proxy) writes into it.
+        mma::fence_proxy_async_smem();
+        load_tma(kb0 + i + kSt - 1, int((i + kSt - 1) % kSt));
+      }
     } else {
       mma::cp_async_wait<kSt - 2>();  // this K block has landed (own copies) ...
       __syncthreads();                // ... everyone's, and the stage refilled below is no longer read

@@ -205,6 +205,9 @@ TEST_F(CudaFp8SmallGemm, DeepPipelineAndBulkCopiesAreTheExactBlockScaledSum) {
   p.x_scale = xs.data<float>() + 1;
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
   p.x_scale = xs.data<float>();
+  p.Tp = 16;
+  EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
+  p.Tp = 8;
   p.n_more = 1;
   p.more[0] = {p.w, p.w_scale, 0, p.w_scale_ld, p.out, p.out_stride, 128};
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaErrorInvalidValue);
