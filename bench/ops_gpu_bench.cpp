@@ -461,9 +461,10 @@ void bench_lm_head() {
 
 // linear_multi's pairs at decode sizes, a launch per part (off) or one fused small-T launch
 // (KernelOptions::gemm_small_fuse on): q_a + kv_a, the shared expert's gate + up, the dense MLP's gate +
-// up (FP8), the indexer's wk + weights_proj (bf16, the two-term recipe) (GLM-5.3). Each time is a CUDA-graph
-// replay of linear_multi (the activations' quantisation included, the same in both). Floor: the weights'
-// bytes at 4.3 TB/s.
+// up (FP8), the indexer's wk + weights_proj (bf16, the two-term recipe) (GLM-5.3); then absorb_q / absorb_v
+// through cuBLASLt or the absorbed projections' small-T kernel (KernelOptions::absorb_small_max_tokens). Each
+// time is a CUDA-graph replay of linear_multi (the activations' quantisation included, the same in both).
+// Floor: the weights' bytes at 4.3 TB/s.
 void bench_small_fuse() {
   namespace kc = dsaserve::kernels::cuda;
   struct Pair {
@@ -493,6 +494,39 @@ void bench_small_fuse() {
       }
       fmt::print("| {:<23} | {:>2} | {:>12.1f} | {:>12.1f} | {:>8.1f} | {:>9.2f} | {:>8.2f} | {:>5.2f} |\n",
                  pr.name, T, us[0], us[1], floor_us, floor_us / us[0], floor_us / us[1], us[0] / us[1]);
+      std::fflush(stdout);
+    }
+  }
+  // The absorbed projections at 64 heads (KernelOptions::absorb_small_max_tokens): conversion pass +
+  // cuBLASLt's strided batch (0) against the small-T kernel (8). Floor: W_UK / W_UV's bf16 bytes.
+  fmt::print("\n| {:<23} | {:>2} | {:>12} | {:>12} | {:>8} | {:>9} | {:>8} | {:>5} |\n",
+             "absorbed projection", "T", "cuBLASLt us", "small-T us", "floor us", "ratio off", "ratio on",
+             "gain");
+  const ops::WeightRef kv_b = weight(kHeads * (kNope + kV), kKvLora, DType::bf16);
+  for (bool q_form : {true, false}) {
+    const double floor_us = double(kHeads * (q_form ? kNope : kV) * kKvLora * 2) / kHbm * 1e6;
+    for (int64_t T : {1, 2, 4, 8}) {
+      const Tensor q = rand_gpu({T, kHeads, kNope + kRope}, 47), lat = rand_gpu({T, kHeads, kKvLora}, 48);
+      const Tensor q_nope = q.slice(2, 0, kNope);
+      Tensor out = Tensor::empty({T, kHeads, q_form ? kKvLora : kV}, DType::f32, Device::cuda);
+      double us[2] = {};
+      for (int on = 0; on < 2; ++on) {
+        ops::KernelOptions ko;
+        ko.absorb_small_max_tokens = on == 1 ? 8 : 0;
+        const std::shared_ptr<ops::Backend> be = kc::make_backend(ko);
+        auto run = [&] {
+          if (q_form) {
+            (void)be->absorb_q(q_nope, kv_b, out);
+          } else {
+            (void)be->absorb_v(lat, kv_b, kV, out);
+          }
+        };
+        run();
+        us[on] = kc::graph_time_us(run);
+      }
+      fmt::print("| {:<23} | {:>2} | {:>12.1f} | {:>12.1f} | {:>8.1f} | {:>9.2f} | {:>8.2f} | {:>5.2f} |\n",
+                 q_form ? "absorb_q (W_UK)" : "absorb_v (W_UV)", T, us[0], us[1], floor_us, floor_us / us[0],
+                 floor_us / us[1], us[0] / us[1]);
       std::fflush(stdout);
     }
   }

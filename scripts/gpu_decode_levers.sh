@@ -3,7 +3,8 @@
 # test binary and the two benchmarks, runs the tests of what changed (the fused small-T launches, the absorbed
 # projections' small-T kernel, the deeper FP8 pipeline, RoPE over head groups, the norms' and cache writes'
 # hoisted loads: their kernel tests and op-table cases), then `ops_gpu_bench fuse` (linear_multi's pairs in
-# one launch or two), `ops_gpu_bench stages` (the FP8 small-T kernel's pipeline depth) and the GLM-5.3 slice's
+# one launch or two; absorb_q / absorb_v through cuBLASLt or the small-T kernel), `ops_gpu_bench stages` (the
+# FP8 small-T kernel's pipeline depth and bulk-copy staging) and the GLM-5.3 slice's
 # decode rows with every pair of KernelOptions::gemm_small_fuse x absorb_small_max_tokens (FP8 KV, context 4K,
 # batch 1 / 8 / 32). Those decide the two options' defaults (both off until measured). Logs under $OUT
 # (levers_*.txt); each part under its own time limit.
