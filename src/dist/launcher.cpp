@@ -220,15 +220,19 @@ int launch_ranks(const std::string& exe, const std::vector<std::string>& args, c
       why = describe_status(status);
       if (!WIFSIGNALED(status)) {
         // A peer already dead by a signal is the cause (this rank failed when that peer vanished): name
-        // it (peeked at, not reaped: the loop reaps it next).
-        for (int64_t j = 0; j < n; ++j) {
-          if (done[size_t(j)] || pids[size_t(j)] <= 0) continue;
-          siginfo_t si{};
-          if (waitid(P_PID, id_t(pids[size_t(j)]), &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-              si.si_pid == pids[size_t(j)] && (si.si_code == CLD_KILLED || si.si_code == CLD_DUMPED)) {
-            failed = first + j;
-            why = fmt::format("was killed by signal {} ({})", si.si_status, strsignal(si.si_status));
-            break;
+        // it (peeked at, not reaped: the loop reaps it next). That peer's exit can trail this rank's error by
+        // a moment (its closed sockets are seen before it is a zombie), so look again for up to 200 ms.
+        for (int attempt = 0; attempt < 20 && failed == first + i; ++attempt) {
+          if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          for (int64_t j = 0; j < n; ++j) {
+            if (done[size_t(j)] || pids[size_t(j)] <= 0) continue;
+            siginfo_t si{};
+            if (waitid(P_PID, id_t(pids[size_t(j)]), &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                si.si_pid == pids[size_t(j)] && (si.si_code == CLD_KILLED || si.si_code == CLD_DUMPED)) {
+              failed = first + j;
+              why = fmt::format("was killed by signal {} ({})", si.si_status, strsignal(si.si_status));
+              break;
+            }
           }
         }
       }
