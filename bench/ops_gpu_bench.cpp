@@ -242,6 +242,40 @@ void bench_moe_experts(const std::vector<int64_t>& tokens) {
   }
 }
 
+// GLM-5.3's FP8 linears at decode ([n, k]), for the small-T kernel's sweeps.
+const struct {
+  const char* name;
+  int64_t n, k;
+} kFp8DecodeShapes[] = {
+    {"q_a", kQLora, kH},        {"kv_a", kKvLora + kRope, kH}, {"q_b", kHeads*(kNope + kRope), kQLora},
+    {"o_proj", kH, kHeads* kV}, {"mlp_gate", 12288, kH},       {"mlp_down", kH, 12288},
+    {"shared_gate", 2048, kH},  {"shared_down", kH, 2048}};
+
+// The small-T FP8 kernel's parameters for weight w [n, k] on activations a into out [T, n]: `splits` CTAs
+// along K (partial: [splits, T, n] scratch), `occ` CTAs an SM; the sweeps below vary the rest.
+dsaserve::kernels::cuda::Fp8SmallGemmParams fp8_small_params(const ops::WeightRef& w, const ops::Fp8Act& a,
+                                                             Tensor& out, int64_t T, int64_t n, int64_t k,
+                                                             int splits, Tensor& partial, Tensor& counters,
+                                                             int occ) {
+  dsaserve::kernels::cuda::Fp8SmallGemmParams p{};
+  p.w = static_cast<const uint8_t*>(w.weight.raw_data());
+  p.w_scale = static_cast<const float*>(w.scale_inv.raw_data());
+  p.w_scale_ld = w.scale_inv.size(1);
+  p.xq = static_cast<const uint8_t*>(a.codes.raw_data());
+  p.x_scale = a.scales.data<float>();
+  p.out = out.data<float>();
+  p.out_stride = n;
+  p.T = T;
+  p.Tp = a.codes.size(0);
+  p.N = n;
+  p.K = k;
+  p.splits = splits;
+  p.partial = partial.data<float>();
+  p.counters = static_cast<uint32_t*>(counters.raw_data());
+  p.ctas_per_sm = occ;
+  return p;
+}
+
 // The small-T FP8 kernel's K split (gemm_small_params.h) swept at GLM-5.3's decode shapes: `splits` CTAs
 // along K per 128-row slice (auto: fp8_small_gemm_splits, one wave) at 2 and 3 CTAs per SM. CUDA-graph
 // replays of the kernel alone; floor: the weight bytes at 4.3 TB/s.
@@ -249,15 +283,8 @@ void bench_fp8_small_splits() {
   namespace kc = dsaserve::kernels::cuda;
   fmt::print("\n| {:<16} | {:>3} | {:<16} | {:>6} | {:>6} | {:>6} | {:>9} | {:>9} | {:>5} |\n", "fp8 small",
              "T", "[K, N]", "CTA/SM", "splits", "CTAs", "time us", "floor us", "ratio");
-  const struct {
-    const char* name;
-    int64_t n, k;
-  } shapes[] = {{"q_a", kQLora, kH},         {"q_b", kHeads * (kNope + kRope), kQLora},
-                {"o_proj", kH, kHeads * kV}, {"mlp_gate", 12288, kH},
-                {"mlp_down", kH, 12288},     {"shared_gate", 2048, kH}};
-  Tensor counters = Tensor::empty({kc::kFp8SmallCounters}, DType::i32, Device::cuda);
-  cudaMemset(counters.raw_data(), 0, counters.nbytes());
-  for (const auto& g : shapes) {
+  Tensor counters = Tensor::zeros({kc::kFp8SmallCounters}, DType::i32, Device::cuda);
+  for (const auto& g : kFp8DecodeShapes) {
     const ops::WeightRef w = weight(g.n, g.k, DType::f8e4m3fn);
     for (int64_t T : {1, 8}) {
       const Tensor x = rand_gpu({T, g.k}, 1);
@@ -271,23 +298,8 @@ void bench_fp8_small_splits() {
           if (s != auto_s && s <= kb && slices * s <= 65535) cands.push_back(s);
         for (int s : cands) {
           Tensor partial = Tensor::empty({s, T, g.n}, DType::f32, Device::cuda);
-          kc::Fp8SmallGemmParams p{};
-          p.w = static_cast<const uint8_t*>(w.weight.raw_data());
-          p.w_scale = static_cast<const float*>(w.scale_inv.raw_data());
-          p.row0 = 0;
-          p.w_scale_ld = w.scale_inv.size(1);
-          p.xq = static_cast<const uint8_t*>(a.codes.raw_data());
-          p.x_scale = a.scales.data<float>();
-          p.out = out.data<float>();
-          p.out_stride = g.n;
-          p.T = T;
-          p.Tp = Tp;
-          p.N = g.n;
-          p.K = g.k;
-          p.splits = s;
-          p.partial = partial.data<float>();
-          p.counters = static_cast<uint32_t*>(counters.raw_data());
-          p.ctas_per_sm = occ;
+          const kc::Fp8SmallGemmParams p =
+              fp8_small_params(w, a, out, T, g.n, g.k, s, partial, counters, occ);
           const double us = kc::graph_time_us([&] { (void)kc::launch_fp8_small_gemm(p, kc::op_stream()); });
           const double floor_us = double(g.n * g.k) / kHbm * 1e6;
           const bool dflt = s == auto_s && occ == kc::fp8_small_ctas_per_sm(g.n, Tp);
@@ -314,16 +326,8 @@ void bench_fp8_small_stages() {
   namespace kc = dsaserve::kernels::cuda;
   fmt::print("\n| {:<12} | {:>2} | {:<13} | {:>6} | {:>6} | {:>6} | {:>9} | {:>9} | {:>5} |\n", "fp8 small",
              "T", "[K, N]", "stages", "CTA/SM", "splits", "time us", "floor us", "ratio");
-  const struct {
-    const char* name;
-    int64_t n, k;
-  } shapes[] = {
-      {"q_a", kQLora, kH},         {"kv_a", kKvLora + kRope, kH}, {"q_b", kHeads * (kNope + kRope), kQLora},
-      {"o_proj", kH, kHeads * kV}, {"mlp_gate", 12288, kH},       {"mlp_down", kH, 12288},
-      {"shared_gate", 2048, kH},   {"shared_down", kH, 2048}};
-  Tensor counters = Tensor::empty({kc::kFp8SmallCounters}, DType::i32, Device::cuda);
-  cudaMemset(counters.raw_data(), 0, counters.nbytes());
-  for (const auto& g : shapes) {
+  Tensor counters = Tensor::zeros({kc::kFp8SmallCounters}, DType::i32, Device::cuda);
+  for (const auto& g : kFp8DecodeShapes) {
     const ops::WeightRef w = weight(g.n, g.k, DType::f8e4m3fn);
     for (int64_t T : {1, 8}) {
       const Tensor x = rand_gpu({T, g.k}, 1);
@@ -342,22 +346,7 @@ void bench_fp8_small_stages() {
         const int occ = kc::fp8_small_ctas_per_sm(g.n, Tp, r.occ);
         const int s = kc::fp8_small_gemm_splits(g.n, g.k, Tp, occ);
         Tensor partial = Tensor::empty({s, T, g.n}, DType::f32, Device::cuda);
-        kc::Fp8SmallGemmParams p{};
-        p.w = static_cast<const uint8_t*>(w.weight.raw_data());
-        p.w_scale = static_cast<const float*>(w.scale_inv.raw_data());
-        p.w_scale_ld = w.scale_inv.size(1);
-        p.xq = static_cast<const uint8_t*>(a.codes.raw_data());
-        p.x_scale = a.scales.data<float>();
-        p.out = out.data<float>();
-        p.out_stride = g.n;
-        p.T = T;
-        p.Tp = Tp;
-        p.N = g.n;
-        p.K = g.k;
-        p.splits = s;
-        p.partial = partial.data<float>();
-        p.counters = static_cast<uint32_t*>(counters.raw_data());
-        p.ctas_per_sm = occ;
+        kc::Fp8SmallGemmParams p = fp8_small_params(w, a, out, T, g.n, g.k, s, partial, counters, occ);
         p.stages = r.stages;
         p.tma = r.tma;
         if (kc::launch_fp8_small_gemm(p, kc::op_stream()) != cudaSuccess) {

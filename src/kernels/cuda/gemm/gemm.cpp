@@ -382,78 +382,32 @@ uint32_t* small_counters() {
   return l.small_counters;
 }
 
-// A small-T launch's K-split scratch (splits > 1): its partial sums [splits, T, N] and the shared counters.
-template <class P>
-Tensor split_scratch(P& p) {
-  if (p.splits <= 1) return Tensor();
-  Tensor partial = Tensor::empty({p.splits, p.T, p.N}, DType::f32, Device::cuda);
-  p.partial = partial.data<float>();
-  p.counters = small_counters();
-  return partial;
-}
-
 // The FP8 recipe's arithmetic for T <= kFp8SmallMaxTokens tokens with the weight-streaming kernel
-// (gemm_small_params.h), f32 output written in place; pdl: a programmatic dependent launch.
-void fp8_small(const Fp8Act& a, const WeightRef& w, int64_t r0, int64_t r1, const RowView& o, bool pdl) {
-  const int64_t T = a.rows, K = a.codes.size(1), N = r1 - r0;
+// (gemm_small_params.h), f32 outputs written in place; pdl: a programmatic dependent launch. parts: one
+// weight's rows (linear), or up to 1 + kFp8SmallMaxMore weights on the same activations in one launch
+// (linear_multi's parts with KernelOptions::gemm_small_fuse), their row slices one grid under one K split.
+void fp8_small(const Fp8Act& a, const std::vector<Fp8SmallSegment>& parts, bool pdl) {
+  DSA_CHECK(!parts.empty() && parts.size() <= size_t(1 + kFp8SmallMaxMore),
+            "linear: {} parts for one FP8 small-T launch", parts.size());
+  const Fp8SmallSegment& first = parts[0];
   Fp8SmallGemmParams p{};
-  p.w = static_cast<const uint8_t*>(w.weight.raw_data()) + r0 * K;
-  p.w_scale = static_cast<const float*>(w.scale_inv.raw_data());
-  p.row0 = r0;
-  p.w_scale_ld = w.scale_inv.size(1);
-  p.xq = static_cast<const uint8_t*>(a.codes.raw_data());
-  p.x_scale = a.scales.data<float>();
-  p.out = o.p;
-  p.out_stride = o.stride;
-  p.T = T;
-  p.Tp = a.codes.size(0);
-  p.N = N;
-  p.K = K;
-  p.ctas_per_sm = fp8_small_ctas_per_sm(N, p.Tp);  // resolved once: the split and the launch read it
-  p.splits = fp8_small_gemm_splits(N, K, p.Tp, p.ctas_per_sm);
-  p.pdl = pdl;
-  const Tensor partial = split_scratch(p);
-  check_launch(launch_fp8_small_gemm(p, op_stream()), "linear: fp8 small-T GEMM");
-  count(&GemmStats::fp8_small_calls);
-}
-
-// linear_multi's FP8 parts on the small-T kernel in one launch (KernelOptions::gemm_small_fuse): the
-// parts' row slices one grid, one K split chosen for all of them (gemm_small_params.h, `more`); up to
-// 1 + kFp8SmallMaxMore parts (the caller groups more).
-void fp8_small_fused(const Fp8Act& a, const std::vector<const WeightRef*>& ws,
-                     const std::vector<RowView>& outs, bool pdl) {
-  DSA_CHECK(!ws.empty() && ws.size() <= size_t(1 + kFp8SmallMaxMore) && ws.size() == outs.size(),
-            "linear: {} parts for one fused FP8 small-T launch", ws.size());
-  const int64_t K = a.codes.size(1);
-  Fp8SmallGemmParams p{};
-  auto part = [&](size_t i) {
-    const WeightRef& w = *ws[i];
-    return Fp8SmallSegment{static_cast<const uint8_t*>(w.weight.raw_data()),
-                           static_cast<const float*>(w.scale_inv.raw_data()),
-                           0,
-                           w.scale_inv.size(1),
-                           outs[i].p,
-                           outs[i].stride,
-                           w.rows()};
-  };
-  const Fp8SmallSegment first = part(0);
   p.w = first.w;
   p.w_scale = first.w_scale;
-  p.row0 = 0;
+  p.row0 = first.row0;
   p.w_scale_ld = first.w_scale_ld;
   p.out = first.out;
   p.out_stride = first.out_stride;
   p.N = first.N;
-  for (size_t i = 1; i < ws.size(); ++i) p.more[i - 1] = part(i);
-  p.n_more = int(ws.size()) - 1;
+  for (size_t i = 1; i < parts.size(); ++i) p.more[i - 1] = parts[i];
+  p.n_more = int(parts.size()) - 1;
   p.xq = static_cast<const uint8_t*>(a.codes.raw_data());
   p.x_scale = a.scales.data<float>();
   p.T = a.rows;
   p.Tp = a.codes.size(0);
-  p.K = K;
+  p.K = a.codes.size(1);
   const int64_t slices = fp8_small_slices(p);
   p.ctas_per_sm = fp8_small_ctas_per_sm(slices * 128, p.Tp);  // resolved once: the split and the launch
-  p.splits = fp8_small_fused_splits(slices, K, p.Tp, p.ctas_per_sm);
+  p.splits = fp8_small_fused_splits(slices, p.K, p.Tp, p.ctas_per_sm);
   p.pdl = pdl;
   Tensor partial;
   if (p.splits > 1) {
@@ -461,32 +415,55 @@ void fp8_small_fused(const Fp8Act& a, const std::vector<const WeightRef*>& ws,
     p.partial = partial.data<float>();
     p.counters = small_counters();
   }
-  check_launch(launch_fp8_small_gemm(p, op_stream()), "linear: fused fp8 small-T GEMM");
+  check_launch(launch_fp8_small_gemm(p, op_stream()), "linear: fp8 small-T GEMM");
   count(&GemmStats::fp8_small_calls);
-  count(&GemmStats::fp8_small_fused_calls);
+  if (parts.size() > 1) count(&GemmStats::fp8_small_fused_calls);
+}
+
+// Rows [r0, r1) of FP8 weight w into o, as one part of an FP8 small-T launch.
+Fp8SmallSegment fp8_small_part(const WeightRef& w, int64_t r0, int64_t r1, const RowView& o) {
+  return {static_cast<const uint8_t*>(w.weight.raw_data()) + r0 * w.cols(),
+          static_cast<const float*>(w.scale_inv.raw_data()),
+          r0,
+          w.scale_inv.size(1),
+          o.p,
+          o.stride,
+          r1 - r0};
 }
 
 // The narrow bf16 linears' two-term recipe for T <= kBf16SmallMaxTokens in one weight-streaming launch
-// (gemm_small_params.h); false when the shapes or alignments do not fit it (cuBLASLt then runs).
-bool bf16_small(const RowView& x, const void* a_ptr, int64_t N, const RowView& o, bool pdl) {
+// (gemm_small_params.h): one weight, or up to 1 + kBf16SmallMaxMore on the same x (linear_multi's narrow
+// parts with KernelOptions::gemm_small_fuse); false when the shapes or alignments do not fit it (nothing
+// launched: cuBLASLt then runs).
+bool bf16_small(const RowView& x, const std::vector<Bf16SmallSegment>& parts, bool pdl) {
   const int64_t T = x.rows, K = x.cols;
-  if (T > kBf16SmallMaxTokens || K % 64 != 0 || x.stride % 4 != 0 ||
-      (reinterpret_cast<uintptr_t>(x.p) & 15) != 0 || (reinterpret_cast<uintptr_t>(a_ptr) & 15) != 0)
+  if (parts.empty() || parts.size() > size_t(1 + kBf16SmallMaxMore) || T > kBf16SmallMaxTokens ||
+      K % 64 != 0 || x.stride % 4 != 0 || (reinterpret_cast<uintptr_t>(x.p) & 15) != 0)
     return false;
+  for (const Bf16SmallSegment& s : parts)
+    if ((reinterpret_cast<uintptr_t>(s.w) & 15) != 0) return false;
   Bf16SmallGemmParams p{};
-  p.w = static_cast<const uint16_t*>(a_ptr);
+  p.w = parts[0].w;
+  p.out = parts[0].out;
+  p.out_stride = parts[0].out_stride;
+  p.N = parts[0].N;
+  for (size_t i = 1; i < parts.size(); ++i) p.more[i - 1] = parts[i];
+  p.n_more = int(parts.size()) - 1;
   p.x = x.p;
   p.x_stride = x.stride;
-  p.out = o.p;
-  p.out_stride = o.stride;
   p.T = T;
-  p.N = N;
   p.K = K;
-  p.splits = bf16_small_gemm_splits(N, K);
+  p.splits = bf16_small_fused_splits(bf16_small_slices(p), K);
   p.pdl = pdl;
-  const Tensor partial = split_scratch(p);
+  Tensor partial;
+  if (p.splits > 1) {
+    partial = Tensor::empty({bf16_small_fused_scratch(p)}, DType::f32, Device::cuda);
+    p.partial = partial.data<float>();
+    p.counters = small_counters();
+  }
   check_launch(launch_bf16_small_gemm(p, op_stream()), "linear: bf16 small-T GEMM");
   count(&GemmStats::bf16_small_calls);
+  if (parts.size() > 1) count(&GemmStats::bf16_small_fused_calls);
   return true;
 }
 
@@ -526,46 +503,6 @@ bool fp8_recipe_applies(const WeightRef& w, int64_t K, int64_t r0, int64_t N) {
   return w.block_n == 128 && w.block_k == 128 && K % 128 == 0 && r0 % 128 == 0 && N % 8 == 0;
 }
 
-// linear_multi's narrow bf16 parts (the two-term recipe) at T <= kBf16SmallMaxTokens in one launch of the
-// bf16 small-T kernel (KernelOptions::gemm_small_fuse; gemm_small_params.h, `more`): up to
-// 1 + kBf16SmallMaxMore parts on the same x. False when the shapes or alignments do not fit it (nothing
-// launched).
-bool bf16_small_fused(const RowView& x, const std::vector<const WeightRef*>& ws,
-                      const std::vector<RowView>& outs, bool pdl) {
-  const int64_t T = x.rows, K = x.cols;
-  if (ws.size() < 2 || ws.size() > size_t(1 + kBf16SmallMaxMore) || ws.size() != outs.size() ||
-      T > kBf16SmallMaxTokens || K % 64 != 0 || x.stride % 4 != 0 ||
-      (reinterpret_cast<uintptr_t>(x.p) & 15) != 0)
-    return false;
-  for (const WeightRef* w : ws)
-    if ((reinterpret_cast<uintptr_t>(w->weight.raw_data()) & 15) != 0) return false;
-  Bf16SmallGemmParams p{};
-  p.w = static_cast<const uint16_t*>(ws[0]->weight.raw_data());
-  p.out = outs[0].p;
-  p.out_stride = outs[0].stride;
-  p.N = ws[0]->rows();
-  for (size_t i = 1; i < ws.size(); ++i)
-    p.more[i - 1] = {static_cast<const uint16_t*>(ws[i]->weight.raw_data()), outs[i].p, outs[i].stride,
-                     ws[i]->rows()};
-  p.n_more = int(ws.size()) - 1;
-  p.x = x.p;
-  p.x_stride = x.stride;
-  p.T = T;
-  p.K = K;
-  p.splits = bf16_small_fused_splits(bf16_small_slices(p), K);
-  p.pdl = pdl;
-  Tensor partial;
-  if (p.splits > 1) {
-    partial = Tensor::empty({bf16_small_fused_scratch(p)}, DType::f32, Device::cuda);
-    p.partial = partial.data<float>();
-    p.counters = small_counters();
-  }
-  check_launch(launch_bf16_small_gemm(p, op_stream()), "linear: fused bf16 small-T GEMM");
-  count(&GemmStats::bf16_small_calls);
-  count(&GemmStats::bf16_small_fused_calls);
-  return true;
-}
-
 // Whether FP8 products on these quantised activations take the small-T kernel.
 bool fp8_small_applies(const Fp8Act& act, const KernelOptions& opts) {
   const int64_t T = act.rows, Tp = act.codes.size(0);
@@ -577,7 +514,7 @@ bool gemm_fp8_quantised(const Fp8Act& act, const WeightRef& w, int64_t r0, int64
                         const KernelOptions& opts) {
   const int64_t T = act.rows, K = act.codes.size(1), N = r1 - r0, Tp = act.codes.size(0);
   if (fp8_small_applies(act, opts)) {
-    fp8_small(act, w, r0, r1, o, opts.pdl);
+    fp8_small(act, {fp8_small_part(w, r0, r1, o)}, opts.pdl);
     return true;
   }
   const Tensor sc = padded_scales(w);  // [nb, ld]
@@ -646,7 +583,9 @@ void gemm_linear(const Tensor& x, const WeightRef& w, int64_t r0, int64_t r1, Te
   // router_gate [256 x 6144] on the H100, 199 vs 168 us at 4,096 tokens, 131 vs 71 at 1,024; it pays where
   // two parts share it: linear_multi below.) Wide bf16 weights take the small-T kernel too when
   // KernelOptions::gemm_bf16_small_wide (the LM head at decode).
-  if ((split || (!f32 && o.gemm_bf16_small_wide)) && bf16_small(xv, a_ptr, N, ov, o.pdl)) return;
+  if ((split || (!f32 && o.gemm_bf16_small_wide)) &&
+      bf16_small(xv, {{static_cast<const uint16_t*>(a_ptr), ov.p, ov.stride, N}}, o.pdl))
+    return;
   gemm_dense(xv, a_ptr, f32, true, K, N, ov, split, "linear", o.pdl);
 }
 
@@ -727,13 +666,13 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
       const RowView xv = rows_f32(x, "linear_multi input");
       for (size_t j = 0; j + 1 < parts.size(); j += size_t(1 + kBf16SmallMaxMore)) {
         const size_t end = std::min(parts.size(), j + size_t(1 + kBf16SmallMaxMore));
-        std::vector<const WeightRef*> group;
-        std::vector<RowView> outs;
+        std::vector<Bf16SmallSegment> group;
         for (size_t k = j; k < end; ++k) {
-          group.push_back(&ws[parts[k]]);
-          outs.push_back(rows_f32(out[parts[k]], "linear_multi output"));
+          const RowView ov = rows_f32(out[parts[k]], "linear_multi output");
+          group.push_back({static_cast<const uint16_t*>(ws[parts[k]].weight.raw_data()), ov.p, ov.stride,
+                           ws[parts[k]].rows()});
         }
-        if (!bf16_small_fused(xv, group, outs, o.pdl)) continue;
+        if (!bf16_small(xv, group, o.pdl)) continue;
         for (size_t k = j; k < end; ++k) done[parts[k]] = true;
       }
     }
@@ -748,13 +687,11 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
         if (recipe[i] && !done[i] && ws[i].cols() == xv.cols) parts.push_back(i);
       for (size_t j = 0; j + 1 < parts.size(); j += size_t(1 + kFp8SmallMaxMore)) {
         const size_t end = std::min(parts.size(), j + size_t(1 + kFp8SmallMaxMore));
-        std::vector<const WeightRef*> group;
-        std::vector<RowView> outs;
-        for (size_t k = j; k < end; ++k) {
-          group.push_back(&ws[parts[k]]);
-          outs.push_back(rows_f32(out[parts[k]], "linear_multi output"));
-        }
-        fp8_small_fused(*act, group, outs, o.pdl);
+        std::vector<Fp8SmallSegment> group;
+        for (size_t k = j; k < end; ++k)
+          group.push_back(fp8_small_part(ws[parts[k]], 0, ws[parts[k]].rows(),
+                                         rows_f32(out[parts[k]], "linear_multi output")));
+        fp8_small(*act, group, o.pdl);
         for (size_t k = j; k < end; ++k) done[parts[k]] = true;
       }
     }

@@ -112,70 +112,65 @@ __device__ __forceinline__ void small_gemm_epilogue(const P& p, const float (&ac
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0u;
 }
 
-// The weight a CTA of an FP8 small-T launch works on (the call's own or one of its more[]) and what the
-// epilogue needs of it (small_gemm_epilogue's fields).
-struct Fp8SmallCta {
-  const uint8_t* w;
-  const float* ws;  // the CTA's row of weight scales
+// A small-T launch's weights are its own (the params' top-level fields, `own`) and more[0, n_more) after it,
+// their 128-row slices one after another along grid.x. kFused: the weight of blockIdx.x's slice and the
+// slices before it (`before`), walked with an unrolled loop so that every field is read from the parameters
+// at a fixed offset (no local copy); else the call's own (the single-weight kernels read nothing more).
+template <bool kFused, class Seg, class P>
+__device__ __forceinline__ Seg small_part(const P& p, const Seg& own, int64_t& before) {
+  before = 0;
+  if constexpr (!kFused) return own;
+  Seg s = own;
+  int64_t slices = (s.N + kRows - 1) / kRows;
+  constexpr int kMore = int(sizeof(p.more) / sizeof(p.more[0]));
+#pragma unroll
+  for (int i = 0; i < kMore; ++i) {
+    if (i < p.n_more && int64_t(blockIdx.x) >= before + slices) {
+      before += slices;
+      s = p.more[i];
+      slices = (s.N + kRows - 1) / kRows;
+    }
+  }
+  return s;
+}
+
+// What a CTA of a small-T launch works on: its weight's rows and output, and the epilogue's fields
+// (small_gemm_epilogue's); each weight's split partials at splits * T * 128 * (the slices before it).
+template <class W>
+struct SmallCta {
+  const W* w;
   float* out;
   int64_t out_stride, T, N, row_base;
   float* partial;
   uint32_t* counters;
   int splits;
 };
-
-// Finds blockIdx.x's weight: the call's own row slices first, then each of more[] in order. The loop over
-// more[] is unrolled so that every field is read from the parameters at a fixed offset (no local copy).
-// kFused false (n_more == 0): the call's own weight, read as the single-weight kernel always did (no walk,
-// no registers for it).
-template <bool kFused>
-__device__ __forceinline__ Fp8SmallCta fp8_small_cta(const Fp8SmallGemmParams& p) {
-  if constexpr (!kFused) {
-    Fp8SmallCta c;
-    c.row_base = int64_t(blockIdx.x) * kRows;
-    c.w = p.w;
-    c.ws = p.w_scale + ((p.row0 + c.row_base) / 128) * p.w_scale_ld;
-    c.out = p.out;
-    c.out_stride = p.out_stride;
-    c.T = p.T;
-    c.N = p.N;
-    c.partial = p.partial;
-    c.counters = p.counters;
-    c.splits = p.splits;
-    return c;
-  }
-  const uint8_t* w = p.w;
-  const float* w_scale = p.w_scale;
-  int64_t row0 = p.row0, ld = p.w_scale_ld, N = p.N, out_stride = p.out_stride;
-  float* out = p.out;
-  int64_t before = 0, slices = (N + kRows - 1) / kRows;  // row slices before this weight; its own
-  const int64_t x = blockIdx.x;
-#pragma unroll
-  for (int i = 0; i < kFp8SmallMaxMore; ++i) {
-    if (i < p.n_more && x >= before + slices) {
-      before += slices;
-      w = p.more[i].w;
-      w_scale = p.more[i].w_scale;
-      row0 = p.more[i].row0;
-      ld = p.more[i].w_scale_ld;
-      out = p.more[i].out;
-      out_stride = p.more[i].out_stride;
-      N = p.more[i].N;
-      slices = (N + kRows - 1) / kRows;
-    }
-  }
-  const int64_t row_base = (x - before) * kRows;
-  Fp8SmallCta c;
-  c.w = w;
-  c.ws = w_scale + ((row0 + row_base) / 128) * ld;
-  c.out = out;
-  c.out_stride = out_stride;
+template <class W, class Seg, class P>
+__device__ __forceinline__ SmallCta<W> small_cta(const P& p, const Seg& s, int64_t before) {
+  SmallCta<W> c;
+  c.w = s.w;
+  c.out = s.out;
+  c.out_stride = s.out_stride;
   c.T = p.T;
-  c.N = N;
-  c.row_base = row_base;
+  c.N = s.N;
+  c.row_base = (int64_t(blockIdx.x) - before) * kRows;
   c.partial = p.partial ? p.partial + int64_t(p.splits) * p.T * kRows * before : nullptr;
   c.counters = p.counters;
   c.splits = p.splits;
+  return c;
+}
+
+// The FP8 kernel's CTA: the SmallCta and its row of weight scales.
+struct Fp8SmallCta : SmallCta<uint8_t> {
+  const float* ws;
+};
+template <bool kFused>
+__device__ __forceinline__ Fp8SmallCta fp8_small_cta(const Fp8SmallGemmParams& p) {
+  const Fp8SmallSegment own{p.w, p.w_scale, p.row0, p.w_scale_ld, p.out, p.out_stride, p.N};
+  int64_t before = 0;
+  const Fp8SmallSegment s = small_part<kFused>(p, own, before);
+  Fp8SmallCta c{small_cta<uint8_t>(p, s, before), nullptr};
+  c.ws = s.w_scale + ((s.row0 + c.row_base) / 128) * s.w_scale_ld;
   return c;
 }
 
@@ -354,57 +349,12 @@ struct Bf16Stage {
 };
 
 // The weight a CTA of a bf16 small-T launch works on (fp8_small_cta's rule) and what the epilogue needs.
-struct Bf16SmallCta {
-  const uint16_t* w;
-  float* out;
-  int64_t out_stride, T, N, row_base;
-  float* partial;
-  uint32_t* counters;
-  int splits;
-};
-
 template <bool kFused>
-__device__ __forceinline__ Bf16SmallCta bf16_small_cta(const Bf16SmallGemmParams& p) {
-  if constexpr (!kFused) {
-    Bf16SmallCta c;
-    c.w = p.w;
-    c.out = p.out;
-    c.out_stride = p.out_stride;
-    c.T = p.T;
-    c.N = p.N;
-    c.row_base = int64_t(blockIdx.x) * kRows;
-    c.partial = p.partial;
-    c.counters = p.counters;
-    c.splits = p.splits;
-    return c;
-  }
-  const uint16_t* w = p.w;
-  float* out = p.out;
-  int64_t N = p.N, out_stride = p.out_stride;
-  int64_t before = 0, slices = (N + kRows - 1) / kRows;
-  const int64_t x = blockIdx.x;
-#pragma unroll
-  for (int i = 0; i < kBf16SmallMaxMore; ++i) {
-    if (i < p.n_more && x >= before + slices) {
-      before += slices;
-      w = p.more[i].w;
-      out = p.more[i].out;
-      out_stride = p.more[i].out_stride;
-      N = p.more[i].N;
-      slices = (N + kRows - 1) / kRows;
-    }
-  }
-  Bf16SmallCta c;
-  c.w = w;
-  c.out = out;
-  c.out_stride = out_stride;
-  c.T = p.T;
-  c.N = N;
-  c.row_base = (x - before) * kRows;
-  c.partial = p.partial ? p.partial + int64_t(p.splits) * p.T * kRows * before : nullptr;
-  c.counters = p.counters;
-  c.splits = p.splits;
-  return c;
+__device__ __forceinline__ SmallCta<uint16_t> bf16_small_cta(const Bf16SmallGemmParams& p) {
+  const Bf16SmallSegment own{p.w, p.out, p.out_stride, p.N};
+  int64_t before = 0;
+  const Bf16SmallSegment s = small_part<kFused>(p, own, before);
+  return small_cta<uint16_t>(p, s, before);
 }
 
 template <int NT, bool kFused>
@@ -419,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const
   const int64_t kb0 = int64_t(blockIdx.y) * per;
   const int64_t kb1 = kb0 + per < kb_total ? kb0 + per : kb_total;
   const int64_t nkb = kb1 - kb0;
-  const Bf16SmallCta cta = bf16_small_cta<kFused>(p);  // this CTA's weight, rows and output
+  const SmallCta<uint16_t> cta = bf16_small_cta<kFused>(p);  // this CTA's weight, rows and output
   const int64_t row_base = cta.row_base;
   const uint8_t* w = reinterpret_cast<const uint8_t*>(cta.w);
   if (p.pdl) prefetch_weight_tiles(w, p.K * 2, row_base, cta.N, kb0, nkb < kStages - 1 ? nkb : kStages - 1);
@@ -505,8 +455,7 @@ int splits_for(int64_t ctas, int64_t kb, int per_sm = 2) {
 // At least 4 K blocks (256 inputs, 64 KB of a slice's weights) per split: one-block splits left the
 // last CTA of a slice adding ~100 partial rows (router_gate [256 x 6144]: 96 splits, 14.6 us at T = 7).
 int bf16_small_gemm_splits(int64_t N, int64_t K) {
-  const int64_t kb = K / 64;
-  return splits_for((N + kRows - 1) / kRows, kb < 8 ? kb : kb / 4);
+  return bf16_small_fused_splits((N + kRows - 1) / kRows, K);
 }
 
 int bf16_small_fused_splits(int64_t slices, int64_t K) {
@@ -555,7 +504,7 @@ int fp8_small_ctas_per_sm(int64_t N, int64_t Tp, int requested) {
 }
 
 int fp8_small_gemm_splits(int64_t N, int64_t K, int64_t Tp, int ctas_per_sm) {
-  return splits_for((N + kRows - 1) / kRows, K / 128, fp8_small_ctas_per_sm(N, Tp, ctas_per_sm));
+  return fp8_small_fused_splits((N + kRows - 1) / kRows, K, Tp, ctas_per_sm);
 }
 
 int fp8_small_fused_splits(int64_t slices, int64_t K, int64_t Tp, int ctas_per_sm) {

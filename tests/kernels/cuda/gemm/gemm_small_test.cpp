@@ -35,6 +35,17 @@ using testing::to_cuda;
 
 class CudaFp8SmallGemm : public testing::GpuTest {};
 
+// The small-T kernels' split counters (kFp8SmallCounters, zero on entry) and how many of the first n a
+// launch left set: every split launch must leave them zero for the next.
+struct SplitCounters {
+  Tensor t = Tensor::zeros({kFp8SmallCounters}, DType::i32, Device::cuda);
+  uint32_t* get() { return static_cast<uint32_t*>(t.raw_data()); }
+  int64_t set_among(int64_t n) const {
+    const Tensor h = t.to(Device::cpu);
+    return std::count_if(h.data<int32_t>(), h.data<int32_t>() + n, [](int32_t c) { return c != 0; });
+  }
+};
+
 // The worst |got - want| / sum|terms| of got[t][n] (row stride ld) over T x N against the exact block-scaled
 // sum (in double) of the GPU's activation codes xq / scales xs times rows [r0, r0 + N) of the host weight w.
 double exact_sum_error(const WeightRef& w, int64_t r0, const Tensor& xq_dev, const Tensor& xs_dev,
@@ -82,9 +93,7 @@ double check_kernel(int64_t N_total, int64_t K, int64_t r0, int64_t N, int64_t T
             cudaSuccess);
   Tensor out = Tensor::empty({T, N}, DType::f32, Device::cuda);
   Tensor partial = Tensor::empty({std::max(splits, 1), T, N}, DType::f32, Device::cuda);
-  uint32_t* counters = nullptr;
-  EXPECT_EQ(cudaMalloc(&counters, size_t(kFp8SmallCounters) * 4), cudaSuccess);
-  EXPECT_EQ(cudaMemset(counters, 0, size_t(kFp8SmallCounters) * 4), cudaSuccess);
+  SplitCounters counters;
   Fp8SmallGemmParams p{};
   p.w = static_cast<const uint8_t*>(wd.weight.raw_data()) + r0 * K;
   p.w_scale = wd.scale_inv.data<float>();
@@ -99,7 +108,7 @@ double check_kernel(int64_t N_total, int64_t K, int64_t r0, int64_t N, int64_t T
   p.N = N;
   p.K = K;
   p.partial = partial.data<float>();
-  p.counters = counters;
+  p.counters = counters.get();
   p.splits = splits;
   p.ctas_per_sm = ctas_per_sm;
   p.stages = stages;
@@ -108,10 +117,7 @@ double check_kernel(int64_t N_total, int64_t K, int64_t r0, int64_t N, int64_t T
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
   EXPECT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<uint32_t> cnt(size_t((N + 127) / 128));
-  EXPECT_EQ(cudaMemcpy(cnt.data(), counters, cnt.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  cudaFree(counters);
-  for (uint32_t c : cnt) EXPECT_EQ(c, 0u) << "a split launch left a counter set";
+  EXPECT_EQ(counters.set_among((N + 127) / 128), 0) << "a split launch left a counter set";
 
   const double worst = exact_sum_error(w, r0, xq, xs, out, T, N, out.size(1));
   fmt::print("RESULT op=fp8_small_gemm_exact N={} K={} r0={} T={} splits={} max_err_rel_to_abs_sum={:.3g}\n",
@@ -231,9 +237,7 @@ TEST_F(CudaFp8SmallGemm, FusedLaunchIsEachPartsExactBlockScaledSum) {
     host.push_back(rand_weight(parts[i].n_total, K, DType::f8e4m3fn, 40 + i));
     dev.push_back(to_cuda(host.back()));
   }
-  uint32_t* counters = nullptr;
-  ASSERT_EQ(cudaMalloc(&counters, size_t(kFp8SmallCounters) * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemset(counters, 0, size_t(kFp8SmallCounters) * 4), cudaSuccess);
+  SplitCounters counters;
   double worst = 0.0;
   for (int n_parts : {2, 4})
     for (int64_t T : {1, 3, 8, 9, 16, 32})
@@ -283,7 +287,7 @@ TEST_F(CudaFp8SmallGemm, FusedLaunchIsEachPartsExactBlockScaledSum) {
           Tensor partial =
               Tensor::empty({std::max<int64_t>(fp8_small_fused_scratch(p), 1)}, DType::f32, Device::cuda);
           p.partial = partial.data<float>();
-          p.counters = counters;
+          p.counters = counters.get();
           // Twice: the split's counters must be left at zero by the first launch.
           ASSERT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
           ASSERT_EQ(launch_fp8_small_gemm(p, nullptr), cudaSuccess);
@@ -301,10 +305,7 @@ TEST_F(CudaFp8SmallGemm, FusedLaunchIsEachPartsExactBlockScaledSum) {
             }
           }
         }
-  std::vector<uint32_t> cnt(256);
-  ASSERT_EQ(cudaMemcpy(cnt.data(), counters, cnt.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  cudaFree(counters);
-  for (uint32_t c : cnt) EXPECT_EQ(c, 0u) << "a split launch left a counter set";
+  EXPECT_EQ(counters.set_among(256), 0) << "a split launch left a counter set";
   fmt::print("RESULT op=fp8_small_gemm_fused_exact K={} max_err_rel_to_abs_sum={:.3g}\n", K, worst);
 }
 
@@ -516,9 +517,7 @@ TEST_F(CudaFp8SmallGemm, Bf16SmallKernelIsTheExactTwoTermSum) {
       Tensor out = Tensor::empty({c.T, c.N}, DType::f32, Device::cuda);
       const int splits = split ? bf16_small_gemm_splits(c.N, c.K) : 1;
       Tensor partial = Tensor::empty({splits, c.T, c.N}, DType::f32, Device::cuda);
-      uint32_t* counters = nullptr;
-      ASSERT_EQ(cudaMalloc(&counters, size_t(kFp8SmallCounters) * 4), cudaSuccess);
-      ASSERT_EQ(cudaMemset(counters, 0, size_t(kFp8SmallCounters) * 4), cudaSuccess);
+      SplitCounters counters;
       Bf16SmallGemmParams p{};
       p.w = wd.weight.data_u16();
       p.x = xd.data<float>();
@@ -530,13 +529,13 @@ TEST_F(CudaFp8SmallGemm, Bf16SmallKernelIsTheExactTwoTermSum) {
       p.K = c.K;
       p.splits = splits;
       p.partial = partial.data<float>();
-      p.counters = counters;
+      p.counters = counters.get();
       ASSERT_EQ(launch_bf16_small_gemm(p, nullptr), cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       // Twice: the counters are left zero for the next launch.
       ASSERT_EQ(launch_bf16_small_gemm(p, nullptr), cudaSuccess);
       const Tensor got = out.to(Device::cpu);
-      cudaFree(counters);
+      EXPECT_EQ(counters.set_among((c.N + 127) / 128), 0) << "a split launch left a counter set";
       double worst = 0;
       for (int64_t t = 0; t < c.T; ++t) {
         for (int64_t n = 0; n < c.N; ++n) {
@@ -585,9 +584,7 @@ TEST_F(CudaFp8SmallGemm, Bf16FusedLaunchIsEachPartsExactTwoTermSum) {
     host.push_back(rand_weight(parts[i].n, K, DType::bf16, 60 + i));
     dev.push_back(to_cuda(host.back()));
   }
-  uint32_t* counters = nullptr;
-  ASSERT_EQ(cudaMalloc(&counters, size_t(kFp8SmallCounters) * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemset(counters, 0, size_t(kFp8SmallCounters) * 4), cudaSuccess);
+  SplitCounters counters;
   double worst = 0;
   for (int n_parts : {2, 3})
     for (int64_t T : {1, 7, 9, 32})
@@ -616,7 +613,7 @@ TEST_F(CudaFp8SmallGemm, Bf16FusedLaunchIsEachPartsExactTwoTermSum) {
         Tensor partial =
             Tensor::empty({std::max<int64_t>(bf16_small_fused_scratch(p), 1)}, DType::f32, Device::cuda);
         p.partial = partial.data<float>();
-        p.counters = counters;
+        p.counters = counters.get();
         ASSERT_EQ(launch_bf16_small_gemm(p, nullptr), cudaSuccess);
         ASSERT_EQ(launch_bf16_small_gemm(p, nullptr), cudaSuccess);  // the counters are left zero
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -644,10 +641,7 @@ TEST_F(CudaFp8SmallGemm, Bf16FusedLaunchIsEachPartsExactTwoTermSum) {
           }
         }
       }
-  std::vector<uint32_t> cnt(16);
-  ASSERT_EQ(cudaMemcpy(cnt.data(), counters, cnt.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  cudaFree(counters);
-  for (uint32_t c : cnt) EXPECT_EQ(c, 0u) << "a split launch left a counter set";
+  EXPECT_EQ(counters.set_among(16), 0) << "a split launch left a counter set";
   fmt::print("RESULT op=bf16_small_gemm_fused worst_err/sum|terms|={:.3g}\n", worst);
 
   KernelOptions ko, sep_o;
