@@ -653,47 +653,54 @@ std::vector<Tensor> gemm_linear_multi(const Tensor& x, const std::vector<WeightR
       }
     }
   }
-  // Narrow bf16 parts on the small-T kernel (the two-term recipe): one launch for up to 1 +
-  // kBf16SmallMaxMore of them.
-  if (o.gemm == GemmPrecision::fast && o.gemm_small_fuse && T > 0 && T <= kBf16SmallMaxTokens &&
-      x.device() == Device::cuda) {
+  // KernelOptions::gemm_small_fuse: the parts `take` accepts, in groups of up to `most`, each group one
+  // launch of `launch` (the output rows of a group's parts; false: nothing launched, the parts stay for the
+  // per-part path below). A part left alone keeps that path too.
+  auto fuse_parts = [&](size_t most, auto take, auto launch) {
     std::vector<size_t> parts;
     for (size_t i = 0; i < ws.size(); ++i)
-      if (!done[i] && ws[i].weight.dtype() == DType::bf16 && ws[i].rows() <= kSplitMaxRows &&
-          ws[i].cols() == x.size(1))
-        parts.push_back(i);
-    if (parts.size() >= 2) {
-      const RowView xv = rows_f32(x, "linear_multi input");
-      for (size_t j = 0; j + 1 < parts.size(); j += size_t(1 + kBf16SmallMaxMore)) {
-        const size_t end = std::min(parts.size(), j + size_t(1 + kBf16SmallMaxMore));
-        std::vector<Bf16SmallSegment> group;
-        for (size_t k = j; k < end; ++k) {
-          const RowView ov = rows_f32(out[parts[k]], "linear_multi output");
-          group.push_back({static_cast<const uint16_t*>(ws[parts[k]].weight.raw_data()), ov.p, ov.stride,
-                           ws[parts[k]].rows()});
-        }
-        if (!bf16_small(xv, group, o.pdl)) continue;
-        for (size_t k = j; k < end; ++k) done[parts[k]] = true;
-      }
+      if (!done[i] && take(i)) parts.push_back(i);
+    for (size_t j = 0; j + 1 < parts.size(); j += most) {
+      const std::vector<size_t> group(parts.begin() + long(j),
+                                      parts.begin() + long(std::min(parts.size(), j + most)));
+      if (!launch(group)) continue;
+      for (size_t i : group) done[i] = true;
     }
+  };
+  // Narrow bf16 parts on the small-T kernel (the two-term recipe).
+  if (o.gemm == GemmPrecision::fast && o.gemm_small_fuse && T > 0 && T <= kBf16SmallMaxTokens &&
+      x.device() == Device::cuda) {
+    const RowView xv = rows_f32(x, "linear_multi input");
+    fuse_parts(
+        size_t(1 + kBf16SmallMaxMore),
+        [&](size_t i) {
+          return ws[i].weight.dtype() == DType::bf16 && ws[i].rows() <= kSplitMaxRows &&
+                 ws[i].cols() == xv.cols;
+        },
+        [&](const std::vector<size_t>& group) {
+          std::vector<Bf16SmallSegment> segs;
+          for (size_t i : group) {
+            const RowView ov = rows_f32(out[i], "linear_multi output");
+            segs.push_back(
+                {static_cast<const uint16_t*>(ws[i].weight.raw_data()), ov.p, ov.stride, ws[i].rows()});
+          }
+          return bf16_small(xv, segs, o.pdl);
+        });
   }
-  // FP8 parts on the small-T kernel: one launch for up to 1 + kFp8SmallMaxMore of them.
+  // FP8 parts on the small-T kernel.
   if (share && o.gemm_small_fuse && fp8 >= 2 && x.device() == Device::cuda) {
     const RowView xv = rows_f32(x, "linear_multi input");
     if (!act) act = quantise_rows(xv, o);
     if (fp8_small_applies(*act, o)) {
-      std::vector<size_t> parts;
-      for (size_t i = 0; i < ws.size(); ++i)
-        if (recipe[i] && !done[i] && ws[i].cols() == xv.cols) parts.push_back(i);
-      for (size_t j = 0; j + 1 < parts.size(); j += size_t(1 + kFp8SmallMaxMore)) {
-        const size_t end = std::min(parts.size(), j + size_t(1 + kFp8SmallMaxMore));
-        std::vector<Fp8SmallSegment> group;
-        for (size_t k = j; k < end; ++k)
-          group.push_back(fp8_small_part(ws[parts[k]], 0, ws[parts[k]].rows(),
-                                         rows_f32(out[parts[k]], "linear_multi output")));
-        fp8_small(*act, group, o.pdl);
-        for (size_t k = j; k < end; ++k) done[parts[k]] = true;
-      }
+      fuse_parts(
+          size_t(1 + kFp8SmallMaxMore), [&](size_t i) { return recipe[i] && ws[i].cols() == xv.cols; },
+          [&](const std::vector<size_t>& group) {
+            std::vector<Fp8SmallSegment> segs;
+            for (size_t i : group)
+              segs.push_back(fp8_small_part(ws[i], 0, ws[i].rows(), rows_f32(out[i], "linear_multi output")));
+            fp8_small(*act, segs, o.pdl);
+            return true;
+          });
     }
   }
   for (size_t i = 0; i < ws.size(); ++i) {
