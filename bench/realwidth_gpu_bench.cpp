@@ -111,15 +111,21 @@ struct Args {
   std::vector<bool> pdl{kernels::kPdlDefault};
 };
 
-std::vector<int64_t> ints(const std::string& s) {
-  std::vector<int64_t> v;
-  size_t p = 0;
-  while (p < s.size()) {
-    const size_t q = s.find(',', p);
-    v.push_back(std::stoll(s.substr(p, q == std::string::npos ? std::string::npos : q - p)));
-    if (q == std::string::npos) break;
+// A flag's comma-separated values ("a,b" -> {"a", "b"}; "" -> {""}).
+std::vector<std::string> items(const std::string& s) {
+  std::vector<std::string> v;
+  for (size_t p = 0; p <= s.size();) {
+    const size_t q = std::min(s.find(',', p), s.size());
+    v.push_back(s.substr(p, q - p));
     p = q + 1;
   }
+  return v;
+}
+
+std::vector<int64_t> ints(const std::string& s) {
+  std::vector<int64_t> v;
+  for (const std::string& i : items(s))
+    if (!i.empty()) v.push_back(std::stoll(i));
   return v;
 }
 
@@ -145,13 +151,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--prefill")
       a.prefill = val() == "none" ? std::vector<int64_t>{} : ints(argv[i]);
     else if (k == "--kv") {
-      a.kv.clear();
-      const std::string s = val();
-      for (size_t p = 0; p <= s.size();) {
-        const size_t q = std::min(s.find(',', p), s.size());
-        a.kv.push_back(s.substr(p, q - p));
-        p = q + 1;
-      }
+      a.kv = items(val());
     } else if (k == "--trace-batch")
       a.trace_batch = std::stoll(val());
     else if (k == "--trace-context")
@@ -176,12 +176,7 @@ Args parse(int argc, char** argv) {
       a.mla_decode = val();
     else if (k == "--pdl") {
       a.pdl.clear();
-      const std::string s = val();
-      for (size_t p = 0; p <= s.size();) {
-        const size_t q = std::min(s.find(',', p), s.size());
-        a.pdl.push_back(kernels::parse_pdl(s.substr(p, q - p), "--pdl"));
-        p = q + 1;
-      }
+      for (const std::string& v : items(val())) a.pdl.push_back(kernels::parse_pdl(v, "--pdl"));
     } else if (k == "--moe-fp8-tail-rows")
       a.moe_fp8_tail_rows = kernels::check_moe_fp8_tail_rows(std::stoi(val()), k);
     else if (k == "--split-fused-min-tokens")
@@ -194,34 +189,20 @@ Args parse(int argc, char** argv) {
       a.bf16_small_wide = std::stoi(val()) != 0 ? 1 : 0;
     else if (k == "--small-fuse") {
       a.small_fuse.clear();
-      const std::string s = val();
-      for (size_t p = 0; p <= s.size();) {
-        const size_t q = std::min(s.find(',', p), s.size());
-        const std::string v = s.substr(p, q - p);
-        DSA_CHECK(v == "0" || v == "1", "--small-fuse takes 0, 1 or 0,1, got {}", s);
+      for (const std::string& v : items(val())) {
+        DSA_CHECK(v == "0" || v == "1", "--small-fuse takes 0, 1 or 0,1, got {}", v);
         a.small_fuse.push_back(v == "1");
-        p = q + 1;
       }
     } else if (k == "--absorb-small-max-tokens") {
       a.absorb_small.clear();
-      const std::string s = val();
-      for (size_t p = 0; p <= s.size();) {
-        const size_t q = std::min(s.find(',', p), s.size());
-        a.absorb_small.push_back(kernels::check_absorb_small_max_tokens(std::stoll(s.substr(p, q - p)), k));
-        p = q + 1;
-      }
+      for (int64_t t : ints(val())) a.absorb_small.push_back(kernels::check_absorb_small_max_tokens(t, k));
     } else if (k == "--prefill-forms") {
-      a.prefill_forms.clear();
-      const std::string s = val();
-      for (size_t p = 0; p <= s.size();) {
-        const size_t q = std::min(s.find(',', p), s.size());
-        const std::string f = s.substr(p, q - p);
+      a.prefill_forms = items(val());
+      for (const std::string& f : a.prefill_forms) {
         if (f != "auto" && f != "absorbed" && f != "mha") {
           fmt::print(stderr, "--prefill-forms: {} is not auto, absorbed or mha\n", f);
           std::exit(2);
         }
-        a.prefill_forms.push_back(f);
-        p = q + 1;
       }
     } else {
       fmt::print(stderr, "unknown flag {} (see the comment at the top of bench/realwidth_gpu_bench.cpp)\n",
