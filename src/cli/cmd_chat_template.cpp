@@ -8,6 +8,7 @@
 #include "chat/chat_config.h"
 #include "chat/chat_template.h"
 #include "cli/command.h"
+#include "cli/stdout_io.h"
 #include "core/error.h"
 
 namespace dsaserve::cli {
@@ -66,8 +67,10 @@ int run_jsonl(const Options& o, const chat::ChatConfig* config, const std::strin
       result["error"] = "other";
       result["message"] = e.what();
     }
-    std::cout << result.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    // A reader that went away ends the loop with an error instead of rendering the rest of stdin for nobody.
+    write_stdout(result.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
+  flush_stdout();
   return 0;
 }
 
@@ -89,8 +92,8 @@ int run(const Options& o) {
                     : config->select_template(
                           o.template_name.empty() ? std::nullopt : std::optional(o.template_name), has_tools);
   chat::ChatTemplate ct(source, config ? config->special_tokens() : nlohmann::ordered_json::object());
-  std::cout << ct.render(request);
-  std::cout.flush();
+  write_stdout(ct.render(request));
+  flush_stdout();
   return 0;
 }
 

@@ -4,16 +4,14 @@
 //   dsaserve detokenize --tokenizer DIR [--skip-special-tokens] [--stream]
 //     in:  {"ids": [...], "skip_special_tokens"?: bool}   out: {"text": "..."} and, with --stream,
 //     "chunks": the streaming detokenizer's output for each id, then its final flush.
-#include <cerrno>
 #include <charconv>
-#include <cstdio>
-#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/stdout_io.h"
 #include "core/error.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -47,17 +45,6 @@ void for_each_json_line(F&& fn) {
     if (!j.is_object()) fail("stdin line {}: expected a JSON object", line_no);
     fn(j, line_no);
   }
-}
-
-// Writes `s` to stdout; a closed or failed stdout (a reader that went away: EPIPE, SIGPIPE being ignored)
-// ends the command with an error instead of tokenizing the rest of stdin for nobody.
-void write_stdout(const std::string& s) {
-  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::ferror(stdout))
-    fail("cannot write to stdout: {}", std::strerror(errno));
-}
-
-void flush_stdout() {
-  if (std::fflush(stdout) != 0) fail("cannot write to stdout: {}", std::strerror(errno));
 }
 
 bool line_flag(const json& j, const char* key, bool fallback, size_t line_no) {

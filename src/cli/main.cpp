@@ -9,6 +9,7 @@
 #include <map>
 
 #include "cli/command.h"
+#include "cli/stdout_io.h"
 #include "core/error.h"
 #include "core/parallel.h"
 
@@ -51,7 +52,12 @@ int main(int argc, char** argv) {
   }
   try {
     for (auto& [sub, run] : runs) {
-      if (sub->parsed()) return run();
+      if (!sub->parsed()) continue;
+      const int status = run();
+      // Output that could not be written (a closed pipe, a full disk) is a failure, not a silent success with
+      // a truncated result (what coreutils' close_stdout does): every command's stdout is checked here.
+      if (status == 0) flush_stdout();
+      return status;
     }
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());

@@ -1,6 +1,8 @@
 // End to end: the real `dsaserve tokenize` / `detokenize` commands on JSON lines.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "common/fixtures.h"
 
 namespace dsaserve::tokenizer {
@@ -66,6 +68,36 @@ TEST(Cli, AClosedStdoutIsAnErrorNotSigpipe) {
             1)
       << out;
   EXPECT_NE(out.find("error: cannot write to stdout: Broken pipe"), std::string::npos) << out;
+}
+
+// chat-template --jsonl reads stdin line by line like tokenize: the same error when its reader goes away.
+TEST(Cli, ChatTemplateJsonlStopsWhenItsReaderGoesAway) {
+  std::string out;
+  EXPECT_EQ(
+      run_command("bash -c 'set -o pipefail; yes \"{\\\"template\\\": \\\"hello\\\"}\" | head -n 300000 | " +
+                      dsaserve_binary().string() + " chat-template --jsonl | head -c 1 > /dev/null'",
+                  &out),
+      1)
+      << out;
+  EXPECT_NE(out.find("error: cannot write to stdout: Broken pipe"), std::string::npos) << out;
+}
+
+// Every command's stdout is checked when it ends (main.cpp): output that could not be written is exit status
+// 1 and an error, not a success with the output lost. /dev/full fails every write (ENOSPC).
+TEST(Cli, OutputThatCannotBeWrittenIsAnError) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this machine";
+  DSA_FIXTURE_PATH(cfg, "configs/glm-5.3.json");
+  std::string out;
+  // A subshell: run_command sends the command's stderr (the error) to its pipe, its stdout to /dev/full.
+  std::string cmd = "(";
+  cmd += dsaserve_binary().string() + " plan --config " + cfg.string() + " > /dev/full)";
+  EXPECT_EQ(run_command(cmd, &out), 1) << out;
+  EXPECT_NE(out.find("error: cannot write to stdout: "), std::string::npos) << out;
+  // The same command with a writable stdout succeeds (the failure above is the output's, not the command's).
+  EXPECT_EQ(
+      run_command(dsaserve_binary().string() + " plan --config " + cfg.string() + " > /dev/null 2>&1", &out),
+      0)
+      << out;
 }
 
 }  // namespace
