@@ -171,14 +171,23 @@ ojson parse_json_body(std::string_view body, const JsonLimits& limits, const std
 
 JsonShape json_shape(const ojson& j) {
   JsonShape shape;
-  std::vector<const ojson*> pending = {&j};  // no recursion: the depth is the client's
+  // No recursion: the depth is the client's. The flag: the value is an annotation key's (its string
+  // uncounted).
+  std::vector<std::pair<const ojson*, bool>> pending = {{&j, false}};
   while (!pending.empty()) {
-    const ojson* v = pending.back();
+    const auto [v, annotation] = pending.back();
     pending.pop_back();
     ++shape.values;
-    if (v->is_object()) shape.max_object_keys = std::max(shape.max_object_keys, int64_t(v->size()));
-    if (v->is_structured()) {
-      for (const ojson& x : *v) pending.push_back(&x);
+    if (v->is_string() && !annotation)
+      shape.literal_bytes += int64_t(v->get_ref<const std::string&>().size());
+    if (v->is_object()) {
+      shape.max_object_keys = std::max(shape.max_object_keys, int64_t(v->size()));
+      for (const auto& [key, x] : v->items()) {
+        shape.literal_bytes += int64_t(key.size());
+        pending.emplace_back(&x, key == "description" || key == "title" || key == "$comment");
+      }
+    } else if (v->is_array()) {
+      for (const ojson& x : *v) pending.emplace_back(&x, false);
     }
   }
   return shape;

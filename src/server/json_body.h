@@ -24,10 +24,13 @@ struct JsonLimits {
 nlohmann::ordered_json parse_json_body(std::string_view body, const JsonLimits& limits,
                                        const std::atomic<bool>* cancel = nullptr);
 
-// Values (scalars, arrays and objects, `j` included) and the most keys of any one object in `j`.
+// Values (scalars, arrays and objects, `j` included), the most keys of any one object in `j`, and the bytes
+// of its keys and string values, without the strings of the annotation keys "description", "title" and
+// "$comment" (what a JSON schema turned into a grammar spells out as literals: names, const, enum, patterns).
 struct JsonShape {
   int64_t values = 0;
   int64_t max_object_keys = 0;
+  int64_t literal_bytes = 0;
 };
 JsonShape json_shape(const nlohmann::ordered_json& j);
 

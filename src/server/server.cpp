@@ -400,9 +400,12 @@ class Server {
   }
 
   // A constrained request's schema or tools become a grammar, whose compilation grows faster than linearly
-  // with their size (xgrammar: ~3 s for one object of 2,000 properties, ~4 s for 1,600 tools): bounded.
+  // with their size (xgrammar: ~3 s for one object of 2,000 properties, ~4 s for 1,600 tools; roughly the
+  // square of a literal's length: a 10,000-character const 0.2 s, 80,000 6.7 s, 1,000,000 over a minute, on
+  // the preparation pool, which SIGTERM waits for): bounded. The literals' bytes as OpenAI's structured
+  // outputs bound an enum's (15,000 characters).
   static void check_grammar_source(const GenerationSpec& spec) {
-    static constexpr int64_t kMaxValues = 4096, kMaxKeys = 512;
+    static constexpr int64_t kMaxValues = 4096, kMaxKeys = 512, kMaxLiteralBytes = 16384;
     const bool forced_call =
         spec.chat && spec.has_tools && spec.tool_choice != "auto" && spec.tool_choice != "none";
     const bool schema = spec.response_format == "json_schema";
@@ -414,6 +417,13 @@ class Server {
                      fmt::format("{} has {} JSON values and an object of {} keys; a grammar-constrained "
                                  "request allows at most {} values and {} keys per object",
                                  param, shape.values, shape.max_object_keys, kMaxValues, kMaxKeys),
+                     param);
+    }
+    if (shape.literal_bytes > kMaxLiteralBytes) {
+      throw ApiError(400,
+                     fmt::format("{} spells {} bytes of names and string values (descriptions and titles "
+                                 "aside); a grammar-constrained request allows at most {}",
+                                 param, shape.literal_bytes, kMaxLiteralBytes),
                      param);
     }
   }

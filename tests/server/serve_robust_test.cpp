@@ -231,6 +231,23 @@ TEST_F(Robust, GrammarSourcesAreBounded) {
   json small = body;
   small["response_format"]["json_schema"]["schema"]["properties"] = {{"a", {{"type", "integer"}}}};
   EXPECT_EQ(raw_request(port(), post("/v1/completions", small.dump())).status, 200);
+  // Long literals: a const's compilation grows with the square of its length (1,000,000 characters ran for
+  // minutes on the preparation pool, and four such requests stalled every request): refused unread. A long
+  // description is no literal of the grammar and is accepted.
+  json literal = body;
+  literal["response_format"]["json_schema"]["schema"] = {{"const", std::string(1000000, 'x')}};
+  RawReply lr = raw_request(port(), post("/v1/completions", literal.dump()));
+  expect_error(lr, 400, "response_format.json_schema.schema");
+  EXPECT_NE(lr.body.find("1000005 bytes of names and string values"), std::string::npos) << lr.body;
+  literal["response_format"]["json_schema"]["schema"] = {
+      {"enum", {std::string(9000, 'a'), std::string(9000, 'b')}}};
+  expect_error(raw_request(port(), post("/v1/completions", literal.dump())), 400,
+               "response_format.json_schema.schema");
+  literal["response_format"]["json_schema"]["schema"] = {{"type", "object"},
+                                                         {"description", std::string(100000, 'd')},
+                                                         {"properties", {{"a", {{"type", "integer"}}}}}};
+  lr = raw_request(port(), post("/v1/completions", literal.dump()));
+  EXPECT_EQ(lr.status, 200) << lr.body;
 }
 
 // Item 10: the API's rough edges.
