@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -60,8 +61,10 @@ std::optional<int64_t> get_int(const json& b, const char* key, int64_t lo, int64
     v = it->get<int64_t>();
   } else if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()) {
     const double d = it->get<double>();  // an integer written as 2.0 or 1e3
-    // Doubles in [-2^63, 2^63) convert to int64 exactly; others are out of any int64 range.
-    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) out_of_range(fmt::format("{}", d));
+    // Doubles in (-2^63, 2^63) convert to int64 exactly; others are out of any int64 range.
+    // -2^63 itself only as an integer literal (which arrives as one): a float equal to it is also what every
+    // integer literal down to -2^63 - 1024 rounds to (-9223372036854775809 would pass as the minimum).
+    if (!(d > -9223372036854775808.0 && d < 9223372036854775808.0)) out_of_range(fmt::format("{}", d));
     v = int64_t(d);
   } else {
     bad(key, fmt::format("expected an integer, got {}", type_name(*it)));
@@ -168,14 +171,12 @@ void parse_common(const json& b, int64_t vocab, int64_t max_n, GenerationSpec& s
   if (auto it = b.find("logit_bias"); it != b.end() && !it->is_null()) {
     if (!it->is_object()) bad("logit_bias", fmt::format("expected an object, got {}", type_name(*it)));
     for (auto kv = it->begin(); kv != it->end(); ++kv) {
+      // Decimal digits only (std::stoll alone took " 1" and "+1").
       int64_t id = -1;
-      try {
-        size_t used = 0;
-        id = std::stoll(kv.key(), &used);
-        if (used != kv.key().size()) id = -1;
-      } catch (const std::exception&) {
-        id = -1;
-      }
+      const std::string& k = kv.key();
+      if (!k.empty() && k.size() <= 18 &&
+          std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        id = std::stoll(k);
       if (id < 0 || id >= vocab)
         bad("logit_bias", fmt::format("key '{}' is not a token id in [0, {})", kv.key(), vocab));
       if (!kv.value().is_number()) bad("logit_bias", fmt::format("bias of '{}' is not a number", kv.key()));
@@ -301,9 +302,11 @@ GenerationSpec parse_completion_request(const json& b, int64_t vocab, int64_t ma
             "expected a string, an array of token ids, or one of those in an array (batches of "
             "prompts are not supported: send one request each)");
       }
-      const int64_t id = x.get<int64_t>();
+      // x as sent: an id past int64 (a JSON unsigned) would read back as a negative one.
+      const int64_t id =
+          x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(vocab) ? vocab : x.get<int64_t>();
       if (id < 0 || id >= vocab)
-        bad("prompt", fmt::format("token id {} is outside the vocabulary [0, {})", id, vocab));
+        bad("prompt", fmt::format("token id {} is outside the vocabulary [0, {})", x.dump(), vocab));
       s.prompt_ids.push_back(int32_t(id));
     }
   } else {

@@ -259,12 +259,24 @@ TEST_F(Robust, RequestFieldEdgeCases) {
   expect_error(completion("\"temperature\":-1e400"), 400, "temperature");
   expect_error(completion("\"top_p\":1e-300"), 400, "top_p");
   expect_error(completion("\"repetition_penalty\":1e-300"), 400, "repetition_penalty");
-  for (const char* seed : {"9223372036854775808", "18446744073709551615", "1e19", "-1e19", "1.5"}) {
+  for (const char* seed :
+       {"9223372036854775808", "18446744073709551615", "1e19", "-1e19", "1.5", "-9223372036854775809"}) {
     expect_error(completion(fmt::format("\"seed\":{}", seed)), 400, "seed");
   }
-  for (const char* seed : {"9223372036854775807", "-9223372036854775807", "0", "7.0"}) {
+  for (const char* seed :
+       {"9223372036854775807", "-9223372036854775807", "-9223372036854775808", "0", "7.0"}) {
     EXPECT_EQ(completion(fmt::format("\"seed\":{}", seed)).status, 200) << seed;
   }
+  // Token ids as sent: one past int64 is named as such, not wrapped to a negative one.
+  const RawReply big_id =
+      raw_request(port(), post("/v1/completions", "{\"prompt\":[9223372036854775808],\"max_tokens\":1}"));
+  expect_error(big_id, 400, "prompt");
+  EXPECT_NE(big_id.body.find("token id 9223372036854775808 is outside"), std::string::npos) << big_id.body;
+  // logit_bias keys are decimal token ids: no sign, no blank.
+  for (const char* key : {" 1", "+1", "1 ", "", "0x1", "99999999999999999999"}) {
+    expect_error(completion(fmt::format("\"logit_bias\":{{\"{}\":1}}", key)), 400, "logit_bias");
+  }
+  EXPECT_EQ(completion("\"logit_bias\":{\"1\":1}").status, 200);
   expect_error(completion("\"max_tokens\":4294967297"), 400, "max_tokens");
   expect_error(completion("\"stream_options\":{\"include_usage\":true}"), 400, "stream_options");
   expect_error(completion("\"stream\":false,\"stream_options\":{\"include_usage\":true}"), 400,
