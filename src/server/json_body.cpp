@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <unordered_map>
 #include <vector>
 
@@ -184,6 +185,9 @@ JsonShape json_shape(const ojson& j) {
       shape.max_object_keys = std::max(shape.max_object_keys, int64_t(v->size()));
       for (const auto& [key, x] : v->items()) {
         shape.literal_bytes += int64_t(key.size());
+        if (key == "pattern" && x.is_string())
+          shape.pattern_size =
+              std::max(shape.pattern_size, regex_expanded_size(x.get_ref<const std::string&>()));
         pending.emplace_back(&x, key == "description" || key == "title" || key == "$comment");
       }
     } else if (v->is_array()) {
@@ -191,6 +195,89 @@ JsonShape json_shape(const ojson& j) {
     }
   }
   return shape;
+}
+
+int64_t regex_expanded_size(std::string_view re) {
+  constexpr int64_t kCap = std::numeric_limits<int64_t>::max() / 2;
+  const auto mul = [&](int64_t a, int64_t b) { return b != 0 && a > kCap / b ? kCap : a * b; };
+  const auto add = [&](int64_t a, int64_t b) { return a > kCap - b ? kCap : a + b; };
+  // One frame a group: the finished alternatives' sum, the current alternative's sum, and the size of the
+  // last atom (what a quantifier multiplies). No recursion: the nesting is the client's.
+  struct Frame {
+    int64_t alternatives = 0, current = 0, last = 0;
+  };
+  std::vector<Frame> stack(1);
+  const auto atom = [&](int64_t size) {
+    stack.back().current = add(stack.back().current, size);
+    stack.back().last = size;
+  };
+  // A counted repetition at i ("{n}", "{n,}", "{n,m}"): its largest bound and its length; else 0 (a literal
+  // '{').
+  const auto counted = [&](size_t i, int64_t* bound) -> size_t {
+    size_t j = i + 1;
+    int64_t n = 0, m = -1;
+    const auto number = [&](int64_t* out) {
+      const size_t start = j;
+      *out = 0;
+      while (j < re.size() && re[j] >= '0' && re[j] <= '9') *out = add(mul(*out, 10), re[j++] - '0');
+      return j > start;
+    };
+    if (!number(&n)) return 0;
+    if (j < re.size() && re[j] == ',') {
+      ++j;
+      int64_t hi = 0;
+      m = number(&hi) ? hi : add(n, 1);
+    }
+    if (j >= re.size() || re[j] != '}') return 0;
+    *bound = std::max(n, m);
+    return j + 1 - i;
+  };
+  for (size_t i = 0; i < re.size();) {
+    const char c = re[i];
+    int64_t bound = 0;
+    size_t len = 0;
+    if (c == '\\') {
+      atom(1);
+      i += 2;
+    } else if (c == '[') {  // a class: to its closing ']' (one written first or after '^' is a member)
+      size_t j = i + 1;
+      if (j < re.size() && re[j] == '^') ++j;
+      if (j < re.size() && re[j] == ']') ++j;
+      while (j < re.size() && re[j] != ']') j += re[j] == '\\' ? 2 : 1;
+      atom(1);
+      i = j + 1;
+    } else if (c == '(') {
+      stack.emplace_back();
+      ++i;
+    } else if (c == ')' && stack.size() > 1) {
+      const Frame f = stack.back();
+      stack.pop_back();
+      atom(add(f.alternatives, f.current));
+      ++i;
+    } else if (c == '|') {
+      stack.back().alternatives = add(stack.back().alternatives, stack.back().current);
+      stack.back().current = 0;
+      stack.back().last = 0;
+      ++i;
+    } else if (c == '{' && (len = counted(i, &bound)) > 0) {
+      Frame& f = stack.back();  // the last atom now counts bound times (it counted once)
+      f.current = add(f.current, mul(f.last, bound > 0 ? bound - 1 : 0));
+      f.last = mul(f.last, bound);
+      i += len;
+    } else if (c == '*' || c == '+' || c == '?' || c == '^' || c == '$') {
+      ++i;
+    } else {
+      atom(1);
+      ++i;
+    }
+  }
+  int64_t total = 0;  // unclosed groups (an invalid pattern, refused later) count as closed
+  while (!stack.empty()) {
+    const Frame f = stack.back();
+    stack.pop_back();
+    total = add(add(f.alternatives, f.current), total);
+  }
+  return total;
 }
 
 std::string printable(std::string_view s) {

@@ -405,7 +405,8 @@ class Server {
   // the preparation pool, which SIGTERM waits for): bounded. The literals' bytes as OpenAI's structured
   // outputs bound an enum's (15,000 characters).
   static void check_grammar_source(const GenerationSpec& spec) {
-    static constexpr int64_t kMaxValues = 4096, kMaxKeys = 512, kMaxLiteralBytes = 16384;
+    static constexpr int64_t kMaxValues = 4096, kMaxKeys = 512, kMaxLiteralBytes = 16384,
+                             kMaxPatternSize = 2048;
     const bool forced_call =
         spec.chat && spec.has_tools && spec.tool_choice != "auto" && spec.tool_choice != "none";
     const bool schema = spec.response_format == "json_schema";
@@ -425,6 +426,14 @@ class Server {
                                  "aside); a grammar-constrained request allows at most {}",
                                  param, shape.literal_bytes, kMaxLiteralBytes),
                      param);
+    }
+    if (shape.pattern_size > kMaxPatternSize) {
+      throw ApiError(
+          400,
+          fmt::format("{} has a pattern of {} atoms once its counted repetitions ({{n}}, {{n,m}}) are "
+                      "written out; a grammar-constrained request allows at most {}",
+                      param, shape.pattern_size, kMaxPatternSize),
+          param);
     }
   }
 

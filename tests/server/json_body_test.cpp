@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "server/openai.h"
 
 namespace dsaserve::server {
@@ -131,6 +133,44 @@ TEST(JsonBody, PrintableAndDumpJsonNeverThrow) {
   const nlohmann::json j = {{"m", "x\xff"}};
   EXPECT_THROW((void)j.dump(), nlohmann::json::type_error);
   EXPECT_EQ(dump_json(j), "{\"m\":\"x\xef\xbf\xbd\"}");
+}
+
+TEST(JsonBody, RegexExpandedSizeCountsWrittenOutRepetitions) {
+  EXPECT_EQ(regex_expanded_size(""), 0);
+  EXPECT_EQ(regex_expanded_size("abc"), 3);
+  EXPECT_EQ(regex_expanded_size("^x{20000}$"), 20000);
+  EXPECT_EQ(regex_expanded_size("(x|y){5000}"), 10000);  // a group: the sum of its alternatives
+  EXPECT_EQ(regex_expanded_size("(x{100}){100}"), 10000);
+  EXPECT_EQ(regex_expanded_size("[a-z]{0,2000}"), 2000);
+  EXPECT_EQ(regex_expanded_size("a{3,}"), 4);
+  EXPECT_EQ(regex_expanded_size("a*b+c?"), 3);
+  // Escapes and classes are one atom; a '{' that opens no count is a literal; a ']' first in a class is a
+  // member.
+  EXPECT_EQ(regex_expanded_size(R"(\{5\})"), 3);
+  EXPECT_EQ(regex_expanded_size("[]{}]{4}"), 4);
+  EXPECT_EQ(regex_expanded_size("a{x}"), 4);
+  // The real world's patterns stay small: a UUID, a date-time.
+  EXPECT_EQ(regex_expanded_size("^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"), 36);
+  EXPECT_EQ(regex_expanded_size(R"(^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}$)"), 19);
+  // Saturates instead of overflowing; unbalanced groups still count.
+  EXPECT_EQ(regex_expanded_size("((((x{99999999}){99999999}){99999999}){99999999})"),
+            std::numeric_limits<int64_t>::max() / 2);
+  EXPECT_EQ(regex_expanded_size("((ab"), 2);
+  EXPECT_EQ(regex_expanded_size("a{99999999999999999999999}"), std::numeric_limits<int64_t>::max() / 2);
+}
+
+// json_shape: the literals' bytes leave descriptions and titles aside; the largest pattern.
+TEST(JsonBody, ShapeOfAGrammarSource) {
+  const ojson schema = ojson::parse(
+      R"({"type": "object", "description": "dddddddddd", "title": "tt",
+          "properties": {"a": {"type": "string", "pattern": "x{300}"}, "b": {"enum": ["xyz", 1]}}})");
+  const JsonShape shape = json_shape(schema);
+  EXPECT_EQ(shape.values, 12);
+  EXPECT_EQ(shape.max_object_keys, 4);
+  // keys: type description title properties a type pattern b enum = 4+11+5+10+1+4+7+1+4; strings: object
+  // string x{300} xyz = 6+6+6+3
+  EXPECT_EQ(shape.literal_bytes, 47 + 21);
+  EXPECT_EQ(shape.pattern_size, 300);
 }
 
 }  // namespace

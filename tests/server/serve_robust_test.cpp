@@ -248,6 +248,16 @@ TEST_F(Robust, GrammarSourcesAreBounded) {
                                                          {"properties", {{"a", {{"type", "integer"}}}}}};
   lr = raw_request(port(), post("/v1/completions", literal.dump()));
   EXPECT_EQ(lr.status, 200) << lr.body;
+  // Counted repetitions are written out by the compiler: "x{20000}" took 34 s; refused unread, a UUID's
+  // pattern accepted.
+  literal["response_format"]["json_schema"]["schema"] = {{"type", "string"}, {"pattern", "x{20000}"}};
+  lr = raw_request(port(), post("/v1/completions", literal.dump()));
+  expect_error(lr, 400, "response_format.json_schema.schema");
+  EXPECT_NE(lr.body.find("a pattern of 20000 atoms"), std::string::npos) << lr.body;
+  literal["response_format"]["json_schema"]["schema"]["pattern"] =
+      "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$";
+  lr = raw_request(port(), post("/v1/completions", literal.dump()));
+  EXPECT_EQ(lr.status, 200) << lr.body;
 }
 
 // Item 10: the API's rough edges.
