@@ -378,7 +378,10 @@ TEST(ServeDummy, ConfigFileWithDummyWeightsAnswers) {
                    R"({"num_hidden_layers": 2})", "--kv-pages", "16"});
   ASSERT_GT(s.port(), 0) << s.log();
   EXPECT_NE(s.log().find("--tokenizer builtin:bytes"), std::string::npos) << s.log();
-  const HttpResult c = post_json(s.port(), "/v1/completions", {{"prompt", "hi"}, {"max_tokens", 3}});
+  // ignore_eos: the request samples (temperature 1, no seed), and random weights may pick the end token
+  // early.
+  const HttpResult c =
+      post_json(s.port(), "/v1/completions", {{"prompt", "hi"}, {"max_tokens", 3}, {"ignore_eos", true}});
   EXPECT_EQ(c.status, 200) << c.body;
   EXPECT_EQ(c.json()["usage"]["completion_tokens"], 3) << c.body;
   const HttpResult ch = post_json(s.port(), "/v1/chat/completions",
