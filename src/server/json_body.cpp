@@ -188,6 +188,10 @@ JsonShape json_shape(const ojson& j) {
         if (key == "pattern" && x.is_string())
           shape.pattern_size =
               std::max(shape.pattern_size, regex_expanded_size(x.get_ref<const std::string&>()));
+        if (key == "patternProperties" && x.is_object()) {  // its keys are patterns
+          for (const auto& [pattern, unused] : x.items())
+            shape.pattern_size = std::max(shape.pattern_size, regex_expanded_size(pattern));
+        }
         pending.emplace_back(&x, key == "description" || key == "title" || key == "$comment");
       }
     } else if (v->is_array()) {

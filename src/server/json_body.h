@@ -27,7 +27,8 @@ nlohmann::ordered_json parse_json_body(std::string_view body, const JsonLimits& 
 // Values (scalars, arrays and objects, `j` included), the most keys of any one object in `j`, and the bytes
 // of its keys and string values, without the strings of the annotation keys "description", "title" and
 // "$comment" (what a JSON schema turned into a grammar spells out as literals: names, const, enum, patterns).
-// pattern_size: the largest expanded size (regex_expanded_size) of a string under a "pattern" key.
+// pattern_size: the largest expanded size (regex_expanded_size) of a string under a "pattern" key or a key of
+// a "patternProperties" object.
 struct JsonShape {
   int64_t values = 0;
   int64_t max_object_keys = 0;

@@ -171,6 +171,8 @@ TEST(JsonBody, ShapeOfAGrammarSource) {
   // string x{300} xyz = 6+6+6+3
   EXPECT_EQ(shape.literal_bytes, 47 + 21);
   EXPECT_EQ(shape.pattern_size, 300);
+  EXPECT_EQ(json_shape(ojson::parse(R"({"patternProperties": {"^a{5000}$": {}, "b": {}}})")).pattern_size,
+            5000);
 }
 
 }  // namespace
