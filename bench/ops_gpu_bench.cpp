@@ -276,6 +276,21 @@ dsaserve::kernels::cuda::Fp8SmallGemmParams fp8_small_params(const ops::WeightRe
   return p;
 }
 
+// Calls fn(shape, T, weight, activations, output) for each GLM-5.3 FP8 decode shape at T = 1 and 8: the
+// operands both FP8 small-T sweeps time (a random weight, random activations and their FP8 quantisation).
+template <class F>
+void for_each_fp8_decode_case(F&& fn) {
+  namespace kc = dsaserve::kernels::cuda;
+  for (const auto& g : kFp8DecodeShapes) {
+    const ops::WeightRef w = weight(g.n, g.k, DType::f8e4m3fn);
+    for (int64_t T : {1, 8}) {
+      const ops::Fp8Act a = kc::quantize_fp8_activations(rand_gpu({T, g.k}, 1));
+      Tensor out = Tensor::empty({T, g.n}, DType::f32, Device::cuda);
+      fn(g, T, w, a, out);
+    }
+  }
+}
+
 // The small-T FP8 kernel's K split (gemm_small_params.h) swept at GLM-5.3's decode shapes: `splits` CTAs
 // along K per 128-row slice (auto: fp8_small_gemm_splits, one wave) at 2 and 3 CTAs per SM. CUDA-graph
 // replays of the kernel alone; floor: the weight bytes at 4.3 TB/s.
@@ -284,37 +299,31 @@ void bench_fp8_small_splits() {
   fmt::print("\n| {:<16} | {:>3} | {:<16} | {:>6} | {:>6} | {:>6} | {:>9} | {:>9} | {:>5} |\n", "fp8 small",
              "T", "[K, N]", "CTA/SM", "splits", "CTAs", "time us", "floor us", "ratio");
   Tensor counters = Tensor::zeros({kc::kFp8SmallCounters}, DType::i32, Device::cuda);
-  for (const auto& g : kFp8DecodeShapes) {
-    const ops::WeightRef w = weight(g.n, g.k, DType::f8e4m3fn);
-    for (int64_t T : {1, 8}) {
-      const Tensor x = rand_gpu({T, g.k}, 1);
-      const ops::Fp8Act a = kc::quantize_fp8_activations(x);
-      Tensor out = Tensor::empty({T, g.n}, DType::f32, Device::cuda);
-      const int64_t slices = (g.n + 127) / 128, kb = g.k / 128, Tp = a.codes.size(0);
-      for (int occ : {2, 3}) {
-        const int auto_s = kc::fp8_small_gemm_splits(g.n, g.k, Tp, occ);
-        std::vector<int> cands = {auto_s};
-        for (int s : {1, 2, 4, 8, 16, 32})
-          if (s != auto_s && s <= kb && slices * s <= 65535) cands.push_back(s);
-        for (int s : cands) {
-          Tensor partial = Tensor::empty({s, T, g.n}, DType::f32, Device::cuda);
-          const kc::Fp8SmallGemmParams p =
-              fp8_small_params(w, a, out, T, g.n, g.k, s, partial, counters, occ);
-          const double us = kc::graph_time_us([&] { (void)kc::launch_fp8_small_gemm(p, kc::op_stream()); });
-          const double floor_us = double(g.n * g.k) / kHbm * 1e6;
-          const bool dflt = s == auto_s && occ == kc::fp8_small_ctas_per_sm(g.n, Tp);
-          fmt::print("| {:<16} | {:>3} | {:<16} | {:>6} | {:>6} | {:>6} | {:>9.1f} | {:>9.2f} | {:>5.2f} |\n",
-                     fmt::format("{}{}", g.name,
-                                 dflt          ? " default"
-                                 : s == auto_s ? " auto"
-                                               : ""),
-                     T, fmt::format("[{},{}]", g.k, g.n), kc::fp8_small_ctas_per_sm(g.n, Tp, occ), s,
-                     slices * s, us, floor_us, floor_us / us);
-          std::fflush(stdout);
-        }
+  for_each_fp8_decode_case([&](const auto& g, int64_t T, const ops::WeightRef& w, const ops::Fp8Act& a,
+                               Tensor& out) {
+    const int64_t slices = (g.n + 127) / 128, kb = g.k / 128, Tp = a.codes.size(0);
+    for (int occ : {2, 3}) {
+      const int auto_s = kc::fp8_small_gemm_splits(g.n, g.k, Tp, occ);
+      std::vector<int> cands = {auto_s};
+      for (int s : {1, 2, 4, 8, 16, 32})
+        if (s != auto_s && s <= kb && slices * s <= 65535) cands.push_back(s);
+      for (int s : cands) {
+        Tensor partial = Tensor::empty({s, T, g.n}, DType::f32, Device::cuda);
+        const kc::Fp8SmallGemmParams p = fp8_small_params(w, a, out, T, g.n, g.k, s, partial, counters, occ);
+        const double us = kc::graph_time_us([&] { (void)kc::launch_fp8_small_gemm(p, kc::op_stream()); });
+        const double floor_us = double(g.n * g.k) / kHbm * 1e6;
+        const bool dflt = s == auto_s && occ == kc::fp8_small_ctas_per_sm(g.n, Tp);
+        fmt::print("| {:<16} | {:>3} | {:<16} | {:>6} | {:>6} | {:>6} | {:>9.1f} | {:>9.2f} | {:>5.2f} |\n",
+                   fmt::format("{}{}", g.name,
+                               dflt          ? " default"
+                               : s == auto_s ? " auto"
+                                             : ""),
+                   T, fmt::format("[{},{}]", g.k, g.n), kc::fp8_small_ctas_per_sm(g.n, Tp, occ), s,
+                   slices * s, us, floor_us, floor_us / us);
+        std::fflush(stdout);
       }
     }
-  }
+  });
 }
 // The small-T FP8 kernel's pipeline depth (Fp8SmallGemmParams::stages): at T = 1 and 8 per GLM-5.3 decode
 // shape, the default launch (4 K blocks in flight, the default CTAs per SM and split), then 4 and
@@ -327,47 +336,42 @@ void bench_fp8_small_stages() {
   fmt::print("\n| {:<12} | {:>2} | {:<13} | {:>6} | {:>6} | {:>6} | {:>9} | {:>9} | {:>5} |\n", "fp8 small",
              "T", "[K, N]", "stages", "CTA/SM", "splits", "time us", "floor us", "ratio");
   Tensor counters = Tensor::zeros({kc::kFp8SmallCounters}, DType::i32, Device::cuda);
-  for (const auto& g : kFp8DecodeShapes) {
-    const ops::WeightRef w = weight(g.n, g.k, DType::f8e4m3fn);
-    for (int64_t T : {1, 8}) {
-      const Tensor x = rand_gpu({T, g.k}, 1);
-      const ops::Fp8Act a = kc::quantize_fp8_activations(x);
-      Tensor out = Tensor::empty({T, g.n}, DType::f32, Device::cuda);
-      const int64_t Tp = a.codes.size(0);
-      const struct {
-        int stages, occ;
-        bool tma;
-      } runs[] = {{0, 0, false},
-                  {4, 2, false},
-                  {kc::kFp8SmallDeepStages, 2, false},
-                  {4, 2, true},
-                  {kc::kFp8SmallDeepStages, 2, true}};
-      for (const auto& r : runs) {
-        const int occ = kc::fp8_small_ctas_per_sm(g.n, Tp, r.occ);
-        const int s = kc::fp8_small_gemm_splits(g.n, g.k, Tp, occ);
-        Tensor partial = Tensor::empty({s, T, g.n}, DType::f32, Device::cuda);
-        kc::Fp8SmallGemmParams p = fp8_small_params(w, a, out, T, g.n, g.k, s, partial, counters, occ);
-        p.stages = r.stages;
-        p.tma = r.tma;
-        if (kc::launch_fp8_small_gemm(p, kc::op_stream()) != cudaSuccess) {
-          cudaGetLastError();
-          fmt::print("| {:<12} | {:>2} | {:<13} | {:>6} | refused |\n", g.name, T, r.tma ? "bulk copies" : "",
-                     r.stages);
-          continue;
+  for_each_fp8_decode_case(
+      [&](const auto& g, int64_t T, const ops::WeightRef& w, const ops::Fp8Act& a, Tensor& out) {
+        const int64_t Tp = a.codes.size(0);
+        const struct {
+          int stages, occ;
+          bool tma;
+        } runs[] = {{0, 0, false},
+                    {4, 2, false},
+                    {kc::kFp8SmallDeepStages, 2, false},
+                    {4, 2, true},
+                    {kc::kFp8SmallDeepStages, 2, true}};
+        for (const auto& r : runs) {
+          const int occ = kc::fp8_small_ctas_per_sm(g.n, Tp, r.occ);
+          const int s = kc::fp8_small_gemm_splits(g.n, g.k, Tp, occ);
+          Tensor partial = Tensor::empty({s, T, g.n}, DType::f32, Device::cuda);
+          kc::Fp8SmallGemmParams p = fp8_small_params(w, a, out, T, g.n, g.k, s, partial, counters, occ);
+          p.stages = r.stages;
+          p.tma = r.tma;
+          if (kc::launch_fp8_small_gemm(p, kc::op_stream()) != cudaSuccess) {
+            cudaGetLastError();
+            fmt::print("| {:<12} | {:>2} | {:<13} | {:>6} | refused |\n", g.name, T,
+                       r.tma ? "bulk copies" : "", r.stages);
+            continue;
+          }
+          const double us = kc::graph_time_us([&] { (void)kc::launch_fp8_small_gemm(p, kc::op_stream()); });
+          const double floor_us = double(g.n * g.k) / kHbm * 1e6;
+          fmt::print("| {:<12} | {:>2} | {:<13} | {:>6} | {:>6} | {:>6} | {:>9.1f} | {:>9.2f} | {:>5.2f} |\n",
+                     fmt::format("{}{}", g.name,
+                                 r.stages == 0 ? " default"
+                                 : r.tma       ? " bulk"
+                                               : ""),
+                     T, fmt::format("[{},{}]", g.k, g.n), r.stages == 0 ? 4 : r.stages, occ, s, us, floor_us,
+                     floor_us / us);
+          std::fflush(stdout);
         }
-        const double us = kc::graph_time_us([&] { (void)kc::launch_fp8_small_gemm(p, kc::op_stream()); });
-        const double floor_us = double(g.n * g.k) / kHbm * 1e6;
-        fmt::print("| {:<12} | {:>2} | {:<13} | {:>6} | {:>6} | {:>6} | {:>9.1f} | {:>9.2f} | {:>5.2f} |\n",
-                   fmt::format("{}{}", g.name,
-                               r.stages == 0 ? " default"
-                               : r.tma       ? " bulk"
-                                             : ""),
-                   T, fmt::format("[{},{}]", g.k, g.n), r.stages == 0 ? 4 : r.stages, occ, s, us, floor_us,
-                   floor_us / us);
-        std::fflush(stdout);
-      }
-    }
-  }
+      });
 }
 
 // Programmatic dependent launch (KernelOptions::pdl) changes how consecutive kernels overlap, so it shows
