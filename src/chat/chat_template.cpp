@@ -38,4 +38,42 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& request) const {
   return template_->render(ctx);
 }
 
+ToolCallForm probe_tool_call_form(const ChatTemplate& t) {
+  using nlohmann::ordered_json;
+  const std::string args_text = R"({"probe_key": "probe_value"})";
+  // Tried in this order; the first whose output shows the call (its name, and its arguments: verbatim
+  // when given as text, so a template that re-encodes text as JSON takes the object) wins.
+  for (const bool null_content : {false, true}) {
+    for (const bool object_arguments : {false, true}) {
+      ordered_json call = {
+          {"id", "call_probe"},
+          {"type", "function"},
+          {"function",
+           {{"name", "probe_call_name"},
+            {"arguments", object_arguments ? ordered_json::parse(args_text) : ordered_json(args_text)}}}};
+      ordered_json request = {
+          {"messages",
+           ordered_json::array({{{"role", "user"}, {"content", "probe"}},
+                                {{"role", "assistant"},
+                                 {"content", null_content ? ordered_json(nullptr) : ordered_json("")},
+                                 {"tool_calls", ordered_json::array({call})}},
+                                {{"role", "tool"}, {"tool_call_id", "call_probe"}, {"content", "probe"}}})},
+          {"add_generation_prompt", true}};
+      std::string out;
+      try {
+        out = t.render(request);
+      } catch (const std::exception&) {
+        continue;
+      }
+      const bool shown = out.find("probe_call_name") != std::string::npos &&
+                         (object_arguments ? out.find("probe_key") != std::string::npos &&
+                                                 out.find("probe_value") != std::string::npos
+                                           : out.find(args_text) != std::string::npos) &&
+                         out.find("None") == std::string::npos;
+      if (shown) return ToolCallForm{true, null_content, object_arguments};
+    }
+  }
+  return ToolCallForm{};
+}
+
 }  // namespace dsaserve::chat

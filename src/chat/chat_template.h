@@ -30,4 +30,16 @@ class ChatTemplate {
   nlohmann::ordered_json special_tokens_;
 };
 
+// How a template reads an assistant turn of tool calls. OpenAI's clients send that turn's content as null
+// and each call's arguments as JSON text; templates written for transformers differ: GLM's takes the
+// arguments as an object (it walks their items) and prints a null content as "None", DeepSeek-V3's
+// renders the calls only when the content is null and appends the arguments as text. The form is found
+// by rendering one such turn each way (as llama.cpp's minja probes a template's capabilities).
+struct ToolCallForm {
+  bool renders_calls = false;     // some form rendered the call; else the turn passes as sent
+  bool null_content = false;      // a turn of tool calls alone keeps a null content (else "")
+  bool object_arguments = false;  // the arguments as an object (else their JSON text)
+};
+ToolCallForm probe_tool_call_form(const ChatTemplate& t);
+
 }  // namespace dsaserve::chat

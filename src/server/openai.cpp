@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
+
+#include "server/json_body.h"
 
 namespace dsaserve::server {
 
@@ -205,6 +208,100 @@ std::string flatten_content(const json& content, size_t i) {
   return text;
 }
 
+// A function's name as the tool-call formats carry it (GLM's `<tool_call>name`, DeepSeek's
+// `<tool_sep>name\n`): a name with white space or markup could not be parsed back out of the output.
+void check_function_name(const json& fn, const std::string& param) {
+  auto name = fn.find("name");
+  if (name == fn.end() || !name->is_string()) bad(param + ".name", "required string");
+  const std::string& v = name->get_ref<const std::string&>();
+  if (v.empty()) bad(param + ".name", "must not be empty");
+  if (v.size() > 256) bad(param + ".name", "longer than 256 bytes");
+  for (unsigned char c : v) {
+    if (c <= ' ' || c == 0x7f || c == '<' || c == '>')
+      bad(param + ".name", fmt::format("'{}' has white space, a control character or '<' / '>'", v));
+  }
+}
+
+// An assistant message's tool_calls, as OpenAI takes them: [{id, type: "function", function: {name,
+// arguments}}]; arguments are the JSON text of an object (an object itself is taken too, as transformers'
+// templates take it).
+void check_tool_calls(const json& calls, size_t i) {
+  const std::string param = fmt::format("messages[{}].tool_calls", i);
+  if (!calls.is_array()) bad(param, fmt::format("expected an array, got {}", type_name(calls)));
+  for (size_t j = 0; j < calls.size(); ++j) {
+    const json& c = calls[j];
+    const std::string at = fmt::format("{}[{}]", param, j);
+    if (!c.is_object()) bad(at, fmt::format("expected an object, got {}", type_name(c)));
+    auto id = c.find("id");
+    if (id == c.end() || !id->is_string()) bad(at + ".id", "required string");
+    if (auto type = c.find("type"); type != c.end() && *type != "function")
+      bad(at + ".type", "expected \"function\"");
+    auto fn = c.find("function");
+    if (fn == c.end() || !fn->is_object()) bad(at + ".function", "required object {name, arguments}");
+    check_function_name(*fn, at + ".function");
+    auto args = fn->find("arguments");
+    if (args == fn->end() || !(args->is_string() || args->is_object()))
+      bad(at + ".function.arguments", "required string (the arguments' JSON)");
+  }
+}
+
+// One message of a chat request, checked as OpenAI checks it (content where the role needs it, a tool
+// result's tool_call_id, the assistant's tool calls), with its content flattened to text.
+json checked_message(const json& m, size_t i) {
+  const std::string at = fmt::format("messages[{}]", i);
+  if (!m.is_object()) bad(at, "expected an object");
+  auto role = m.find("role");
+  if (role == m.end() || !role->is_string()) bad(at + ".role", "required string");
+  const std::string r = role->get<std::string>();
+  if (r != "system" && r != "user" && r != "assistant" && r != "tool" && r != "developer") {
+    bad(at + ".role", fmt::format("unknown role '{}'", r));
+  }
+  auto content = m.find("content");
+  const bool has_content = content != m.end() && !content->is_null();
+  auto calls = m.find("tool_calls");
+  const bool has_calls = calls != m.end() && !calls->is_null();
+  if (has_calls) {
+    if (r != "assistant" && !(calls->is_array() && calls->empty()))
+      bad(at + ".tool_calls", "only assistant messages have tool_calls");
+    check_tool_calls(*calls, i);
+  }
+  // An assistant's turn may be tool calls alone; every other message needs its content.
+  if (!has_content && !(r == "assistant" && has_calls && !calls->empty()))
+    bad(at + ".content", r == "assistant" ? "required (or tool_calls)" : "required");
+  if (has_content && content->is_array() && content->empty())
+    bad(at + ".content", "must not be an empty array");
+  if (r == "tool") {
+    auto id = m.find("tool_call_id");
+    if (id == m.end() || !id->is_string()) bad(at + ".tool_call_id", "required string");
+  }
+  for (const char* key : {"name", "reasoning_content"}) {
+    if (auto v = m.find(key); v != m.end() && !v->is_null() && !v->is_string())
+      bad(fmt::format("{}.{}", at, key), fmt::format("expected a string, got {}", type_name(*v)));
+  }
+  json out = m;
+  out["role"] = r == "developer" ? "system" : r;
+  // A turn of tool calls alone keeps its null content until fit_tool_call_form knows the template's form.
+  out["content"] = has_content ? json(flatten_content(*content, i)) : json(nullptr);
+  return out;
+}
+
+// One entry of `tools`: {"type": "function", "function": {"name", "description"?, "parameters"?}}.
+// Returns the function's name.
+std::string checked_tool(const json& tool, size_t i) {
+  const std::string at = fmt::format("tools[{}]", i);
+  if (!tool.is_object()) bad(at, "expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  if (auto type = tool.find("type"); type != tool.end() && *type != "function")
+    bad(at + ".type", "expected \"function\"");
+  auto fn = tool.find("function");
+  if (fn == tool.end() || !fn->is_object()) bad(at + ".function", "required object {name, parameters?}");
+  check_function_name(*fn, at + ".function");
+  if (auto d = fn->find("description"); d != fn->end() && !d->is_null() && !d->is_string())
+    bad(at + ".function.description", fmt::format("expected a string, got {}", type_name(*d)));
+  if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null() && !p->is_object())
+    bad(at + ".function.parameters",
+        fmt::format("expected an object (a JSON schema), got {}", type_name(*p)));
+  return fn->at("name").get<std::string>();
+}
 }  // namespace
 
 GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
@@ -220,30 +317,16 @@ GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
   if (it == b.end()) bad("messages", "required");
   if (!it->is_array() || it->empty()) bad("messages", "expected a non-empty array of messages");
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& m = (*it)[i];
-    if (!m.is_object()) bad(fmt::format("messages[{}]", i), "expected an object");
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) bad(fmt::format("messages[{}].role", i), "required string");
-    const std::string r = role->get<std::string>();
-    if (r != "system" && r != "user" && r != "assistant" && r != "tool" && r != "developer") {
-      bad(fmt::format("messages[{}].role", i), fmt::format("unknown role '{}'", r));
-    }
-    nlohmann::ordered_json out = m;
-    out["role"] = r == "developer" ? "system" : r;
-    out["content"] = flatten_content(m.value("content", json(nullptr)), i);
-    msgs.push_back(std::move(out));
-  }
+  for (size_t i = 0; i < it->size(); ++i) msgs.push_back(checked_message((*it)[i], i));
   s.chat_request["messages"] = std::move(msgs);
   s.chat_request["add_generation_prompt"] = true;
   if (auto t = b.find("tools"); t != b.end() && !t->is_null()) {
     if (!t->is_array()) bad("tools", fmt::format("expected an array, got {}", type_name(*t)));
+    std::set<std::string> names;
     for (size_t i = 0; i < t->size(); ++i) {
-      const json& tool = (*t)[i];
-      if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object() ||
-          !tool["function"].contains("name") || !tool["function"]["name"].is_string()) {
-        bad(fmt::format("tools[{}]", i), "expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
-      }
+      const std::string name = checked_tool((*t)[i], i);
+      if (!names.insert(name).second)
+        bad(fmt::format("tools[{}].function.name", i), fmt::format("'{}' is defined twice", name));
     }
     if (!t->empty()) {
       s.chat_request["tools"] = *t;
@@ -278,6 +361,33 @@ GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
     s.chat_request["chat_template_kwargs"] = *k;
   }
   return s;
+}
+
+void fit_tool_call_form(GenerationSpec& spec, const chat::ToolCallForm& form) {
+  auto msgs = spec.chat_request.find("messages");
+  if (msgs == spec.chat_request.end()) return;
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    json& m = (*msgs)[i];
+    if (m["content"].is_null() && !(form.renders_calls && form.null_content)) m["content"] = "";
+    auto calls = m.find("tool_calls");
+    if (!form.object_arguments || calls == m.end() || !calls->is_array()) continue;
+    for (size_t j = 0; j < calls->size(); ++j) {
+      json& args = (*calls)[j]["function"]["arguments"];
+      if (!args.is_string()) continue;
+      const std::string param = fmt::format("messages[{}].tool_calls[{}].function.arguments", i, j);
+      json parsed;
+      try {  // the body's own bounds (nesting, values): the text is the client's
+        parsed = parse_json_body(args.get<std::string>(), JsonLimits{});
+      } catch (const ApiError& e) {
+        bad(param, fmt::format("expected the JSON text of an object: {}", e.what()));
+      }
+      if (!parsed.is_object()) {
+        bad(param,
+            "expected the JSON text of an object (this model's chat template takes the arguments as one)");
+      }
+      args = std::move(parsed);
+    }
+  }
 }
 
 GenerationSpec parse_completion_request(const json& b, int64_t vocab, int64_t max_n) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat_template.h"
 #include "runtime/sampler/sampling_params.h"
 
 namespace dsaserve::grammar {
@@ -68,5 +69,11 @@ struct GenerationSpec {
 GenerationSpec parse_chat_request(const nlohmann::ordered_json& body, int64_t vocab_size, int64_t max_n = 16);
 GenerationSpec parse_completion_request(const nlohmann::ordered_json& body, int64_t vocab_size,
                                         int64_t max_n = 16);
+
+// Fits a parsed chat request's assistant turns of tool calls to the chat template's form: their null
+// content becomes "" unless the template renders calls only under a null one; arguments sent as JSON text
+// become objects where the template walks them (each must then be the text of a JSON object: 400 naming
+// the field otherwise). As vLLM and SGLang turn the arguments into objects before rendering.
+void fit_tool_call_form(GenerationSpec& spec, const chat::ToolCallForm& form);
 
 }  // namespace dsaserve::server

@@ -80,6 +80,8 @@ class Server {
         tok_(std::move(tok)),
         chat_(std::move(chat)),
         chat_tools_(std::move(chat_tools)),
+        chat_form_(chat_ ? chat::probe_tool_call_form(*chat_) : chat::ToolCallForm{}),
+        chat_tools_form_(chat_tools_ ? chat::probe_tool_call_form(*chat_tools_) : chat::ToolCallForm{}),
         acceptor_(ioc_),
         signals_(ioc_, SIGINT, SIGTERM),
         drain_timer_(ioc_) {
@@ -469,8 +471,10 @@ class Server {
     std::string prompt_text;
     check_stopping();
     if (chat) {
-      const auto& tmpl = spec.has_tools && chat_tools_ ? chat_tools_ : chat_;
+      const bool tools_template = spec.has_tools && chat_tools_;
+      const auto& tmpl = tools_template ? chat_tools_ : chat_;
       if (!tmpl) throw ApiError(400, "this model has no chat template: use /v1/completions", "messages");
+      fit_tool_call_form(spec, tools_template ? chat_tools_form_ : chat_form_);
       try {
         prompt_text = tmpl->render(spec.chat_request);
       } catch (const std::exception& e) {
@@ -515,6 +519,7 @@ class Server {
   std::shared_ptr<model::Model> model_;
   tokenizer::Tokenizer tok_;
   std::optional<chat::ChatTemplate> chat_, chat_tools_;
+  chat::ToolCallForm chat_form_, chat_tools_form_;  // how each template reads a turn of tool calls
   net::io_context ioc_{1};
   tcp::acceptor acceptor_;
   net::signal_set signals_;

@@ -75,5 +75,27 @@ TEST(ChatCases, TokenizerConfigTemplateMatchesFixture) {
   EXPECT_EQ(from_config.render(req), "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜>");
 }
 
+// How each template reads a turn of tool calls, found by rendering one each way: GLM's walks the arguments
+// as an object (and prints a null content as "None"), DeepSeek-V3's renders calls only under a null content
+// and appends the arguments' text; a template that re-encodes them (tojson) takes the object, one that
+// prints them takes the text, and one that never shows calls is left as sent.
+TEST(ChatCases, ToolCallFormOfEachTemplate) {
+  DSA_FIXTURE_PATH(tokenizer_dir, "tokenizers/deepseek_v3");
+  const ChatConfig config = ChatConfig::load(tokenizer_dir);
+  auto form = [&](const std::string& source) {
+    const ToolCallForm f = probe_tool_call_form(ChatTemplate(source, config.special_tokens()));
+    return std::tuple(f.renders_calls, f.null_content, f.object_arguments);
+  };
+  const auto dir = ::dsaserve::testing::fixtures_dir() / "templates";
+  EXPECT_EQ(form(read_file(dir / "glm_4_6.jinja")), std::tuple(true, false, true));
+  EXPECT_EQ(form(read_file(dir / "deepseek_v3.jinja")), std::tuple(true, true, false));
+  const std::string loop = "{% for m in messages %}{{ m.content }}{% for c in m.tool_calls or [] %}";
+  EXPECT_EQ(form(loop + "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}"),
+            std::tuple(true, false, true));
+  EXPECT_EQ(form(loop + "{{ c.function.name }}{{ c.function.arguments }}{% endfor %}{% endfor %}"),
+            std::tuple(true, false, false));
+  EXPECT_EQ(form("{% for m in messages %}{{ m.content }}{% endfor %}"), std::tuple(false, false, false));
+}
+
 }  // namespace
 }  // namespace dsaserve::chat

@@ -292,6 +292,14 @@ TEST_P(Serve, BadRequestsGetOpenAIErrors) {
                "messages[0].role");
   expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": 5}]})", 400,
                "messages[0].content");
+  expect_error("/v1/chat/completions", R"({"messages": [{"role": "user"}]})", 400, "messages[0].content");
+  expect_error("/v1/chat/completions",
+               R"({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}]})", 400,
+               "messages[1].tool_call_id");
+  expect_error("/v1/chat/completions",
+               R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",
+                   "function": {"name": "f", "parameters": "{}"}}]})",
+               400, "tools[0].function.parameters");
   std::vector<int32_t> huge(5000, 7);  // context 4096
   expect_error("/v1/completions", json{{"prompt", huge}}.dump(), 400, "prompt");
   expect_error("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 5000}}.dump(), 400, "max_tokens");

@@ -450,5 +450,38 @@ TEST(RobustFlags, HostNameAndChatTemplateWithBuiltinTokenizer) {
   std::filesystem::remove(tmpl);
 }
 
+// An OpenAI client's turn of tool calls (null content, arguments as JSON text) reaches a template that walks
+// the arguments as an object (GLM's) as that object: the same prompt as the turn written in the template's
+// own form; arguments that are no object's text are a 400 naming them.
+TEST(RobustFlags, OpenAIToolCallTurnsFitTheChatTemplate) {
+  DSA_FIXTURE_PATH(glm_template, "templates/glm_4_6.jinja");
+  ServerProcess s({"--model", "builtin", "--kv-pages", "16", "--chat-template", glm_template.string()});
+  ASSERT_GT(s.port(), 0) << s.log();
+  auto turn = [](const json& content, const json& arguments) {
+    const json call = {{"id", "call_1"},
+                       {"type", "function"},
+                       {"function", {{"name", "get_weather"}, {"arguments", arguments}}}};
+    return json{{"messages",
+                 {{{"role", "user"}, {"content", "Weather in Paris?"}},
+                  {{"role", "assistant"}, {"content", content}, {"tool_calls", {call}}},
+                  {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}}}},
+                {"max_tokens", 1}}
+        .dump();
+  };
+  const RawReply openai =
+      raw_request(s.port(), post("/v1/chat/completions", turn(nullptr, R"({"city": "Paris", "days": 2})")));
+  ASSERT_EQ(openai.status, 200) << openai.body;
+  const RawReply native =
+      raw_request(s.port(), post("/v1/chat/completions", turn("", json{{"city", "Paris"}, {"days", 2}})));
+  ASSERT_EQ(native.status, 200) << native.body;
+  EXPECT_EQ(json::parse(openai.body)["usage"]["prompt_tokens"],
+            json::parse(native.body)["usage"]["prompt_tokens"]);
+  const RawReply bad = raw_request(s.port(), post("/v1/chat/completions", turn(nullptr, "city=Paris")));
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_EQ(json::parse(bad.body)["error"]["param"], "messages[1].tool_calls[0].function.arguments")
+      << bad.body;
+  EXPECT_EQ(s.stop(), 0);
+}
+
 }  // namespace
 }  // namespace dsaserve::testing
