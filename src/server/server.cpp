@@ -434,7 +434,11 @@ class Server {
           400,
           fmt::format("{} has a pattern of {} atoms once its counted repetitions ({{n}}, {{n,m}}) are "
                       "written out; a grammar-constrained request allows at most {}",
-                      param, shape.pattern_size, kMaxPatternSize),
+                      param,
+                      // regex_expanded_size saturates: past 10^15 the count is only "very many"
+                      shape.pattern_size > int64_t(1e15) ? std::string("more than 10^15")
+                                                         : std::to_string(shape.pattern_size),
+                      kMaxPatternSize),
           param);
     }
   }

@@ -14,6 +14,27 @@ Session::Session(tcp::socket socket, const Router& router, int64_t max_body_byte
       read_timeout_s_(read_timeout_s),
       writes_in_flight_(writes_in_flight) {}
 
+namespace {
+
+// The first coding of a Content-Encoding / Transfer-Encoding list other than identity (and chunked, for a
+// transfer coding, which the parser has undone), or "" when there is none.
+std::string unsupported_coding(beast::string_view list, bool transfer) {
+  std::string_view rest(list.data(), list.size());
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
+    const beast::string_view b(item.data(), item.size());
+    if (item.empty() || beast::iequals(b, "identity") || (transfer && beast::iequals(b, "chunked"))) continue;
+    return printable(item);
+  }
+  return "";
+}
+
+}  // namespace
+
 void Session::start() {
   net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
 }
@@ -46,6 +67,14 @@ void Session::on_read(beast::error_code ec) {
   keep_alive_ = req_.keep_alive();
   http10_ = req_.version() < 11;
   respond_done_ = false;
+  // Codings the body would need undoing: served as-is they would be read as JSON (RFC 9110: 415 for a
+  // Content-Encoding the server does not take; RFC 9112: 501 for a transfer coding it does not know).
+  if (const std::string c = unsupported_coding(req_[http::field::content_encoding], false); !c.empty()) {
+    return reject(415, fmt::format("Content-Encoding '{}' is not supported: send the body uncompressed", c));
+  }
+  if (const std::string c = unsupported_coding(req_[http::field::transfer_encoding], true); !c.empty()) {
+    return reject(501, fmt::format("Transfer-Encoding '{}' is not implemented (chunked is)", c));
+  }
   try {
     router_(shared_from_this(), req_);
   } catch (...) {

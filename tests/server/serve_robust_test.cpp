@@ -173,6 +173,24 @@ TEST_F(Robust, MalformedRequestsAre400AndHugeHeaders431) {
   expect_alive();
 }
 
+// A compressed body is refused, not read as JSON: Content-Encoding other than identity is a 415, a transfer
+// coding other than chunked a 501 (RFC 9110 / 9112); identity passes.
+TEST_F(Robust, BodyCodingsTheServerCannotUndoAreRefused) {
+  const std::string body = R"({"prompt": "x", "max_tokens": 1})";
+  expect_error(raw_request(port(), post("/v1/completions", body, "1.1", "Content-Encoding: gzip\r\n")), 415);
+  expect_error(
+      raw_request(port(), post("/v1/completions", body, "1.1", "Content-Encoding: identity, br\r\n")), 415);
+  const std::string chunked = fmt::format(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, "
+      "chunked\r\n\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+      body.size(), body);
+  expect_error(raw_request(port(), chunked), 501);
+  EXPECT_EQ(
+      raw_request(port(), post("/v1/completions", body, "1.1", "Content-Encoding: Identity\r\n")).status,
+      200);
+  expect_alive();
+}
+
 // Item 4: parsing is bounded (keys per object, values per body, nesting) and linear (an object of 200k keys
 // took 33 s; an array of objects was quadratic too). The time each body takes is bench/json_body_bench's
 // (same-size array bodies beside it as the floor); here raw_request's own limit (20 s) is only the bound
@@ -254,6 +272,10 @@ TEST_F(Robust, GrammarSourcesAreBounded) {
   lr = raw_request(port(), post("/v1/completions", literal.dump()));
   expect_error(lr, 400, "response_format.json_schema.schema");
   EXPECT_NE(lr.body.find("a pattern of 20000 atoms"), std::string::npos) << lr.body;
+  literal["response_format"]["json_schema"]["schema"]["pattern"] = "x{99999999999999999999999999}";
+  lr = raw_request(port(), post("/v1/completions", literal.dump()));
+  expect_error(lr, 400, "response_format.json_schema.schema");
+  EXPECT_NE(lr.body.find("a pattern of more than 10^15 atoms"), std::string::npos) << lr.body;
   literal["response_format"]["json_schema"]["schema"]["pattern"] =
       "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$";
   lr = raw_request(port(), post("/v1/completions", literal.dump()));
