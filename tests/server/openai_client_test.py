@@ -6,6 +6,7 @@ tool_calls after reasoning_content, and a json_schema response that json.loads p
 the `openai` package is missing."""
 import argparse
 import json
+import os
 import subprocess
 import sys
 import urllib.error
@@ -115,6 +116,33 @@ def constrained(c):
         assert e.body["param"] == "response_format.json_schema.schema", e.body
 
 
+def tool_round_trip(c):
+    """A forced call's reply appended as the SDK's own message object, then the tool's result: the next request
+    renders that turn with GLM's chat template, which walks the arguments as an object (the SDK sends them as
+    JSON text and the content as null)."""
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = c.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS, max_tokens=300, temperature=0,
+                                      tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    call_msg = first.choices[0].message
+    assert call_msg.tool_calls and isinstance(call_msg.tool_calls[0].function.arguments, str), call_msg
+    msgs.append(call_msg)
+    msgs.append({"role": "tool", "tool_call_id": call_msg.tool_calls[0].id, "content": "sunny, 21 C"})
+    second = c.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS, max_tokens=2, temperature=0)
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens, second.usage
+    # A tool result without its call id is OpenAI's 400.
+    try:
+        c.chat.completions.create(model=MODEL, messages=msgs[:-1] + [{"role": "tool", "content": "x"}], max_tokens=1)
+        raise AssertionError("tool message without tool_call_id accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "messages[2].tool_call_id", e.body
+
+
+def fixtures_dir():
+    env = os.environ.get("DSASERVE_FIXTURES")
+    here = os.path.dirname(os.path.abspath(__file__))
+    return env or os.path.join(here, "..", "..", "..", "shared", "fixtures")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dsaserve", required=True)
@@ -195,6 +223,16 @@ def main():
         constrained(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0))
     finally:
         stop(p)
+    glm_template = os.path.join(fixtures_dir(), "templates", "glm_4_6.jinja")
+    if os.path.exists(glm_template):
+        p, port = start(args.dsaserve, "--tool-call-parser", "glm45", "--reasoning-parser", "glm45",
+                        "--chat-template", glm_template)
+        try:
+            tool_round_trip(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0))
+        finally:
+            stop(p)
+    else:
+        print(f"{glm_template} missing: the tool round trip through GLM's template is skipped")
     print("openai client test: ok")
 
 
