@@ -55,7 +55,7 @@ TEST(OpenAI, ValidationNamesFields) {
   EXPECT_EQ(
       param_of({{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tools", {{{"type", "function"}}}}},
                true),
-      "tools[0]");
+      "tools[0].function");
   const GenerationSpec s = parse_completion_request({{"prompt", {1, 2, 3}},
                                                      {"max_tokens", 7},
                                                      {"temperature", 0.5},
