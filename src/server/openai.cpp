@@ -358,6 +358,12 @@ GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
   if (auto k = b.find("chat_template_kwargs"); k != b.end() && !k->is_null()) {
     if (!k->is_object())
       bad("chat_template_kwargs", fmt::format("expected an object, got {}", type_name(*k)));
+    // The request's own template variables are not the client's to replace (transformers: a TypeError,
+    // "multiple values for keyword argument"); a kwarg named so would also skip the checks above.
+    for (const char* own : {"messages", "tools", "documents", "add_generation_prompt"}) {
+      if (k->contains(own))
+        bad("chat_template_kwargs", fmt::format("'{}' is the request's own template variable", own));
+    }
     s.chat_request["chat_template_kwargs"] = *k;
   }
   return s;

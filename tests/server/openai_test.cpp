@@ -100,6 +100,17 @@ TEST(ChatMessages, MalformedToolsAreRejectedNamingTheField) {
   for (const auto& [body, param] : cases) EXPECT_EQ(rejected_param(body), param) << body;
 }
 
+TEST(ChatMessages, TemplateKwargsDoNotReplaceTheRequestsOwnVariables) {
+  for (const char* own : {"messages", "tools", "documents", "add_generation_prompt"}) {
+    const json body = {{"messages", json::array({json{{"role", "user"}, {"content", "hi"}}})},
+                       {"chat_template_kwargs", json{{"enable_thinking", false}, {own, json::array()}}}};
+    EXPECT_EQ(rejected_param(body.dump()), "chat_template_kwargs") << own;
+  }
+  EXPECT_EQ(rejected_param(R"({"messages": [{"role": "user", "content": "hi"}],
+                               "chat_template_kwargs": {"enable_thinking": false, "bos_token": ""}})"),
+            "");
+}
+
 TEST(ChatMessages, WhatOpenAIAcceptsIsAccepted) {
   const std::vector<std::string> ok = {
       with_turns(std::string(R"({"role": "assistant", "content": null, "tool_calls": [)") + kCall +
