@@ -38,6 +38,26 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& request) const {
   return template_->render(ctx);
 }
 
+std::string cut_after_final_message(const std::string& rendered, const std::string& final_text) {
+  if (const size_t at = rendered.rfind(final_text); at != std::string::npos)
+    return rendered.substr(0, at + final_text.size());
+  constexpr const char* kSpace = " \t\n\r\v\f";
+  const size_t first = final_text.find_first_not_of(kSpace);
+  const size_t last = final_text.find_last_not_of(kSpace);
+  const std::string lstripped = first == std::string::npos ? "" : final_text.substr(first);
+  const std::string stripped = first == std::string::npos ? "" : final_text.substr(first, last - first + 1);
+  const size_t at = rendered.rfind(stripped);
+  if (at == std::string::npos) {
+    fail(
+        "continue_final_message: the final message does not appear in the rendered chat (the chat template "
+        "changes it)");
+  }
+  // The template kept the trailing white space (the text's leading white space was what it trimmed) or not.
+  if (rendered.compare(at, lstripped.size(), lstripped) == 0)
+    return rendered.substr(0, at + lstripped.size());
+  return rendered.substr(0, at + stripped.size());
+}
+
 ToolCallForm probe_tool_call_form(const ChatTemplate& t) {
   using nlohmann::ordered_json;
   const std::string args_text = R"({"probe_key": "probe_value"})";

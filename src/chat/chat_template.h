@@ -30,6 +30,11 @@ class ChatTemplate {
   nlohmann::ordered_json special_tokens_;
 };
 
+// A rendered chat cut right after the final message's text, for continuing that message (transformers'
+// continue_final_message: the last occurrence of the text; where the template trimmed the text's white space,
+// of the trimmed text). Throws dsaserve::Error when the text does not appear.
+std::string cut_after_final_message(const std::string& rendered, const std::string& final_text);
+
 // How a template reads an assistant turn of tool calls. OpenAI's clients send that turn's content as null
 // and each call's arguments as JSON text; templates written for transformers differ: GLM's takes the
 // arguments as an object (it walks their items) and prints a null content as "None", DeepSeek-V3's

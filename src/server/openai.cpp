@@ -319,7 +319,22 @@ GenerationSpec parse_chat_request(const json& b, int64_t vocab, int64_t max_n) {
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
   for (size_t i = 0; i < it->size(); ++i) msgs.push_back(checked_message((*it)[i], i));
   s.chat_request["messages"] = std::move(msgs);
-  s.chat_request["add_generation_prompt"] = true;
+  // vLLM's and SGLang's extensions: continue the final message (a prefilled answer) instead of opening a new
+  // assistant turn; as transformers, the two cannot both be on.
+  const std::optional<bool> add_prompt = get_bool(b, "add_generation_prompt");
+  if (get_bool(b, "continue_final_message").value_or(false)) {
+    if (add_prompt.value_or(false)) {
+      bad("continue_final_message", "cannot be true with add_generation_prompt true");
+    }
+    // transformers continues after the text of the final message's last part
+    const json& last = it->back();
+    auto content = last.find("content");
+    if (content == last.end() || content->is_null())
+      bad("continue_final_message", "the final message has no content to continue");
+    s.continue_final_text =
+        content->is_array() ? content->back().at("text").get<std::string>() : content->get<std::string>();
+  }
+  s.chat_request["add_generation_prompt"] = add_prompt.value_or(!s.continue_final_text.has_value());
   if (auto t = b.find("tools"); t != b.end() && !t->is_null()) {
     if (!t->is_array()) bad("tools", fmt::format("expected an array, got {}", type_name(*t)));
     std::set<std::string> names;

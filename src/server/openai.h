@@ -50,6 +50,8 @@ struct GenerationSpec {
   // Chat: the request for the chat template ({messages, tools?, add_generation_prompt,
   // chat_template_kwargs?}). Completions: the prompt as text or as token ids.
   nlohmann::ordered_json chat_request;
+  // continue_final_message: the prompt ends right after this text of the final message (transformers' cut).
+  std::optional<std::string> continue_final_text;
   nlohmann::json parser_tools;  // the tools again, for the tool-call output parser
   bool has_tools = false;
   std::string tool_choice = "auto";  // "auto", "none", "required", or a function name (forced)

@@ -485,6 +485,13 @@ class Server {
         throw ApiError(400, fmt::format("the chat template failed on these messages: {}", e.what()),
                        "messages");
       }
+      if (spec.continue_final_text) {
+        try {
+          prompt_text = chat::cut_after_final_message(prompt_text, *spec.continue_final_text);
+        } catch (const std::exception& e) {
+          throw ApiError(400, e.what(), "continue_final_message");
+        }
+      }
     } else if (spec.prompt_text) {
       prompt_text = *spec.prompt_text;
     } else {

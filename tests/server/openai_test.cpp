@@ -178,6 +178,53 @@ TEST(ChatMessages, ToolCallTurnsFromOpenAIClientsRenderAsTransformersDoes) {
   EXPECT_GE(cases, 2);  // GLM's (object arguments) and DeepSeek-V3's (text arguments, null content)
 }
 
+// continue_final_message (vLLM's and SGLang's extension): the prompt ends right after the final message's
+// text, with no generation prompt; GLM's template strips the text (the cut falls after the stripped text),
+// DeepSeek-V3's keeps it and closes the turn with its end token (cut off).
+TEST(ChatMessages, ContinueFinalMessageEndsThePromptAtItsText) {
+  DSA_FIXTURE_PATH(tokenizer_dir, "tokenizers/deepseek_v3");
+  const chat::ChatConfig config = chat::ChatConfig::load(tokenizer_dir);
+  const json messages = json::parse(R"([{"role": "user", "content": "Name a colour."},
+                                        {"role": "assistant", "content": " Sure, the colour is "}])");
+  for (const auto& [name, want_end] : std::vector<std::pair<std::string, std::string>>{
+           {"glm_4_6", "\nSure, the colour is"}, {"deepseek_v3", "<｜Assistant｜> Sure, the colour is "}}) {
+    const chat::ChatTemplate tmpl(
+        read_file(::dsaserve::testing::fixtures_dir() / "templates" / (name + ".jinja")),
+        config.special_tokens());
+    GenerationSpec spec =
+        parse_chat_request(json{{"messages", messages}, {"continue_final_message", true}}, 512);
+    EXPECT_EQ(spec.chat_request["add_generation_prompt"], false);
+    ASSERT_TRUE(spec.continue_final_text.has_value());
+    const std::string whole = tmpl.render(spec.chat_request);
+    const std::string cut = chat::cut_after_final_message(whole, *spec.continue_final_text);
+    EXPECT_EQ(cut, whole.substr(0, cut.size())) << name;
+    ASSERT_GE(cut.size(), want_end.size());
+    EXPECT_EQ(cut.substr(cut.size() - want_end.size()), want_end) << name << ": " << cut;
+    if (name == "deepseek_v3") {
+      EXPECT_LT(cut.size(), whole.size());  // the end token is cut off
+    }
+  }
+  // A list of parts continues after its last part's text (as transformers).
+  GenerationSpec parts = parse_chat_request(
+      json::parse(R"({"messages": [{"role": "assistant", "content": [{"type": "text", "text": "a"},
+                     {"type": "text", "text": "b"}]}], "continue_final_message": true})"),
+      512);
+  EXPECT_EQ(parts.continue_final_text, "b");
+  EXPECT_EQ(rejected_param(R"({"messages": [{"role": "assistant", "content": "x"}],
+                               "continue_final_message": true, "add_generation_prompt": true})"),
+            "continue_final_message");
+  json calls_last =
+      json::parse(with_turns(std::string(R"({"role": "assistant", "tool_calls": [)") + kCall + "]}"));
+  calls_last["continue_final_message"] = true;
+  EXPECT_EQ(rejected_param(calls_last.dump()), "continue_final_message");
+  GenerationSpec plain = parse_chat_request(
+      json::parse(R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false})"),
+      512);
+  EXPECT_EQ(plain.chat_request["add_generation_prompt"], false);
+  EXPECT_FALSE(plain.continue_final_text.has_value());
+  EXPECT_THROW(chat::cut_after_final_message("<user>hi<assistant>", "something else"), std::exception);
+}
+
 TEST(ChatMessages, ArgumentsAreTheTextOfAnObjectWhereTheTemplateWalksThem) {
   const chat::ToolCallForm objects{true, false, true};
   auto fitted = [&](const std::string& args) {

@@ -505,5 +505,33 @@ TEST(RobustFlags, OpenAIToolCallTurnsFitTheChatTemplate) {
   EXPECT_EQ(s.stop(), 0);
 }
 
+// continue_final_message through the binary with DeepSeek-V3's template, which closes an assistant turn with
+// its end token: continuing the final message cuts that token off the prompt (add_generation_prompt false
+// alone keeps it); both on is a 400.
+TEST(RobustFlags, ContinueFinalMessageEndsThePromptAtTheFinalText) {
+  DSA_FIXTURE_PATH(ds_template, "templates/deepseek_v3.jinja");
+  ServerProcess s({"--model", "builtin", "--kv-pages", "16", "--chat-template", ds_template.string()});
+  ASSERT_GT(s.port(), 0) << s.log();
+  auto prompt_tokens = [&](const json& flags) {
+    json body = {{"messages",
+                  {{{"role", "user"}, {"content", "Name a colour."}},
+                   {{"role", "assistant"}, {"content", "The colour is"}}}},
+                 {"max_tokens", 1}};
+    body.update(flags);
+    const RawReply r = raw_request(s.port(), post("/v1/chat/completions", body.dump()));
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? json::parse(r.body)["usage"]["prompt_tokens"].get<int>() : -1;
+  };
+  const int closed = prompt_tokens({{"add_generation_prompt", false}});
+  const int continued = prompt_tokens({{"continue_final_message", true}});
+  EXPECT_GT(continued, 0);
+  EXPECT_LT(continued, closed);
+  const RawReply both = raw_request(
+      s.port(), post("/v1/chat/completions", R"({"messages": [{"role": "assistant", "content": "x"}],
+                 "continue_final_message": true, "add_generation_prompt": true})"));
+  EXPECT_EQ(both.status, 400) << both.body;
+  EXPECT_EQ(s.stop(), 0);
+}
+
 }  // namespace
 }  // namespace dsaserve::testing
