@@ -221,10 +221,15 @@ class Renderer {
 
   Flow exec(const Stmt& s, std::string& out) {
     switch (s.kind) {
-      case StmtKind::kText: out += s.text; return Flow::kNormal;
+      case StmtKind::kText:
+        out += s.text;
+        charge_at(s.pos, int64_t(s.text.size()));
+        return Flow::kNormal;
       case StmtKind::kOutput: {
         const Value v = eval(*s.expr);
+        const size_t before = out.size();
         out += v.str();
+        charge_at(s.pos, int64_t(out.size() - before));
         return Flow::kNormal;
       }
       case StmtKind::kIf:
@@ -332,6 +337,7 @@ class Renderer {
     const auto n = static_cast<int64_t>(items.size());
     auto last_changed = std::make_shared<std::optional<Value>>();
     for (int64_t i = 0; i < n; ++i) {
+      charge_at(s.pos, 64);
       auto frame = std::make_shared<Frame>();
       auto d = std::make_shared<DictData>();
       auto& li = d->items;
@@ -450,13 +456,35 @@ class Renderer {
     });
   }
 
+  void charge_at(SrcPos pos, int64_t bytes) {
+    try {
+      charge(bytes);
+    } catch (const ValueError& err) {
+      fail(err.kind, pos, err.message);
+    }
+  }
+
   // ---- expressions ----
 
   Value eval(const Expr& e) {
     try {
-      return eval_inner(e);
+      Value v = eval_inner(e);
+      if (v.is_string()) charge(int64_t(v.as_string().size()));  // strings are values: each result a copy
+      return v;
     } catch (const ValueError& err) {
       fail(err.kind, e.pos, err.message);
+    }
+  }
+
+  // Counts work against TemplateOptions::max_work_bytes.
+  void charge(int64_t bytes) {
+    work_ += bytes;
+    if (work_ > o_.max_work_bytes) {
+      throw_value_error(
+          ErrorKind::kRuntime,
+          fmt::format("the template did more than {} MiB of string work (one that grows a string "
+                      "per message, over a very long conversation?)",
+                      o_.max_work_bytes >> 20));
     }
   }
 
@@ -599,6 +627,7 @@ class Renderer {
   std::vector<Value> mutated_;  // every namespace an attribute was set on (likewise)
   std::unordered_set<const DictData*> mutated_seen_;  // ... once each
   int call_depth_ = 0;
+  int64_t work_ = 0;  // against TemplateOptions::max_work_bytes
 };
 
 }  // namespace

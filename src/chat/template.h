@@ -22,6 +22,12 @@ struct TemplateOptions {
   bool allow_mutation = false;
   // Source of "now" for strftime_now (seconds since the epoch); default: the system clock.
   std::function<int64_t()> clock;
+  // The bytes of string values one render may produce or copy (every expression's string result, the
+  // output), and 64 a loop iteration: past it the render is a runtime error. A template that grows a string
+  // once per message (DeepSeek-V3's `ns.system_prompt + message['content']`) does quadratic work in the
+  // number of messages: 60,000 system messages in an 8 MB request rendered for 4 minutes. Templates run on
+  // what clients send, so the work is bounded like the request.
+  int64_t max_work_bytes = int64_t(512) << 20;
 };
 
 class Template {

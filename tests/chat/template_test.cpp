@@ -236,6 +236,32 @@ TEST(Template, GenerationTagRendersBody) {
   EXPECT_EQ(Template("{% generation %}a{{ n }}{% endgeneration %}").render(context()), "a7");
 }
 
+// A render's string work is bounded (TemplateOptions::max_work_bytes): a string grown once per item is
+// quadratic in the items; the same template over few items, and a linear one over many, render.
+TEST(Template, RenderWorkIsBounded) {
+  TemplateOptions o;
+  o.max_work_bytes = int64_t(1) << 20;
+  const std::string grow =
+      "{% set ns = namespace(s='') %}{% for m in messages %}{% set ns.s = ns.s + m %}{% endfor %}{{ "
+      "ns.s|length }}";
+  auto items = [](int n) {
+    return nlohmann::ordered_json{{"messages", std::vector<std::string>(size_t(n), std::string(100, 'x'))}};
+  };
+  EXPECT_EQ(Template(grow, o).render(items(100)), "10000");  // ~0.5 MB of work
+  try {
+    (void)Template(grow, o).render(items(1000));  // ~50 MB of work
+    ADD_FAILURE() << "rendered past its budget";
+  } catch (const TemplateError& e) {
+    EXPECT_NE(std::string(e.what()).find("string work"), std::string::npos) << e.what();
+  }
+  const std::string linear = "{% for m in messages %}{{ m }}{% endfor %}";
+  EXPECT_EQ(Template(linear, o).render(items(2000)).size(), 200000u);  // ~0.4 MB
+  // Loop iterations count too (64 bytes each): 100,000 of them are 6.4 MB.
+  EXPECT_THROW((void)Template("{% for i in range(100000) %}{% endfor %}", o).render(context()),
+               TemplateError);
+  EXPECT_EQ(Template("{% for i in range(1000) %}{% endfor %}ok", o).render(context()), "ok");
+}
+
 TEST(Template, ParseOnceRenderConcurrently) {
   const Template t("{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}{% endfor %}");
   std::vector<std::thread> threads;

@@ -526,6 +526,15 @@ TEST(RobustFlags, ContinueFinalMessageEndsThePromptAtTheFinalText) {
   const int continued = prompt_tokens({{"continue_final_message", true}});
   EXPECT_GT(continued, 0);
   EXPECT_LT(continued, closed);
+  // DeepSeek-V3's template grows its system prompt once per system message: 60,000 of them (an 8 MB body)
+  // rendered for 4 minutes; the render's work is bounded (a 400 naming it, at once).
+  json many = {{"messages", json::array()}, {"max_tokens", 1}};
+  for (int i = 0; i < 60000; ++i)
+    many["messages"].push_back({{"role", "system"}, {"content", std::string(100, 'x')}});
+  many["messages"].push_back({{"role", "user"}, {"content", "hi"}});
+  const RawReply quadratic = raw_request(s.port(), post("/v1/chat/completions", many.dump()));
+  EXPECT_EQ(quadratic.status, 400) << quadratic.body;
+  EXPECT_NE(quadratic.body.find("string work"), std::string::npos) << quadratic.body;
   const RawReply both = raw_request(
       s.port(), post("/v1/chat/completions", R"({"messages": [{"role": "assistant", "content": "x"}],
                  "continue_final_message": true, "add_generation_prompt": true})"));
