@@ -67,6 +67,7 @@ void Session::on_read(beast::error_code ec) {
   keep_alive_ = req_.keep_alive();
   http10_ = req_.version() < 11;
   respond_done_ = false;
+  response_started_ = false;
   // Codings the body would need undoing: served as-is they would be read as JSON (RFC 9110: 415 for a
   // Content-Encoding the server does not take; RFC 9112: 501 for a transfer coding it does not know).
   if (const std::string c = unsupported_coding(req_[http::field::content_encoding], false); !c.empty()) {
@@ -109,15 +110,31 @@ void Session::watch_disconnect() {
       const size_t n = self->stream_.socket().receive(net::buffer(&c, 1), tcp::socket::message_peek, pe);
       if (n > 0 && !pe) return;  // a pipelined request: not a disconnect
       if (pe == net::error::eof) {
-        // End of stream: the client shut down its sending side, which a client still waiting for the
-        // answer may do. It gets the answer; one that is gone entirely fails the next write (a stream's
-        // next event), which cancels the generation.
+        // End of stream: the client shut down its sending side (it may still wait for the answer) or closed
+        // the connection (it is gone). A stream's next event tells them apart (its write fails); before
+        // any of the response, an HTTP/1.1 client is sent an interim 100 (Continue), which every HTTP/1.1
+        // client parses and skips (RFC 9110 15.2): a closed connection answers it with a reset, which
+        // cancels the generation (a queued one too); a half-closed client reads it and gets its answer.
         self->peer_eof_ = true;
         self->keep_alive_ = false;
+        if (!self->http10_ && !self->response_started_) {
+          self->queue_write("HTTP/1.1 100 Continue\r\n\r\n");
+          self->watch_reset();
+        }
         return;
       }
     }
     // A reset or another error: the client is gone.
+    auto job = self->job_;
+    job->cancel();
+    self->close();
+  });
+}
+
+void Session::watch_reset() {
+  stream_.socket().async_wait(tcp::socket::wait_error, [self = shared_from_this()](beast::error_code ec) {
+    if (!self->job_ || self->closed_ || ec == net::error::operation_aborted) return;
+    // An error (a reset: the client had closed the connection) or a hang-up on the socket.
     auto job = self->job_;
     job->cancel();
     self->close();
@@ -131,6 +148,7 @@ void Session::send(int status, std::string body, const std::string& content_type
       status, std::string(http::obsolete_reason(http::status(status))), content_type, body.size(),
       keep_alive_ ? "keep-alive" : "close");
   respond_done_ = true;
+  response_started_ = true;
   queue_write(head + body);
 }
 
@@ -139,6 +157,7 @@ void Session::send_json(int status, const nlohmann::json& body) {
 }
 
 void Session::stream_begin() {
+  response_started_ = true;
   if (http10_) {
     // No chunked encoding in HTTP/1.0: the end of the connection ends the stream.
     keep_alive_ = false;

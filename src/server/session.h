@@ -4,7 +4,8 @@
 // clients: delimited by closing the connection). A request that does not parse gets 400 (431 for a
 // header over kMaxHeaderBytes, 413 for a body over the limit) and the connection is closed. While a
 // generation runs it watches the socket: a reset, or a failed write, cancels the generation; a client
-// that only half-closes (shuts down its sending side after the request) still gets its answer.
+// that only half-closes (shuts down its sending side after the request) still gets its answer, while one
+// that closed the connection is found out (an interim 100 it resets) and cancelled before its answer.
 // clang-format off
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without including it
 // clang-format on
@@ -51,6 +52,7 @@ class Session : public ResponseSink, public std::enable_shared_from_this<Session
   void read();
   void on_read(beast::error_code ec);
   void watch_disconnect();
+  void watch_reset();  // after the client's end of stream and the interim 100: a reset cancels the job
   void queue_write(std::string data);
   void write_next();
   void set_writing(bool writing);
@@ -80,7 +82,8 @@ class Session : public ResponseSink, public std::enable_shared_from_this<Session
   std::deque<std::string> out_;
   std::string drain_buf_;
   bool writing_ = false;
-  bool respond_done_ = false;  // the last write of the current response is queued
+  bool respond_done_ = false;      // the last write of the current response is queued
+  bool response_started_ = false;  // some of the current response is queued (no interim response now)
 };
 
 }  // namespace dsaserve::server

@@ -26,6 +26,7 @@ struct RawReply {
   int status = 0;  // 0: no status line came back
   std::string head, body;
   bool closed = false;  // the server closed the connection
+  int interim = 0;      // interim (1xx) responses before it, skipped as an HTTP/1.1 client must
   json json_body() const { return json::parse(body, nullptr, false); }
 };
 
@@ -66,7 +67,12 @@ RawReply raw_request(int port, const std::string& raw, double timeout_s = 20, bo
       break;
     }
     got.append(buf, size_t(n));
-    const size_t he = got.find("\r\n\r\n");
+    size_t he = got.find("\r\n\r\n");
+    while (he != std::string::npos && got.rfind("HTTP/1.1 1", 0) == 0) {  // an interim response
+      got.erase(0, he + 4);
+      ++r.interim;
+      he = got.find("\r\n\r\n");
+    }
     if (he == std::string::npos) continue;
     const std::string head = got.substr(0, he);
     const auto cl = head.find("Content-Length: ");
@@ -360,8 +366,40 @@ TEST_F(Robust, HalfClosedClientIsNotCancelled) {
       EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "length");
     } else {
       EXPECT_EQ(r.json_body()["usage"]["completion_tokens"], 40) << r.body;
+      EXPECT_EQ(r.interim, 1);  // the 100 (Continue) that tells a half-closed client from a gone one
     }
   }
+}
+
+// A client that closes the connection while its non-streamed request waits or runs is found out (the interim
+// 100 it answers with a reset) and its request cancelled: with one request running at a time, 8 abandoned
+// requests of 3,000 tokens each would hold a new one for minutes (the probe of 2026-12-07: 30 of them, 51 s).
+TEST(RobustDisconnect, ClosedClientsOfNonStreamedRequestsAreCancelled) {
+  ServerProcess s({"--model", "builtin", "--kv-pages", "256", "--max-running-requests", "1"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const std::string body =
+      post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 3000}, {"ignore_eos", true}}.dump());
+  std::vector<int> fds;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(s.port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::send(fd, body.data(), body.size(), MSG_NOSIGNAL), ssize_t(body.size()));
+    fds.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (const int fd : fds) ::close(fd);
+  const auto t0 = Clock::now();
+  const RawReply fresh =
+      raw_request(s.port(), post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})"), 60);
+  EXPECT_EQ(fresh.status, 200) << fresh.body;
+  EXPECT_LT(since(t0), 10.0) << "the abandoned requests ran to their end";
+  const std::string m = raw_request(s.port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").body;
+  EXPECT_NE(m.find("dsaserve_aborted_requests_total"), std::string::npos);
+  EXPECT_EQ(s.stop(), 0);
 }
 
 // Item 10: the Bearer scheme is case-insensitive (RFC 7235); the key is not.
