@@ -88,6 +88,7 @@ class Server {
     // One engine, or with attention DP the controller over every DP group's (runtime/ranks/front.h).
     engine_ = runtime::make_front(model_, cfg_.engine, runtime::parse_load_balance(cfg_.load_balance_method));
     context_ = engine_->config().scheduler.max_context;
+    pool_tokens_ = (engine_->config().kv_pages - 1) * engine_->config().page_size;
     max_prompt_ = cfg_.max_prompt_tokens > 0 ? std::min(cfg_.max_prompt_tokens, context_ - 1) : context_ - 1;
     ctx_.engine = engine_.get();
     ctx_.tokenizer = &tok_;
@@ -521,6 +522,12 @@ class Server {
                      "max_tokens", "invalid_request_error", "context_length_exceeded");
     }
     if (!spec.max_tokens_given) spec.params.max_new_tokens = chat ? room : std::min<int64_t>(16, room);
+    // A request must fit its DP group's KV pool alone: as SGLang, its output is capped at what the pool holds
+    // after the prompt (less a page, for speculative drafts), so it ends with "length" there instead of
+    // failing after it has run ("needs more than the pool").
+    const int64_t pool_room = pool_tokens_ - int64_t(prompt.size());
+    if (pool_tokens_ > 0 && pool_room >= 1 && spec.params.max_new_tokens > pool_room)
+      spec.params.max_new_tokens = pool_room;
     check_stopping();
     spec.grammar = request_grammar(grammar_.get(), spec, ctx_.tool_format, ctx_.reasoning, prompt_text);
     return Prepared{std::move(spec), std::move(prompt), std::move(prompt_text)};
@@ -545,6 +552,7 @@ class Server {
   bool draining_ = false;
   std::chrono::steady_clock::time_point drain_start_;
   int64_t context_ = 0;
+  int64_t pool_tokens_ = 0;  // tokens one request may hold in its DP group's KV pool (less a page)
   int64_t max_prompt_ = 0;
   int64_t preparing_ = 0;    // requests on the preparation pool (I/O thread only)
   int64_t open_writes_ = 0;  // sessions with a write under way (I/O thread only)

@@ -580,5 +580,40 @@ TEST(RobustFlags, ContinueFinalMessageEndsThePromptAtTheFinalText) {
   EXPECT_EQ(s.stop(), 0);
 }
 
+// A request whose output cannot fit the KV pool alone ends with "length" where the pool is full (as SGLang
+// caps it), instead of an error after it has run ("needs more than the pool": the probe of 2026-12-07 got
+// that 400 after 900 streamed chunks). 4 pages of 64 tokens: one request holds 3 of them.
+TEST(RobustLimits, OutputIsCappedAtWhatTheKvPoolHolds) {
+  ServerProcess s({"--model", "builtin", "--kv-pages", "4"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  for (const bool stream : {false, true}) {
+    const json body = {{"prompt", json::array({5, 5, 5, 5, 5, 5, 5, 5, 5, 5})},
+                       {"max_tokens", 1500},
+                       {"ignore_eos", true},
+                       {"stream", stream},
+                       {"stream_options", {{"include_usage", true}}}};
+    const RawReply r = raw_request(s.port(), post(
+                                                 "/v1/completions", stream ? body.dump() : [&] {
+                                                   json b = body;
+                                                   b.erase("stream_options");
+                                                   return b.dump();
+                                                 }()));
+    ASSERT_EQ(r.status, 200) << r.body;
+    json last;
+    if (stream) {
+      bool done = false;
+      const auto events = sse_events(r.body.substr(r.body.find("data: ")), &done);
+      ASSERT_TRUE(done && events.size() >= 2) << r.body.substr(0, 400);
+      EXPECT_EQ(events[events.size() - 2]["choices"][0]["finish_reason"], "length");
+      last = events.back();
+    } else {
+      last = r.json_body();
+      EXPECT_EQ(last["choices"][0]["finish_reason"], "length") << r.body;
+    }
+    EXPECT_EQ(last["usage"]["completion_tokens"], 3 * 64 - 10) << last.dump();
+  }
+  EXPECT_EQ(s.stop(), 0);
+}
+
 }  // namespace
 }  // namespace dsaserve::testing
