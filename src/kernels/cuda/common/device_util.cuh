@@ -12,6 +12,24 @@ __device__ __forceinline__ float load_any(const void* p, bool bf16, int64_t i) {
 }
 
 // Two packed bf16 (element 0 in the low half, little-endian) as f32: the same bits as __bfloat162float.
+// RoPE's rotation of the pair (a, c) and the LayerNorm's variance term and output, with every rounding
+// explicit (no contraction into FMA: each product is rounded, then summed) so that the kernels that share
+// them (rope.cu and the fused cache writes; norm.cu's LayerNorm and the fused index-key write) agree bit for
+// bit whatever the compiler chooses for each, and round as the CPU twin does.
+__device__ __forceinline__ float rope_first(float a, float c, float cs, float sn) {
+  return __fsub_rn(__fmul_rn(a, cs), __fmul_rn(c, sn));
+}
+__device__ __forceinline__ float rope_second(float a, float c, float cs, float sn) {
+  return __fadd_rn(__fmul_rn(c, cs), __fmul_rn(a, sn));
+}
+__device__ __forceinline__ double layer_norm_sq_add(double acc, float x, double mean) {
+  const double d = __dsub_rn(double(x), mean);
+  return __dadd_rn(acc, __dmul_rn(d, d));
+}
+__device__ __forceinline__ float layer_norm_out(float x, double mean, double r, float w, float b) {
+  return float(__dadd_rn(__dmul_rn(__dmul_rn(__dsub_rn(double(x), mean), r), double(w)), double(b)));
+}
+
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 

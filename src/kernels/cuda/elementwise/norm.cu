@@ -124,13 +124,12 @@ __global__ void sm90_layer_norm_kernel(LayerNormParams p) {
   for (int64_t i = threadIdx.x; i < p.cols; i += blockDim.x) s += double(x[i]);
   const double mean = block_sum(s) / double(p.cols);
   double v = 0.0;
-  for (int64_t i = threadIdx.x; i < p.cols; i += blockDim.x) v += (x[i] - mean) * (x[i] - mean);
+  for (int64_t i = threadIdx.x; i < p.cols; i += blockDim.x) v = layer_norm_sq_add(v, x[i], mean);
   const double var = block_sum(v) / double(p.cols);
   const double r = 1.0 / sqrt(var + p.eps);
   float* out = p.out + row * p.cols;
   for (int64_t i = threadIdx.x; i < p.cols; i += blockDim.x) {
-    out[i] =
-        float((x[i] - mean) * r * double(load_any(p.w, p.w_bf16, i)) + double(load_any(p.b, p.b_bf16, i)));
+    out[i] = layer_norm_out(x[i], mean, r, load_any(p.w, p.w_bf16, i), load_any(p.b, p.b_bf16, i));
   }
 }
 

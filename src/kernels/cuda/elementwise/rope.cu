@@ -4,6 +4,7 @@
 // (fp32 angle, fp64 cos/sin rounded to fp32, times attention_factor: the CPU reference's rounding) into
 // shared memory; then each warp rotates 4 whole heads, reading every pair of them before writing any (the
 // interleaved form writes its result de-interleaved, over other lanes' inputs).
+#include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/common/launch_util.cuh"
 #include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/elementwise/elementwise_params.h"
@@ -63,8 +64,8 @@ __global__ void __launch_bounds__(kWarps * 32) sm90_rope_kernel(RopeKernelParams
         const int64_t i = lane + 32 * j;
         if (h < h_end && i < half) {
           float* r = p.x + t * p.s0 + h * p.s1;
-          r[i] = a[k][j] * cs[i] - c[k][j] * sn[i];
-          r[i + half] = c[k][j] * cs[i] + a[k][j] * sn[i];
+          r[i] = rope_first(a[k][j], c[k][j], cs[i], sn[i]);
+          r[i + half] = rope_second(a[k][j], c[k][j], cs[i], sn[i]);
         }
       }
     }

@@ -56,8 +56,8 @@ __global__ void __launch_bounds__(kKvThreads) sm90_mla_kv_write_kernel(const Mla
   if (warp == 0 && lane < kRopeHalf) {
     const float cs = float(cos(double(ang)) * p.attention_factor);
     const float sn = float(sin(double(ang)) * p.attention_factor);
-    e0 = ra * cs - rc * sn;
-    e1 = rc * cs + ra * sn;
+    e0 = rope_first(ra, rc, cs, sn);
+    e1 = rope_second(ra, rc, cs, sn);
   }
   // RMSNorm statistics (sm90_rms_norm_vec_kernel<1>'s order).
   double ss = 0.0;
@@ -145,13 +145,13 @@ __global__ void __launch_bounds__(kKvThreads) sm90_indexer_k_write_kernel(const 
   double v = 0.0;
 #pragma unroll
   for (int j = 0; j < kKPer; ++j)
-    if (threadIdx.x + int64_t(j) * kKvThreads < p.dim) v += (xv[j] - mean) * (xv[j] - mean);
+    if (threadIdx.x + int64_t(j) * kKvThreads < p.dim) v = layer_norm_sq_add(v, xv[j], mean);
   const double var = block_sum(v) / double(p.dim);
   const double r = 1.0 / sqrt(var + p.eps);
 #pragma unroll
   for (int j = 0; j < kKPer; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * kKvThreads;
-    if (i < p.dim) row[i] = float((xv[j] - mean) * r * double(wv[j]) + double(bv[j]));
+    if (i < p.dim) row[i] = layer_norm_out(xv[j], mean, r, wv[j], bv[j]);
   }
   __syncthreads();
   // Channels past the rope part as they are; rope pairs rotated (rope.cu's arithmetic, rope first). bf16:
@@ -175,8 +175,8 @@ __global__ void __launch_bounds__(kKvThreads) sm90_indexer_k_write_kernel(const 
     }
     const float a = p.interleaved ? row[2 * i] : row[i];
     const float c = p.interleaved ? row[2 * i + 1] : row[i + half];
-    put(i, a * cs - c * sn);
-    put(i + half, c * cs + a * sn);
+    put(i, rope_first(a, c, cs, sn));
+    put(i + half, rope_second(a, c, cs, sn));
   }
   if (!p.fp8) return;
   __syncthreads();
