@@ -6,8 +6,8 @@
 # one launch or two; absorb_q / absorb_v through cuBLASLt or the small-T kernel), `ops_gpu_bench stages` (the
 # FP8 small-T kernel's pipeline depth and bulk-copy staging) and the GLM-5.3 slice's
 # decode rows with every pair of KernelOptions::gemm_small_fuse x absorb_small_max_tokens (FP8 KV, context 4K,
-# batch 1 / 8 / 32). Those decide the two options' defaults (both off until measured), so they run right after
-# the tests, before the two micro-benchmarks. Logs under $OUT (levers_*.txt); each part under its own time limit.
+# batch 1 / 8 / 32). Those decided the two options' defaults (2026-12-08, an H100: the fused launches on, the
+# absorbed small-T kernel off), so they run right after the tests, before the two micro-benchmarks. Logs under $OUT (levers_*.txt); each part under its own time limit.
 # Run from the repository root through the device tool with carry [".deps", ".fixtures"]:
 #   bash scripts/gpu_decode_levers.sh
 # or, without the ~100 s build there (scripts/stage_prebuilt.sh, then scripts/stage_fixtures.sh tiny realdims_fp8

@@ -148,8 +148,16 @@ inline constexpr int64_t kAbsorbFusedDefaultTokens = 256;
 // (0: never; at most kAbsorbSmallMaxTokens) run one weight-streaming launch over every head
 // (kernels/cuda/attention/absorb_params.h: bf16 weights times the f32 activations as they are, f32
 // accumulation) instead of a conversion pass and cuBLASLt's strided batch: one launch instead of two at
-// decode, the 12.6 / 16.8 MB of W_UK / W_UV (64 heads) read once. Off (0): not yet run on a GPU;
-// `realwidth_gpu_bench --absorb-small-max-tokens 0,8` measures it.
+// decode, the 12.6 / 16.8 MB of W_UK / W_UV (64 heads) read once. Measured on an H100 (2026-12-08,
+// ops_gpu_bench fuse, cuBLASLt / small-T us): absorb_q 5.6 / 4.4 at one token, 5.6 / 5.5 at two, 5.7 / 7.8 at
+// four; absorb_v 6.1 / 6.3 at one, 6.2 / 11.6 at two (the kernel's tokens share one weight pass but not its
+// lanes). The GLM-5.3 slice's decode (realwidth_gpu_bench, FP8 KV, 4K): batch 1 2.985 -> 2.970 ms with 1 or
+// 8, batch 2 and 4 +0.9% / +2.0% with 2 / 4, batch 8 +4.1% with 8. Off (0) all the same: its sums (f32
+// activations) are not cuBLASLt's (bf16-rounded activations), so with 1 a batch-1 decode step (one token,
+// this kernel) and the MTP verify of the same request (4 rows, cuBLASLt) computed different logits, and
+// greedy speculation left plain greedy at a near-tie (the GPU test CudaSpecGraph.RealdimsGreedyWith
+// SpeculationAndGraphsEqualsPlainGreedy, one request alone: 11 of 24 tokens equal, on an H100 2026-12-08; a
+// batch of three, on cuBLASLt in both steps, 72 of 72). 0.5% of a batch-1 step is not worth that.
 inline constexpr int64_t kAbsorbSmallMaxTokensLimit = 8;
 inline constexpr int64_t kAbsorbSmallDefaultTokens = 0;
 // SiLU-mul writes its output's FP8 copy for an FP8 down projection (silu_mul_fp8, kernels/cuda/elementwise/
@@ -172,10 +180,13 @@ inline constexpr bool kGemmBf16SmallWideDefault = false;
 // two-term recipe (the indexer's wk + weights_proj). The parts' 128-row slices form one grid under one K
 // split chosen for all of them (one wave instead of one per part; kv_a alone splits its 48 K blocks 48
 // ways). Each part's outputs are the same sums in another order of the split's partial sums (within the
-// kernels' tolerance of separate calls, not bit for bit). false: a launch per part. Off: not yet run on a
-// GPU (the 2026-12-07 session had no device time left); `ops_gpu_bench fuse` and `realwidth_gpu_bench
-// --small-fuse 0,1` measure it.
-inline constexpr bool kGemmSmallFuseDefault = false;
+// kernels' tolerance of separate calls, not bit for bit). false: a launch per part. Measured on an H100
+// (2026-12-08, ops_gpu_bench fuse, separate / fused us at T = 1 and 8): q_a + kv_a 12.9 / 9.3 and 18.0
+// / 11.6, the shared expert's gate + up 14.1 / 10.9 and 17.4 / 12.5, a dense MLP's 65.3 / 60.1 and 69.5
+// / 63.2, the indexer's wk + weights_proj 12.1 / 6.2 and 16.6 / 8.3; the GLM-5.3 slice's decode
+// (realwidth_gpu_bench --small-fuse 0,1, FP8 KV, 4K) batch 1 3.063 -> 2.985 ms, 8 6.574 -> 6.455, 32 13.605
+// -> 13.529. On.
+inline constexpr bool kGemmSmallFuseDefault = true;
 // (No selector function: gemm_linear, kernels/cuda/gemm/gemm.cpp, picks the recipe from the precision and
 // the weight's dtype and shape, falling back where cuBLASLt has no plan.)
 
@@ -187,8 +198,11 @@ inline constexpr bool kGemmSmallFuseDefault = false;
 // weight-streaming GEMMs their first weight reads, as L2 prefetches) while the previous kernel drains, then
 // wait (griddepcontrol.wait) for it before touching anything it wrote or reads. Off: ordinary launches
 // (the kernels' waits are no-ops). Which kernels take it: kernels/cuda/common/pdl.cuh and the README.
-// Off by default until measured on the H200 (realwidth_gpu_bench --pdl off,on).
-inline constexpr bool kPdlDefault = false;
+// On: measured three times on H100s (realwidth_gpu_bench --pdl off,on, the GLM-5.3 slice, 4K, graphs; the
+// H200 not lent), batch 1 -1.9 to -2.3% (2026-12-08, with the fused small-T pairs: FP8 KV 2.970 -> 2.915 ms,
+// bf16 2.944 -> 2.889), batch 8 -0.6 to -1.0%, batch 32 and 128 within +-0.1% that day (+0.5-0.7% at 128 on
+// 2026-12-06), prefill within 0.5%; every operator bit-identical on and off (CudaPdl* tests).
+inline constexpr bool kPdlDefault = true;
 
 // ---- the options value ----
 

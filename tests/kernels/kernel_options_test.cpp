@@ -274,11 +274,11 @@ TEST(KernelOptions, Fp8SmallMaxTokensIsAnOptionInRange) {
   EXPECT_NE(a, b);
 }
 
-// Programmatic dependent launch (KernelOptions::pdl, --pdl off|on): off by default until measured, an
+// Programmatic dependent launch (KernelOptions::pdl, --pdl on|off): on by default (measured), an
 // option of the value like the others (two values differ by it), named "off" / "on" (anything else is an
 // error naming the flag and the accepted values), and shown by describe() when not the default.
-TEST(KernelOptions, PdlIsAnOptionOffByDefault) {
-  EXPECT_FALSE(kPdlDefault);
+TEST(KernelOptions, PdlIsAnOptionOnByDefault) {
+  EXPECT_TRUE(kPdlDefault);
   EXPECT_EQ(KernelOptions{}.pdl, kPdlDefault);
   for (bool v : {false, true}) EXPECT_EQ(parse_pdl(pdl_name(v), "--pdl"), v);
   EXPECT_EQ(pdl_name(true), "on");
