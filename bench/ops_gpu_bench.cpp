@@ -6,7 +6,8 @@
 // The routed experts have their own table at the end (bench_moe_experts; `ops_gpu_bench moe` runs only it).
 // `ops_gpu_bench pdl` times chains of a decode step's small kernels with programmatic dependent launches
 // off and on (bench_pdl_chains); `ops_gpu_bench fuse` linear_multi's pairs in one launch or two;
-// `ops_gpu_bench stages` the FP8 small-T kernel's pipeline depth.
+// `ops_gpu_bench stages` the FP8 small-T kernel's pipeline depth; `ops_gpu_bench norm` RMSNorm's decode rows
+// on one CTA a row or split over a cluster.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -27,6 +28,7 @@
 #include "kernels/cuda/common/graph.h"
 #include "kernels/cuda/common/runtime.h"
 #include "kernels/cuda/common/views.h"
+#include "kernels/cuda/elementwise/elementwise_params.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/gemm/gemm_small_params.h"
 #include "kernels/cuda/moe/moe_params.h"
@@ -421,6 +423,54 @@ void bench_pdl_chains() {
   }
 }
 
+// RMSNorm at decode row counts, as a decode step runs it (the residual added and written back, bf16 weights,
+// the FP8 copy for the next GEMM; and the plain norm), on one CTA a row or over a cluster of CTAs
+// (rms_norm_cluster_ctas). Each time is a graph of the one launch (GPU time per call, launches excluded);
+// floor: the bytes at 4.3 TB/s (x, residual in and out, weights, output, FP8 codes).
+void bench_rms_norm_cluster() {
+  namespace kc = dsaserve::kernels::cuda;
+  fmt::print("\n| {:<24} | {:>3} | {:>4} | {:>11} | {:>10} | {:>8} | {:>9} | {:>8} |\n", "rms_norm", "T",
+             "CTAs", "one CTA us", "cluster us", "floor us", "ratio on", "gain");
+  for (bool add : {true, false}) {
+    for (int64_t cols : {kH, kQLora}) {
+      for (int64_t T : {1, 8, 32, 64}) {
+        const Tensor x = rand_gpu({T, cols}, 41, 1.0f), w = filled({cols}, DType::bf16, 0x3f);
+        Tensor res = rand_gpu({T, cols}, 42, 1.0f), out = Tensor::empty({T, cols}, DType::f32, Device::cuda);
+        const int64_t pad = ((T + 7) / 8) * 8;
+        Tensor codes = Tensor::empty({pad, cols}, DType::u8, Device::cuda),
+               scales = Tensor::empty({cols / 128, pad}, DType::f32, Device::cuda);
+        double us[2] = {};
+        for (int one = 0; one < 2; ++one) {
+          kc::RmsNormParams p{x.data<float>(),
+                              add ? res.data<float>() : nullptr,
+                              w.raw_data(),
+                              out.data<float>(),
+                              T,
+                              cols,
+                              cols,
+                              cols,
+                              true,
+                              1e-6};
+          p.q_codes = codes.data_u8();
+          p.q_scales = scales.data<float>();
+          p.q_rows_pad = pad;
+          p.one_cta_per_row = one == 1;
+          auto fn = [&] { (void)kc::launch_rms_norm(p, kc::op_stream()); };
+          fn();
+          us[one] = kc::graph_time_us(fn);
+        }
+        const double bytes = double(T * cols) * (4.0 * (add ? 4 : 2) + 1.0) + double(cols) * 2;
+        const double floor_us = bytes / kHbm * 1e6;
+        fmt::print("| {:<24} | {:>3} | {:>4} | {:>11.2f} | {:>10.2f} | {:>8.2f} | {:>9.2f} | {:>8.2f} |\n",
+                   fmt::format("{}{} + fp8", add ? "add + norm " : "norm ", cols), T,
+                   kc::rms_norm_cluster_ctas(T, cols), us[1], us[0], floor_us, floor_us / us[0],
+                   us[1] / us[0]);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 // The LM head of the GLM-5.3 slice (bf16 [154,880 x 6,144], 1.9 GB) at decode sizes, the two paths of a wide
 // bf16 linear (KernelOptions::gemm_bf16_small_wide): x rounded to bf16 once and cuBLASLt (off), or the
 // weight-streaming small-T kernel with the two-term split (on). Floor: the weight bytes at 4.3 TB/s. Each
@@ -661,6 +711,10 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "fuse") {
     bench_small_fuse();
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "norm") {
+    bench_rms_norm_cluster();
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "pdl") {

@@ -24,9 +24,20 @@ struct RmsNormParams {
   float* q_scales;
   int64_t q_rows_pad;
   bool pdl = false;  // programmatic dependent launch (KernelOptions::pdl; common/pdl.cuh)
+  // Tests: one CTA a row at any row count (the cluster kernel's twin; rms_norm_cluster_ctas).
+  bool one_cta_per_row = false;
 };
 // Whether launch_rms_norm can also write the FP8 copy of these rows (the vectorised path, cols % 128 == 0).
 bool rms_norm_fp8_fusable(const RmsNormParams& p);
+// The vectorised path's CTAs a row: rows of at least kRmsNormClusterMinCols columns, up to
+// kRmsNormClusterMaxRows of them (a decode step's), are split over a cluster of 8, 4 or 2 CTAs (at least 768
+// columns each, cols a multiple of 128 x that), else 1. Measured on an H100 (ops_gpu_bench norm, add + norm +
+// FP8 copy, one CTA / cluster us): 6,144 columns 4.81 / 3.24 at 1 row, 4.89 / 3.32 at 8, 5.05 / 4.24 at 32,
+// 5.13 / 5.00 at 64 (the plain norm 4.43 / 5.02 at 64); 2,048 columns over 4 CTAs 2.51 / 2.87 at 1 row, 2.84
+// / 3.69 at 64 (a narrow row is no slower on one CTA than a launch's floor).
+inline constexpr int64_t kRmsNormClusterMaxRows = 32;
+inline constexpr int64_t kRmsNormClusterMinCols = 4096;
+int rms_norm_cluster_ctas(int64_t rows, int64_t cols);
 cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
 
 // out = (x - mean) / sqrt(var + eps) * w + b (biased variance, fp64 statistics).

@@ -2,6 +2,12 @@
 // RMSNorm of rows whose width is a multiple of 4 (<= 8192) and whose views are 16-byte aligned keeps the
 // row in registers (float4 loads, up to 8 per thread) between the sum of squares and the scaling, so x
 // (and the residual) are read from global memory once; other rows take the scalar two-pass kernel.
+// A decode step's few wide rows (<= kRmsNormClusterMaxRows rows of >= kRmsNormClusterMinCols) are each split
+// over a cluster of 2-8 CTAs instead (sm90_rms_norm_cluster_kernel): one CTA moving a whole 6,144-wide row
+// with its residual (~110 KB in and out) took 7.6 us of a batch-1 step's kernel on an H100, bound by one SM's
+// share of the bandwidth.
+#include <cooperative_groups.h>
+
 #include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/common/launch_util.cuh"
 #include "kernels/cuda/common/pdl.cuh"
@@ -109,6 +115,70 @@ __global__ void __launch_bounds__(kVecThreads) sm90_rms_norm_vec_kernel(RmsNormP
   }
 }
 
+// One row over a cluster of kC CTAs (grid (kC, rows or q_rows_pad), cluster (kC, 1, 1)): CTA `rank` holds
+// the row's columns [rank * cols / kC, +cols / kC), one float4 a thread (cols / kC <= 4 * kVecThreads), and
+// whole FP8 groups (cols % (128 kC) == 0, so warp w holds the group of columns [128 w, +128) of its part).
+// Each CTA sums its squares in fp64 (block_sum), publishes the sum in its shared memory, and after the
+// cluster barrier adds the kC sums in rank order through distributed shared memory (every CTA the same
+// order, so they all scale by the same r); a second barrier keeps each CTA's shared memory alive until the
+// others have read it. The outputs are the one-CTA kernel's up to the order of the fp64 sum.
+template <int kC>
+__global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kVecThreads)
+    sm90_rms_norm_cluster_kernel(RmsNormParams p) {
+  __shared__ double s_part;
+  pdl_enter();
+  const int64_t row = blockIdx.y;
+  const int rank = int(blockIdx.x);
+  const int64_t part = p.cols / kC, n4 = part / 4, c4 = int64_t(rank) * n4;  // float4 offset of the part
+  const int64_t i = threadIdx.x;
+  const bool mine = i < n4;
+  if (row >= p.rows) {  // a padding row's cluster (all of it): codes 0, scale 1
+    if (mine) reinterpret_cast<uchar4*>(p.q_codes + row * p.cols)[c4 + i] = make_uchar4(0, 0, 0, 0);
+    if (threadIdx.x < part / 128) p.q_scales[(rank * (part / 128) + threadIdx.x) * p.q_rows_pad + row] = 1.0f;
+    return;
+  }
+  const float4* x = reinterpret_cast<const float4*>(p.x + row * p.x_stride) + c4;
+  float4* res = p.residual ? reinterpret_cast<float4*>(p.residual + row * p.res_stride) + c4 : nullptr;
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f), w = v;
+  if (mine) {
+    v = x[i];
+    w = load4_any(p.weight, p.weight_bf16, c4 + i);
+    if (res) {
+      const float4 r4 = res[i];
+      v = make_float4(r4.x + v.x, r4.y + v.y, r4.z + v.z, r4.w + v.w);
+      res[i] = v;
+    }
+  }
+  double ss = 0.0;
+  if (mine) {
+    ss += double(v.x) * double(v.x);
+    ss += double(v.y) * double(v.y);
+    ss += double(v.z) * double(v.z);
+    ss += double(v.w) * double(v.w);
+  }
+  ss = block_sum(ss);
+  if (threadIdx.x == 0) s_part = ss;
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.sync();  // every CTA's part published
+  double total = 0.0;
+#pragma unroll
+  for (int r = 0; r < kC; ++r) total += *cluster.map_shared_rank(&s_part, r);
+  cluster.sync();  // every CTA has read every part: shared memory may go
+  if (!mine) return;
+  const float rr = float(1.0 / sqrt(total / double(p.cols) + p.eps));
+  const float4 o = make_float4(w.x * (v.x * rr), w.y * (v.y * rr), w.z * (v.z * rr), w.w * (v.w * rr));
+  reinterpret_cast<float4*>(p.out + row * p.cols)[c4 + i] = o;
+  if (p.q_codes) {
+    // Warp w holds the part's columns [128 w, +128): one quantisation group (launch_quant_fp8's rule).
+    const float m = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+    const float s = fp8_act_scale(warp_max(m));
+    const uchar4 c =
+        make_uchar4(fp8_act_code(o.x, s), fp8_act_code(o.y, s), fp8_act_code(o.z, s), fp8_act_code(o.w, s));
+    reinterpret_cast<uchar4*>(p.q_codes + row * p.cols)[c4 + i] = c;
+    if ((threadIdx.x & 31) == 0) p.q_scales[((c4 + i) * 4 / 128) * p.q_rows_pad + row] = s;
+  }
+}
+
 bool rms_norm_vectorizable(const RmsNormParams& p) {
   return p.cols % 4 == 0 && p.cols <= int64_t(kVecThreads) * kMaxVec * 4 && is_aligned(p.x, 16) &&
          p.x_stride % 4 == 0 && is_aligned(p.out, 16) &&
@@ -137,10 +207,32 @@ __global__ void sm90_layer_norm_kernel(LayerNormParams p) {
 
 bool rms_norm_fp8_fusable(const RmsNormParams& p) { return rms_norm_vectorizable(p) && p.cols % 128 == 0; }
 
+int rms_norm_cluster_ctas(int64_t rows, int64_t cols) {
+  if (rows < 1 || rows > kRmsNormClusterMaxRows || cols < kRmsNormClusterMinCols) return 1;
+  // The most CTAs (8, 4, 2) that keep at least 768 columns each, whole FP8 groups and one float4 a thread.
+  for (int c : {8, 4, 2})
+    if (cols >= int64_t(c) * 768 && cols % (int64_t(c) * 128) == 0 && cols / c <= int64_t(kVecThreads) * 4)
+      return c;
+  return 1;
+}
+
 cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.q_codes && (!rms_norm_fp8_fusable(p) || p.q_scales == nullptr || p.q_rows_pad < p.rows))
     return cudaErrorInvalidValue;
+  if (rms_norm_vectorizable(p) && !p.one_cta_per_row) {
+    const int kC = rms_norm_cluster_ctas(p.rows, p.cols);
+    const unsigned grid_rows = unsigned(p.q_codes ? p.q_rows_pad : p.rows);
+    if (kC == 8)
+      return launch_pdl(p.pdl, sm90_rms_norm_cluster_kernel<8>, dim3(8, grid_rows), dim3(kVecThreads), 0,
+                        stream, p);
+    if (kC == 4)
+      return launch_pdl(p.pdl, sm90_rms_norm_cluster_kernel<4>, dim3(4, grid_rows), dim3(kVecThreads), 0,
+                        stream, p);
+    if (kC == 2)
+      return launch_pdl(p.pdl, sm90_rms_norm_cluster_kernel<2>, dim3(2, grid_rows), dim3(kVecThreads), 0,
+                        stream, p);
+  }
   if (rms_norm_vectorizable(p)) {
     const int64_t per_thread = (p.cols / 4 + kVecThreads - 1) / kVecThreads;
     const unsigned grid = unsigned(p.q_codes ? p.q_rows_pad : p.rows);
