@@ -2,8 +2,9 @@
 // CTAs) against its twin, the one-CTA-a-row kernel, bit for bit: the normed rows, the updated residual, the
 // FP8 copy's codes and scales (padding rows included), at GLM-5.x's and DeepSeek-V3.2's hidden widths (6,144
 // and 7,168 over 8 CTAs) and 4,096 (4 CTAs), bf16 and f32 weights, with and without the residual, row counts
-// up to the cluster path's limit. The two differ only in the order of the fp64 sum of squares, which rounds to the
-// same f32 scale. The CPU twin is checked by the operator table (rms_norm, add_rms_norm, norm_fp8 cases).
+// up to the cluster path's limit. The two differ only in the order of the fp64 sum of squares, which rounds
+// to the same f32 scale. The CPU twin is checked by the operator table (rms_norm, add_rms_norm, norm_fp8
+// cases).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -54,7 +55,8 @@ TEST_F(CudaRmsNormCluster, EqualsOneCtaPerRowBitForBit) {
             // x a view inside wider rows (its stride is not its width), as the model's are.
             const Tensor xw = rand_f32({rows, cols + 64}, seed, 3.0f).to(Device::cuda);
             const Tensor x = xw.slice(1, 0, cols);
-            const Tensor w = (f32_weight ? rand_f32({cols}, seed + 1) : rand_bf16({cols}, seed + 1)).to(Device::cuda);
+            const Tensor w =
+                (f32_weight ? rand_f32({cols}, seed + 1) : rand_bf16({cols}, seed + 1)).to(Device::cuda);
             const Tensor r0 = rand_f32({rows, cols}, seed + 2).to(Device::cuda);
             const int64_t pad = fp8 ? rows + 5 : 0;  // padding rows too
             struct Run {
@@ -62,11 +64,16 @@ TEST_F(CudaRmsNormCluster, EqualsOneCtaPerRowBitForBit) {
             };
             auto run = [&](bool one_cta) {
               Run r{Tensor::empty({rows, cols}, DType::f32, Device::cuda), r0.clone(), {}, {}};
-              RmsNormParams p{x.data<float>(), with_res ? r.res.data<float>() : nullptr,
-                              w.raw_data(), r.out.data<float>(),
-                              rows, cols,
-                              x.stride(0), cols,
-                              !f32_weight, 1e-5};
+              RmsNormParams p{x.data<float>(),
+                              with_res ? r.res.data<float>() : nullptr,
+                              w.raw_data(),
+                              r.out.data<float>(),
+                              rows,
+                              cols,
+                              x.stride(0),
+                              cols,
+                              !f32_weight,
+                              1e-5};
               if (fp8) {
                 r.codes = Tensor::empty({pad, cols}, DType::u8, Device::cuda);
                 r.scales = Tensor::empty({cols / 128, pad}, DType::f32, Device::cuda);
@@ -80,8 +87,8 @@ TEST_F(CudaRmsNormCluster, EqualsOneCtaPerRowBitForBit) {
               return r;
             };
             const Run a = run(false), b = run(true);
-            const std::string what = fmt::format("cols {} rows {} f32 weight {} residual {} fp8 {}", cols, rows,
-                                                 f32_weight, with_res, fp8);
+            const std::string what = fmt::format("cols {} rows {} f32 weight {} residual {} fp8 {}", cols,
+                                                 rows, f32_weight, with_res, fp8);
             EXPECT_TRUE(bits_equal(a.out, b.out)) << "out " << what;
             EXPECT_TRUE(bits_equal(a.res, b.res)) << "residual " << what;
             if (fp8) {
