@@ -330,9 +330,10 @@ void bench_fp8_small_splits() {
 // The small-T FP8 kernel's pipeline depth (Fp8SmallGemmParams::stages): at T = 1 and 8 per GLM-5.3 decode
 // shape, the default launch (4 K blocks in flight, the default CTAs per SM and split), then 4 and
 // kFp8SmallDeepStages blocks at 2 CTAs per SM with that occupancy's split, each with every thread's cp.async
-// and with one warp's bulk copies (Fp8SmallGemmParams::tma): whether more bytes in flight per SM, or fewer
-// copy instructions, move the weight stream closer to the bandwidth. CUDA-graph replays of the kernel alone;
-// floor: the weight bytes at 4.3 TB/s.
+// and with the tensor-map kernel (Fp8SmallGemmParams::tma: a producer warp's two tensor-map copies a K block,
+// consumers released by mbarriers): whether more bytes in flight per SM, or a pipeline without block barriers
+// and copy instructions in the consumers, move the weight stream closer to the bandwidth. CUDA-graph replays
+// of the kernel alone; floor: the weight bytes at 4.3 TB/s.
 void bench_fp8_small_stages() {
   namespace kc = dsaserve::kernels::cuda;
   fmt::print("\n| {:<12} | {:>2} | {:<13} | {:>6} | {:>6} | {:>6} | {:>9} | {:>9} | {:>5} |\n", "fp8 small",
@@ -359,7 +360,7 @@ void bench_fp8_small_stages() {
           if (kc::launch_fp8_small_gemm(p, kc::op_stream()) != cudaSuccess) {
             cudaGetLastError();
             fmt::print("| {:<12} | {:>2} | {:<13} | {:>6} | refused |\n", g.name, T,
-                       r.tma ? "bulk copies" : "", r.stages);
+                       r.tma ? "tensor map" : "", r.stages);
             continue;
           }
           const double us = kc::graph_time_us([&] { (void)kc::launch_fp8_small_gemm(p, kc::op_stream()); });
@@ -367,7 +368,7 @@ void bench_fp8_small_stages() {
           fmt::print("| {:<12} | {:>2} | {:<13} | {:>6} | {:>6} | {:>6} | {:>9.1f} | {:>9.2f} | {:>5.2f} |\n",
                      fmt::format("{}{}", g.name,
                                  r.stages == 0 ? " default"
-                                 : r.tma       ? " bulk"
+                                 : r.tma       ? " tmap"
                                                : ""),
                      T, fmt::format("[{},{}]", g.k, g.n), r.stages == 0 ? 4 : r.stages, occ, s, us, floor_us,
                      floor_us / us);

@@ -12,6 +12,7 @@
 // mma and the next 8 into a second: both operands are plain 16-byte shared-memory reads. The weight
 // tile's 16-byte chunks are XOR-swizzled by row parity (chunk c of row r at c ^ 4(r & 1)), so the two
 // rows a quarter-warp reads sit in different bank halves.
+#include <cuda.h>  // CUtensorMap and its enums (the entry point is looked up at run time)
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/common/device_cache.h"
@@ -76,20 +77,29 @@ __device__ __forceinline__ void prefetch_weight_tiles(const uint8_t* w, int64_t 
 // alike): lane (g, t) holds rows r_lo / r_lo + 8 for tokens nt * 8 + 2t and + 1. Without a K split the sums
 // go to the output; with one, each CTA publishes its partial sums and the last CTA of the row slice adds
 // them in split order (deterministic), then leaves its counter zero for the next launch on the stream.
-template <int NT, class P>
+// kTok1: token tok0 + 1 holds the second column (the fragments' order), else tok0 + 4 (the tensor-map
+// kernel's permuted columns); kNamed: the split's barriers are named barrier 1 over the kThreads consumer
+// threads (the tensor-map kernel's producer warp has left), else __syncthreads.
+template <int NT, class P, int kTok1 = 1, bool kNamed = false>
 __device__ __forceinline__ void small_gemm_epilogue(const P& p, const float (&acc)[NT][4], int64_t row_base,
-                                                    int r_lo, int t, bool& s_last) {
+                                                    int r_lo, int t, bool& s_last, int tok_base = -1) {
   const int64_t n_lo = row_base + r_lo, n_hi = n_lo + 8;
   const bool ok_lo = n_lo < p.N, ok_hi = n_hi < p.N;
   auto store = [&](float* dst, int64_t stride) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const int64_t tok0 = nt * 8 + 2 * t, tok1 = tok0 + 1;
+      const int64_t tok0 = nt * 8 + (tok_base < 0 ? 2 * t : tok_base), tok1 = tok0 + kTok1;
       if (ok_lo && tok0 < p.T) dst[tok0 * stride + n_lo] = acc[nt][0];
       if (ok_lo && tok1 < p.T) dst[tok1 * stride + n_lo] = acc[nt][1];
       if (ok_hi && tok0 < p.T) dst[tok0 * stride + n_hi] = acc[nt][2];
       if (ok_hi && tok1 < p.T) dst[tok1 * stride + n_hi] = acc[nt][3];
     }
+  };
+  auto sync = [] {
+    if constexpr (kNamed)
+      mma::named_sync(1, kThreads);
+    else
+      __syncthreads();
   };
   if (p.splits == 1) {
     store(p.out, p.out_stride);
@@ -97,9 +107,9 @@ __device__ __forceinline__ void small_gemm_epilogue(const P& p, const float (&ac
   }
   store(p.partial + int64_t(blockIdx.y) * p.T * p.N, p.N);
   __threadfence();
-  __syncthreads();
+  sync();
   if (threadIdx.x == 0) s_last = atomicAdd(&p.counters[blockIdx.x], 1u) == uint32_t(p.splits - 1);
-  __syncthreads();
+  sync();
   if (!s_last) return;
   __threadfence();
   for (int64_t i = threadIdx.x; i < int64_t(kRows) * p.T; i += kThreads) {
@@ -175,18 +185,14 @@ __device__ __forceinline__ Fp8SmallCta fp8_small_cta(const Fp8SmallGemmParams& p
 }
 
 // kMinBlocks: CTAs an SM holds (2, or 3 at 8 tokens for wide outputs: fp8_small_ctas_per_sm). kSt: K
-// blocks in flight (Fp8SmallGemmParams::stages). kFused: several weights (n_more > 0). kTma
-// (Fp8SmallGemmParams::tma, an experiment): warp 0 stages each K block with bulk copies (one or two a weight
-// row: the odd rows' swizzle swaps their halves; one a token row; one for the scales) completing on the
-// stage's mbarrier, instead of every thread's 16-byte cp.async.
-template <int NT, int kMinBlocks, int kSt, bool kFused, bool kTma = false>
+// blocks in flight (Fp8SmallGemmParams::stages). kFused: several weights (n_more > 0).
+template <int NT, int kMinBlocks, int kSt, bool kFused>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     sm90_fp8_small_gemm_kernel(const Fp8SmallGemmParams p) {
   using S = Stage<NT, kSt>;
   constexpr int Tp = S::kTp;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ bool s_last;
-  __shared__ __align__(8) uint64_t bars[kSt];  // kTma: a stage's copies complete here
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t kb_total = p.K / 128;
   const int64_t per = (kb_total + p.splits - 1) / p.splits;
@@ -210,63 +216,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       mma::cp_async16(st + S::kW + S::kX + i * 16, p.x_scale + kb * p.Tp + i * 4, 16);
   };
 
-  // kTma: warp 0 stages K block kb into `stage` (rows past N are not copied: their sums are never stored).
-  const int64_t tile_rows = cta.N - row_base < kRows ? cta.N - row_base : kRows;
-  auto load_tma = [&](int64_t kb, int stage) {
-    uint8_t* st = smem + size_t(stage) * S::kBytes;
-    uint64_t* bar = &bars[stage];
-    if (lane == 0) mma::mbar_arrive_expect_tx(bar, uint32_t(tile_rows * 128 + Tp * 128 + Tp * 4));
-    __syncwarp();
-    for (int r = lane; r < tile_rows; r += 32) {
-      const uint8_t* src = cta.w + (row_base + r) * p.K + kb * 128;
-      if (r & 1) {  // chunk c at c ^ 4: the halves swapped
-        mma::bulk_g2s(st + r * 128 + 64, src, 64, bar);
-        mma::bulk_g2s(st + r * 128, src + 64, 64, bar);
-      } else {
-        mma::bulk_g2s(st + r * 128, src, 128, bar);
-      }
-    }
-    for (int r = lane; r < Tp; r += 32)
-      mma::bulk_g2s(st + S::kW + r * kXLd, p.xq + r * p.K + kb * 128, 128, bar);
-    if (lane == 0) mma::bulk_g2s(st + S::kW + S::kX, p.x_scale + kb * p.Tp, uint32_t(Tp * 4), bar);
-  };
-  if constexpr (kTma) {
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int s = 0; s < kSt; ++s) mma::mbar_init(&bars[s], 1);
-      mma::fence_mbarrier_init();
-    }
-    __syncthreads();
-  }
-
   float acc[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 #pragma unroll
   for (int s = 0; s < kSt - 1; ++s) {
-    if constexpr (kTma) {
-      if (warp == 0 && s < nkb) load_tma(kb0 + s, s);
-    } else {
-      if (s < nkb) load(kb0 + s, s);
-      mma::cp_async_commit();
-    }
+    if (s < nkb) load(kb0 + s, s);
+    mma::cp_async_commit();
   }
   const int r_lo = warp * 16 + g, r_hi = r_lo + 8;  // rows in the tile
   for (int64_t i = 0; i < nkb; ++i) {
-    if constexpr (kTma) {
-      mma::mbar_wait(&bars[i % kSt], uint32_t((i / kSt) & 1));  // this K block has landed ...
-      __syncthreads();  // ... and every thread is past the stage refilled below
-      if (warp == 0 && i + kSt - 1 < nkb) {
-        // The threads' generic reads of that stage before the bulk (async-proxy) writes into it.
-        mma::fence_proxy_async_smem();
-        load_tma(kb0 + i + kSt - 1, int((i + kSt - 1) % kSt));
-      }
-    } else {
-      mma::cp_async_wait<kSt - 2>();  // this K block has landed (own copies) ...
-      __syncthreads();                // ... everyone's, and the stage refilled below is no longer read
-      if (i + kSt - 1 < nkb) load(kb0 + i + kSt - 1, int((i + kSt - 1) % kSt));
-      mma::cp_async_commit();
-    }
+    mma::cp_async_wait<kSt - 2>();  // this K block has landed (own copies) ...
+    __syncthreads();                // ... everyone's, and the stage refilled below is no longer read
+    if (i + kSt - 1 < nkb) load(kb0 + i + kSt - 1, int((i + kSt - 1) % kSt));
+    mma::cp_async_commit();
     const uint8_t* st = smem + size_t(i % kSt) * S::kBytes;
     const float* xs = reinterpret_cast<const float*>(st + S::kW + S::kX);
     float blk[NT][4];
@@ -308,21 +271,164 @@ cudaError_t launch_nt_occ(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t s
   if (attr != cudaSuccess) return attr;
   return launch_pdl(p.pdl, kernel, grid, dim3(kThreads), Stage<NT, kSt>::kSmem, stream, p);
 }
-// The bulk-copy experiment (Fp8SmallGemmParams::tma): 8 token rows, 2 CTAs an SM, one weight.
+// ---- The tensor-map experiment (Fp8SmallGemmParams::tma): 8 token rows, 2 CTAs an SM, one weight ----
+//
+// The same sums as the kernel above (the same k slots in each mma), staged differently: a producer warp's one
+// thread copies each K block's weight tile [128 rows, 128 B] and activation tile [8 tokens, 128 B] with one
+// tensor-map copy each (cp.async.bulk.tensor, 128-byte swizzle: 16-byte chunk c of row r at c ^ (r % 8);
+// rows past N read as zero), completing on the stage's `full` mbarrier; the 8 consumer warps wait on it,
+// run their mma.sync, and release the stage on its `empty` mbarrier (one arrival a warp), so no block
+// barrier stands between K blocks and no consumer thread issues a copy. The Nsight look of 2026-12-08 found
+// the cp.async kernel bound by its own pipeline (47-56% of cycles with no eligible warp, 1.6 TB/s with its
+// weights in L2). With the 128-byte swizzle, the two rows a quarter-warp reads must differ in bit 2 of
+// their row to fall in different bank halves, so fragment row / column g takes physical row / token
+// perm(g) = (g >> 1) | ((g & 1) << 2): lane (g, t)'s outputs are rows perm(g), perm(g) + 8 and tokens t,
+// t + 4.
+constexpr int kTmapStage = kRows * 128 + 8 * 128;  // 17,408 bytes: a multiple of the swizzle's 1,024
+
+struct Fp8SmallTmapArgs {
+  Fp8SmallGemmParams p;
+  CUtensorMap w_map;  // p.w as [N rows, K bytes], box 128 x 128
+  CUtensorMap x_map;  // p.xq as [8 rows, K bytes], box 128 x 8
+};
+
+__device__ __forceinline__ void tmap_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];\n" ::"r"(mma::smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(mma::smem_addr(bar))
+      : "memory");
+}
+
 template <int kSt>
-cudaError_t launch_nt_tma(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
-  auto* kernel = sm90_fp8_small_gemm_kernel<1, 2, kSt, false, true>;
-  const cudaError_t attr =
-      set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), int(Stage<1, kSt>::kSmem));
+__global__ void __launch_bounds__(kThreads + 32, 2)
+    sm90_fp8_small_gemm_tmap_kernel(const __grid_constant__ Fp8SmallTmapArgs a) {
+  const Fp8SmallGemmParams& p = a.p;
+  extern __shared__ uint8_t tmap_smem_raw[];
+  // The swizzled tiles want 1,024-byte alignment (the launch asks for 1,024 bytes more).
+  uint8_t* smem =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(tmap_smem_raw) + 1023) & ~uintptr_t(1023));
+  __shared__ __align__(8) uint64_t full[kSt], empty[kSt];
+  __shared__ bool s_last;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t kb_total = p.K / 128;
+  const int64_t per = (kb_total + p.splits - 1) / p.splits;
+  const int64_t kb0 = int64_t(blockIdx.y) * per;
+  const int64_t kb1 = kb0 + per < kb_total ? kb0 + per : kb_total;
+  const int64_t nkb = kb1 - kb0;
+  const Fp8SmallCta cta = fp8_small_cta<false>(p);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kSt; ++s) {
+      mma::mbar_init(&full[s], 1);
+      mma::mbar_init(&empty[s], kWarps);
+    }
+    mma::fence_mbarrier_init();
+  }
+  __syncthreads();
+  pdl_enter();  // the activations, the output and the split's scratch come from / go to other kernels
+  if (warp == kWarps) {  // the producer
+    if (lane == 0) {
+      for (int64_t i = 0; i < nkb; ++i) {
+        const int s = int(i % kSt);
+        if (i >= kSt) {
+          mma::mbar_wait(&empty[s], uint32_t((i / kSt - 1) & 1));  // every consumer has read the stage ...
+          mma::fence_proxy_async_smem();  // ... and those generic reads come before the async-proxy write
+        }
+        uint8_t* st = smem + size_t(s) * kTmapStage;
+        mma::mbar_arrive_expect_tx(&full[s], uint32_t(kTmapStage));
+        const int x = int((kb0 + i) * 128);
+        tmap_load_2d(st, &a.w_map, x, int(cta.row_base), &full[s]);
+        tmap_load_2d(st + kRows * 128, &a.x_map, x, 0, &full[s]);
+      }
+    }
+    return;
+  }
+  const int pg = (g >> 1) | ((g & 1) << 2);
+  const int r_lo = warp * 16 + pg, r_hi = r_lo + 8;  // rows in the tile; both are pg modulo 8
+  float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+  for (int64_t i = 0; i < nkb; ++i) {
+    const int s = int(i % kSt);
+    mma::mbar_wait(&full[s], uint32_t((i / kSt) & 1));
+    const uint8_t* st = smem + size_t(s) * kTmapStage;
+    float blk[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = ((h * 4 + t) ^ pg) * 16;  // this lane's 16-byte chunk of the half, swizzled
+      const uint4 alo = *reinterpret_cast<const uint4*>(st + r_lo * 128 + c);
+      const uint4 ahi = *reinterpret_cast<const uint4*>(st + r_hi * 128 + c);
+      const uint4 b = *reinterpret_cast<const uint4*>(st + kRows * 128 + pg * 128 + c);
+      mma_e4m3(blk[0], alo.x, ahi.x, alo.y, ahi.y, b.x, b.y);
+      mma_e4m3(blk[0], alo.z, ahi.z, alo.w, ahi.w, b.z, b.w);
+    }
+    __syncwarp();
+    if (lane == 0) mma::mbar_arrive(&empty[s]);  // this warp has read the stage
+    const float sw = cta.ws[kb0 + i];
+    const float* xs = p.x_scale + (kb0 + i) * p.Tp;
+    const float x0 = sw * xs[t], x1 = sw * xs[t + 4];
+    acc[0][0] += blk[0][0] * x0;
+    acc[0][1] += blk[0][1] * x1;
+    acc[0][2] += blk[0][2] * x0;
+    acc[0][3] += blk[0][3] * x1;
+  }
+  small_gemm_epilogue<1, SmallCta<uint8_t>, 4, true>(cta, acc, cta.row_base, r_lo, t, s_last, t);
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda), looked up once
+// per device (per_device_state).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                   CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                   CUtensorMapFloatOOBfill);
+struct TensorMapEncoder {
+  EncodeTiledFn fn = nullptr;
+  TensorMapEncoder() {
+    cudaDriverEntryPointQueryResult q{};
+    void* f = nullptr;
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+    if (e == cudaSuccess && q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<EncodeTiledFn>(f);
+    else if (e != cudaSuccess)
+      (void)cudaGetLastError();  // this lookup's own error, not a kernel's: the launch reports NotSupported
+  }
+};
+
+// A 2-D map of `rows` rows of `row_bytes` bytes at `base` (16-byte aligned, row_bytes % 16 == 0), read in
+// boxes of 128 bytes x box_rows rows with the 128-byte swizzle; rows past the end read as zero.
+cudaError_t encode_u8_tiles(CUtensorMap* map, const void* base, int64_t row_bytes, int64_t rows,
+                            int box_rows) {
+  const EncodeTiledFn f = per_device_state<TensorMapEncoder>().fn;
+  if (f == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {cuuint64_t(row_bytes), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(row_bytes)};
+  const cuuint32_t box[2] = {128, cuuint32_t(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = f(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
+                       elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <int kSt>
+cudaError_t launch_nt_tmap(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
+  Fp8SmallTmapArgs a{};
+  a.p = p;
+  cudaError_t e = encode_u8_tiles(&a.w_map, p.w, p.K, p.N, kRows);
+  if (e == cudaSuccess) e = encode_u8_tiles(&a.x_map, p.xq, p.K, 8, 8);
+  if (e != cudaSuccess) return e;
+  auto* kernel = sm90_fp8_small_gemm_tmap_kernel<kSt>;
+  const int smem = kSt * kTmapStage + 1024;
+  const cudaError_t attr = set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   if (attr != cudaSuccess) return attr;
-  return launch_pdl(p.pdl, kernel, grid, dim3(kThreads), Stage<1, kSt>::kSmem, stream, p);
+  return launch_pdl(p.pdl, kernel, grid, dim3(kThreads + 32), size_t(smem), stream, a);
 }
 template <int NT>
 cudaError_t launch_nt(const Fp8SmallGemmParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (NT == 1) {
     if (p.tma) {
-      return p.stages == kFp8SmallDeepStages ? launch_nt_tma<kFp8SmallDeepStages>(p, grid, stream)
-                                             : launch_nt_tma<kStages>(p, grid, stream);
+      return p.stages == kFp8SmallDeepStages ? launch_nt_tmap<kFp8SmallDeepStages>(p, grid, stream)
+                                             : launch_nt_tmap<kStages>(p, grid, stream);
     }
     if (p.stages == kFp8SmallDeepStages) return launch_nt_occ<1, 2, kFp8SmallDeepStages>(p, grid, stream);
     if (fp8_small_ctas_per_sm(fp8_small_slices(p) * kRows, p.Tp, p.ctas_per_sm) == 3)
@@ -527,8 +633,8 @@ cudaError_t launch_fp8_small_gemm(const Fp8SmallGemmParams& p, cudaStream_t stre
       p.Tp == 8 && fp8_small_ctas_per_sm(fp8_small_slices(p) * kRows, p.Tp, p.ctas_per_sm) == 2;
   if (p.stages != 0 && p.stages != kStages && (p.stages != kFp8SmallDeepStages || !two_ctas))
     return cudaErrorInvalidValue;  // the deep pipeline: 8 token rows, 2 CTAs an SM
-  if (p.tma && (!two_ctas || p.n_more != 0 || (reinterpret_cast<uintptr_t>(p.x_scale) & 15) != 0))
-    return cudaErrorInvalidValue;       // the bulk copies: the same, one weight, 16-byte aligned scales
+  if (p.tma && (!two_ctas || p.n_more != 0))
+    return cudaErrorInvalidValue;       // the tensor-map kernel: the same, one weight
   for (int i = 0; i < p.n_more; ++i) {  // every weight of a fused launch is a real one
     const Fp8SmallSegment& m = p.more[i];
     if (m.N <= 0 || m.row0 % 128 != 0 || m.w == nullptr || m.w_scale == nullptr || m.out == nullptr ||

@@ -55,8 +55,10 @@ struct Fp8SmallGemmParams {
   // K blocks in flight: 0 or 4 (the default), or kFp8SmallDeepStages (Tp 8 at 2 CTAs an SM only: an
   // experiment, ops_gpu_bench stages; nothing else sets it).
   int stages = 0;
-  // Stage each K block with bulk (TMA) copies from one warp instead of every thread's cp.async (an
-  // experiment, ops_gpu_bench stages; Tp 8 at 2 CTAs an SM, one weight, x_scale 16-byte aligned).
+  // Stage each K block with two tensor-map (TMA) copies from a producer warp into 128-byte-swizzled tiles,
+  // the 8 consumer warps released per stage by mbarriers instead of a block barrier (gemm_small.cu's
+  // tensor-map kernel; an experiment, ops_gpu_bench stages; Tp 8 at 2 CTAs an SM, one weight). Replaced the
+  // first experiment, one warp's bulk copy a weight row, measured 3.6-4.4x slower than cp.async (2026-12-08).
   bool tma = false;
   // More weights on the same activations in this launch: more[0, n_more), each with its own rows, scales
   // and output. Their 128-row slices follow this call's along the grid and share its K split; `partial`
