@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by scripts/gpu.sh and scripts/gpu_serve_check.sh on the GPU machine (repository root as the
-# working directory): unpacks the carried Debian packages (.deps/debs, scripts/fetch_gpu_deps.sh) and, when
+# working directory): unpacks the carried Debian packages (.deps/debs, scripts/fetch_gpu_deps.sh; the prebuilt
+# binaries' runtime ones in .prebuilt/debs, scripts/stage_prebuilt.sh) and, when
 # the machine has no Boost, the server's Boost headers (.deps/boost-headers.tar.xz, scripts/stage_boost.sh)
 # into a prefix, then configures build-gpu against them and builds the given targets.
 #   gpu_build LOGDIR TARGET...   logs: LOGDIR/device.txt, configure.log, build.log; returns non-zero on failure
@@ -58,7 +59,7 @@ gpu_build() {
   local log=$1
   shift
   mkdir -p "$log" "$PREFIX"
-  for f in .deps/debs/*.deb; do
+  for f in .deps/debs/*.deb .prebuilt/debs/*.deb; do
     [ -f "$f" ] || continue  # none carried (scripts/gpu_ab.sh's base tree uses the prefix this tree filled)
     dpkg -x "$f" "$PREFIX" 2>/dev/null ||
       { mkdir -p /tmp/x && (cd /tmp/x && ar x "$OLDPWD/$f" && tar -xf data.tar.* -C "$PREFIX"); }

@@ -11,7 +11,7 @@
 # Run from the repository root through the device tool with carry [".deps", ".fixtures"]:
 #   bash scripts/gpu_decode_levers.sh
 # or, without the ~100 s build there (scripts/stage_prebuilt.sh, then scripts/stage_fixtures.sh tiny realdims_fp8
-# into an emptied .fixtures), carry [".deps", ".fixtures", ".prebuilt"]:
+# into an emptied .fixtures), carry [".fixtures", ".prebuilt"] (the prebuilt binaries bring their runtime packages):
 #   GPU_PREBUILT=1 bash scripts/gpu_decode_levers.sh
 # The hoisted loads and RoPE's grid are on every path (no option): their before / after is the kernels' times
 # in scripts/gpu_profile_decode.sh against the README's batch-1 profile, or scripts/gpu_ab.sh against
