@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,13 @@ using kernels::testing::row_rel_error;
 inline WeightRef to_cuda(const WeightRef& w) { return kernels::testing::weight_on(w, Device::cuda); }
 
 inline Tensor cpu(const Tensor& t) { return kernels::testing::host(t); }
+
+// Whether two tensors (on any device) hold the same bytes: the bit-for-bit checks of fused launches against
+// the passes they replace.
+inline bool bits_equal(const Tensor& a, const Tensor& b) {
+  const Tensor x = cpu(a).contiguous(), y = cpu(b).contiguous();
+  return x.nbytes() == y.nbytes() && std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
+}
 
 // Prints "RESULT op=... shape=... max_rel_err=... tol=..." and checks err <= tol.
 inline void report(const std::string& op, const std::string& shape, double err, double tol) {

@@ -11,7 +11,6 @@ __device__ __forceinline__ float load_any(const void* p, bool bf16, int64_t i) {
   return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
-// Two packed bf16 (element 0 in the low half, little-endian) as f32: the same bits as __bfloat162float.
 // RoPE's rotation of the pair (a, c) and the LayerNorm's variance term and output, with every rounding
 // explicit (no contraction into FMA: each product is rounded, then summed) so that the kernels that share
 // them (rope.cu and the fused cache writes; norm.cu's LayerNorm and the fused index-key write) agree bit for
@@ -30,6 +29,7 @@ __device__ __forceinline__ float layer_norm_out(float x, double mean, double r, 
   return float(__dadd_rn(__dmul_rn(__dmul_rn(__dsub_rn(double(x), mean), r), double(w)), double(b)));
 }
 
+// Two packed bf16 (element 0 in the low half, little-endian) as f32: the same bits as __bfloat162float.
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 

@@ -42,6 +42,19 @@ __global__ void sm90_rms_norm_kernel(RmsNormParams p) {
   }
 }
 
+// The FP8 copy of the normed float4 `o` at float4 index i4 of `row`, when the calling warp holds one whole
+// quantisation group of 128 columns (its 32 lanes, consecutive float4s): launch_quant_fp8's rule, the same
+// helpers; lane 0 writes the group's scale.
+__device__ __forceinline__ void store_fp8_group_part(const RmsNormParams& p, int64_t row, int64_t i4,
+                                                     float4 o) {
+  const float m = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+  const float s = fp8_act_scale(warp_max(m));
+  const uchar4 c =
+      make_uchar4(fp8_act_code(o.x, s), fp8_act_code(o.y, s), fp8_act_code(o.z, s), fp8_act_code(o.w, s));
+  reinterpret_cast<uchar4*>(p.q_codes + row * p.cols)[i4] = c;
+  if ((threadIdx.x & 31) == 0) p.q_scales[(i4 * 4 / 128) * p.q_rows_pad + row] = s;
+}
+
 constexpr int kVecThreads = 256;
 constexpr int kMaxVec = 8;  // float4 per thread: rows up to 256 * 8 * 4 = 8192 columns
 
@@ -101,16 +114,9 @@ __global__ void __launch_bounds__(kVecThreads) sm90_rms_norm_vec_kernel(RmsNormP
       const float4 o =
           make_float4(w.x * (v[j].x * r), w.y * (v[j].y * r), w.z * (v[j].z * r), w.w * (v[j].w * r));
       out[i] = o;
-      if (p.q_codes) {
-        // Warp w at step j holds columns [128 (w + 8j), +128): one quantisation group (cols % 128 == 0,
-        // so a warp is wholly inside or outside the row). launch_quant_fp8's rule: the same helpers.
-        const float m = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
-        const float s = fp8_act_scale(warp_max(m));
-        const uchar4 c = make_uchar4(fp8_act_code(o.x, s), fp8_act_code(o.y, s), fp8_act_code(o.z, s),
-                                     fp8_act_code(o.w, s));
-        reinterpret_cast<uchar4*>(p.q_codes + row * p.cols)[i] = c;
-        if ((threadIdx.x & 31) == 0) p.q_scales[(i * 4 / 128) * p.q_rows_pad + row] = s;
-      }
+      // Warp w at step j holds columns [128 (w + 8j), +128): one quantisation group (cols % 128 == 0, so a
+      // warp is wholly inside or outside the row).
+      if (p.q_codes) store_fp8_group_part(p, row, i, o);
     }
   }
 }
@@ -168,15 +174,8 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kVecThreads)
   const float rr = float(1.0 / sqrt(total / double(p.cols) + p.eps));
   const float4 o = make_float4(w.x * (v.x * rr), w.y * (v.y * rr), w.z * (v.z * rr), w.w * (v.w * rr));
   reinterpret_cast<float4*>(p.out + row * p.cols)[c4 + i] = o;
-  if (p.q_codes) {
-    // Warp w holds the part's columns [128 w, +128): one quantisation group (launch_quant_fp8's rule).
-    const float m = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
-    const float s = fp8_act_scale(warp_max(m));
-    const uchar4 c =
-        make_uchar4(fp8_act_code(o.x, s), fp8_act_code(o.y, s), fp8_act_code(o.z, s), fp8_act_code(o.w, s));
-    reinterpret_cast<uchar4*>(p.q_codes + row * p.cols)[c4 + i] = c;
-    if ((threadIdx.x & 31) == 0) p.q_scales[((c4 + i) * 4 / 128) * p.q_rows_pad + row] = s;
-  }
+  // Warp w holds the part's columns [128 w, +128): one quantisation group.
+  if (p.q_codes) store_fp8_group_part(p, row, c4 + i, o);
 }
 
 bool rms_norm_vectorizable(const RmsNormParams& p) {

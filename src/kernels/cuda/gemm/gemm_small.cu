@@ -61,6 +61,17 @@ __device__ __forceinline__ void stage_weight_tile(uint8_t* st, const uint8_t* w,
   }
 }
 
+// The K blocks [kb0, kb0 + n) of this CTA's split (blockIdx.y of `splits`) out of `total`.
+struct KRange {
+  int64_t kb0, n;
+};
+__device__ __forceinline__ KRange split_k_range(int64_t total, int splits) {
+  const int64_t per = (total + splits - 1) / splits;
+  const int64_t kb0 = int64_t(blockIdx.y) * per;
+  const int64_t kb1 = kb0 + per < total ? kb0 + per : total;
+  return {kb0, kb1 - kb0};
+}
+
 // Launched programmatically (p.pdl): the weight rows of the CTA's first `blocks` K blocks (128 bytes of a
 // row each, one L2 line) are prefetched into L2 before the kernel waits for the previous grid (pdl.cuh: the
 // weights are immutable, and a prefetch is only a hint), so the weight stream starts while that grid
@@ -74,21 +85,21 @@ __device__ __forceinline__ void prefetch_weight_tiles(const uint8_t* w, int64_t 
 }
 
 // The small-T kernels' epilogue (both params structs name out, out_stride, T, N, partial, counters, splits
-// alike): lane (g, t) holds rows r_lo / r_lo + 8 for tokens nt * 8 + 2t and + 1. Without a K split the sums
-// go to the output; with one, each CTA publishes its partial sums and the last CTA of the row slice adds
-// them in split order (deterministic), then leaves its counter zero for the next launch on the stream.
-// kTok1: token tok0 + 1 holds the second column (the fragments' order), else tok0 + 4 (the tensor-map
-// kernel's permuted columns); kNamed: the split's barriers are named barrier 1 over the kThreads consumer
-// threads (the tensor-map kernel's producer warp has left), else __syncthreads.
-template <int NT, class P, int kTok1 = 1, bool kNamed = false>
+// alike): lane (g, t) holds rows r_lo / r_lo + 8 for two token columns of each 8 (below). Without a K split
+// the sums go to the output; with one, each CTA publishes its partial sums and the last CTA of the row slice
+// adds them in split order (deterministic), then leaves its counter zero for the next launch on the stream.
+// The lane's two token columns are tok0 and tok0 + tok_step (the fragments' order: 2t and 2t + 1; the
+// tensor-map kernel's permuted columns: t and t + 4). kNamed: the split's barriers are named barrier 1 over
+// the kThreads consumer threads (the tensor-map kernel's producer warp has left), else __syncthreads.
+template <int NT, bool kNamed = false, class P>
 __device__ __forceinline__ void small_gemm_epilogue(const P& p, const float (&acc)[NT][4], int64_t row_base,
-                                                    int r_lo, int t, bool& s_last, int tok_base = -1) {
+                                                    int r_lo, int tok0_lane, int tok_step, bool& s_last) {
   const int64_t n_lo = row_base + r_lo, n_hi = n_lo + 8;
   const bool ok_lo = n_lo < p.N, ok_hi = n_hi < p.N;
   auto store = [&](float* dst, int64_t stride) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const int64_t tok0 = nt * 8 + (tok_base < 0 ? 2 * t : tok_base), tok1 = tok0 + kTok1;
+      const int64_t tok0 = nt * 8 + tok0_lane, tok1 = tok0 + tok_step;
       if (ok_lo && tok0 < p.T) dst[tok0 * stride + n_lo] = acc[nt][0];
       if (ok_lo && tok1 < p.T) dst[tok1 * stride + n_lo] = acc[nt][1];
       if (ok_hi && tok0 < p.T) dst[tok0 * stride + n_hi] = acc[nt][2];
@@ -194,11 +205,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ bool s_last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t kb_total = p.K / 128;
-  const int64_t per = (kb_total + p.splits - 1) / p.splits;
-  const int64_t kb0 = int64_t(blockIdx.y) * per;
-  const int64_t kb1 = kb0 + per < kb_total ? kb0 + per : kb_total;
-  const int64_t nkb = kb1 - kb0;
+  const KRange kr = split_k_range(p.K / 128, p.splits);
+  const int64_t kb0 = kr.kb0, nkb = kr.n;
   const Fp8SmallCta cta = fp8_small_cta<kFused>(p);  // this CTA's weight, rows and output
   const int64_t row_base = cta.row_base;
   const float* ws = cta.ws;  // this CTA's scale row
@@ -259,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   mma::cp_async_wait<0>();
 
-  small_gemm_epilogue<NT>(cta, acc, row_base, r_lo, t, s_last);
+  small_gemm_epilogue<NT>(cta, acc, row_base, r_lo, 2 * t, 1, s_last);
 }
 
 template <int NT, int kMinBlocks, int kSt = kStages>
@@ -311,11 +319,8 @@ __global__ void __launch_bounds__(kThreads + 32, 2)
   __shared__ __align__(8) uint64_t full[kSt], empty[kSt];
   __shared__ bool s_last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t kb_total = p.K / 128;
-  const int64_t per = (kb_total + p.splits - 1) / p.splits;
-  const int64_t kb0 = int64_t(blockIdx.y) * per;
-  const int64_t kb1 = kb0 + per < kb_total ? kb0 + per : kb_total;
-  const int64_t nkb = kb1 - kb0;
+  const KRange kr = split_k_range(p.K / 128, p.splits);
+  const int64_t kb0 = kr.kb0, nkb = kr.n;
   const Fp8SmallCta cta = fp8_small_cta<false>(p);
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -371,7 +376,7 @@ __global__ void __launch_bounds__(kThreads + 32, 2)
     acc[0][2] += blk[0][2] * x0;
     acc[0][3] += blk[0][3] * x1;
   }
-  small_gemm_epilogue<1, SmallCta<uint8_t>, 4, true>(cta, acc, cta.row_base, r_lo, t, s_last, t);
+  small_gemm_epilogue<1, true>(cta, acc, cta.row_base, r_lo, t, 4, s_last);
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda), looked up once
@@ -470,11 +475,8 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ bool s_last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t kb_total = p.K / 64;
-  const int64_t per = (kb_total + p.splits - 1) / p.splits;
-  const int64_t kb0 = int64_t(blockIdx.y) * per;
-  const int64_t kb1 = kb0 + per < kb_total ? kb0 + per : kb_total;
-  const int64_t nkb = kb1 - kb0;
+  const KRange kr = split_k_range(p.K / 64, p.splits);
+  const int64_t kb0 = kr.kb0, nkb = kr.n;
   const SmallCta<uint16_t> cta = bf16_small_cta<kFused>(p);  // this CTA's weight, rows and output
   const int64_t row_base = cta.row_base;
   const uint8_t* w = reinterpret_cast<const uint8_t*>(cta.w);
@@ -532,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, 2) sm90_bf16_small_gemm_kernel(const
   }
   mma::cp_async_wait<0>();
 
-  small_gemm_epilogue<NT>(cta, acc, row_base, r_lo, t, s_last);
+  small_gemm_epilogue<NT>(cta, acc, row_base, r_lo, 2 * t, 1, s_last);
 }
 
 template <int NT>

@@ -8,8 +8,6 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include "gpu_test.h"
 #include "kernels/cuda/elementwise/elementwise_params.h"
 #include "op_test_util.h"
@@ -17,16 +15,11 @@
 namespace dsaserve::kernels::cuda {
 namespace {
 
-using testing::cpu;
+using testing::bits_equal;
 using testing::rand_bf16;
 using testing::rand_f32;
 
 class CudaRmsNormCluster : public testing::GpuTest {};
-
-bool bits_equal(const Tensor& a, const Tensor& b) {
-  const Tensor x = cpu(a).contiguous(), y = cpu(b).contiguous();
-  return x.nbytes() == y.nbytes() && std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-}
 
 // Which CTA count a row gets: the most of 8 / 4 / 2 with >= 512 columns each, whole 128-column groups and at
 // most one float4 a thread; one CTA past the row limit or where none fits.

@@ -7,8 +7,6 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include "gpu_test.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -18,17 +16,12 @@
 namespace dsaserve::kernels::cuda {
 namespace {
 
-using testing::cpu;
+using testing::bits_equal;
 using testing::rand_f32;
 using testing::rand_weight;
 using testing::to_cuda;
 
 class CudaSiluFp8 : public testing::GpuTest {};
-
-bool bits_equal(const Tensor& a, const Tensor& b) {
-  const Tensor x = cpu(a).contiguous(), y = cpu(b).contiguous();
-  return x.nbytes() == y.nbytes() && std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-}
 
 TEST_F(CudaSiluFp8, CopyIsTheQuantisationOfSiluMul) {
   Backend& be = cuda_backend();

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "core/dtype.h"
@@ -26,7 +25,7 @@
 namespace dsaserve::kernels::cuda {
 namespace {
 
-using testing::cpu;
+using testing::bits_equal;
 using testing::rand_f32;
 using testing::rand_weight;
 using testing::report_gemm;
@@ -264,7 +263,7 @@ TEST_F(CudaF32ActGemm, AbsorbTakesItAtPrefillSizes) {
       const std::string qs = fmt::format("{} {} x [{}, {}] x [{}, {}]", tag, nh, T, kNope, kNope, kL),
                         vs = fmt::format("{} {} x [{}, {}] x [{}, {}]", tag, nh, T, kL, kL, kV);
       // absorb_q keeps cuBLASLt at every size (measured faster): the two backends agree bit for bit.
-      EXPECT_EQ(std::memcmp(cpu(ql).raw_data(), cpu(ql_old).raw_data(), ql.nbytes()), 0) << tag << " T " << T;
+      EXPECT_TRUE(bits_equal(ql, ql_old)) << tag << " T " << T;
       report_gemm("absorb_v fused vs cublaslt", vs, o, o_old, 3e-5);
       if (T <= 33) {
         report_gemm("absorb_q vs cpu", qs, ql, kernels::absorb_q(q.slice(2, 0, kNope), w), 1e-2);
@@ -280,10 +279,6 @@ TEST_F(CudaF32ActGemm, AbsorbTakesItAtPrefillSizes) {
 // is left empty.
 TEST_F(CudaF32ActGemm, AbsorbVFp8CopyIsTheQuantisationOfItsOutput) {
   constexpr int64_t nh = 64, kL = 512, kV = 256, kNope = 192;
-  auto bits_equal = [](const Tensor& a, const Tensor& b) {
-    const Tensor x = cpu(a).contiguous(), y = cpu(b).contiguous();
-    return x.nbytes() == y.nbytes() && std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-  };
   KernelOptions fused;
   fused.absorb_fused_min_tokens = 1;
   fused.absorb_small_max_tokens = 0;  // at T = 1 the small-T kernel (no copy) would come first if on

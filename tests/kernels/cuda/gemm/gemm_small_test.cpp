@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "core/dtype.h"
@@ -28,6 +27,7 @@
 namespace dsaserve::kernels::cuda {
 namespace {
 
+using testing::bits_equal;
 using testing::rand_f32;
 using testing::rand_weight;
 using testing::row_rel_error;
@@ -461,10 +461,6 @@ TEST_F(CudaFp8SmallGemm, LinearMultiEqualsSeparateLinears) {
 // bit for bit (codes, scales, padding rows), the output equals the plain norm's, and linear_multi with the
 // copy equals linear() without it.
 TEST_F(CudaFp8SmallGemm, NormFp8CopyIsTheQuantisationOfItsOutput) {
-  auto bits_equal = [](const Tensor& a, const Tensor& b) {
-    const Tensor x = a.to(Device::cpu).contiguous(), y = b.to(Device::cpu).contiguous();
-    return x.nbytes() == y.nbytes() && std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-  };
   for (int64_t K : {256, 2048, 6144}) {
     const Tensor w = testing::rand_bf16({K}, 3 + uint64_t(K));
     const Tensor wd = w.to(Device::cuda);
